@@ -1,0 +1,42 @@
+# Gantry: `make serve` to run it, `make test` to check it.
+SHELL := /bin/bash
+.DEFAULT_GOAL := serve
+
+CARGO ?= cargo
+MODEL ?= qwen2.5-coder-0.5b
+HOST ?= 127.0.0.1
+PORT ?= 8080
+RELEASE_BIN := target/release/gantry
+DEBUG_BIN := target/debug/gantry
+VENV ?= $(HOME)/.cache/gantry/venv
+E2E_MODELS ?= qwen2.5-coder-0.5b
+
+.PHONY: serve build deps test test-rust test-e2e models-e2e clean
+
+deps:
+	@scripts/install-build-deps.sh
+
+build: deps
+	$(CARGO) build --release -p gantry-server
+
+serve: build
+	$(RELEASE_BIN) models pull $(MODEL)
+	$(RELEASE_BIN) serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+test: deps
+	$(CARGO) build -p gantry-server -p tiny-gguf
+	$(MAKE) test-rust
+	$(MAKE) test-e2e
+
+test-rust:
+	$(CARGO) test --workspace --no-fail-fast
+
+models-e2e:
+	@for m in $(E2E_MODELS); do $(DEBUG_BIN) models pull --quiet $$m >/dev/null || exit 1; done
+
+test-e2e: models-e2e
+	@scripts/python-venv.sh >/dev/null
+	GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,89 @@
+use super::*;
+
+fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> UsageRecord {
+    UsageRecord {
+        request_id: request_id.into(),
+        key_id,
+        model: model.into(),
+        prompt_tokens: p,
+        cached_tokens: c,
+        completion_tokens: o,
+        outcome: "completed".into(),
+        started_at_ms: 1_700_000_000_000,
+        finished_at_ms: 1_700_000_000_500,
+    }
+}
+
+#[tokio::test]
+async fn usage_is_recorded_exactly_once() {
+    let (_dir, acc) = open_tmp().await;
+    let k = acc.create_key("alice").await.unwrap();
+    let rec = usage("req-1", k.key.id, "tiny", 10, 4, 7);
+    acc.record_usage(&rec).await.unwrap();
+    acc.record_usage(&rec).await.unwrap();
+    // Same id, different numbers: still ignored.
+    acc.record_usage(&usage("req-1", k.key.id, "tiny", 999, 0, 999))
+        .await
+        .unwrap();
+    let summary = acc.usage_summary().await.unwrap();
+    assert_eq!(
+        summary,
+        vec![UsageRow {
+            key_name: "alice".into(),
+            model: "tiny".into(),
+            requests: 1,
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            completion_tokens: 7,
+        }]
+    );
+}
+
+#[tokio::test]
+async fn usage_summary_sums_by_key_and_model() {
+    let (_dir, acc) = open_tmp().await;
+    assert!(acc.usage_summary().await.unwrap().is_empty());
+    let a = acc.create_key("alice").await.unwrap().key.id;
+    let b = acc.create_key("bob").await.unwrap().key.id;
+    acc.record_usage(&usage("r1", a, "m1", 10, 1, 5))
+        .await
+        .unwrap();
+    acc.record_usage(&usage("r2", a, "m1", 20, 2, 6))
+        .await
+        .unwrap();
+    acc.record_usage(&usage("r3", a, "m2", 30, 0, 7))
+        .await
+        .unwrap();
+    acc.record_usage(&usage("r4", b, "m1", u32::MAX, u32::MAX, u32::MAX))
+        .await
+        .unwrap();
+    acc.record_usage(&usage("r5", b, "m1", u32::MAX, 0, 1))
+        .await
+        .unwrap();
+
+    let row = |k: &str, m: &str, r, p, c, o| UsageRow {
+        key_name: k.into(),
+        model: m.into(),
+        requests: r,
+        prompt_tokens: p,
+        cached_tokens: c,
+        completion_tokens: o,
+    };
+    let max = u64::from(u32::MAX);
+    assert_eq!(
+        acc.usage_summary().await.unwrap(),
+        vec![
+            row("alice", "m1", 2, 30, 3, 11),
+            row("alice", "m2", 1, 30, 0, 7),
+            row("bob", "m1", 2, 2 * max, max, max + 1),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn usage_for_unknown_key_is_rejected() {
+    let (_dir, acc) = open_tmp().await;
+    let err = acc.record_usage(&usage("r1", 12345, "m", 1, 0, 1)).await;
+    assert!(matches!(err, Err(AccountsError::Db(_))));
+    assert!(acc.usage_summary().await.unwrap().is_empty());
+}

@@ -1,0 +1,17 @@
+//! OpenAI Chat Completions wire types, request validation, and the one API error type.
+//! No I/O.
+
+mod error;
+mod image;
+mod request;
+mod response;
+mod validate;
+
+pub use error::ApiError;
+pub use image::{parse_image_url, sniff_image_mime, ImageRef};
+pub use request::{ChatMessage, Role, ValidatedChat};
+pub use response::{
+    ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, Delta, ModelList, ModelObject,
+    PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,
+};
+pub use validate::parse_chat_request;

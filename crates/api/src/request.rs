@@ -1,0 +1,335 @@
+//! The validated chat request and its messages.
+//!
+//! Requests are not deserialised with serde derive: the body is parsed as a
+//! `serde_json::Value` and [`crate::parse_chat_request`] reads each field with precise type
+//! checks, so a wrong type yields a 400 naming the parameter (as OpenAI does).
+
+use serde_json::{Map, Value};
+
+use crate::image::{parse_image_url, ImageRef};
+use crate::validate::{get, opt_str, type_error};
+use crate::ApiError;
+
+/// A message author.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            _ => return None,
+        })
+    }
+}
+
+/// One normalised message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    pub role: Role,
+    /// Text content. Array content has its text (and refusal) parts concatenated with no
+    /// separator; image parts contribute no text (see `has_images` and
+    /// [`ValidatedChat::images`]). `None` only for an assistant message sent without content.
+    pub content: Option<String>,
+    pub name: Option<String>,
+    /// The assistant's `tool_calls` array as sent (already shape-checked).
+    pub tool_calls: Option<Value>,
+    pub tool_call_id: Option<String>,
+    pub has_images: bool,
+}
+
+impl ChatMessage {
+    /// The message as chat templates expect it: `{"role", "content"}` plus `tool_calls`
+    /// (each `function.arguments` parsed into JSON when it parses), `tool_call_id` and `name`
+    /// when present. A missing assistant content renders as `null` when the message carries
+    /// tool calls and as `""` otherwise.
+    pub fn to_template_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("role".into(), self.role.as_str().into());
+        let content = match (&self.content, &self.tool_calls) {
+            (Some(c), _) => Value::String(c.clone()),
+            (None, Some(_)) => Value::Null,
+            (None, None) => Value::String(String::new()),
+        };
+        m.insert("content".into(), content);
+        if let Some(Value::Array(calls)) = &self.tool_calls {
+            let calls: Vec<Value> = calls.iter().map(template_tool_call).collect();
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), id.clone().into());
+        }
+        if let Some(name) = &self.name {
+            m.insert("name".into(), name.clone().into());
+        }
+        Value::Object(m)
+    }
+}
+
+fn template_tool_call(call: &Value) -> Value {
+    let mut call = call.clone();
+    if let Some(args) = call.pointer_mut("/function/arguments") {
+        if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()) {
+            *args = parsed;
+        }
+    }
+    call
+}
+
+/// A chat completion request after validation. Defaults: `n` 1, penalties 0, `stop` empty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidatedChat {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub stream: bool,
+    /// `stream_options.include_usage`; only ever true when `stream` is.
+    pub include_usage: bool,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// `max_completion_tokens` if given, else `max_tokens`.
+    pub max_tokens: Option<u32>,
+    /// At most 4, empty strings dropped.
+    pub stop: Vec<String>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub n: u32,
+    pub seed: Option<i64>,
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    /// (token id, bias) in request order; token ids are non-negative.
+    pub logit_bias: Vec<(i32, f32)>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub response_format: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub user: Option<String>,
+    /// Every `image_url` part of every message, in order.
+    pub images: Vec<ImageRef>,
+}
+
+/// Parses `messages[i]`, pushing its images onto `images`.
+pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImageRef>) -> Result<ChatMessage, ApiError> {
+    let p = format!("messages[{i}]");
+    let obj = v.as_object().ok_or_else(|| type_error(&p, "an object", v))?;
+    let role_param = format!("{p}.role");
+    let role = match get(obj, "role") {
+        None => return Err(ApiError::invalid_value(&role_param, format!("Missing required parameter: '{role_param}'."))),
+        Some(Value::String(s)) => Role::parse(s).ok_or_else(|| {
+            ApiError::invalid_value(
+                &role_param,
+                format!(
+                    "Invalid value: '{s}'. Supported values are: 'system', 'developer', 'user', 'assistant', and 'tool'."
+                ),
+            )
+        })?,
+        Some(other) => return Err(type_error(&role_param, "a string", other)),
+    };
+    let name = opt_str(obj, "name", &format!("{p}.name"))?;
+
+    let content_param = format!("{p}.content");
+    let mut has_images = false;
+    let content = match get(obj, "content") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(parts)) => {
+            if parts.is_empty() {
+                return Err(ApiError::invalid_value(
+                    &content_param,
+                    format!("Invalid '{content_param}': empty array. Expected an array with minimum length 1, but got an empty array instead."),
+                ));
+            }
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let pp = format!("{content_param}[{j}]");
+                if let Some(image) = parse_part(role, &pp, part, &mut text)? {
+                    images.push(image);
+                    has_images = true;
+                }
+            }
+            Some(text)
+        }
+        Some(other) => return Err(type_error(&content_param, "a string or array", other)),
+    };
+
+    let mut tool_calls = None;
+    let mut tool_call_id = None;
+    match role {
+        Role::Assistant => {
+            if let Some(calls) = get(obj, "tool_calls") {
+                check_tool_calls(&format!("{p}.tool_calls"), calls)?;
+                tool_calls = Some(calls.clone());
+            }
+        }
+        Role::Tool => {
+            let id_param = format!("{p}.tool_call_id");
+            tool_call_id = opt_str(obj, "tool_call_id", &id_param)?;
+            if tool_call_id.is_none() {
+                return Err(ApiError::invalid_value(&id_param, format!("Missing required parameter: '{id_param}'.")));
+            }
+        }
+        _ => {}
+    }
+    if content.is_none() && role != Role::Assistant {
+        return Err(ApiError::invalid_value(&content_param, format!("Missing required parameter: '{content_param}'.")));
+    }
+    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, has_images })
+}
+
+/// One content part: appends its text to `text`, returns its image if it is one.
+fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<Option<ImageRef>, ApiError> {
+    let obj = part.as_object().ok_or_else(|| type_error(pp, "an object", part))?;
+    let type_param = format!("{pp}.type");
+    let kind = match get(obj, "type") {
+        Some(Value::String(s)) => s.as_str(),
+        None => return Err(ApiError::invalid_value(&type_param, format!("Missing required parameter: '{type_param}'."))),
+        Some(other) => return Err(type_error(&type_param, "a string", other)),
+    };
+    let required_str = |key: &str| -> Result<String, ApiError> {
+        let param = format!("{pp}.{key}");
+        opt_str(obj, key, &param)?
+            .ok_or_else(|| ApiError::invalid_value(&param, format!("Missing required parameter: '{param}'.")))
+    };
+    match (kind, role) {
+        ("text", _) => text.push_str(&required_str("text")?),
+        ("refusal", Role::Assistant) => text.push_str(&required_str("refusal")?),
+        ("image_url", Role::User) => {
+            let param = format!("{pp}.image_url");
+            let url = match get(obj, "image_url") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Object(o)) => {
+                    if let Some(detail) = opt_str(o, "detail", &format!("{param}.detail"))? {
+                        if !matches!(detail.as_str(), "auto" | "low" | "high") {
+                            return Err(ApiError::invalid_value(
+                                &format!("{param}.detail"),
+                                format!("Invalid value: '{detail}'. Supported values are: 'auto', 'low', and 'high'."),
+                            ));
+                        }
+                    }
+                    opt_str(o, "url", &format!("{param}.url"))?.ok_or_else(|| {
+                        ApiError::invalid_value(&format!("{param}.url"), format!("Missing required parameter: '{param}.url'."))
+                    })?
+                }
+                None => return Err(ApiError::invalid_value(&param, format!("Missing required parameter: '{param}'."))),
+                Some(other) => return Err(type_error(&param, "an object", other)),
+            };
+            return parse_image_url(&url, &param).map(Some);
+        }
+        _ => {
+            let allowed = match role {
+                Role::User => "'text' and 'image_url'",
+                Role::Assistant => "'text' and 'refusal'",
+                _ => "'text'",
+            };
+            return Err(ApiError::invalid_value(
+                &type_param,
+                format!(
+                    "Invalid value: '{kind}'. Supported values for {} messages are: {allowed}.",
+                    role.as_str()
+                ),
+            ));
+        }
+    }
+    Ok(None)
+}
+
+fn check_tool_calls(param: &str, calls: &Value) -> Result<(), ApiError> {
+    let arr = calls.as_array().ok_or_else(|| type_error(param, "an array", calls))?;
+    for (k, call) in arr.iter().enumerate() {
+        let cp = format!("{param}[{k}]");
+        let obj = call.as_object().ok_or_else(|| type_error(&cp, "an object", call))?;
+        let need = |o: &Map<String, Value>, key: &str, at: &str| -> Result<String, ApiError> {
+            let param = format!("{at}.{key}");
+            opt_str(o, key, &param)?
+                .ok_or_else(|| ApiError::invalid_value(&param, format!("Missing required parameter: '{param}'.")))
+        };
+        need(obj, "id", &cp)?;
+        if let Some(t) = opt_str(obj, "type", &format!("{cp}.type"))? {
+            if t != "function" {
+                return Err(ApiError::invalid_value(
+                    &format!("{cp}.type"),
+                    format!("Invalid value: '{t}'. Supported values are: 'function'."),
+                ));
+            }
+        }
+        let fp = format!("{cp}.function");
+        let f = match get(obj, "function") {
+            Some(Value::Object(f)) => f,
+            None => return Err(ApiError::invalid_value(&fp, format!("Missing required parameter: '{fp}'."))),
+            Some(other) => return Err(type_error(&fp, "an object", other)),
+        };
+        need(f, "name", &fp)?;
+        need(f, "arguments", &fp)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn msg(role: Role, content: Option<&str>) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: content.map(str::to_owned),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+            has_images: false,
+        }
+    }
+
+    #[test]
+    fn template_value_plain_and_tool() {
+        assert_eq!(msg(Role::User, Some("hi")).to_template_value(), json!({"role": "user", "content": "hi"}));
+        assert_eq!(msg(Role::Assistant, None).to_template_value(), json!({"role": "assistant", "content": ""}));
+        let mut t = msg(Role::Tool, Some("42"));
+        t.tool_call_id = Some("call_1".into());
+        t.name = Some("calc".into());
+        assert_eq!(
+            t.to_template_value(),
+            json!({"role": "tool", "content": "42", "tool_call_id": "call_1", "name": "calc"})
+        );
+    }
+
+    #[test]
+    fn template_value_parses_arguments() {
+        let mut a = msg(Role::Assistant, None);
+        a.tool_calls = Some(json!([
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}}
+        ]));
+        let v = a.to_template_value();
+        assert_eq!(v["content"], Value::Null);
+        assert_eq!(v["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(v["tool_calls"][1]["function"]["arguments"], "not json");
+    }
+
+    #[test]
+    fn roles_round_trip() {
+        for r in [Role::System, Role::Developer, Role::User, Role::Assistant, Role::Tool] {
+            assert_eq!(Role::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(Role::parse("function"), None);
+    }
+}

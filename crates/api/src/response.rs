@@ -1,0 +1,240 @@
+//! Response wire types (serialise only).
+
+use serde::ser::{SerializeStruct, Serializer};
+use serde::Serialize;
+use serde_json::Value;
+
+/// `object: "chat.completion"`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    pub choices: Vec<Choice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Choice {
+    pub index: u32,
+    pub message: ResponseMessage,
+    /// `null` when logprobs were not requested.
+    pub logprobs: Option<ChoiceLogprobs>,
+    pub finish_reason: String,
+}
+
+/// Serialises as `{"role", "content" (null when None), "tool_calls"? , "refusal": null}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseMessage {
+    pub role: &'static str,
+    pub content: Option<String>,
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+impl Serialize for ResponseMessage {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("ResponseMessage", 4)?;
+        st.serialize_field("role", self.role)?;
+        st.serialize_field("content", &self.content)?;
+        if let Some(calls) = &self.tool_calls {
+            st.serialize_field("tool_calls", calls)?;
+        }
+        st.serialize_field("refusal", &Option::<String>::None)?;
+        st.end()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
+}
+
+/// Serialises as `{"content": [...], "refusal": null}`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+impl Serialize for ChoiceLogprobs {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("ChoiceLogprobs", 2)?;
+        st.serialize_field("content", &self.content)?;
+        st.serialize_field("refusal", &Option::<Vec<TokenLogprob>>::None)?;
+        st.end()
+    }
+}
+
+/// `bytes` serialises as a JSON array of integers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// `object: "chat.completion.chunk"`. `usage` is omitted when `None` (the server adds
+/// `"usage": null` itself when `include_usage` was requested).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    /// `null` when absent.
+    pub logprobs: Option<ChoiceLogprobs>,
+    /// `null` until the choice finishes.
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+/// `object: "model"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelObject {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+/// `object: "list"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelObject>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn completion_serialises_openai_shape() {
+        let r = ChatCompletionResponse {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion",
+            created: 5,
+            model: "m".into(),
+            system_fingerprint: None,
+            choices: vec![Choice {
+                index: 0,
+                message: ResponseMessage { role: "assistant", content: None, tool_calls: None },
+                logprobs: None,
+                finish_reason: "stop".into(),
+            }],
+            usage: Usage { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3, prompt_tokens_details: None },
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 5, "model": "m",
+                "choices": [{"index": 0,
+                    "message": {"role": "assistant", "content": null, "refusal": null},
+                    "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+            })
+        );
+    }
+
+    #[test]
+    fn logprobs_and_details_serialise() {
+        let lp = ChoiceLogprobs {
+            content: vec![TokenLogprob {
+                token: "hi".into(),
+                logprob: -0.5,
+                bytes: vec![104, 105],
+                top_logprobs: vec![TopLogprob { token: "hi".into(), logprob: -0.5, bytes: vec![104, 105] }],
+            }],
+        };
+        let v = serde_json::to_value(&lp).unwrap();
+        assert_eq!(v["refusal"], Value::Null);
+        assert_eq!(v["content"][0]["bytes"], json!([104, 105]));
+        assert_eq!(v["content"][0]["top_logprobs"][0]["logprob"], json!(-0.5));
+        let u = Usage {
+            prompt_tokens: 4,
+            completion_tokens: 0,
+            total_tokens: 4,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 2 }),
+        };
+        assert_eq!(serde_json::to_value(u).unwrap()["prompt_tokens_details"], json!({"cached_tokens": 2}));
+        let m = ResponseMessage { role: "assistant", content: Some("x".into()), tool_calls: Some(vec![json!({})]) };
+        assert_eq!(serde_json::to_value(&m).unwrap()["tool_calls"], json!([{}]));
+    }
+
+    #[test]
+    fn chunk_skips_absent_fields_but_keeps_nulls() {
+        let c = ChatCompletionChunk {
+            id: "c".into(),
+            object: "chat.completion.chunk",
+            created: 1,
+            model: "m".into(),
+            system_fingerprint: Some("fp".into()),
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta: Delta { role: Some("assistant"), content: None, tool_calls: None },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: None,
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert!(v.get("usage").is_none());
+        assert_eq!(v["system_fingerprint"], "fp");
+        assert_eq!(v["choices"][0]["delta"], json!({"role": "assistant"}));
+        assert_eq!(v["choices"][0]["finish_reason"], Value::Null);
+        assert!(v["choices"][0].as_object().unwrap().contains_key("logprobs"));
+    }
+
+    #[test]
+    fn models_serialise() {
+        let l = ModelList {
+            object: "list",
+            data: vec![ModelObject { id: "m".into(), object: "model", created: 9, owned_by: "gantry".into() }],
+        };
+        assert_eq!(
+            serde_json::to_value(&l).unwrap(),
+            json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 9, "owned_by": "gantry"}]})
+        );
+    }
+}

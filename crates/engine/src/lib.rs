@@ -1,0 +1,156 @@
+//! Gantry's inference engine: llama.cpp through `llama-cpp-2`, a continuous-batching scheduler on
+//! its own thread, chat templates, sampling and stop strings. The server talks to it through
+//! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
+
+mod model;
+mod request;
+mod sampling;
+mod scheduler;
+mod sequence;
+pub mod template;
+pub mod text;
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+
+pub use model::{LoadError, LoadedModel, ModelInfo};
+pub use request::{
+    Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob, TopLogprob,
+    Usage,
+};
+pub use template::TemplateError;
+
+use scheduler::{Scheduler, SchedulerConfig};
+use sequence::Job;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model_path: PathBuf,
+    /// Max tokens of one sequence, prompt plus completion.
+    pub ctx_size: u32,
+    /// Sequences decoded together (slots); KV memory is `ctx_size * parallel` tokens.
+    pub parallel: u32,
+    /// CPU threads for llama.cpp; `None` = physical cores.
+    pub threads: Option<u32>,
+    /// Max tokens per decode call (prompt chunks plus one token per running sequence).
+    pub batch_size: u32,
+}
+
+impl EngineConfig {
+    pub fn new(model_path: impl Into<PathBuf>) -> Self {
+        Self { model_path: model_path.into(), ctx_size: 4096, parallel: 4, threads: None, batch_size: 512 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Handle to the running engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    model: Arc<LoadedModel>,
+    config: EngineConfig,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Loads the model and starts the scheduler thread; returns once the context exists.
+    pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
+        let model = LoadedModel::load(&config.model_path)?;
+        config.parallel = config.parallel.max(1);
+        config.ctx_size = config.ctx_size.max(16);
+        // Every running sequence needs one slot in each batch, plus room for prompt chunks.
+        config.batch_size = config.batch_size.max(config.parallel + 16);
+        let threads = config.threads.unwrap_or_else(|| num_cpus::get_physical() as u32).max(1) as i32;
+
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
+        let thread_model = model.clone();
+        let sched_cfg = SchedulerConfig {
+            ctx_size: config.ctx_size,
+            parallel: config.parallel,
+            batch_size: config.batch_size,
+        };
+        let ctx_params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(config.ctx_size * config.parallel))
+            .with_n_batch(config.batch_size)
+            .with_n_ubatch(config.batch_size)
+            .with_n_seq_max(config.parallel)
+            .with_kv_unified(true)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let thread = std::thread::Builder::new()
+            .name("gantry-scheduler".into())
+            .spawn(move || {
+                let mut ctx = match thread_model.llama.new_context(model::backend(), ctx_params) {
+                    Ok(ctx) => ctx,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                Scheduler::new(thread_model.clone(), sched_cfg).run(&mut ctx, jobs_rx);
+            })
+            .map_err(|e| LoadError::Context(e.to_string()))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(LoadError::Context(e)),
+            Err(_) => return Err(LoadError::Context("scheduler thread exited".into())),
+        }
+        tracing::info!(
+            model = %config.model_path.display(),
+            ctx_size = config.ctx_size,
+            parallel = config.parallel,
+            threads,
+            "engine ready"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                model,
+                config,
+                jobs: Mutex::new(Some(jobs_tx)),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.inner.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Queues a request. Events stream on the returned handle; dropping it cancels the request.
+    pub fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
+        let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
+        let job = Job { request, events: events_tx, usage: usage_tx };
+        let guard = self.inner.jobs.lock().expect("jobs lock");
+        let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
+        sender.send(job).map_err(|_| SubmitError::Stopped)?;
+        Ok(GenerationHandle { events: events_rx, usage: usage_rx })
+    }
+
+    /// Stops accepting work, lets the scheduler finish what it has, and joins its thread.
+    pub fn shutdown(&self) {
+        self.inner.jobs.lock().expect("jobs lock").take();
+        if let Some(t) = self.inner.thread.lock().expect("thread lock").take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The loaded GGUF model: weights, vocabulary, chat template, and prompt preparation.
+//! Shared read-only between HTTP handlers (tokenizing) and the scheduler thread (decoding).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use serde_json::Value as Json;
+
+use crate::request::Prompt;
+use crate::template::{ChatTemplate, TemplateError};
+
+/// llama.cpp's backend may be initialised once per process.
+pub(crate) fn backend() -> &'static LlamaBackend {
+    static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+    BACKEND.get_or_init(|| {
+        llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default().with_logs_enabled(
+            std::env::var("GANTRY_LLAMA_LOGS").is_ok_and(|v| v == "1"),
+        ));
+        LlamaBackend::init().expect("llama.cpp backend initialises once")
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("model file {0} does not exist")]
+    Missing(PathBuf),
+    #[error("llama.cpp could not load {path}: {reason}")]
+    Llama { path: PathBuf, reason: String },
+    #[error("{0} has no tokenizer.chat_template; Gantry needs the model's own chat template")]
+    NoChatTemplate(PathBuf),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("could not create the llama.cpp context: {0}")]
+    Context(String),
+}
+
+/// Facts about the served model that the API layer needs.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub path: PathBuf,
+    pub n_vocab: i32,
+    pub n_ctx_train: u32,
+    pub size_bytes: u64,
+    pub n_params: u64,
+    /// Whether the model can look at images (no multimodal projector is loaded: never, today).
+    pub supports_vision: bool,
+    pub chat_template: String,
+}
+
+pub struct LoadedModel {
+    pub(crate) llama: LlamaModel,
+    template: ChatTemplate,
+    info: ModelInfo,
+    add_bos: bool,
+    bos_text: String,
+}
+
+impl LoadedModel {
+    pub fn load(path: &Path) -> Result<Arc<Self>, LoadError> {
+        if !path.is_file() {
+            return Err(LoadError::Missing(path.to_path_buf()));
+        }
+        let llama = LlamaModel::load_from_file(backend(), path, &LlamaModelParams::default())
+            .map_err(|e| LoadError::Llama { path: path.to_path_buf(), reason: e.to_string() })?;
+        let chat_template = llama
+            .meta_val_str("tokenizer.chat_template")
+            .map_err(|_| LoadError::NoChatTemplate(path.to_path_buf()))?;
+        let vocab = llama.vocab();
+        let piece = |t: LlamaToken| {
+            if t.0 < 0 {
+                return String::new();
+            }
+            String::from_utf8_lossy(&vocab.token_to_piece(t, true, None)).into_owned()
+        };
+        let bos_text = piece(vocab.bos());
+        let eos_text = piece(vocab.eos());
+        let add_bos = vocab.should_add_bos();
+        let template = ChatTemplate::new(&chat_template, &bos_text, &eos_text)?;
+        let info = ModelInfo {
+            path: path.to_path_buf(),
+            n_vocab: llama.n_vocab(),
+            n_ctx_train: llama.n_ctx_train(),
+            size_bytes: llama.size(),
+            n_params: llama.n_params(),
+            supports_vision: false,
+            chat_template,
+        };
+        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text }))
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Renders the conversation with the model's template and tokenizes it exactly as it will be
+    /// decoded, so `tokens.len()` is the billed prompt size.
+    pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
+        let text = self.template.render(messages, tools)?;
+        let tokens = self.tokenize(&text);
+        Ok(Prompt { text, tokens })
+    }
+
+    /// Tokenizes prompt text, parsing special tokens; adds BOS only when the vocabulary wants one
+    /// and the template did not already write it.
+    pub fn tokenize(&self, text: &str) -> Vec<i32> {
+        let add_bos = self.add_bos && (self.bos_text.is_empty() || !text.starts_with(&self.bos_text));
+        self.llama.vocab().tokenize(text.as_bytes(), add_bos, true).into_iter().map(|t| t.0).collect()
+    }
+
+    /// Raw bytes of a token as it appears in generated text (control tokens render empty).
+    pub fn piece(&self, token: i32) -> Vec<u8> {
+        self.llama.vocab().token_to_piece(LlamaToken(token), false, None)
+    }
+
+    pub fn is_end_of_generation(&self, token: i32) -> bool {
+        self.llama.vocab().is_eog(LlamaToken(token))
+    }
+}

@@ -1,0 +1,113 @@
+//! What the server hands the engine, and what the engine streams back.
+
+use tokio::sync::{mpsc, oneshot};
+
+/// Sampling settings of one request, already validated by the API layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (deterministic).
+    pub temperature: f32,
+    pub top_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Same seed and same request give the same output; `None` draws a random seed.
+    pub seed: Option<u64>,
+    /// (token id, bias) pairs, bias in -100..=100 as in OpenAI's API.
+    pub logit_bias: Vec<(i32, f32)>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+/// A tokenized prompt ready for generation.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    pub text: String,
+    pub tokens: Vec<i32>,
+}
+
+/// One generation job: `n` completions of the same prompt.
+#[derive(Debug)]
+pub struct GenerateRequest {
+    pub prompt: Prompt,
+    pub n: u32,
+    /// Completion-token limit per choice; the engine also stops at the sequence's context end.
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    pub sampling: SamplingParams,
+    /// Number of alternatives to report per token (0..=20) when `logprobs` is on.
+    pub logprobs: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or a stop string.
+    Stop,
+    /// max_tokens or the context window.
+    Length,
+    /// The client went away.
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::Cancelled => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// The log-probability of one sampled token and its most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<TopLogprob>,
+}
+
+/// Token counts of a finished (or cancelled) request: what the customer is billed for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// Streamed from the engine to the request's owner, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New text (possibly empty, when held back for a stop string) and its tokens' logprobs.
+    Delta { choice: u32, text: String, logprobs: Vec<TokenLogprob> },
+    /// A choice ended; no more deltas follow for it.
+    Finished { choice: u32, reason: FinishReason },
+    /// All choices ended. Always the last event unless an error occurred.
+    Done(Usage),
+    /// Generation failed; the last event.
+    Error(String),
+}
+
+/// The receiving side of a submitted request. Dropping `events` cancels the request at the
+/// next scheduler step; `usage` still reports what was generated until then.
+pub struct GenerationHandle {
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub usage: oneshot::Receiver<Usage>,
+}

@@ -1,0 +1,92 @@
+//! Per-sequence samplers built from OpenAI's sampling parameters, and logprobs.
+
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::model::LoadedModel;
+use crate::request::{SamplingParams, TokenLogprob, TopLogprob};
+
+/// Derives a 32-bit llama.cpp seed; choice `i` of an `n > 1` request gets its own stream.
+pub fn seed_for_choice(seed: Option<u64>, choice: u32) -> u32 {
+    let base = seed.unwrap_or_else(rand_seed);
+    let mixed = base.wrapping_add(u64::from(choice).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (mixed ^ (mixed >> 32)) as u32
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}
+
+/// Builds the chain: logit bias → presence/frequency penalties → temperature → top-p → draw.
+/// Temperature comes before top-p because OpenAI applies nucleus sampling to the tempered
+/// distribution. Temperature 0 is greedy and fully deterministic.
+pub fn build_sampler(n_vocab: i32, params: &SamplingParams, choice: u32, penalty_window: i32) -> LlamaSampler {
+    let mut chain = Vec::new();
+    if !params.logit_bias.is_empty() {
+        let biases: Vec<LlamaLogitBias> =
+            params.logit_bias.iter().map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b)).collect();
+        chain.push(LlamaSampler::logit_bias(n_vocab, &biases));
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        chain.push(LlamaSampler::penalties(
+            n_vocab,
+            penalty_window.max(1),
+            1.0,
+            params.frequency_penalty,
+            params.presence_penalty,
+        ));
+    }
+    if params.temperature <= 0.0 {
+        chain.push(LlamaSampler::greedy());
+    } else {
+        chain.push(LlamaSampler::temp(params.temperature));
+        if params.top_p < 1.0 {
+            chain.push(LlamaSampler::top_p(params.top_p, 1));
+        }
+        chain.push(LlamaSampler::dist(seed_for_choice(params.seed, choice)));
+    }
+    LlamaSampler::chain_simple(chain)
+}
+
+/// OpenAI reports logprobs of the model's distribution (before sampling settings).
+pub fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top_n: u32) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln() + max;
+    let entry = |id: i32| {
+        let bytes = model.piece(id);
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes, logits[id as usize] - log_sum)
+    };
+    let mut top = Vec::new();
+    if top_n > 0 {
+        let mut ids: Vec<i32> = (0..logits.len() as i32).collect();
+        let k = (top_n as usize).min(ids.len());
+        ids.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        ids.truncate(k);
+        ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        top = ids
+            .into_iter()
+            .map(|id| {
+                let (token, bytes, logprob) = entry(id);
+                TopLogprob { token, bytes, logprob }
+            })
+            .collect();
+    }
+    let (token, bytes, logprob) = entry(chosen);
+    TokenLogprob { token, bytes, logprob, top }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_choice_gives_same_llama_seed() {
+        assert_eq!(seed_for_choice(Some(42), 0), seed_for_choice(Some(42), 0));
+        assert_ne!(seed_for_choice(Some(42), 0), seed_for_choice(Some(42), 1));
+        assert_ne!(seed_for_choice(Some(42), 0), seed_for_choice(Some(43), 0));
+    }
+}

@@ -1,0 +1,228 @@
+//! The scheduler: one thread owns the llama.cpp context. Every step it builds ONE batch holding
+//! the next token of every decoding sequence plus a chunk of pending prompt tokens (continuous
+//! batching with chunked prefill), decodes it, samples every sequence and streams the text out.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::model::LoadedModel;
+use crate::request::{Event, FinishReason, Usage};
+use crate::sampling::logprobs_for;
+use crate::sequence::{ActiveRequest, Job};
+
+pub(crate) struct SchedulerConfig {
+    /// Max tokens of one sequence (prompt + completion).
+    pub ctx_size: u32,
+    /// Number of llama.cpp sequences (slots).
+    pub parallel: u32,
+    /// Max tokens per decode call.
+    pub batch_size: u32,
+}
+
+pub(crate) struct Scheduler {
+    model: Arc<LoadedModel>,
+    cfg: SchedulerConfig,
+    waiting: VecDeque<Job>,
+    active: Vec<ActiveRequest>,
+    free_seqs: Vec<i32>,
+    batch: LlamaBatch<'static>,
+}
+
+impl Scheduler {
+    pub fn new(model: Arc<LoadedModel>, cfg: SchedulerConfig) -> Self {
+        let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
+        let free_seqs = (0..cfg.parallel as i32).rev().collect();
+        Self { model, cfg, waiting: VecDeque::new(), active: Vec::new(), free_seqs, batch }
+    }
+
+    /// Runs until every sender of `jobs` is gone and all work is finished.
+    pub fn run(mut self, ctx: &mut LlamaContext<'_>, jobs: Receiver<Job>) {
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match jobs.try_recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    Err(TryRecvError::Empty) => break,
+                    // Keep draining the work already accepted, then stop.
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            self.step(ctx);
+        }
+    }
+
+    fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+        self.drop_cancelled(ctx);
+        self.admit();
+        if !self.fill_batch() {
+            return;
+        }
+        if let Err(e) = ctx.decode(&mut self.batch) {
+            tracing::error!(error = %e, "llama.cpp decode failed");
+            self.fail_all(ctx, &format!("the model failed to decode: {e}"));
+            return;
+        }
+        self.sample_all(ctx);
+        self.retire_finished(ctx);
+    }
+
+    /// Client disconnects cancel their sequences before any more compute is spent on them.
+    fn drop_cancelled(&mut self, ctx: &mut LlamaContext<'_>) {
+        for req in &mut self.active {
+            if req.client_gone() {
+                for i in 0..req.choices.len() {
+                    req.finish_choice(i, FinishReason::Cancelled);
+                }
+            }
+        }
+        // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
+        let (gone, kept): (Vec<Job>, Vec<Job>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|job| job.events.is_closed());
+        self.waiting = kept.into();
+        for job in gone {
+            let _ = job.usage.send(Usage::default());
+        }
+        self.retire_finished(ctx);
+    }
+
+    fn admit(&mut self) {
+        while let Some(job) = self.waiting.front() {
+            let n = job.request.n as usize;
+            if n > self.cfg.parallel as usize {
+                let job = self.waiting.pop_front().expect("front exists");
+                let msg = format!("n={n} exceeds the server's {} parallel sequences", self.cfg.parallel);
+                let _ = job.events.send(Event::Error(msg));
+                let _ = job.usage.send(Usage::default());
+                continue;
+            }
+            if self.free_seqs.len() < n {
+                break;
+            }
+            let job = self.waiting.pop_front().expect("front exists");
+            let seqs = self.free_seqs.split_off(self.free_seqs.len() - n);
+            let req = ActiveRequest::new(job, seqs, self.model.info().n_vocab, self.cfg.ctx_size);
+            self.active.push(req);
+        }
+    }
+
+    /// Decoding tokens first (one per running choice, so streams never stall), then prompt
+    /// chunks up to the batch budget. Returns false when there is nothing to decode.
+    fn fill_batch(&mut self) -> bool {
+        self.batch.clear();
+        let mut budget = self.cfg.batch_size as usize;
+        for req in &mut self.active {
+            for c in &mut req.choices {
+                if let Some(token) = c.next_token.take() {
+                    self.batch.add(LlamaToken(token), c.pos, &[c.seq_id], true).expect("batch sized for all slots");
+                    c.batch_idx = Some(self.batch.n_tokens() - 1);
+                    c.pos += 1;
+                    budget -= 1;
+                }
+            }
+        }
+        for req in &mut self.active {
+            if budget == 0 {
+                break;
+            }
+            if !req.is_prefilling() {
+                continue;
+            }
+            let end = (req.prefilled + budget).min(req.prompt.len());
+            // All choices of the request share the prompt's KV cells.
+            let seq_ids: Vec<i32> = req.choices.iter().map(|c| c.seq_id).collect();
+            for pos in req.prefilled..end {
+                let last = pos + 1 == req.prompt.len();
+                self.batch
+                    .add(LlamaToken(req.prompt[pos]), pos as i32, &seq_ids, last)
+                    .expect("batch sized for the budget");
+            }
+            budget -= end - req.prefilled;
+            req.prefilled = end;
+            if !req.is_prefilling() {
+                let idx = self.batch.n_tokens() - 1;
+                for c in &mut req.choices {
+                    c.batch_idx = Some(idx);
+                    c.pos = req.prompt.len() as i32;
+                }
+            }
+        }
+        self.batch.n_tokens() > 0
+    }
+
+    fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) {
+        let model = &self.model;
+        let ctx_size = self.cfg.ctx_size as i32;
+        for req in &mut self.active {
+            for i in 0..req.choices.len() {
+                let Some(idx) = req.choices[i].batch_idx.take() else { continue };
+                let token = req.choices[i].sampler.sample(ctx, idx).0;
+                let logprobs = match req.logprobs {
+                    Some(top) => vec![logprobs_for(model, ctx.get_logits_ith(idx), token, top)],
+                    None => Vec::new(),
+                };
+                req.usage.completion_tokens += 1;
+                let c = &mut req.choices[i];
+                c.generated += 1;
+                let index = c.index;
+                if model.is_end_of_generation(token) {
+                    let tail = c.text.finish();
+                    req.send_delta(index, tail.emit, Vec::new());
+                    req.finish_choice(i, FinishReason::Stop);
+                    continue;
+                }
+                let scan = c.text.push(&model.piece(token));
+                if scan.stopped {
+                    req.send_delta(index, scan.emit, logprobs);
+                    req.finish_choice(i, FinishReason::Stop);
+                } else if c.generated >= req.max_tokens || c.pos >= ctx_size {
+                    let tail = c.text.finish();
+                    let reason = if tail.stopped { FinishReason::Stop } else { FinishReason::Length };
+                    req.send_delta(index, scan.emit + &tail.emit, logprobs);
+                    req.finish_choice(i, reason);
+                } else {
+                    c.next_token = Some(token);
+                    req.send_delta(index, scan.emit, logprobs);
+                }
+            }
+        }
+    }
+
+    /// Frees the KV cells of finished requests and reports their usage.
+    fn retire_finished(&mut self, ctx: &mut LlamaContext<'_>) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].all_finished() {
+                let req = self.active.swap_remove(i);
+                self.release(ctx, &req);
+                req.complete(None);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn release(&mut self, ctx: &mut LlamaContext<'_>, req: &ActiveRequest) {
+        for c in &req.choices {
+            let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), None, None);
+            self.free_seqs.push(c.seq_id);
+        }
+    }
+
+    fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, message: &str) {
+        for req in std::mem::take(&mut self.active) {
+            self.release(ctx, &req);
+            req.complete(Some(message.to_string()));
+        }
+        ctx.clear_kv_cache();
+    }
+}

@@ -1,0 +1,121 @@
+//! State of one admitted request inside the scheduler: its prompt, its choices (one llama.cpp
+//! sequence each) and the channels back to its owner.
+
+use llama_cpp_2::sampling::LlamaSampler;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::request::{Event, FinishReason, GenerateRequest, TokenLogprob, Usage};
+use crate::sampling::build_sampler;
+use crate::text::TextAssembler;
+
+/// A request as queued for the scheduler.
+pub(crate) struct Job {
+    pub request: GenerateRequest,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub usage: oneshot::Sender<Usage>,
+}
+
+pub(crate) struct Choice {
+    pub index: u32,
+    pub seq_id: i32,
+    pub sampler: LlamaSampler,
+    pub text: TextAssembler,
+    pub generated: u32,
+    /// Position the next fed token takes in this sequence.
+    pub pos: i32,
+    /// Token to feed at the next step, once decoding.
+    pub next_token: Option<i32>,
+    /// Index in the current batch whose logits this choice samples from.
+    pub batch_idx: Option<i32>,
+    pub finished: Option<FinishReason>,
+}
+
+pub(crate) struct ActiveRequest {
+    pub prompt: Vec<i32>,
+    /// How many prompt tokens have been decoded so far (chunked prefill).
+    pub prefilled: usize,
+    pub choices: Vec<Choice>,
+    pub max_tokens: u32,
+    pub logprobs: Option<u32>,
+    pub usage: Usage,
+    events: mpsc::UnboundedSender<Event>,
+    usage_tx: Option<oneshot::Sender<Usage>>,
+}
+
+impl ActiveRequest {
+    pub fn new(job: Job, seq_ids: Vec<i32>, n_vocab: i32, ctx_size: u32) -> Self {
+        let Job { request, events, usage } = job;
+        let window = request.max_tokens.min(ctx_size) as i32;
+        let choices = seq_ids
+            .into_iter()
+            .enumerate()
+            .map(|(i, seq_id)| Choice {
+                index: i as u32,
+                seq_id,
+                sampler: build_sampler(n_vocab, &request.sampling, i as u32, window),
+                text: TextAssembler::new(request.stop.clone()),
+                generated: 0,
+                pos: 0,
+                next_token: None,
+                batch_idx: None,
+                finished: None,
+            })
+            .collect();
+        let prompt_tokens = request.prompt.tokens.len() as u32;
+        Self {
+            prompt: request.prompt.tokens,
+            prefilled: 0,
+            choices,
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+            usage: Usage { prompt_tokens, cached_tokens: 0, completion_tokens: 0 },
+            events,
+            usage_tx: Some(usage),
+        }
+    }
+
+    pub fn is_prefilling(&self) -> bool {
+        self.prefilled < self.prompt.len()
+    }
+
+    pub fn client_gone(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    pub fn all_finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finished.is_some())
+    }
+
+    pub fn send_delta(&self, choice: u32, text: String, logprobs: Vec<TokenLogprob>) {
+        if !text.is_empty() || !logprobs.is_empty() {
+            let _ = self.events.send(Event::Delta { choice, text, logprobs });
+        }
+    }
+
+    pub fn finish_choice(&mut self, i: usize, reason: FinishReason) {
+        let c = &mut self.choices[i];
+        if c.finished.is_some() {
+            return;
+        }
+        c.finished = Some(reason);
+        c.next_token = None;
+        c.batch_idx = None;
+        let index = c.index;
+        if reason != FinishReason::Cancelled {
+            let _ = self.events.send(Event::Finished { choice: index, reason });
+        }
+    }
+
+    /// Ends the request: the owner gets `Done` (or the error) and the usage report.
+    pub fn complete(mut self, error: Option<String>) -> Usage {
+        let event = match error {
+            Some(e) => Event::Error(e),
+            None => Event::Done(self.usage),
+        };
+        let _ = self.events.send(event);
+        if let Some(tx) = self.usage_tx.take() {
+            let _ = tx.send(self.usage);
+        }
+        self.usage
+    }
+}

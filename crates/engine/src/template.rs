@@ -1,0 +1,238 @@
+//! Chat templates: the model's own `tokenizer.chat_template` (Jinja, written for Hugging Face
+//! transformers) rendered with minijinja, configured the way transformers configures Jinja so
+//! the prompt matches what the model was trained on.
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::Value as Json;
+
+/// A compiled chat template plus the special-token strings templates refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The template itself is broken: an operator problem, reported at load time.
+    #[error("the model's chat template does not compile: {0}")]
+    Compile(String),
+    /// Rendering failed for these messages (e.g. the template's `raise_exception`): a client problem.
+    #[error("{0}")]
+    Render(String),
+}
+
+const TEMPLATE_NAME: &str = "chat";
+
+impl ChatTemplate {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        // transformers renders with trim_blocks and lstrip_blocks on.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| TemplateError::Compile(describe(&e)))?;
+        Ok(Self { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+    }
+
+    /// Renders `messages` (objects with `role`, `content`, optional `tool_calls`, `tool_call_id`,
+    /// `name`) and optional `tools` into the prompt text, ending with the assistant's turn.
+    pub fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<String, TemplateError> {
+        let tmpl = self.env.get_template(TEMPLATE_NAME).expect("template was added in new()");
+        let messages: Vec<Json> = messages.iter().map(normalise_message).collect();
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(&messages),
+            tools => tools.map(Value::from_serialize),
+            add_generation_prompt => true,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        tmpl.render(ctx).map_err(|e| TemplateError::Render(describe(&e)))
+    }
+}
+
+/// Most templates know only system/user/assistant/tool: a developer message is OpenAI's newer
+/// name for a system message, so it is rendered as one.
+fn normalise_message(m: &Json) -> Json {
+    let mut m = m.clone();
+    if m.get("role").and_then(Json::as_str) == Some("developer") {
+        m["role"] = Json::from("system");
+    }
+    m
+}
+
+fn describe(e: &Error) -> String {
+    let mut msg = match e.kind() {
+        ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_string(),
+        _ => e.to_string(),
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(fmt)`, used by Llama 3 templates for the current date.
+fn strftime_now(format: String) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (y, m, d) = civil_from_days(now.div_euclid(86_400));
+    const MONTHS: [&str; 12] = [
+        "January", "February", "March", "April", "May", "June", "July", "August", "September",
+        "October", "November", "December",
+    ];
+    format
+        .replace("%Y", &y.to_string())
+        .replace("%m", &format!("{m:02}"))
+        .replace("%d", &format!("{d:02}"))
+        .replace("%B", MONTHS[(m - 1) as usize])
+        .replace("%b", &MONTHS[(m - 1) as usize][..3])
+}
+
+/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { era * 400 + yoe + 1 } else { era * 400 + yoe }, m, d)
+}
+
+/// Python's `json.dumps(x, ensure_ascii=False)` (what transformers' `tojson` does): `", "` and
+/// `": "` separators, no HTML escaping, key order preserved. `indent` is honoured.
+fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json: Json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write_python_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_python_json(v: &Json, indent: Option<usize>, level: usize, out: &mut String) {
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * level));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        Json::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                write_python_json(item, indent, level + 1, out);
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        Json::Object(map) if !map.is_empty() => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                out.push_str(&Json::from(k.as_str()).to_string());
+                out.push_str(": ");
+                write_python_json(item, indent, level + 1, out);
+            }
+            newline(out, level);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn chatml_renders_with_generation_prompt() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let out = t
+            .render(&[json!({"role":"system","content":"Be brief."}), json!({"role":"user","content":"Hi"})], None)
+            .unwrap();
+        assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn developer_is_rendered_as_system() {
+        let t = ChatTemplate::new(CHATML, "", "").unwrap();
+        let out = t.render(&[json!({"role":"developer","content":"x"})], None).unwrap();
+        assert!(out.starts_with("<|im_start|>system\nx"), "{out}");
+    }
+
+    #[test]
+    fn python_string_methods_and_raise_exception() {
+        let src = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}{{ messages[0]['content'].strip().upper() }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert_eq!(t.render(&[json!({"role":"user","content":"  hi "})], None).unwrap(), "HI");
+        let err = t.render(&[json!({"role":"system","content":"x"})], None).unwrap_err();
+        assert!(matches!(err, TemplateError::Render(ref m) if m.contains("first must be user")), "{err}");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let src = "{% for t in tools %}{{ t | tojson }}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let tools = [json!({"type":"function","function":{"name":"get_weather","parameters":{"z":1,"a":["<b>", "é"]}}})];
+        let out = t.render(&[], Some(&tools)).unwrap();
+        assert_eq!(out, r#"{"type": "function", "function": {"name": "get_weather", "parameters": {"z": 1, "a": ["<b>", "é"]}}}"#);
+    }
+
+    #[test]
+    fn tojson_indent() {
+        let t = ChatTemplate::new("{{ tools[0] | tojson(indent=2) }}", "", "").unwrap();
+        let out = t.render(&[], Some(&[json!({"a":[1,2]})])).unwrap();
+        assert_eq!(out, "{\n  \"a\": [\n    1,\n    2\n  ]\n}");
+    }
+
+    #[test]
+    fn loop_controls_and_trim_blocks() {
+        let src = "{% for m in messages %}\n{% if loop.index > 1 %}{% break %}{% endif %}\n{{ m.content }}\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let out = t.render(&[json!({"role":"user","content":"a"}), json!({"role":"user","content":"b"})], None).unwrap();
+        assert_eq!(out, "a\n");
+    }
+
+    #[test]
+    fn broken_template_is_a_compile_error() {
+        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TemplateError::Compile(_))));
+    }
+
+    #[test]
+    fn strftime_now_formats_a_date() {
+        let s = strftime_now("%d %B %Y".into());
+        assert_eq!(s.len(), "01 January 2026".len().max(s.len()));
+        assert!(s.split(' ').count() == 3);
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_000), (2024, 10, 4));
+    }
+}

@@ -1,0 +1,113 @@
+//! Router, shared state, and the layers that turn every failure into OpenAI's error JSON.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use gantry_accounts::Accounts;
+use gantry_api::{ApiError, ModelList, ModelObject};
+use gantry_engine::Engine;
+use serde_json::json;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::{auth, chat, request_id};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    pub accounts: Accounts,
+    /// The id clients send as `model`.
+    pub model_id: Arc<str>,
+    pub model_created: u64,
+}
+
+pub struct RouterOptions {
+    pub body_limit: usize,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        Self { body_limit: 4 * 1024 * 1024 }
+    }
+}
+
+pub fn router(state: AppState, opts: RouterOptions) -> Router {
+    let authed = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*id}", get(get_model))
+        .layer(DefaultBodyLimit::max(opts.body_limit))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .merge(authed)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(middleware::from_fn(errors_as_json))
+        .layer(CatchPanicLayer::custom(|_| ApiError::internal("The server had an error while processing your request.").into_response()))
+        .layer(middleware::from_fn(request_id::assign))
+}
+
+async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "model": &*state.model_id}))
+}
+
+fn model_object(state: &AppState) -> ModelObject {
+    ModelObject {
+        id: state.model_id.to_string(),
+        object: "model",
+        created: state.model_created,
+        owned_by: "gantry".into(),
+    }
+}
+
+async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList { object: "list", data: vec![model_object(&state)] })
+}
+
+async fn get_model(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<ModelObject>, ApiError> {
+    if id == *state.model_id {
+        Ok(Json(model_object(&state)))
+    } else {
+        Err(ApiError::model_not_found(&id))
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("Invalid URL ({} {})", req.method(), req.uri().path()))
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::method_not_allowed(format!("Method {} is not allowed for {}", req.method(), req.uri().path()))
+}
+
+/// axum's own rejections (body too large, …) are plain text; rewrite any non-JSON error body
+/// into OpenAI's shape so clients always get `{"error": …}`.
+async fn errors_as_json(req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    let err = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(0),
+        s if s.is_server_error() => ApiError::internal("The server had an error while processing your request."),
+        s => ApiError::invalid_request(s.canonical_reason().unwrap_or("Bad request").to_string(), None),
+    };
+    let mut rewritten = err.into_response();
+    *rewritten.status_mut() = status;
+    rewritten
+}

@@ -1,0 +1,63 @@
+//! Bearer-key authentication. Runs before the body is read or validated, as OpenAI does.
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use gantry_api::ApiError;
+
+use crate::app::AppState;
+
+pub async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    let Some(secret) = presented.filter(|s| !s.is_empty()) else {
+        return ApiError::invalid_api_key(
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        )
+        .into_response();
+    };
+    if !gantry_accounts::looks_like_key(secret) {
+        return ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response();
+    }
+    match state.accounts.authenticate(secret).await {
+        Ok(Some(key)) => {
+            req.extensions_mut().insert(key);
+            next.run(req).await
+        }
+        Ok(None) => ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "key lookup failed");
+            ApiError::internal("The server could not check your API key; please retry.").into_response()
+        }
+    }
+}
+
+/// Shows only the ends of a presented key, like OpenAI's `sk-abc***wxyz`.
+fn redact(secret: &str) -> String {
+    let chars: Vec<char> = secret.chars().collect();
+    if chars.len() <= 10 {
+        return "*".repeat(chars.len());
+    }
+    let head: String = chars[..6].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}***{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redaction_never_shows_the_whole_key() {
+        let key = "sk-gantry-abcdefghijklmnopqrstuvwxyz0123";
+        let r = redact(key);
+        assert!(!r.contains("abcdefghijklmnop"));
+        assert!(r.starts_with("sk-gan") && r.ends_with("0123"));
+        assert_eq!(redact("short"), "*****");
+    }
+}

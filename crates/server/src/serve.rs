@@ -1,0 +1,117 @@
+//! `gantry serve`: load the model, open the accounts database, bind, serve until a signal.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use gantry_accounts::Accounts;
+use gantry_engine::{Engine, EngineConfig};
+
+use crate::app::{router, AppState, RouterOptions};
+use crate::cli::ServeArgs;
+use crate::models;
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let model_path = models::resolve_model(&args.model, &models::default_cache_dir())?;
+    let model_id = args.model_name.clone().unwrap_or_else(|| model_id_from_path(&model_path));
+
+    let data_dir = args.data.resolve();
+    let accounts = Accounts::open_data_dir(&data_dir)
+        .await
+        .with_context(|| format!("opening the accounts database in {}", data_dir.display()))?;
+    let new_key = initial_key(&accounts, args.api_key.as_deref()).await?;
+
+    let mut config = EngineConfig::new(&model_path);
+    config.ctx_size = args.ctx_size;
+    config.parallel = args.parallel;
+    config.threads = args.threads;
+    config.batch_size = args.batch_size;
+    let engine = tokio::task::spawn_blocking(move || Engine::start(config))
+        .await?
+        .with_context(|| format!("loading {}", model_path.display()))?;
+
+    let created = std::fs::metadata(engine.model().info().path.as_path())
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let state = AppState { engine: engine.clone(), accounts, model_id: Arc::from(model_id.as_str()), model_created: created };
+    let app = router(state, RouterOptions { body_limit: args.body_limit });
+
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    print_banner(&addr.to_string(), &model_id, new_key.as_deref(), &data_dir);
+
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("shutting down");
+    tokio::task::spawn_blocking(move || engine.shutdown()).await?;
+    Ok(())
+}
+
+/// `--api-key` registers that key; otherwise a first start with no key creates one, so a new
+/// user always has a key to try. Returns a secret to print, if one was just created.
+async fn initial_key(accounts: &Accounts, api_key: Option<&str>) -> anyhow::Result<Option<String>> {
+    if let Some(secret) = api_key {
+        accounts.ensure_key(secret, "serve --api-key").await.context("registering --api-key")?;
+        return Ok(None);
+    }
+    if accounts.count_active_keys().await? == 0 {
+        let created = accounts.create_key("default").await?;
+        return Ok(Some(created.secret));
+    }
+    Ok(None)
+}
+
+/// `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` → `qwen2.5-coder-0.5b-instruct-q4_k_m`.
+pub fn model_id_from_path(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+}
+
+fn print_banner(addr: &str, model_id: &str, new_key: Option<&str>, data_dir: &Path) {
+    let base = format!("http://{addr}/v1");
+    println!("Gantry is serving `{model_id}` at {base}");
+    match new_key {
+        Some(key) => {
+            println!("Created your first API key (shown only once, keep it):");
+            println!("  {key}");
+            println!("Try it:");
+            println!(
+                "  curl {base}/chat/completions -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' -d '{{\"model\":\"{model_id}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+            );
+        }
+        None => {
+            println!("Use a key from `gantry keys create --name NAME --data-dir {}`:", data_dir.display());
+            println!(
+                "  curl {base}/chat/completions -H \"Authorization: Bearer $KEY\" -H 'Content-Type: application/json' -d '{{\"model\":\"{model_id}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+            );
+        }
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn model_id_is_the_file_stem() {
+        let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+        assert_eq!(super::model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
+    }
+}

@@ -1,0 +1,167 @@
+//! Streaming as a small state machine: engine events in, OpenAI SSE `data:` payloads out.
+//! Kept free of I/O so every transition is unit-tested.
+
+use gantry_api::{ChatCompletionChunk, ChunkChoice, Delta};
+use gantry_engine::{Event, Usage};
+use serde_json::Value;
+
+use crate::chat::{to_api_logprobs, to_api_usage};
+
+/// What the SSE writer sends next.
+#[derive(Debug, PartialEq)]
+pub enum SseFrame {
+    /// A `data: {json}` event.
+    Data(Value),
+    /// The terminating `data: [DONE]`.
+    Done,
+}
+
+pub struct ChunkEncoder {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    with_logprobs: bool,
+    finished: bool,
+}
+
+impl ChunkEncoder {
+    pub fn new(id: String, created: u64, model: String, include_usage: bool, with_logprobs: bool) -> Self {
+        Self { id, created, model, include_usage, with_logprobs, finished: false }
+    }
+
+    /// The first chunk of every choice: `delta: {role: "assistant", content: ""}`.
+    pub fn opening(&self, n: u32) -> Vec<SseFrame> {
+        (0..n)
+            .map(|index| {
+                let delta = Delta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
+                self.frame(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: None }], None)
+            })
+            .collect()
+    }
+
+    /// Frames for one engine event; empty once the stream has ended.
+    pub fn on_event(&mut self, event: Event) -> Vec<SseFrame> {
+        if self.finished {
+            return Vec::new();
+        }
+        match event {
+            Event::Delta { choice, text, logprobs } => {
+                let delta = Delta { role: None, content: Some(text), tool_calls: None };
+                let logprobs = self.with_logprobs.then(|| to_api_logprobs(logprobs));
+                vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs, finish_reason: None }], None)]
+            }
+            Event::Finished { choice, reason } => {
+                let delta = Delta { role: None, content: None, tool_calls: None };
+                let finish_reason = Some(reason.as_openai().to_string());
+                vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None)]
+            }
+            Event::Done(usage) => {
+                self.finished = true;
+                let mut frames = Vec::new();
+                if self.include_usage {
+                    frames.push(self.frame(Vec::new(), Some(usage)));
+                }
+                frames.push(SseFrame::Done);
+                frames
+            }
+            Event::Error(message) => {
+                self.finished = true;
+                vec![SseFrame::Data(gantry_api::ApiError::internal(message).to_json())]
+            }
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    fn frame(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> SseFrame {
+        let chunk = ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage: usage.map(to_api_usage),
+        };
+        let mut value = serde_json::to_value(&chunk).expect("chunk serialises");
+        // OpenAI sends `"usage": null` on every chunk but the last when usage was asked for.
+        if self.include_usage && value.get("usage").is_none() {
+            value["usage"] = Value::Null;
+        }
+        SseFrame::Data(value)
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_engine::FinishReason;
+
+    fn enc(include_usage: bool) -> ChunkEncoder {
+        ChunkEncoder::new("chatcmpl-1".into(), 7, "m".into(), include_usage, false)
+    }
+
+    fn data(f: &SseFrame) -> &Value {
+        match f {
+            SseFrame::Data(v) => v,
+            SseFrame::Done => panic!("expected data"),
+        }
+    }
+
+    #[test]
+    fn opening_chunk_has_role_and_empty_content() {
+        let frames = enc(false).opening(2);
+        assert_eq!(frames.len(), 2);
+        let v = data(&frames[1]);
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert_eq!(v["choices"][0]["index"], 1);
+        assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["delta"]["content"], "");
+        assert!(v["choices"][0]["finish_reason"].is_null());
+    }
+
+    #[test]
+    fn full_stream_with_usage() {
+        let mut e = enc(true);
+        let mut frames = e.opening(1);
+        frames.extend(e.on_event(Event::Delta { choice: 0, text: "Hi".into(), logprobs: vec![] }));
+        frames.extend(e.on_event(Event::Finished { choice: 0, reason: FinishReason::Length }));
+        frames.extend(e.on_event(Event::Done(Usage { prompt_tokens: 5, cached_tokens: 0, completion_tokens: 1 })));
+        assert_eq!(frames.len(), 5);
+        assert_eq!(data(&frames[1])["choices"][0]["delta"]["content"], "Hi");
+        assert!(data(&frames[1])["usage"].is_null() && data(&frames[1]).get("usage").is_some());
+        assert_eq!(data(&frames[2])["choices"][0]["finish_reason"], "length");
+        let last = data(&frames[3]);
+        assert_eq!(last["choices"].as_array().unwrap().len(), 0);
+        assert_eq!(last["usage"]["prompt_tokens"], 5);
+        assert_eq!(last["usage"]["completion_tokens"], 1);
+        assert_eq!(last["usage"]["total_tokens"], 6);
+        assert_eq!(frames[4], SseFrame::Done);
+        // All chunks share one id.
+        for f in &frames[..4] {
+            assert_eq!(data(f)["id"], "chatcmpl-1");
+        }
+    }
+
+    #[test]
+    fn without_include_usage_no_usage_chunk() {
+        let mut e = enc(false);
+        let frames = e.on_event(Event::Done(Usage::default()));
+        assert_eq!(frames, vec![SseFrame::Done]);
+    }
+
+    #[test]
+    fn error_ends_the_stream_in_openai_shape() {
+        let mut e = enc(false);
+        let frames = e.on_event(Event::Error("boom".into()));
+        assert_eq!(frames.len(), 1);
+        assert_eq!(data(&frames[0])["error"]["message"], "boom");
+        assert_eq!(data(&frames[0])["error"]["type"], "server_error");
+        assert!(e.is_finished());
+        assert!(e.on_event(Event::Done(Usage::default())).is_empty());
+    }
+}

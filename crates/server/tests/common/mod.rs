@@ -1,0 +1,124 @@
+//! Starts the real `gantry` binary on a free port with a tiny random-weight model.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const KEY: &str = "sk-gantry-test-0123456789abcdefghijklmnop";
+
+/// One tiny model file shared by every test in the binary.
+pub fn tiny_model() -> &'static Path {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gantry-tiny-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny-chatml.gguf");
+        tiny_gguf::write_tiny_model(&path, &tiny_gguf::TinyModelSpec::default()).unwrap();
+        path
+    })
+}
+
+pub fn gantry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gantry"))
+}
+
+pub struct TestServer {
+    child: Child,
+    pub base: String,
+    pub model_id: String,
+    pub data_dir: tempfile::TempDir,
+    pub stdout_lines: Vec<String>,
+}
+
+impl TestServer {
+    pub fn start(extra: &[&str]) -> Self {
+        Self::start_with(tiny_model(), true, extra)
+    }
+
+    pub fn start_with(model: &Path, with_key: bool, extra: &[&str]) -> Self {
+        let data_dir = tempfile::tempdir().unwrap();
+        let mut cmd = gantry();
+        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--ctx-size", "512", "--parallel", "4"])
+            .arg("--model")
+            .arg(model)
+            .arg("--data-dir")
+            .arg(data_dir.path())
+            .args(extra)
+            .env_remove("GANTRY_API_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if with_key {
+            cmd.args(["--api-key", KEY]);
+        }
+        let mut child = cmd.spawn().expect("spawn gantry");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("gantry did not start; stdout: {lines:?}"));
+            lines.push(line.clone());
+            if let Some(rest) = line.strip_prefix("Gantry is serving `") {
+                let (model_id, tail) = rest.split_once('`').unwrap();
+                let base = tail.trim().strip_prefix("at ").unwrap().trim_end_matches("/v1").to_string();
+                // Keep reading the banner (the printed key) for tests that want it.
+                while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
+                    lines.push(l);
+                }
+                return Self { child, base, model_id: model_id.to_string(), data_dir, stdout_lines: lines };
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn client(&self) -> reqwest::Client {
+        reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    }
+
+    pub fn chat(&self, body: serde_json::Value) -> reqwest::RequestBuilder {
+        self.client().post(self.url("/v1/chat/completions")).bearer_auth(KEY).json(&body)
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "gantry did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses an SSE body into its `data:` payloads.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}

@@ -1,0 +1,229 @@
+//! The HTTP contract, against the real binary and a tiny random-weight model.
+
+mod common;
+
+use common::{sse_data, TestServer, KEY};
+use serde_json::{json, Value};
+
+fn hello(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "temperature": 0})
+}
+
+async fn error_of(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    assert!(resp.headers().get("x-request-id").is_some(), "every response carries x-request-id");
+    let ct = resp.headers().get("content-type").unwrap().to_str().unwrap().to_string();
+    assert!(ct.starts_with("application/json"), "error content-type {ct}");
+    let body: Value = resp.json().await.unwrap();
+    for k in ["message", "type", "param", "code"] {
+        assert!(body["error"].get(k).is_some(), "error body lacks {k}: {body}");
+    }
+    (status, body)
+}
+
+#[tokio::test]
+async fn completion_usage_and_length_are_exact() {
+    let s = TestServer::start(&[]);
+    let resp = s.chat(hello(&s.model_id)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["model"], s.model_id.as_str());
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let u = &v["usage"];
+    assert_eq!(u["total_tokens"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap());
+    let reason = v["choices"][0]["finish_reason"].as_str().unwrap();
+    if reason == "length" {
+        assert_eq!(u["completion_tokens"], 8);
+    } else {
+        assert!(u["completion_tokens"].as_u64().unwrap() <= 8);
+    }
+    // The prompt is the template rendering: far more tokens than the two words typed.
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 4);
+}
+
+#[tokio::test]
+async fn greedy_is_deterministic_and_streaming_matches() {
+    let s = TestServer::start(&[]);
+    let body = hello(&s.model_id);
+    let a: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
+    let b: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
+    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let resp = s.chat(streamed).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let text = resp.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let events = sse_data(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let id = chunks[0]["id"].clone();
+    assert!(chunks.iter().all(|c| c["id"] == id));
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0).and_then(|ch| ch["delta"]["content"].as_str()))
+        .collect();
+    assert_eq!(content, a["choices"][0]["message"]["content"].as_str().unwrap());
+    let finishes = chunks.iter().filter(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null())).count();
+    assert_eq!(finishes, 1);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(last["usage"], a["usage"]);
+}
+
+#[tokio::test]
+async fn concurrent_requests_match_their_solo_answers() {
+    let s = TestServer::start(&[]);
+    let prompts: Vec<String> = (0..8).map(|i| format!("Question number {i}: {}", "why ".repeat(i * 3))).collect();
+    let body = |p: &str, max: u32| json!({"model": s.model_id, "messages": [{"role": "user", "content": p}], "max_tokens": max, "temperature": 0});
+    let mut solo = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let v: Value = s.chat(body(p, 6 + i as u32 * 3)).send().await.unwrap().json().await.unwrap();
+        solo.push(v["choices"][0]["message"]["content"].as_str().unwrap().to_string());
+    }
+    let futures = prompts.iter().enumerate().map(|(i, p)| s.chat(body(p, 6 + i as u32 * 3)).send());
+    let results = futures_util::future::join_all(futures).await;
+    for (i, r) in results.into_iter().enumerate() {
+        let v: Value = r.unwrap().json().await.unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), solo[i], "prompt {i} differs under batching");
+    }
+}
+
+#[tokio::test]
+async fn n_choices_and_logprobs() {
+    let s = TestServer::start(&[]);
+    let mut body = hello(&s.model_id);
+    body["n"] = json!(3);
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(7);
+    body["max_tokens"] = json!(5);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let v: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let mut total = 0;
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        let lp = c["logprobs"]["content"].as_array().unwrap();
+        for t in lp {
+            assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+            let top = t["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 2);
+            assert!(top[0]["logprob"].as_f64().unwrap() >= top[1]["logprob"].as_f64().unwrap());
+        }
+        total += lp.len();
+    }
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() as usize, total);
+    // Same seed, same request: same output.
+    let again: Value = s.chat(body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(again["choices"], v["choices"]);
+}
+
+#[tokio::test]
+async fn errors_are_openai_shaped() {
+    let s = TestServer::start(&[]);
+    let c = s.client();
+    // Auth comes before validation.
+    let (st, body) = error_of(c.post(s.url("/v1/chat/completions")).body("{not json").send().await.unwrap()).await;
+    assert_eq!(st, 401);
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    let (st, body) = error_of(c.post(s.url("/v1/chat/completions")).bearer_auth("sk-gantry-wrong-key-000000000000000000").send().await.unwrap()).await;
+    assert_eq!(st, 401);
+    assert!(!body["error"]["message"].as_str().unwrap().contains("wrong-key-000000000000000000"));
+
+    let post = |b: &str, ct: &str| c.post(s.url("/v1/chat/completions")).bearer_auth(KEY).header("content-type", ct).body(b.to_string()).send();
+    let (st, _) = error_of(post("{not json", "application/json").await.unwrap()).await;
+    assert_eq!(st, 400);
+    let (st, _) = error_of(post(&hello(&s.model_id).to_string(), "text/plain").await.unwrap()).await;
+    assert_eq!(st, 400);
+
+    let mut bad = hello(&s.model_id);
+    bad["temperature"] = json!(3);
+    let (st, body) = error_of(s.chat(bad).send().await.unwrap()).await;
+    assert_eq!((st, body["error"]["param"].as_str()), (400, Some("temperature")));
+
+    let mut unknown = hello(&s.model_id);
+    unknown["model"] = json!("gpt-17");
+    let (st, body) = error_of(s.chat(unknown).send().await.unwrap()).await;
+    assert_eq!((st, body["error"]["code"].as_str()), (404, Some("model_not_found")));
+
+    let mut long = hello(&s.model_id);
+    long["messages"][0]["content"] = json!("hello ".repeat(600));
+    let (st, body) = error_of(s.chat(long).send().await.unwrap()).await;
+    assert_eq!((st, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")));
+    assert!(body["error"]["message"].as_str().unwrap().contains("512"));
+
+    let mut too_many = hello(&s.model_id);
+    too_many["max_tokens"] = json!(100_000);
+    let (st, body) = error_of(s.chat(too_many).send().await.unwrap()).await;
+    assert_eq!((st, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")));
+
+    let huge = json!({"model": s.model_id, "messages": [{"role": "user", "content": "x".repeat(5 * 1024 * 1024)}]});
+    let (st, _) = error_of(s.chat(huge).send().await.unwrap()).await;
+    assert_eq!(st, 413);
+
+    let (st, _) = error_of(c.get(s.url("/v1/nope")).bearer_auth(KEY).send().await.unwrap()).await;
+    assert_eq!(st, 404);
+    let (st, _) = error_of(c.delete(s.url("/v1/chat/completions")).bearer_auth(KEY).send().await.unwrap()).await;
+    assert_eq!(st, 405);
+
+    // A validation error on a streaming request is a plain HTTP error, not an SSE stream.
+    let mut streamed_bad = hello(&s.model_id);
+    streamed_bad["stream"] = json!(true);
+    streamed_bad["n"] = json!(0);
+    let (st, body) = error_of(s.chat(streamed_bad).send().await.unwrap()).await;
+    assert_eq!((st, body["error"]["param"].as_str()), (400, Some("n")));
+}
+
+#[tokio::test]
+async fn models_and_health() {
+    let s = TestServer::start(&[]);
+    let c = s.client();
+    let health = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let list: Value = c.get(s.url("/v1/models")).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["object"], "list");
+    assert_eq!(list["data"][0]["id"], s.model_id.as_str());
+    assert_eq!(list["data"][0]["object"], "model");
+    let one: Value = c.get(s.url(&format!("/v1/models/{}", s.model_id))).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    assert_eq!(one["id"], s.model_id.as_str());
+    let missing = c.get(s.url("/v1/models/nope")).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(c.get(s.url("/v1/models")).send().await.unwrap().status(), 401);
+}
+
+#[tokio::test]
+async fn stop_strings_cut_the_output() {
+    let s = TestServer::start(&[]);
+    let mut body = hello(&s.model_id);
+    body["max_tokens"] = json!(24);
+    let v: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
+    let full = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let chars: Vec<char> = full.chars().collect();
+    if chars.len() < 6 {
+        // Random weights ended early; nothing to cut.
+        return;
+    }
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let cut = &full[..full.find(&stop).unwrap()];
+    body["stop"] = json!([stop]);
+    let v: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), cut);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    body["stream"] = json!(true);
+    let text = s.chat(body).send().await.unwrap().text().await.unwrap();
+    let streamed: String = sse_data(&text)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(streamed, cut);
+}

@@ -1,0 +1,102 @@
+//! Keys, usage records, cancellation and shutdown, against the real binary.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{gantry, TestServer, KEY};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn first_start_prints_a_working_key() {
+    let s = TestServer::start_with(common::tiny_model(), false, &[]);
+    let key = s
+        .stdout_lines
+        .iter()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with("sk-gantry-"))
+        .expect("banner prints the new key")
+        .to_string();
+    assert!(s.stdout_lines.iter().any(|l| l.contains("curl ")), "banner has a curl line");
+    let resp = s.client().get(s.url("/v1/models")).bearer_auth(&key).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn keys_created_by_the_cli_work_at_once_and_revocation_too() {
+    let s = TestServer::start(&[]);
+    let out = gantry().args(["keys", "create", "--name", "ci"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let key = stdout.lines().last().unwrap().trim().to_string();
+    assert!(key.starts_with("sk-gantry-"));
+    let models = |k: String| s.client().get(s.url("/v1/models")).bearer_auth(k).send();
+    assert_eq!(models(key.clone()).await.unwrap().status(), 200);
+
+    let list = gantry().args(["keys", "list"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    let listing = String::from_utf8(list.stdout).unwrap();
+    assert!(listing.contains("ci"));
+    assert!(!listing.contains(&key), "keys list must never show a secret");
+
+    let rev = gantry().args(["keys", "revoke", "ci"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    assert!(rev.status.success(), "{}", String::from_utf8_lossy(&rev.stderr));
+    assert_eq!(models(key).await.unwrap().status(), 401);
+}
+
+#[tokio::test]
+async fn usage_is_recorded_once_per_request_and_matches_the_response() {
+    let s = TestServer::start(&[]);
+    let mut prompt_total = 0;
+    let mut completion_total = 0;
+    for i in 0..3 {
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": format!("hi {i}")}], "max_tokens": 4 + i});
+        let v: Value = s.chat(body).send().await.unwrap().json().await.unwrap();
+        prompt_total += v["usage"]["prompt_tokens"].as_u64().unwrap();
+        completion_total += v["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    // Records are written just after the response; give the writer a moment.
+    let mut rows = Vec::new();
+    for _ in 0..50 {
+        let out = gantry().args(["usage", "--format", "json"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+        assert!(out.status.success());
+        rows = serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap();
+        if rows.first().is_some_and(|r| r["requests"] == 3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["requests"], 3);
+    assert_eq!(rows[0]["model"], s.model_id.as_str());
+    assert_eq!(rows[0]["prompt_tokens"].as_u64().unwrap(), prompt_total);
+    assert_eq!(rows[0]["completion_tokens"].as_u64().unwrap(), completion_total);
+}
+
+#[tokio::test]
+async fn cancelled_streams_free_their_slots() {
+    let s = TestServer::start(&["--parallel", "2"]);
+    let long = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "stream": true, "temperature": 1.0});
+    for _ in 0..2 {
+        let resp = s.chat(long.clone()).send().await.unwrap();
+        let mut body = resp.bytes_stream();
+        let _ = body.next().await;
+        drop(body);
+    }
+    // Both slots were taken by abandoned streams; new work must still get through.
+    let quick = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let results = futures_util::future::join_all((0..4).map(|_| s.chat(quick.clone()).send())).await;
+    for r in results {
+        assert_eq!(r.unwrap().status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn sigterm_exits_cleanly() {
+    let mut s = TestServer::start(&[]);
+    let resp = s.client().get(s.url("/health")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let status = s.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let _ = KEY;
+}

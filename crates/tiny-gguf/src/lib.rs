@@ -1,0 +1,551 @@
+//! Generator of tiny, random-weight GGUF v3 files that llama.cpp can load.
+//!
+//! The produced model uses the `llama` architecture with all tensors in F32 and a
+//! GPT-2 style byte-level BPE tokenizer (`tokenizer.ggml.model = "gpt2"`,
+//! `tokenizer.ggml.pre = "default"`):
+//!
+//! * ids `0..=255` are the 256 byte-level symbols (id == byte value), so any UTF-8
+//!   (indeed any byte string) tokenizes and detokenizes losslessly;
+//! * then a handful of ordinary multi-character tokens (" the", "Hello", ...) built
+//!   from prefix-chain merges, so tokenization is non-trivial;
+//! * then the control tokens `<|endoftext|>` (bos/pad), `<|im_start|>` and
+//!   `<|im_end|>` (eos/eot).
+//!
+//! Output is fully deterministic for a given [`TinyModelSpec`].
+
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+
+/// The default ChatML chat template stored under `tokenizer.chat_template`.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Text of the BOS / padding control token.
+pub const ENDOFTEXT_TOKEN: &str = "<|endoftext|>";
+/// Text of the ChatML turn-start control token.
+pub const IM_START_TOKEN: &str = "<|im_start|>";
+/// Text of the ChatML turn-end control token (EOS / EOT).
+pub const IM_END_TOKEN: &str = "<|im_end|>";
+
+/// Ordinary multi-character words added to the vocabulary (as plain text; a leading
+/// space is part of the token, GPT-2 style). Every prefix of every word becomes a
+/// token too, because BPE merges are built as prefix chains.
+const WORDS: &[&str] = &[
+    "Hello",
+    " Hello",
+    "Hi",
+    " hello",
+    " world",
+    " the",
+    "The",
+    " and",
+    " to",
+    " of",
+    " a",
+    " is",
+    " in",
+    " it",
+    " you",
+    " I",
+    " that",
+    " for",
+    " on",
+    " with",
+    " are",
+    " this",
+    " be",
+    " not",
+    " have",
+    " what",
+    "What",
+    " how",
+    "How",
+    " can",
+    " help",
+    " today",
+    " model",
+    " test",
+    " token",
+    " tiny",
+    "ing",
+    "ed",
+    "user",
+    "assistant",
+    "system",
+    ",",
+    ".",
+    "!",
+    "?",
+    "\n\n",
+    "  ",
+];
+
+/// GGUF metadata value types (subset used here).
+const GGUF_TYPE_UINT32: u32 = 4;
+const GGUF_TYPE_INT32: u32 = 5;
+const GGUF_TYPE_FLOAT32: u32 = 6;
+const GGUF_TYPE_BOOL: u32 = 7;
+const GGUF_TYPE_STRING: u32 = 8;
+const GGUF_TYPE_ARRAY: u32 = 9;
+
+/// ggml tensor type F32.
+const GGML_TYPE_F32: u32 = 0;
+
+/// llama.cpp token types (`llama_token_type`).
+const TOKEN_TYPE_NORMAL: i32 = 1;
+const TOKEN_TYPE_CONTROL: i32 = 3;
+
+const ALIGNMENT: usize = 32;
+
+/// Shape and seed of a tiny model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TinyModelSpec {
+    /// Number of transformer blocks (default 2).
+    pub n_layer: u32,
+    /// Embedding width (default 64).
+    pub n_embd: u32,
+    /// Number of attention heads (default 4).
+    pub n_head: u32,
+    /// Number of key/value heads (default 2, i.e. GQA).
+    pub n_head_kv: u32,
+    /// Feed-forward width (default 128).
+    pub n_ff: u32,
+    /// `llama.context_length` (default 2048).
+    pub n_ctx_train: u32,
+    /// Seed for the weight PRNG (default 0).
+    pub seed: u64,
+    /// Chat template; `None` means [`CHATML_TEMPLATE`].
+    pub chat_template: Option<String>,
+}
+
+impl Default for TinyModelSpec {
+    fn default() -> Self {
+        Self {
+            n_layer: 2,
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            n_ff: 128,
+            n_ctx_train: 2048,
+            seed: 0,
+            chat_template: Some(CHATML_TEMPLATE.to_string()),
+        }
+    }
+}
+
+/// Writes a tiny GGUF model described by `spec` to `path`.
+pub fn write_tiny_model(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
+    let bytes = tiny_model_bytes(spec)?;
+    std::fs::write(path, bytes)
+}
+
+/// Builds the GGUF file contents for `spec` in memory.
+pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
+    validate(spec)?;
+    let vocab = Vocab::build();
+    let n_vocab = vocab.tokens.len() as u64;
+    let head_dim = spec.n_embd / spec.n_head;
+    let n_embd_kv = u64::from(head_dim * spec.n_head_kv);
+    let n_embd = u64::from(spec.n_embd);
+    let n_ff = u64::from(spec.n_ff);
+    let template = spec.chat_template.as_deref().unwrap_or(CHATML_TEMPLATE);
+
+    // ---- metadata ----
+    let mut kv = KvWriter::default();
+    kv.string("general.architecture", "llama");
+    kv.string("general.name", "gantry-tiny-random");
+    kv.u32("general.alignment", ALIGNMENT as u32);
+    kv.u32("llama.context_length", spec.n_ctx_train);
+    kv.u32("llama.embedding_length", spec.n_embd);
+    kv.u32("llama.block_count", spec.n_layer);
+    kv.u32("llama.feed_forward_length", spec.n_ff);
+    kv.u32("llama.attention.head_count", spec.n_head);
+    kv.u32("llama.attention.head_count_kv", spec.n_head_kv);
+    kv.u32("llama.rope.dimension_count", head_dim);
+    kv.f32("llama.rope.freq_base", 10000.0);
+    kv.f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    kv.u32("llama.vocab_size", n_vocab as u32);
+    kv.string("tokenizer.ggml.model", "gpt2");
+    kv.string("tokenizer.ggml.pre", "default");
+    kv.string_array("tokenizer.ggml.tokens", &vocab.tokens);
+    kv.i32_array("tokenizer.ggml.token_type", &vocab.token_types);
+    kv.string_array("tokenizer.ggml.merges", &vocab.merges);
+    kv.u32("tokenizer.ggml.bos_token_id", vocab.endoftext);
+    kv.u32("tokenizer.ggml.eos_token_id", vocab.im_end);
+    kv.u32("tokenizer.ggml.eot_token_id", vocab.im_end);
+    kv.u32("tokenizer.ggml.padding_token_id", vocab.endoftext);
+    kv.bool("tokenizer.ggml.add_bos_token", false);
+    kv.bool("tokenizer.ggml.add_eos_token", false);
+    kv.string("tokenizer.chat_template", template);
+
+    // ---- tensors ----
+    let mut rng = SplitMix64::new(spec.seed);
+    let mut tensors: Vec<Tensor> = Vec::new();
+    tensors.push(Tensor::random(
+        "token_embd.weight",
+        &[n_embd, n_vocab],
+        0.1,
+        &mut rng,
+    ));
+    tensors.push(Tensor::ones("output_norm.weight", &[n_embd]));
+    tensors.push(Tensor::random(
+        "output.weight",
+        &[n_embd, n_vocab],
+        0.1,
+        &mut rng,
+    ));
+    for i in 0..spec.n_layer {
+        let name = |t: &str| format!("blk.{i}.{t}.weight");
+        tensors.push(Tensor::ones(&name("attn_norm"), &[n_embd]));
+        tensors.push(Tensor::random(
+            &name("attn_q"),
+            &[n_embd, n_embd],
+            0.08,
+            &mut rng,
+        ));
+        tensors.push(Tensor::random(
+            &name("attn_k"),
+            &[n_embd, n_embd_kv],
+            0.08,
+            &mut rng,
+        ));
+        tensors.push(Tensor::random(
+            &name("attn_v"),
+            &[n_embd, n_embd_kv],
+            0.08,
+            &mut rng,
+        ));
+        tensors.push(Tensor::random(
+            &name("attn_output"),
+            &[n_embd, n_embd],
+            0.08,
+            &mut rng,
+        ));
+        tensors.push(Tensor::ones(&name("ffn_norm"), &[n_embd]));
+        tensors.push(Tensor::random(
+            &name("ffn_gate"),
+            &[n_embd, n_ff],
+            0.08,
+            &mut rng,
+        ));
+        tensors.push(Tensor::random(
+            &name("ffn_up"),
+            &[n_embd, n_ff],
+            0.08,
+            &mut rng,
+        ));
+        tensors.push(Tensor::random(
+            &name("ffn_down"),
+            &[n_ff, n_embd],
+            0.08,
+            &mut rng,
+        ));
+    }
+
+    // ---- assemble ----
+    let mut out = Vec::new();
+    out.extend_from_slice(b"GGUF");
+    put_u32(&mut out, 3);
+    put_u64(&mut out, tensors.len() as u64);
+    put_u64(&mut out, kv.count);
+    out.extend_from_slice(&kv.buf);
+
+    let mut offset = 0usize;
+    for t in &tensors {
+        put_str(&mut out, &t.name);
+        put_u32(&mut out, t.shape.len() as u32);
+        for &d in &t.shape {
+            put_u64(&mut out, d);
+        }
+        put_u32(&mut out, GGML_TYPE_F32);
+        put_u64(&mut out, offset as u64);
+        offset = pad_to(offset + t.data.len() * 4);
+    }
+    out.resize(pad_to(out.len()), 0);
+    let data_start = out.len();
+    for t in &tensors {
+        out.reserve(t.data.len() * 4);
+        for v in &t.data {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.resize(data_start + pad_to(out.len() - data_start), 0);
+    }
+    Ok(out)
+}
+
+fn validate(spec: &TinyModelSpec) -> io::Result<()> {
+    let bad = |msg: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, msg.to_string()));
+    if spec.n_layer == 0 || spec.n_embd == 0 || spec.n_head == 0 || spec.n_head_kv == 0 {
+        return bad("n_layer, n_embd, n_head and n_head_kv must be non-zero");
+    }
+    if spec.n_ff == 0 || spec.n_ctx_train == 0 {
+        return bad("n_ff and n_ctx_train must be non-zero");
+    }
+    if !spec.n_embd.is_multiple_of(spec.n_head) {
+        return bad("n_embd must be a multiple of n_head");
+    }
+    if !spec.n_head.is_multiple_of(spec.n_head_kv) {
+        return bad("n_head must be a multiple of n_head_kv");
+    }
+    if !(spec.n_embd / spec.n_head).is_multiple_of(2) {
+        return bad("head dimension (n_embd / n_head) must be even for RoPE");
+    }
+    Ok(())
+}
+
+fn pad_to(n: usize) -> usize {
+    n.div_ceil(ALIGNMENT) * ALIGNMENT
+}
+
+// ---------------------------------------------------------------------------
+// Tokenizer vocabulary
+// ---------------------------------------------------------------------------
+
+struct Vocab {
+    tokens: Vec<String>,
+    token_types: Vec<i32>,
+    merges: Vec<String>,
+    endoftext: u32,
+    im_end: u32,
+}
+
+impl Vocab {
+    fn build() -> Self {
+        let byte_map = bytes_to_unicode();
+        let mut tokens: Vec<String> = byte_map.iter().map(|c| c.to_string()).collect();
+        let mut index: HashMap<String, usize> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i))
+            .collect();
+        let mut merges = Vec::new();
+
+        for word in WORDS {
+            let encoded: Vec<String> = word
+                .bytes()
+                .map(|b| byte_map[b as usize].to_string())
+                .collect();
+            let mut prefix = encoded[0].clone();
+            for sym in &encoded[1..] {
+                let merged = format!("{prefix}{sym}");
+                if !index.contains_key(&merged) {
+                    merges.push(format!("{prefix} {sym}"));
+                    index.insert(merged.clone(), tokens.len());
+                    tokens.push(merged.clone());
+                }
+                prefix = merged;
+            }
+        }
+
+        let mut token_types = vec![TOKEN_TYPE_NORMAL; tokens.len()];
+        let endoftext = tokens.len() as u32;
+        let im_end = endoftext + 2;
+        for special in [ENDOFTEXT_TOKEN, IM_START_TOKEN, IM_END_TOKEN] {
+            tokens.push(special.to_string());
+            token_types.push(TOKEN_TYPE_CONTROL);
+        }
+        Vocab {
+            tokens,
+            token_types,
+            merges,
+            endoftext,
+            im_end,
+        }
+    }
+}
+
+/// GPT-2's reversible byte -> unicode character mapping (index = byte value).
+fn bytes_to_unicode() -> Vec<char> {
+    let printable = |b: u32| {
+        (u32::from(b'!')..=u32::from(b'~')).contains(&b)
+            || (0xA1..=0xAC).contains(&b)
+            || (0xAE..=0xFF).contains(&b)
+    };
+    let mut n = 0;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).expect("valid char")
+            } else {
+                let c = char::from_u32(256 + n).expect("valid char");
+                n += 1;
+                c
+            }
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Tensors and PRNG
+// ---------------------------------------------------------------------------
+
+struct Tensor {
+    name: String,
+    /// GGUF order: `shape[0]` is the fastest-varying (row length) dimension.
+    shape: Vec<u64>,
+    data: Vec<f32>,
+}
+
+impl Tensor {
+    fn random(name: &str, shape: &[u64], scale: f32, rng: &mut SplitMix64) -> Self {
+        let n: u64 = shape.iter().product();
+        let data = (0..n).map(|_| rng.next_symmetric() * scale).collect();
+        Tensor {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+
+    fn ones(name: &str, shape: &[u64]) -> Self {
+        let n: u64 = shape.iter().product();
+        Tensor {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            data: vec![1.0; n as usize],
+        }
+    }
+}
+
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn next_symmetric(&mut self) -> f32 {
+        let unit = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        unit * 2.0 - 1.0
+    }
+}
+
+// ---------------------------------------------------------------------------
+// GGUF encoding helpers
+// ---------------------------------------------------------------------------
+
+#[derive(Default)]
+struct KvWriter {
+    buf: Vec<u8>,
+    count: u64,
+}
+
+impl KvWriter {
+    fn key(&mut self, key: &str, ty: u32) {
+        put_str(&mut self.buf, key);
+        put_u32(&mut self.buf, ty);
+        self.count += 1;
+    }
+
+    fn u32(&mut self, key: &str, v: u32) {
+        self.key(key, GGUF_TYPE_UINT32);
+        put_u32(&mut self.buf, v);
+    }
+
+    fn f32(&mut self, key: &str, v: f32) {
+        self.key(key, GGUF_TYPE_FLOAT32);
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    fn bool(&mut self, key: &str, v: bool) {
+        self.key(key, GGUF_TYPE_BOOL);
+        self.buf.push(u8::from(v));
+    }
+
+    fn string(&mut self, key: &str, v: &str) {
+        self.key(key, GGUF_TYPE_STRING);
+        put_str(&mut self.buf, v);
+    }
+
+    fn string_array(&mut self, key: &str, vs: &[String]) {
+        self.key(key, GGUF_TYPE_ARRAY);
+        put_u32(&mut self.buf, GGUF_TYPE_STRING);
+        put_u64(&mut self.buf, vs.len() as u64);
+        for v in vs {
+            put_str(&mut self.buf, v);
+        }
+    }
+
+    fn i32_array(&mut self, key: &str, vs: &[i32]) {
+        self.key(key, GGUF_TYPE_ARRAY);
+        put_u32(&mut self.buf, GGUF_TYPE_INT32);
+        put_u64(&mut self.buf, vs.len() as u64);
+        for v in vs {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_u64(out, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_map_is_a_bijection() {
+        let m = bytes_to_unicode();
+        let set: std::collections::HashSet<char> = m.iter().copied().collect();
+        assert_eq!(set.len(), 256);
+        assert_eq!(m[b'A' as usize], 'A');
+        assert_eq!(m[b' ' as usize], 'Ġ');
+        assert_eq!(m[b'\n' as usize], 'Ċ');
+    }
+
+    #[test]
+    fn vocab_shape() {
+        let v = Vocab::build();
+        let n = v.tokens.len();
+        assert!((300..=600).contains(&n), "vocab size {n}");
+        assert_eq!(v.tokens[v.im_end as usize], IM_END_TOKEN);
+        assert_eq!(v.tokens[v.endoftext as usize], ENDOFTEXT_TOKEN);
+        let uniq: std::collections::HashSet<&String> = v.tokens.iter().collect();
+        assert_eq!(uniq.len(), n);
+        assert!(v.tokens.iter().any(|t| t == "Ġthe"));
+    }
+
+    #[test]
+    fn deterministic_and_aligned() {
+        let a = tiny_model_bytes(&TinyModelSpec::default()).unwrap();
+        let b = tiny_model_bytes(&TinyModelSpec::default()).unwrap();
+        let c = tiny_model_bytes(&TinyModelSpec {
+            seed: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(&a[..4], b"GGUF");
+        assert_eq!(a.len() % ALIGNMENT, 0);
+        assert!(a.len() < 2 * 1024 * 1024);
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        let spec = TinyModelSpec {
+            n_head: 3,
+            ..Default::default()
+        };
+        assert!(tiny_model_bytes(&spec).is_err());
+    }
+}
