@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "gantry", version, about = "OpenAI-compatible chat completions on llama.cpp, metered per API key")]
+#[command(name = "gantry", version, args_override_self = true, about = "OpenAI-compatible chat completions on llama.cpp, metered per API key")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
