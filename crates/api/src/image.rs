@@ -9,8 +9,8 @@ use crate::ApiError;
 pub enum ImageRef {
     /// A `data:` URL, decoded and checked by magic bytes. `mime` is the sniffed type.
     Data { mime: String, bytes: Vec<u8> },
-    /// An `http(s)://` URL; the server fetches it later.
-    Remote { url: String },
+    /// An `http(s)://` URL; the server fetches it later. `param` names it in errors.
+    Remote { url: String, param: String },
 }
 
 /// The MIME type of an image judged by its first bytes, if it is PNG/JPEG/GIF/WEBP/BMP.
@@ -43,7 +43,7 @@ pub fn parse_image_url(url: &str, param: &str) -> Result<ImageRef, ApiError> {
         if rest.is_empty() || rest.starts_with('/') || rest.chars().any(char::is_whitespace) {
             return Err(ApiError::invalid_value(param, format!("Invalid '{param}': malformed URL.")));
         }
-        return Ok(ImageRef::Remote { url: url.to_string() });
+        return Ok(ImageRef::Remote { url: url.to_string(), param: param.to_string() });
     }
     if lower.starts_with("data:") {
         return parse_data_url(url, param);
@@ -122,7 +122,7 @@ pub(crate) mod tests {
         ));
         assert_eq!(
             parse_image_url("https://example.com/cat.png", p).unwrap(),
-            ImageRef::Remote { url: "https://example.com/cat.png".into() }
+            ImageRef::Remote { url: "https://example.com/cat.png".into(), param: p.into() }
         );
         for bad in [
             "",

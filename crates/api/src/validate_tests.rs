@@ -220,7 +220,7 @@ fn content_parts_and_images() {
         c.images,
         vec![
             ImageRef::Data { mime: "image/png".into(), bytes: PNG.to_vec() },
-            ImageRef::Remote { url: "https://example.com/a.jpg".into() },
+            ImageRef::Remote { url: "https://example.com/a.jpg".into(), param: "messages[1].content[3].image_url".into() },
         ]
     );
 }

@@ -23,6 +23,7 @@ pub struct AppState {
     /// The id clients send as `model`.
     pub model_id: Arc<str>,
     pub model_created: u64,
+    pub images: crate::images::ImageFetcher,
 }
 
 pub struct RouterOptions {

@@ -34,6 +34,15 @@ pub async fn chat_completions(
         return Err(ApiError::model_not_found(&chat.model));
     }
     reject_unsupported(&chat, &state)?;
+    // Images are fetched and checked even though no served model reads them yet, so a bad image
+    // gets its own precise error rather than the generic "no vision" one.
+    let images = state.images.load_all(&chat.images).await?;
+    if !images.is_empty() && !state.engine.model().info().supports_vision {
+        return Err(ApiError::invalid_request(
+            format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
+            Some("messages"),
+        ));
+    }
 
     let started_at_ms = now_ms();
     let generate = prepare(&state, &chat).await?;
@@ -71,12 +80,6 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Features the served model or this version cannot honour are refused, never silently ignored.
 fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiError> {
-    if !chat.images.is_empty() && !state.engine.model().info().supports_vision {
-        return Err(ApiError::invalid_request(
-            format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
-            Some("messages"),
-        ));
-    }
     if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         let none = chat.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
         if !none {

@@ -2,6 +2,7 @@ pub mod models;
 pub mod app;
 mod auth;
 mod chat;
+mod images;
 pub mod cli;
 pub mod commands;
 mod request_id;

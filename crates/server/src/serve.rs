@@ -35,7 +35,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
-    let state = AppState { engine: engine.clone(), accounts, model_id: Arc::from(model_id.as_str()), model_created: created };
+    let state = AppState { engine: engine.clone(), accounts, model_id: Arc::from(model_id.as_str()), model_created: created, images: Default::default() };
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
