@@ -308,3 +308,24 @@ def test_models_retrieve_unknown(client):
         client.models.retrieve("nope")
     assert ei.value.status_code == 404
     assert ei.value.code == "model_not_found"
+
+
+def test_prefix_cache_reports_cached_tokens(client, server):
+    system = "You are Gantry's test assistant. Answer in one short sentence. " * 8
+    kw = dict(model=server.model_id, temperature=0, max_tokens=12)
+    first = client.chat.completions.create(
+        **kw, messages=[{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+    )
+    again = client.chat.completions.create(
+        **kw, messages=[{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+    )
+    other = client.chat.completions.create(
+        **kw, messages=[{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+    )
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens == first.usage.prompt_tokens
+    # Everything but the last prompt token comes from the cache on an exact repeat.
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    # A new question after the same system prompt reuses at least the system prompt.
+    assert other.usage.prompt_tokens_details.cached_tokens >= 100
+    assert other.usage.prompt_tokens_details.cached_tokens < other.usage.prompt_tokens

@@ -2,6 +2,7 @@
 //! its own thread, chat templates, sampling and stop strings. The server talks to it through
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
 
+mod kv_slots;
 mod model;
 mod request;
 mod sampling;

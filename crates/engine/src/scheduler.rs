@@ -10,6 +10,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, Usage};
 use crate::sampling::logprobs_for;
@@ -30,6 +31,7 @@ pub(crate) struct Scheduler {
     waiting: VecDeque<Job>,
     active: Vec<ActiveRequest>,
     free_seqs: Vec<i32>,
+    slots: KvSlots,
     batch: LlamaBatch<'static>,
 }
 
@@ -37,7 +39,8 @@ impl Scheduler {
     pub fn new(model: Arc<LoadedModel>, cfg: SchedulerConfig) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as i32).rev().collect();
-        Self { model, cfg, waiting: VecDeque::new(), active: Vec::new(), free_seqs, batch }
+        let slots = KvSlots::new(cfg.parallel as usize);
+        Self { model, cfg, waiting: VecDeque::new(), active: Vec::new(), free_seqs, slots, batch }
     }
 
     /// Runs until every sender of `jobs` is gone and all work is finished.
@@ -62,8 +65,9 @@ impl Scheduler {
     }
 
     fn step(&mut self, ctx: &mut LlamaContext<'_>) {
-        self.drop_cancelled(ctx);
-        self.admit();
+        self.drop_cancelled();
+        self.admit(ctx);
+        self.resolve_shares(ctx);
         if !self.fill_batch() {
             return;
         }
@@ -73,11 +77,11 @@ impl Scheduler {
             return;
         }
         self.sample_all(ctx);
-        self.retire_finished(ctx);
+        self.retire_finished();
     }
 
     /// Client disconnects cancel their sequences before any more compute is spent on them.
-    fn drop_cancelled(&mut self, ctx: &mut LlamaContext<'_>) {
+    fn drop_cancelled(&mut self) {
         for req in &mut self.active {
             if req.client_gone() {
                 for i in 0..req.choices.len() {
@@ -92,10 +96,10 @@ impl Scheduler {
         for job in gone {
             let _ = job.usage.send(Usage::default());
         }
-        self.retire_finished(ctx);
+        self.retire_finished();
     }
 
-    fn admit(&mut self) {
+    fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
         while let Some(job) = self.waiting.front() {
             let n = job.request.n as usize;
             if n > self.cfg.parallel as usize {
@@ -109,9 +113,58 @@ impl Scheduler {
                 break;
             }
             let job = self.waiting.pop_front().expect("front exists");
-            let seqs = self.free_seqs.split_off(self.free_seqs.len() - n);
-            let req = ActiveRequest::new(job, seqs, self.model.info().n_vocab, self.cfg.ctx_size);
+            let prompt = &job.request.prompt.tokens;
+            // The first choice takes the idle slot already holding most of the prompt; the
+            // others take the least recently used ones.
+            let mut seqs = Vec::with_capacity(n);
+            let (first, in_place) = self.slots.pick_free(&self.free_seqs, prompt).expect("free slot checked");
+            seqs.push(self.free_seqs.swap_remove(first));
+            while seqs.len() < n {
+                let (i, _) = self.slots.pick_free(&self.free_seqs, &[]).expect("free slot checked");
+                seqs.push(self.free_seqs.swap_remove(i));
+            }
+            let mut req = ActiveRequest::new(job, seqs, self.model.info().n_vocab, self.cfg.ctx_size);
+            let keep = in_place.min(req.reusable_len());
+            for (i, c) in req.choices.iter().enumerate() {
+                let keep = if i == 0 { keep } else { 0 };
+                let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(keep as u32), None);
+                self.slots.truncate(c.seq_id, keep);
+                self.slots.touch(c.seq_id);
+            }
+            req.prefilled = keep;
+            // A longer prefix elsewhere: in another slot, or being prefilled right now by a
+            // request admitted earlier (a burst sharing one system prompt computes it once).
+            let own = req.seq_ids();
+            let mut best = self.slots.best_source(&req.prompt, &own);
+            for other in self.active.iter().filter(|r| r.is_prefilling()) {
+                let len = common_prefix(&other.prompt, &req.prompt);
+                if best.is_none_or(|(_, l)| len > l) {
+                    best = Some((other.choices[0].seq_id, len));
+                }
+            }
+            match best {
+                Some((src, len)) if len.min(req.reusable_len()) > keep => req.share = Some((src, len)),
+                _ => share_prefix(&mut self.slots, ctx, &mut req, own[0], keep),
+            }
             self.active.push(req);
+        }
+    }
+
+    /// Requests waiting on a prefix from another sequence take it once it is computed, or as
+    /// much of it as exists once its computation stopped (its request finished or was cut).
+    fn resolve_shares(&mut self, ctx: &mut LlamaContext<'_>) {
+        let still_prefilling: Vec<i32> =
+            self.active.iter().filter(|r| r.is_prefilling()).map(|r| r.choices[0].seq_id).collect();
+        for req in &mut self.active {
+            let Some((src, want)) = req.share else { continue };
+            let have = self.slots.tokens(src);
+            if have.len() < want && still_prefilling.contains(&src) {
+                continue;
+            }
+            let len = common_prefix(have, &req.prompt).min(req.reusable_len());
+            let len = len.max(req.prefilled);
+            let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
+            share_prefix(&mut self.slots, ctx, req, from, len);
         }
     }
 
@@ -124,6 +177,7 @@ impl Scheduler {
             for c in &mut req.choices {
                 if let Some(token) = c.next_token.take() {
                     self.batch.add(LlamaToken(token), c.pos, &[c.seq_id], true).expect("batch sized for all slots");
+                    self.slots.record(c.seq_id, c.pos as usize, token);
                     c.batch_idx = Some(self.batch.n_tokens() - 1);
                     c.pos += 1;
                     budget -= 1;
@@ -134,17 +188,20 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
-            if !req.is_prefilling() {
+            if !req.is_prefilling() || req.share.is_some() {
                 continue;
             }
             let end = (req.prefilled + budget).min(req.prompt.len());
             // All choices of the request share the prompt's KV cells.
-            let seq_ids: Vec<i32> = req.choices.iter().map(|c| c.seq_id).collect();
+            let seq_ids = req.seq_ids();
             for pos in req.prefilled..end {
                 let last = pos + 1 == req.prompt.len();
                 self.batch
                     .add(LlamaToken(req.prompt[pos]), pos as i32, &seq_ids, last)
                     .expect("batch sized for the budget");
+                for &seq in &seq_ids {
+                    self.slots.record(seq, pos, req.prompt[pos]);
+                }
             }
             budget -= end - req.prefilled;
             req.prefilled = end;
@@ -198,12 +255,12 @@ impl Scheduler {
     }
 
     /// Frees the KV cells of finished requests and reports their usage.
-    fn retire_finished(&mut self, ctx: &mut LlamaContext<'_>) {
+    fn retire_finished(&mut self) {
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].all_finished() {
                 let req = self.active.swap_remove(i);
-                self.release(ctx, &req);
+                self.release(&req);
                 req.complete(None);
             } else {
                 i += 1;
@@ -211,18 +268,39 @@ impl Scheduler {
         }
     }
 
-    fn release(&mut self, ctx: &mut LlamaContext<'_>, req: &ActiveRequest) {
+    /// Returns the request's sequences to the idle pool. Their KV entries stay: the next
+    /// prompt with the same prefix reuses them (see `KvSlots`).
+    fn release(&mut self, req: &ActiveRequest) {
         for c in &req.choices {
-            let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), None, None);
+            self.slots.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);
         }
     }
 
     fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, message: &str) {
         for req in std::mem::take(&mut self.active) {
-            self.release(ctx, &req);
+            self.release(&req);
             req.complete(Some(message.to_string()));
         }
         ctx.clear_kv_cache();
+        self.slots.clear_all();
     }
 }
+
+/// Copies the first `len` cached tokens of `src` into every sequence of `req`.
+fn share_prefix(slots: &mut KvSlots, ctx: &mut LlamaContext<'_>, req: &mut ActiveRequest, src: i32, len: usize) {
+    for c in &req.choices {
+        if c.seq_id == src {
+            continue;
+        }
+        let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), None, None);
+        if len > 0 {
+            let _ = ctx.copy_kv_cache_seq(src, c.seq_id, Some(0), Some(len as u32));
+        }
+        slots.copy_prefix(src, c.seq_id, len);
+    }
+    req.prefilled = len;
+    req.usage.cached_tokens = len as u32;
+    req.share = None;
+}
+

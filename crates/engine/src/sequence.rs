@@ -32,11 +32,15 @@ pub(crate) struct Choice {
 
 pub(crate) struct ActiveRequest {
     pub prompt: Vec<i32>,
-    /// How many prompt tokens have been decoded so far (chunked prefill).
+    /// How many prompt tokens are in the KV cache so far (reused prefix plus chunked prefill).
     pub prefilled: usize,
+    /// A longer prefix of the prompt that another sequence holds or is computing right now:
+    /// `(sequence, length)`. Prefill waits for it and copies it instead of recomputing it.
+    pub share: Option<(i32, usize)>,
     pub choices: Vec<Choice>,
     pub max_tokens: u32,
     pub logprobs: Option<u32>,
+    seeded: bool,
     pub usage: Usage,
     events: mpsc::UnboundedSender<Event>,
     usage_tx: Option<oneshot::Sender<Usage>>,
@@ -65,13 +69,32 @@ impl ActiveRequest {
         Self {
             prompt: request.prompt.tokens,
             prefilled: 0,
+            share: None,
             choices,
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,
+            seeded: request.sampling.seed.is_some(),
             usage: Usage { prompt_tokens, cached_tokens: 0, completion_tokens: 0 },
             events,
             usage_tx: Some(usage),
         }
+    }
+
+    /// Most prompt tokens that may come from the cache: the last one is always decoded, since
+    /// its logits start the completion.
+    ///
+    /// A seeded request reuses nothing: logits of a prompt computed in one piece differ in the
+    /// last bits from those of a prompt resumed from the cache, and at temperature > 0 that can
+    /// change a sampled token. Same seed and same request must give the same output.
+    pub fn reusable_len(&self) -> usize {
+        if self.seeded {
+            return 0;
+        }
+        self.prompt.len().saturating_sub(1)
+    }
+
+    pub fn seq_ids(&self) -> Vec<i32> {
+        self.choices.iter().map(|c| c.seq_id).collect()
     }
 
     pub fn is_prefilling(&self) -> bool {

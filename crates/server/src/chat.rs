@@ -271,7 +271,7 @@ pub(crate) fn to_api_usage(u: Usage) -> ApiUsage {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
         total_tokens: u.prompt_tokens + u.completion_tokens,
-        prompt_tokens_details: None,
+        prompt_tokens_details: Some(gantry_api::PromptTokensDetails { cached_tokens: u.cached_tokens }),
     }
 }
 

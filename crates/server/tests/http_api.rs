@@ -50,6 +50,11 @@ async fn greedy_is_deterministic_and_streaming_matches() {
     let a: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
     let b: Value = s.chat(body.clone()).send().await.unwrap().json().await.unwrap();
     assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    // The repeat reuses the whole prompt from the prefix cache except the last token, whose
+    // logits start the completion; the answer is unchanged.
+    let prompt_tokens = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1);
 
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
@@ -74,7 +79,34 @@ async fn greedy_is_deterministic_and_streaming_matches() {
     assert_eq!(finishes, 1);
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"].as_array().unwrap().len(), 0);
-    assert_eq!(last["usage"], a["usage"]);
+    assert_eq!(last["usage"], b["usage"]);
+}
+
+#[tokio::test]
+async fn a_burst_sharing_a_system_prompt_computes_it_once() {
+    let s = TestServer::start(&["--parallel", "4"]);
+    let system = "You are a careful assistant. ".repeat(12);
+    let body = |q: &str| {
+        json!({"model": s.model_id, "max_tokens": 4, "temperature": 0,
+               "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]})
+    };
+    let questions = ["alpha", "bravo", "charlie", "delta"];
+    let results = futures_util::future::join_all(questions.iter().map(|q| s.chat(body(q)).send())).await;
+    let mut cached = Vec::new();
+    let mut burst_answers = Vec::new();
+    for r in results {
+        let v: Value = r.unwrap().json().await.unwrap();
+        cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        burst_answers.push(v["choices"][0]["message"]["content"].clone());
+    }
+    cached.sort();
+    assert_eq!(cached[0], 0, "the first request computes the prefix: {cached:?}");
+    assert!(cached[1..].iter().all(|&c| c >= 60), "the others reuse the system prompt: {cached:?}");
+    // Answers do not depend on where the prefix came from.
+    for (q, want) in questions.iter().zip(&burst_answers) {
+        let v: Value = s.chat(body(q)).send().await.unwrap().json().await.unwrap();
+        assert_eq!(&v["choices"][0]["message"]["content"], want, "{q}");
+    }
 }
 
 #[tokio::test]
