@@ -14,6 +14,8 @@ pub struct ApiError {
     pub error_type: &'static str,
     pub param: Option<String>,
     pub code: Option<String>,
+    /// Seconds after which a retry may succeed, sent as `Retry-After` (429s and 503s).
+    pub retry_after: Option<u64>,
 }
 
 const INVALID_REQUEST: &str = "invalid_request_error";
@@ -34,7 +36,14 @@ impl ApiError {
             error_type,
             param: param.map(str::to_owned),
             code: code.map(str::to_owned),
+            retry_after: None,
         }
+    }
+
+    /// Adds a `Retry-After` header to the response.
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// 400 `invalid_request_error`, no code.
@@ -136,6 +145,9 @@ impl IntoResponse for ApiError {
         let mut response = Response::new(axum_core::body::Body::from(body));
         *response.status_mut() = self.status;
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }
@@ -198,6 +210,10 @@ mod tests {
         let r = ApiError::model_not_found("m").into_response();
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
         assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+        let r = ApiError::overloaded("busy").with_retry_after(2).into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
     }
 
     #[test]

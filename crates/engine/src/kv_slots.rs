@@ -49,6 +49,11 @@ impl KvSlots {
         self.tokens[dst as usize] = prefix;
     }
 
+    /// Tokens held, summed over sequences.
+    pub fn total_tokens(&self) -> usize {
+        self.tokens.iter().map(Vec::len).sum()
+    }
+
     pub fn clear_all(&mut self) {
         self.tokens.iter_mut().for_each(Vec::clear);
     }

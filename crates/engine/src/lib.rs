@@ -8,11 +8,13 @@ mod request;
 mod sampling;
 mod scheduler;
 mod sequence;
+mod telemetry;
 pub mod template;
 pub mod text;
 
 use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -39,11 +41,13 @@ pub struct EngineConfig {
     pub threads: Option<u32>,
     /// Max tokens per decode call (prompt chunks plus one token per running sequence).
     pub batch_size: u32,
+    /// Requests allowed to wait for a slot; beyond that `submit` refuses (backpressure).
+    pub max_queue: usize,
 }
 
 impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
-        Self { model_path: model_path.into(), ctx_size: 4096, parallel: 4, threads: None, batch_size: 512 }
+        Self { model_path: model_path.into(), ctx_size: 4096, parallel: 4, threads: None, batch_size: 512, max_queue: 64 }
     }
 }
 
@@ -51,6 +55,8 @@ impl EngineConfig {
 pub enum SubmitError {
     #[error("the engine has stopped")]
     Stopped,
+    #[error("{0} requests are already waiting; try again shortly")]
+    QueueFull(usize),
 }
 
 /// Handle to the running engine; cheap to clone.
@@ -63,6 +69,8 @@ struct Inner {
     model: Arc<LoadedModel>,
     config: EngineConfig,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    queued: Arc<AtomicUsize>,
+    abort: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -79,6 +87,10 @@ impl Engine {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
         let thread_model = model.clone();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let thread_queued = queued.clone();
+        let abort = Arc::new(AtomicBool::new(false));
+        let thread_abort = abort.clone();
         let sched_cfg = SchedulerConfig {
             ctx_size: config.ctx_size,
             parallel: config.parallel,
@@ -103,7 +115,7 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                Scheduler::new(thread_model.clone(), sched_cfg).run(&mut ctx, jobs_rx);
+                Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort).run(&mut ctx, jobs_rx);
             })
             .map_err(|e| LoadError::Context(e.to_string()))?;
         match ready_rx.recv() {
@@ -123,6 +135,8 @@ impl Engine {
                 model,
                 config,
                 jobs: Mutex::new(Some(jobs_tx)),
+                queued,
+                abort,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -130,6 +144,11 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.inner.model
+    }
+
+    /// Requests submitted and still waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.inner.queued.load(Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -140,11 +159,29 @@ impl Engine {
     pub fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
         let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
         let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
-        let job = Job { request, events: events_tx, usage: usage_tx };
+        let job = Job { request, events: events_tx, usage: usage_tx, submitted_at: std::time::Instant::now() };
         let guard = self.inner.jobs.lock().expect("jobs lock");
         let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
-        sender.send(job).map_err(|_| SubmitError::Stopped)?;
+        // Checked and counted under the lock, so concurrent submits cannot overshoot the limit.
+        let queued = self.inner.queued.load(Ordering::Relaxed);
+        if queued >= self.inner.config.max_queue {
+            return Err(SubmitError::QueueFull(queued));
+        }
+        // Counted before sending: the scheduler decrements once it takes the job.
+        self.inner.queued.fetch_add(1, Ordering::Relaxed);
+        if sender.send(job).is_err() {
+            self.inner.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(SubmitError::Stopped);
+        }
         Ok(GenerationHandle { events: events_rx, usage: usage_rx })
+    }
+
+    /// Cuts every running and waiting request: each ends with an error event and reports the
+    /// tokens it generated. Used when shutdown's grace period runs out.
+    pub fn abort_all(&self) {
+        // An idle scheduler blocked on its queue has nothing to cut; a busy one sees the flag
+        // at its next step.
+        self.inner.abort.store(true, Ordering::Relaxed);
     }
 
     /// Stops accepting work, lets the scheduler finish what it has, and joins its thread.

@@ -3,6 +3,7 @@
 //! batching with chunked prefill), decodes it, samples every sequence and streams the text out.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, Usage};
 use crate::sampling::logprobs_for;
 use crate::sequence::{ActiveRequest, Job};
+use crate::telemetry::{self, StepStats, Totals};
 
 pub(crate) struct SchedulerConfig {
     /// Max tokens of one sequence (prompt + completion).
@@ -33,14 +35,31 @@ pub(crate) struct Scheduler {
     free_seqs: Vec<i32>,
     slots: KvSlots,
     batch: LlamaBatch<'static>,
+    /// Jobs submitted but not yet admitted (shared with `Engine::submit` for backpressure).
+    queued: Arc<AtomicUsize>,
+    /// Set when shutdown's grace period ran out: cut everything, cleanly.
+    abort: Arc<AtomicBool>,
+    totals: Totals,
 }
 
 impl Scheduler {
-    pub fn new(model: Arc<LoadedModel>, cfg: SchedulerConfig) -> Self {
+    pub fn new(model: Arc<LoadedModel>, cfg: SchedulerConfig, queued: Arc<AtomicUsize>, abort: Arc<AtomicBool>) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as i32).rev().collect();
         let slots = KvSlots::new(cfg.parallel as usize);
-        Self { model, cfg, waiting: VecDeque::new(), active: Vec::new(), free_seqs, slots, batch }
+        telemetry::describe();
+        Self {
+            model,
+            cfg,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            free_seqs,
+            slots,
+            batch,
+            queued,
+            abort,
+            totals: Totals::default(),
+        }
     }
 
     /// Runs until every sender of `jobs` is gone and all work is finished.
@@ -65,10 +84,22 @@ impl Scheduler {
     }
 
     fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+        if self.abort.load(Ordering::Relaxed) {
+            self.abort_everything(ctx);
+            return;
+        }
         self.drop_cancelled();
         self.admit(ctx);
         self.resolve_shares(ctx);
-        if !self.fill_batch() {
+        let has_work = self.fill_batch();
+        telemetry::step(&StepStats {
+            batch_tokens: self.batch.n_tokens() as usize,
+            running: self.active.iter().map(|r| r.choices.len()).sum(),
+            waiting: self.queued.load(Ordering::Relaxed),
+            kv_tokens: self.slots.total_tokens(),
+            kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
+        });
+        if !has_work {
             return;
         }
         if let Err(e) = ctx.decode(&mut self.batch) {
@@ -94,6 +125,7 @@ impl Scheduler {
             std::mem::take(&mut self.waiting).into_iter().partition(|job| job.events.is_closed());
         self.waiting = kept.into();
         for job in gone {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             let _ = job.usage.send(Usage::default());
         }
         self.retire_finished();
@@ -104,6 +136,7 @@ impl Scheduler {
             let n = job.request.n as usize;
             if n > self.cfg.parallel as usize {
                 let job = self.waiting.pop_front().expect("front exists");
+                self.queued.fetch_sub(1, Ordering::Relaxed);
                 let msg = format!("n={n} exceeds the server's {} parallel sequences", self.cfg.parallel);
                 let _ = job.events.send(Event::Error(msg));
                 let _ = job.usage.send(Usage::default());
@@ -113,6 +146,7 @@ impl Scheduler {
                 break;
             }
             let job = self.waiting.pop_front().expect("front exists");
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             let prompt = &job.request.prompt.tokens;
             // The first choice takes the idle slot already holding most of the prompt; the
             // others take the least recently used ones.
@@ -228,6 +262,7 @@ impl Scheduler {
                     None => Vec::new(),
                 };
                 req.usage.completion_tokens += 1;
+                req.token_produced(i);
                 let c = &mut req.choices[i];
                 c.generated += 1;
                 let index = c.index;
@@ -261,7 +296,8 @@ impl Scheduler {
             if self.active[i].all_finished() {
                 let req = self.active.swap_remove(i);
                 self.release(&req);
-                req.complete(None);
+                let usage = req.complete(None);
+                self.totals.request_done(&usage);
             } else {
                 i += 1;
             }
@@ -277,10 +313,24 @@ impl Scheduler {
         }
     }
 
+    /// Ends every running and waiting request with an error; what was generated is billed.
+    fn abort_everything(&mut self, ctx: &mut LlamaContext<'_>) {
+        const MESSAGE: &str = "The server is shutting down; the request was cut.";
+        for job in std::mem::take(&mut self.waiting) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Error(MESSAGE.into()));
+            let _ = job.usage.send(Usage::default());
+        }
+        if !self.active.is_empty() {
+            self.fail_all(ctx, MESSAGE);
+        }
+    }
+
     fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, message: &str) {
         for req in std::mem::take(&mut self.active) {
             self.release(&req);
-            req.complete(Some(message.to_string()));
+            let usage = req.complete(Some(message.to_string()));
+            self.totals.request_done(&usage);
         }
         ctx.clear_kv_cache();
         self.slots.clear_all();

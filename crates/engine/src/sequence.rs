@@ -1,6 +1,8 @@
 //! State of one admitted request inside the scheduler: its prompt, its choices (one llama.cpp
 //! sequence each) and the channels back to its owner.
 
+use std::time::Instant;
+
 use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
@@ -13,6 +15,7 @@ pub(crate) struct Job {
     pub request: GenerateRequest,
     pub events: mpsc::UnboundedSender<Event>,
     pub usage: oneshot::Sender<Usage>,
+    pub submitted_at: Instant,
 }
 
 pub(crate) struct Choice {
@@ -28,6 +31,8 @@ pub(crate) struct Choice {
     /// Index in the current batch whose logits this choice samples from.
     pub batch_idx: Option<i32>,
     pub finished: Option<FinishReason>,
+    /// When this choice last produced a token, for latency metrics.
+    pub last_token_at: Option<Instant>,
 }
 
 pub(crate) struct ActiveRequest {
@@ -41,6 +46,7 @@ pub(crate) struct ActiveRequest {
     pub max_tokens: u32,
     pub logprobs: Option<u32>,
     seeded: bool,
+    pub submitted_at: Instant,
     pub usage: Usage,
     events: mpsc::UnboundedSender<Event>,
     usage_tx: Option<oneshot::Sender<Usage>>,
@@ -48,7 +54,7 @@ pub(crate) struct ActiveRequest {
 
 impl ActiveRequest {
     pub fn new(job: Job, seq_ids: Vec<i32>, n_vocab: i32, ctx_size: u32) -> Self {
-        let Job { request, events, usage } = job;
+        let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
         let choices = seq_ids
             .into_iter()
@@ -63,6 +69,7 @@ impl ActiveRequest {
                 next_token: None,
                 batch_idx: None,
                 finished: None,
+                last_token_at: None,
             })
             .collect();
         let prompt_tokens = request.prompt.tokens.len() as u32;
@@ -74,6 +81,7 @@ impl ActiveRequest {
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,
             seeded: request.sampling.seed.is_some(),
+            submitted_at,
             usage: Usage { prompt_tokens, cached_tokens: 0, completion_tokens: 0 },
             events,
             usage_tx: Some(usage),
@@ -130,6 +138,15 @@ impl ActiveRequest {
     }
 
     /// Ends the request: the owner gets `Done` (or the error) and the usage report.
+    /// Records latency metrics for a token choice `i` just produced.
+    pub fn token_produced(&mut self, i: usize) {
+        let now = Instant::now();
+        match self.choices[i].last_token_at.replace(now) {
+            None => crate::telemetry::first_token(now - self.submitted_at),
+            Some(prev) => crate::telemetry::inter_token(now - prev),
+        }
+    }
+
     pub fn complete(mut self, error: Option<String>) -> Usage {
         let event = match error {
             Some(e) => Event::Error(e),

@@ -14,7 +14,7 @@ use gantry_engine::Engine;
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{auth, chat, request_id};
+use crate::{auth, chat, request_id, telemetry};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -24,6 +24,8 @@ pub struct AppState {
     pub model_id: Arc<str>,
     pub model_created: u64,
     pub images: crate::images::ImageFetcher,
+    /// Usage-record writes in flight; shutdown waits for them so no record is lost.
+    pub usage_writers: tokio_util::task::TaskTracker,
 }
 
 pub struct RouterOptions {
@@ -45,12 +47,14 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(telemetry::render))
         .merge(authed)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(middleware::from_fn(errors_as_json))
         .layer(CatchPanicLayer::custom(|_| ApiError::internal("The server had an error while processing your request.").into_response()))
+        .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))
 }
 

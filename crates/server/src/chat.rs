@@ -15,7 +15,7 @@ use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
 };
-use gantry_engine::{Event, FinishReason, GenerateRequest, GenerationHandle, SamplingParams, TokenLogprob, Usage};
+use gantry_engine::{SubmitError, Event, FinishReason, GenerateRequest, GenerationHandle, SamplingParams, TokenLogprob, Usage};
 
 use crate::app::AppState;
 use crate::request_id::RequestId;
@@ -50,7 +50,13 @@ pub async fn chat_completions(
     let handle = state
         .engine
         .submit(generate)
-        .map_err(|e| ApiError::overloaded(e.to_string()))?;
+        .map_err(|e| match e {
+            SubmitError::QueueFull(_) => ApiError::overloaded(format!(
+                "The server is overloaded ({e}). Please retry after a short wait."
+            ))
+            .with_retry_after(1),
+            SubmitError::Stopped => ApiError::overloaded("The server is shutting down.").with_retry_after(5),
+        })?;
     let GenerationHandle { events, usage } = handle;
     spawn_usage_recorder(&state, &key, &request_id, usage, started_at_ms);
 
@@ -164,7 +170,7 @@ fn spawn_usage_recorder(
     let model = state.model_id.to_string();
     let key_id = key.id;
     let request_id = request_id.to_string();
-    tokio::spawn(async move {
+    state.usage_writers.spawn(async move {
         let (usage, outcome) = match usage.await {
             Ok(u) => (u, "completed"),
             Err(_) => (Usage::default(), "error"),

@@ -73,6 +73,12 @@ pub struct ServeArgs {
     /// Register this key at start (for scripted set-ups).
     #[arg(long, env = "GANTRY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Requests that may wait for a free sequence; beyond that, 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Seconds running requests get to finish after SIGTERM/SIGINT before they are cut.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace: u64,
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,

@@ -8,3 +8,4 @@ pub mod commands;
 mod request_id;
 pub mod serve;
 mod stream;
+mod telemetry;

@@ -3,7 +3,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::future::IntoFuture;
+use std::time::Duration;
+
 use anyhow::Context;
+use tokio_util::task::TaskTracker;
 use gantry_accounts::Accounts;
 use gantry_engine::{Engine, EngineConfig};
 
@@ -26,6 +30,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.parallel = args.parallel;
     config.threads = args.threads;
     config.batch_size = args.batch_size;
+    config.max_queue = args.max_queue;
+    crate::telemetry::install();
     let engine = tokio::task::spawn_blocking(move || Engine::start(config))
         .await?
         .with_context(|| format!("loading {}", model_path.display()))?;
@@ -35,7 +41,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
-    let state = AppState { engine: engine.clone(), accounts, model_id: Arc::from(model_id.as_str()), model_created: created, images: Default::default() };
+    let usage_writers = TaskTracker::new();
+    let state = AppState {
+        engine: engine.clone(),
+        accounts: accounts.clone(),
+        model_id: Arc::from(model_id.as_str()),
+        model_created: created,
+        images: Default::default(),
+        usage_writers: usage_writers.clone(),
+    };
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -44,9 +58,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     print_banner(&addr.to_string(), &model_id, new_key.as_deref(), &data_dir);
 
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
-    tracing::info!("shutting down");
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!(grace_seconds = args.shutdown_grace, "shutting down: no new connections, finishing requests");
+        let _ = signalled_tx.send(());
+    });
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        result = &mut server => result?,
+        _ = async {
+            let _ = signalled_rx.await;
+            tokio::time::sleep(Duration::from_secs(args.shutdown_grace)).await;
+        } => {
+            tracing::warn!("grace period over: cutting running requests");
+            engine.abort_all();
+            // Cut streams end with an error event; give them a moment to flush.
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
+        }
+    }
     tokio::task::spawn_blocking(move || engine.shutdown()).await?;
+    // Every request that reached the engine has its usage record written before exit.
+    usage_writers.close();
+    if tokio::time::timeout(Duration::from_secs(10), usage_writers.wait()).await.is_err() {
+        tracing::error!("some usage records were still being written at exit");
+    }
+    accounts.close().await;
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -1,0 +1,76 @@
+//! Engine metrics through the `metrics` facade; the server installs the Prometheus recorder.
+//! Without a recorder (tests, library use) every call is a no-op.
+
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+
+use crate::request::Usage;
+
+pub(crate) fn describe() {
+    describe_counter!("gantry_prompt_tokens_total", Unit::Count, "Prompt tokens of finished requests.");
+    describe_counter!(
+        "gantry_cached_prompt_tokens_total",
+        Unit::Count,
+        "Prompt tokens taken from the prefix cache instead of being computed."
+    );
+    describe_counter!("gantry_completion_tokens_total", Unit::Count, "Tokens generated.");
+    describe_gauge!("gantry_prefix_cache_hit_ratio", "Cached prompt tokens / prompt tokens, since start.");
+    describe_gauge!("gantry_queue_depth", Unit::Count, "Requests waiting for a sequence slot.");
+    describe_gauge!("gantry_running_sequences", Unit::Count, "Sequences being prefilled or decoded.");
+    describe_gauge!(
+        "gantry_kv_cache_tokens",
+        Unit::Count,
+        "Tokens held in the KV cache, summed over sequences (shared prefixes counted per sequence)."
+    );
+    describe_gauge!("gantry_kv_cache_capacity_tokens", Unit::Count, "KV cache size in tokens.");
+    describe_histogram!("gantry_batch_tokens", Unit::Count, "Tokens per llama.cpp decode call.");
+    describe_histogram!("gantry_time_to_first_token_seconds", Unit::Seconds, "From submission to the first token.");
+    describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");
+}
+
+pub(crate) struct StepStats {
+    pub batch_tokens: usize,
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_tokens: usize,
+    pub kv_capacity: usize,
+}
+
+pub(crate) fn step(s: &StepStats) {
+    if s.batch_tokens > 0 {
+        histogram!("gantry_batch_tokens").record(s.batch_tokens as f64);
+    }
+    gauge!("gantry_running_sequences").set(s.running as f64);
+    gauge!("gantry_queue_depth").set(s.waiting as f64);
+    gauge!("gantry_kv_cache_tokens").set(s.kv_tokens as f64);
+    gauge!("gantry_kv_cache_capacity_tokens").set(s.kv_capacity as f64);
+}
+
+/// Totals since start, for the hit ratio gauge.
+#[derive(Default)]
+pub(crate) struct Totals {
+    prompt: u64,
+    cached: u64,
+}
+
+impl Totals {
+    pub fn request_done(&mut self, usage: &Usage) {
+        counter!("gantry_prompt_tokens_total").increment(usage.prompt_tokens as u64);
+        counter!("gantry_cached_prompt_tokens_total").increment(usage.cached_tokens as u64);
+        counter!("gantry_completion_tokens_total").increment(usage.completion_tokens as u64);
+        self.prompt += usage.prompt_tokens as u64;
+        self.cached += usage.cached_tokens as u64;
+        if self.prompt > 0 {
+            gauge!("gantry_prefix_cache_hit_ratio").set(self.cached as f64 / self.prompt as f64);
+        }
+    }
+}
+
+pub(crate) fn first_token(latency: Duration) {
+    histogram!("gantry_time_to_first_token_seconds").record(latency.as_secs_f64());
+}
+
+pub(crate) fn inter_token(latency: Duration) {
+    histogram!("gantry_inter_token_latency_seconds").record(latency.as_secs_f64());
+}

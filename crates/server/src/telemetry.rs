@@ -1,0 +1,80 @@
+//! `GET /metrics` in Prometheus text format, and per-route request counters.
+//!
+//! The engine records its own metrics (tokens, queue, batch sizes, latencies) through the
+//! `metrics` facade; this module installs the one process-wide Prometheus recorder they land in.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the recorder (once per process; later calls reuse it).
+pub fn install() {
+    HANDLE.get_or_init(|| {
+        let latency = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+        let batch = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full("gantry_batch_tokens".into()), &batch))
+            .and_then(|b| b.install_recorder().map_err(Into::into));
+        match handle {
+            Ok(h) => {
+                describe_counter!("gantry_http_requests_total", Unit::Count, "HTTP requests by route and status.");
+                describe_histogram!("gantry_http_request_duration_seconds", Unit::Seconds, "HTTP request latency by route.");
+                Some(h)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+                None
+            }
+        }
+    });
+}
+
+pub async fn render() -> Response {
+    let body = HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+/// A bounded set of route labels, so arbitrary URLs cannot blow up metric cardinality.
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/models" => "/v1/models",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        _ => "other",
+    }
+}
+
+pub async fn track_http(req: Request, next: Next) -> Response {
+    let route = route_label(req.uri().path());
+    let started = Instant::now();
+    let response = next.run(req).await;
+    let status = response.status().as_u16().to_string();
+    counter!("gantry_http_requests_total", "route" => route, "status" => status).increment(1);
+    // For streams this is the time to the response head; token latencies live in the engine's
+    // time-to-first-token and inter-token histograms.
+    histogram!("gantry_http_request_duration_seconds", "route" => route).record(started.elapsed().as_secs_f64());
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_label;
+
+    #[test]
+    fn route_labels_are_bounded() {
+        assert_eq!(route_label("/v1/models/qwen"), "/v1/models/{id}");
+        assert_eq!(route_label("/v1/chat/completions"), "/v1/chat/completions");
+        assert_eq!(route_label("/wp-admin/x.php"), "other");
+    }
+}

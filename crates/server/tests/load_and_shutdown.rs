@@ -1,0 +1,120 @@
+//! Backpressure, metrics and graceful shutdown, against the real binary and a tiny model.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{gantry, sse_data, TestServer};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+fn long_stream(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "go on"}], "max_tokens": 3500,
+           "stream": true, "temperature": 1.0})
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_503_with_retry_after_and_recovers() {
+    let s = TestServer::start(&["--parallel", "1", "--max-queue", "1", "--ctx-size", "4096"]);
+    // Stream heads come back as soon as a request is accepted: one runs, one waits, the rest
+    // find the queue full.
+    let sends = (0..6).map(|_| s.chat(long_stream(&s.model_id)).send());
+    let responses: Vec<reqwest::Response> =
+        futures_util::future::join_all(sends).await.into_iter().map(Result::unwrap).collect();
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for r in responses {
+        match r.status().as_u16() {
+            200 => accepted.push(r),
+            503 => {
+                assert_eq!(r.headers()["retry-after"], "1");
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(v["error"]["type"], "server_error");
+                assert_eq!(v["error"]["code"], "server_overloaded");
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(accepted.len(), 2, "one running + one queued");
+    assert_eq!(refused, 4);
+    drop(accepted); // cancels both
+    let quick = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let mut ok = false;
+    for _ in 0..50 {
+        if s.chat(quick.clone()).send().await.unwrap().status() == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "the server serves again once the queue drains");
+}
+
+#[tokio::test]
+async fn metrics_are_exposed_in_prometheus_format() {
+    let s = TestServer::start(&[]);
+    for _ in 0..2 {
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5});
+        assert_eq!(s.chat(body).send().await.unwrap().status(), 200);
+    }
+    let _ = s.client().get(s.url("/nope")).send().await.unwrap();
+    let resp = s.client().get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+    let text = resp.text().await.unwrap();
+    for needle in [
+        r#"gantry_http_requests_total{route="/v1/chat/completions",status="200"} 2"#,
+        r#"gantry_http_requests_total{route="other",status="404"} 1"#,
+        "gantry_prompt_tokens_total ",
+        "gantry_cached_prompt_tokens_total ",
+        "gantry_completion_tokens_total ",
+        "gantry_prefix_cache_hit_ratio ",
+        "gantry_queue_depth ",
+        "gantry_running_sequences ",
+        "gantry_kv_cache_tokens ",
+        "gantry_batch_tokens_bucket",
+        "gantry_time_to_first_token_seconds_bucket",
+        "gantry_inter_token_latency_seconds_bucket",
+    ] {
+        assert!(text.contains(needle), "metrics lack {needle:?}:\n{text}");
+    }
+    let cached: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("gantry_cached_prompt_tokens_total "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(cached > 0.0, "the repeated prompt hit the prefix cache");
+}
+
+#[tokio::test]
+async fn sigterm_cuts_a_running_stream_after_the_grace_period_and_bills_it() {
+    let mut s = TestServer::start(&["--parallel", "1", "--ctx-size", "4096", "--shutdown-grace", "1"]);
+    let mut body = long_stream(&s.model_id);
+    body["max_tokens"] = json!(4000);
+    body["stream_options"] = json!({"include_usage": true});
+    // A long generation, terminated while it runs.
+    let resp = s.chat(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    let status = s.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let mut rest = String::from_utf8_lossy(&first).into_owned();
+    while let Some(Ok(chunk)) = stream.next().await {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events = sse_data(&rest);
+    let last = events.last().unwrap();
+    // Either the generation finished inside the grace period, or it was cut with an error event.
+    assert!(last == "[DONE]" || last.contains("\"error\""), "stream ended with {last}");
+
+    let out = gantry().args(["usage", "--format", "json"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["requests"], 1);
+    assert!(rows[0]["completion_tokens"].as_u64().unwrap() > 0, "the cut stream is billed: {rows:?}");
+}
