@@ -2,6 +2,7 @@
 //! its own thread, chat templates, sampling and stop strings. The server talks to it through
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
 
+pub mod constraint;
 mod kv_slots;
 mod model;
 mod request;
@@ -11,6 +12,7 @@ mod sequence;
 mod telemetry;
 pub mod template;
 pub mod text;
+pub mod tools;
 
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -20,6 +22,7 @@ use std::thread::JoinHandle;
 
 use llama_cpp_2::context::params::LlamaContextParams;
 
+pub use constraint::Constraint;
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use request::{
     Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob, TopLogprob,
@@ -118,6 +121,12 @@ impl Engine {
                 Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort).run(&mut ctx, jobs_rx);
             })
             .map_err(|e| LoadError::Context(e.to_string()))?;
+        // The grammar engine's view of the vocabulary takes a while to build; build it now, in
+        // the background, rather than on the first request that asks for JSON.
+        let warm = model.clone();
+        let _ = std::thread::Builder::new().name("gantry-grammar-warmup".into()).spawn(move || {
+            let _ = warm.check_constraint(&Constraint::JsonObject);
+        });
         match ready_rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(LoadError::Context(e)),

@@ -10,6 +10,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use serde_json::Value as Json;
 
+use crate::constraint::{Constraint, Grammars};
 use crate::request::Prompt;
 use crate::template::{ChatTemplate, TemplateError};
 
@@ -57,6 +58,7 @@ pub struct LoadedModel {
     info: ModelInfo,
     add_bos: bool,
     bos_text: String,
+    grammars: Grammars,
 }
 
 impl LoadedModel {
@@ -89,7 +91,7 @@ impl LoadedModel {
             supports_vision: false,
             chat_template,
         };
-        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text }))
+        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars: Grammars::new() }))
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -114,6 +116,16 @@ impl LoadedModel {
     /// Raw bytes of a token as it appears in generated text (control tokens render empty).
     pub fn piece(&self, token: i32) -> Vec<u8> {
         self.llama.vocab().token_to_piece(LlamaToken(token), false, None)
+    }
+
+    /// Checks that a constraint compiles for this model (an invalid or unsupported schema is the
+    /// client's error, reported before the request is queued).
+    pub fn check_constraint(&self, constraint: &Constraint) -> Result<(), String> {
+        self.grammars.sampler(self, constraint).map(drop)
+    }
+
+    pub(crate) fn constraint_sampler(&self, constraint: &Constraint) -> Result<llama_cpp_2::sampling::LlamaSampler, String> {
+        self.grammars.sampler(self, constraint)
     }
 
     pub fn is_end_of_generation(&self, token: i32) -> bool {

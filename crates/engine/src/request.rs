@@ -47,6 +47,8 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Number of alternatives to report per token (0..=20) when `logprobs` is on.
     pub logprobs: Option<u32>,
+    /// Grammar the completion must follow (JSON object or schema).
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,8 +24,17 @@ fn rand_seed() -> u64 {
 /// Builds the chain: logit bias → presence/frequency penalties → temperature → top-p → draw.
 /// Temperature comes before top-p because OpenAI applies nucleus sampling to the tempered
 /// distribution. Temperature 0 is greedy and fully deterministic.
-pub fn build_sampler(n_vocab: i32, params: &SamplingParams, choice: u32, penalty_window: i32) -> LlamaSampler {
-    let mut chain = Vec::new();
+///
+/// A grammar sampler, when given, goes first: it masks every token the grammar forbids, and
+/// the rest of the chain picks among what is left.
+pub fn build_sampler(
+    n_vocab: i32,
+    params: &SamplingParams,
+    choice: u32,
+    penalty_window: i32,
+    grammar: Option<LlamaSampler>,
+) -> LlamaSampler {
+    let mut chain: Vec<LlamaSampler> = grammar.into_iter().collect();
     if !params.logit_bias.is_empty() {
         let biases: Vec<LlamaLogitBias> =
             params.logit_bias.iter().map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b)).collect();

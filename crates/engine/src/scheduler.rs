@@ -157,7 +157,15 @@ impl Scheduler {
                 let (i, _) = self.slots.pick_free(&self.free_seqs, &[]).expect("free slot checked");
                 seqs.push(self.free_seqs.swap_remove(i));
             }
-            let mut req = ActiveRequest::new(job, seqs, self.model.info().n_vocab, self.cfg.ctx_size);
+            let mut req = match ActiveRequest::new(job, seqs.clone(), &self.model, self.cfg.ctx_size) {
+                Ok(req) => req,
+                Err((job, why)) => {
+                    self.free_seqs.extend(seqs);
+                    let _ = job.events.send(Event::Error(format!("the response format cannot be enforced: {why}")));
+                    let _ = job.usage.send(Usage::default());
+                    continue;
+                }
+            };
             let keep = in_place.min(req.reusable_len());
             for (i, c) in req.choices.iter().enumerate() {
                 let keep = if i == 0 { keep } else { 0 };

@@ -6,6 +6,7 @@ use std::time::Instant;
 use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, TokenLogprob, Usage};
 use crate::sampling::build_sampler;
 use crate::text::TextAssembler;
@@ -53,16 +54,27 @@ pub(crate) struct ActiveRequest {
 }
 
 impl ActiveRequest {
-    pub fn new(job: Job, seq_ids: Vec<i32>, n_vocab: i32, ctx_size: u32) -> Self {
+    /// Fails (handing the job back with the reason) only if the request's grammar does not
+    /// compile, which the server checks before queueing.
+    pub fn new(job: Job, seq_ids: Vec<i32>, model: &LoadedModel, ctx_size: u32) -> Result<Self, (Job, String)> {
+        let n_vocab = model.info().n_vocab;
+        let mut grammars = Vec::with_capacity(seq_ids.len());
+        for _ in &seq_ids {
+            match job.request.constraint.as_ref().map(|c| model.constraint_sampler(c)).transpose() {
+                Ok(g) => grammars.push(g),
+                Err(e) => return Err((job, e)),
+            }
+        }
         let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
         let choices = seq_ids
             .into_iter()
+            .zip(grammars)
             .enumerate()
-            .map(|(i, seq_id)| Choice {
+            .map(|(i, (seq_id, grammar))| Choice {
                 index: i as u32,
                 seq_id,
-                sampler: build_sampler(n_vocab, &request.sampling, i as u32, window),
+                sampler: build_sampler(n_vocab, &request.sampling, i as u32, window, grammar),
                 text: TextAssembler::new(request.stop.clone()),
                 generated: 0,
                 pos: 0,
@@ -73,7 +85,7 @@ impl ActiveRequest {
             })
             .collect();
         let prompt_tokens = request.prompt.tokens.len() as u32;
-        Self {
+        Ok(Self {
             prompt: request.prompt.tokens,
             prefilled: 0,
             share: None,
@@ -85,7 +97,7 @@ impl ActiveRequest {
             usage: Usage { prompt_tokens, cached_tokens: 0, completion_tokens: 0 },
             events,
             usage_tx: Some(usage),
-        }
+        })
     }
 
     /// Most prompt tokens that may come from the cache: the last one is always decoded, since

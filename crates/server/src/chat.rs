@@ -15,7 +15,7 @@ use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
 };
-use gantry_engine::{SubmitError, Event, FinishReason, GenerateRequest, GenerationHandle, SamplingParams, TokenLogprob, Usage};
+use gantry_engine::{Constraint, SubmitError, Event, FinishReason, GenerateRequest, GenerationHandle, SamplingParams, TokenLogprob, Usage};
 
 use crate::app::AppState;
 use crate::request_id::RequestId;
@@ -95,14 +95,6 @@ fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiE
             ));
         }
     }
-    if let Some(kind) = chat.response_format.as_ref().and_then(|f| f.get("type")).and_then(|t| t.as_str()) {
-        if kind != "text" {
-            return Err(ApiError::invalid_request(
-                format!("response_format type `{kind}` is not supported by this server yet."),
-                Some("response_format"),
-            ));
-        }
-    }
     let n_vocab = state.engine.model().info().n_vocab;
     if let Some(&(token, _)) = chat.logit_bias.iter().find(|(t, _)| *t < 0 || *t >= n_vocab) {
         return Err(ApiError::invalid_request(
@@ -117,10 +109,19 @@ fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiE
 async fn prepare(state: &AppState, chat: &ValidatedChat) -> Result<GenerateRequest, ApiError> {
     let model = state.engine.model().clone();
     let messages: Vec<serde_json::Value> = chat.messages.iter().map(|m| m.to_template_value()).collect();
-    let prompt = tokio::task::spawn_blocking(move || model.prepare(&messages, None))
-        .await
-        .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?
+    let constraint = constraint_of(chat);
+    let checked = constraint.clone();
+    let (prompt, grammar) = tokio::task::spawn_blocking(move || {
+        let grammar = checked.as_ref().map(|c| model.check_constraint(c)).transpose();
+        (model.prepare(&messages, None), grammar)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?;
+    let prompt = prompt
         .map_err(|e| ApiError::invalid_request(format!("The chat template rejected these messages: {e}"), Some("messages")))?;
+    grammar.map_err(|e| {
+        ApiError::invalid_request(format!("Invalid schema for response_format: {e}"), Some("response_format"))
+    })?;
 
     let ctx = state.engine.config().ctx_size;
     let prompt_len = prompt.tokens.len() as u32;
@@ -154,7 +155,18 @@ async fn prepare(state: &AppState, chat: &ValidatedChat) -> Result<GenerateReque
         stop: chat.stop.clone(),
         sampling,
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
+        constraint,
     })
+}
+
+/// `response_format` as a grammar; the API layer has already checked its shape.
+fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
+    let format = chat.response_format.as_ref()?;
+    match format.get("type").and_then(|t| t.as_str())? {
+        "json_object" => Some(Constraint::JsonObject),
+        "json_schema" => format.pointer("/json_schema/schema").cloned().map(Constraint::JsonSchema),
+        _ => None,
+    }
 }
 
 /// Usage is recorded from the engine's own report, so it is written even when the client

@@ -286,3 +286,37 @@ async fn images_are_validated_then_refused_by_a_text_model() {
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("does not support image"), "{body}");
 }
+
+#[tokio::test]
+async fn response_format_constrains_even_a_random_model() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+                        "required": ["name", "age"], "additionalProperties": false});
+    for (format, n) in [
+        (json!({"type": "json_object"}), 1),
+        (json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": schema}}), 3),
+    ] {
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "a person"}], "max_tokens": 1500,
+                          "temperature": 1.0, "n": n, "response_format": format});
+        let v: Value = s.chat(body).send().await.unwrap().json().await.unwrap();
+        for choice in v["choices"].as_array().unwrap() {
+            let content = choice["message"]["content"].as_str().unwrap();
+            if choice["finish_reason"] == "stop" {
+                let doc: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"));
+                assert!(doc.is_object(), "{content}");
+                if n == 3 {
+                    assert!(doc["name"].is_string() && doc["age"].is_i64(), "{content}");
+                    assert_eq!(doc.as_object().unwrap().len(), 2, "{content}");
+                }
+            } else {
+                assert_eq!(choice["finish_reason"], "length");
+                assert!(content.starts_with('{'), "{content}");
+            }
+        }
+    }
+    let bad = json!({"model": s.model_id, "messages": [{"role": "user", "content": "x"}],
+                     "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "objec"}}}});
+    let (status, body) = error_of(s.chat(bad).send().await.unwrap()).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["param"], "response_format");
+}

@@ -1,0 +1,212 @@
+//! Recognising calls while the model generates.
+//!
+//! [`ToolCallStreamer`] releases content as soon as it cannot be part of a call and holds back
+//! anything that still could be (a possible tag, fence, or bare JSON at the start). Its output,
+//! for any split of a text into deltas, is the same as [`super::parse_tool_calls`] on the whole
+//! text: the content pieces concatenate to its `content` and the calls are its `calls`.
+//! Calls are emitted whole, each as soon as it is complete (bare JSON calls at `finish`, since
+//! prose after them would turn them back into text).
+
+use super::parse::{bare_calls, scan_step, Bare, Step};
+use super::ParsedCall;
+
+/// Part of the output, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamPiece {
+    Content(String),
+    /// A complete call; `index` counts calls from 0. `arguments` is compact JSON object text.
+    Call {
+        index: usize,
+        name: String,
+        arguments: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Only whitespace so far.
+    Start,
+    /// The text starts with `{` or `[` and may be bare JSON calls; everything is held.
+    Bare,
+    /// Tagged or fenced calls among content.
+    Scan,
+}
+
+/// Incremental tool-call recogniser: feed it deltas with [`push`](Self::push), then
+/// [`finish`](Self::finish).
+#[derive(Debug, Clone)]
+pub struct ToolCallStreamer {
+    known: Vec<String>,
+    mode: Mode,
+    /// Text received and not yet classified.
+    buf: String,
+    /// Whether content with non-whitespace has been emitted (leading whitespace is trimmed).
+    started: bool,
+    /// Whitespace at the end of emitted content, released only if more content follows.
+    pending_ws: String,
+    calls: usize,
+}
+
+impl ToolCallStreamer {
+    /// A streamer recognising calls to the functions named in `known`.
+    pub fn new(known: &[&str]) -> Self {
+        Self {
+            known: known.iter().map(|s| s.to_string()).collect(),
+            mode: Mode::Start,
+            buf: String::new(),
+            started: false,
+            pending_ws: String::new(),
+            calls: 0,
+        }
+    }
+
+    /// Takes the next delta; returns what is now certain.
+    pub fn push(&mut self, delta: &str) -> Vec<StreamPiece> {
+        self.buf.push_str(delta);
+        self.run(false)
+    }
+
+    /// Ends the text; returns everything still held.
+    pub fn finish(mut self) -> Vec<StreamPiece> {
+        self.run(true)
+    }
+
+    /// Calls emitted so far.
+    pub fn calls_emitted(&self) -> usize {
+        self.calls
+    }
+
+    fn run(&mut self, eof: bool) -> Vec<StreamPiece> {
+        let known_owned = std::mem::take(&mut self.known);
+        let known: Vec<&str> = known_owned.iter().map(String::as_str).collect();
+        let mut out = Vec::new();
+        self.step(&known, eof, &mut out);
+        self.known = known_owned;
+        out
+    }
+
+    fn step(&mut self, known: &[&str], eof: bool, out: &mut Vec<StreamPiece>) {
+        if self.mode == Mode::Start {
+            let t = self.buf.trim_start();
+            if t.is_empty() {
+                // Whitespace only: trimmed away if nothing follows.
+                return;
+            }
+            self.mode = if !known.is_empty() && t.starts_with(['{', '[']) { Mode::Bare } else { Mode::Scan };
+        }
+        if self.mode == Mode::Bare {
+            let t = if eof { self.buf.trim() } else { self.buf.trim_start() };
+            match bare_calls(t, known, eof) {
+                Bare::Possible => return,
+                Bare::Calls(calls) => {
+                    self.buf.clear();
+                    calls.into_iter().for_each(|c| self.emit_call(c, out));
+                    return;
+                }
+                // Never bare calls: scan the whole text from its start, like `parse_tool_calls`.
+                Bare::Not => self.mode = Mode::Scan,
+            }
+        }
+        while !self.buf.is_empty() {
+            match scan_step(&self.buf, known, eof) {
+                Step::Hold => return,
+                Step::Content(n) => {
+                    let text: String = self.buf.drain(..n).collect();
+                    self.emit_content(&text, out);
+                }
+                Step::Calls(calls, n) => {
+                    self.buf.drain(..n);
+                    calls.into_iter().for_each(|c| self.emit_call(c, out));
+                }
+            }
+        }
+    }
+
+    /// Emits content so that all of it together is the trimmed concatenation.
+    fn emit_content(&mut self, text: &str, out: &mut Vec<StreamPiece>) {
+        let text = if self.started { text } else { text.trim_start() };
+        let body = text.trim_end();
+        if body.is_empty() {
+            self.pending_ws.push_str(text);
+            return;
+        }
+        let mut piece = std::mem::take(&mut self.pending_ws);
+        piece.push_str(body);
+        self.pending_ws.push_str(&text[body.len()..]);
+        self.started = true;
+        match out.last_mut() {
+            Some(StreamPiece::Content(last)) => last.push_str(&piece),
+            _ => out.push(StreamPiece::Content(piece)),
+        }
+    }
+
+    fn emit_call(&mut self, call: ParsedCall, out: &mut Vec<StreamPiece>) {
+        out.push(StreamPiece::Call { index: self.calls, name: call.name, arguments: call.arguments });
+        self.calls += 1;
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    const KNOWN: &[&str] = &["get_weather", "search"];
+
+    #[test]
+    fn plain_text_flows_immediately_with_trailing_space_held() {
+        let mut s = ToolCallStreamer::new(KNOWN);
+        assert_eq!(s.push("  Hello, "), vec![StreamPiece::Content("Hello,".into())]);
+        assert_eq!(s.push("world"), vec![StreamPiece::Content(" world".into())]);
+        assert_eq!(s.push(" \n"), vec![]);
+        assert_eq!(s.finish(), vec![]);
+    }
+
+    #[test]
+    fn tagged_call_is_emitted_when_its_tag_closes() {
+        let mut s = ToolCallStreamer::new(KNOWN);
+        assert_eq!(s.push("Checking.\n<tool"), vec![StreamPiece::Content("Checking.".into())]);
+        assert_eq!(s.push("_call>\n{\"name\": \"search\", \"arguments\": {\"q\": 1}}\n</tool_"), vec![]);
+        let call = StreamPiece::Call { index: 0, name: "search".into(), arguments: r#"{"q":1}"#.into() };
+        assert_eq!(s.push("call>"), vec![call]);
+        assert_eq!(s.calls_emitted(), 1);
+        assert_eq!(s.finish(), vec![]);
+    }
+
+    #[test]
+    fn near_triggers_are_released_once_they_diverge() {
+        let mut s = ToolCallStreamer::new(KNOWN);
+        assert_eq!(s.push("a <tool"), vec![StreamPiece::Content("a".into())]);
+        assert_eq!(s.push("s> b `"), vec![StreamPiece::Content(" <tools> b".into())]);
+        assert_eq!(s.push("x`"), vec![StreamPiece::Content(" `x".into())]);
+        assert_eq!(s.finish(), vec![StreamPiece::Content("`".into())]);
+    }
+
+    #[test]
+    fn prose_starting_with_a_brace_is_released_before_finish() {
+        let mut s = ToolCallStreamer::new(KNOWN);
+        assert_eq!(s.push("{"), vec![]);
+        assert_eq!(s.push("curly} braces"), vec![StreamPiece::Content("{curly} braces".into())]);
+    }
+
+    #[test]
+    fn json_that_is_not_a_call_is_released_when_complete() {
+        let mut s = ToolCallStreamer::new(KNOWN);
+        assert_eq!(s.push(r#"{"city": "Paris""#), vec![]);
+        assert_eq!(s.push("}"), vec![StreamPiece::Content(r#"{"city": "Paris"}"#.into())]);
+    }
+
+    #[test]
+    fn bare_call_waits_for_finish() {
+        let mut s = ToolCallStreamer::new(KNOWN);
+        assert_eq!(s.push(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#), vec![]);
+        let call = StreamPiece::Call { index: 0, name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
+        assert_eq!(s.finish(), vec![call]);
+    }
+
+    #[test]
+    fn no_known_functions_means_pure_passthrough() {
+        let mut s = ToolCallStreamer::new(&[]);
+        assert_eq!(s.push("<tool_call>{"), vec![StreamPiece::Content("<tool_call>{".into())]);
+        assert_eq!(s.finish(), vec![]);
+    }
+}

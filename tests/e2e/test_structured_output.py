@@ -1,0 +1,112 @@
+"""response_format: json_object and json_schema are enforced by a grammar, so every completion
+parses and validates, streamed or not, with n > 1 and under concurrent load."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+
+from _util import collect_stream, user
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "maxLength": 40},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+        "employed": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "hobbies", "employed"],
+    "additionalProperties": False,
+}
+
+NAMES = ["Ada", "Linus", "Grace", "Alan", "Barbara", "Ken", "Margaret", "Dennis", "Frances", "Edsger"]
+PLACES = ["Paris", "Lagos", "Osaka", "Lima", "Oslo"]
+
+
+def _prompts() -> list[str]:
+    out = []
+    for i in range(50):
+        name, place = NAMES[i % len(NAMES)], PLACES[i % len(PLACES)]
+        style = i % 3
+        if style == 0:
+            out.append(f"Describe {name}, who lives in {place}, as a JSON record.")
+        elif style == 1:
+            out.append(f"Invent a fictional programmer called {name} from {place}. Reply in JSON.")
+        else:
+            out.append(f"{name} is {20 + i} years old and likes chess. Give their profile.")
+    return out
+
+
+def _schema_format():
+    return {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+
+
+def test_json_schema_is_always_valid_over_50_prompts(client, server):
+    def ask(prompt):
+        r = client.chat.completions.create(
+            model=server.model_id, messages=user(prompt), temperature=0.7, max_tokens=200,
+            response_format=_schema_format(),
+        )
+        return prompt, r.choices[0].finish_reason, r.choices[0].message.content
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(ask, _prompts()))
+    failures = []
+    for prompt, reason, content in results:
+        try:
+            assert reason == "stop", f"finish_reason {reason}"
+            jsonschema.validate(json.loads(content), PERSON)
+        except Exception as e:  # noqa: BLE001 - collect every failure for the report
+            failures.append(f"{prompt!r}: {e} in {content!r}")
+    assert not failures, f"{len(failures)}/50 invalid:\n" + "\n".join(failures)
+
+
+def test_json_object_is_always_an_object(client, server):
+    r = client.chat.completions.create(
+        model=server.model_id, messages=user("List three colours and their hex codes."), temperature=1.0,
+        max_tokens=300, n=2, response_format={"type": "json_object"},
+    )
+    assert len(r.choices) == 2
+    for c in r.choices:
+        assert c.finish_reason == "stop", c
+        assert isinstance(json.loads(c.message.content), dict)
+
+
+def test_streamed_json_schema_reassembles_to_a_valid_document(client, server):
+    s = collect_stream(
+        client.chat.completions.create(
+            model=server.model_id, messages=user("Describe Ada Lovelace."), temperature=0, max_tokens=200,
+            response_format=_schema_format(), stream=True,
+        )
+    )
+    assert s.finish_reasons.get(0) == ["stop"]
+    jsonschema.validate(json.loads(s.content(0)), PERSON)
+    r = client.chat.completions.create(
+        model=server.model_id, messages=user("Describe Ada Lovelace."), temperature=0, max_tokens=200,
+        response_format=_schema_format(),
+    )
+    assert r.choices[0].message.content == s.content(0)
+
+
+def test_a_cut_json_completion_says_length(client, server):
+    r = client.chat.completions.create(
+        model=server.model_id, messages=user("Describe Ada Lovelace."), temperature=0, max_tokens=5,
+        response_format=_schema_format(),
+    )
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content.startswith("{")
+
+
+def test_an_invalid_schema_is_a_400_naming_response_format(client, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=server.model_id, messages=user("x"),
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "objec"}}},
+        )
+    assert e.value.body["param"] == "response_format"
