@@ -20,6 +20,7 @@ use gantry_engine::{Constraint, SubmitError, Event, FinishReason, GenerateReques
 use crate::app::AppState;
 use crate::request_id::RequestId;
 use crate::stream::{ChunkEncoder, SseFrame};
+use crate::tool_calls::ToolPlan;
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -44,8 +45,9 @@ pub async fn chat_completions(
         ));
     }
 
+    let tools = ToolPlan::from_request(&chat)?;
     let started_at_ms = now_ms();
-    let generate = prepare(&state, &chat).await?;
+    let generate = prepare(&state, &chat, tools.as_ref()).await?;
     let n = generate.n;
     let handle = state
         .engine
@@ -63,9 +65,9 @@ pub async fn chat_completions(
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
     if chat.stream {
-        Ok(stream_response(id, created, state.model_id.to_string(), &chat, n, events).into_response())
+        Ok(stream_response(id, created, state.model_id.to_string(), &chat, tools, n, events).into_response())
     } else {
-        let response = collect_response(id, created, state.model_id.to_string(), &chat, n, events).await?;
+        let response = collect_response(id, created, state.model_id.to_string(), &chat, tools.as_ref(), n, events).await?;
         Ok(Json(response).into_response())
     }
 }
@@ -84,17 +86,8 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Features the served model or this version cannot honour are refused, never silently ignored.
+/// Values the served model cannot honour are refused, never silently ignored.
 fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiError> {
-    if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        let none = chat.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none");
-        if !none {
-            return Err(ApiError::invalid_request(
-                "Tool calling is not supported by this server yet; omit `tools` or set `tool_choice` to \"none\".",
-                Some("tools"),
-            ));
-        }
-    }
     let n_vocab = state.engine.model().info().n_vocab;
     if let Some(&(token, _)) = chat.logit_bias.iter().find(|(t, _)| *t < 0 || *t >= n_vocab) {
         return Err(ApiError::invalid_request(
@@ -106,22 +99,22 @@ fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiE
 }
 
 /// Renders and tokenizes the prompt off the async runtime, then checks it fits the context.
-async fn prepare(state: &AppState, chat: &ValidatedChat) -> Result<GenerateRequest, ApiError> {
+async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
     let model = state.engine.model().clone();
     let messages: Vec<serde_json::Value> = chat.messages.iter().map(|m| m.to_template_value()).collect();
-    let constraint = constraint_of(chat);
+    let constraint = tools.and_then(|t| t.forced.clone()).or_else(|| constraint_of(chat));
     let checked = constraint.clone();
+    let tool_defs = tools.map(|t| t.tools.clone());
     let (prompt, grammar) = tokio::task::spawn_blocking(move || {
         let grammar = checked.as_ref().map(|c| model.check_constraint(c)).transpose();
-        (model.prepare(&messages, None), grammar)
+        (model.prepare(&messages, tool_defs.as_deref()), grammar)
     })
     .await
     .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?;
     let prompt = prompt
         .map_err(|e| ApiError::invalid_request(format!("The chat template rejected these messages: {e}"), Some("messages")))?;
-    grammar.map_err(|e| {
-        ApiError::invalid_request(format!("Invalid schema for response_format: {e}"), Some("response_format"))
-    })?;
+    let schema_param = if tools.is_some_and(|t| t.forced.is_some()) { "tools" } else { "response_format" };
+    grammar.map_err(|e| ApiError::invalid_request(format!("Invalid schema for {schema_param}: {e}"), Some(schema_param)))?;
 
     let ctx = state.engine.config().ctx_size;
     let prompt_len = prompt.tokens.len() as u32;
@@ -209,6 +202,7 @@ async fn collect_response(
     created: u64,
     model: String,
     chat: &ValidatedChat,
+    tools: Option<&ToolPlan>,
     n: u32,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Result<ChatCompletionResponse, ApiError> {
@@ -232,11 +226,18 @@ async fn collect_response(
         .zip(logprobs)
         .zip(reasons)
         .enumerate()
-        .map(|(index, ((text, lp), reason))| Choice {
-            index: index as u32,
-            message: ResponseMessage { role: "assistant", content: Some(text), tool_calls: None },
-            logprobs: chat.logprobs.then(|| to_api_logprobs(lp)),
-            finish_reason: reason.as_openai().to_string(),
+        .map(|(index, ((text, lp), reason))| {
+            let (content, tool_calls) = match tools {
+                Some(plan) if reason == FinishReason::Stop => plan.read(text),
+                _ => (Some(text), None),
+            };
+            let finish_reason = if tool_calls.is_some() { "tool_calls" } else { reason.as_openai() };
+            Choice {
+                index: index as u32,
+                message: ResponseMessage { role: "assistant", content, tool_calls },
+                logprobs: chat.logprobs.then(|| to_api_logprobs(lp)),
+                finish_reason: finish_reason.to_string(),
+            }
         })
         .collect();
     Ok(ChatCompletionResponse {
@@ -255,10 +256,12 @@ fn stream_response(
     created: u64,
     model: String,
     chat: &ValidatedChat,
+    tools: Option<ToolPlan>,
     n: u32,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage, chat.logprobs);
+    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage, chat.logprobs)
+        .with_tools(tools.filter(|t| t.parse), n);
     let opening = encoder.opening(n);
     // The receiver moves into the stream: when the client disconnects, axum drops the stream,
     // the receiver closes and the scheduler cancels the sequence at its next step.

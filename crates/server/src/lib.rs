@@ -9,3 +9,4 @@ mod request_id;
 pub mod serve;
 mod stream;
 mod telemetry;
+mod tool_calls;

@@ -2,10 +2,12 @@
 //! Kept free of I/O so every transition is unit-tested.
 
 use gantry_api::{ChatCompletionChunk, ChunkChoice, Delta};
-use gantry_engine::{Event, Usage};
+use gantry_engine::tools::{ParsedCall, StreamPiece, ToolCallStreamer};
+use gantry_engine::{Event, FinishReason, TokenLogprob, Usage};
 use serde_json::Value;
 
 use crate::chat::{to_api_logprobs, to_api_usage};
+use crate::tool_calls::{call_json, ToolPlan};
 
 /// What the SSE writer sends next.
 #[derive(Debug, PartialEq)]
@@ -23,11 +25,60 @@ pub struct ChunkEncoder {
     include_usage: bool,
     with_logprobs: bool,
     finished: bool,
+    /// With tools, text goes through one streamer per choice so calls leave as `tool_calls`
+    /// deltas, never as raw text.
+    tools: Option<StreamingTools>,
+}
+
+struct StreamingTools {
+    streamers: Vec<Option<ToolCallStreamer>>,
+    calls: Vec<usize>,
+    single: bool,
 }
 
 impl ChunkEncoder {
     pub fn new(id: String, created: u64, model: String, include_usage: bool, with_logprobs: bool) -> Self {
-        Self { id, created, model, include_usage, with_logprobs, finished: false }
+        Self { id, created, model, include_usage, with_logprobs, finished: false, tools: None }
+    }
+
+    pub fn with_tools(mut self, plan: Option<ToolPlan>, n: u32) -> Self {
+        self.tools = plan.map(|plan| StreamingTools {
+            streamers: (0..n).map(|_| Some(ToolCallStreamer::new(&plan.known()))).collect(),
+            calls: vec![0; n as usize],
+            single: plan.single,
+        });
+        self
+    }
+
+    fn content_frame(&self, choice: u32, text: String, logprobs: Option<Vec<TokenLogprob>>) -> SseFrame {
+        let delta = Delta { role: None, content: Some(text), tool_calls: None };
+        let logprobs = logprobs.filter(|_| self.with_logprobs).map(to_api_logprobs);
+        self.frame(vec![ChunkChoice { index: choice, delta, logprobs, finish_reason: None }], None)
+    }
+
+    /// Frames for pieces the tool streamer released (content, or whole calls).
+    fn piece_frames(&mut self, choice: u32, pieces: Vec<StreamPiece>, mut logprobs: Option<Vec<TokenLogprob>>) -> Vec<SseFrame> {
+        let mut frames = Vec::new();
+        for piece in pieces {
+            match piece {
+                StreamPiece::Content(text) => frames.push(self.content_frame(choice, text, logprobs.take())),
+                StreamPiece::Call { name, arguments, .. } => {
+                    let tools = self.tools.as_mut().expect("pieces come from tools");
+                    let index = tools.calls[choice as usize];
+                    if tools.single && index > 0 {
+                        continue;
+                    }
+                    tools.calls[choice as usize] += 1;
+                    let call = call_json(&ParsedCall { name, arguments }, Some(index));
+                    let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]) };
+                    frames.push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None));
+                }
+            }
+        }
+        if let Some(lp) = logprobs.filter(|lp| !lp.is_empty()) {
+            frames.push(self.content_frame(choice, String::new(), Some(lp)));
+        }
+        frames
     }
 
     /// The first chunk of every choice: `delta: {role: "assistant", content: ""}`.
@@ -47,14 +98,24 @@ impl ChunkEncoder {
         }
         match event {
             Event::Delta { choice, text, logprobs } => {
-                let delta = Delta { role: None, content: Some(text), tool_calls: None };
-                let logprobs = self.with_logprobs.then(|| to_api_logprobs(logprobs));
-                vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs, finish_reason: None }], None)]
+                let pieces = match self.tools.as_mut().and_then(|t| t.streamers[choice as usize].as_mut()) {
+                    Some(streamer) => streamer.push(&text),
+                    None => return vec![self.content_frame(choice, text, Some(logprobs))],
+                };
+                self.piece_frames(choice, pieces, Some(logprobs))
             }
             Event::Finished { choice, reason } => {
+                let rest = self.tools.as_mut().and_then(|t| t.streamers[choice as usize].take()).map(ToolCallStreamer::finish);
+                let mut frames = match rest {
+                    Some(pieces) => self.piece_frames(choice, pieces, None),
+                    None => Vec::new(),
+                };
+                let called = self.tools.as_ref().is_some_and(|t| t.calls[choice as usize] > 0);
+                let reason = if called && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
                 let delta = Delta { role: None, content: None, tool_calls: None };
-                let finish_reason = Some(reason.as_openai().to_string());
-                vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None)]
+                let finish_reason = Some(reason.to_string());
+                frames.push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None));
+                frames
             }
             Event::Done(usage) => {
                 self.finished = true;
@@ -163,5 +224,27 @@ mod tests {
         assert_eq!(data(&frames[0])["error"]["type"], "server_error");
         assert!(e.is_finished());
         assert!(e.on_event(Event::Done(Usage::default())).is_empty());
+    }
+
+    #[test]
+    fn tool_calls_leave_as_deltas_never_as_text() {
+        let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]});
+        let chat = gantry_api::parse_chat_request(body.to_string().as_bytes()).unwrap();
+        let plan = ToolPlan::from_request(&chat).unwrap();
+        let mut e = enc(false).with_tools(plan, 1);
+        let mut frames = Vec::new();
+        for piece in ["<tool_", "call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"] {
+            frames.extend(e.on_event(Event::Delta { choice: 0, text: piece.into(), logprobs: vec![] }));
+        }
+        frames.extend(e.on_event(Event::Finished { choice: 0, reason: FinishReason::Stop }));
+        let values: Vec<&Value> = frames.iter().map(data).collect();
+        assert!(values.iter().all(|v| v["choices"][0]["delta"]["content"].as_str().unwrap_or("").is_empty()), "{values:?}");
+        let call = &values[0]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(values.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
     }
 }

@@ -1,0 +1,118 @@
+"""Tools: calls parsed from what the model writes, forced by a grammar when tool_choice says so,
+streamed as OpenAI's tool-call deltas, and a full round trip through a tool result."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+
+from _util import collect_stream, user
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 60}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 40}},
+    "required": ["timezone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+CITIES = ["Paris", "Tokyo", "Lima", "Nairobi", "Oslo", "Toronto", "Hanoi", "Cairo", "Quito", "Perth"]
+
+
+def _check_call(call) -> None:
+    assert call.type == "function"
+    assert call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_auto_tool_round_trip(client, server):
+    messages = user("What is the weather in Paris right now, in celsius?")
+    first = client.chat.completions.create(model=server.model_id, messages=messages, tools=TOOLS, temperature=0, max_tokens=120)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    _check_call(call)
+    messages = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21, "sky": "sunny"})},
+    ]
+    final = client.chat.completions.create(model=server.model_id, messages=messages, tools=TOOLS, temperature=0, max_tokens=80)
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.choices[0].message.content, final
+    assert "21" in final.choices[0].message.content
+
+
+def test_required_and_named_choices_always_give_valid_calls(client, server):
+    jobs = []
+    for i in range(50):
+        city = CITIES[i % len(CITIES)]
+        if i % 2 == 0:
+            jobs.append((f"I am flying to {city} tomorrow. Anything I should know?", "required"))
+        else:
+            jobs.append((f"Tell me something about {city}.", {"type": "function", "function": {"name": "get_time"}}))
+
+    def ask(job):
+        prompt, choice = job
+        r = client.chat.completions.create(
+            model=server.model_id, messages=user(prompt), tools=TOOLS, tool_choice=choice, temperature=0.7, max_tokens=120
+        )
+        return job, r.choices[0]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(ask, jobs))
+    failures = []
+    for (prompt, choice), c in results:
+        try:
+            assert c.finish_reason == "tool_calls", c.finish_reason
+            assert c.message.tool_calls and len(c.message.tool_calls) == 1
+            call = c.message.tool_calls[0]
+            if isinstance(choice, dict):
+                assert call.function.name == "get_time"
+            _check_call(call)
+        except Exception as e:  # noqa: BLE001 - report all
+            failures.append(f"{prompt!r} {choice}: {e!r} {c.message}")
+    assert not failures, f"{len(failures)}/50 failed:\n" + "\n".join(failures)
+
+
+def test_streamed_tool_call_matches_non_streamed(client, server):
+    kw = dict(model=server.model_id, messages=user("Weather in Tokyo in fahrenheit?"), tools=TOOLS, tool_choice="required", temperature=0, max_tokens=120)
+    plain = client.chat.completions.create(**kw).choices[0]
+    stream = client.chat.completions.create(**kw, stream=True)
+    name, args, reasons, content = None, "", [], ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            if ch.delta.content:
+                content += ch.delta.content
+            for tc in ch.delta.tool_calls or []:
+                assert tc.index == 0
+                if tc.function.name:
+                    name = tc.function.name
+                    assert tc.id.startswith("call_") and tc.type == "function"
+                args += tc.function.arguments or ""
+            if ch.finish_reason:
+                reasons.append(ch.finish_reason)
+    assert "<tool_call>" not in content and "get_weather" not in content
+    assert reasons == ["tool_calls"]
+    assert name == plain.message.tool_calls[0].function.name
+    assert json.loads(args) == json.loads(plain.message.tool_calls[0].function.arguments)
+
+
+def test_tool_choice_none_answers_in_text(client, server):
+    r = client.chat.completions.create(
+        model=server.model_id, messages=user("Say hello."), tools=TOOLS, tool_choice="none", temperature=0, max_tokens=20
+    )
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
