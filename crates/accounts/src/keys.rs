@@ -36,6 +36,17 @@ pub struct KeyInfo {
     pub created_at: i64,
     /// Unix seconds; `None` while the key is active.
     pub revoked_at: Option<i64>,
+    /// Requests per minute; `None` is unlimited.
+    pub rpm_limit: Option<i64>,
+    /// Tokens (prompt + max completion) per minute; `None` is unlimited.
+    pub tpm_limit: Option<i64>,
+}
+
+/// Limits set on a key at creation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyLimits {
+    pub rpm: Option<i64>,
+    pub tpm: Option<i64>,
 }
 
 impl KeyInfo {
@@ -119,32 +130,31 @@ fn validate_name(name: &str) -> Result<&str, AccountsError> {
     Ok(name)
 }
 
-type KeyRow = (i64, String, String, i64, Option<i64>);
+type KeyRow = (i64, String, String, i64, Option<i64>, Option<i64>, Option<i64>);
 
-fn to_info((id, name, prefix, created_at, revoked_at): KeyRow) -> KeyInfo {
-    KeyInfo {
-        id,
-        name,
-        prefix,
-        created_at,
-        revoked_at,
-    }
+fn to_info((id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit): KeyRow) -> KeyInfo {
+    KeyInfo { id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit }
 }
 
-const KEY_COLUMNS: &str = "id, name, prefix, created_at, revoked_at";
+const KEY_COLUMNS: &str = "id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit";
 
-pub(crate) async fn create_key(pool: &SqlitePool, name: &str) -> Result<CreatedKey, AccountsError> {
+pub(crate) async fn create_key(pool: &SqlitePool, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
     let name = validate_name(name)?;
+    if limits.rpm.is_some_and(|n| n <= 0) || limits.tpm.is_some_and(|n| n <= 0) {
+        return Err(AccountsError::Invalid("rate limits must be positive".into()));
+    }
     let secret = generate_secret();
     let prefix = display_prefix(&secret);
     let row: KeyRow = sqlx::query_as(&format!(
-        "INSERT INTO api_keys (name, prefix, secret_hash, created_at) VALUES (?, ?, ?, ?) \
-         RETURNING {KEY_COLUMNS}"
+        "INSERT INTO api_keys (name, prefix, secret_hash, created_at, rpm_limit, tpm_limit) \
+         VALUES (?, ?, ?, ?, ?, ?) RETURNING {KEY_COLUMNS}"
     ))
     .bind(name)
     .bind(&prefix)
     .bind(hash_secret(&secret))
     .bind(now_unix())
+    .bind(limits.rpm)
+    .bind(limits.tpm)
     .fetch_one(pool)
     .await?;
     let key = to_info(row);
@@ -220,27 +230,20 @@ pub(crate) async fn authenticate(
         return Ok(None);
     }
     let hash = hash_secret(secret);
-    let row: Option<(i64, String, String, String, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT id, name, prefix, secret_hash, created_at, revoked_at \
-         FROM api_keys WHERE secret_hash = ?",
-    )
+    let row: Option<(String, i64, String, String, i64, Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(&format!(
+        "SELECT secret_hash, {KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?"
+    ))
     .bind(&hash)
     .fetch_optional(pool)
     .await?;
-    let Some((id, name, prefix, stored_hash, created_at, revoked_at)) = row else {
+    let Some((stored_hash, id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit)) = row else {
         return Ok(None);
     };
     let matches: bool = stored_hash.as_bytes().ct_eq(hash.as_bytes()).into();
     if !matches || revoked_at.is_some() {
         return Ok(None);
     }
-    Ok(Some(KeyInfo {
-        id,
-        name,
-        prefix,
-        created_at,
-        revoked_at,
-    }))
+    Ok(Some(KeyInfo { id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit }))
 }
 
 /// Resolves `id_or_name` (numeric id, then name, then display prefix; a full `sk-gantry-`

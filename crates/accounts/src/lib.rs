@@ -13,7 +13,7 @@ mod usage;
 
 pub use db::{BUSY_TIMEOUT, DB_FILE_NAME};
 pub use keys::{
-    generate_secret, looks_like_key, CreatedKey, KeyInfo, DISPLAY_PREFIX_LEN, MAX_KEY_LEN,
+    generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, DISPLAY_PREFIX_LEN, MAX_KEY_LEN,
     MIN_KEY_LEN, SECRET_PREFIX,
 };
 pub use usage::{UsageRecord, UsageRow};
@@ -62,7 +62,12 @@ impl Accounts {
 
     /// Creates a key with a fresh random secret. The secret is returned once and not stored.
     pub async fn create_key(&self, name: &str) -> Result<CreatedKey, AccountsError> {
-        keys::create_key(&self.pool, name).await
+        keys::create_key(&self.pool, name, KeyLimits::default()).await
+    }
+
+    /// Creates a key with rate limits (positive, or `None` for unlimited).
+    pub async fn create_key_with_limits(&self, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
+        keys::create_key(&self.pool, name, limits).await
     }
 
     /// Registers a caller-provided plaintext key (e.g. `gantry serve --api-key`). Idempotent:

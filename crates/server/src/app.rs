@@ -26,6 +26,7 @@ pub struct AppState {
     pub images: crate::images::ImageFetcher,
     /// Usage-record writes in flight; shutdown waits for them so no record is lost.
     pub usage_writers: tokio_util::task::TaskTracker,
+    pub rate_limits: Arc<crate::rate_limit::RateLimiter>,
 }
 
 pub struct RouterOptions {

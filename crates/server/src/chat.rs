@@ -49,6 +49,13 @@ pub async fn chat_completions(
     let started_at_ms = now_ms();
     let generate = prepare(&state, &chat, tools.as_ref()).await?;
     let n = generate.n;
+    let budget = generate.prompt.tokens.len() as u64 + u64::from(generate.max_tokens) * u64::from(n);
+    let (limits, admitted) = state.rate_limits.admit(&key, budget, std::time::Instant::now());
+    if let Err(refused) = admitted {
+        let mut response = refused.into_response();
+        limits.apply(response.headers_mut());
+        return Ok(response);
+    }
     let handle = state
         .engine
         .submit(generate)
@@ -64,12 +71,14 @@ pub async fn chat_completions(
 
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
-    if chat.stream {
-        Ok(stream_response(id, created, state.model_id.to_string(), &chat, tools, n, events).into_response())
+    let mut response = if chat.stream {
+        stream_response(id, created, state.model_id.to_string(), &chat, tools, n, events).into_response()
     } else {
         let response = collect_response(id, created, state.model_id.to_string(), &chat, tools.as_ref(), n, events).await?;
-        Ok(Json(response).into_response())
-    }
+        Json(response).into_response()
+    };
+    limits.apply(response.headers_mut());
+    Ok(response)
 }
 
 /// OpenAI accepts only JSON bodies; a form or text body is a client error, not a parse attempt.

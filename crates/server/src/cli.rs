@@ -90,6 +90,12 @@ pub enum KeysCommand {
     Create {
         #[arg(long)]
         name: String,
+        /// Requests per minute (default unlimited).
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        rpm: Option<i64>,
+        /// Tokens per minute, counted as prompt plus max_tokens (default unlimited).
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        tpm: Option<i64>,
         #[command(flatten)]
         data: DataDirArg,
     },

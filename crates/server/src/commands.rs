@@ -13,17 +13,22 @@ async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {
 
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
     match cmd {
-        KeysCommand::Create { name, data } => {
-            let created = open(&data).await?.create_key(&name).await?;
+        KeysCommand::Create { name, rpm, tpm, data } => {
+            let limits = gantry_accounts::KeyLimits { rpm, tpm };
+            let created = open(&data).await?.create_key_with_limits(&name, limits).await?;
             eprintln!("Created key {} ({}). The secret is shown only once:", created.key.id, created.key.name);
             println!("{}", created.secret);
         }
         KeysCommand::List { data } => {
             let keys = open(&data).await?.list_keys().await?;
-            println!("{:<6} {:<24} {:<18} {:<10}", "ID", "NAME", "PREFIX", "STATUS");
+            println!("{:<6} {:<24} {:<18} {:<10} {:>8} {:>10}", "ID", "NAME", "PREFIX", "STATUS", "RPM", "TPM");
+            let limit = |l: Option<i64>| l.map_or("-".to_string(), |n| n.to_string());
             for k in keys {
                 let status = if k.revoked_at.is_some() { "revoked" } else { "active" };
-                println!("{:<6} {:<24} {:<18} {:<10}", k.id, k.name, k.prefix, status);
+                println!(
+                    "{:<6} {:<24} {:<18} {:<10} {:>8} {:>10}",
+                    k.id, k.name, k.prefix, status, limit(k.rpm_limit), limit(k.tpm_limit)
+                );
             }
         }
         KeysCommand::Revoke { key, data } => {

@@ -5,6 +5,7 @@ mod chat;
 mod images;
 pub mod cli;
 pub mod commands;
+mod rate_limit;
 mod request_id;
 pub mod serve;
 mod stream;

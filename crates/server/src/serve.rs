@@ -49,6 +49,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         model_created: created,
         images: Default::default(),
         usage_writers: usage_writers.clone(),
+        rate_limits: Default::default(),
     };
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 

@@ -100,3 +100,37 @@ async fn sigterm_exits_cleanly() {
     assert!(status.success(), "exit status {status:?}");
     let _ = KEY;
 }
+
+#[tokio::test]
+async fn rate_limits_answer_429_with_openai_headers() {
+    let s = TestServer::start(&[]);
+    let out = gantry()
+        .args(["keys", "create", "--name", "limited", "--rpm", "2", "--tpm", "100000"])
+        .arg("--data-dir")
+        .arg(s.data_dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let send = || s.client().post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&body).send();
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let h = first.headers();
+    assert_eq!(h["x-ratelimit-limit-requests"], "2");
+    assert_eq!(h["x-ratelimit-remaining-requests"], "1");
+    assert_eq!(h["x-ratelimit-limit-tokens"], "100000");
+    assert!(h["x-ratelimit-remaining-tokens"].to_str().unwrap().parse::<u64>().unwrap() < 100000);
+    assert!(h["x-ratelimit-reset-requests"].to_str().unwrap().ends_with('s'));
+    assert_eq!(send().await.unwrap().status(), 200);
+    let third = send().await.unwrap();
+    assert_eq!(third.status(), 429);
+    assert_eq!(third.headers()["x-ratelimit-remaining-requests"], "0");
+    let retry: u64 = third.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    let v: Value = third.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(v["error"]["type"], "requests");
+    // Another key is not affected.
+    assert_eq!(s.chat(body.clone()).send().await.unwrap().status(), 200);
+}
