@@ -10,8 +10,11 @@ RELEASE_BIN := target/release/gantry
 DEBUG_BIN := target/debug/gantry
 VENV ?= $(HOME)/.cache/gantry/venv
 E2E_MODELS ?= qwen2.5-coder-0.5b
+BENCH_MODEL ?= qwen2.5-coder-0.5b
+# Extra gantry-bench flags, e.g. BENCH_ARGS="--concurrency 1,4 --requests 8 --servers gantry".
+BENCH_ARGS ?=
 
-.PHONY: serve build deps test test-rust test-e2e models-e2e clean
+.PHONY: serve build deps test test-rust test-e2e models-e2e bench clean
 
 deps:
 	@scripts/install-build-deps.sh
@@ -37,6 +40,14 @@ models-e2e:
 test-e2e: models-e2e
 	@scripts/python-venv.sh >/dev/null
 	GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e
+
+# Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), same
+# GGUF, one server at a time; prints ratios and writes docs/benchmarks.md + docs/bench-chart.svg.
+bench: deps
+	$(CARGO) build --release -p gantry-server -p gantry-bench
+	@ref="$$(scripts/build-reference-llama-server.sh)" && \
+	model="$$($(RELEASE_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
+	set -x && target/release/gantry-bench --gantry-bin $(RELEASE_BIN) --reference-bin "$$ref" --model "$$model" $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean
