@@ -26,8 +26,10 @@ serve: build
 	$(RELEASE_BIN) models pull $(MODEL)
 	$(RELEASE_BIN) serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
+# Builds the same package set as `cargo test --workspace`, so features unify once and llama.cpp
+# compiles once.
 test: deps
-	$(CARGO) build -p gantry-server -p tiny-gguf
+	$(CARGO) build --workspace --all-targets
 	$(MAKE) test-rust
 	$(MAKE) test-e2e
 
