@@ -104,9 +104,21 @@ fn machine() -> String {
     )
 }
 
+fn loadavg() -> String {
+    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
 async fn bench_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettings, workloads: &[(Workload, Vec<(usize, usize)>)]) -> Result<ServerRun> {
+    let load_before = loadavg();
+    let busy = load_before.split(' ').next().and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    if busy > 0.5 * settings.threads as f64 {
+        eprintln!("[bench] warning: load average {load_before} before starting {}; other work skews the results", kind.label());
+    }
     let running = servers::start(kind, bin, settings).await?;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(900)).pool_max_idle_per_host(256).build()?;
+    // No connection reuse: llama-server (cpp-httplib) closes idle keep-alive connections, and a
+    // request racing that close fails. A fresh localhost connection per request costs both the same.
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(900)).pool_max_idle_per_host(0).build()?;
     let target = Target {
         client,
         base_url: running.base_url.clone(),
@@ -141,6 +153,7 @@ async fn bench_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
         name: kind.label().to_string(),
         version: running.version.clone(),
         command: running.command.clone(),
+        load_before,
         levels,
     };
     running.stop().await?;
@@ -211,12 +224,20 @@ async fn main() -> Result<()> {
             "- Model: `{}` ({model_size:.0} MB)\n- Threads: {}, parallel sequences/slots: {}, context per sequence: {} (llama-server `-c {}`)\n\
              - Workload `chat`: ~{} prompt tokens (distinct per request), max_tokens {}, temperature {}, concurrency {:?}, {} requests per level (closed loop)\n\
              - Workload `shared-prefix`: one shared ~{}-token system prompt + a short distinct user turn, concurrency {}, {} requests\n\
-             - Each server is warmed up with one short request before measuring; servers run one at a time.",
+             - Each server is warmed up with one short request before measuring; servers run one at a time.\n\
+             - Kernels: Gantry links llama.cpp through the `llama-cpp-sys-2` crate, built with `GGML_NATIVE=OFF` \
+             (AVX/AVX2/FMA/F16C, no AVX-512); the reference is built from source with the same CPU flags by default \
+             (`REFERENCE_NATIVE=1` builds it with `-march=native`). The two llama.cpp revisions differ.",
             settings.model.display(), settings.threads, settings.parallel, settings.ctx_per_seq, settings.ctx_per_seq * settings.parallel,
             cli.prompt_tokens, cli.max_tokens, cli.temperature, cli.concurrency, cli.requests,
             cli.shared_prefix_tokens, cli.shared_prefix_concurrency, cli.shared_prefix_requests,
         ),
         chart_file: chart_ref,
+        reference_build: cli
+            .reference_bin
+            .as_ref()
+            .filter(|_| runs.iter().any(|r| r.name == REFERENCE))
+            .and_then(|b| std::fs::read_to_string(b.with_file_name("BUILD_INFO")).ok()),
     };
     for p in [&cli.out, &cli.chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

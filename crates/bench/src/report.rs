@@ -11,6 +11,8 @@ pub struct ServerRun {
     pub name: String,
     pub version: String,
     pub command: String,
+    /// /proc/loadavg just before the server started: other work on the machine skews results.
+    pub load_before: String,
     pub levels: Vec<LevelResult>,
 }
 
@@ -116,6 +118,8 @@ pub struct Context {
     pub bench_command: String,
     pub settings: String,
     pub chart_file: String,
+    /// How the reference was built (its BUILD_INFO), if known.
+    pub reference_build: Option<String>,
 }
 
 pub fn markdown(runs: &[ServerRun], ctx: &Context) -> String {
@@ -145,6 +149,17 @@ pub fn markdown(runs: &[ServerRun], ctx: &Context) -> String {
     }
     let _ = writeln!(md, "\n## Settings\n\n{}\n", ctx.settings);
     let _ = writeln!(md, "## Machine\n\n```\n{}\n```\n", ctx.machine.trim_end());
+    for r in runs {
+        let _ = writeln!(md, "Load average (1/5/15 min) before {} started: {}  ", r.name, r.load_before);
+    }
+    let _ = writeln!(
+        md,
+        "\nThe benchmark shares the CPU with anything else running; a load average well above 0 before a \
+         server started means the numbers for it are depressed and noisy.\n"
+    );
+    if let Some(info) = &ctx.reference_build {
+        let _ = writeln!(md, "## Reference build\n\nBuilt from source by `scripts/build-reference-llama-server.sh`:\n\n```\n{}\n```\n", info.trim_end());
+    }
     let _ = writeln!(md, "## Commands\n\nBenchmark:\n\n```\n{}\n```\n", ctx.bench_command);
     for r in runs {
         let _ = writeln!(md, "{} ({}):\n\n```\n{}\n```\n", r.name, r.version, r.command);
@@ -174,14 +189,15 @@ pub fn svg(runs: &[ServerRun], workload: &str) -> String {
         c
     };
     let (pw, ph, top, left) = (380.0, 240.0, 50.0, 60.0);
-    let (width, height) = (2.0 * (pw + left) + 40.0, top + ph + 80.0);
+    let (width, height) = (2.0 * (pw + left) + 70.0, top + ph + 80.0);
     let mut s = String::new();
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let metrics: [(&str, fn(&LevelResult) -> Option<f64>); 2] = [
+    type Metric = fn(&LevelResult) -> Option<f64>;
+    let metrics: [(&str, Metric); 2] = [
         ("Completion tokens/s (higher is better)", |l| Some(l.tokens_per_s)),
         ("TTFT p50, ms (lower is better)", |l| l.ttft_p50_ms),
     ];
@@ -199,7 +215,10 @@ pub fn svg(runs: &[ServerRun], workload: &str) -> String {
             })
             .collect();
         let ymax = nice_max(series.iter().flat_map(|(_, p)| p.iter().map(|x| x.1)).fold(0.0, f64::max));
-        let xpos = |i: usize| x0 + if levels.len() > 1 { pw * i as f64 / (levels.len() - 1) as f64 } else { pw / 2.0 };
+        let pad = 24.0;
+        let xpos = |i: usize| {
+            x0 + if levels.len() > 1 { pad + (pw - 2.0 * pad) * i as f64 / (levels.len() - 1) as f64 } else { pw / 2.0 }
+        };
         let ypos = |v: f64| top + ph - ph * v / ymax;
         let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#, x0 + pw / 2.0, top - 20.0, esc(title));
         for t in 0..=5 {
@@ -257,8 +276,8 @@ mod tests {
 
     fn run(name: &str, tps: f64) -> ServerRun {
         let s = RequestSample { ttft: Some(0.2), itl: vec![0.05], completion_tokens: tps as u64, ..Default::default() };
-        let levels = [1, 4].iter().map(|c| summarize("chat", *c, &[s.clone()], 1.0)).collect();
-        ServerRun { name: name.into(), version: "v".into(), command: "cmd".into(), levels }
+        let levels = [1, 4].iter().map(|c| summarize("chat", *c, std::slice::from_ref(&s), 1.0)).collect();
+        ServerRun { name: name.into(), version: "v".into(), command: "cmd".into(), load_before: "0.00".into(), levels }
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running
     let model = s.model.display().to_string();
     let (args, api_key): (Vec<String>, Option<String>) = match kind {
         Kind::Gantry => {
-            let key = format!("sk-bench-{port}");
+            let key = format!("sk-gantry-bench-key-{port:05}");
             let a = [
                 "serve", "--model", &model, "--port", &port.to_string(), "--host", "127.0.0.1", "--data-dir",
                 &dir.path().join("data").display().to_string(), "--api-key", &key, "--parallel",
