@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 use subtle::ConstantTimeEq;
 
+use crate::budget::{Budget, BudgetPeriod};
 use crate::AccountsError;
 
 /// Every generated secret starts with this.
@@ -30,16 +31,23 @@ pub const MAX_NAME_LEN: usize = 200;
 pub struct KeyInfo {
     pub id: i64,
     pub name: String,
+    /// The project or customer the key belongs to; usage is reported per tenant.
+    pub tenant: String,
     /// Leading characters of the secret, e.g. `sk-gantry-AbCd`.
     pub prefix: String,
     /// Unix seconds.
     pub created_at: i64,
     /// Unix seconds; `None` while the key is active.
     pub revoked_at: Option<i64>,
+    /// Unix seconds after which the key no longer authenticates; `None` never expires.
+    pub expires_at: Option<i64>,
     /// Requests per minute; `None` is unlimited.
     pub rpm_limit: Option<i64>,
     /// Tokens (prompt + max completion) per minute; `None` is unlimited.
     pub tpm_limit: Option<i64>,
+    pub budget: Budget,
+    /// Model ids the key may use; `None` allows every model.
+    pub allowed_models: Option<Vec<String>>,
 }
 
 /// Limits set on a key at creation.
@@ -52,6 +60,78 @@ pub struct KeyLimits {
 impl KeyInfo {
     pub fn is_active(&self) -> bool {
         self.revoked_at.is_none()
+    }
+
+    /// True once `now` (unix seconds) has reached the key's expiry.
+    pub fn is_expired_at(&self, now: i64) -> bool {
+        self.expires_at.is_some_and(|t| now >= t)
+    }
+
+    pub fn is_expired(&self) -> bool {
+        self.is_expired_at(now_unix())
+    }
+
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.allowed_models.as_ref().is_none_or(|m| m.iter().any(|x| x == model))
+    }
+}
+
+/// Everything settable on a new key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewKey {
+    pub name: String,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub rpm_limit: Option<i64>,
+    #[serde(default)]
+    pub tpm_limit: Option<i64>,
+    #[serde(default)]
+    pub budget: Budget,
+    #[serde(default)]
+    pub allowed_models: Option<Vec<String>>,
+    #[serde(default)]
+    pub expires_at: Option<i64>,
+}
+
+/// A partial change to a key: `None` leaves a field alone, `Some(None)` clears an optional one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyUpdate {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default, with = "double_option")]
+    pub rpm_limit: Option<Option<i64>>,
+    #[serde(default, with = "double_option")]
+    pub tpm_limit: Option<Option<i64>>,
+    #[serde(default, with = "double_option")]
+    pub budget_tokens: Option<Option<i64>>,
+    #[serde(default, with = "double_option")]
+    pub budget_nanos: Option<Option<i64>>,
+    #[serde(default)]
+    pub budget_period: Option<BudgetPeriod>,
+    #[serde(default, with = "double_option")]
+    pub allowed_models: Option<Option<Vec<String>>>,
+    #[serde(default, with = "double_option")]
+    pub expires_at: Option<Option<i64>>,
+}
+
+/// JSON `null` means "clear", an absent field means "leave alone".
+mod double_option {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(v: &Option<Option<T>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            None => s.serialize_none(),
+            Some(inner) => inner.serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
     }
 }
 
@@ -113,7 +193,7 @@ pub(crate) fn display_prefix(secret: &str) -> String {
     secret[..n].to_string()
 }
 
-fn now_unix() -> i64 {
+pub(crate) fn now_unix() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
@@ -130,36 +210,189 @@ fn validate_name(name: &str) -> Result<&str, AccountsError> {
     Ok(name)
 }
 
-type KeyRow = (i64, String, String, i64, Option<i64>, Option<i64>, Option<i64>);
-
-fn to_info((id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit): KeyRow) -> KeyInfo {
-    KeyInfo { id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit }
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    id: i64,
+    name: String,
+    tenant: String,
+    prefix: String,
+    created_at: i64,
+    revoked_at: Option<i64>,
+    expires_at: Option<i64>,
+    rpm_limit: Option<i64>,
+    tpm_limit: Option<i64>,
+    budget_tokens: Option<i64>,
+    budget_nanos: Option<i64>,
+    budget_period: String,
+    allowed_models: Option<String>,
 }
 
-const KEY_COLUMNS: &str = "id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit";
+fn to_info(r: KeyRow) -> KeyInfo {
+    KeyInfo {
+        id: r.id,
+        name: r.name,
+        tenant: r.tenant,
+        prefix: r.prefix,
+        created_at: r.created_at,
+        revoked_at: r.revoked_at,
+        expires_at: r.expires_at,
+        rpm_limit: r.rpm_limit,
+        tpm_limit: r.tpm_limit,
+        budget: Budget {
+            tokens: r.budget_tokens,
+            nanos: r.budget_nanos,
+            period: r.budget_period.parse().unwrap_or(BudgetPeriod::Total),
+        },
+        // Written only by this crate from a Vec<String>; unreadable means "nothing allowed"
+        // rather than "everything allowed".
+        allowed_models: r.allowed_models.map(|j| serde_json::from_str(&j).unwrap_or_default()),
+    }
+}
+
+const KEY_COLUMNS: &str = "id, name, tenant, prefix, created_at, revoked_at, expires_at, rpm_limit, tpm_limit, \
+                           budget_tokens, budget_nanos, budget_period, allowed_models";
+
+fn validate_tenant(tenant: &str) -> Result<&str, AccountsError> {
+    let t = tenant.trim();
+    if t.is_empty() || t.len() > MAX_NAME_LEN || t.chars().any(char::is_control) {
+        return Err(AccountsError::Invalid(format!(
+            "tenant must be 1..={MAX_NAME_LEN} bytes without control characters"
+        )));
+    }
+    Ok(t)
+}
+
+fn validate_positive(what: &str, v: Option<i64>) -> Result<(), AccountsError> {
+    match v {
+        Some(n) if n <= 0 => Err(AccountsError::Invalid(format!("{what} must be positive"))),
+        _ => Ok(()),
+    }
+}
+
+fn models_json(models: Option<&[String]>) -> Result<Option<String>, AccountsError> {
+    let Some(models) = models else { return Ok(None) };
+    if models.iter().any(|m| m.trim().is_empty()) {
+        return Err(AccountsError::Invalid("allowed model ids must not be empty".into()));
+    }
+    Ok(Some(serde_json::to_string(models).expect("strings serialize")))
+}
 
 pub(crate) async fn create_key(pool: &SqlitePool, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
-    let name = validate_name(name)?;
-    if limits.rpm.is_some_and(|n| n <= 0) || limits.tpm.is_some_and(|n| n <= 0) {
-        return Err(AccountsError::Invalid("rate limits must be positive".into()));
-    }
+    let spec = NewKey { name: name.to_string(), rpm_limit: limits.rpm, tpm_limit: limits.tpm, ..Default::default() };
+    create(pool, &spec).await
+}
+
+pub(crate) async fn create(pool: &SqlitePool, spec: &NewKey) -> Result<CreatedKey, AccountsError> {
+    let name = validate_name(&spec.name)?;
+    let tenant = validate_tenant(spec.tenant.as_deref().unwrap_or("default"))?;
+    validate_positive("rpm limit", spec.rpm_limit)?;
+    validate_positive("tpm limit", spec.tpm_limit)?;
+    validate_positive("token budget", spec.budget.tokens)?;
+    validate_positive("money budget", spec.budget.nanos)?;
+    let models = models_json(spec.allowed_models.as_deref())?;
     let secret = generate_secret();
     let prefix = display_prefix(&secret);
     let row: KeyRow = sqlx::query_as(&format!(
-        "INSERT INTO api_keys (name, prefix, secret_hash, created_at, rpm_limit, tpm_limit) \
-         VALUES (?, ?, ?, ?, ?, ?) RETURNING {KEY_COLUMNS}"
+        "INSERT INTO api_keys (name, tenant, prefix, secret_hash, created_at, expires_at, rpm_limit, tpm_limit, \
+         budget_tokens, budget_nanos, budget_period, allowed_models) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {KEY_COLUMNS}"
     ))
     .bind(name)
+    .bind(tenant)
     .bind(&prefix)
     .bind(hash_secret(&secret))
     .bind(now_unix())
-    .bind(limits.rpm)
-    .bind(limits.tpm)
+    .bind(spec.expires_at)
+    .bind(spec.rpm_limit)
+    .bind(spec.tpm_limit)
+    .bind(spec.budget.tokens)
+    .bind(spec.budget.nanos)
+    .bind(spec.budget.period.as_str())
+    .bind(models)
     .fetch_one(pool)
     .await?;
     let key = to_info(row);
     tracing::info!(key_id = key.id, name = %key.name, prefix = %key.prefix, "created API key");
     Ok(CreatedKey { key, secret })
+}
+
+/// Applies a partial update to the key `id_or_name` resolves to; returns the key as stored.
+pub(crate) async fn update(pool: &SqlitePool, id_or_name: &str, u: &KeyUpdate) -> Result<KeyInfo, AccountsError> {
+    let key = resolve(pool, id_or_name.trim()).await?;
+    let name = u.name.as_deref().map(validate_name).transpose()?;
+    let tenant = u.tenant.as_deref().map(validate_tenant).transpose()?;
+    validate_positive("rpm limit", u.rpm_limit.flatten())?;
+    validate_positive("tpm limit", u.tpm_limit.flatten())?;
+    validate_positive("token budget", u.budget_tokens.flatten())?;
+    validate_positive("money budget", u.budget_nanos.flatten())?;
+    let models = match &u.allowed_models {
+        Some(m) => Some(models_json(m.as_deref())?),
+        None => None,
+    };
+    // One statement: each column keeps its value unless the update names it.
+    let row: KeyRow = sqlx::query_as(&format!(
+        "UPDATE api_keys SET \
+           name = CASE WHEN ? THEN ? ELSE name END, \
+           tenant = CASE WHEN ? THEN ? ELSE tenant END, \
+           rpm_limit = CASE WHEN ? THEN ? ELSE rpm_limit END, \
+           tpm_limit = CASE WHEN ? THEN ? ELSE tpm_limit END, \
+           budget_tokens = CASE WHEN ? THEN ? ELSE budget_tokens END, \
+           budget_nanos = CASE WHEN ? THEN ? ELSE budget_nanos END, \
+           budget_period = CASE WHEN ? THEN ? ELSE budget_period END, \
+           allowed_models = CASE WHEN ? THEN ? ELSE allowed_models END, \
+           expires_at = CASE WHEN ? THEN ? ELSE expires_at END \
+         WHERE id = ? RETURNING {KEY_COLUMNS}"
+    ))
+    .bind(name.is_some())
+    .bind(name)
+    .bind(tenant.is_some())
+    .bind(tenant)
+    .bind(u.rpm_limit.is_some())
+    .bind(u.rpm_limit.flatten())
+    .bind(u.tpm_limit.is_some())
+    .bind(u.tpm_limit.flatten())
+    .bind(u.budget_tokens.is_some())
+    .bind(u.budget_tokens.flatten())
+    .bind(u.budget_nanos.is_some())
+    .bind(u.budget_nanos.flatten())
+    .bind(u.budget_period.is_some())
+    .bind(u.budget_period.map(|p| p.as_str()))
+    .bind(models.is_some())
+    .bind(models.flatten())
+    .bind(u.expires_at.is_some())
+    .bind(u.expires_at.flatten())
+    .bind(key.id)
+    .fetch_one(pool)
+    .await?;
+    let key = to_info(row);
+    tracing::info!(key_id = key.id, name = %key.name, "updated API key");
+    Ok(key)
+}
+
+/// Gives an active key a new secret; the old one stops working at once. The key keeps its id,
+/// settings, budget and usage history.
+pub(crate) async fn rotate(pool: &SqlitePool, id_or_name: &str) -> Result<CreatedKey, AccountsError> {
+    let key = resolve(pool, id_or_name.trim()).await?;
+    if !key.is_active() {
+        return Err(AccountsError::KeyRevoked);
+    }
+    let secret = generate_secret();
+    let row: KeyRow = sqlx::query_as(&format!(
+        "UPDATE api_keys SET prefix = ?, secret_hash = ? WHERE id = ? AND revoked_at IS NULL RETURNING {KEY_COLUMNS}"
+    ))
+    .bind(display_prefix(&secret))
+    .bind(hash_secret(&secret))
+    .bind(key.id)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(AccountsError::KeyRevoked)?;
+    let key = to_info(row);
+    tracing::info!(key_id = key.id, name = %key.name, prefix = %key.prefix, "rotated API key");
+    Ok(CreatedKey { key, secret })
+}
+
+pub(crate) async fn find(pool: &SqlitePool, id_or_name: &str) -> Result<KeyInfo, AccountsError> {
+    resolve(pool, id_or_name.trim()).await
 }
 
 pub(crate) async fn ensure_key(
@@ -222,6 +455,8 @@ pub(crate) async fn count_active_keys(pool: &SqlitePool) -> Result<u64, Accounts
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// The key a presented secret belongs to, unless unknown or revoked. Expired keys are returned
+/// (the caller tells the client why it is refused).
 pub(crate) async fn authenticate(
     pool: &SqlitePool,
     secret: &str,
@@ -230,20 +465,25 @@ pub(crate) async fn authenticate(
         return Ok(None);
     }
     let hash = hash_secret(secret);
-    let row: Option<(String, i64, String, String, i64, Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(&format!(
+    let row: Option<(String, KeyRow)> = sqlx::query(&format!(
         "SELECT secret_hash, {KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?"
     ))
     .bind(&hash)
     .fetch_optional(pool)
-    .await?;
-    let Some((stored_hash, id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit)) = row else {
+    .await?
+    .map(|r| {
+        use sqlx::{FromRow, Row};
+        Ok::<_, sqlx::Error>((r.try_get::<String, _>("secret_hash")?, KeyRow::from_row(&r)?))
+    })
+    .transpose()?;
+    let Some((stored_hash, row)) = row else {
         return Ok(None);
     };
     let matches: bool = stored_hash.as_bytes().ct_eq(hash.as_bytes()).into();
-    if !matches || revoked_at.is_some() {
+    if !matches || row.revoked_at.is_some() {
         return Ok(None);
     }
-    Ok(Some(KeyInfo { id, name, prefix, created_at, revoked_at, rpm_limit, tpm_limit }))
+    Ok(Some(to_info(row)))
 }
 
 /// Resolves `id_or_name` (numeric id, then name, then display prefix; a full `sk-gantry-`

@@ -7,16 +7,19 @@ use std::path::Path;
 
 use sqlx::SqlitePool;
 
+mod budget;
 mod db;
 mod keys;
 mod usage;
 
+pub use budget::{Budget, BudgetPeriod, Price, Reservation, Spend, NANOS_PER_USD};
+
 pub use db::{BUSY_TIMEOUT, DB_FILE_NAME};
 pub use keys::{
-    generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, DISPLAY_PREFIX_LEN, MAX_KEY_LEN,
-    MIN_KEY_LEN, SECRET_PREFIX,
+    generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, KeyUpdate, NewKey, DISPLAY_PREFIX_LEN,
+    MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
 };
-pub use usage::{UsageRecord, UsageRow};
+pub use usage::{UsageQuery, UsageRecord, UsageRow};
 
 /// Errors from the accounts store.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +34,9 @@ pub enum AccountsError {
     Ambiguous(String),
     #[error("API key has been revoked")]
     KeyRevoked,
+    /// The key's budget cannot cover the request (OpenAI's `insufficient_quota`).
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("invalid input: {0}")]
     Invalid(String),
     #[error("I/O error: {0}")]
@@ -101,15 +107,61 @@ impl Accounts {
         keys::authenticate(&self.pool, secret).await
     }
 
-    /// Records one request's usage exactly once per `request_id` (duplicates are ignored).
-    /// `key_id` must reference an existing key.
-    pub async fn record_usage(&self, rec: &UsageRecord) -> Result<(), AccountsError> {
-        usage::record_usage(&self.pool, rec).await
+    /// Creates a key with every setting of [`NewKey`]; the secret is returned once.
+    pub async fn create_key_from(&self, spec: &NewKey) -> Result<CreatedKey, AccountsError> {
+        keys::create(&self.pool, spec).await
     }
 
-    /// Usage totals grouped by key name and model, ordered by key name then model.
+    /// The key `id_or_name` resolves to (see [`Accounts::revoke_key`] for the rules).
+    pub async fn find_key(&self, id_or_name: &str) -> Result<KeyInfo, AccountsError> {
+        keys::find(&self.pool, id_or_name).await
+    }
+
+    /// Changes the fields `update` names; returns the key as stored.
+    pub async fn update_key(&self, id_or_name: &str, update: &KeyUpdate) -> Result<KeyInfo, AccountsError> {
+        keys::update(&self.pool, id_or_name, update).await
+    }
+
+    /// A new secret for the same key; the old secret stops working at once.
+    pub async fn rotate_key(&self, id_or_name: &str) -> Result<CreatedKey, AccountsError> {
+        keys::rotate(&self.pool, id_or_name).await
+    }
+
+    /// Holds a request's maximum cost against the key's budget before it reaches the engine;
+    /// [`AccountsError::QuotaExceeded`] when the budget cannot cover it.
+    pub async fn reserve(&self, key: &KeyInfo, reservation: &Reservation) -> Result<(), AccountsError> {
+        budget::reserve(&self.pool, key, reservation).await
+    }
+
+    /// Gives back a reservation of a request that never ran.
+    pub async fn release(&self, request_id: &str) -> Result<(), AccountsError> {
+        budget::release(&self.pool, request_id).await
+    }
+
+    /// Releases what a previous run of server `owner` still held (it crashed mid-request).
+    pub async fn release_reservations_of(&self, owner: &str) -> Result<u64, AccountsError> {
+        budget::release_owner(&self.pool, owner).await
+    }
+
+    /// The key's settled and reserved spend in the budget period containing `at_ms`.
+    pub async fn spend(&self, key: &KeyInfo, at_ms: i64) -> Result<Spend, AccountsError> {
+        budget::spend(&self.pool, key, at_ms).await
+    }
+
+    /// Records one request's usage exactly once per `request_id` (duplicates are ignored) and
+    /// settles its reservation, if any. `key_id` must reference an existing key.
+    pub async fn record_usage(&self, rec: &UsageRecord) -> Result<(), AccountsError> {
+        budget::settle(&self.pool, rec).await
+    }
+
+    /// Usage totals grouped by key name, tenant and model.
     pub async fn usage_summary(&self) -> Result<Vec<UsageRow>, AccountsError> {
-        usage::usage_summary(&self.pool).await
+        usage::report(&self.pool, &UsageQuery::default()).await
+    }
+
+    /// Usage totals filtered and grouped as `query` says.
+    pub async fn usage_report(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
+        usage::report(&self.pool, query).await
     }
 
     /// Closes the pool, waiting for connections to finish (checkpoints the WAL).

@@ -1,8 +1,9 @@
-//! The usage ledger: one row per request, recorded exactly once.
+//! The usage ledger: one row per request, recorded exactly once, and reports over it.
 
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 
+use crate::budget::NANOS_PER_USD;
 use crate::AccountsError;
 
 /// Token usage of one finished (or failed) request.
@@ -15,6 +16,8 @@ pub struct UsageRecord {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub completion_tokens: u32,
+    /// Cost at the model's configured price, USD × 1e9 (0 when the model has no price).
+    pub cost_nanos: i64,
     /// `"completed"`, `"length"`, `"cancelled"` or `"error"`.
     pub outcome: String,
     /// Unix milliseconds.
@@ -23,71 +26,76 @@ pub struct UsageRecord {
     pub finished_at_ms: i64,
 }
 
-/// Usage totals for one key name and model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Usage totals for one group (key, tenant, model and, when asked for, day).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageRow {
     pub key_name: String,
+    pub tenant: String,
     pub model: String,
+    /// `YYYY-MM-DD` (UTC) when grouped by day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub day: Option<String>,
     pub requests: u64,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
+    /// USD.
+    pub cost: f64,
 }
 
-pub(crate) async fn record_usage(
-    pool: &SqlitePool,
-    rec: &UsageRecord,
-) -> Result<(), AccountsError> {
-    let inserted = sqlx::query(
-        "INSERT INTO usage_records (request_id, key_id, model, prompt_tokens, cached_tokens, \
-         completion_tokens, outcome, started_at_ms, finished_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
-         ON CONFLICT (request_id) DO NOTHING",
-    )
-    .bind(&rec.request_id)
-    .bind(rec.key_id)
-    .bind(&rec.model)
-    .bind(i64::from(rec.prompt_tokens))
-    .bind(i64::from(rec.cached_tokens))
-    .bind(i64::from(rec.completion_tokens))
-    .bind(&rec.outcome)
-    .bind(rec.started_at_ms)
-    .bind(rec.finished_at_ms)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    if inserted == 0 {
-        tracing::debug!(request_id = %rec.request_id, "usage already recorded; ignoring duplicate");
-    }
-    Ok(())
+/// Filters and grouping of a usage report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageQuery {
+    pub key_name: Option<String>,
+    pub tenant: Option<String>,
+    pub model: Option<String>,
+    /// Requests started at or after this moment (unix milliseconds).
+    pub since_ms: Option<i64>,
+    /// Requests started before this moment (unix milliseconds).
+    pub until_ms: Option<i64>,
+    /// One row per UTC day as well.
+    pub by_day: bool,
 }
 
-pub(crate) async fn usage_summary(pool: &SqlitePool) -> Result<Vec<UsageRow>, AccountsError> {
+type ReportRow = (String, String, String, Option<String>, i64, i64, i64, i64, i64);
+
+pub(crate) async fn report(pool: &SqlitePool, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
+    let day = if q.by_day { "strftime('%Y-%m-%d', u.started_at_ms / 1000, 'unixepoch')" } else { "NULL" };
     // CASTs keep the result types BIGINT on PostgreSQL too, where SUM(bigint) is NUMERIC.
-    let rows: Vec<(String, String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT k.name, u.model, \
+    let sql = format!(
+        "SELECT k.name, u.tenant, u.model, {day} AS day, \
                 CAST(COUNT(*) AS BIGINT), \
                 CAST(COALESCE(SUM(u.prompt_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cached_tokens), 0) AS BIGINT), \
-                CAST(COALESCE(SUM(u.completion_tokens), 0) AS BIGINT) \
+                CAST(COALESCE(SUM(u.completion_tokens), 0) AS BIGINT), \
+                CAST(COALESCE(SUM(u.cost_nanos), 0) AS BIGINT) \
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
-         GROUP BY k.name, u.model \
-         ORDER BY k.name, u.model",
-    )
-    .fetch_all(pool)
-    .await?;
+         WHERE (?1 IS NULL OR k.name = ?1) AND (?2 IS NULL OR u.tenant = ?2) AND (?3 IS NULL OR u.model = ?3) \
+           AND (?4 IS NULL OR u.started_at_ms >= ?4) AND (?5 IS NULL OR u.started_at_ms < ?5) \
+         GROUP BY k.name, u.tenant, u.model, day \
+         ORDER BY k.name, u.tenant, u.model, day"
+    );
+    let rows: Vec<ReportRow> = sqlx::query_as(&sql)
+        .bind(&q.key_name)
+        .bind(&q.tenant)
+        .bind(&q.model)
+        .bind(q.since_ms)
+        .bind(q.until_ms)
+        .fetch_all(pool)
+        .await?;
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()
-        .map(
-            |(key_name, model, requests, prompt, cached, completion)| UsageRow {
-                key_name,
-                model,
-                requests: to_u64(requests),
-                prompt_tokens: to_u64(prompt),
-                cached_tokens: to_u64(cached),
-                completion_tokens: to_u64(completion),
-            },
-        )
+        .map(|(key_name, tenant, model, day, requests, prompt, cached, completion, nanos)| UsageRow {
+            key_name,
+            tenant,
+            model,
+            day,
+            requests: to_u64(requests),
+            prompt_tokens: to_u64(prompt),
+            cached_tokens: to_u64(cached),
+            completion_tokens: to_u64(completion),
+            cost: nanos as f64 / NANOS_PER_USD as f64,
+        })
         .collect())
 }

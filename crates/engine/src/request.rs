@@ -92,6 +92,32 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub completion_tokens: u32,
+    pub outcome: Outcome,
+}
+
+/// How a request ended, for the usage ledger.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every choice stopped on its own (end of generation, stop string, tool call).
+    #[default]
+    Completed,
+    /// A choice hit max_tokens or the context window.
+    Length,
+    /// The client went away first.
+    Cancelled,
+    /// The engine failed or shut down mid-request.
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Length => "length",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Error => "error",
+        }
+    }
 }
 
 /// Streamed from the engine to the request's owner, in order.

@@ -13,7 +13,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
-use crate::request::{Event, FinishReason, Usage};
+use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sampling::logprobs_for;
 use crate::sequence::{ActiveRequest, Job};
 use crate::telemetry::{self, StepStats, Totals};
@@ -126,7 +126,7 @@ impl Scheduler {
         self.waiting = kept.into();
         for job in gone {
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            let _ = job.usage.send(Usage::default());
+            let _ = job.usage.send(Usage { outcome: Outcome::Cancelled, ..Usage::default() });
         }
         self.retire_finished();
     }
@@ -139,7 +139,7 @@ impl Scheduler {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
                 let msg = format!("n={n} exceeds the server's {} parallel sequences", self.cfg.parallel);
                 let _ = job.events.send(Event::Error(msg));
-                let _ = job.usage.send(Usage::default());
+                let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
                 continue;
             }
             if self.free_seqs.len() < n {
@@ -162,7 +162,7 @@ impl Scheduler {
                 Err((job, why)) => {
                     self.free_seqs.extend(seqs);
                     let _ = job.events.send(Event::Error(format!("the response format cannot be enforced: {why}")));
-                    let _ = job.usage.send(Usage::default());
+                    let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
                     continue;
                 }
             };
@@ -327,7 +327,7 @@ impl Scheduler {
         for job in std::mem::take(&mut self.waiting) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             let _ = job.events.send(Event::Error(MESSAGE.into()));
-            let _ = job.usage.send(Usage::default());
+            let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
         }
         if !self.active.is_empty() {
             self.fail_all(ctx, MESSAGE);

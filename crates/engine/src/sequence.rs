@@ -7,7 +7,7 @@ use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::model::LoadedModel;
-use crate::request::{Event, FinishReason, GenerateRequest, TokenLogprob, Usage};
+use crate::request::{Event, FinishReason, GenerateRequest, Outcome, TokenLogprob, Usage};
 use crate::sampling::build_sampler;
 use crate::text::TextAssembler;
 
@@ -94,7 +94,7 @@ impl ActiveRequest {
             logprobs: request.logprobs,
             seeded: request.sampling.seed.is_some(),
             submitted_at,
-            usage: Usage { prompt_tokens, cached_tokens: 0, completion_tokens: 0 },
+            usage: Usage { prompt_tokens, ..Usage::default() },
             events,
             usage_tx: Some(usage),
         })
@@ -160,6 +160,16 @@ impl ActiveRequest {
     }
 
     pub fn complete(mut self, error: Option<String>) -> Usage {
+        let reasons = || self.choices.iter().filter_map(|c| c.finished);
+        self.usage.outcome = if error.is_some() {
+            Outcome::Error
+        } else if reasons().any(|r| r == FinishReason::Cancelled) {
+            Outcome::Cancelled
+        } else if reasons().any(|r| r == FinishReason::Length) {
+            Outcome::Length
+        } else {
+            Outcome::Completed
+        };
         let event = match error {
             Some(e) => Event::Error(e),
             None => Event::Done(self.usage),

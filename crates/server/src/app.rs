@@ -1,5 +1,6 @@
 //! Router, shared state, and the layers that turn every failure into OpenAI's error JSON.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -7,14 +8,14 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use gantry_accounts::Accounts;
+use axum::{Extension, Json, Router};
+use gantry_accounts::{Accounts, KeyInfo, Price};
 use gantry_api::{ApiError, ModelList, ModelObject};
 use gantry_engine::Engine;
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{auth, chat, request_id, telemetry};
+use crate::{admin, auth, chat, request_id, telemetry};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -27,6 +28,18 @@ pub struct AppState {
     /// Usage-record writes in flight; shutdown waits for them so no record is lost.
     pub usage_writers: tokio_util::task::TaskTracker,
     pub rate_limits: Arc<crate::rate_limit::RateLimiter>,
+    /// USD per million tokens, by model id; models without an entry cost nothing.
+    pub prices: Arc<HashMap<String, Price>>,
+    /// Names this server process on the reservations it holds (see `--instance-id`).
+    pub instance_id: Arc<str>,
+    /// Guards `/admin/v1`; `None` disables the admin API.
+    pub admin_token: Option<Arc<str>>,
+}
+
+impl AppState {
+    pub fn price_of(&self, model: &str) -> Price {
+        self.prices.get(model).copied().unwrap_or_default()
+    }
 }
 
 pub struct RouterOptions {
@@ -50,6 +63,7 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(telemetry::render))
         .merge(authed)
+        .nest("/admin/v1", admin::router(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -72,12 +86,18 @@ fn model_object(state: &AppState) -> ModelObject {
     }
 }
 
-async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
-    Json(ModelList { object: "list", data: vec![model_object(&state)] })
+/// Only the models the key may use.
+async fn list_models(State(state): State<AppState>, Extension(key): Extension<KeyInfo>) -> Json<ModelList> {
+    let data = if key.allows_model(&state.model_id) { vec![model_object(&state)] } else { Vec::new() };
+    Json(ModelList { object: "list", data })
 }
 
-async fn get_model(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<ModelObject>, ApiError> {
-    if id == *state.model_id {
+async fn get_model(
+    State(state): State<AppState>,
+    Extension(key): Extension<KeyInfo>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelObject>, ApiError> {
+    if id == *state.model_id && key.allows_model(&id) {
         Ok(Json(model_object(&state)))
     } else {
         Err(ApiError::model_not_found(&id))

@@ -25,6 +25,9 @@ pub async fn require_api_key(State(state): State<AppState>, mut req: Request, ne
         return ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response();
     }
     match state.accounts.authenticate(secret).await {
+        Ok(Some(key)) if key.is_expired() => {
+            ApiError::invalid_api_key(format!("The API key {}… has expired.", key.prefix)).into_response()
+        }
         Ok(Some(key)) => {
             req.extensions_mut().insert(key);
             next.run(req).await

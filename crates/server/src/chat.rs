@@ -10,12 +10,15 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_accounts::{KeyInfo, UsageRecord};
+use gantry_accounts::{AccountsError, KeyInfo, Price, Reservation, UsageRecord};
 use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
 };
-use gantry_engine::{Constraint, SubmitError, Event, FinishReason, GenerateRequest, GenerationHandle, SamplingParams, TokenLogprob, Usage};
+use gantry_engine::{
+    Constraint, Event, FinishReason, GenerateRequest, GenerationHandle, Outcome, SamplingParams, SubmitError, TokenLogprob,
+    Usage,
+};
 
 use crate::app::AppState;
 use crate::request_id::RequestId;
@@ -31,7 +34,8 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
-    if *chat.model != *state.model_id {
+    // A model the key may not use is reported as missing, as OpenAI does.
+    if *chat.model != *state.model_id || !key.allows_model(&chat.model) {
         return Err(ApiError::model_not_found(&chat.model));
     }
     reject_unsupported(&chat, &state)?;
@@ -56,9 +60,33 @@ pub async fn chat_completions(
         limits.apply(response.headers_mut());
         return Ok(response);
     }
-    let handle = state
-        .engine
-        .submit(generate)
+    let price = state.price_of(&state.model_id);
+    let reservation = Reservation {
+        request_id: request_id.clone(),
+        tokens: budget as i64,
+        nanos: price.cost_nanos(generate.prompt.tokens.len() as u64, u64::from(generate.max_tokens) * u64::from(n)),
+        owner: state.instance_id.to_string(),
+        at_ms: started_at_ms,
+    };
+    if let Err(e) = state.accounts.reserve(&key, &reservation).await {
+        let mut response = match e {
+            AccountsError::QuotaExceeded(message) => ApiError::insufficient_quota(message).into_response(),
+            other => {
+                tracing::error!(error = %other, "budget reservation failed");
+                ApiError::internal("The server could not check your budget; please retry.").into_response()
+            }
+        };
+        limits.apply(response.headers_mut());
+        return Ok(response);
+    }
+    let submitted = state.engine.submit(generate);
+    if submitted.is_err() {
+        // Never reached the engine: nothing to bill, give the reservation back.
+        if let Err(e) = state.accounts.release(&request_id).await {
+            tracing::error!(error = %e, request_id = %request_id, "failed to release a reservation");
+        }
+    }
+    let handle = submitted
         .map_err(|e| match e {
             SubmitError::QueueFull(_) => ApiError::overloaded(format!(
                 "The server is overloaded ({e}). Please retry after a short wait."
@@ -67,7 +95,7 @@ pub async fn chat_completions(
             SubmitError::Stopped => ApiError::overloaded("The server is shutting down.").with_retry_after(5),
         })?;
     let GenerationHandle { events, usage } = handle;
-    spawn_usage_recorder(&state, &key, &request_id, usage, started_at_ms);
+    spawn_usage_recorder(&state, &key, &request_id, usage, started_at_ms, price);
 
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
@@ -179,16 +207,15 @@ fn spawn_usage_recorder(
     request_id: &str,
     usage: tokio::sync::oneshot::Receiver<Usage>,
     started_at_ms: i64,
+    price: Price,
 ) {
     let accounts = state.accounts.clone();
     let model = state.model_id.to_string();
     let key_id = key.id;
     let request_id = request_id.to_string();
     state.usage_writers.spawn(async move {
-        let (usage, outcome) = match usage.await {
-            Ok(u) => (u, "completed"),
-            Err(_) => (Usage::default(), "error"),
-        };
+        // The engine always reports; a dropped sender means it died, and nothing is billed.
+        let usage = usage.await.unwrap_or(Usage { outcome: Outcome::Error, ..Usage::default() });
         let record = UsageRecord {
             request_id,
             key_id,
@@ -196,12 +223,21 @@ fn spawn_usage_recorder(
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.cached_tokens,
             completion_tokens: usage.completion_tokens,
-            outcome: outcome.to_string(),
+            cost_nanos: price.cost_nanos(u64::from(usage.prompt_tokens), u64::from(usage.completion_tokens)),
+            outcome: usage.outcome.as_str().to_string(),
             started_at_ms,
             finished_at_ms: now_ms(),
         };
-        if let Err(e) = accounts.record_usage(&record).await {
-            tracing::error!(error = %e, request_id = %record.request_id, "failed to record usage");
+        // Settlement is idempotent on the request id, so retrying a failed write is safe.
+        for attempt in 0..5u32 {
+            match accounts.record_usage(&record).await {
+                Ok(()) => return,
+                Err(e) if attempt < 4 => {
+                    tracing::warn!(error = %e, request_id = %record.request_id, attempt, "recording usage failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                }
+                Err(e) => tracing::error!(error = %e, request_id = %record.request_id, ?record, "failed to record usage"),
+            }
         }
     });
 }
@@ -327,6 +363,6 @@ pub(crate) fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }

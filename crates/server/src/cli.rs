@@ -82,6 +82,118 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
+    /// Price of a model for money budgets and the ledger's cost: `MODEL=INPUT,OUTPUT` in USD per
+    /// million prompt and completion tokens. Repeatable.
+    #[arg(long = "price", value_name = "MODEL=IN,OUT", value_parser = parse_price)]
+    pub prices: Vec<(String, gantry_accounts::Price)>,
+    /// Enables the admin API under /admin/v1, guarded by this bearer token.
+    #[arg(long, env = "GANTRY_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Names this server on the budget reservations it holds; at start it releases those a
+    /// previous run left behind. Give each replica sharing a database its own (default: hostname).
+    #[arg(long, env = "GANTRY_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+}
+
+fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
+    let (model, prices) = s.split_once('=').ok_or("expected MODEL=INPUT,OUTPUT (USD per million tokens)")?;
+    let (input, output) = prices.split_once(',').ok_or("expected MODEL=INPUT,OUTPUT (USD per million tokens)")?;
+    let parse = |v: &str| {
+        v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| format!("{v:?} is not a price"))
+    };
+    if model.trim().is_empty() {
+        return Err("the model id is empty".into());
+    }
+    Ok((model.trim().to_string(), gantry_accounts::Price { input_per_mtok: parse(input)?, output_per_mtok: parse(output)? }))
+}
+
+/// Settings of `keys create` and `keys update`; the same fields the admin API takes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KeyFlags {
+    /// Project or customer the key belongs to (default `default`).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Requests per minute (`none` = unlimited).
+    #[arg(long, value_parser = parse_limit)]
+    pub rpm: Option<Setting<i64>>,
+    /// Tokens per minute, counted as prompt plus max_tokens (`none` = unlimited).
+    #[arg(long, value_parser = parse_limit)]
+    pub tpm: Option<Setting<i64>>,
+    /// Token budget: prompt plus completion tokens (`none` = unlimited).
+    #[arg(long, value_parser = parse_limit)]
+    pub budget_tokens: Option<Setting<i64>>,
+    /// Money budget in USD at the prices given to `serve --price` (`none` = unlimited).
+    #[arg(long, value_parser = parse_usd)]
+    pub budget_usd: Option<Setting<f64>>,
+    /// Whether budgets cover the key's lifetime or each calendar month (UTC).
+    #[arg(long, value_enum)]
+    pub budget_period: Option<BudgetPeriodArg>,
+    /// Comma-separated model ids the key may use (`all` = every model).
+    #[arg(long, value_parser = parse_models)]
+    pub models: Option<Setting<Vec<String>>>,
+    /// When the key stops working: RFC 3339 time or a date (`never` = no expiry).
+    #[arg(long)]
+    pub expires: Option<String>,
+}
+
+impl KeyFlags {
+    pub fn to_fields(&self, name: Option<String>) -> crate::keyspec::KeyFields {
+        crate::keyspec::KeyFields {
+            name,
+            tenant: self.tenant.clone(),
+            rpm_limit: self.rpm.clone().map(|s| s.0),
+            tpm_limit: self.tpm.clone().map(|s| s.0),
+            budget_tokens: self.budget_tokens.clone().map(|s| s.0),
+            budget_usd: self.budget_usd.clone().map(|s| s.0),
+            budget_period: self.budget_period.map(|p| match p {
+                BudgetPeriodArg::Total => gantry_accounts::BudgetPeriod::Total,
+                BudgetPeriodArg::Month => gantry_accounts::BudgetPeriod::Month,
+            }),
+            models: self.models.clone().map(|s| s.0),
+            expires_at: self.expires.as_ref().map(|e| (e != "never").then(|| e.clone())),
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub enum BudgetPeriodArg {
+    Total,
+    Month,
+}
+
+/// A flag value that may also clear the setting (`none`, `all`, `never`).
+#[derive(Debug, Clone, Default)]
+pub struct Setting<T>(pub Option<T>);
+
+fn parse_limit(s: &str) -> Result<Setting<i64>, String> {
+    if matches!(s, "none" | "unlimited") {
+        return Ok(Setting(None));
+    }
+    match s.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(Setting(Some(n))),
+        _ => Err(format!("{s:?} is not a positive whole number (or `none`)")),
+    }
+}
+
+fn parse_usd(s: &str) -> Result<Setting<f64>, String> {
+    if matches!(s, "none" | "unlimited") {
+        return Ok(Setting(None));
+    }
+    match s.trim_start_matches('$').parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(Setting(Some(x))),
+        _ => Err(format!("{s:?} is not a positive amount of USD (or `none`)")),
+    }
+}
+
+fn parse_models(s: &str) -> Result<Setting<Vec<String>>, String> {
+    if s == "all" {
+        return Ok(Setting(None));
+    }
+    let models: Vec<String> = s.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+    if models.is_empty() {
+        return Err("give at least one model id (or `all`)".into());
+    }
+    Ok(Setting(Some(models)))
 }
 
 #[derive(Subcommand, Debug)]
@@ -90,12 +202,33 @@ pub enum KeysCommand {
     Create {
         #[arg(long)]
         name: String,
-        /// Requests per minute (default unlimited).
-        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
-        rpm: Option<i64>,
-        /// Tokens per minute, counted as prompt plus max_tokens (default unlimited).
-        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
-        tpm: Option<i64>,
+        #[command(flatten)]
+        settings: KeyFlags,
+        #[command(flatten)]
+        data: DataDirArg,
+    },
+    /// Show one key (by id, name or prefix) with its current spend.
+    Show {
+        key: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+        #[command(flatten)]
+        data: DataDirArg,
+    },
+    /// Change a key's settings; flags not given stay as they are.
+    Update {
+        key: String,
+        /// New name.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        settings: KeyFlags,
+        #[command(flatten)]
+        data: DataDirArg,
+    },
+    /// Give a key a new secret (printed once, as the last line); the old one stops working.
+    Rotate {
+        key: String,
         #[command(flatten)]
         data: DataDirArg,
     },
@@ -116,6 +249,24 @@ pub enum KeysCommand {
 pub struct UsageArgs {
     #[command(flatten)]
     pub data: DataDirArg,
+    /// Only this key.
+    #[arg(long)]
+    pub key_name: Option<String>,
+    /// Only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only this model.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Requests started at or after this RFC 3339 time or date.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Requests started before this RFC 3339 time or date.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// One row per UTC day as well.
+    #[arg(long)]
+    pub by_day: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub format: OutputFormat,
 }

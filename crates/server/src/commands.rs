@@ -3,7 +3,10 @@
 use anyhow::Context;
 use gantry_accounts::Accounts;
 
+use crate::admin::{usage_csv, UsageParams};
+use crate::chat::now_ms;
 use crate::cli::{DataDirArg, KeysCommand, ModelsCommand, OutputFormat, UsageArgs};
+use crate::keyspec::{format_time, key_view, nanos_to_usd};
 use crate::models;
 
 async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {
@@ -13,23 +16,65 @@ async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {
 
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
     match cmd {
-        KeysCommand::Create { name, rpm, tpm, data } => {
-            let limits = gantry_accounts::KeyLimits { rpm, tpm };
-            let created = open(&data).await?.create_key_with_limits(&name, limits).await?;
+        KeysCommand::Create { name, settings, data } => {
+            let spec = settings.to_fields(Some(name)).to_new_key().map_err(anyhow::Error::msg)?;
+            let created = open(&data).await?.create_key_from(&spec).await?;
             eprintln!("Created key {} ({}). The secret is shown only once:", created.key.id, created.key.name);
             println!("{}", created.secret);
         }
         KeysCommand::List { data } => {
             let keys = open(&data).await?.list_keys().await?;
-            println!("{:<6} {:<24} {:<18} {:<10} {:>8} {:>10}", "ID", "NAME", "PREFIX", "STATUS", "RPM", "TPM");
+            println!(
+                "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20}",
+                "ID", "NAME", "TENANT", "PREFIX", "STATUS", "RPM", "TPM", "BUDGET_TOK", "BUDGET_USD", "PERIOD", "EXPIRES"
+            );
             let limit = |l: Option<i64>| l.map_or("-".to_string(), |n| n.to_string());
             for k in keys {
-                let status = if k.revoked_at.is_some() { "revoked" } else { "active" };
+                let v = key_view(&k, None);
                 println!(
-                    "{:<6} {:<24} {:<18} {:<10} {:>8} {:>10}",
-                    k.id, k.name, k.prefix, status, limit(k.rpm_limit), limit(k.tpm_limit)
+                    "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20}",
+                    k.id,
+                    k.name,
+                    k.tenant,
+                    k.prefix,
+                    v["status"].as_str().unwrap_or(""),
+                    limit(k.rpm_limit),
+                    limit(k.tpm_limit),
+                    limit(k.budget.tokens),
+                    k.budget.nanos.map_or("-".to_string(), |n| format!("{:.2}", nanos_to_usd(n))),
+                    k.budget.period.as_str(),
+                    k.expires_at.map_or("-".to_string(), format_time),
                 );
             }
+        }
+        KeysCommand::Show { key, format, data } => {
+            let accounts = open(&data).await?;
+            let k = accounts.find_key(&key).await?;
+            let spend = accounts.spend(&k, now_ms()).await?;
+            let v = key_view(&k, Some(&spend));
+            match format {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                OutputFormat::Table | OutputFormat::Csv => {
+                    for (field, value) in v.as_object().into_iter().flatten() {
+                        let shown = match value {
+                            serde_json::Value::String(s) => s.clone(),
+                            serde_json::Value::Null => "-".into(),
+                            other => other.to_string(),
+                        };
+                        println!("{field:<14} {shown}");
+                    }
+                }
+            }
+        }
+        KeysCommand::Update { key, name, settings, data } => {
+            let update = settings.to_fields(name).to_update().map_err(anyhow::Error::msg)?;
+            let k = open(&data).await?.update_key(&key, &update).await?;
+            println!("{}", serde_json::to_string_pretty(&key_view(&k, None))?);
+        }
+        KeysCommand::Rotate { key, data } => {
+            let created = open(&data).await?.rotate_key(&key).await?;
+            eprintln!("Rotated key {} ({}); the old secret no longer works. The new one is shown only once:", created.key.id, created.key.name);
+            println!("{}", created.secret);
         }
         KeysCommand::Revoke { key, data } => {
             let k = open(&data).await?.revoke_key(&key).await?;
@@ -40,43 +85,42 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
 }
 
 pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
-    let rows = open(&args.data).await?.usage_summary().await?;
+    let params = UsageParams {
+        key_name: args.key_name.clone(),
+        tenant: args.tenant.clone(),
+        model: args.model.clone(),
+        since: args.since.clone(),
+        until: args.until.clone(),
+        group_by: args.by_day.then(|| "day".to_string()),
+        format: None,
+    };
+    let query = params.to_query().map_err(anyhow::Error::msg)?;
+    let rows = open(&args.data).await?.usage_report(&query).await?;
     match args.format {
-        OutputFormat::Json => {
-            let json: Vec<_> = rows
-                .iter()
-                .map(|r| {
-                    serde_json::json!({
-                        "key_name": r.key_name, "model": r.model, "requests": r.requests,
-                        "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
-                        "completion_tokens": r.completion_tokens,
-                    })
-                })
-                .collect();
-            println!("{}", serde_json::to_string_pretty(&json)?);
-        }
-        OutputFormat::Csv => {
-            println!("key_name,model,requests,prompt_tokens,cached_tokens,completion_tokens");
-            for r in rows {
-                println!("{},{},{},{},{},{}", csv(&r.key_name), csv(&r.model), r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens);
-            }
-        }
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        OutputFormat::Csv => print!("{}", usage_csv(&rows)),
         OutputFormat::Table => {
-            println!("{:<24} {:<40} {:>9} {:>14} {:>14} {:>18}", "KEY", "MODEL", "REQUESTS", "PROMPT_TOKENS", "CACHED_TOKENS", "COMPLETION_TOKENS");
+            println!(
+                "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>12}",
+                "KEY", "TENANT", "MODEL", "DAY", "REQUESTS", "PROMPT_TOKENS", "CACHED_TOKENS", "COMPLETION_TOKENS", "COST_USD"
+            );
             for r in rows {
-                println!("{:<24} {:<40} {:>9} {:>14} {:>14} {:>18}", r.key_name, r.model, r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens);
+                println!(
+                    "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>12.6}",
+                    r.key_name,
+                    r.tenant,
+                    r.model,
+                    r.day.as_deref().unwrap_or("-"),
+                    r.requests,
+                    r.prompt_tokens,
+                    r.cached_tokens,
+                    r.completion_tokens,
+                    r.cost
+                );
             }
         }
     }
     Ok(())
-}
-
-fn csv(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
 }
 
 pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {

@@ -1,5 +1,7 @@
 pub mod models;
 pub mod app;
+mod admin;
+mod keyspec;
 mod auth;
 mod chat;
 mod images;

@@ -166,7 +166,19 @@ mod tests {
     use super::*;
 
     fn key(rpm: Option<i64>, tpm: Option<i64>) -> KeyInfo {
-        KeyInfo { id: 1, name: "k".into(), prefix: "sk-gantry-x".into(), created_at: 0, revoked_at: None, rpm_limit: rpm, tpm_limit: tpm }
+        KeyInfo {
+            id: 1,
+            name: "k".into(),
+            tenant: "default".into(),
+            prefix: "sk-gantry-x".into(),
+            created_at: 0,
+            revoked_at: None,
+            expires_at: None,
+            rpm_limit: rpm,
+            tpm_limit: tpm,
+            budget: Default::default(),
+            allowed_models: None,
+        }
     }
 
     #[test]

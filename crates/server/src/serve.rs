@@ -24,6 +24,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("opening the accounts database in {}", data_dir.display()))?;
     let new_key = initial_key(&accounts, args.api_key.as_deref()).await?;
+    let instance_id = args.instance_id.clone().unwrap_or_else(hostname);
+    // A crash leaves reservations behind; they would hold budget forever.
+    let released = accounts.release_reservations_of(&instance_id).await.context("releasing stale reservations")?;
+    if released > 0 {
+        tracing::warn!(released, instance_id, "released budget reservations left by a previous run");
+    }
 
     let mut config = EngineConfig::new(&model_path);
     config.ctx_size = args.ctx_size;
@@ -50,6 +56,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         images: Default::default(),
         usage_writers: usage_writers.clone(),
         rate_limits: Default::default(),
+        prices: Arc::new(args.prices.iter().cloned().collect()),
+        instance_id: Arc::from(instance_id.as_str()),
+        admin_token: args.admin_token.as_deref().filter(|t| !t.is_empty()).map(Arc::from),
     };
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 
@@ -101,6 +110,15 @@ async fn initial_key(accounts: &Accounts, api_key: Option<&str>) -> anyhow::Resu
         return Ok(Some(created.secret));
     }
     Ok(None)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 /// `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` → `qwen2.5-coder-0.5b-instruct-q4_k_m`.

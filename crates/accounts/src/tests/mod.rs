@@ -2,6 +2,7 @@ use std::collections::HashSet;
 
 use super::*;
 
+mod budget;
 mod usage;
 
 async fn open_tmp() -> (tempfile::TempDir, Accounts) {

@@ -8,6 +8,7 @@ fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> 
         prompt_tokens: p,
         cached_tokens: c,
         completion_tokens: o,
+        cost_nanos: 0,
         outcome: "completed".into(),
         started_at_ms: 1_700_000_000_000,
         finished_at_ms: 1_700_000_000_500,
@@ -30,7 +31,10 @@ async fn usage_is_recorded_exactly_once() {
         summary,
         vec![UsageRow {
             key_name: "alice".into(),
+            tenant: "default".into(),
             model: "tiny".into(),
+            day: None,
+            cost: 0.0,
             requests: 1,
             prompt_tokens: 10,
             cached_tokens: 4,
@@ -63,7 +67,10 @@ async fn usage_summary_sums_by_key_and_model() {
 
     let row = |k: &str, m: &str, r, p, c, o| UsageRow {
         key_name: k.into(),
+        tenant: "default".into(),
         model: m.into(),
+        day: None,
+        cost: 0.0,
         requests: r,
         prompt_tokens: p,
         cached_tokens: c,
@@ -84,6 +91,6 @@ async fn usage_summary_sums_by_key_and_model() {
 async fn usage_for_unknown_key_is_rejected() {
     let (_dir, acc) = open_tmp().await;
     let err = acc.record_usage(&usage("r1", 12345, "m", 1, 0, 1)).await;
-    assert!(matches!(err, Err(AccountsError::Db(_))));
+    assert!(matches!(err, Err(AccountsError::NotFound(_))), "{err:?}");
     assert!(acc.usage_summary().await.unwrap().is_empty());
 }

@@ -1,0 +1,344 @@
+//! Budgets: admission reserves the most a request can cost, settlement books what it did cost.
+//!
+//! Each key has one `key_spend` row per budget period holding settled and reserved amounts.
+//! Admission is a single conditional `UPDATE … WHERE spent + reserved + this <= budget`, so
+//! concurrent requests (in one process or many sharing the database) can never push a key past
+//! its budget. Settlement writes the ledger row and moves the reservation to `spent` in one
+//! transaction, keyed on the request id, so a retried settlement never counts twice.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use sqlx::SqlitePool;
+
+use crate::keys::KeyInfo;
+use crate::usage::UsageRecord;
+use crate::AccountsError;
+
+/// Nano-dollars per US dollar: money is stored as integers.
+pub const NANOS_PER_USD: i64 = 1_000_000_000;
+
+/// A key's spending limit: tokens (prompt + completion), money, or both, over a period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    #[serde(default)]
+    pub tokens: Option<i64>,
+    /// USD × 1e9.
+    #[serde(default)]
+    pub nanos: Option<i64>,
+    #[serde(default)]
+    pub period: BudgetPeriod,
+}
+
+impl Budget {
+    pub fn is_limited(&self) -> bool {
+        self.tokens.is_some() || self.nanos.is_some()
+    }
+}
+
+/// `total`: one budget for the key's lifetime. `month`: resets at each UTC calendar month.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriod {
+    #[default]
+    Total,
+    Month,
+}
+
+impl BudgetPeriod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetPeriod::Total => "total",
+            BudgetPeriod::Month => "month",
+        }
+    }
+
+    /// The spend bucket a moment falls in: `total`, or `YYYY-MM` (UTC).
+    pub fn bucket(self, unix_ms: i64) -> String {
+        match self {
+            BudgetPeriod::Total => "total".into(),
+            BudgetPeriod::Month => {
+                let t = time::OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000))
+                    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+                format!("{:04}-{:02}", t.year(), u8::from(t.month()))
+            }
+        }
+    }
+}
+
+impl fmt::Display for BudgetPeriod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for BudgetPeriod {
+    type Err = AccountsError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "total" => Ok(BudgetPeriod::Total),
+            "month" => Ok(BudgetPeriod::Month),
+            other => Err(AccountsError::Invalid(format!("budget period must be `total` or `month`, not {other:?}"))),
+        }
+    }
+}
+
+/// Price of a model in USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+impl Price {
+    /// Cost in nano-dollars, rounded up so a non-zero price never rounds to free.
+    pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
+        // USD per million tokens = 1000 nano-dollars per token per dollar.
+        let nanos = prompt_tokens as f64 * self.input_per_mtok * 1000.0 + completion_tokens as f64 * self.output_per_mtok * 1000.0;
+        nanos.ceil().min(i64::MAX as f64) as i64
+    }
+}
+
+/// What a request may spend at most: held against the key's budget while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub request_id: String,
+    pub tokens: i64,
+    pub nanos: i64,
+    /// The server process holding it (see [`crate::Accounts::release_reservations_of`]).
+    pub owner: String,
+    pub at_ms: i64,
+}
+
+/// Settled and reserved amounts of one key in its current budget period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spend {
+    pub spent_tokens: i64,
+    pub spent_nanos: i64,
+    pub reserved_tokens: i64,
+    pub reserved_nanos: i64,
+}
+
+/// Holds `r` against the key's budget, or refuses with [`AccountsError::QuotaExceeded`].
+/// Keys without a budget still get a reservation row, so settlement is uniform.
+pub(crate) async fn reserve(pool: &SqlitePool, key: &KeyInfo, r: &Reservation) -> Result<(), AccountsError> {
+    let period = key.budget.period.bucket(r.at_ms);
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES (?, ?) ON CONFLICT (key_id, period) DO NOTHING")
+        .bind(key.id)
+        .bind(&period)
+        .execute(&mut *tx)
+        .await?;
+    // The budget is read from the key's row inside the statement, so an update made by another
+    // replica a moment ago applies.
+    let admitted = sqlx::query(
+        "UPDATE key_spend SET reserved_tokens = reserved_tokens + ?1, reserved_nanos = reserved_nanos + ?2 \
+         WHERE key_id = ?3 AND period = ?4 \
+           AND ((SELECT budget_tokens FROM api_keys WHERE id = ?3) IS NULL \
+                OR spent_tokens + reserved_tokens + ?1 <= (SELECT budget_tokens FROM api_keys WHERE id = ?3)) \
+           AND ((SELECT budget_nanos FROM api_keys WHERE id = ?3) IS NULL \
+                OR spent_nanos + reserved_nanos + ?2 <= (SELECT budget_nanos FROM api_keys WHERE id = ?3))",
+    )
+    .bind(r.tokens)
+    .bind(r.nanos)
+    .bind(key.id)
+    .bind(&period)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if admitted == 0 {
+        let spend = spend_in(&mut tx, key.id, &period).await?;
+        tx.rollback().await?;
+        return Err(AccountsError::QuotaExceeded(refusal(key, &spend, r)));
+    }
+    sqlx::query(
+        "INSERT INTO reservations (request_id, key_id, period, tokens, nanos, owner, created_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&r.request_id)
+    .bind(key.id)
+    .bind(&period)
+    .bind(r.tokens)
+    .bind(r.nanos)
+    .bind(&r.owner)
+    .bind(r.at_ms)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+fn refusal(key: &KeyInfo, s: &Spend, r: &Reservation) -> String {
+    let period = match key.budget.period {
+        BudgetPeriod::Total => "",
+        BudgetPeriod::Month => " this month",
+    };
+    if let Some(limit) = key.budget.tokens.filter(|&b| s.spent_tokens + s.reserved_tokens + r.tokens > b) {
+        let left = (limit - s.spent_tokens - s.reserved_tokens).max(0);
+        return format!(
+            "You exceeded your current quota: this request may use up to {} tokens (prompt plus max_tokens), \
+             but the key has {left} of its {limit}-token budget left{period}. Lower max_tokens or raise the budget.",
+            r.tokens
+        );
+    }
+    let limit = key.budget.nanos.unwrap_or(0);
+    let left = (limit - s.spent_nanos - s.reserved_nanos).max(0);
+    format!(
+        "You exceeded your current quota: this request may cost up to ${:.6}, but the key has ${:.6} of its ${:.2} budget left{period}. \
+         Lower max_tokens or raise the budget.",
+        r.nanos as f64 / NANOS_PER_USD as f64,
+        left as f64 / NANOS_PER_USD as f64,
+        limit as f64 / NANOS_PER_USD as f64,
+    )
+}
+
+async fn spend_in(conn: &mut sqlx::SqliteConnection, key_id: i64, period: &str) -> Result<Spend, AccountsError> {
+    let row: Option<(i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT spent_tokens, spent_nanos, reserved_tokens, reserved_nanos FROM key_spend WHERE key_id = ? AND period = ?",
+    )
+    .bind(key_id)
+    .bind(period)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row
+        .map(|(spent_tokens, spent_nanos, reserved_tokens, reserved_nanos)| Spend {
+            spent_tokens,
+            spent_nanos,
+            reserved_tokens,
+            reserved_nanos,
+        })
+        .unwrap_or_default())
+}
+
+/// The key's spend in the budget period containing `at_ms`.
+pub(crate) async fn spend(pool: &SqlitePool, key: &KeyInfo, at_ms: i64) -> Result<Spend, AccountsError> {
+    let mut conn = pool.acquire().await?;
+    spend_in(&mut conn, key.id, &key.budget.period.bucket(at_ms)).await
+}
+
+/// Writes the ledger row and books its tokens and cost, releasing the request's reservation,
+/// all in one transaction. Idempotent on `request_id`.
+pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), AccountsError> {
+    let mut tx = pool.begin().await?;
+    let inserted = sqlx::query(
+        "INSERT INTO usage_records (request_id, key_id, tenant, model, prompt_tokens, cached_tokens, \
+         completion_tokens, cost_nanos, outcome, started_at_ms, finished_at_ms) \
+         SELECT ?, id, tenant, ?, ?, ?, ?, ?, ?, ?, ? FROM api_keys WHERE id = ? \
+         ON CONFLICT (request_id) DO NOTHING",
+    )
+    .bind(&rec.request_id)
+    .bind(&rec.model)
+    .bind(i64::from(rec.prompt_tokens))
+    .bind(i64::from(rec.cached_tokens))
+    .bind(i64::from(rec.completion_tokens))
+    .bind(rec.cost_nanos)
+    .bind(&rec.outcome)
+    .bind(rec.started_at_ms)
+    .bind(rec.finished_at_ms)
+    .bind(rec.key_id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM usage_records WHERE request_id = ?")
+            .bind(&rec.request_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        if exists.is_none() {
+            return Err(AccountsError::NotFound(format!("API key {}", rec.key_id)));
+        }
+        tracing::debug!(request_id = %rec.request_id, "usage already recorded; ignoring duplicate");
+        return Ok(());
+    }
+    let held: Option<(String, i64, i64)> =
+        sqlx::query_as("DELETE FROM reservations WHERE request_id = ? RETURNING period, tokens, nanos")
+            .bind(&rec.request_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let tokens = i64::from(rec.prompt_tokens) + i64::from(rec.completion_tokens);
+    let (period, held_tokens, held_nanos) = match held {
+        Some(h) => h,
+        None => {
+            // Settled without a reservation (e.g. recorded by a tool): book it in the period the
+            // request started in.
+            let period: String = sqlx::query_scalar("SELECT budget_period FROM api_keys WHERE id = ?")
+                .bind(rec.key_id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let period: BudgetPeriod = period.parse().unwrap_or_default();
+            (period.bucket(rec.started_at_ms), 0, 0)
+        }
+    };
+    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES (?, ?) ON CONFLICT (key_id, period) DO NOTHING")
+        .bind(rec.key_id)
+        .bind(&period)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "UPDATE key_spend SET spent_tokens = spent_tokens + ?, spent_nanos = spent_nanos + ?, \
+         reserved_tokens = reserved_tokens - ?, reserved_nanos = reserved_nanos - ? WHERE key_id = ? AND period = ?",
+    )
+    .bind(tokens)
+    .bind(rec.cost_nanos)
+    .bind(held_tokens)
+    .bind(held_nanos)
+    .bind(rec.key_id)
+    .bind(&period)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Drops a reservation without booking anything (the request never reached the engine).
+pub(crate) async fn release(pool: &SqlitePool, request_id: &str) -> Result<(), AccountsError> {
+    let mut tx = pool.begin().await?;
+    let held: Option<(i64, String, i64, i64)> =
+        sqlx::query_as("DELETE FROM reservations WHERE request_id = ? RETURNING key_id, period, tokens, nanos")
+            .bind(request_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some((key_id, period, tokens, nanos)) = held {
+        unreserve(&mut tx, key_id, &period, tokens, nanos).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn unreserve(
+    conn: &mut sqlx::SqliteConnection,
+    key_id: i64,
+    period: &str,
+    tokens: i64,
+    nanos: i64,
+) -> Result<(), AccountsError> {
+    sqlx::query(
+        "UPDATE key_spend SET reserved_tokens = reserved_tokens - ?, reserved_nanos = reserved_nanos - ? \
+         WHERE key_id = ? AND period = ?",
+    )
+    .bind(tokens)
+    .bind(nanos)
+    .bind(key_id)
+    .bind(period)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Releases every reservation held by `owner` (a server that crashed and restarted). Returns
+/// how many were released.
+pub(crate) async fn release_owner(pool: &SqlitePool, owner: &str) -> Result<u64, AccountsError> {
+    let mut tx = pool.begin().await?;
+    let held: Vec<(i64, String, i64, i64)> =
+        sqlx::query_as("DELETE FROM reservations WHERE owner = ? RETURNING key_id, period, tokens, nanos")
+            .bind(owner)
+            .fetch_all(&mut *tx)
+            .await?;
+    for (key_id, period, tokens, nanos) in &held {
+        unreserve(&mut tx, *key_id, period, *tokens, *nanos).await?;
+    }
+    tx.commit().await?;
+    Ok(held.len() as u64)
+}

@@ -1,0 +1,180 @@
+use std::sync::Arc;
+
+use super::*;
+
+fn reservation(id: &str, tokens: i64, nanos: i64) -> Reservation {
+    Reservation { request_id: id.into(), tokens, nanos, owner: "test-host".into(), at_ms: 1_800_000_000_000 }
+}
+
+fn record(id: &str, key_id: i64, prompt: u32, completion: u32, cost_nanos: i64) -> UsageRecord {
+    UsageRecord {
+        request_id: id.into(),
+        key_id,
+        model: "tiny".into(),
+        prompt_tokens: prompt,
+        cached_tokens: 0,
+        completion_tokens: completion,
+        cost_nanos,
+        outcome: "completed".into(),
+        started_at_ms: 1_800_000_000_000,
+        finished_at_ms: 1_800_000_000_100,
+    }
+}
+
+async fn key_with_budget(acc: &Accounts, tokens: Option<i64>, nanos: Option<i64>) -> KeyInfo {
+    let spec = NewKey {
+        name: "budgeted".into(),
+        tenant: Some("acme".into()),
+        budget: Budget { tokens, nanos, period: BudgetPeriod::Total },
+        ..Default::default()
+    };
+    acc.create_key_from(&spec).await.unwrap().key
+}
+
+#[tokio::test]
+async fn concurrent_reservations_never_exceed_the_budget() {
+    let (_dir, acc) = open_tmp().await;
+    // Room for exactly 30 requests of 100 tokens.
+    let key = Arc::new(key_with_budget(&acc, Some(3_000), None).await);
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let (acc, key) = (acc.clone(), key.clone());
+        tasks.push(tokio::spawn(async move { acc.reserve(&key, &reservation(&format!("r{i}"), 100, 0)).await }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => admitted += 1,
+            Err(AccountsError::QuotaExceeded(m)) => assert!(m.contains("quota"), "{m}"),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(admitted, 30);
+    let spend = acc.spend(&key, 1_800_000_000_000).await.unwrap();
+    assert_eq!(spend.reserved_tokens, 3_000);
+    assert_eq!(spend.spent_tokens, 0);
+}
+
+#[tokio::test]
+async fn settlement_moves_reservation_to_spend_once() {
+    let (_dir, acc) = open_tmp().await;
+    let key = key_with_budget(&acc, Some(1_000), None).await;
+    acc.reserve(&key, &reservation("a", 600, 0)).await.unwrap();
+    // 600 of 1000 held: another 600 does not fit.
+    assert!(matches!(acc.reserve(&key, &reservation("b", 600, 0)).await, Err(AccountsError::QuotaExceeded(_))));
+    // It actually used 150; settling twice books it once.
+    acc.record_usage(&record("a", key.id, 100, 50, 0)).await.unwrap();
+    acc.record_usage(&record("a", key.id, 100, 50, 0)).await.unwrap();
+    let spend = acc.spend(&key, 1_800_000_000_000).await.unwrap();
+    assert_eq!((spend.spent_tokens, spend.reserved_tokens), (150, 0));
+    acc.reserve(&key, &reservation("b", 600, 0)).await.unwrap();
+    let rows = acc.usage_summary().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].requests, rows[0].tenant.as_str()), (1, "acme"));
+}
+
+#[tokio::test]
+async fn money_budget_and_cost() {
+    let (_dir, acc) = open_tmp().await;
+    let price = Price { input_per_mtok: 1.0, output_per_mtok: 2.0 };
+    // 1000 prompt + 1000 completion tokens = $0.003.
+    assert_eq!(price.cost_nanos(1_000, 1_000), 3_000_000);
+    let key = key_with_budget(&acc, None, Some(5_000_000)).await;
+    acc.reserve(&key, &reservation("a", 2_000, 3_000_000)).await.unwrap();
+    let err = acc.reserve(&key, &reservation("b", 2_000, 3_000_000)).await.unwrap_err();
+    assert!(matches!(&err, AccountsError::QuotaExceeded(m) if m.contains('$')), "{err}");
+    acc.record_usage(&record("a", key.id, 1_000, 1_000, 3_000_000)).await.unwrap();
+    let rows = acc.usage_summary().await.unwrap();
+    assert!((rows[0].cost - 0.003).abs() < 1e-12);
+}
+
+#[tokio::test]
+async fn released_and_crashed_reservations_free_the_budget() {
+    let (_dir, acc) = open_tmp().await;
+    let key = key_with_budget(&acc, Some(1_000), None).await;
+    acc.reserve(&key, &reservation("a", 500, 0)).await.unwrap();
+    acc.release("a").await.unwrap();
+    acc.release("a").await.unwrap();
+    let mut other = reservation("b", 700, 0);
+    other.owner = "other-host".into();
+    acc.reserve(&key, &other).await.unwrap();
+    acc.reserve(&key, &reservation("c", 300, 0)).await.unwrap();
+    // This host restarts: only its own reservation goes.
+    assert_eq!(acc.release_reservations_of("test-host").await.unwrap(), 1);
+    let spend = acc.spend(&key, 1_800_000_000_000).await.unwrap();
+    assert_eq!(spend.reserved_tokens, 700);
+}
+
+#[tokio::test]
+async fn monthly_budgets_reset_each_month() {
+    let (_dir, acc) = open_tmp().await;
+    let spec = NewKey {
+        name: "monthly".into(),
+        budget: Budget { tokens: Some(100), nanos: None, period: BudgetPeriod::Month },
+        ..Default::default()
+    };
+    let key = acc.create_key_from(&spec).await.unwrap().key;
+    let nov = 1_795_000_000_000; // 2026-11
+    let dec = nov + 31 * 24 * 3600 * 1000;
+    assert_eq!(BudgetPeriod::Month.bucket(nov), "2026-11");
+    let mut r = reservation("n1", 100, 0);
+    r.at_ms = nov;
+    acc.reserve(&key, &r).await.unwrap();
+    r.request_id = "n2".into();
+    assert!(acc.reserve(&key, &r).await.is_err());
+    r.at_ms = dec;
+    acc.reserve(&key, &r).await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_update_rotate_expire_and_restrict_models() {
+    let (_dir, acc) = open_tmp().await;
+    let created = acc
+        .create_key_from(&NewKey {
+            name: "k".into(),
+            allowed_models: Some(vec!["a".into()]),
+            expires_at: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let k = acc.authenticate(&created.secret).await.unwrap().unwrap();
+    assert!(k.is_expired() && k.allows_model("a") && !k.allows_model("b"));
+    let update = KeyUpdate {
+        expires_at: Some(None),
+        allowed_models: Some(None),
+        rpm_limit: Some(Some(5)),
+        tenant: Some("t2".into()),
+        ..Default::default()
+    };
+    let k = acc.update_key("k", &update).await.unwrap();
+    assert!(!k.is_expired() && k.allows_model("b"));
+    assert_eq!((k.rpm_limit, k.tenant.as_str(), k.name.as_str()), (Some(5), "t2", "k"));
+    let rotated = acc.rotate_key(&k.id.to_string()).await.unwrap();
+    assert_eq!(rotated.key.id, k.id);
+    assert!(acc.authenticate(&created.secret).await.unwrap().is_none());
+    assert_eq!(acc.authenticate(&rotated.secret).await.unwrap().unwrap().id, k.id);
+    assert!(matches!(acc.update_key("k", &KeyUpdate { rpm_limit: Some(Some(0)), ..Default::default() }).await, Err(AccountsError::Invalid(_))));
+}
+
+#[tokio::test]
+async fn usage_report_filters_and_groups_by_day() {
+    let (_dir, acc) = open_tmp().await;
+    let key = key_with_budget(&acc, None, None).await;
+    let day = 24 * 3600 * 1000;
+    for (i, start) in [1_800_000_000_000, 1_800_000_000_000 + day, 1_800_000_000_000 + day].iter().enumerate() {
+        let mut r = record(&format!("u{i}"), key.id, 10, 5, 0);
+        r.started_at_ms = *start;
+        acc.record_usage(&r).await.unwrap();
+    }
+    let by_day = acc.usage_report(&UsageQuery { by_day: true, ..Default::default() }).await.unwrap();
+    assert_eq!(by_day.iter().map(|r| r.requests).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(by_day[0].day.as_deref().unwrap() < by_day[1].day.as_deref().unwrap());
+    let since = acc
+        .usage_report(&UsageQuery { since_ms: Some(1_800_000_000_000 + day), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!((since[0].requests, since[0].prompt_tokens), (2, 20));
+    let none = acc.usage_report(&UsageQuery { key_name: Some("nobody".into()), ..Default::default() }).await.unwrap();
+    assert!(none.is_empty());
+}

@@ -1,0 +1,209 @@
+//! Budgets, key settings and the admin API, end to end through the real binary.
+
+mod common;
+
+use common::{gantry, TestServer, KEY};
+use serde_json::{json, Value};
+
+const ADMIN: &str = "admin-token-for-tests-0123456789";
+
+fn cli(s: &TestServer, args: &[&str]) -> String {
+    let out = gantry().args(args).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    assert!(out.status.success(), "gantry {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn last_line(out: &str) -> String {
+    out.lines().last().unwrap().trim().to_string()
+}
+
+fn hello(model: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
+}
+
+async fn usage_json(s: &TestServer, key_name: &str) -> Vec<Value> {
+    serde_json::from_str(&cli(s, &["usage", "--format", "json", "--key-name", key_name])).unwrap()
+}
+
+#[tokio::test]
+async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
+    let s = TestServer::start(&["--max-queue", "200"]);
+    let probe: Value = s.chat(hello(&s.model_id, 4)).send().await.unwrap().json().await.unwrap();
+    let prompt = probe["usage"]["prompt_tokens"].as_i64().unwrap();
+    // Each request reserves prompt + max_tokens; the budget admits about 30 at once.
+    let budget = 30 * (prompt + 4);
+    let key = last_line(&cli(&s, &["keys", "create", "--name", "burst", "--budget-tokens", &budget.to_string()]));
+    let client = s.client();
+    let sends = (0..100).map(|_| {
+        client.post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&hello(&s.model_id, 4)).send()
+    });
+    let (mut ok, mut refused, mut billed) = (0, 0, 0);
+    for resp in futures_util::future::join_all(sends).await {
+        let resp = resp.unwrap();
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                billed += v["usage"]["total_tokens"].as_i64().unwrap();
+            }
+            429 => {
+                assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+                assert_eq!(v["error"]["type"], "insufficient_quota");
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}: {v}"),
+        }
+    }
+    assert!(ok >= 30 && refused > 0, "ok {ok}, refused {refused}");
+    assert!(billed <= budget, "billed {billed} > budget {budget}");
+    // The ledger is written just after each response; give the last writes a moment.
+    let mut rows = Vec::new();
+    for _ in 0..50 {
+        rows = usage_json(&s, "burst").await;
+        if rows.first().is_some_and(|r| r["requests"] == ok) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["requests"], ok);
+    let ledger = rows[0]["prompt_tokens"].as_i64().unwrap() + rows[0]["completion_tokens"].as_i64().unwrap();
+    assert_eq!(ledger, billed);
+    let shown: Value = serde_json::from_str(&cli(&s, &["keys", "show", "burst", "--format", "json"])).unwrap();
+    assert_eq!(shown["spend"]["tokens"], billed);
+    assert_eq!(shown["spend"]["reserved_tokens"], 0);
+}
+
+#[tokio::test]
+async fn expired_keys_and_models_a_key_may_not_use() {
+    let s = TestServer::start(&[]);
+    let expired = last_line(&cli(&s, &["keys", "create", "--name", "old", "--expires", "2020-01-01"]));
+    let resp = s.client().get(s.url("/v1/models")).bearer_auth(&expired).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert!(v["error"]["message"].as_str().unwrap().contains("expired"));
+
+    let narrow = last_line(&cli(&s, &["keys", "create", "--name", "narrow", "--models", "some-other-model"]));
+    let models: Value = s.client().get(s.url("/v1/models")).bearer_auth(&narrow).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"], json!([]));
+    let resp = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&hello(&s.model_id, 2)).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    // Allowing it again takes effect on the next request.
+    cli(&s, &["keys", "update", "narrow", "--models", &format!("{},x", s.model_id)]);
+    let resp = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&hello(&s.model_id, 2)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn the_admin_api_manages_keys_and_reports_usage() {
+    let s = TestServer::start(&["--admin-token", ADMIN, "--price", "nonexistent=1,1"]);
+    let c = s.client();
+    // An API key is not an admin token.
+    let resp = c.get(s.url("/admin/v1/keys")).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let created = c
+        .post(s.url("/admin/v1/keys"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"name": "svc", "tenant": "acme", "rpm_limit": 100, "budget_usd": 5, "budget_period": "month"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let secret = created["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("sk-gantry-"));
+    assert_eq!((created["tenant"].as_str(), created["budget_period"].as_str()), (Some("acme"), Some("month")));
+    let id = created["id"].as_i64().unwrap();
+
+    let chat = |key: String| c.post(s.url("/v1/chat/completions")).bearer_auth(key).json(&hello(&s.model_id, 3)).send();
+    assert_eq!(chat(secret.clone()).await.unwrap().status(), 200);
+
+    let patched: Value = c
+        .patch(s.url(&format!("/admin/v1/keys/{id}")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"rpm_limit": null, "tpm_limit": 5000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((patched["rpm_limit"].clone(), patched["tpm_limit"].clone()), (Value::Null, json!(5000)));
+    let bad = c.patch(s.url(&format!("/admin/v1/keys/{id}"))).bearer_auth(ADMIN).json(&json!({"colour": 1})).send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+
+    let rotated: Value =
+        c.post(s.url(&format!("/admin/v1/keys/{id}/rotate"))).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let new_secret = rotated["secret"].as_str().unwrap().to_string();
+    assert_eq!(chat(secret.clone()).await.unwrap().status(), 401);
+    assert_eq!(chat(new_secret.clone()).await.unwrap().status(), 200);
+
+    let mut usage = Value::Null;
+    for _ in 0..50 {
+        usage = c.get(s.url("/admin/v1/usage?key_name=svc&group_by=day")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+        if usage["data"][0]["requests"] == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(usage["data"][0]["requests"], 2, "{usage}");
+    assert_eq!(usage["data"][0]["tenant"], "acme");
+    assert!(usage["data"][0]["day"].as_str().unwrap().starts_with("20"));
+    let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
+    assert!(csv.starts_with("key_name,tenant,model,day,requests"), "{csv}");
+    assert!(csv.contains("svc,acme,"), "{csv}");
+
+    let revoked = c.delete(s.url(&format!("/admin/v1/keys/{id}"))).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(revoked.status(), 200);
+    assert_eq!(chat(new_secret).await.unwrap().status(), 401);
+    let missing = c.get(s.url("/admin/v1/keys/nobody")).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test]
+async fn the_admin_api_is_off_without_a_token() {
+    let s = TestServer::start(&[]);
+    let resp = s.client().get(s.url("/admin/v1/keys")).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "admin_api_disabled");
+}
+
+#[tokio::test]
+async fn a_crash_leaves_no_reservation_held_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_string();
+    let args = ["--data-dir", data.as_str(), "--instance-id", "crash-test"];
+    let s = TestServer::start(&args);
+    let key = last_line(&cli_in(&data, &["keys", "create", "--name", "crashy", "--budget-tokens", "1000000"]));
+    // Long streams keep their reservations while the server is killed.
+    let client = s.client();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "stream": true,
+                          "stop": [], "temperature": 1.0});
+        let mut resp = client.post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let _ = resp.chunk().await.unwrap();
+        streams.push(resp);
+    }
+    let held: Value = serde_json::from_str(&cli_in(&data, &["keys", "show", "crashy", "--format", "json"])).unwrap();
+    drop(s); // SIGKILL
+    drop(streams);
+    let reserved = held["spend"]["reserved_tokens"].as_i64().unwrap();
+    let spent = held["spend"]["tokens"].as_i64().unwrap();
+    assert!(reserved > 0, "streams in flight hold reservations: {held} (spent {spent})");
+    let _again = TestServer::start(&args);
+    let after: Value = serde_json::from_str(&cli_in(&data, &["keys", "show", "crashy", "--format", "json"])).unwrap();
+    assert_eq!(after["spend"]["reserved_tokens"], 0, "{after}");
+}
+
+fn cli_in(data: &str, args: &[&str]) -> String {
+    let out = gantry().args(args).args(["--data-dir", data]).output().unwrap();
+    assert!(out.status.success(), "gantry {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
