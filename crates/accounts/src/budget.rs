@@ -10,7 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
+use sqlx::AnyPool;
 
 use crate::keys::KeyInfo;
 use crate::usage::UsageRecord;
@@ -122,10 +122,10 @@ pub struct Spend {
 
 /// Holds `r` against the key's budget, or refuses with [`AccountsError::QuotaExceeded`].
 /// Keys without a budget still get a reservation row, so settlement is uniform.
-pub(crate) async fn reserve(pool: &SqlitePool, key: &KeyInfo, r: &Reservation) -> Result<(), AccountsError> {
+pub(crate) async fn reserve(pool: &AnyPool, key: &KeyInfo, r: &Reservation) -> Result<(), AccountsError> {
     let period = key.budget.period.bucket(r.at_ms);
     let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES (?, ?) ON CONFLICT (key_id, period) DO NOTHING")
+    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES ($1, $2) ON CONFLICT (key_id, period) DO NOTHING")
         .bind(key.id)
         .bind(&period)
         .execute(&mut *tx)
@@ -133,12 +133,12 @@ pub(crate) async fn reserve(pool: &SqlitePool, key: &KeyInfo, r: &Reservation) -
     // The budget is read from the key's row inside the statement, so an update made by another
     // replica a moment ago applies.
     let admitted = sqlx::query(
-        "UPDATE key_spend SET reserved_tokens = reserved_tokens + ?1, reserved_nanos = reserved_nanos + ?2 \
-         WHERE key_id = ?3 AND period = ?4 \
-           AND ((SELECT budget_tokens FROM api_keys WHERE id = ?3) IS NULL \
-                OR spent_tokens + reserved_tokens + ?1 <= (SELECT budget_tokens FROM api_keys WHERE id = ?3)) \
-           AND ((SELECT budget_nanos FROM api_keys WHERE id = ?3) IS NULL \
-                OR spent_nanos + reserved_nanos + ?2 <= (SELECT budget_nanos FROM api_keys WHERE id = ?3))",
+        "UPDATE key_spend SET reserved_tokens = reserved_tokens + $1, reserved_nanos = reserved_nanos + $2 \
+         WHERE key_id = $3 AND period = $4 \
+           AND ((SELECT budget_tokens FROM api_keys WHERE id = $3) IS NULL \
+                OR spent_tokens + reserved_tokens + $1 <= (SELECT budget_tokens FROM api_keys WHERE id = $3)) \
+           AND ((SELECT budget_nanos FROM api_keys WHERE id = $3) IS NULL \
+                OR spent_nanos + reserved_nanos + $2 <= (SELECT budget_nanos FROM api_keys WHERE id = $3))",
     )
     .bind(r.tokens)
     .bind(r.nanos)
@@ -154,7 +154,7 @@ pub(crate) async fn reserve(pool: &SqlitePool, key: &KeyInfo, r: &Reservation) -
     }
     sqlx::query(
         "INSERT INTO reservations (request_id, key_id, period, tokens, nanos, owner, created_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(&r.request_id)
     .bind(key.id)
@@ -193,9 +193,9 @@ fn refusal(key: &KeyInfo, s: &Spend, r: &Reservation) -> String {
     )
 }
 
-async fn spend_in(conn: &mut sqlx::SqliteConnection, key_id: i64, period: &str) -> Result<Spend, AccountsError> {
+async fn spend_in(conn: &mut sqlx::AnyConnection, key_id: i64, period: &str) -> Result<Spend, AccountsError> {
     let row: Option<(i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT spent_tokens, spent_nanos, reserved_tokens, reserved_nanos FROM key_spend WHERE key_id = ? AND period = ?",
+        "SELECT spent_tokens, spent_nanos, reserved_tokens, reserved_nanos FROM key_spend WHERE key_id = $1 AND period = $2",
     )
     .bind(key_id)
     .bind(period)
@@ -212,19 +212,19 @@ async fn spend_in(conn: &mut sqlx::SqliteConnection, key_id: i64, period: &str) 
 }
 
 /// The key's spend in the budget period containing `at_ms`.
-pub(crate) async fn spend(pool: &SqlitePool, key: &KeyInfo, at_ms: i64) -> Result<Spend, AccountsError> {
+pub(crate) async fn spend(pool: &AnyPool, key: &KeyInfo, at_ms: i64) -> Result<Spend, AccountsError> {
     let mut conn = pool.acquire().await?;
     spend_in(&mut conn, key.id, &key.budget.period.bucket(at_ms)).await
 }
 
 /// Writes the ledger row and books its tokens and cost, releasing the request's reservation,
 /// all in one transaction. Idempotent on `request_id`.
-pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), AccountsError> {
+pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), AccountsError> {
     let mut tx = pool.begin().await?;
     let inserted = sqlx::query(
         "INSERT INTO usage_records (request_id, key_id, tenant, model, prompt_tokens, cached_tokens, \
          completion_tokens, cost_nanos, outcome, started_at_ms, finished_at_ms) \
-         SELECT ?, id, tenant, ?, ?, ?, ?, ?, ?, ?, ? FROM api_keys WHERE id = ? \
+         SELECT $1, id, tenant, $2, $3, $4, $5, $6, $7, $8, $9 FROM api_keys WHERE id = $10 \
          ON CONFLICT (request_id) DO NOTHING",
     )
     .bind(&rec.request_id)
@@ -241,7 +241,7 @@ pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), A
     .await?
     .rows_affected();
     if inserted == 0 {
-        let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM usage_records WHERE request_id = ?")
+        let exists: Option<i64> = sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM usage_records WHERE request_id = $1")
             .bind(&rec.request_id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -253,7 +253,7 @@ pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), A
         return Ok(());
     }
     let held: Option<(String, i64, i64)> =
-        sqlx::query_as("DELETE FROM reservations WHERE request_id = ? RETURNING period, tokens, nanos")
+        sqlx::query_as("DELETE FROM reservations WHERE request_id = $1 RETURNING period, tokens, nanos")
             .bind(&rec.request_id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -263,7 +263,7 @@ pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), A
         None => {
             // Settled without a reservation (e.g. recorded by a tool): book it in the period the
             // request started in.
-            let period: String = sqlx::query_scalar("SELECT budget_period FROM api_keys WHERE id = ?")
+            let period: String = sqlx::query_scalar("SELECT budget_period FROM api_keys WHERE id = $1")
                 .bind(rec.key_id)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -271,14 +271,14 @@ pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), A
             (period.bucket(rec.started_at_ms), 0, 0)
         }
     };
-    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES (?, ?) ON CONFLICT (key_id, period) DO NOTHING")
+    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES ($1, $2) ON CONFLICT (key_id, period) DO NOTHING")
         .bind(rec.key_id)
         .bind(&period)
         .execute(&mut *tx)
         .await?;
     sqlx::query(
-        "UPDATE key_spend SET spent_tokens = spent_tokens + ?, spent_nanos = spent_nanos + ?, \
-         reserved_tokens = reserved_tokens - ?, reserved_nanos = reserved_nanos - ? WHERE key_id = ? AND period = ?",
+        "UPDATE key_spend SET spent_tokens = spent_tokens + $1, spent_nanos = spent_nanos + $2, \
+         reserved_tokens = reserved_tokens - $3, reserved_nanos = reserved_nanos - $4 WHERE key_id = $5 AND period = $6",
     )
     .bind(tokens)
     .bind(rec.cost_nanos)
@@ -293,10 +293,10 @@ pub(crate) async fn settle(pool: &SqlitePool, rec: &UsageRecord) -> Result<(), A
 }
 
 /// Drops a reservation without booking anything (the request never reached the engine).
-pub(crate) async fn release(pool: &SqlitePool, request_id: &str) -> Result<(), AccountsError> {
+pub(crate) async fn release(pool: &AnyPool, request_id: &str) -> Result<(), AccountsError> {
     let mut tx = pool.begin().await?;
     let held: Option<(i64, String, i64, i64)> =
-        sqlx::query_as("DELETE FROM reservations WHERE request_id = ? RETURNING key_id, period, tokens, nanos")
+        sqlx::query_as("DELETE FROM reservations WHERE request_id = $1 RETURNING key_id, period, tokens, nanos")
             .bind(request_id)
             .fetch_optional(&mut *tx)
             .await?;
@@ -308,15 +308,15 @@ pub(crate) async fn release(pool: &SqlitePool, request_id: &str) -> Result<(), A
 }
 
 async fn unreserve(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut sqlx::AnyConnection,
     key_id: i64,
     period: &str,
     tokens: i64,
     nanos: i64,
 ) -> Result<(), AccountsError> {
     sqlx::query(
-        "UPDATE key_spend SET reserved_tokens = reserved_tokens - ?, reserved_nanos = reserved_nanos - ? \
-         WHERE key_id = ? AND period = ?",
+        "UPDATE key_spend SET reserved_tokens = reserved_tokens - $1, reserved_nanos = reserved_nanos - $2 \
+         WHERE key_id = $3 AND period = $4",
     )
     .bind(tokens)
     .bind(nanos)
@@ -329,10 +329,10 @@ async fn unreserve(
 
 /// Releases every reservation held by `owner` (a server that crashed and restarted). Returns
 /// how many were released.
-pub(crate) async fn release_owner(pool: &SqlitePool, owner: &str) -> Result<u64, AccountsError> {
+pub(crate) async fn release_owner(pool: &AnyPool, owner: &str) -> Result<u64, AccountsError> {
     let mut tx = pool.begin().await?;
     let held: Vec<(i64, String, i64, i64)> =
-        sqlx::query_as("DELETE FROM reservations WHERE owner = ? RETURNING key_id, period, tokens, nanos")
+        sqlx::query_as("DELETE FROM reservations WHERE owner = $1 RETURNING key_id, period, tokens, nanos")
             .bind(owner)
             .fetch_all(&mut *tx)
             .await?;

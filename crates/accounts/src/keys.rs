@@ -8,7 +8,7 @@ use rand::rngs::OsRng;
 use rand::{Rng, TryRngCore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sqlx::SqlitePool;
+use sqlx::AnyPool;
 use subtle::ConstantTimeEq;
 
 use crate::budget::{Budget, BudgetPeriod};
@@ -277,12 +277,12 @@ fn models_json(models: Option<&[String]>) -> Result<Option<String>, AccountsErro
     Ok(Some(serde_json::to_string(models).expect("strings serialize")))
 }
 
-pub(crate) async fn create_key(pool: &SqlitePool, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
+pub(crate) async fn create_key(pool: &AnyPool, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
     let spec = NewKey { name: name.to_string(), rpm_limit: limits.rpm, tpm_limit: limits.tpm, ..Default::default() };
     create(pool, &spec).await
 }
 
-pub(crate) async fn create(pool: &SqlitePool, spec: &NewKey) -> Result<CreatedKey, AccountsError> {
+pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, AccountsError> {
     let name = validate_name(&spec.name)?;
     let tenant = validate_tenant(spec.tenant.as_deref().unwrap_or("default"))?;
     validate_positive("rpm limit", spec.rpm_limit)?;
@@ -295,7 +295,7 @@ pub(crate) async fn create(pool: &SqlitePool, spec: &NewKey) -> Result<CreatedKe
     let row: KeyRow = sqlx::query_as(&format!(
         "INSERT INTO api_keys (name, tenant, prefix, secret_hash, created_at, expires_at, rpm_limit, tpm_limit, \
          budget_tokens, budget_nanos, budget_period, allowed_models) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {KEY_COLUMNS}"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {KEY_COLUMNS}"
     ))
     .bind(name)
     .bind(tenant)
@@ -317,7 +317,7 @@ pub(crate) async fn create(pool: &SqlitePool, spec: &NewKey) -> Result<CreatedKe
 }
 
 /// Applies a partial update to the key `id_or_name` resolves to; returns the key as stored.
-pub(crate) async fn update(pool: &SqlitePool, id_or_name: &str, u: &KeyUpdate) -> Result<KeyInfo, AccountsError> {
+pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> Result<KeyInfo, AccountsError> {
     let key = resolve(pool, id_or_name.trim()).await?;
     let name = u.name.as_deref().map(validate_name).transpose()?;
     let tenant = u.tenant.as_deref().map(validate_tenant).transpose()?;
@@ -332,16 +332,16 @@ pub(crate) async fn update(pool: &SqlitePool, id_or_name: &str, u: &KeyUpdate) -
     // One statement: each column keeps its value unless the update names it.
     let row: KeyRow = sqlx::query_as(&format!(
         "UPDATE api_keys SET \
-           name = CASE WHEN ? THEN ? ELSE name END, \
-           tenant = CASE WHEN ? THEN ? ELSE tenant END, \
-           rpm_limit = CASE WHEN ? THEN ? ELSE rpm_limit END, \
-           tpm_limit = CASE WHEN ? THEN ? ELSE tpm_limit END, \
-           budget_tokens = CASE WHEN ? THEN ? ELSE budget_tokens END, \
-           budget_nanos = CASE WHEN ? THEN ? ELSE budget_nanos END, \
-           budget_period = CASE WHEN ? THEN ? ELSE budget_period END, \
-           allowed_models = CASE WHEN ? THEN ? ELSE allowed_models END, \
-           expires_at = CASE WHEN ? THEN ? ELSE expires_at END \
-         WHERE id = ? RETURNING {KEY_COLUMNS}"
+           name = CASE WHEN $1 THEN $2 ELSE name END, \
+           tenant = CASE WHEN $3 THEN $4 ELSE tenant END, \
+           rpm_limit = CASE WHEN $5 THEN $6 ELSE rpm_limit END, \
+           tpm_limit = CASE WHEN $7 THEN $8 ELSE tpm_limit END, \
+           budget_tokens = CASE WHEN $9 THEN $10 ELSE budget_tokens END, \
+           budget_nanos = CASE WHEN $11 THEN $12 ELSE budget_nanos END, \
+           budget_period = CASE WHEN $13 THEN $14 ELSE budget_period END, \
+           allowed_models = CASE WHEN $15 THEN $16 ELSE allowed_models END, \
+           expires_at = CASE WHEN $17 THEN $18 ELSE expires_at END \
+         WHERE id = $19 RETURNING {KEY_COLUMNS}"
     ))
     .bind(name.is_some())
     .bind(name)
@@ -371,14 +371,14 @@ pub(crate) async fn update(pool: &SqlitePool, id_or_name: &str, u: &KeyUpdate) -
 
 /// Gives an active key a new secret; the old one stops working at once. The key keeps its id,
 /// settings, budget and usage history.
-pub(crate) async fn rotate(pool: &SqlitePool, id_or_name: &str) -> Result<CreatedKey, AccountsError> {
+pub(crate) async fn rotate(pool: &AnyPool, id_or_name: &str) -> Result<CreatedKey, AccountsError> {
     let key = resolve(pool, id_or_name.trim()).await?;
     if !key.is_active() {
         return Err(AccountsError::KeyRevoked);
     }
     let secret = generate_secret();
     let row: KeyRow = sqlx::query_as(&format!(
-        "UPDATE api_keys SET prefix = ?, secret_hash = ? WHERE id = ? AND revoked_at IS NULL RETURNING {KEY_COLUMNS}"
+        "UPDATE api_keys SET prefix = $1, secret_hash = $2 WHERE id = $3 AND revoked_at IS NULL RETURNING {KEY_COLUMNS}"
     ))
     .bind(display_prefix(&secret))
     .bind(hash_secret(&secret))
@@ -391,12 +391,12 @@ pub(crate) async fn rotate(pool: &SqlitePool, id_or_name: &str) -> Result<Create
     Ok(CreatedKey { key, secret })
 }
 
-pub(crate) async fn find(pool: &SqlitePool, id_or_name: &str) -> Result<KeyInfo, AccountsError> {
+pub(crate) async fn find(pool: &AnyPool, id_or_name: &str) -> Result<KeyInfo, AccountsError> {
     resolve(pool, id_or_name.trim()).await
 }
 
 pub(crate) async fn ensure_key(
-    pool: &SqlitePool,
+    pool: &AnyPool,
     secret: &str,
     name: &str,
 ) -> Result<KeyInfo, AccountsError> {
@@ -408,7 +408,7 @@ pub(crate) async fn ensure_key(
     let name = validate_name(name)?;
     let hash = hash_secret(secret);
     let inserted = sqlx::query(
-        "INSERT INTO api_keys (name, prefix, secret_hash, created_at) VALUES (?, ?, ?, ?) \
+        "INSERT INTO api_keys (name, prefix, secret_hash, created_at) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (secret_hash) DO NOTHING",
     )
     .bind(name)
@@ -430,9 +430,9 @@ pub(crate) async fn ensure_key(
     Ok(key)
 }
 
-async fn find_by_hash(pool: &SqlitePool, hash: &str) -> Result<Option<KeyInfo>, AccountsError> {
+async fn find_by_hash(pool: &AnyPool, hash: &str) -> Result<Option<KeyInfo>, AccountsError> {
     let row: Option<KeyRow> = sqlx::query_as(&format!(
-        "SELECT {KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?"
+        "SELECT {KEY_COLUMNS} FROM api_keys WHERE secret_hash = $1"
     ))
     .bind(hash)
     .fetch_optional(pool)
@@ -440,7 +440,7 @@ async fn find_by_hash(pool: &SqlitePool, hash: &str) -> Result<Option<KeyInfo>, 
     Ok(row.map(to_info))
 }
 
-pub(crate) async fn list_keys(pool: &SqlitePool) -> Result<Vec<KeyInfo>, AccountsError> {
+pub(crate) async fn list_keys(pool: &AnyPool) -> Result<Vec<KeyInfo>, AccountsError> {
     let rows: Vec<KeyRow> =
         sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY id"))
             .fetch_all(pool)
@@ -448,7 +448,7 @@ pub(crate) async fn list_keys(pool: &SqlitePool) -> Result<Vec<KeyInfo>, Account
     Ok(rows.into_iter().map(to_info).collect())
 }
 
-pub(crate) async fn count_active_keys(pool: &SqlitePool) -> Result<u64, AccountsError> {
+pub(crate) async fn count_active_keys(pool: &AnyPool) -> Result<u64, AccountsError> {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL")
         .fetch_one(pool)
         .await?;
@@ -458,7 +458,7 @@ pub(crate) async fn count_active_keys(pool: &SqlitePool) -> Result<u64, Accounts
 /// The key a presented secret belongs to, unless unknown or revoked. Expired keys are returned
 /// (the caller tells the client why it is refused).
 pub(crate) async fn authenticate(
-    pool: &SqlitePool,
+    pool: &AnyPool,
     secret: &str,
 ) -> Result<Option<KeyInfo>, AccountsError> {
     if !looks_like_key(secret) {
@@ -466,7 +466,7 @@ pub(crate) async fn authenticate(
     }
     let hash = hash_secret(secret);
     let row: Option<(String, KeyRow)> = sqlx::query(&format!(
-        "SELECT secret_hash, {KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?"
+        "SELECT secret_hash, {KEY_COLUMNS} FROM api_keys WHERE secret_hash = $1"
     ))
     .bind(&hash)
     .fetch_optional(pool)
@@ -490,32 +490,32 @@ pub(crate) async fn authenticate(
 /// secret is matched by hash) and revokes that key.
 /// Revoking an already revoked key returns it unchanged.
 pub(crate) async fn revoke_key(
-    pool: &SqlitePool,
+    pool: &AnyPool,
     id_or_name: &str,
 ) -> Result<KeyInfo, AccountsError> {
     let key = resolve(pool, id_or_name.trim()).await?;
     if key.is_active() {
-        sqlx::query("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL")
+        sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
             .bind(now_unix())
             .bind(key.id)
             .execute(pool)
             .await?;
         tracing::info!(key_id = key.id, name = %key.name, prefix = %key.prefix, "revoked API key");
     }
-    let row: KeyRow = sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?"))
+    let row: KeyRow = sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
         .bind(key.id)
         .fetch_one(pool)
         .await?;
     Ok(to_info(row))
 }
 
-async fn resolve(pool: &SqlitePool, what: &str) -> Result<KeyInfo, AccountsError> {
+async fn resolve(pool: &AnyPool, what: &str) -> Result<KeyInfo, AccountsError> {
     if what.is_empty() {
         return Err(AccountsError::NotFound("empty key id or name".into()));
     }
     if let Ok(id) = what.parse::<i64>() {
         let row: Option<KeyRow> =
-            sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?"))
+            sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
                 .bind(id)
                 .fetch_optional(pool)
                 .await?;
@@ -531,7 +531,7 @@ async fn resolve(pool: &SqlitePool, what: &str) -> Result<KeyInfo, AccountsError
     }
     for column in ["name", "prefix"] {
         let rows: Vec<KeyRow> = sqlx::query_as(&format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys WHERE {column} = ? ORDER BY id"
+            "SELECT {KEY_COLUMNS} FROM api_keys WHERE {column} = $1 ORDER BY id"
         ))
         .bind(what)
         .fetch_all(pool)

@@ -1,24 +1,29 @@
-//! API keys and the token usage ledger, stored in an embedded SQLite database.
+//! API keys, budgets, rate-limit windows and the token usage ledger, stored in an embedded
+//! SQLite database or, for several replicas, in PostgreSQL.
 //!
 //! Plaintext secrets are never stored or logged: the database holds the SHA-256 hex digest
 //! of each secret plus a short display prefix (e.g. `sk-gantry-AbCd`).
 
 use std::path::Path;
 
-use sqlx::SqlitePool;
+use sqlx::AnyPool;
 
 mod budget;
 mod db;
 mod keys;
+mod rate;
 mod usage;
+#[doc(hidden)]
+pub mod testing;
 
 pub use budget::{Budget, BudgetPeriod, Price, Reservation, Spend, NANOS_PER_USD};
 
-pub use db::{BUSY_TIMEOUT, DB_FILE_NAME};
+pub use db::{Backend, BUSY_TIMEOUT, DB_FILE_NAME};
 pub use keys::{
     generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, KeyUpdate, NewKey, DISPLAY_PREFIX_LEN,
     MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
 };
+pub use rate::RateWindow;
 pub use usage::{UsageQuery, UsageRecord, UsageRow};
 
 /// Errors from the accounts store.
@@ -46,24 +51,23 @@ pub enum AccountsError {
 /// Handle to the accounts database. Cloning is cheap and shares the connection pool.
 #[derive(Debug, Clone)]
 pub struct Accounts {
-    pool: SqlitePool,
+    pool: AnyPool,
+    backend: Backend,
 }
 
 impl Accounts {
     /// Opens (creating dirs and file) `<data_dir>/gantry.db` in WAL mode, busy_timeout 5s,
     /// and runs migrations.
     pub async fn open_data_dir(dir: &Path) -> Result<Self, AccountsError> {
-        Ok(Self {
-            pool: db::open_data_dir(dir).await?,
-        })
+        let (pool, backend) = db::open_data_dir(dir).await?;
+        Ok(Self { pool, backend })
     }
 
-    /// Opens `sqlite://path` (file created if missing) or `sqlite::memory:` (one shared
-    /// connection held for the lifetime of the pool), and runs migrations.
+    /// Opens `sqlite://path` (file created if missing), `sqlite::memory:` (one shared
+    /// connection held for the lifetime of the pool) or `postgres://…`, and runs migrations.
     pub async fn open_url(url: &str) -> Result<Self, AccountsError> {
-        Ok(Self {
-            pool: db::open_url(url).await?,
-        })
+        let (pool, backend) = db::open_url(url).await?;
+        Ok(Self { pool, backend })
     }
 
     /// Creates a key with a fresh random secret. The secret is returned once and not stored.
@@ -156,12 +160,30 @@ impl Accounts {
 
     /// Usage totals grouped by key name, tenant and model.
     pub async fn usage_summary(&self) -> Result<Vec<UsageRow>, AccountsError> {
-        usage::report(&self.pool, &UsageQuery::default()).await
+        usage::report(&self.pool, self.backend, &UsageQuery::default()).await
     }
 
     /// Usage totals filtered and grouped as `query` says.
     pub async fn usage_report(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
-        usage::report(&self.pool, query).await
+        usage::report(&self.pool, self.backend, query).await
+    }
+
+    /// Counts a request of `tokens` against the key's per-minute limits shared through the
+    /// database; refused (and not counted) when either limit would be passed.
+    pub async fn rate_admit(
+        &self,
+        key_id: i64,
+        now_ms: i64,
+        tokens: i64,
+        rpm: Option<i64>,
+        tpm: Option<i64>,
+    ) -> Result<RateWindow, AccountsError> {
+        rate::admit(&self.pool, key_id, now_ms, tokens, rpm, tpm).await
+    }
+
+    /// SQLite or PostgreSQL.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// Closes the pool, waiting for connections to finish (checkpoints the WAL).

@@ -1,9 +1,10 @@
 //! The usage ledger: one row per request, recorded exactly once, and reports over it.
 
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
+use sqlx::AnyPool;
 
 use crate::budget::NANOS_PER_USD;
+use crate::db::Backend;
 use crate::AccountsError;
 
 /// Token usage of one finished (or failed) request.
@@ -59,8 +60,8 @@ pub struct UsageQuery {
 
 type ReportRow = (String, String, String, Option<String>, i64, i64, i64, i64, i64);
 
-pub(crate) async fn report(pool: &SqlitePool, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
-    let day = if q.by_day { "strftime('%Y-%m-%d', u.started_at_ms / 1000, 'unixepoch')" } else { "NULL" };
+pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
+    let day = if q.by_day { backend.day_of_ms("u.started_at_ms") } else { "CAST(NULL AS TEXT)".to_string() };
     // CASTs keep the result types BIGINT on PostgreSQL too, where SUM(bigint) is NUMERIC.
     let sql = format!(
         "SELECT k.name, u.tenant, u.model, {day} AS day, \
@@ -70,8 +71,8 @@ pub(crate) async fn report(pool: &SqlitePool, q: &UsageQuery) -> Result<Vec<Usag
                 CAST(COALESCE(SUM(u.completion_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cost_nanos), 0) AS BIGINT) \
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
-         WHERE (?1 IS NULL OR k.name = ?1) AND (?2 IS NULL OR u.tenant = ?2) AND (?3 IS NULL OR u.model = ?3) \
-           AND (?4 IS NULL OR u.started_at_ms >= ?4) AND (?5 IS NULL OR u.started_at_ms < ?5) \
+         WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
+           AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
          GROUP BY k.name, u.tenant, u.model, day \
          ORDER BY k.name, u.tenant, u.model, day"
     );

@@ -10,7 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_accounts::{AccountsError, KeyInfo, Price, Reservation, UsageRecord};
+use gantry_accounts::{AccountsError, Backend, KeyInfo, Price, Reservation, UsageRecord};
 use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
@@ -54,7 +54,10 @@ pub async fn chat_completions(
     let generate = prepare(&state, &chat, tools.as_ref()).await?;
     let n = generate.n;
     let budget = generate.prompt.tokens.len() as u64 + u64::from(generate.max_tokens) * u64::from(n);
-    let (limits, admitted) = state.rate_limits.admit(&key, budget, std::time::Instant::now());
+    let (limits, admitted) = match state.accounts.backend() {
+        Backend::Postgres => crate::rate_limit::admit_shared(&state.accounts, &key, budget, started_at_ms).await,
+        Backend::Sqlite => state.rate_limits.admit(&key, budget, std::time::Instant::now()),
+    };
     if let Err(refused) = admitted {
         let mut response = refused.into_response();
         limits.apply(response.headers_mut());

@@ -10,8 +10,7 @@ use crate::keyspec::{format_time, key_view, nanos_to_usd};
 use crate::models;
 
 async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {
-    let dir = data.resolve();
-    Accounts::open_data_dir(&dir).await.with_context(|| format!("opening the accounts database in {}", dir.display()))
+    data.open().await
 }
 
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {

@@ -2,15 +2,16 @@
 //! enforced before a request reaches the engine, with OpenAI's `x-ratelimit-*` headers.
 //!
 //! Tokens are counted as OpenAI counts them at admission: prompt tokens plus the completion
-//! budget (`max_tokens`, or what is left of the context). The window lives in this process, so
-//! with several replicas each enforces the limit on its own share of the traffic.
+//! budget (`max_tokens`, or what is left of the context). A single server keeps a sliding window
+//! in this process; replicas sharing a PostgreSQL database count in a per-minute window stored
+//! there ([`admit_shared`]), so one limit holds across all of them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
-use gantry_accounts::KeyInfo;
+use gantry_accounts::{Accounts, KeyInfo};
 use gantry_api::ApiError;
 
 const WINDOW: Duration = Duration::from_secs(60);
@@ -159,6 +160,53 @@ impl RateLimiter {
         };
         (headers, verdict)
     }
+}
+
+/// The same check against the window kept in the shared database (fixed clock minutes: a
+/// burst straddling a minute boundary can see up to twice the limit within 60 seconds).
+pub async fn admit_shared(accounts: &Accounts, key: &KeyInfo, tokens: u64, now_ms: i64) -> (RateHeaders, Result<(), ApiError>) {
+    let (rpm, tpm) = (key.rpm_limit, key.tpm_limit);
+    if rpm.is_none() && tpm.is_none() {
+        return (RateHeaders { requests: None, tokens: None }, Ok(()));
+    }
+    let w = match accounts.rate_admit(key.id, now_ms, tokens as i64, rpm, tpm).await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "shared rate-limit check failed");
+            let err = ApiError::internal("The server could not check your rate limits; please retry.");
+            return (RateHeaders { requests: None, tokens: None }, Err(err));
+        }
+    };
+    let reset = Duration::from_millis(w.reset_ms.max(0) as u64);
+    let headers = RateHeaders {
+        requests: rpm.map(|l| (l as u64, (l - w.requests).max(0) as u64, reset)),
+        tokens: tpm.map(|l| (l as u64, (l - w.tokens).max(0) as u64, reset)),
+    };
+    if w.admitted {
+        return (headers, Ok(()));
+    }
+    let wait = reset.as_secs().max(1);
+    let verdict = match rpm {
+        Some(limit) if w.requests + 1 > limit => ApiError::rate_limited(format!(
+            "Rate limit reached for requests on key '{}': limit {limit} per minute. Please try again in {}.",
+            key.name,
+            format_reset(reset)
+        ))
+        .with_retry_after(wait),
+        _ => {
+            let limit = tpm.unwrap_or(0);
+            let mut err = ApiError::rate_limited(format!(
+                "Rate limit reached for tokens on key '{}': limit {limit} per minute, used {}, requested {tokens}. Please try again in {}.",
+                key.name,
+                w.tokens,
+                format_reset(reset)
+            ))
+            .with_retry_after(wait);
+            err.error_type = "tokens";
+            err
+        }
+    };
+    (headers, Err(verdict))
 }
 
 #[cfg(test)]

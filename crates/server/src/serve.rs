@@ -20,9 +20,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model_id = args.model_name.clone().unwrap_or_else(|| model_id_from_path(&model_path));
 
     let data_dir = args.data.resolve();
-    let accounts = Accounts::open_data_dir(&data_dir)
-        .await
-        .with_context(|| format!("opening the accounts database in {}", data_dir.display()))?;
+    let accounts = args.data.open().await?;
     let new_key = initial_key(&accounts, args.api_key.as_deref()).await?;
     let instance_id = args.instance_id.clone().unwrap_or_else(hostname);
     // A crash leaves reservations behind; they would hold budget forever.
@@ -66,7 +64,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
-    print_banner(&addr.to_string(), &model_id, new_key.as_deref(), &data_dir);
+    let store_flag = match &args.data.database_url {
+        Some(_) => "--database-url \"$GANTRY_DATABASE_URL\"".to_string(),
+        None => format!("--data-dir {}", data_dir.display()),
+    };
+    print_banner(&addr.to_string(), &model_id, new_key.as_deref(), &store_flag);
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -126,7 +128,7 @@ pub fn model_id_from_path(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }
 
-fn print_banner(addr: &str, model_id: &str, new_key: Option<&str>, data_dir: &Path) {
+fn print_banner(addr: &str, model_id: &str, new_key: Option<&str>, store_flag: &str) {
     let base = format!("http://{addr}/v1");
     println!("Gantry is serving `{model_id}` at {base}");
     match new_key {
@@ -139,7 +141,7 @@ fn print_banner(addr: &str, model_id: &str, new_key: Option<&str>, data_dir: &Pa
             );
         }
         None => {
-            println!("Use a key from `gantry keys create --name NAME --data-dir {}`:", data_dir.display());
+            println!("Use a key from `gantry keys create --name NAME {store_flag}`:");
             println!(
                 "  curl {base}/chat/completions -H \"Authorization: Bearer $KEY\" -H 'Content-Type: application/json' -d '{{\"model\":\"{model_id}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
             );

@@ -21,18 +21,30 @@ fn hello(model: &str, max_tokens: u32) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
 }
 
-async fn usage_json(s: &TestServer, key_name: &str) -> Vec<Value> {
-    serde_json::from_str(&cli(s, &["usage", "--format", "json", "--key-name", key_name])).unwrap()
-}
-
 #[tokio::test]
 async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
     let s = TestServer::start(&["--max-queue", "200"]);
+    budget_burst(&s, &|args| cli(&s, args)).await;
+}
+
+#[tokio::test]
+async fn a_budget_holds_under_a_burst_on_postgres() {
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url() else {
+        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
+        return;
+    };
+    let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
+    let s = TestServer::start(&["--max-queue", "200", "--database-url", &url]);
+    budget_burst(&s, &|args| cli_db(&url, args)).await;
+}
+
+/// 100 concurrent requests on a key whose budget admits about 30 at once.
+async fn budget_burst(s: &TestServer, cli: &dyn Fn(&[&str]) -> String) {
     let probe: Value = s.chat(hello(&s.model_id, 4)).send().await.unwrap().json().await.unwrap();
     let prompt = probe["usage"]["prompt_tokens"].as_i64().unwrap();
     // Each request reserves prompt + max_tokens; the budget admits about 30 at once.
     let budget = 30 * (prompt + 4);
-    let key = last_line(&cli(&s, &["keys", "create", "--name", "burst", "--budget-tokens", &budget.to_string()]));
+    let key = last_line(&cli(&["keys", "create", "--name", "burst", "--budget-tokens", &budget.to_string()]));
     let client = s.client();
     let sends = (0..100).map(|_| {
         client.post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&hello(&s.model_id, 4)).send()
@@ -58,9 +70,9 @@ async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
     assert!(ok >= 30 && refused > 0, "ok {ok}, refused {refused}");
     assert!(billed <= budget, "billed {billed} > budget {budget}");
     // The ledger is written just after each response; give the last writes a moment.
-    let mut rows = Vec::new();
+    let mut rows: Vec<Value> = Vec::new();
     for _ in 0..50 {
-        rows = usage_json(&s, "burst").await;
+        rows = serde_json::from_str(&cli(&["usage", "--format", "json", "--key-name", "burst"])).unwrap();
         if rows.first().is_some_and(|r| r["requests"] == ok) {
             break;
         }
@@ -70,7 +82,7 @@ async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
     assert_eq!(rows[0]["requests"], ok);
     let ledger = rows[0]["prompt_tokens"].as_i64().unwrap() + rows[0]["completion_tokens"].as_i64().unwrap();
     assert_eq!(ledger, billed);
-    let shown: Value = serde_json::from_str(&cli(&s, &["keys", "show", "burst", "--format", "json"])).unwrap();
+    let shown: Value = serde_json::from_str(&cli(&["keys", "show", "burst", "--format", "json"])).unwrap();
     assert_eq!(shown["spend"]["tokens"], billed);
     assert_eq!(shown["spend"]["reserved_tokens"], 0);
 }
@@ -206,4 +218,70 @@ fn cli_in(data: &str, args: &[&str]) -> String {
     let out = gantry().args(args).args(["--data-dir", data]).output().unwrap();
     assert!(out.status.success(), "gantry {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
+}
+
+fn cli_db(url: &str, args: &[&str]) -> String {
+    let out = gantry().args(args).args(["--database-url", url]).output().unwrap();
+    assert!(out.status.success(), "gantry {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url() else {
+        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the two-replica PostgreSQL test (make test sets it)");
+        return;
+    };
+    let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
+    let a = TestServer::start(&["--database-url", &url, "--instance-id", "replica-a", "--admin-token", ADMIN]);
+    let b = TestServer::start(&["--database-url", &url, "--instance-id", "replica-b"]);
+    let replicas = [&a, &b];
+    let send = |s: &TestServer, key: &str, max_tokens: u32| {
+        s.client().post(s.url("/v1/chat/completions")).bearer_auth(key).json(&hello(&s.model_id, max_tokens)).send()
+    };
+
+    // One RPM limit across both replicas.
+    let limited = last_line(&cli_db(&url, &["keys", "create", "--name", "limited", "--rpm", "4"]));
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        statuses.push(send(replicas[i % 2], &limited, 2).await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 4, "{statuses:?}");
+    let refused = send(&b, &limited, 2).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(refused.headers()["x-ratelimit-remaining-requests"], "0");
+
+    // One budget across both replicas.
+    let probe: Value = a.chat(hello(&a.model_id, 4)).send().await.unwrap().json().await.unwrap();
+    let per_request = probe["usage"]["prompt_tokens"].as_i64().unwrap() + 4;
+    let budget = 3 * per_request;
+    let budgeted = last_line(&cli_db(&url, &["keys", "create", "--name", "budgeted", "--budget-tokens", &budget.to_string()]));
+    let (mut billed, mut quota_refusals) = (0, 0);
+    for i in 0..10 {
+        let resp = send(replicas[i % 2], &budgeted, 4).await.unwrap();
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.unwrap();
+        match status {
+            200 => billed += v["usage"]["total_tokens"].as_i64().unwrap(),
+            429 => {
+                assert_eq!(v["error"]["code"], "insufficient_quota");
+                quota_refusals += 1;
+            }
+            other => panic!("{other}: {v}"),
+        }
+        // Settlement is written just after the response; let it land before the next request.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    assert!(quota_refusals > 0 && billed <= budget, "billed {billed} of {budget}, {quota_refusals} refusals");
+    let rows: Vec<Value> = serde_json::from_str(&cli_db(&url, &["usage", "--format", "json", "--key-name", "budgeted"])).unwrap();
+    let ledger = rows[0]["prompt_tokens"].as_i64().unwrap() + rows[0]["completion_tokens"].as_i64().unwrap();
+    assert_eq!(ledger, billed);
+
+    // A revocation made through one replica is seen by the other on the next request.
+    let victim = last_line(&cli_db(&url, &["keys", "create", "--name", "victim"]));
+    assert_eq!(send(&b, &victim, 2).await.unwrap().status(), 200);
+    let revoked = a.client().delete(a.url("/admin/v1/keys/victim")).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(revoked.status(), 200);
+    assert_eq!(send(&b, &victim, 2).await.unwrap().status(), 401);
 }

@@ -37,3 +37,12 @@ CREATE TABLE reservations (
     created_at_ms INTEGER NOT NULL
 );
 CREATE INDEX reservations_owner ON reservations (owner);
+
+-- Requests and tokens per key per minute, for rate limits shared through the database.
+CREATE TABLE rate_windows (
+    key_id    INTEGER NOT NULL REFERENCES api_keys (id),
+    minute    INTEGER NOT NULL,
+    requests  INTEGER NOT NULL DEFAULT 0,
+    tokens    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, minute)
+);

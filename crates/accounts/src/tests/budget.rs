@@ -2,6 +2,37 @@ use std::sync::Arc;
 
 use super::*;
 
+/// Runs a test body against SQLite and, when `GANTRY_TEST_DATABASE_URL` names a server, against
+/// a fresh PostgreSQL database too: one suite for both backends.
+macro_rules! on_both {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn sqlite() {
+                let (_dir, acc) = open_tmp().await;
+                ($body)(acc).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                let Some(acc) = open_postgres().await else { return };
+                ($body)(acc).await
+            }
+        }
+    };
+}
+
+pub(super) async fn open_postgres() -> Option<Accounts> {
+    let Some(admin) = crate::testing::postgres_admin_url() else {
+        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
+        return None;
+    };
+    let url = crate::testing::fresh_postgres_database(&admin).await.expect("create a test database");
+    Some(Accounts::open_url(&url).await.expect("open PostgreSQL"))
+}
+
 fn reservation(id: &str, tokens: i64, nanos: i64) -> Reservation {
     Reservation { request_id: id.into(), tokens, nanos, owner: "test-host".into(), at_ms: 1_800_000_000_000 }
 }
@@ -31,9 +62,7 @@ async fn key_with_budget(acc: &Accounts, tokens: Option<i64>, nanos: Option<i64>
     acc.create_key_from(&spec).await.unwrap().key
 }
 
-#[tokio::test]
-async fn concurrent_reservations_never_exceed_the_budget() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(concurrent_reservations_never_exceed_the_budget, |acc: Accounts| async move {
     // Room for exactly 30 requests of 100 tokens.
     let key = Arc::new(key_with_budget(&acc, Some(3_000), None).await);
     let mut tasks = Vec::new();
@@ -53,11 +82,9 @@ async fn concurrent_reservations_never_exceed_the_budget() {
     let spend = acc.spend(&key, 1_800_000_000_000).await.unwrap();
     assert_eq!(spend.reserved_tokens, 3_000);
     assert_eq!(spend.spent_tokens, 0);
-}
+});
 
-#[tokio::test]
-async fn settlement_moves_reservation_to_spend_once() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(settlement_moves_reservation_to_spend_once, |acc: Accounts| async move {
     let key = key_with_budget(&acc, Some(1_000), None).await;
     acc.reserve(&key, &reservation("a", 600, 0)).await.unwrap();
     // 600 of 1000 held: another 600 does not fit.
@@ -71,11 +98,9 @@ async fn settlement_moves_reservation_to_spend_once() {
     let rows = acc.usage_summary().await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].requests, rows[0].tenant.as_str()), (1, "acme"));
-}
+});
 
-#[tokio::test]
-async fn money_budget_and_cost() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(money_budget_and_cost, |acc: Accounts| async move {
     let price = Price { input_per_mtok: 1.0, output_per_mtok: 2.0 };
     // 1000 prompt + 1000 completion tokens = $0.003.
     assert_eq!(price.cost_nanos(1_000, 1_000), 3_000_000);
@@ -86,11 +111,9 @@ async fn money_budget_and_cost() {
     acc.record_usage(&record("a", key.id, 1_000, 1_000, 3_000_000)).await.unwrap();
     let rows = acc.usage_summary().await.unwrap();
     assert!((rows[0].cost - 0.003).abs() < 1e-12);
-}
+});
 
-#[tokio::test]
-async fn released_and_crashed_reservations_free_the_budget() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(released_and_crashed_reservations_free_the_budget, |acc: Accounts| async move {
     let key = key_with_budget(&acc, Some(1_000), None).await;
     acc.reserve(&key, &reservation("a", 500, 0)).await.unwrap();
     acc.release("a").await.unwrap();
@@ -103,11 +126,9 @@ async fn released_and_crashed_reservations_free_the_budget() {
     assert_eq!(acc.release_reservations_of("test-host").await.unwrap(), 1);
     let spend = acc.spend(&key, 1_800_000_000_000).await.unwrap();
     assert_eq!(spend.reserved_tokens, 700);
-}
+});
 
-#[tokio::test]
-async fn monthly_budgets_reset_each_month() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(monthly_budgets_reset_each_month, |acc: Accounts| async move {
     let spec = NewKey {
         name: "monthly".into(),
         budget: Budget { tokens: Some(100), nanos: None, period: BudgetPeriod::Month },
@@ -124,11 +145,9 @@ async fn monthly_budgets_reset_each_month() {
     assert!(acc.reserve(&key, &r).await.is_err());
     r.at_ms = dec;
     acc.reserve(&key, &r).await.unwrap();
-}
+});
 
-#[tokio::test]
-async fn keys_update_rotate_expire_and_restrict_models() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(keys_update_rotate_expire_and_restrict_models, |acc: Accounts| async move {
     let created = acc
         .create_key_from(&NewKey {
             name: "k".into(),
@@ -155,11 +174,9 @@ async fn keys_update_rotate_expire_and_restrict_models() {
     assert!(acc.authenticate(&created.secret).await.unwrap().is_none());
     assert_eq!(acc.authenticate(&rotated.secret).await.unwrap().unwrap().id, k.id);
     assert!(matches!(acc.update_key("k", &KeyUpdate { rpm_limit: Some(Some(0)), ..Default::default() }).await, Err(AccountsError::Invalid(_))));
-}
+});
 
-#[tokio::test]
-async fn usage_report_filters_and_groups_by_day() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(usage_report_filters_and_groups_by_day, |acc: Accounts| async move {
     let key = key_with_budget(&acc, None, None).await;
     let day = 24 * 3600 * 1000;
     for (i, start) in [1_800_000_000_000, 1_800_000_000_000 + day, 1_800_000_000_000 + day].iter().enumerate() {
@@ -177,4 +194,23 @@ async fn usage_report_filters_and_groups_by_day() {
     assert_eq!((since[0].requests, since[0].prompt_tokens), (2, 20));
     let none = acc.usage_report(&UsageQuery { key_name: Some("nobody".into()), ..Default::default() }).await.unwrap();
     assert!(none.is_empty());
-}
+});
+
+on_both!(shared_rate_windows_count_per_minute, |acc: Accounts| async move {
+    let key = key_with_budget(&acc, None, None).await;
+    let t0 = 1_800_000_000_000 - 1_800_000_000_000 % 60_000;
+    for i in 1..=3 {
+        let w = acc.rate_admit(key.id, t0 + i, 10, Some(3), Some(100)).await.unwrap();
+        assert!(w.admitted);
+        assert_eq!((w.requests, w.tokens), (i as i64, 10 * i as i64));
+    }
+    let refused = acc.rate_admit(key.id, t0 + 10, 10, Some(3), Some(100)).await.unwrap();
+    assert!(!refused.admitted);
+    assert_eq!(refused.requests, 3);
+    assert_eq!(refused.reset_ms, 60_000 - 10);
+    // Tokens: 30 used, 80 more would pass 100.
+    let too_big = acc.rate_admit(key.id, t0 + 20, 80, None, Some(100)).await.unwrap();
+    assert!(!too_big.admitted);
+    // The next minute starts afresh.
+    assert!(acc.rate_admit(key.id, t0 + 60_000, 10, Some(3), Some(100)).await.unwrap().admitted);
+});
