@@ -59,7 +59,9 @@ struct Cli {
     shared_prefix_tokens: usize,
     #[arg(long, default_value_t = 8)]
     shared_prefix_concurrency: usize,
-    #[arg(long, default_value_t = 16)]
+    /// Requests of the shared-prefix workload. The default, one per stream, measures a cold
+    /// burst: every request arrives before the shared system prompt has been computed once.
+    #[arg(long, default_value_t = 8)]
     shared_prefix_requests: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,

@@ -8,6 +8,8 @@ use serde_json::Value as Json;
 /// A compiled chat template plus the special-token strings templates refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// Whether the template reads `tools`; if not, tools go in through the generic tool prompt.
+    handles_tools: bool,
     bos_token: String,
     eos_token: String,
 }
@@ -36,13 +38,24 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| TemplateError::Compile(describe(&e)))?;
-        Ok(Self { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+        let handles_tools = source.contains("tools");
+        Ok(Self { env, handles_tools, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
     }
 
     /// Renders `messages` (objects with `role`, `content`, optional `tool_calls`, `tool_call_id`,
     /// `name`) and optional `tools` into the prompt text, ending with the assistant's turn.
+    /// Templates that do not read `tools` get them through the generic tool prompt.
     pub fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<String, TemplateError> {
+        // A template without tool support would drop `tools` (and tool turns) silently.
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("template was added in new()");
+        let rewritten;
+        let (messages, tools) = match tools {
+            Some(t) if !t.is_empty() && !self.handles_tools => {
+                rewritten = crate::tools::with_generic_tool_prompt(messages, t);
+                (rewritten.as_slice(), None)
+            }
+            _ => (messages, tools),
+        };
         let messages: Vec<Json> = messages.iter().map(normalise_message).collect();
         let ctx = minijinja::context! {
             messages => Value::from_serialize(&messages),
@@ -234,5 +247,18 @@ mod tests {
         assert!(s.split(' ').count() == 3);
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_000), (2024, 10, 4));
+    }
+
+    #[test]
+    fn templates_without_tool_support_get_the_generic_tool_prompt() {
+        let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+        let t = ChatTemplate::new(chatml, "", "").unwrap();
+        let tools = [json!({"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}})];
+        let out = t.render(&[json!({"role": "user", "content": "hi"})], Some(&tools)).unwrap();
+        assert!(out.starts_with("<|im_start|>system\nYou can call these functions:"), "{out}");
+        assert!(out.contains("\"name\":\"lookup\""), "{out}");
+        // Without tools nothing changes.
+        let plain = t.render(&[json!({"role": "user", "content": "hi"})], None).unwrap();
+        assert_eq!(plain, "<|im_start|>user\nhi<|im_end|>\n");
     }
 }

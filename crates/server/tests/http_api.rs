@@ -326,3 +326,32 @@ async fn response_format_constrains_even_a_random_model() {
     assert_eq!(status, 400);
     assert_eq!(body["error"]["param"], "response_format");
 }
+
+#[tokio::test]
+async fn tools_reach_a_model_whose_template_lacks_them_and_forced_calls_parse() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "description": "Look a word up",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}}, "required": ["word"]}}}]);
+    let plain: Value = s.chat(hello(&s.model_id)).send().await.unwrap().json().await.unwrap();
+    let mut body = hello(&s.model_id);
+    body["tools"] = tools.clone();
+    body["tool_choice"] = json!("required");
+    // The grammar bounds the call (a word of at most 8 characters) well inside 200 tokens.
+    body["max_tokens"] = json!(200);
+    let resp = s.chat(body).send().await.unwrap();
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    // The tiny model's ChatML template ignores `tools`; the generic tool prompt shows them anyway.
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() > plain["usage"]["prompt_tokens"].as_u64().unwrap() + 10,
+        "tools were not rendered: {v}"
+    );
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["word"].as_str().is_some_and(|w| w.chars().count() <= 8), "{args}");
+    assert!(choice["message"]["content"].is_null());
+}

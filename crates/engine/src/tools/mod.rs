@@ -16,6 +16,7 @@
 //! - Content is the text outside the calls, concatenated and trimmed.
 
 mod parse;
+mod prompt;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -28,6 +29,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 pub use parse::parse_tool_calls;
+pub use prompt::with_generic_tool_prompt;
 pub use stream::{StreamPiece, ToolCallStreamer};
 
 /// One recognised call.
