@@ -17,6 +17,8 @@ pub enum Constraint {
     JsonObject,
     /// A document valid against this JSON schema.
     JsonSchema(Value),
+    /// A Lark grammar (llguidance's dialect, `%json {…}` included), for tool-call formats.
+    Lark(String),
 }
 
 impl Constraint {
@@ -24,6 +26,7 @@ impl Constraint {
         let mut schema = match self {
             Constraint::JsonObject => json!({"type": "object"}),
             Constraint::JsonSchema(s) => s.clone(),
+            Constraint::Lark(lark) => return TopLevelGrammar::from_lark(lark.clone()),
         };
         // Compact JSON: with free whitespace, small models can emit newlines forever.
         if let Some(obj) = schema.as_object_mut() {
@@ -59,12 +62,20 @@ impl Grammars {
 
     /// A fresh sampler enforcing `constraint`, or why the constraint cannot be compiled.
     pub fn sampler(&self, model: &LoadedModel, constraint: &Constraint) -> Result<LlamaSampler, String> {
+        self.sampler_after(model, constraint, &[])
+    }
+
+    /// A sampler enforcing `constraint` on output that already began with `tokens` (a tool call
+    /// the model started on its own); fails if those tokens do not fit the grammar.
+    pub fn sampler_after(&self, model: &LoadedModel, constraint: &Constraint, tokens: &[i32]) -> Result<LlamaSampler, String> {
         let factory = self.factory(model)?;
         let parser = factory.create_parser(constraint.grammar()).map_err(|e| e.to_string())?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
+        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        matcher.consume_tokens(&tokens).map_err(|e| e.to_string())?;
         Ok(LlamaSampler::from(matcher))
     }
 }

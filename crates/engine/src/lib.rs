@@ -26,7 +26,7 @@ pub use constraint::Constraint;
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use request::{
     Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob, TopLogprob,
-    Outcome, Usage,
+    LazyTools, Outcome, Usage,
 };
 pub use template::TemplateError;
 

@@ -128,6 +128,14 @@ impl LoadedModel {
         self.grammars.sampler(self, constraint)
     }
 
+    pub(crate) fn constraint_sampler_after(
+        &self,
+        constraint: &Constraint,
+        tokens: &[i32],
+    ) -> Result<llama_cpp_2::sampling::LlamaSampler, String> {
+        self.grammars.sampler_after(self, constraint, tokens)
+    }
+
     pub fn is_end_of_generation(&self, token: i32) -> bool {
         self.llama.vocab().is_eog(LlamaToken(token))
     }

@@ -49,6 +49,20 @@ pub struct GenerateRequest {
     pub logprobs: Option<u32>,
     /// Grammar the completion must follow (JSON object or schema).
     pub constraint: Option<crate::constraint::Constraint>,
+    /// `tool_choice: "auto"`: free text, until the output starts a tool call; from there on the
+    /// call is constrained.
+    pub lazy_tools: Option<LazyTools>,
+}
+
+/// Grammars for a tool call the model starts on its own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LazyTools {
+    /// The whole output, once it starts with `{` or `[`: a bare JSON call (or array of calls).
+    pub bare: crate::constraint::Constraint,
+    /// What follows a `<tool_call>` tag (Qwen/Hermes): the call, `</tool_call>`, maybe more calls.
+    pub tagged: crate::constraint::Constraint,
+    /// The whole output, once it is a ```json fence followed by `{` or `[`.
+    pub fenced: crate::constraint::Constraint,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -271,6 +271,9 @@ impl Scheduler {
                 };
                 req.usage.completion_tokens += 1;
                 req.token_produced(i);
+                if !model.is_end_of_generation(token) {
+                    req.watch_for_tool_call(i, token, model);
+                }
                 let c = &mut req.choices[i];
                 c.generated += 1;
                 let index = c.index;

@@ -7,7 +7,7 @@ use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::model::LoadedModel;
-use crate::request::{Event, FinishReason, GenerateRequest, Outcome, TokenLogprob, Usage};
+use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
 use crate::sampling::build_sampler;
 use crate::text::TextAssembler;
 
@@ -34,6 +34,18 @@ pub(crate) struct Choice {
     pub finished: Option<FinishReason>,
     /// When this choice last produced a token, for latency metrics.
     pub last_token_at: Option<Instant>,
+    /// Watching for a tool call to constrain (`tool_choice: "auto"`); `None` once it started
+    /// or when the request has no tools.
+    pub tool_watch: Option<ToolWatch>,
+}
+
+/// The output so far of a choice that may still start a tool call.
+#[derive(Default)]
+pub(crate) struct ToolWatch {
+    tokens: Vec<i32>,
+    text: String,
+    /// Still only whitespace, or a `{`/`[` start: a bare JSON call is possible.
+    bare_possible: bool,
 }
 
 pub(crate) struct ActiveRequest {
@@ -51,6 +63,9 @@ pub(crate) struct ActiveRequest {
     pub usage: Usage,
     events: mpsc::UnboundedSender<Event>,
     usage_tx: Option<oneshot::Sender<Usage>>,
+    sampling: SamplingParams,
+    penalty_window: i32,
+    lazy_tools: Option<LazyTools>,
 }
 
 impl ActiveRequest {
@@ -82,6 +97,7 @@ impl ActiveRequest {
                 batch_idx: None,
                 finished: None,
                 last_token_at: None,
+                tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch { bare_possible: true, ..Default::default() }),
             })
             .collect();
         let prompt_tokens = request.prompt.tokens.len() as u32;
@@ -97,7 +113,55 @@ impl ActiveRequest {
             usage: Usage { prompt_tokens, ..Usage::default() },
             events,
             usage_tx: Some(usage),
+            sampling: request.sampling,
+            penalty_window: window,
+            lazy_tools: request.lazy_tools,
         })
+    }
+
+    /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool
+    /// call (a bare `{`/`[`, a fenced JSON block or a `<tool_call>` tag), the rest of the call is sampled under a
+    /// grammar, so it parses and its arguments match the schema. Called after every token.
+    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, model: &LoadedModel) {
+        let Some(lazy) = self.lazy_tools.as_ref() else { return };
+        let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
+        let piece = String::from_utf8_lossy(&model.piece(token)).into_owned();
+        watch.tokens.push(token);
+        watch.text.push_str(&piece);
+        let started = watch.text.trim_start();
+        let (constraint, consumed) = if watch.bare_possible && (started.starts_with('{') || started.starts_with('[')) {
+            (&lazy.bare, watch.tokens.as_slice())
+        } else if watch.bare_possible && started.starts_with("```") {
+            // A fenced block is a call only if JSON follows the fence line (not ```python …).
+            let Some((_, body)) = started.split_once('\n') else { return };
+            let body = body.trim_start();
+            if body.is_empty() {
+                return;
+            }
+            if !(body.starts_with('{') || body.starts_with('[')) {
+                watch.bare_possible = false;
+                return;
+            }
+            (&lazy.fenced, watch.tokens.as_slice())
+        } else if piece.ends_with("<tool_call>") {
+            (&lazy.tagged, &[][..])
+        } else {
+            watch.bare_possible &= started.is_empty();
+            return;
+        };
+        match model.constraint_sampler_after(constraint, consumed) {
+            Ok(grammar) => {
+                let n_vocab = model.info().n_vocab;
+                self.choices[i].sampler = build_sampler(n_vocab, &self.sampling, i as u32, self.penalty_window, Some(grammar));
+                self.choices[i].tool_watch = None;
+            }
+            Err(e) => {
+                // The model's own start does not fit a call (e.g. a JSON answer, not a call):
+                // leave it unconstrained, but still watch for a tagged call later.
+                tracing::debug!(error = %e, "output does not start a tool call the grammar accepts");
+                watch.bare_possible = false;
+            }
+        }
     }
 
     /// Most prompt tokens that may come from the cache: the last one is always decoded, since

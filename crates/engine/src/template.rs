@@ -70,10 +70,23 @@ impl ChatTemplate {
 
 /// Most templates know only system/user/assistant/tool: a developer message is OpenAI's newer
 /// name for a system message, so it is rendered as one.
+///
+/// OpenAI sends a tool call's `arguments` as a JSON string; chat templates (written for
+/// transformers) expect the object and print it with `tojson`, so a string would reach the model
+/// double-encoded, unlike anything it was trained on. Arguments that parse are passed as objects.
 fn normalise_message(m: &Json) -> Json {
     let mut m = m.clone();
     if m.get("role").and_then(Json::as_str) == Some("developer") {
         m["role"] = Json::from("system");
+    }
+    if let Some(calls) = m.get_mut("tool_calls").and_then(Json::as_array_mut) {
+        for call in calls {
+            if let Some(args) = call.pointer_mut("/function/arguments") {
+                if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok()).filter(Json::is_object) {
+                    *args = parsed;
+                }
+            }
+        }
     }
     m
 }
@@ -260,5 +273,13 @@ mod tests {
         // Without tools nothing changes.
         let plain = t.render(&[json!({"role": "user", "content": "hi"})], None).unwrap();
         assert_eq!(plain, "<|im_start|>user\nhi<|im_end|>\n");
+    }
+
+    #[test]
+    fn tool_call_arguments_reach_the_template_as_objects() {
+        let t = ChatTemplate::new("{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}", "", "").unwrap();
+        let call = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"city\": \"Paris\"}"}}]});
+        assert_eq!(t.render(&[call], None).unwrap(), r#"{"city": "Paris"}"#);
     }
 }

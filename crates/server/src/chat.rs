@@ -145,15 +145,19 @@ async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan
     let constraint = tools.and_then(|t| t.forced.clone()).or_else(|| constraint_of(chat));
     let checked = constraint.clone();
     let tool_defs = tools.map(|t| t.tools.clone());
+    let lazy = tools.and_then(|t| t.lazy.clone());
     let (prompt, grammar) = tokio::task::spawn_blocking(move || {
-        let grammar = checked.as_ref().map(|c| model.check_constraint(c)).transpose();
+        // The grammars a call started under `auto` would switch to are checked now too, so a bad
+        // tool schema is a 400 before anything runs.
+        let lazy_checked = lazy.iter().flat_map(|l| [&l.bare, &l.tagged, &l.fenced]).try_for_each(|c| model.check_constraint(c));
+        let grammar = checked.as_ref().map(|c| model.check_constraint(c)).transpose().and_then(|g| lazy_checked.map(|()| g));
         (model.prepare(&messages, tool_defs.as_deref()), grammar)
     })
     .await
     .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?;
     let prompt = prompt
         .map_err(|e| ApiError::invalid_request(format!("The chat template rejected these messages: {e}"), Some("messages")))?;
-    let schema_param = if tools.is_some_and(|t| t.forced.is_some()) { "tools" } else { "response_format" };
+    let schema_param = if tools.is_some() { "tools" } else { "response_format" };
     grammar.map_err(|e| ApiError::invalid_request(format!("Invalid schema for {schema_param}: {e}"), Some(schema_param)))?;
 
     let ctx = state.engine.config().ctx_size;
@@ -189,6 +193,7 @@ async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan
         sampling,
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
         constraint,
+        lazy_tools: tools.and_then(|t| t.lazy.clone()),
     })
 }
 

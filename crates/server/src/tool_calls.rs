@@ -3,7 +3,7 @@
 
 use gantry_api::{ApiError, ValidatedChat};
 use gantry_engine::tools::{new_call_id, parse_tool_calls, ParsedCall};
-use gantry_engine::Constraint;
+use gantry_engine::{Constraint, LazyTools};
 use serde_json::{json, Value};
 
 /// The tool set-up of one request.
@@ -19,6 +19,33 @@ pub struct ToolPlan {
     pub forced: Option<Constraint>,
     /// `parallel_tool_calls: false` keeps the first call only.
     pub single: bool,
+    /// `auto`: grammars that take over once the model starts a call on its own.
+    pub lazy: Option<LazyTools>,
+}
+
+/// Grammars for a call the model starts by itself under `tool_choice: "auto"`: a bare object
+/// (or, when parallel calls are allowed, an array), a ```json fence around one, or the
+/// Qwen/Hermes `<tool_call>` block. Whitespace inside the JSON follows the model's own layout (one
+/// line, or indented) but is bounded, so it cannot pad forever.
+fn lazy_grammars(calls: &[Value], single: bool) -> LazyTools {
+    // Between two JSON tokens: one space, or a line break and an indent (one-line or indented).
+    let layout = json!({"whitespace_pattern": "(\\x20|\\x0A\\x20{0,12})"});
+    let call = json!({"anyOf": calls, "x-guidance": layout});
+    let body = if single {
+        call.clone()
+    } else {
+        json!({"anyOf": [{"anyOf": calls}, {"type": "array", "items": {"anyOf": calls}, "minItems": 1}], "x-guidance": layout})
+    };
+    let terminals = "NL: /\\n/\nWS: /[ \\t\\r\\n]+/\nLANG: /[A-Za-z]+/\n";
+    let bare = format!("start: WS? body\n{terminals}body: %json {body}\n");
+    let fenced = format!("start: WS? \"```\" LANG? NL body WS? \"```\"\n{terminals}body: %json {body}\n");
+    let more = if single { "" } else { " more*" };
+    let tagged = format!(
+        "start: NL? body NL? \"</tool_call>\"{more}\n\
+         more: WS? \"<tool_call>\" NL? body NL? \"</tool_call>\"\n\
+         {terminals}body: %json {call}\n"
+    );
+    LazyTools { bare: Constraint::Lark(bare), tagged: Constraint::Lark(tagged), fenced: Constraint::Lark(fenced) }
 }
 
 impl ToolPlan {
@@ -69,7 +96,8 @@ impl ToolPlan {
             ));
         }
         let single = chat.parallel_tool_calls == Some(false);
-        Ok(Some(Self { tools, names, parse, forced, single }))
+        let lazy = (parse && forced.is_none()).then(|| lazy_grammars(&(0..names.len()).map(call_of).collect::<Vec<_>>(), single));
+        Ok(Some(Self { tools, names, parse, forced, single, lazy }))
     }
 
     pub fn known(&self) -> Vec<&str> {
