@@ -76,63 +76,30 @@ impl KeyInfo {
     }
 }
 
-/// Everything settable on a new key.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Everything settable on a new key (the server's `keyspec` turns what people type into this).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NewKey {
     pub name: String,
-    #[serde(default)]
     pub tenant: Option<String>,
-    #[serde(default)]
     pub rpm_limit: Option<i64>,
-    #[serde(default)]
     pub tpm_limit: Option<i64>,
-    #[serde(default)]
     pub budget: Budget,
-    #[serde(default)]
     pub allowed_models: Option<Vec<String>>,
-    #[serde(default)]
     pub expires_at: Option<i64>,
 }
 
 /// A partial change to a key: `None` leaves a field alone, `Some(None)` clears an optional one.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyUpdate {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub tenant: Option<String>,
-    #[serde(default, with = "double_option")]
     pub rpm_limit: Option<Option<i64>>,
-    #[serde(default, with = "double_option")]
     pub tpm_limit: Option<Option<i64>>,
-    #[serde(default, with = "double_option")]
     pub budget_tokens: Option<Option<i64>>,
-    #[serde(default, with = "double_option")]
     pub budget_nanos: Option<Option<i64>>,
-    #[serde(default)]
     pub budget_period: Option<BudgetPeriod>,
-    #[serde(default, with = "double_option")]
     pub allowed_models: Option<Option<Vec<String>>>,
-    #[serde(default, with = "double_option")]
     pub expires_at: Option<Option<i64>>,
-}
-
-/// JSON `null` means "clear", an absent field means "leave alone".
-mod double_option {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<T: Serialize, S: Serializer>(v: &Option<Option<T>>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            None => s.serialize_none(),
-            Some(inner) => inner.serialize(s),
-        }
-    }
-
-    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
-        Option::<T>::deserialize(d).map(Some)
-    }
 }
 
 /// A freshly created key together with its plaintext secret, which is shown once and

@@ -69,9 +69,14 @@ impl ChunkEncoder {
                         continue;
                     }
                     tools.calls[choice as usize] += 1;
-                    let call = call_json(&ParsedCall { name, arguments }, Some(index));
-                    let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]) };
-                    frames.push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None));
+                    // As OpenAI streams a call: the first delta names it (id, type, name, empty
+                    // arguments), the next carries the arguments.
+                    let head = call_json(&ParsedCall { name, arguments: String::new() }, Some(index));
+                    let tail = serde_json::json!({"index": index, "function": {"arguments": arguments}});
+                    for call in [head, tail] {
+                        let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]) };
+                        frames.push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None));
+                    }
                 }
             }
         }
@@ -243,8 +248,12 @@ mod tests {
         let call = &values[0]["choices"][0]["delta"]["tool_calls"][0];
         assert_eq!(call["index"], 0);
         assert_eq!(call["function"]["name"], "get_weather");
-        assert_eq!(call["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!(call["function"]["arguments"], "");
         assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        let args = &values[1]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(args["index"], 0);
+        assert!(args.get("id").is_none() && args["function"].get("name").is_none());
+        assert_eq!(args["function"]["arguments"], "{\"city\":\"Oslo\"}");
         assert_eq!(values.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
     }
 }
