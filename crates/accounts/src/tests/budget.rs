@@ -2,37 +2,6 @@ use std::sync::Arc;
 
 use super::*;
 
-/// Runs a test body against SQLite and, when `GANTRY_TEST_DATABASE_URL` names a server, against
-/// a fresh PostgreSQL database too: one suite for both backends.
-macro_rules! on_both {
-    ($name:ident, $body:expr) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test]
-            async fn sqlite() {
-                let (_dir, acc) = open_tmp().await;
-                ($body)(acc).await
-            }
-
-            #[tokio::test]
-            async fn postgres() {
-                let Some(acc) = open_postgres().await else { return };
-                ($body)(acc).await
-            }
-        }
-    };
-}
-
-pub(super) async fn open_postgres() -> Option<Accounts> {
-    let Some(admin) = crate::testing::postgres_admin_url() else {
-        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
-        return None;
-    };
-    let url = crate::testing::fresh_postgres_database(&admin).await.expect("create a test database");
-    Some(Accounts::open_url(&url).await.expect("open PostgreSQL"))
-}
-
 fn reservation(id: &str, tokens: i64, nanos: i64) -> Reservation {
     Reservation { request_id: id.into(), tokens, nanos, owner: "test-host".into(), at_ms: 1_800_000_000_000 }
 }

@@ -2,6 +2,37 @@ use std::collections::HashSet;
 
 use super::*;
 
+/// Runs a test body against SQLite and, when `GANTRY_TEST_DATABASE_URL` names a server, against
+/// a fresh PostgreSQL database too: one suite for both backends.
+macro_rules! on_both {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn sqlite() {
+                let (_dir, acc) = open_tmp().await;
+                ($body)(acc).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                let Some(acc) = open_postgres().await else { return };
+                ($body)(acc).await
+            }
+        }
+    };
+}
+
+async fn open_postgres() -> Option<Accounts> {
+    let Some(admin) = crate::testing::postgres_admin_url() else {
+        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
+        return None;
+    };
+    let url = crate::testing::fresh_postgres_database(&admin).await.expect("create a test database");
+    Some(Accounts::open_url(&url).await.expect("open PostgreSQL"))
+}
+
 mod budget;
 mod usage;
 
@@ -32,9 +63,7 @@ async fn create_then_authenticate() {
     assert_eq!(acc.count_active_keys().await.unwrap(), 1);
 }
 
-#[tokio::test]
-async fn wrong_secret_is_rejected() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(wrong_secret_is_rejected, |acc: Accounts| async move {
     let created = acc.create_key("alice").await.unwrap();
     let mut wrong = created.secret.clone();
     let last = wrong.pop().unwrap();
@@ -50,11 +79,9 @@ async fn wrong_secret_is_rejected() {
         None
     );
     assert!(acc.authenticate(&created.secret).await.unwrap().is_some());
-}
+});
 
-#[tokio::test]
-async fn revoke_disables_key() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(revoke_disables_key, |acc: Accounts| async move {
     let a = acc.create_key("alice").await.unwrap();
     let b = acc.create_key("bob").await.unwrap();
     let c = acc.create_key("carol").await.unwrap();
@@ -88,11 +115,9 @@ async fn revoke_disables_key() {
         acc.revoke_key("999").await,
         Err(AccountsError::NotFound(_))
     ));
-}
+});
 
-#[tokio::test]
-async fn revoke_by_name_requires_unique_active_name() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(revoke_by_name_requires_unique_active_name, |acc: Accounts| async move {
     let first = acc.create_key("ci").await.unwrap();
     let second = acc.create_key("ci").await.unwrap();
     assert!(matches!(
@@ -105,22 +130,18 @@ async fn revoke_by_name_requires_unique_active_name() {
     // Only one active "ci" remains, so the name now resolves to it.
     assert_eq!(acc.revoke_key("ci").await.unwrap().id, second.key.id);
     assert_eq!(acc.count_active_keys().await.unwrap(), 0);
-}
+});
 
-#[tokio::test]
-async fn revoke_by_pasted_secret_does_not_echo_it() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(revoke_by_pasted_secret_does_not_echo_it, |acc: Accounts| async move {
     let k = acc.create_key("alice").await.unwrap();
     assert_eq!(acc.revoke_key(&k.secret).await.unwrap().id, k.key.id);
     let other = generate_secret();
     let err = acc.revoke_key(&other).await.unwrap_err();
     assert!(matches!(err, AccountsError::NotFound(_)));
     assert!(!err.to_string().contains(&other));
-}
+});
 
-#[tokio::test]
-async fn ensure_key_is_idempotent() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(ensure_key_is_idempotent, |acc: Accounts| async move {
     let secret = "my-operator-provided-key-123456";
     let first = acc.ensure_key(secret, "default").await.unwrap();
     let second = acc.ensure_key(secret, "renamed").await.unwrap();
@@ -153,7 +174,7 @@ async fn ensure_key_is_idempotent() {
         Err(AccountsError::Invalid(_))
     ));
     assert_eq!(acc.list_keys().await.unwrap().len(), 1);
-}
+});
 
 #[tokio::test]
 async fn secrets_are_stored_hashed() {

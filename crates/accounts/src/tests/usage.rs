@@ -15,9 +15,7 @@ fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> 
     }
 }
 
-#[tokio::test]
-async fn usage_is_recorded_exactly_once() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(usage_is_recorded_exactly_once, |acc: Accounts| async move {
     let k = acc.create_key("alice").await.unwrap();
     let rec = usage("req-1", k.key.id, "tiny", 10, 4, 7);
     acc.record_usage(&rec).await.unwrap();
@@ -41,11 +39,9 @@ async fn usage_is_recorded_exactly_once() {
             completion_tokens: 7,
         }]
     );
-}
+});
 
-#[tokio::test]
-async fn usage_summary_sums_by_key_and_model() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
     assert!(acc.usage_summary().await.unwrap().is_empty());
     let a = acc.create_key("alice").await.unwrap().key.id;
     let b = acc.create_key("bob").await.unwrap().key.id;
@@ -85,12 +81,10 @@ async fn usage_summary_sums_by_key_and_model() {
             row("bob", "m1", 2, 2 * max, max, max + 1),
         ]
     );
-}
+});
 
-#[tokio::test]
-async fn usage_for_unknown_key_is_rejected() {
-    let (_dir, acc) = open_tmp().await;
+on_both!(usage_for_unknown_key_is_rejected, |acc: Accounts| async move {
     let err = acc.record_usage(&usage("r1", 12345, "m", 1, 0, 1)).await;
     assert!(matches!(err, Err(AccountsError::NotFound(_))), "{err:?}");
     assert!(acc.usage_summary().await.unwrap().is_empty());
-}
+});
