@@ -330,12 +330,29 @@ async fn unreserve(
 /// Releases every reservation held by `owner` (a server that crashed and restarted). Returns
 /// how many were released.
 pub(crate) async fn release_owner(pool: &AnyPool, owner: &str) -> Result<u64, AccountsError> {
+    release_where(pool, "owner = $1", Bind::Text(owner)).await
+}
+
+/// Releases reservations made before `cutoff_ms`, whoever holds them: a replica that died and
+/// never came back would otherwise hold its share of the budget forever.
+pub(crate) async fn release_older_than(pool: &AnyPool, cutoff_ms: i64) -> Result<u64, AccountsError> {
+    release_where(pool, "created_at_ms < $1", Bind::Int(cutoff_ms)).await
+}
+
+enum Bind<'a> {
+    Text(&'a str),
+    Int(i64),
+}
+
+async fn release_where(pool: &AnyPool, condition: &str, value: Bind<'_>) -> Result<u64, AccountsError> {
     let mut tx = pool.begin().await?;
-    let held: Vec<(i64, String, i64, i64)> =
-        sqlx::query_as("DELETE FROM reservations WHERE owner = $1 RETURNING key_id, period, tokens, nanos")
-            .bind(owner)
-            .fetch_all(&mut *tx)
-            .await?;
+    let sql = format!("DELETE FROM reservations WHERE {condition} RETURNING key_id, period, tokens, nanos");
+    let query = sqlx::query_as(&sql);
+    let query = match value {
+        Bind::Text(t) => query.bind(t),
+        Bind::Int(i) => query.bind(i),
+    };
+    let held: Vec<(i64, String, i64, i64)> = query.fetch_all(&mut *tx).await?;
     for (key_id, period, tokens, nanos) in &held {
         unreserve(&mut tx, *key_id, period, *tokens, *nanos).await?;
     }

@@ -147,6 +147,11 @@ impl Accounts {
         budget::release_owner(&self.pool, owner).await
     }
 
+    /// Releases reservations made before `cutoff_ms` by any server (one that died for good).
+    pub async fn release_reservations_before(&self, cutoff_ms: i64) -> Result<u64, AccountsError> {
+        budget::release_older_than(&self.pool, cutoff_ms).await
+    }
+
     /// The key's settled and reserved spend in the budget period containing `at_ms`.
     pub async fn spend(&self, key: &KeyInfo, at_ms: i64) -> Result<Spend, AccountsError> {
         budget::spend(&self.pool, key, at_ms).await

@@ -111,6 +111,10 @@ pub struct ServeArgs {
     /// previous run left behind. Give each replica sharing a database its own (default: hostname).
     #[arg(long, env = "GANTRY_INSTANCE_ID")]
     pub instance_id: Option<String>,
+    /// Seconds after which any server releases a reservation nobody settled (its replica died for
+    /// good); longer than the longest request you serve.
+    #[arg(long, default_value_t = 6 * 3600, value_parser = clap::value_parser!(u64).range(60..))]
+    pub reservation_ttl: u64,
 }
 
 fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {

@@ -28,6 +28,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if released > 0 {
         tracing::warn!(released, instance_id, "released budget reservations left by a previous run");
     }
+    spawn_reservation_sweeper(accounts.clone(), args.reservation_ttl);
 
     let mut config = EngineConfig::new(&model_path);
     config.ctx_size = args.ctx_size;
@@ -112,6 +113,23 @@ async fn initial_key(accounts: &Accounts, api_key: Option<&str>) -> anyhow::Resu
         return Ok(Some(created.secret));
     }
     Ok(None)
+}
+
+/// Reservations older than `ttl_secs` belong to requests no server will ever settle (their
+/// replica died and did not return); give their budget back every few minutes.
+fn spawn_reservation_sweeper(accounts: Accounts, ttl_secs: u64) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs((ttl_secs / 4).clamp(1, 600)));
+        loop {
+            tick.tick().await;
+            let cutoff = crate::chat::now_ms() - (ttl_secs as i64).saturating_mul(1000);
+            match accounts.release_reservations_before(cutoff).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(released = n, "released budget reservations older than --reservation-ttl"),
+                Err(e) => tracing::warn!(error = %e, "sweeping stale reservations failed"),
+            }
+        }
+    });
 }
 
 fn hostname() -> String {

@@ -95,6 +95,10 @@ on_both!(released_and_crashed_reservations_free_the_budget, |acc: Accounts| asyn
     assert_eq!(acc.release_reservations_of("test-host").await.unwrap(), 1);
     let spend = acc.spend(&key, 1_800_000_000_000).await.unwrap();
     assert_eq!(spend.reserved_tokens, 700);
+    // The other host never comes back: its reservation expires by age.
+    assert_eq!(acc.release_reservations_before(1_800_000_000_000).await.unwrap(), 0);
+    assert_eq!(acc.release_reservations_before(1_800_000_000_001).await.unwrap(), 1);
+    assert_eq!(acc.spend(&key, 1_800_000_000_000).await.unwrap().reserved_tokens, 0);
 });
 
 on_both!(monthly_budgets_reset_each_month, |acc: Accounts| async move {
