@@ -67,6 +67,7 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(middleware::from_fn_with_state(opts.body_limit, read_body_first))
         .layer(middleware::from_fn(errors_as_json))
         .layer(CatchPanicLayer::custom(|_| ApiError::internal("The server had an error while processing your request.").into_response()))
         .layer(middleware::from_fn(telemetry::track_http))
@@ -110,6 +111,24 @@ async fn not_found(req: Request) -> ApiError {
 
 async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::method_not_allowed(format!("Method {} is not allowed for {}", req.method(), req.uri().path()))
+}
+
+/// Reads every request body to the end before routing. An answer given without reading the
+/// body (a 401 from auth, a 404) would otherwise make hyper close a keep-alive connection the
+/// client is about to reuse, and its next request fails with "server disconnected". A body over
+/// the limit gets 413 and the connection is closed, as the rest of it is never read.
+async fn read_body_first(State(limit): State<usize>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Err(_) => {
+            let mut response = ApiError::payload_too_large(limit as u64).into_response();
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+            response
+        }
+    }
 }
 
 /// axum's own rejections (body too large, …) are plain text; rewrite any non-JSON error body

@@ -384,3 +384,46 @@ async fn a_call_the_model_starts_under_auto_is_finished_under_the_grammar() {
     let v: Value = s.chat(plain).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
 }
+
+#[tokio::test]
+async fn a_refused_request_leaves_its_keep_alive_connection_usable() {
+    use std::io::{Read, Write};
+    let s = TestServer::start(&[]);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    // A 401 decided from the headers alone, with a body large enough not to arrive with them.
+    let body = format!("{{\"model\": \"x\", \"messages\": [], \"pad\": \"{}\"}}", "a".repeat(200_000));
+    let first = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(first.as_bytes()).unwrap();
+    let read_response = |conn: &mut std::net::TcpStream| {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf);
+            if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                    .unwrap_or(0);
+                if rest.len() >= len {
+                    break;
+                }
+            }
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    let r1 = read_response(&mut conn);
+    assert!(r1.starts_with("HTTP/1.1 401"), "{r1}");
+    conn.write_all(format!("GET /health HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
+    let r2 = read_response(&mut conn);
+    assert!(r2.starts_with("HTTP/1.1 200"), "the connection was dropped after the 401: {r2:?}");
+}
