@@ -125,11 +125,7 @@ pub struct Spend {
 pub(crate) async fn reserve(pool: &AnyPool, key: &KeyInfo, r: &Reservation) -> Result<(), AccountsError> {
     let period = key.budget.period.bucket(r.at_ms);
     let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES ($1, $2) ON CONFLICT (key_id, period) DO NOTHING")
-        .bind(key.id)
-        .bind(&period)
-        .execute(&mut *tx)
-        .await?;
+    ensure_spend_row(&mut tx, key.id, &period).await?;
     // The budget is read from the key's row inside the statement, so an update made by another
     // replica a moment ago applies.
     let admitted = sqlx::query(
@@ -271,11 +267,7 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
             (period.bucket(rec.started_at_ms), 0, 0)
         }
     };
-    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES ($1, $2) ON CONFLICT (key_id, period) DO NOTHING")
-        .bind(rec.key_id)
-        .bind(&period)
-        .execute(&mut *tx)
-        .await?;
+    ensure_spend_row(&mut tx, rec.key_id, &period).await?;
     sqlx::query(
         "UPDATE key_spend SET spent_tokens = spent_tokens + $1, spent_nanos = spent_nanos + $2, \
          reserved_tokens = reserved_tokens - $3, reserved_nanos = reserved_nanos - $4 WHERE key_id = $5 AND period = $6",
@@ -294,16 +286,16 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
 
 /// Drops a reservation without booking anything (the request never reached the engine).
 pub(crate) async fn release(pool: &AnyPool, request_id: &str) -> Result<(), AccountsError> {
-    let mut tx = pool.begin().await?;
-    let held: Option<(i64, String, i64, i64)> =
-        sqlx::query_as("DELETE FROM reservations WHERE request_id = $1 RETURNING key_id, period, tokens, nanos")
-            .bind(request_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if let Some((key_id, period, tokens, nanos)) = held {
-        unreserve(&mut tx, key_id, &period, tokens, nanos).await?;
-    }
-    tx.commit().await?;
+    release_where(pool, "request_id = $1", Bind::Text(request_id)).await.map(drop)
+}
+
+/// The key's spend row for `period`, created at zero on first use.
+async fn ensure_spend_row(conn: &mut sqlx::AnyConnection, key_id: i64, period: &str) -> Result<(), AccountsError> {
+    sqlx::query("INSERT INTO key_spend (key_id, period) VALUES ($1, $2) ON CONFLICT (key_id, period) DO NOTHING")
+        .bind(key_id)
+        .bind(period)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

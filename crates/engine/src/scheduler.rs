@@ -271,19 +271,18 @@ impl Scheduler {
                 };
                 req.usage.completion_tokens += 1;
                 req.token_produced(i);
-                if !model.is_end_of_generation(token) {
-                    req.watch_for_tool_call(i, token, model);
-                }
-                let c = &mut req.choices[i];
-                c.generated += 1;
-                let index = c.index;
+                req.choices[i].generated += 1;
+                let index = req.choices[i].index;
                 if model.is_end_of_generation(token) {
-                    let tail = c.text.finish();
+                    let tail = req.choices[i].text.finish();
                     req.send_delta(index, tail.emit, Vec::new());
                     req.finish_choice(i, FinishReason::Stop);
                     continue;
                 }
-                let scan = c.text.push(&model.piece(token));
+                let piece = model.piece(token);
+                req.watch_for_tool_call(i, token, &piece, model);
+                let c = &mut req.choices[i];
+                let scan = c.text.push(&piece);
                 if scan.stopped {
                     req.send_delta(index, scan.emit, logprobs);
                     req.finish_choice(i, FinishReason::Stop);

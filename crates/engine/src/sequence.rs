@@ -120,12 +120,14 @@ impl ActiveRequest {
     }
 
     /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool
-    /// call (a bare `{`/`[`, a fenced JSON block or a `<tool_call>` tag), the rest of the call is sampled under a
-    /// grammar, so it parses and its arguments match the schema. Called after every token.
-    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, model: &LoadedModel) {
+    /// call (a bare `{`/`[`, a fenced JSON block or a `<tool_call>` tag), the rest of the call is
+    /// sampled under a grammar, so it parses and its arguments match the schema. Called after
+    /// every token that does not end the generation.
+    /// `piece` is the token's text, as the scheduler already decoded it.
+    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) {
         let Some(lazy) = self.lazy_tools.as_ref() else { return };
         let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
-        let piece = String::from_utf8_lossy(&model.piece(token)).into_owned();
+        let piece = String::from_utf8_lossy(piece);
         watch.tokens.push(token);
         watch.text.push_str(&piece);
         let started = watch.text.trim_start();
