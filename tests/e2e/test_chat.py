@@ -285,9 +285,9 @@ def test_logprobs(client, server):
         assert e.token == e.top_logprobs[0].token, e
         assert abs(e.logprob - e.top_logprobs[0].logprob) < 1e-3, e
     assert "".join(e.token for e in entries) == choice.message.content
-    if all(e.bytes is not None for e in entries):
-        raw = bytes(b for e in entries for b in e.bytes)
-        assert raw == choice.message.content.encode("utf-8")
+    assert all(e.bytes is not None for e in entries), "every logprob entry carries its bytes"
+    raw = bytes(b for e in entries for b in e.bytes)
+    assert raw == choice.message.content.encode("utf-8")
 
 
 # ---------------------------------------------------------------------------------------------
