@@ -43,6 +43,24 @@ def test_temperature_out_of_range(client, server):
     assert ei.value.type == "invalid_request_error"
 
 
+def test_n_beyond_parallel_is_a_400_not_retried(client, server):
+    # The server runs with --parallel 8. A 500 here made the SDK send the request three times.
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model=server.model_id, messages=user("hi"), max_tokens=1, n=9)
+    assert ei.value.status_code == 400
+    assert ei.value.param == "n"
+    assert ei.value.type == "invalid_request_error"
+
+
+def test_stream_options_without_stream(client, server):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(
+            model=server.model_id, messages=user("hi"), max_tokens=1, stream_options={"include_usage": True}
+        )
+    assert ei.value.status_code == 400
+    assert ei.value.param == "stream_options"
+
+
 def test_empty_messages(client, server):
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(model=server.model_id, messages=[], max_tokens=1)

@@ -50,7 +50,14 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
         None => false,
         Some(Value::Object(o)) => opt_bool_at(o, "include_usage", "stream_options.include_usage")?.unwrap_or(false),
         Some(other) => return Err(type_error("stream_options", "an object", other)),
-    } && stream;
+    };
+    // OpenAI refuses stream options on a request that does not stream, rather than ignoring them.
+    if get(obj, "stream_options").is_some() && !stream {
+        return Err(ApiError::invalid_value(
+            "stream_options",
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        ));
+    }
 
     let temperature = opt_num(obj, "temperature", 0.0, 2.0)?.map(|v| v as f32);
     let top_p = opt_num(obj, "top_p", 0.0, 1.0)?.map(|v| v as f32);

@@ -50,6 +50,8 @@ fn rejection_table() {
         (with(json!({"logprobs": "yes"})), Some("logprobs"), "expected a boolean"),
         (with(json!({"stream": 1})), Some("stream"), "expected a boolean, but got an integer"),
         (with(json!({"stream_options": true})), Some("stream_options"), "expected an object"),
+        (with(json!({"stream_options": {"include_usage": true}})), Some("stream_options"), "only allowed when 'stream' is enabled"),
+        (with(json!({"stream": false, "stream_options": {}})), Some("stream_options"), "only allowed when 'stream' is enabled"),
         (with(json!({"top_logprobs": 3})), Some("top_logprobs"), "'logprobs' must be set to true"),
         (with(json!({"top_logprobs": 3, "logprobs": false})), Some("top_logprobs"), "'logprobs' must be set to true"),
         (with(json!({"top_logprobs": 21, "logprobs": true})), Some("top_logprobs"), "<= 20"),
@@ -189,8 +191,7 @@ fn accepted_values() {
     assert_eq!(ok(json!({"max_tokens": 1_u64 << 40})).max_tokens, Some(u32::MAX));
     assert_eq!(ok(json!({"stop": "STOP"})).stop, vec!["STOP".to_string()]);
     assert!(ok(json!({"stop": ""})).stop.is_empty());
-    // include_usage only applies to streams.
-    assert!(!ok(json!({"stream_options": {"include_usage": true}})).include_usage);
+    assert!(!ok(json!({"stream": true, "stream_options": {"include_usage": false}})).include_usage);
     // top_logprobs: 0 with logprobs is fine.
     assert_eq!(ok(json!({"logprobs": true, "top_logprobs": 0})).top_logprobs, 0);
 }

@@ -3,8 +3,12 @@
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
 
 pub mod constraint;
+#[cfg(test)]
+mod engine_tests;
+mod generator;
 mod kv_slots;
 mod model;
+mod prepare;
 mod request;
 mod sampling;
 mod scheduler;
@@ -17,13 +21,16 @@ pub mod tools;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::Constraint;
+pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use model::{LoadError, LoadedModel, ModelInfo};
+pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
     Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob, TopLogprob,
     LazyTools, Outcome, Usage,
@@ -46,20 +53,25 @@ pub struct EngineConfig {
     pub batch_size: u32,
     /// Requests allowed to wait for a slot; beyond that `submit` refuses (backpressure).
     pub max_queue: usize,
+    /// Tests only: the scheduler panics once this many tokens were generated, to exercise
+    /// engine death.
+    #[cfg(test)]
+    pub(crate) panic_after_tokens: Option<u32>,
 }
 
 impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
-        Self { model_path: model_path.into(), ctx_size: 4096, parallel: 4, threads: None, batch_size: 512, max_queue: 64 }
+        Self {
+            model_path: model_path.into(),
+            ctx_size: 4096,
+            parallel: 4,
+            threads: None,
+            batch_size: 512,
+            max_queue: 64,
+            #[cfg(test)]
+            panic_after_tokens: None,
+        }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    #[error("the engine has stopped")]
-    Stopped,
-    #[error("{0} requests are already waiting; try again shortly")]
-    QueueFull(usize),
 }
 
 /// Handle to the running engine; cheap to clone.
@@ -75,6 +87,7 @@ struct Inner {
     queued: Arc<AtomicUsize>,
     abort: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    health: Arc<tokio::sync::watch::Sender<Health>>,
 }
 
 impl Engine {
@@ -94,10 +107,13 @@ impl Engine {
         let thread_queued = queued.clone();
         let abort = Arc::new(AtomicBool::new(false));
         let thread_abort = abort.clone();
+        let health = Arc::new(tokio::sync::watch::Sender::new(Health::Ready));
+        let thread_health = health.clone();
         let sched_cfg = SchedulerConfig {
             ctx_size: config.ctx_size,
             parallel: config.parallel,
             batch_size: config.batch_size,
+            panic_after_tokens: test_panic_hook(&config),
         };
         let ctx_params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(config.ctx_size * config.parallel))
@@ -118,7 +134,18 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort).run(&mut ctx, jobs_rx);
+                let mut scheduler = Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort);
+                // A panic must not leave requests hanging and budgets reserved: catch it, mark
+                // the engine failed (so `/health` turns 503 and the server exits for its
+                // supervisor to restart it), and answer everything it held. The scheduler's state
+                // may be half-updated, so after this only its request channels are used.
+                let ran = std::panic::catch_unwind(AssertUnwindSafe(|| scheduler.run(&mut ctx, &jobs_rx)));
+                if let Err(payload) = ran {
+                    let why = panic_message(payload.as_ref());
+                    tracing::error!(reason = %why, "the scheduler thread panicked; failing every request");
+                    thread_health.send_replace(Health::Failed(why.clone()));
+                    scheduler.fail_after_panic(&EngineError::Crashed(why), &jobs_rx);
+                }
             })
             .map_err(|e| LoadError::Context(e.to_string()))?;
         // The grammar engine's view of the vocabulary takes a while to build; build it now, in
@@ -147,6 +174,7 @@ impl Engine {
                 queued,
                 abort,
                 thread: Mutex::new(Some(thread)),
+                health,
             }),
         })
     }
@@ -170,6 +198,9 @@ impl Engine {
         let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
         let job = Job { request, events: events_tx, usage: usage_tx, submitted_at: std::time::Instant::now() };
         let guard = self.inner.jobs.lock().expect("jobs lock");
+        if let Health::Failed(why) = self.health() {
+            return Err(SubmitError::Failed(why));
+        }
         let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
         // Checked and counted under the lock, so concurrent submits cannot overshoot the limit.
         let queued = self.inner.queued.load(Ordering::Relaxed);
@@ -183,6 +214,19 @@ impl Engine {
             return Err(SubmitError::Stopped);
         }
         Ok(GenerationHandle { events: events_rx, usage: usage_rx })
+    }
+
+    /// Watches the engine's health: the server exits once it turns `Failed`.
+    pub fn watch_health(&self) -> tokio::sync::watch::Receiver<Health> {
+        self.inner.health.subscribe()
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            ctx_size: self.inner.config.ctx_size,
+            slots: self.inner.config.parallel,
+            n_vocab: self.inner.model.info().n_vocab,
+        }
     }
 
     /// Cuts every running and waiting request: each ends with an error event and reports the
@@ -200,4 +244,58 @@ impl Engine {
             let _ = t.join();
         }
     }
+}
+
+impl Generator for Engine {
+    fn model_info(&self) -> &ModelInfo {
+        self.inner.model.info()
+    }
+
+    fn prepare(&self, input: ChatInput) -> Result<GenerateRequest, PrepareError> {
+        let limits = self.limits();
+        limits.check_request(&input)?;
+        let model = &self.inner.model;
+        let prompt = model.prepare(&input.messages, input.tools.as_deref())?;
+        if let Some((constraint, param)) = &input.constraint {
+            model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: *param, reason })?;
+        }
+        // The grammars a call started under `auto` would switch to are checked now too, so a bad
+        // tool schema is a 400 before anything runs.
+        for constraint in input.lazy_tools.iter().flat_map(|l| [&l.bare, &l.tagged, &l.fenced]) {
+            model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: "tools", reason })?;
+        }
+        let max_tokens = limits.completion_budget(prompt.tokens.len() as u32, input.max_tokens)?;
+        Ok(input.into_request(prompt, max_tokens))
+    }
+
+    fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
+        Engine::submit(self, request)
+    }
+
+    fn health(&self) -> Health {
+        self.inner.health.borrow().clone()
+    }
+}
+
+/// The engine-death test hook: `GANTRY_TEST_PANIC_AFTER_TOKENS=N` makes the scheduler thread
+/// panic once its running requests have generated N tokens, so the failure path (errors to every
+/// request, usage billed, `/health` 503, exit status 1) can be tested against the real binary.
+/// Read once at start; unset, which it always is outside tests, it does nothing.
+fn test_panic_hook(config: &EngineConfig) -> Option<u32> {
+    #[cfg(test)]
+    if config.panic_after_tokens.is_some() {
+        return config.panic_after_tokens;
+    }
+    let _ = config;
+    let hook = std::env::var("GANTRY_TEST_PANIC_AFTER_TOKENS").ok()?.parse().ok()?;
+    tracing::warn!(after_tokens = hook, "GANTRY_TEST_PANIC_AFTER_TOKENS is set: the engine will panic on purpose");
+    Some(hook)
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
 }

@@ -143,8 +143,8 @@ pub enum Event {
     Finished { choice: u32, reason: FinishReason },
     /// All choices ended. Always the last event unless an error occurred.
     Done(Usage),
-    /// Generation failed; the last event.
-    Error(String),
+    /// Generation failed; the last event. The usage channel still reports what was generated.
+    Error(crate::generator::EngineError),
 }
 
 /// The receiving side of a submitted request. Dropping `events` cancels the request at the

@@ -13,6 +13,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
+use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sampling::logprobs_for;
 use crate::sequence::{ActiveRequest, Job};
@@ -25,6 +26,9 @@ pub(crate) struct SchedulerConfig {
     pub parallel: u32,
     /// Max tokens per decode call.
     pub batch_size: u32,
+    /// Test hook: panic once the running requests generated this many tokens (see
+    /// `test_panic_hook`); `None` outside tests.
+    pub panic_after_tokens: Option<u32>,
 }
 
 pub(crate) struct Scheduler {
@@ -63,7 +67,7 @@ impl Scheduler {
     }
 
     /// Runs until every sender of `jobs` is gone and all work is finished.
-    pub fn run(mut self, ctx: &mut LlamaContext<'_>, jobs: Receiver<Job>) {
+    pub fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
         loop {
             if self.active.is_empty() && self.waiting.is_empty() {
                 match jobs.recv() {
@@ -104,11 +108,20 @@ impl Scheduler {
         }
         if let Err(e) = ctx.decode(&mut self.batch) {
             tracing::error!(error = %e, "llama.cpp decode failed");
-            self.fail_all(ctx, &format!("the model failed to decode: {e}"));
+            self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
         }
         self.sample_all(ctx);
+        self.panic_if_asked();
         self.retire_finished();
+    }
+
+    fn panic_if_asked(&self) {
+        let Some(limit) = self.cfg.panic_after_tokens else { return };
+        let generated: u32 = self.active.iter().map(|r| r.usage.completion_tokens).sum();
+        if generated >= limit {
+            panic!("test-only panic after {generated} generated tokens");
+        }
     }
 
     /// Client disconnects cancel their sequences before any more compute is spent on them.
@@ -138,7 +151,7 @@ impl Scheduler {
                 let job = self.waiting.pop_front().expect("front exists");
                 self.queued.fetch_sub(1, Ordering::Relaxed);
                 let msg = format!("n={n} exceeds the server's {} parallel sequences", self.cfg.parallel);
-                let _ = job.events.send(Event::Error(msg));
+                let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
                 let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
                 continue;
             }
@@ -161,7 +174,8 @@ impl Scheduler {
                 Ok(req) => req,
                 Err((job, why)) => {
                     self.free_seqs.extend(seqs);
-                    let _ = job.events.send(Event::Error(format!("the response format cannot be enforced: {why}")));
+                    let why = format!("the response format cannot be enforced: {why}");
+                    let _ = job.events.send(Event::Error(EngineError::Rejected(why)));
                     let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
                     continue;
                 }
@@ -274,8 +288,10 @@ impl Scheduler {
                 req.choices[i].generated += 1;
                 let index = req.choices[i].index;
                 if model.is_end_of_generation(token) {
+                    // The end-of-generation token is billed like every sampled token, so it gets
+                    // its logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
                     let tail = req.choices[i].text.finish();
-                    req.send_delta(index, tail.emit, Vec::new());
+                    req.send_delta(index, tail.emit, logprobs);
                     req.finish_choice(i, FinishReason::Stop);
                     continue;
                 }
@@ -325,26 +341,48 @@ impl Scheduler {
 
     /// Ends every running and waiting request with an error; what was generated is billed.
     fn abort_everything(&mut self, ctx: &mut LlamaContext<'_>) {
-        const MESSAGE: &str = "The server is shutting down; the request was cut.";
-        for job in std::mem::take(&mut self.waiting) {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            let _ = job.events.send(Event::Error(MESSAGE.into()));
-            let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
-        }
+        self.answer_waiting(&EngineError::ShuttingDown);
         if !self.active.is_empty() {
-            self.fail_all(ctx, MESSAGE);
+            self.fail_all(ctx, &EngineError::ShuttingDown);
         }
     }
 
-    fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, message: &str) {
+    /// Jobs that never reached the model: nothing was computed, nothing is billed.
+    fn answer_waiting(&mut self, error: &EngineError) {
+        for job in std::mem::take(&mut self.waiting) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            answer_unstarted(job, error);
+        }
+    }
+
+    fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, error: &EngineError) {
         for req in std::mem::take(&mut self.active) {
             self.release(&req);
-            let usage = req.complete(Some(message.to_string()));
+            let usage = req.complete(Some(error.clone()));
             self.totals.request_done(&usage);
         }
         ctx.clear_kv_cache();
         self.slots.clear_all();
     }
+
+    /// After a panic in `run`: every running request ends with `error` and reports the tokens
+    /// it generated; waiting and still-queued jobs are answered. Touches neither the llama.cpp
+    /// context nor the slot bookkeeping, which the panic may have left half-updated.
+    pub fn fail_after_panic(&mut self, error: &EngineError, jobs: &Receiver<Job>) {
+        for req in std::mem::take(&mut self.active) {
+            req.complete(Some(error.clone()));
+        }
+        self.answer_waiting(error);
+        while let Ok(job) = jobs.try_recv() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            answer_unstarted(job, error);
+        }
+    }
+}
+
+fn answer_unstarted(job: Job, error: &EngineError) {
+    let _ = job.events.send(Event::Error(error.clone()));
+    let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
 }
 
 /// Copies the first `len` cached tokens of `src` into every sequence of `req`.

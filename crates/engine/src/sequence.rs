@@ -6,6 +6,7 @@ use std::time::Instant;
 use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
 use crate::sampling::build_sampler;
@@ -225,7 +226,7 @@ impl ActiveRequest {
         }
     }
 
-    pub fn complete(mut self, error: Option<String>) -> Usage {
+    pub fn complete(mut self, error: Option<EngineError>) -> Usage {
         let reasons = || self.choices.iter().filter_map(|c| c.finished);
         self.usage.outcome = if error.is_some() {
             Outcome::Error
@@ -245,5 +246,17 @@ impl ActiveRequest {
             let _ = tx.send(self.usage);
         }
         self.usage
+    }
+}
+
+impl Drop for ActiveRequest {
+    /// A request dropped without `complete` (a panic unwound past the step holding it) still
+    /// ends its stream and reports the tokens it generated, so they are billed.
+    fn drop(&mut self) {
+        if let Some(tx) = self.usage_tx.take() {
+            self.usage.outcome = Outcome::Error;
+            let _ = self.events.send(Event::Error(EngineError::Crashed("the request was lost mid-step".into())));
+            let _ = tx.send(self.usage);
+        }
     }
 }

@@ -11,7 +11,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use gantry_accounts::{Accounts, KeyInfo, Price};
 use gantry_api::{ApiError, ModelList, ModelObject};
-use gantry_engine::Engine;
+use gantry_engine::{Generator, Health};
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -19,7 +19,8 @@ use crate::{admin, auth, chat, request_id, telemetry};
 
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: Engine,
+    /// The engine, behind a trait so router tests can script its events.
+    pub engine: Arc<dyn Generator>,
     pub accounts: Accounts,
     /// The id clients send as `model`.
     pub model_id: Arc<str>,
@@ -74,8 +75,15 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .layer(middleware::from_fn(request_id::assign))
 }
 
-async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "model": &*state.model_id}))
+/// 503 once the engine failed: load balancers stop sending traffic while the process exits.
+async fn health(State(state): State<AppState>) -> Response {
+    match state.engine.health() {
+        Health::Ready => Json(json!({"status": "ok", "model": &*state.model_id})).into_response(),
+        Health::Failed(why) => {
+            let body = json!({"status": "failed", "model": &*state.model_id, "error": why});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
 }
 
 fn model_object(state: &AppState) -> ModelObject {

@@ -16,11 +16,12 @@ use gantry_api::{
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
 };
 use gantry_engine::{
-    Constraint, Event, FinishReason, GenerateRequest, GenerationHandle, Outcome, SamplingParams, SubmitError, TokenLogprob,
+    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Outcome, SamplingParams, TokenLogprob,
     Usage,
 };
 
 use crate::app::AppState;
+use crate::engine_errors::IntoApiError;
 use crate::request_id::RequestId;
 use crate::stream::{ChunkEncoder, SseFrame};
 use crate::tool_calls::ToolPlan;
@@ -38,11 +39,10 @@ pub async fn chat_completions(
     if *chat.model != *state.model_id || !key.allows_model(&chat.model) {
         return Err(ApiError::model_not_found(&chat.model));
     }
-    reject_unsupported(&chat, &state)?;
     // Images are fetched and checked even though no served model reads them yet, so a bad image
     // gets its own precise error rather than the generic "no vision" one.
     let images = state.images.load_all(&chat.images).await?;
-    if !images.is_empty() && !state.engine.model().info().supports_vision {
+    if !images.is_empty() && !state.engine.model_info().supports_vision {
         return Err(ApiError::invalid_request(
             format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
             Some("messages"),
@@ -89,14 +89,7 @@ pub async fn chat_completions(
             tracing::error!(error = %e, request_id = %request_id, "failed to release a reservation");
         }
     }
-    let handle = submitted
-        .map_err(|e| match e {
-            SubmitError::QueueFull(_) => ApiError::overloaded(format!(
-                "The server is overloaded ({e}). Please retry after a short wait."
-            ))
-            .with_retry_after(1),
-            SubmitError::Stopped => ApiError::overloaded("The server is shutting down.").with_retry_after(5),
-        })?;
+    let handle = submitted.map_err(IntoApiError::into_api_error)?;
     let GenerationHandle { events, usage } = handle;
     spawn_usage_recorder(&state, &key, &request_id, usage, started_at_ms, price);
 
@@ -126,75 +119,33 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Values the served model cannot honour are refused, never silently ignored.
-fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiError> {
-    let n_vocab = state.engine.model().info().n_vocab;
-    if let Some(&(token, _)) = chat.logit_bias.iter().find(|(t, _)| *t < 0 || *t >= n_vocab) {
-        return Err(ApiError::invalid_request(
-            format!("Invalid 'logit_bias': token id {token} is outside the model's vocabulary (0..{n_vocab})."),
-            Some("logit_bias"),
-        ));
-    }
-    Ok(())
-}
-
-/// Renders and tokenizes the prompt off the async runtime, then checks it fits the context.
+/// The engine checks and tokenizes the request (off the async runtime: it renders the template
+/// and compiles grammars); its refusals are the client's 400s.
 async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
-    let model = state.engine.model().clone();
-    let messages: Vec<serde_json::Value> = chat.messages.iter().map(|m| m.to_template_value()).collect();
-    let constraint = tools.and_then(|t| t.forced.clone()).or_else(|| constraint_of(chat));
-    let checked = constraint.clone();
-    let tool_defs = tools.map(|t| t.tools.clone());
-    let lazy = tools.and_then(|t| t.lazy.clone());
-    let (prompt, grammar) = tokio::task::spawn_blocking(move || {
-        // The grammars a call started under `auto` would switch to are checked now too, so a bad
-        // tool schema is a 400 before anything runs.
-        let lazy_checked = lazy.iter().flat_map(|l| [&l.bare, &l.tagged, &l.fenced]).try_for_each(|c| model.check_constraint(c));
-        let grammar = checked.as_ref().map(|c| model.check_constraint(c)).transpose().and_then(|g| lazy_checked.map(|()| g));
-        (model.prepare(&messages, tool_defs.as_deref()), grammar)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?;
-    let prompt = prompt
-        .map_err(|e| ApiError::invalid_request(format!("The chat template rejected these messages: {e}"), Some("messages")))?;
-    let schema_param = if tools.is_some() { "tools" } else { "response_format" };
-    grammar.map_err(|e| ApiError::invalid_request(format!("Invalid schema for {schema_param}: {e}"), Some(schema_param)))?;
-
-    let ctx = state.engine.config().ctx_size;
-    let prompt_len = prompt.tokens.len() as u32;
-    let max_tokens = match chat.max_tokens {
-        Some(m) if prompt_len.saturating_add(m) > ctx => {
-            return Err(ApiError::context_length_exceeded(format!(
-                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({prompt_len} in the messages, {m} in the completion). Please reduce the length of the messages or completion.",
-                prompt_len as u64 + m as u64
-            )))
-        }
-        Some(m) => m,
-        None if prompt_len >= ctx => {
-            return Err(ApiError::context_length_exceeded(format!(
-                "This model's maximum context length is {ctx} tokens. However, your messages resulted in {prompt_len} tokens. Please reduce the length of the messages."
-            )))
-        }
-        None => ctx - prompt_len,
-    };
-    let sampling = SamplingParams {
-        temperature: chat.temperature.unwrap_or(1.0),
-        top_p: chat.top_p.unwrap_or(1.0),
-        presence_penalty: chat.presence_penalty,
-        frequency_penalty: chat.frequency_penalty,
-        seed: chat.seed.map(|s| s as u64),
-        logit_bias: chat.logit_bias.clone(),
-    };
-    Ok(GenerateRequest {
-        prompt,
+    let forced = tools.and_then(|t| t.forced.clone()).map(|c| (c, "tools"));
+    let input = ChatInput {
+        messages: chat.messages.iter().map(|m| m.to_template_value()).collect(),
+        tools: tools.map(|t| t.tools.clone()),
         n: chat.n,
-        max_tokens,
+        max_tokens: chat.max_tokens,
         stop: chat.stop.clone(),
-        sampling,
+        sampling: SamplingParams {
+            temperature: chat.temperature.unwrap_or(1.0),
+            top_p: chat.top_p.unwrap_or(1.0),
+            presence_penalty: chat.presence_penalty,
+            frequency_penalty: chat.frequency_penalty,
+            seed: chat.seed.map(|s| s as u64),
+            logit_bias: chat.logit_bias.clone(),
+        },
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
-        constraint,
+        constraint: forced.or_else(|| constraint_of(chat).map(|c| (c, "response_format"))),
         lazy_tools: tools.and_then(|t| t.lazy.clone()),
-    })
+    };
+    let engine = state.engine.clone();
+    tokio::task::spawn_blocking(move || engine.prepare(input))
+        .await
+        .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?
+        .map_err(IntoApiError::into_api_error)
 }
 
 /// `response_format` as a grammar; the API layer has already checked its shape.
@@ -270,8 +221,8 @@ async fn collect_response(
             }
             Some(Event::Finished { choice, reason }) => reasons[choice as usize] = reason,
             Some(Event::Done(usage)) => break usage,
-            Some(Event::Error(message)) => return Err(ApiError::internal(message)),
-            None => return Err(ApiError::internal("the engine stopped before finishing the request")),
+            Some(Event::Error(error)) => return Err(error.into_api_error()),
+            None => return Err(EngineError::Crashed("the engine stopped before finishing the request".into()).into_api_error()),
         }
     };
     let choices = texts
@@ -324,7 +275,7 @@ fn stream_response(
         }
         let frames = match events.recv().await {
             Some(event) => encoder.on_event(event),
-            None => encoder.on_event(Event::Error("the engine stopped before finishing the request".into())),
+            None => encoder.on_event(Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))),
         };
         Some((stream::iter(frames), (events, encoder)))
     })

@@ -100,6 +100,12 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
+    /// Most images (`image_url` parts) one request may carry; beyond that, 400.
+    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGES)]
+    pub max_images: usize,
+    /// Most image bytes one request may carry, inline and fetched together; beyond that, 400.
+    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_BYTES)]
+    pub max_image_bytes: usize,
     /// Price of a model for money budgets and the ledger's cost: `MODEL=INPUT,OUTPUT` in USD per
     /// million prompt and completion tokens. Repeatable.
     #[arg(long = "price", value_name = "MODEL=IN,OUT", value_parser = parse_price)]

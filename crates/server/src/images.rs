@@ -6,7 +6,7 @@
 //! check and connect), redirects are followed by hand and checked again, and the body is capped
 //! in time and size.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -18,12 +18,18 @@ const MAX_REDIRECTS: usize = 3;
 #[derive(Clone, Debug)]
 pub struct ImageFetcher {
     pub timeout: Duration,
-    pub max_bytes: usize,
+    /// Most images one request may carry (`--max-images`).
+    pub max_images: usize,
+    /// Most image bytes one request may carry, inline and fetched together (`--max-image-bytes`).
+    pub max_total_bytes: usize,
 }
+
+pub const DEFAULT_MAX_IMAGES: usize = 8;
+pub const DEFAULT_MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
 
 impl Default for ImageFetcher {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(10), max_bytes: 20 * 1024 * 1024 }
+        Self { timeout: Duration::from_secs(10), max_images: DEFAULT_MAX_IMAGES, max_total_bytes: DEFAULT_MAX_IMAGE_BYTES }
     }
 }
 
@@ -36,21 +42,51 @@ pub struct FetchedImage {
 
 impl ImageFetcher {
     /// Resolves every image of a request into bytes, checking that each really is an image.
+    /// Refuses a request with more than `max_images` images before fetching any, and stops as
+    /// soon as the images' bytes together pass `max_total_bytes`.
     pub async fn load_all(&self, images: &[ImageRef]) -> Result<Vec<FetchedImage>, ApiError> {
+        if images.len() > self.max_images {
+            return Err(ApiError::invalid_value(
+                "messages",
+                format!(
+                    "Invalid 'messages': {} images in one request; this server accepts at most {}.",
+                    images.len(),
+                    self.max_images
+                ),
+            ));
+        }
         let mut out = Vec::with_capacity(images.len());
+        let mut total = 0usize;
         for image in images {
-            out.push(match image {
-                ImageRef::Data { bytes, .. } => FetchedImage {
-                    mime: sniff_image_mime(bytes).unwrap_or("application/octet-stream"),
-                    bytes: bytes.clone(),
-                },
-                ImageRef::Remote { url, param } => self.fetch(url, param).await?,
-            });
+            let left = self.max_total_bytes.saturating_sub(total);
+            let fetched = match image {
+                ImageRef::Data { bytes, .. } => {
+                    if bytes.len() > left {
+                        return Err(self.too_many_bytes(None));
+                    }
+                    FetchedImage { mime: sniff_image_mime(bytes).unwrap_or("application/octet-stream"), bytes: bytes.clone() }
+                }
+                ImageRef::Remote { url, param } => self.fetch(url, param, left).await?,
+            };
+            total += fetched.bytes.len();
+            out.push(fetched);
         }
         Ok(out)
     }
 
-    async fn fetch(&self, url: &str, param: &str) -> Result<FetchedImage, ApiError> {
+    fn too_many_bytes(&self, param: Option<&str>) -> ApiError {
+        let message = format!(
+            "The request's images are larger than {} bytes together, the most this server accepts.",
+            self.max_total_bytes
+        );
+        match param {
+            Some(param) => ApiError::invalid_value(param, format!("Invalid '{param}': {message}")),
+            None => ApiError::invalid_value("messages", message),
+        }
+    }
+
+    /// Fetches one image of at most `max_bytes` bytes.
+    async fn fetch(&self, url: &str, param: &str, max_bytes: usize) -> Result<FetchedImage, ApiError> {
         let bad = |why: String| ApiError::invalid_value(param, format!("Invalid '{param}': {why}"));
         let mut url = Url::parse(url).map_err(|e| bad(format!("malformed URL ({e}).")))?;
         let deadline = tokio::time::Instant::now() + self.timeout;
@@ -61,6 +97,9 @@ impl ImageFetcher {
                 .map_err(bad)?;
             let host = url.host_str().unwrap_or_default().to_string();
             let client = reqwest::Client::builder()
+                // A proxy from the environment would make the connection itself, to wherever
+                // the checked URL leads, bypassing the pinned address.
+                .no_proxy()
                 .redirect(reqwest::redirect::Policy::none())
                 .resolve(&host, addr)
                 .timeout(self.timeout)
@@ -82,8 +121,8 @@ impl ImageFetcher {
             if !response.status().is_success() {
                 return Err(bad(format!("fetching the image returned HTTP {}.", response.status().as_u16())));
             }
-            if response.content_length().is_some_and(|n| n as usize > self.max_bytes) {
-                return Err(bad(format!("the image is larger than {} bytes.", self.max_bytes)));
+            if response.content_length().is_some_and(|n| n > max_bytes as u64) {
+                return Err(self.too_many_bytes(Some(param)));
             }
             let mut bytes = Vec::new();
             let mut body = response.bytes_stream();
@@ -93,8 +132,8 @@ impl ImageFetcher {
                     .map_err(|_| bad("timed out fetching the image.".into()))?;
                 let Some(chunk) = chunk else { break };
                 let chunk = chunk.map_err(|e| bad(format!("could not read the image ({}).", without_url(e))))?;
-                if bytes.len() + chunk.len() > self.max_bytes {
-                    return Err(bad(format!("the image is larger than {} bytes.", self.max_bytes)));
+                if bytes.len() + chunk.len() > max_bytes {
+                    return Err(self.too_many_bytes(Some(param)));
                 }
                 bytes.extend_from_slice(&chunk);
             }
@@ -138,22 +177,38 @@ async fn resolve_public(url: &Url) -> Result<SocketAddr, String> {
 }
 
 /// Whether an address is globally routable (the parts of `IpAddr::is_global` that matter here).
+/// IPv6 forms that carry an IPv4 address (mapped, compatible, 6to4, NAT64) are judged by the
+/// IPv4 address they reach, so `::127.0.0.1` or `2002:7f00:1::` cannot smuggle a loopback or
+/// private target past the guard; Teredo tunnels are refused outright.
 pub fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+            if v6.is_loopback() || v6.is_unspecified() {
+                return false;
+            }
+            // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (the deprecated "compatible" form).
+            if let Some(v4) = v6.to_ipv4() {
                 return is_public_v4(v4);
             }
-            let first = v6.segments()[0];
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local
-                || (first & 0xffc0) == 0xfe80 // link local
-                || (first == 0x2001 && v6.segments()[1] == 0x0db8) // documentation
-                || v6 == Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0)
-                || (first == 0x0064 && v6.segments()[1] == 0xff9b)) // NAT64 may reach private v4
+            // 6to4 (2002::/16): the next 32 bits are the IPv4 address it tunnels to.
+            if s[0] == 0x2002 {
+                return is_public_v4(embedded(s[1], s[2]));
+            }
+            // NAT64, well-known prefix 64:ff9b::/96: the last 32 bits are the IPv4 target.
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_public_v4(embedded(s[6], s[7]));
+            }
+            !(v6.is_multicast()
+                || (s[0] == 0x2001 && s[1] == 0x0000) // Teredo: reaches an obfuscated IPv4 host
+                || (s[0] == 0x0064 && s[1] == 0xff9b) // local-use NAT64 (64:ff9b:1::/48) and the rest
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link local
+                || (s[0] & 0xffc0) == 0xfec0 // site local (deprecated)
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+                || (s[0] == 0x0100 && s[1..4] == [0, 0, 0])) // discard-only
         }
     }
 }
@@ -191,6 +246,32 @@ mod tests {
         }
     }
 
+    #[test]
+    fn ipv6_forms_embedding_a_private_ipv4_address_are_refused() {
+        for ip in [
+            "::127.0.0.1",          // IPv4-compatible loopback
+            "::10.0.0.1",           // IPv4-compatible private
+            "::169.254.169.254",    // IPv4-compatible link-local (cloud metadata)
+            "::ffff:192.168.0.1",   // IPv4-mapped private
+            "2002:7f00:1::",        // 6to4 of 127.0.0.1
+            "2002:a00:1::1",        // 6to4 of 10.0.0.1
+            "2002:a9fe:a9fe::",     // 6to4 of 169.254.169.254
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2", // Teredo
+            "2001::1",              // Teredo prefix
+            "64:ff9b::7f00:1",      // NAT64 of 127.0.0.1
+            "64:ff9b::a00:1",       // NAT64 of 10.0.0.1
+            "64:ff9b:1::a00:1",     // local-use NAT64
+            "fec0::1",              // site-local
+            "100::1",               // discard-only
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} must not be public");
+        }
+        // The same forms around a public IPv4 address stay reachable (DNS64 networks need NAT64).
+        for ip in ["::8.8.8.8", "2002:808:808::1", "64:ff9b::808:808"] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} is public");
+        }
+    }
+
     fn remote(url: &str) -> ImageRef {
         ImageRef::Remote { url: url.into(), param: "messages[0].content[0].image_url".into() }
     }
@@ -204,6 +285,66 @@ mod tests {
             assert_eq!(body["error"]["param"], "messages[0].content[0].image_url", "{url}");
             assert_eq!(body["error"]["type"], "invalid_request_error");
         }
+    }
+
+    fn png(len: usize) -> ImageRef {
+        let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+        bytes.resize(len, 0);
+        ImageRef::Data { mime: "image/png".into(), bytes }
+    }
+
+    #[tokio::test]
+    async fn more_images_than_allowed_are_refused_before_any_fetch() {
+        let fetcher = ImageFetcher { max_images: 2, ..ImageFetcher::default() };
+        assert_eq!(fetcher.load_all(&[png(16), png(16)]).await.unwrap().len(), 2);
+        // The remote one would fail on its address if it were fetched; the count comes first.
+        let err = fetcher.load_all(&[png(16), png(16), remote("http://127.0.0.1:9/x.png")]).await.unwrap_err();
+        assert_eq!(err.status.as_u16(), 400);
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert!(err.message.contains("3 images in one request; this server accepts at most 2"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn image_bytes_are_capped_per_request() {
+        let fetcher = ImageFetcher { max_total_bytes: 100, ..ImageFetcher::default() };
+        assert_eq!(fetcher.load_all(&[png(50), png(50)]).await.unwrap().len(), 2);
+        let err = fetcher.load_all(&[png(50), png(51)]).await.unwrap_err();
+        assert_eq!((err.status.as_u16(), err.error_type), (400, "invalid_request_error"));
+        assert!(err.message.contains("larger than 100 bytes together"), "{}", err.message);
+    }
+
+    /// A proxy named in the environment must never make the connection: it would reach
+    /// wherever the URL leads, past the address check. The fetch runs in a child process (the
+    /// variables are process-wide) against a public address; the "proxy" here only counts
+    /// connections.
+    #[test]
+    fn image_fetches_ignore_proxy_environment_variables() {
+        let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "images::tests::fetch_with_proxy_variables_set", "--ignored", "--test-threads", "1"])
+            .env("http_proxy", &proxy_url)
+            .env("HTTP_PROXY", &proxy_url)
+            .env("https_proxy", &proxy_url)
+            .env("ALL_PROXY", &proxy_url)
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && log.contains("1 passed"), "{log}");
+        proxy.set_nonblocking(true).unwrap();
+        assert!(proxy.accept().is_err(), "the image fetch connected through the proxy");
+    }
+
+    #[tokio::test]
+    #[ignore = "run in a child process by image_fetches_ignore_proxy_environment_variables"]
+    async fn fetch_with_proxy_variables_set() {
+        assert!(std::env::var("http_proxy").is_ok(), "only meaningful with a proxy set");
+        let fetcher = ImageFetcher { timeout: Duration::from_secs(2), ..ImageFetcher::default() };
+        // A public address (nothing needs to answer): a direct attempt fails or times out.
+        let err = fetcher.load_all(&[remote("http://1.1.1.1:9/cat.png")]).await.unwrap_err();
+        assert_eq!(err.status.as_u16(), 400);
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::task::TaskTracker;
 use gantry_accounts::Accounts;
-use gantry_engine::{Engine, EngineConfig};
+use gantry_engine::{Engine, EngineConfig, Generator, Health};
 
 use crate::app::{router, AppState, RouterOptions};
 use crate::cli::ServeArgs;
@@ -48,11 +48,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_or(0, |d| d.as_secs());
     let usage_writers = TaskTracker::new();
     let state = AppState {
-        engine: engine.clone(),
+        engine: Arc::new(engine.clone()),
         accounts: accounts.clone(),
         model_id: Arc::from(model_id.as_str()),
         model_created: created,
-        images: Default::default(),
+        images: crate::images::ImageFetcher {
+            max_images: args.max_images,
+            max_total_bytes: args.max_image_bytes,
+            ..Default::default()
+        },
         usage_writers: usage_writers.clone(),
         rate_limits: Default::default(),
         prices: Arc::new(args.prices.iter().cloned().collect()),
@@ -72,9 +76,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     print_banner(&addr.to_string(), &model_id, new_key.as_deref(), &store_flag);
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let engine_failed = engine_failure(&engine);
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        tracing::info!(grace_seconds = args.shutdown_grace, "shutting down: no new connections, finishing requests");
+        tokio::select! {
+            _ = shutdown_signal() => tracing::info!(
+                grace_seconds = args.shutdown_grace,
+                "shutting down: no new connections, finishing requests"
+            ),
+            // Its requests were already answered with errors; stop, and exit non-zero below.
+            _ = engine_failed => tracing::error!("the inference engine failed: stopping so a supervisor restarts the server"),
+        }
         let _ = signalled_tx.send(());
     });
     let mut server = std::pin::pin!(server.into_future());
@@ -90,15 +101,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
         }
     }
-    tokio::task::spawn_blocking(move || engine.shutdown()).await?;
+    let stopping = engine.clone();
+    tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
     // Every request that reached the engine has its usage record written before exit.
     usage_writers.close();
     if tokio::time::timeout(Duration::from_secs(10), usage_writers.wait()).await.is_err() {
         tracing::error!("some usage records were still being written at exit");
     }
     accounts.close().await;
+    if let Health::Failed(why) = Generator::health(&engine) {
+        anyhow::bail!("the inference engine failed ({why}); exiting so a supervisor restarts the server");
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves once the engine has failed (its scheduler thread panicked); never otherwise.
+fn engine_failure(engine: &Engine) -> impl std::future::Future<Output = ()> {
+    let mut health = engine.watch_health();
+    async move {
+        if health.wait_for(|h| matches!(h, Health::Failed(_))).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// `--api-key` registers that key; otherwise a first start with no key creates one, so a new

@@ -131,9 +131,9 @@ impl ChunkEncoder {
                 frames.push(SseFrame::Done);
                 frames
             }
-            Event::Error(message) => {
+            Event::Error(error) => {
                 self.finished = true;
-                vec![SseFrame::Data(gantry_api::ApiError::internal(message).to_json())]
+                vec![SseFrame::Data(crate::engine_errors::IntoApiError::into_api_error(error).to_json())]
             }
         }
     }
@@ -223,9 +223,9 @@ mod tests {
     #[test]
     fn error_ends_the_stream_in_openai_shape() {
         let mut e = enc(false);
-        let frames = e.on_event(Event::Error("boom".into()));
+        let frames = e.on_event(Event::Error(gantry_engine::EngineError::Decode("boom".into())));
         assert_eq!(frames.len(), 1);
-        assert_eq!(data(&frames[0])["error"]["message"], "boom");
+        assert_eq!(data(&frames[0])["error"]["message"], "The model failed to decode: boom");
         assert_eq!(data(&frames[0])["error"]["type"], "server_error");
         assert!(e.is_finished());
         assert!(e.on_event(Event::Done(Usage::default())).is_empty());

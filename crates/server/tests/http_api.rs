@@ -434,3 +434,30 @@ async fn a_refused_request_leaves_its_keep_alive_connection_usable() {
     let r2 = read_response(&mut conn);
     assert!(r2.starts_with("HTTP/1.1 200"), "the connection was dropped after the 401: {r2:?}");
 }
+
+/// More choices than sequences would wait forever; the engine refuses them up front with a 400
+/// (a 500 made the SDKs retry it twice), streamed or not, and `stream_options` without a stream
+/// is refused as OpenAI does.
+#[tokio::test]
+async fn n_beyond_parallel_and_stream_options_without_stream_are_400s() {
+    let s = TestServer::start(&["--parallel", "2"]);
+    for stream in [false, true] {
+        let mut body = hello(&s.model_id);
+        body["n"] = json!(3);
+        body["stream"] = json!(stream);
+        let (status, err) = error_of(s.chat(body).send().await.unwrap()).await;
+        assert_eq!(status, 400, "stream={stream}: {err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+        assert_eq!(err["error"]["param"], "n");
+    }
+    let mut body = hello(&s.model_id);
+    body["n"] = json!(2);
+    let ok: Value = s.chat(body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(ok["choices"].as_array().unwrap().len(), 2);
+
+    let mut body = hello(&s.model_id);
+    body["stream_options"] = json!({"include_usage": true});
+    let (status, err) = error_of(s.chat(body).send().await.unwrap()).await;
+    assert_eq!(status, 400);
+    assert_eq!(err["error"]["param"], "stream_options");
+}

@@ -1,0 +1,128 @@
+//! The engine end to end on a tiny random-weight model: prepare, logprobs accounting, and
+//! what happens when the scheduler thread dies.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use serde_json::json;
+
+use crate::{
+    ChatInput, Engine, EngineConfig, EngineError, Event, Generator, Health, Outcome, PrepareError, SamplingParams,
+    SubmitError, Usage,
+};
+
+fn tiny_model() -> &'static PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gantry-engine-tiny-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny.gguf");
+        tiny_gguf::write_tiny_model(&path, &tiny_gguf::TinyModelSpec::default()).unwrap();
+        path
+    })
+}
+
+fn start(parallel: u32, panic_after_tokens: Option<u32>) -> Engine {
+    let mut config = EngineConfig::new(tiny_model());
+    config.ctx_size = 256;
+    config.parallel = parallel;
+    config.threads = Some(1);
+    config.panic_after_tokens = panic_after_tokens;
+    Engine::start(config).unwrap()
+}
+
+fn input(max_tokens: u32, logit_bias: Vec<(i32, f32)>) -> ChatInput {
+    ChatInput {
+        messages: vec![json!({"role": "user", "content": "hello there"})],
+        tools: None,
+        n: 1,
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        sampling: SamplingParams { temperature: 0.0, logit_bias, ..SamplingParams::default() },
+        logprobs: Some(2),
+        constraint: None,
+        lazy_tools: None,
+    }
+}
+
+/// The tiny vocabulary ends with `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (the EOS).
+fn eos(engine: &Engine) -> i32 {
+    let id = engine.model_info().n_vocab - 1;
+    assert!(engine.model().is_end_of_generation(id), "token {id} ends generation");
+    id
+}
+
+/// Every event of a request until its last one, and its usage report.
+async fn drain(mut handle: crate::GenerationHandle) -> (Vec<Event>, Usage) {
+    let mut events = Vec::new();
+    while let Some(event) = handle.events.recv().await {
+        let last = matches!(event, Event::Done(_) | Event::Error(_));
+        events.push(event);
+        if last {
+            break;
+        }
+    }
+    (events, handle.usage.await.expect("the engine reports usage"))
+}
+
+fn logprob_entries(events: &[Event]) -> usize {
+    events.iter().map(|e| if let Event::Delta { logprobs, .. } = e { logprobs.len() } else { 0 }).sum()
+}
+
+#[tokio::test]
+async fn every_billed_token_has_one_logprobs_entry_the_end_token_included() {
+    let engine = start(1, None);
+    let eos = eos(&engine);
+    // Forced to end at once: one token, the end-of-generation token, billed and listed.
+    let request = engine.prepare(input(8, vec![(eos, 100.0)])).unwrap();
+    let (events, usage) = drain(engine.submit(request).unwrap()).await;
+    assert_eq!(usage.completion_tokens, 1, "{events:?}");
+    assert_eq!(logprob_entries(&events), 1, "{events:?}");
+    let Some(Event::Delta { text, logprobs, .. }) = events.first() else { panic!("{events:?}") };
+    assert_eq!((text.as_str(), logprobs[0].token.as_str()), ("", ""));
+    // Cut by max_tokens with the end token forbidden: still one entry per billed token.
+    let request = engine.prepare(input(5, vec![(eos, -100.0)])).unwrap();
+    let (events, usage) = drain(engine.submit(request).unwrap()).await;
+    assert_eq!(usage.completion_tokens, 5);
+    assert_eq!(logprob_entries(&events), 5, "{events:?}");
+    engine.shutdown();
+}
+
+#[tokio::test]
+async fn prepare_refuses_what_the_engine_cannot_run() {
+    let engine = start(2, None);
+    let mut three = input(4, vec![]);
+    three.n = 3;
+    assert!(matches!(engine.prepare(three), Err(PrepareError::TooManyChoices { n: 3, slots: 2 })));
+    let n_vocab = engine.model_info().n_vocab;
+    assert!(matches!(engine.prepare(input(4, vec![(n_vocab, 1.0)])), Err(PrepareError::LogitBias { .. })));
+    assert!(matches!(engine.prepare(input(300, vec![])), Err(PrepareError::ContextLength { limit: 256, .. })));
+    let ok = engine.prepare(input(4, vec![])).unwrap();
+    assert_eq!((ok.n, ok.max_tokens), (1, 4));
+    assert!(!ok.prompt.tokens.is_empty());
+    engine.shutdown();
+}
+
+#[tokio::test]
+async fn a_panicking_scheduler_fails_every_request_bills_what_ran_and_refuses_new_work() {
+    let engine = start(1, Some(3));
+    let eos = eos(&engine);
+    let mut health = engine.watch_health();
+    // One slot: the first request runs (and trips the panic), the second waits in the queue.
+    let running = engine.submit(engine.prepare(input(50, vec![(eos, -100.0)])).unwrap()).unwrap();
+    let queued = engine.submit(engine.prepare(input(50, vec![(eos, -100.0)])).unwrap()).unwrap();
+    let (events, usage) = drain(running).await;
+    assert!(matches!(events.last(), Some(Event::Error(EngineError::Crashed(_)))), "{events:?}");
+    assert_eq!(usage.outcome, Outcome::Error);
+    assert_eq!(usage.completion_tokens, 3, "the tokens generated before the panic are reported");
+    assert_eq!(logprob_entries(&events), 3);
+    let (events, usage) = drain(queued).await;
+    assert!(matches!(events.as_slice(), [Event::Error(EngineError::Crashed(_))]), "{events:?}");
+    assert_eq!((usage.completion_tokens, usage.outcome), (0, Outcome::Error));
+
+    health.wait_for(|h| matches!(h, Health::Failed(_))).await.unwrap();
+    assert!(matches!(engine.health(), Health::Failed(why) if why.contains("test-only panic")));
+    let refused = engine.submit(engine.prepare(input(4, vec![])).unwrap());
+    assert!(matches!(refused, Err(SubmitError::Failed(_))));
+    engine.shutdown();
+}

@@ -1,0 +1,274 @@
+//! The router driven in-process (`oneshot`) by a scripted engine: what the HTTP layer makes of
+//! engine events and engine refusals, without loading a model. Test-only.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use gantry_accounts::Accounts;
+use gantry_engine::{
+    ChatInput, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Generator, Health, Limits, ModelInfo,
+    Outcome, PrepareError, Prompt, SubmitError, Usage,
+};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::app::{router, AppState, RouterOptions};
+
+const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
+
+/// An engine that answers every submission with a fixed list of events, then a usage report.
+/// Its `prepare` applies the real engine's checks ([`Limits`]) to a prompt of one token per
+/// word, so refusals come from the same code as in production.
+struct ScriptedEngine {
+    info: ModelInfo,
+    limits: Limits,
+    events: Vec<Event>,
+    usage: Usage,
+    /// Set as the script ends: the health a failed engine reports.
+    fail_with: Option<String>,
+    health: Arc<Mutex<Health>>,
+    submitted: Mutex<Vec<u32>>,
+}
+
+impl ScriptedEngine {
+    fn new(events: Vec<Event>, usage: Usage) -> Self {
+        Self {
+            info: ModelInfo {
+                path: PathBuf::from("scripted.gguf"),
+                n_vocab: 1000,
+                n_ctx_train: 64,
+                size_bytes: 0,
+                n_params: 0,
+                supports_vision: false,
+                chat_template: String::new(),
+            },
+            limits: Limits { ctx_size: 64, slots: 2, n_vocab: 1000 },
+            events,
+            usage,
+            fail_with: None,
+            health: Arc::new(Mutex::new(Health::Ready)),
+            submitted: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Generator for ScriptedEngine {
+    fn model_info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn prepare(&self, input: ChatInput) -> Result<GenerateRequest, PrepareError> {
+        self.limits.check_request(&input)?;
+        let words: Vec<i32> = input
+            .messages
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .flat_map(str::split_whitespace)
+            .map(|w| w.len() as i32)
+            .collect();
+        let max_tokens = self.limits.completion_budget(words.len() as u32, input.max_tokens)?;
+        Ok(input.into_request(Prompt { text: String::new(), tokens: words }, max_tokens))
+    }
+
+    fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
+        self.submitted.lock().unwrap().push(request.n);
+        let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let (usage_tx, usage) = tokio::sync::oneshot::channel();
+        let script = self.events.clone();
+        let report = self.usage;
+        let (health, fail_with) = (self.health.clone(), self.fail_with.clone());
+        tokio::spawn(async move {
+            for event in script {
+                // As the real engine: it is marked failed before it answers its requests.
+                if let (Event::Error(_), Some(why)) = (&event, &fail_with) {
+                    *health.lock().unwrap() = Health::Failed(why.clone());
+                }
+                let _ = events_tx.send(event);
+                tokio::task::yield_now().await;
+            }
+            let _ = usage_tx.send(report);
+        });
+        Ok(GenerationHandle { events, usage })
+    }
+
+    fn health(&self) -> Health {
+        self.health.lock().unwrap().clone()
+    }
+}
+
+struct Harness {
+    app: axum::Router,
+    accounts: Accounts,
+    usage_writers: tokio_util::task::TaskTracker,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
+    accounts.ensure_key(KEY, "router-test").await.unwrap();
+    let usage_writers = tokio_util::task::TaskTracker::new();
+    let state = AppState {
+        engine,
+        accounts: accounts.clone(),
+        model_id: Arc::from("scripted"),
+        model_created: 0,
+        images: Default::default(),
+        usage_writers: usage_writers.clone(),
+        rate_limits: Default::default(),
+        prices: Default::default(),
+        instance_id: Arc::from("router-test"),
+        admin_token: None,
+    };
+    Harness { app: router(state, RouterOptions::default()), accounts, usage_writers, _dir: dir }
+}
+
+impl Harness {
+    async fn chat(&self, body: Value) -> (StatusCode, String) {
+        let request = Request::post("/v1/chat/completions")
+            .header("authorization", format!("Bearer {KEY}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(request).await
+    }
+
+    async fn send(&self, request: Request<Body>) -> (StatusCode, String) {
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    async fn health(&self) -> (StatusCode, Value) {
+        let (status, body) = self.send(Request::get("/health").body(Body::empty()).unwrap()).await;
+        (status, serde_json::from_str(&body).unwrap())
+    }
+
+    /// Completion tokens the ledger billed, once every usage write has landed.
+    async fn billed_completion_tokens(&self) -> u64 {
+        self.usage_writers.close();
+        self.usage_writers.wait().await;
+        let usage = self.accounts.usage_summary().await.unwrap();
+        usage.iter().map(|row| row.completion_tokens).sum()
+    }
+}
+
+fn body(extra: Value) -> Value {
+    let mut b = json!({"model": "scripted", "messages": [{"role": "user", "content": "say hello to the test"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+fn delta(text: &str) -> Event {
+    Event::Delta { choice: 0, text: text.into(), logprobs: Vec::new() }
+}
+
+/// The JSON payloads of an SSE body, `[DONE]` included as a string.
+fn sse_data(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.to_string())))
+        .collect()
+}
+
+fn usage(completion_tokens: u32) -> Usage {
+    Usage { prompt_tokens: 5, cached_tokens: 0, completion_tokens, outcome: Outcome::Completed }
+}
+
+#[tokio::test]
+async fn streamed_deltas_become_chunks_ending_in_usage_and_done() {
+    let events = vec![
+        delta("Hel"),
+        delta("lo"),
+        Event::Finished { choice: 0, reason: FinishReason::Stop },
+        Event::Done(usage(2)),
+    ];
+    let h = harness(Arc::new(ScriptedEngine::new(events, usage(2)))).await;
+    let (status, text) = h.chat(body(json!({"stream": true, "stream_options": {"include_usage": true}}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let data = sse_data(&text);
+    assert_eq!(data.last().unwrap(), "[DONE]", "{text}");
+    let content: String = data.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "Hello");
+    let finish: Vec<&Value> = data.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|f| !f.is_null()).collect();
+    assert_eq!(finish, vec!["stop"]);
+    let last = &data[data.len() - 2];
+    assert_eq!(last["usage"]["completion_tokens"], 2);
+    assert_eq!(last["usage"]["total_tokens"], 7);
+    assert_eq!(h.billed_completion_tokens().await, 2);
+}
+
+#[tokio::test]
+async fn an_engine_error_mid_stream_ends_it_with_a_server_error_event_and_bills_what_was_sent() {
+    let events = vec![delta("partial"), Event::Error(EngineError::Decode("boom".into()))];
+    let report = Usage { outcome: Outcome::Error, ..usage(3) };
+    let h = harness(Arc::new(ScriptedEngine::new(events, report))).await;
+    let (status, text) = h.chat(body(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&text);
+    assert_eq!(data[1]["choices"][0]["delta"]["content"], "partial", "{text}");
+    let last = data.last().unwrap();
+    assert_eq!(last["error"]["type"], "server_error", "{text}");
+    assert!(last["error"]["message"].as_str().unwrap().contains("boom"));
+    assert!(!text.contains("[DONE]"), "an error ends the stream without [DONE]: {text}");
+    assert_eq!(h.billed_completion_tokens().await, 3);
+}
+
+#[tokio::test]
+async fn n_beyond_the_engine_slots_is_a_400_naming_n_and_never_reaches_it() {
+    let engine = Arc::new(ScriptedEngine::new(vec![Event::Done(usage(1))], usage(1)));
+    let h = harness(engine.clone()).await;
+    let (status, text) = h.chat(body(json!({"n": 3}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["param"], "n");
+    assert!(engine.submitted.lock().unwrap().is_empty());
+    // At the limit it is served.
+    let (status, _) = h.chat(body(json!({"n": 2}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(*engine.submitted.lock().unwrap(), vec![2]);
+}
+
+#[tokio::test]
+async fn a_prompt_beyond_the_context_is_a_400_context_length_exceeded() {
+    let engine = Arc::new(ScriptedEngine::new(vec![Event::Done(usage(1))], usage(1)));
+    let h = harness(engine.clone()).await;
+    let (status, text) = h.chat(body(json!({"max_tokens": 60}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert_eq!(v["error"]["param"], "messages");
+    assert!(v["error"]["message"].as_str().unwrap().contains("maximum context length is 64 tokens"), "{text}");
+    let (status, text) = h.chat(body(json!({"logit_bias": {"1000": 5}}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("\"param\":\"logit_bias\""), "{text}");
+    assert!(engine.submitted.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_dead_engine_fails_its_requests_with_server_error_and_health_turns_503() {
+    let crashed = EngineError::Crashed("scheduler panicked".into());
+    let mut engine = ScriptedEngine::new(vec![delta("Hi"), Event::Error(crashed)], Usage { outcome: Outcome::Error, ..usage(4) });
+    engine.fail_with = Some("scheduler panicked".into());
+    let h = harness(Arc::new(engine)).await;
+    assert_eq!(h.health().await.0, StatusCode::OK);
+
+    let (status, text) = h.chat(body(json!({}))).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["type"], "server_error");
+    assert!(v["error"]["message"].as_str().unwrap().contains("scheduler panicked"), "{text}");
+
+    let (status, health) = h.health().await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(health["status"], "failed");
+    // The tokens generated before the failure are billed.
+    assert_eq!(h.billed_completion_tokens().await, 4);
+}
