@@ -29,10 +29,7 @@ async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
 
 #[tokio::test]
 async fn a_budget_holds_under_a_burst_on_postgres() {
-    let Some(admin) = gantry_accounts::testing::postgres_admin_url() else {
-        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
-        return;
-    };
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("a_budget_holds_under_a_burst_on_postgres") else { return };
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
     let s = TestServer::start(&["--max-queue", "200", "--database-url", &url]);
     budget_burst(&s, &|args| cli_db(&url, args)).await;
@@ -228,8 +225,7 @@ fn cli_db(url: &str, args: &[&str]) -> String {
 
 #[tokio::test]
 async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
-    let Some(admin) = gantry_accounts::testing::postgres_admin_url() else {
-        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the two-replica PostgreSQL test (make test sets it)");
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("two_replicas_on_postgres_share_limits_budgets_and_revocations") else {
         return;
     };
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
