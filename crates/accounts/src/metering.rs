@@ -140,6 +140,20 @@ impl Meter {
 
     /// Rate limit, then budget reservation. The ticket settles or releases what it holds.
     pub async fn admit(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
+        // Admission runs in its own task: a caller dropped while the reservation is being made
+        // (the client went away) cannot leave it orphaned, because the finished task's ticket
+        // is then dropped, which releases it.
+        let (meter, key) = (self.clone(), key.clone());
+        match self.inner.tasks.spawn(async move { meter.admit_here(&key, charge).await }).await {
+            Ok(admitted) => admitted,
+            Err(e) => Err(Refused {
+                rate: RateStatus::default(),
+                reason: Refusal::Unavailable(AccountsError::Io(std::io::Error::other(e))),
+            }),
+        }
+    }
+
+    async fn admit_here(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
         let tokens = charge.prompt_tokens + charge.max_completion_tokens;
         let started_at_ms = now_ms();
         let accounts = &self.inner.accounts;

@@ -1,3 +1,4 @@
+use std::future::Future;
 use std::time::Duration;
 
 use super::*;
@@ -132,4 +133,26 @@ on_both!(live_servers_keep_their_reservations_and_dead_ones_lose_them, |acc: Acc
     eventually("settled", || async { reserved(&acc, &key).await == 0 }).await;
     a.shutdown(Duration::from_secs(5)).await;
     b.shutdown(Duration::from_secs(5)).await;
+});
+
+on_both!(a_caller_dropped_during_admission_leaves_no_reservation, |acc: Accounts| async move {
+    let dir = tempfile::tempdir().unwrap();
+    let meter = Meter::start(acc.clone(), config(dir.path())).await.unwrap();
+    let key = budgeted(&acc).await;
+    // Polled once (admission starts), then dropped: the client went away mid-admission.
+    let mut cut = Box::pin(meter.admit(&key, charge("cut", None)));
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(cut.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "admission cannot finish within one poll");
+    drop(cut);
+    eventually("admission ran to the end and its ticket released the reservation", || async {
+        let rows: Vec<(i64,)> = sqlx::query_as("SELECT reserved_tokens FROM key_spend WHERE key_id = $1")
+            .bind(key.id)
+            .fetch_all(&acc.pool)
+            .await
+            .unwrap();
+        let held: Vec<(String,)> = sqlx::query_as("SELECT request_id FROM reservations").fetch_all(&acc.pool).await.unwrap();
+        rows == [(0,)] && held.is_empty() && meter.pending() == 0
+    })
+    .await;
+    meter.shutdown(Duration::from_secs(5)).await;
 });
