@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio_util::task::TaskTracker;
 
 use crate::budget::{Price, Reservation};
@@ -215,15 +215,20 @@ impl Meter {
         }
     }
 
-    /// Journals `entry`, then wakes the drainer. Runs as a tracked task.
-    fn journal(&self, entry: Entry) {
+    /// Journals `entry`, then wakes the drainer and fires `on_disk`. Runs as a tracked task.
+    fn journal(&self, entry: Entry, on_disk: Option<oneshot::Sender<()>>) {
         let inner = self.inner.clone();
         let task = self.inner.tasks.track_future(async move {
             let outbox_inner = inner.clone();
             let kept = entry.clone();
             match tokio::task::spawn_blocking(move || outbox_inner.outbox.append(kept)).await {
-                Ok(Ok(_)) => inner.appended.notify_one(),
+                Ok(Ok(_)) => {
+                    inner.appended.notify_one();
+                    on_disk.map(|tx| tx.send(()));
+                }
                 failed => {
+                    // Do not hold the client's answer hostage to a failing disk.
+                    on_disk.map(|tx| tx.send(()));
                     // The disk refused: write to the database directly, as long as it takes.
                     tracing::error!(?failed, request_id = entry.request_id(), "could not write the usage outbox; writing to the database directly");
                     let mut backoff = Duration::from_millis(200);
@@ -267,7 +272,11 @@ impl Ticket {
     }
 
     /// Books what the request used (journalled first, then stored in the database).
-    pub fn settle(mut self, used: Settlement) {
+    pub fn settle(self, used: Settlement) {
+        self.settle_then(used, None);
+    }
+
+    fn settle_then(mut self, used: Settlement, on_disk: Option<oneshot::Sender<()>>) {
         self.open = false;
         let c = &self.charge;
         let record = UsageRecord {
@@ -283,13 +292,17 @@ impl Ticket {
             started_at_ms: self.started_at_ms,
             finished_at_ms: now_ms(),
         };
-        self.meter.journal(Entry::Settle { record });
+        self.meter.journal(Entry::Settle { record }, on_disk);
     }
 
-    /// Settles with what `used` resolves to, in a task that shutdown waits for.
-    pub fn settle_when(self, used: impl Future<Output = Settlement> + Send + 'static) {
+    /// Settles with what `used` resolves to, in a task that shutdown waits for. The returned
+    /// receiver fires once the usage record is on disk: tell the client its usage only then,
+    /// so a crash right after the answer cannot lose the record of what it was told.
+    pub fn settle_when(self, used: impl Future<Output = Settlement> + Send + 'static) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
         let tasks = self.meter.inner.tasks.clone();
-        tokio::spawn(tasks.track_future(async move { self.settle(used.await) }));
+        tokio::spawn(tasks.track_future(async move { self.settle_then(used.await, Some(tx)) }));
+        rx
     }
 }
 
@@ -297,7 +310,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if self.open {
             self.open = false;
-            self.meter.journal(Entry::Release { request_id: self.charge.request_id.clone() });
+            self.meter.journal(Entry::Release { request_id: self.charge.request_id.clone() }, None);
         }
     }
 }

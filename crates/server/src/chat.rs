@@ -74,7 +74,8 @@ pub async fn chat_completions(
         }
         SubmitError::Stopped => ApiError::overloaded("The server is shutting down.").with_retry_after(5),
     })?;
-    ticket.settle_when(async move { settlement_of(usage.await) });
+    let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
+    let events = hold_done_until(events, journalled);
 
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
@@ -181,6 +182,35 @@ fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
         "json_schema" => format.pointer("/json_schema/schema").cloned().map(Constraint::JsonSchema),
         _ => None,
     }
+}
+
+/// Forwards the engine's events, holding the final `Done` (the usage the client is told) until
+/// the usage record is on disk. Dropping the returned receiver (client gone) drops the engine's
+/// receiver at once, which cancels the request as before.
+fn hold_done_until(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    journalled: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut journalled = Some(journalled);
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = tx.closed() => return,
+            };
+            let Some(event) = event else { return };
+            if matches!(event, Event::Done(_)) {
+                if let Some(on_disk) = journalled.take() {
+                    let _ = on_disk.await;
+                }
+            }
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// What the ledger books, from the engine's own usage report, so it is written even when the
@@ -319,4 +349,25 @@ pub(crate) fn now_secs() -> u64 {
 
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod settlement_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_engine_that_died_still_settles_its_requests() {
+        // The engine thread dropped its usage sender without reporting.
+        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
+        drop(tx);
+        let settled = settlement_of(rx.await);
+        assert_eq!(
+            settled,
+            Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "error" }
+        );
+        // A report is booked as reported.
+        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
+        tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled }).unwrap();
+        assert_eq!(settlement_of(rx.await).outcome, "cancelled");
+    }
 }

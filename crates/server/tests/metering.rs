@@ -44,7 +44,7 @@ async fn one_client_request_id_on_many_requests_is_served_and_billed_each_time()
     let send = || s.chat(hello(&s.model_id, 3)).header("x-request-id", "my-fixed-id").send();
     let mut told = 0;
     let mut completion_ids = std::collections::HashSet::new();
-    let mut check = |resp: reqwest::Response| async move {
+    let check = |resp: reqwest::Response| async move {
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-request-id"], "my-fixed-id", "the client's id is echoed back");
         resp.json::<Value>().await.unwrap()
@@ -73,7 +73,7 @@ async fn one_client_request_id_on_many_requests_is_served_and_billed_each_time()
     for r in &fixed {
         assert!(completion_ids.contains(&format!("chatcmpl-{}", r["request_id"].as_str().unwrap())), "{r}");
         assert_eq!(r["key_name"], "serve --api-key");
-        assert_eq!(r["outcome"], "completed");
+        assert!(r["outcome"] == "length" || r["outcome"] == "completed", "{r}");
     }
     let own = rows.iter().find(|r| r["client_request_id"].is_null()).unwrap();
     assert_eq!(own["request_id"], server_id);
@@ -177,35 +177,33 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
 async fn two_servers_with_the_default_instance_id_keep_each_others_reservations() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_string();
-    // Neither names an --instance-id: both default to this host's name.
-    let args = ["--data-dir", data.as_str(), "--ctx-size", "2048", "--heartbeat-timeout", "1"];
+    // Neither names an --instance-id: both default to this host's name. One sequence, so most
+    // of A's requests wait in its queue, holding their reservations for a long while.
+    let args = ["--data-dir", data.as_str(), "--ctx-size", "2048", "--parallel", "1", "--heartbeat-timeout", "1"];
     let a = TestServer::start(&args);
-    let key = cli("--data-dir", &data, &["keys", "create", "--name", "held", "--budget-tokens", "1000000"]).trim().to_string();
-    let body = json!({"model": a.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "stream": true,
-                      "stop": [], "temperature": 1.0});
-    let mut stream = a.client().post(a.url("/v1/chat/completions")).bearer_auth(&key).json(&body).send().await.unwrap();
-    assert_eq!(stream.status(), 200);
-    let _ = stream.chunk().await.unwrap();
+    let key = cli("--data-dir", &data, &["keys", "create", "--name", "held", "--budget-tokens", "100000000"]).trim().to_string();
+    let streams = open_streams(&a, &key, 30, 1900).await;
     let reserved = || {
         let v: Value = serde_json::from_str(&cli("--data-dir", &data, &["keys", "show", "held", "--format", "json"])).unwrap();
         v["spend"]["reserved_tokens"].as_i64().unwrap()
     };
-    let before = reserved();
-    assert!(before > 0, "the stream holds a reservation");
-    // The second server starts and sweeps (its heartbeat timeout is 1 s) while A's request runs.
+    assert!(reserved() > 0, "A's requests hold reservations");
+    // The second server starts and sweeps (its heartbeat timeout is 1 s) while A's requests run.
     let b = TestServer::start(&args);
-    let held_while_b_runs = reserved();
-    drop(stream);
-    assert_eq!(held_while_b_runs, before, "B released A's live reservation");
-    // A dies without settling anything it still holds; B releases that after A's heartbeat stops.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(reserved() > 0, "B released A's live reservations");
+    // A dies with reservations held; B releases them once A's heartbeat is stale.
     drop(a);
+    drop(streams);
+    let mut left = reserved();
     for _ in 0..100 {
-        if reserved() == 0 {
+        if left == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+        left = reserved();
     }
-    assert_eq!(reserved(), 0);
+    assert_eq!(left, 0, "the dead server's reservations are released by the live one");
     drop(b);
 }
 
@@ -270,8 +268,8 @@ impl Drop for OwnPostgres {
 }
 
 /// Opens `n` streams (each admitted once its first chunk arrives).
-async fn open_streams(s: &TestServer, key: &str, n: usize) -> Vec<reqwest::Response> {
-    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 300, "stream": true,
+async fn open_streams(s: &TestServer, key: &str, n: usize, max_tokens: u32) -> Vec<reqwest::Response> {
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens, "stream": true,
                       "stream_options": {"include_usage": true}, "stop": [], "temperature": 1.0});
     let client = s.client();
     let mut streams = Vec::new();
@@ -316,7 +314,9 @@ async fn no_usage_record_is_lost_when_postgres_goes_down_mid_load() {
     let url = gantry_accounts::testing::fresh_postgres_database(&pg.admin_url()).await.unwrap();
     let data = tempfile::tempdir().unwrap();
     let data_path = data.path().to_str().unwrap().to_string();
-    let args = ["--database-url", url.as_str(), "--data-dir", data_path.as_str(), "--heartbeat-timeout", "2"];
+    // One sequence and long answers: most requests are still queued or running when the
+    // database stops, and settle while it is down.
+    let args = ["--database-url", url.as_str(), "--data-dir", data_path.as_str(), "--heartbeat-timeout", "2", "--ctx-size", "2048", "--parallel", "1"];
     let key = cli("--database-url", &url, &["keys", "create", "--name", "loaded"]).trim().to_string();
     let ledger = || async {
         let rows: Vec<Value> = serde_json::from_str(&cli("--database-url", &url, &["usage", "--format", "json", "--key-name", "loaded"])).unwrap();
@@ -325,7 +325,7 @@ async fn no_usage_record_is_lost_when_postgres_goes_down_mid_load() {
 
     // 1. The database stops while streams run, and comes back.
     let s = TestServer::start(&args);
-    let streams = open_streams(&s, &key, 6).await;
+    let streams = open_streams(&s, &key, 8, 1900).await;
     pg.stop();
     let mut told = told_usage(streams).await;
     assert!(outbox_bytes(data.path()) > 0, "settlements wait in the outbox while the database is down");
@@ -342,7 +342,7 @@ async fn no_usage_record_is_lost_when_postgres_goes_down_mid_load() {
 
     // 2. The database stops again and the server is killed before it comes back: the next
     //    start replays the outbox.
-    let streams = open_streams(&s, &key, 4).await;
+    let streams = open_streams(&s, &key, 8, 1900).await;
     pg.stop();
     told += told_usage(streams).await;
     assert!(outbox_bytes(data.path()) > 0);
