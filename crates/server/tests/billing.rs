@@ -162,6 +162,14 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
     assert_eq!(usage["data"][0]["requests"], 2, "{usage}");
     assert_eq!(usage["data"][0]["tenant"], "acme");
     assert!(usage["data"][0]["day"].as_str().unwrap().starts_with("20"));
+    // One row per request, with the server's request id.
+    let per_request: Value =
+        c.get(s.url("/admin/v1/usage/requests?key_name=svc")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let rows = per_request["data"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{per_request}");
+    assert!(rows.iter().all(|r| r["request_id"].as_str().is_some_and(|id| id.len() == 32) && r["key_name"] == "svc"), "{per_request}");
+    let refused = c.get(s.url("/admin/v1/usage/requests?group_by=day")).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
     let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
     assert!(csv.starts_with("key_name,tenant,model,day,requests"), "{csv}");
     assert!(csv.contains("svc,acme,"), "{csv}");
