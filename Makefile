@@ -34,9 +34,10 @@ test: deps
 	$(MAKE) test-e2e
 
 # The accounts suite and the replica tests also run against a throwaway PostgreSQL on loopback
-# (installed from Debian's packages when missing).
+# (installed from Debian's packages when missing). GANTRY_REQUIRE_POSTGRES turns a missing
+# database into failing tests instead of skipped ones.
 test-rust:
-	url="$$(scripts/test-postgres.sh)" && GANTRY_TEST_DATABASE_URL="$$url" $(CARGO) test --workspace --no-fail-fast
+	url="$$(scripts/test-postgres.sh)" && GANTRY_TEST_DATABASE_URL="$$url" GANTRY_REQUIRE_POSTGRES=1 $(CARGO) test --workspace --no-fail-fast
 
 models-e2e:
 	@for m in $(E2E_MODELS); do $(DEBUG_BIN) models pull --quiet $$m >/dev/null || exit 1; done

@@ -219,8 +219,8 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
     let mut tx = pool.begin().await?;
     let inserted = sqlx::query(
         "INSERT INTO usage_records (request_id, key_id, tenant, model, prompt_tokens, cached_tokens, \
-         completion_tokens, cost_nanos, outcome, started_at_ms, finished_at_ms) \
-         SELECT $1, id, tenant, $2, $3, $4, $5, $6, $7, $8, $9 FROM api_keys WHERE id = $10 \
+         completion_tokens, cost_nanos, outcome, started_at_ms, finished_at_ms, client_request_id) \
+         SELECT $1, id, tenant, $2, $3, $4, $5, $6, $7, $8, $9, $11 FROM api_keys WHERE id = $10 \
          ON CONFLICT (request_id) DO NOTHING",
     )
     .bind(&rec.request_id)
@@ -233,6 +233,7 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
     .bind(rec.started_at_ms)
     .bind(rec.finished_at_ms)
     .bind(rec.key_id)
+    .bind(&rec.client_request_id)
     .execute(&mut *tx)
     .await?
     .rows_affected();
@@ -331,12 +332,12 @@ pub(crate) async fn release_older_than(pool: &AnyPool, cutoff_ms: i64) -> Result
     release_where(pool, "created_at_ms < $1", Bind::Int(cutoff_ms)).await
 }
 
-enum Bind<'a> {
+pub(crate) enum Bind<'a> {
     Text(&'a str),
     Int(i64),
 }
 
-async fn release_where(pool: &AnyPool, condition: &str, value: Bind<'_>) -> Result<u64, AccountsError> {
+pub(crate) async fn release_where(pool: &AnyPool, condition: &str, value: Bind<'_>) -> Result<u64, AccountsError> {
     let mut tx = pool.begin().await?;
     let sql = format!("DELETE FROM reservations WHERE {condition} RETURNING key_id, period, tokens, nanos");
     let query = sqlx::query_as(&sql);

@@ -10,7 +10,10 @@ use sqlx::AnyPool;
 
 mod budget;
 mod db;
+mod instances;
 mod keys;
+mod metering;
+pub mod outbox;
 mod rate;
 mod usage;
 #[doc(hidden)]
@@ -23,8 +26,9 @@ pub use keys::{
     generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, KeyUpdate, NewKey, DISPLAY_PREFIX_LEN,
     MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
 };
-pub use rate::RateWindow;
-pub use usage::{UsageQuery, UsageRecord, UsageRow};
+pub use metering::{Charge, Meter, MeterConfig, Refusal, Refused, Settlement, Ticket};
+pub use rate::{Allowance, LocalWindows, RateRefusal, RateStatus, RateWindow};
+pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 
 /// Errors from the accounts store.
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +175,12 @@ impl Accounts {
     /// Usage totals filtered and grouped as `query` says.
     pub async fn usage_report(&self, query: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
         usage::report(&self.pool, self.backend, query).await
+    }
+
+    /// One row per request matching `query` (its `by_day` is ignored), oldest first, with the
+    /// server's and the client's request ids.
+    pub async fn usage_requests(&self, query: &UsageQuery) -> Result<Vec<RequestRow>, AccountsError> {
+        usage::requests(&self.pool, query).await
     }
 
     /// Counts a request of `tokens` against the key's per-minute limits shared through the

@@ -10,8 +10,11 @@ use crate::AccountsError;
 /// Token usage of one finished (or failed) request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRecord {
-    /// Unique per request; recording the same id twice is a no-op.
+    /// The server's id of the request, unique; recording the same id twice is a no-op.
     pub request_id: String,
+    /// The `x-request-id` the client sent, if any: not unique (clients reuse ids).
+    #[serde(default)]
+    pub client_request_id: Option<String>,
     pub key_id: i64,
     pub model: String,
     pub prompt_tokens: u32,
@@ -56,6 +59,65 @@ pub struct UsageQuery {
     pub until_ms: Option<i64>,
     /// One row per UTC day as well.
     pub by_day: bool,
+}
+
+/// One request of the ledger, as `gantry usage --requests` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRow {
+    pub request_id: String,
+    pub client_request_id: Option<String>,
+    pub key_name: String,
+    pub tenant: String,
+    pub model: String,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    /// USD.
+    pub cost: f64,
+    /// `completed`, `length`, `cancelled` or `error`.
+    pub outcome: String,
+    /// Unix milliseconds.
+    pub started_at_ms: i64,
+    pub finished_at_ms: i64,
+}
+
+type RequestTuple = (String, Option<String>, String, String, String, i64, i64, i64, i64, String, i64, i64);
+
+/// The requests matching `q` (its `by_day` is ignored), oldest first.
+pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<RequestRow>, AccountsError> {
+    let rows: Vec<RequestTuple> = sqlx::query_as(
+        "SELECT u.request_id, u.client_request_id, k.name, u.tenant, u.model, u.prompt_tokens, u.cached_tokens, \
+                u.completion_tokens, u.cost_nanos, u.outcome, u.started_at_ms, u.finished_at_ms \
+         FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
+         WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
+           AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
+         ORDER BY u.started_at_ms, u.request_id",
+    )
+    .bind(&q.key_name)
+    .bind(&q.tenant)
+    .bind(&q.model)
+    .bind(q.since_ms)
+    .bind(q.until_ms)
+    .fetch_all(pool)
+    .await?;
+    let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(rows
+        .into_iter()
+        .map(|(request_id, client_request_id, key_name, tenant, model, p, c, o, nanos, outcome, started, finished)| RequestRow {
+            request_id,
+            client_request_id,
+            key_name,
+            tenant,
+            model,
+            prompt_tokens: to_u64(p),
+            cached_tokens: to_u64(c),
+            completion_tokens: to_u64(o),
+            cost: nanos as f64 / NANOS_PER_USD as f64,
+            outcome,
+            started_at_ms: started,
+            finished_at_ms: finished,
+        })
+        .collect())
 }
 
 type ReportRow = (String, String, String, Option<String>, i64, i64, i64, i64, i64);

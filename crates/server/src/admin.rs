@@ -9,7 +9,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use gantry_accounts::{AccountsError, UsageQuery, UsageRow};
+use gantry_accounts::{AccountsError, RequestRow, UsageQuery, UsageRow};
 use gantry_api::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -24,6 +24,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
         .route("/keys/{key}/rotate", post(rotate_key))
         .route("/usage", get(usage))
+        .route("/usage/requests", get(usage_requests))
         .route_layer(middleware::from_fn_with_state(state, require_admin))
 }
 
@@ -154,6 +155,49 @@ async fn usage(State(state): State<AppState>, params: Result<Query<UsageParams>,
         Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], usage_csv(&rows)).into_response()),
         Some(other) => Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format"))),
     }
+}
+
+/// One row per request: `GET /admin/v1/usage/requests` with the filters of `/usage`.
+async fn usage_requests(
+    State(state): State<AppState>,
+    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::invalid_request(e.body_text(), None))?;
+    if params.group_by.is_some() {
+        return Err(ApiError::invalid_request("group_by does not apply to the per-request listing", Some("group_by")));
+    }
+    let query = params.to_query().map_err(|m| ApiError::invalid_request(m, None))?;
+    let rows = state.accounts.usage_requests(&query).await.map_err(accounts_error)?;
+    match params.format.as_deref() {
+        None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
+        Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], requests_csv(&rows)).into_response()),
+        Some(other) => Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format"))),
+    }
+}
+
+/// CSV of the per-request listing; the same text `gantry usage --requests --format csv` prints.
+pub fn requests_csv(rows: &[RequestRow]) -> String {
+    let mut out = String::from(
+        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,cost,outcome,started_at_ms,finished_at_ms\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{:.9},{},{},{}\n",
+            r.request_id,
+            r.client_request_id.as_deref().unwrap_or(""),
+            csv_field(&r.key_name),
+            csv_field(&r.tenant),
+            csv_field(&r.model),
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.completion_tokens,
+            r.cost,
+            r.outcome,
+            r.started_at_ms,
+            r.finished_at_ms
+        ));
+    }
+    out
 }
 
 /// CSV with a header row; the same text `gantry usage --format csv` prints.

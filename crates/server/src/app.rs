@@ -9,7 +9,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use gantry_accounts::{Accounts, KeyInfo, Price};
+use gantry_accounts::{Accounts, KeyInfo, Meter, Price};
 use gantry_api::{ApiError, ModelList, ModelObject};
 use gantry_engine::{Generator, Health};
 use serde_json::json;
@@ -26,13 +26,10 @@ pub struct AppState {
     pub model_id: Arc<str>,
     pub model_created: u64,
     pub images: crate::images::ImageFetcher,
-    /// Usage-record writes in flight; shutdown waits for them so no record is lost.
-    pub usage_writers: tokio_util::task::TaskTracker,
-    pub rate_limits: Arc<crate::rate_limit::RateLimiter>,
+    /// Admission (rate limits, budget reservations) and settlement into the usage ledger.
+    pub meter: Meter,
     /// USD per million tokens, by model id; models without an entry cost nothing.
     pub prices: Arc<HashMap<String, Price>>,
-    /// Names this server process on the reservations it holds (see `--instance-id`).
-    pub instance_id: Arc<str>,
     /// Guards `/admin/v1`; `None` disables the admin API.
     pub admin_token: Option<Arc<str>>,
 }

@@ -10,7 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_accounts::{AccountsError, Backend, KeyInfo, Price, Reservation, UsageRecord};
+use gantry_accounts::{Charge, KeyInfo, Settlement};
 use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
@@ -22,7 +22,7 @@ use gantry_engine::{
 
 use crate::app::AppState;
 use crate::engine_errors::IntoApiError;
-use crate::request_id::RequestId;
+use crate::request_id::{ClientRequestId, RequestId};
 use crate::stream::{ChunkEncoder, SseFrame};
 use crate::tool_calls::ToolPlan;
 
@@ -30,6 +30,7 @@ pub async fn chat_completions(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
     Extension(RequestId(request_id)): Extension<RequestId>,
+    Extension(ClientRequestId(client_request_id)): Extension<ClientRequestId>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -50,48 +51,26 @@ pub async fn chat_completions(
     }
 
     let tools = ToolPlan::from_request(&chat)?;
-    let started_at_ms = now_ms();
     let generate = prepare(&state, &chat, tools.as_ref()).await?;
     let n = generate.n;
-    let budget = generate.prompt.tokens.len() as u64 + u64::from(generate.max_tokens) * u64::from(n);
-    let (limits, admitted) = match state.accounts.backend() {
-        Backend::Postgres => crate::rate_limit::admit_shared(&state.accounts, &key, budget, started_at_ms).await,
-        Backend::Sqlite => state.rate_limits.admit(&key, budget, std::time::Instant::now()),
-    };
-    if let Err(refused) = admitted {
-        let mut response = refused.into_response();
-        limits.apply(response.headers_mut());
-        return Ok(response);
-    }
-    let price = state.price_of(&state.model_id);
-    let reservation = Reservation {
+    // Admission: rate limits and the budget reservation. The ticket settles with the engine's
+    // usage report or, dropped unsettled (submission refused, handler dropped), releases.
+    let charge = Charge {
         request_id: request_id.clone(),
-        tokens: budget as i64,
-        nanos: price.cost_nanos(generate.prompt.tokens.len() as u64, u64::from(generate.max_tokens) * u64::from(n)),
-        owner: state.instance_id.to_string(),
-        at_ms: started_at_ms,
+        client_request_id,
+        model: state.model_id.to_string(),
+        price: state.price_of(&state.model_id),
+        prompt_tokens: generate.prompt.tokens.len() as u64,
+        max_completion_tokens: u64::from(generate.max_tokens) * u64::from(n),
     };
-    if let Err(e) = state.accounts.reserve(&key, &reservation).await {
-        let mut response = match e {
-            AccountsError::QuotaExceeded(message) => ApiError::insufficient_quota(message).into_response(),
-            other => {
-                tracing::error!(error = %other, "budget reservation failed");
-                ApiError::internal("The server could not check your budget; please retry.").into_response()
-            }
-        };
-        limits.apply(response.headers_mut());
-        return Ok(response);
-    }
-    let submitted = state.engine.submit(generate);
-    if submitted.is_err() {
-        // Never reached the engine: nothing to bill, give the reservation back.
-        if let Err(e) = state.accounts.release(&request_id).await {
-            tracing::error!(error = %e, request_id = %request_id, "failed to release a reservation");
-        }
-    }
-    let handle = submitted.map_err(IntoApiError::into_api_error)?;
-    let GenerationHandle { events, usage } = handle;
-    spawn_usage_recorder(&state, &key, &request_id, usage, started_at_ms, price);
+    let ticket = match state.meter.admit(&key, charge).await {
+        Ok(ticket) => ticket,
+        Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
+    };
+    let rate = ticket.rate();
+    let GenerationHandle { events, usage } = state.engine.submit(generate).map_err(IntoApiError::into_api_error)?;
+    let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
+    let events = hold_done_until(events, journalled);
 
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
@@ -101,7 +80,7 @@ pub async fn chat_completions(
         let response = collect_response(id, created, state.model_id.to_string(), &chat, tools.as_ref(), n, events).await?;
         Json(response).into_response()
     };
-    limits.apply(response.headers_mut());
+    crate::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
 }
 
@@ -158,47 +137,46 @@ fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
     }
 }
 
-/// Usage is recorded from the engine's own report, so it is written even when the client
-/// disconnects mid-stream.
-fn spawn_usage_recorder(
-    state: &AppState,
-    key: &KeyInfo,
-    request_id: &str,
-    usage: tokio::sync::oneshot::Receiver<Usage>,
-    started_at_ms: i64,
-    price: Price,
-) {
-    let accounts = state.accounts.clone();
-    let model = state.model_id.to_string();
-    let key_id = key.id;
-    let request_id = request_id.to_string();
-    state.usage_writers.spawn(async move {
-        // The engine always reports; a dropped sender means it died, and nothing is billed.
-        let usage = usage.await.unwrap_or(Usage { outcome: Outcome::Error, ..Usage::default() });
-        let record = UsageRecord {
-            request_id,
-            key_id,
-            model,
-            prompt_tokens: usage.prompt_tokens,
-            cached_tokens: usage.cached_tokens,
-            completion_tokens: usage.completion_tokens,
-            cost_nanos: price.cost_nanos(u64::from(usage.prompt_tokens), u64::from(usage.completion_tokens)),
-            outcome: usage.outcome.as_str().to_string(),
-            started_at_ms,
-            finished_at_ms: now_ms(),
-        };
-        // Settlement is idempotent on the request id, so retrying a failed write is safe.
-        for attempt in 0..5u32 {
-            match accounts.record_usage(&record).await {
-                Ok(()) => return,
-                Err(e) if attempt < 4 => {
-                    tracing::warn!(error = %e, request_id = %record.request_id, attempt, "recording usage failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+/// Forwards the engine's events, holding the final `Done` (the usage the client is told) until
+/// the usage record is on disk. Dropping the returned receiver (client gone) drops the engine's
+/// receiver at once, which cancels the request as before.
+fn hold_done_until(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    journalled: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut journalled = Some(journalled);
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = tx.closed() => return,
+            };
+            let Some(event) = event else { return };
+            if matches!(event, Event::Done(_)) {
+                if let Some(on_disk) = journalled.take() {
+                    let _ = on_disk.await;
                 }
-                Err(e) => tracing::error!(error = %e, request_id = %record.request_id, ?record, "failed to record usage"),
+            }
+            if tx.send(event).is_err() {
+                return;
             }
         }
     });
+    rx
+}
+
+/// What the ledger books, from the engine's own usage report, so it is written even when the
+/// client disconnects mid-stream. A dropped sender means the engine thread died: the request
+/// still settles (as an error, with nothing the engine did not report), clearing its reservation.
+fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -> Settlement {
+    let usage = usage.unwrap_or(Usage { outcome: Outcome::Error, ..Usage::default() });
+    Settlement {
+        prompt_tokens: usage.prompt_tokens,
+        cached_tokens: usage.cached_tokens,
+        completion_tokens: usage.completion_tokens,
+        outcome: usage.outcome.as_str(),
+    }
 }
 
 async fn collect_response(
@@ -324,4 +302,25 @@ pub(crate) fn now_secs() -> u64 {
 
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod settlement_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_engine_that_died_still_settles_its_requests() {
+        // The engine thread dropped its usage sender without reporting.
+        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
+        drop(tx);
+        let settled = settlement_of(rx.await);
+        assert_eq!(
+            settled,
+            Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "error" }
+        );
+        // A report is booked as reported.
+        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
+        tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled }).unwrap();
+        assert_eq!(settlement_of(rx.await).outcome, "cancelled");
+    }
 }

@@ -113,14 +113,26 @@ pub struct ServeArgs {
     /// Enables the admin API under /admin/v1, guarded by this bearer token.
     #[arg(long, env = "GANTRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// Names this server on the budget reservations it holds; at start it releases those a
-    /// previous run left behind. Give each replica sharing a database its own (default: hostname).
+    /// Readable name of this server in the reservations it holds and its heartbeat row; a random
+    /// per-process suffix is added, so replicas sharing a name still tell themselves apart
+    /// (default: hostname).
     #[arg(long, env = "GANTRY_INSTANCE_ID")]
     pub instance_id: Option<String>,
-    /// Seconds after which any server releases a reservation nobody settled (its replica died for
-    /// good); longer than the longest request you serve.
+    /// Seconds without a heartbeat (refreshed every quarter of this, at most every 15 s) after
+    /// which a server counts as dead and any other releases its budget reservations.
+    #[arg(long, env = "GANTRY_HEARTBEAT_TIMEOUT", default_value_t = 60.0, value_parser = parse_heartbeat_timeout)]
+    pub heartbeat_timeout: f64,
+    /// Seconds after which any server releases a reservation nobody settled, whoever holds it:
+    /// a last resort behind the heartbeat; longer than the longest request you serve.
     #[arg(long, default_value_t = 6 * 3600, value_parser = clap::value_parser!(u64).range(60..))]
     pub reservation_ttl: u64,
+}
+
+fn parse_heartbeat_timeout(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && (0.5..=86_400.0).contains(&x) => Ok(x),
+        _ => Err(format!("{s:?} is not a number of seconds between 0.5 and 86400")),
+    }
 }
 
 fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
@@ -293,8 +305,11 @@ pub struct UsageArgs {
     #[arg(long)]
     pub until: Option<String>,
     /// One row per UTC day as well.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "requests")]
     pub by_day: bool,
+    /// One row per request (server and client request ids, tokens, outcome, times) instead of totals.
+    #[arg(long)]
+    pub requests: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub format: OutputFormat,
 }

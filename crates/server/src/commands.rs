@@ -3,7 +3,7 @@
 use anyhow::Context;
 use gantry_accounts::Accounts;
 
-use crate::admin::{usage_csv, UsageParams};
+use crate::admin::{requests_csv, usage_csv, UsageParams};
 use crate::chat::now_ms;
 use crate::cli::{DataDirArg, KeysCommand, ModelsCommand, OutputFormat, UsageArgs};
 use crate::keyspec::{format_time, key_view, nanos_to_usd};
@@ -94,6 +94,9 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         format: None,
     };
     let query = params.to_query().map_err(anyhow::Error::msg)?;
+    if args.requests {
+        return usage_requests(&args, &query).await;
+    }
     let rows = open(&args.data).await?.usage_report(&query).await?;
     match args.format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
@@ -115,6 +118,37 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                     r.cached_tokens,
                     r.completion_tokens,
                     r.cost
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `gantry usage --requests`: one row per request, oldest first.
+async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -> anyhow::Result<()> {
+    let rows = open(&args.data).await?.usage_requests(query).await?;
+    match args.format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        OutputFormat::Csv => print!("{}", requests_csv(&rows)),
+        OutputFormat::Table => {
+            println!(
+                "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:<9} {:<20} {:>9}",
+                "REQUEST_ID", "CLIENT_REQUEST_ID", "KEY", "MODEL", "PROMPT", "CACHED", "COMPLETION", "OUTCOME", "STARTED", "MS"
+            );
+            for r in rows {
+                println!(
+                    "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:<9} {:<20} {:>9}",
+                    r.request_id,
+                    r.client_request_id.as_deref().unwrap_or("-"),
+                    r.key_name,
+                    r.model,
+                    r.prompt_tokens,
+                    r.cached_tokens,
+                    r.completion_tokens,
+                    r.outcome,
+                    format_time(r.started_at_ms.div_euclid(1000)),
+                    r.finished_at_ms - r.started_at_ms
                 );
             }
         }

@@ -1,5 +1,8 @@
-//! Every response carries `x-request-id`: the client's own when it sent a sane one, else a new one.
-//! The id is also the suffix of the completion id and the key of the usage record.
+//! Every request gets a server-generated id (a UUID): the suffix of the completion id and the
+//! key of its reservation and usage record. A sane `x-request-id` sent by the client is kept
+//! apart ([`ClientRequestId`]), stored beside the usage record and echoed back in the
+//! response's `x-request-id`; clients reuse ids (retries, constants), so it is never a key.
+//! Without one, the response's `x-request-id` is the server's id.
 
 use axum::extract::Request;
 use axum::http::HeaderValue;
@@ -8,20 +11,27 @@ use axum::response::Response;
 
 pub const HEADER: &str = "x-request-id";
 
+/// The server's id of this request, unique.
 #[derive(Clone, Debug)]
 pub struct RequestId(pub String);
 
+/// The client's own `x-request-id`, when it sent a sane one (≤ 128 of `A-Za-z0-9-_.`).
+#[derive(Clone, Debug)]
+pub struct ClientRequestId(pub Option<String>);
+
 pub async fn assign(mut req: Request, next: Next) -> Response {
-    let id = req
+    let client = req
         .headers()
         .get(HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
-        .map(str::to_owned)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-    req.extensions_mut().insert(RequestId(id.clone()));
+        .map(str::to_owned);
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let echoed = client.clone().unwrap_or_else(|| id.clone());
+    req.extensions_mut().insert(RequestId(id));
+    req.extensions_mut().insert(ClientRequestId(client));
     let mut response = next.run(req).await;
-    if let Ok(value) = HeaderValue::from_str(&id) {
+    if let Ok(value) = HeaderValue::from_str(&echoed) {
         response.headers_mut().insert(HEADER, value);
     }
     response

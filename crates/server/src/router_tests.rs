@@ -102,7 +102,7 @@ impl Generator for ScriptedEngine {
 struct Harness {
     app: axum::Router,
     accounts: Accounts,
-    usage_writers: tokio_util::task::TaskTracker,
+    meter: gantry_accounts::Meter,
     _dir: tempfile::TempDir,
 }
 
@@ -110,20 +110,28 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
     accounts.ensure_key(KEY, "router-test").await.unwrap();
-    let usage_writers = tokio_util::task::TaskTracker::new();
+    let meter = gantry_accounts::Meter::start(
+        accounts.clone(),
+        gantry_accounts::MeterConfig {
+            instance_name: "router-test".into(),
+            outbox_dir: dir.path().join("outbox"),
+            heartbeat_timeout: std::time::Duration::from_secs(60),
+            reservation_ttl: std::time::Duration::from_secs(3600),
+        },
+    )
+    .await
+    .unwrap();
     let state = AppState {
         engine,
         accounts: accounts.clone(),
         model_id: Arc::from("scripted"),
         model_created: 0,
         images: Default::default(),
-        usage_writers: usage_writers.clone(),
-        rate_limits: Default::default(),
+        meter: meter.clone(),
         prices: Default::default(),
-        instance_id: Arc::from("router-test"),
         admin_token: None,
     };
-    Harness { app: router(state, RouterOptions::default()), accounts, usage_writers, _dir: dir }
+    Harness { app: router(state, RouterOptions::default()), accounts, meter, _dir: dir }
 }
 
 impl Harness {
@@ -150,8 +158,7 @@ impl Harness {
 
     /// Completion tokens the ledger billed, once every usage write has landed.
     async fn billed_completion_tokens(&self) -> u64 {
-        self.usage_writers.close();
-        self.usage_writers.wait().await;
+        self.meter.shutdown(std::time::Duration::from_secs(10)).await;
         let usage = self.accounts.usage_summary().await.unwrap();
         usage.iter().map(|row| row.completion_tokens).sum()
     }

@@ -7,8 +7,7 @@ use std::future::IntoFuture;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio_util::task::TaskTracker;
-use gantry_accounts::Accounts;
+use gantry_accounts::{Accounts, Meter, MeterConfig};
 use gantry_engine::{Engine, EngineConfig, Generator, Health};
 
 use crate::app::{router, AppState, RouterOptions};
@@ -22,13 +21,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let data_dir = args.data.resolve();
     let accounts = args.data.open().await?;
     let new_key = initial_key(&accounts, args.api_key.as_deref()).await?;
-    let instance_id = args.instance_id.clone().unwrap_or_else(hostname);
-    // A crash leaves reservations behind; they would hold budget forever.
-    let released = accounts.release_reservations_of(&instance_id).await.context("releasing stale reservations")?;
-    if released > 0 {
-        tracing::warn!(released, instance_id, "released budget reservations left by a previous run");
-    }
-    spawn_reservation_sweeper(accounts.clone(), args.reservation_ttl);
+    // Registers this process's heartbeat and replays what a previous run left in the outbox;
+    // reservations of servers whose heartbeat stopped (a crash) are released from here on.
+    let meter = Meter::start(
+        accounts.clone(),
+        MeterConfig {
+            instance_name: args.instance_id.clone().unwrap_or_else(hostname),
+            outbox_dir: data_dir.join("outbox"),
+            heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout),
+            reservation_ttl: Duration::from_secs(args.reservation_ttl),
+        },
+    )
+    .await
+    .context("starting the usage meter")?;
+    tracing::info!(instance = meter.owner(), "metering as this instance");
 
     let mut config = EngineConfig::new(&model_path);
     config.ctx_size = args.ctx_size;
@@ -46,7 +52,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
-    let usage_writers = TaskTracker::new();
     let state = AppState {
         engine: Arc::new(engine.clone()),
         accounts: accounts.clone(),
@@ -57,10 +62,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_total_bytes: args.max_image_bytes,
             ..Default::default()
         },
-        usage_writers: usage_writers.clone(),
-        rate_limits: Default::default(),
+        meter: meter.clone(),
         prices: Arc::new(args.prices.iter().cloned().collect()),
-        instance_id: Arc::from(instance_id.as_str()),
         admin_token: args.admin_token.as_deref().filter(|t| !t.is_empty()).map(Arc::from),
     };
     let app = router(state, RouterOptions { body_limit: args.body_limit });
@@ -103,11 +106,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let stopping = engine.clone();
     tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
-    // Every request that reached the engine has its usage record written before exit.
-    usage_writers.close();
-    if tokio::time::timeout(Duration::from_secs(10), usage_writers.wait()).await.is_err() {
-        tracing::error!("some usage records were still being written at exit");
-    }
+    // Every request that reached the engine has its usage record journalled before exit, and
+    // stored in the database unless it is down (then the next start replays the outbox).
+    meter.shutdown(Duration::from_secs(10)).await;
     accounts.close().await;
     if let Health::Failed(why) = Generator::health(&engine) {
         anyhow::bail!("the inference engine failed ({why}); exiting so a supervisor restarts the server");
@@ -138,23 +139,6 @@ async fn initial_key(accounts: &Accounts, api_key: Option<&str>) -> anyhow::Resu
         return Ok(Some(created.secret));
     }
     Ok(None)
-}
-
-/// Reservations older than `ttl_secs` belong to requests no server will ever settle (their
-/// replica died and did not return); give their budget back every few minutes.
-fn spawn_reservation_sweeper(accounts: Accounts, ttl_secs: u64) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs((ttl_secs / 4).clamp(1, 600)));
-        loop {
-            tick.tick().await;
-            let cutoff = crate::chat::now_ms() - (ttl_secs as i64).saturating_mul(1000);
-            match accounts.release_reservations_before(cutoff).await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(released = n, "released budget reservations older than --reservation-ttl"),
-                Err(e) => tracing::warn!(error = %e, "sweeping stale reservations failed"),
-            }
-        }
-    });
 }
 
 fn hostname() -> String {

@@ -29,10 +29,7 @@ async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
 
 #[tokio::test]
 async fn a_budget_holds_under_a_burst_on_postgres() {
-    let Some(admin) = gantry_accounts::testing::postgres_admin_url() else {
-        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
-        return;
-    };
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("a_budget_holds_under_a_burst_on_postgres") else { return };
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
     let s = TestServer::start(&["--max-queue", "200", "--database-url", &url]);
     budget_burst(&s, &|args| cli_db(&url, args)).await;
@@ -165,6 +162,14 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
     assert_eq!(usage["data"][0]["requests"], 2, "{usage}");
     assert_eq!(usage["data"][0]["tenant"], "acme");
     assert!(usage["data"][0]["day"].as_str().unwrap().starts_with("20"));
+    // One row per request, with the server's request id.
+    let per_request: Value =
+        c.get(s.url("/admin/v1/usage/requests?key_name=svc")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let rows = per_request["data"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{per_request}");
+    assert!(rows.iter().all(|r| r["request_id"].as_str().is_some_and(|id| id.len() == 32) && r["key_name"] == "svc"), "{per_request}");
+    let refused = c.get(s.url("/admin/v1/usage/requests?group_by=day")).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
     let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
     assert!(csv.starts_with("key_name,tenant,model,day,requests"), "{csv}");
     assert!(csv.contains("svc,acme,"), "{csv}");
@@ -189,7 +194,8 @@ async fn the_admin_api_is_off_without_a_token() {
 async fn a_crash_leaves_no_reservation_held_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_string();
-    let args = ["--data-dir", data.as_str(), "--instance-id", "crash-test"];
+    // A short heartbeat timeout: the dead server's reservations go a second after it stops.
+    let args = ["--data-dir", data.as_str(), "--instance-id", "crash-test", "--heartbeat-timeout", "1"];
     let s = TestServer::start(&args);
     let key = last_line(&cli_in(&data, &["keys", "create", "--name", "crashy", "--budget-tokens", "1000000"]));
     // Long streams keep their reservations while the server is killed.
@@ -210,7 +216,14 @@ async fn a_crash_leaves_no_reservation_held_after_restart() {
     let spent = held["spend"]["tokens"].as_i64().unwrap();
     assert!(reserved > 0, "streams in flight hold reservations: {held} (spent {spent})");
     let _again = TestServer::start(&args);
-    let after: Value = serde_json::from_str(&cli_in(&data, &["keys", "show", "crashy", "--format", "json"])).unwrap();
+    let mut after = Value::Null;
+    for _ in 0..100 {
+        after = serde_json::from_str(&cli_in(&data, &["keys", "show", "crashy", "--format", "json"])).unwrap();
+        if after["spend"]["reserved_tokens"] == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     assert_eq!(after["spend"]["reserved_tokens"], 0, "{after}");
 }
 
@@ -228,8 +241,7 @@ fn cli_db(url: &str, args: &[&str]) -> String {
 
 #[tokio::test]
 async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
-    let Some(admin) = gantry_accounts::testing::postgres_admin_url() else {
-        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the two-replica PostgreSQL test (make test sets it)");
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("two_replicas_on_postgres_share_limits_budgets_and_revocations") else {
         return;
     };
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();

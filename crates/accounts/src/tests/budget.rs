@@ -9,6 +9,7 @@ fn reservation(id: &str, tokens: i64, nanos: i64) -> Reservation {
 fn record(id: &str, key_id: i64, prompt: u32, completion: u32, cost_nanos: i64) -> UsageRecord {
     UsageRecord {
         request_id: id.into(),
+        client_request_id: None,
         key_id,
         model: "tiny".into(),
         prompt_tokens: prompt,

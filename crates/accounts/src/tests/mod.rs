@@ -17,23 +17,23 @@ macro_rules! on_both {
 
             #[tokio::test]
             async fn postgres() {
-                let Some(acc) = open_postgres().await else { return };
+                let Some(acc) = open_postgres(concat!(module_path!(), "::postgres")).await else { return };
                 ($body)(acc).await
             }
         }
     };
 }
 
-async fn open_postgres() -> Option<Accounts> {
-    let Some(admin) = crate::testing::postgres_admin_url() else {
-        eprintln!("GANTRY_TEST_DATABASE_URL is not set: skipping the PostgreSQL run (make test sets it)");
-        return None;
-    };
+/// `None` (after a printed skip line) only when PostgreSQL is not required; see
+/// [`crate::testing::postgres_admin_url_for`].
+async fn open_postgres(test: &str) -> Option<Accounts> {
+    let admin = crate::testing::postgres_admin_url_for(test)?;
     let url = crate::testing::fresh_postgres_database(&admin).await.expect("create a test database");
     Some(Accounts::open_url(&url).await.expect("open PostgreSQL"))
 }
 
 mod budget;
+mod metering;
 mod usage;
 
 async fn open_tmp() -> (tempfile::TempDir, Accounts) {

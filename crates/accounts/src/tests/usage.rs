@@ -3,6 +3,7 @@ use super::*;
 fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> UsageRecord {
     UsageRecord {
         request_id: request_id.into(),
+        client_request_id: None,
         key_id,
         model: model.into(),
         prompt_tokens: p,
