@@ -26,7 +26,9 @@ pub use keys::{
     generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, KeyUpdate, NewKey, DISPLAY_PREFIX_LEN,
     MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
 };
-pub use metering::{Charge, Meter, MeterConfig, Refusal, Refused, Settlement, Ticket};
+pub use metering::{
+    Charge, DefaultLimits, Meter, MeterConfig, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM, UNLIMITED_TPM,
+};
 pub use rate::{Allowance, LocalWindows, RateRefusal, RateStatus, RateWindow};
 pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 

@@ -39,6 +39,28 @@ pub struct MeterConfig {
     pub heartbeat_timeout: Duration,
     /// Reservations older than this are released whoever holds them (last resort).
     pub reservation_ttl: Duration,
+    /// Per-minute limits of keys that have none of their own. Every key is counted against
+    /// some limit, so every answer can carry OpenAI's `x-ratelimit-*` headers; "unlimited" is
+    /// [`UNLIMITED_RPM`] / [`UNLIMITED_TPM`].
+    pub default_limits: DefaultLimits,
+}
+
+/// A ceiling no single server reaches, standing for "no limit" (1,000,000 requests a minute).
+pub const UNLIMITED_RPM: u64 = 1_000_000;
+/// A ceiling no single server reaches, standing for "no limit" (1,000,000,000 tokens a minute).
+pub const UNLIMITED_TPM: u64 = 1_000_000_000;
+
+/// Requests and tokens per minute for keys without limits of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultLimits {
+    pub rpm: u64,
+    pub tpm: u64,
+}
+
+impl Default for DefaultLimits {
+    fn default() -> Self {
+        Self { rpm: UNLIMITED_RPM, tpm: UNLIMITED_TPM }
+    }
 }
 
 /// What a request may cost at most, and what it is.
@@ -157,16 +179,14 @@ impl Meter {
         let tokens = charge.prompt_tokens + charge.max_completion_tokens;
         let started_at_ms = now_ms();
         let accounts = &self.inner.accounts;
+        let defaults = self.inner.config.default_limits;
+        let rpm = key.rpm_limit.map_or(defaults.rpm, |n| n as u64);
+        let tpm = key.tpm_limit.map_or(defaults.tpm, |n| n as u64);
         let (rate, verdict) = match accounts.backend() {
-            Backend::Sqlite => self.inner.windows.admit(
-                key.id,
-                key.rpm_limit.map(|n| n as u64),
-                key.tpm_limit.map(|n| n as u64),
-                tokens,
-                Instant::now(),
-            ),
+            Backend::Sqlite => self.inner.windows.admit(key.id, Some(rpm), Some(tpm), tokens, Instant::now()),
             Backend::Postgres => {
-                match crate::rate::admit_shared(&accounts.pool, key.id, key.rpm_limit, key.tpm_limit, tokens, started_at_ms).await {
+                let (rpm, tpm) = (Some(rpm as i64), Some(tpm as i64));
+                match crate::rate::admit_shared(&accounts.pool, key.id, rpm, tpm, tokens, started_at_ms).await {
                     Ok(checked) => checked,
                     Err(e) => return Err(Refused { rate: RateStatus::default(), reason: Refusal::Unavailable(e) }),
                 }

@@ -40,16 +40,6 @@ pub async fn chat_completions(
     if *chat.model != *state.model_id || !key.allows_model(&chat.model) {
         return Err(ApiError::model_not_found(&chat.model));
     }
-    // Images are fetched and checked even though no served model reads them yet, so a bad image
-    // gets its own precise error rather than the generic "no vision" one.
-    let images = state.images.load_all(&chat.images).await?;
-    if !images.is_empty() && !state.engine.model_info().supports_vision {
-        return Err(ApiError::invalid_request(
-            format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
-            Some("messages"),
-        ));
-    }
-
     let tools = ToolPlan::from_request(&chat)?;
     let generate = prepare(&state, &chat, tools.as_ref()).await?;
     let n = generate.n;
@@ -68,6 +58,13 @@ pub async fn chat_completions(
         Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
     };
     let rate = ticket.rate();
+    // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
+    // request makes the server fetch nothing. Refused here, the dropped ticket releases.
+    if let Err(e) = load_images(&state, &chat).await {
+        let mut response = e.into_response();
+        crate::rate_limit::apply(&rate, response.headers_mut());
+        return Ok(response);
+    }
     let GenerationHandle { events, usage } = state.engine.submit(generate).map_err(IntoApiError::into_api_error)?;
     let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
     let events = hold_done_until(events, journalled);
@@ -82,6 +79,19 @@ pub async fn chat_completions(
     };
     crate::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
+}
+
+/// Fetches and checks the request's images. They are checked even though no served model reads
+/// them yet, so a bad image gets its own precise error rather than the generic "no vision" one.
+async fn load_images(state: &AppState, chat: &ValidatedChat) -> Result<(), ApiError> {
+    let images = state.images.load_all(&chat.images).await?;
+    if !images.is_empty() && !state.engine.model_info().supports_vision {
+        return Err(ApiError::invalid_request(
+            format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
+            Some("messages"),
+        ));
+    }
+    Ok(())
 }
 
 /// OpenAI accepts only JSON bodies; a form or text body is a client error, not a parse attempt.

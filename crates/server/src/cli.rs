@@ -126,6 +126,14 @@ pub struct ServeArgs {
     /// a last resort behind the heartbeat; longer than the longest request you serve.
     #[arg(long, default_value_t = 6 * 3600, value_parser = clap::value_parser!(u64).range(60..))]
     pub reservation_ttl: u64,
+    /// Requests per minute for keys without an RPM limit of their own (default: unlimited,
+    /// reported in `x-ratelimit-*` headers as 1,000,000).
+    #[arg(long, env = "GANTRY_DEFAULT_RPM", value_parser = clap::value_parser!(u64).range(1..=gantry_accounts::UNLIMITED_RPM))]
+    pub default_rpm: Option<u64>,
+    /// Tokens per minute for keys without a TPM limit of their own (default: unlimited,
+    /// reported in `x-ratelimit-*` headers as 1,000,000,000).
+    #[arg(long, env = "GANTRY_DEFAULT_TPM", value_parser = clap::value_parser!(u64).range(1..=gantry_accounts::UNLIMITED_TPM))]
+    pub default_tpm: Option<u64>,
 }
 
 fn parse_heartbeat_timeout(s: &str) -> Result<f64, String> {

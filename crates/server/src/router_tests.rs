@@ -117,6 +117,7 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
             outbox_dir: dir.path().join("outbox"),
             heartbeat_timeout: std::time::Duration::from_secs(60),
             reservation_ttl: std::time::Duration::from_secs(3600),
+            default_limits: Default::default(),
         },
     )
     .await

@@ -30,6 +30,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             outbox_dir: data_dir.join("outbox"),
             heartbeat_timeout: Duration::from_secs_f64(args.heartbeat_timeout),
             reservation_ttl: Duration::from_secs(args.reservation_ttl),
+            default_limits: gantry_accounts::DefaultLimits {
+                rpm: args.default_rpm.unwrap_or(gantry_accounts::UNLIMITED_RPM),
+                tpm: args.default_tpm.unwrap_or(gantry_accounts::UNLIMITED_TPM),
+            },
         },
     )
     .await

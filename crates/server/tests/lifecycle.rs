@@ -134,3 +134,77 @@ async fn rate_limits_answer_429_with_openai_headers() {
     // Another key is not affected.
     assert_eq!(s.chat(body.clone()).send().await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn every_answer_carries_ratelimit_headers_and_server_defaults_apply() {
+    // No default: a key without limits reports the documented "unlimited" ceilings.
+    let s = TestServer::start(&[]);
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let r = s.chat(body.clone()).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers();
+    assert_eq!(h["x-ratelimit-limit-requests"], "1000000");
+    assert_eq!(h["x-ratelimit-remaining-requests"], "999999");
+    assert_eq!(h["x-ratelimit-limit-tokens"], "1000000000");
+    assert!(h["x-ratelimit-remaining-tokens"].to_str().unwrap().parse::<u64>().unwrap() < 1_000_000_000);
+    assert!(h.contains_key("x-ratelimit-reset-requests") && h.contains_key("x-ratelimit-reset-tokens"));
+    // Streamed answers carry them too.
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let r = s.chat(stream_body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "999998");
+    drop(s);
+
+    // --default-rpm limits keys without their own limit; a key's own limit still wins.
+    let s = TestServer::start(&["--default-rpm", "2", "--default-tpm", "50000"]);
+    let out = gantry()
+        .args(["keys", "create", "--name", "own-limit", "--rpm", "5"])
+        .arg("--data-dir")
+        .arg(s.data_dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let own = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let first = s.chat(body.clone()).send().await.unwrap();
+    assert_eq!(first.headers()["x-ratelimit-limit-requests"], "2");
+    assert_eq!(first.headers()["x-ratelimit-limit-tokens"], "50000");
+    assert_eq!(s.chat(body.clone()).send().await.unwrap().status(), 200);
+    let third = s.chat(body.clone()).send().await.unwrap();
+    assert_eq!(third.status(), 429);
+    let v: Value = third.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    let r = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&own).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-limit-requests"], "5");
+    assert_eq!(r.headers()["x-ratelimit-limit-tokens"], "50000");
+}
+
+#[tokio::test]
+async fn images_are_fetched_only_after_admission() {
+    let s = TestServer::start(&[]);
+    let out = gantry()
+        .args(["keys", "create", "--name", "broke", "--budget-tokens", "1"])
+        .arg("--data-dir")
+        .arg(s.data_dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let broke = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    // A loopback image URL: looking at it at all gives a 400 from the address guard.
+    let body = json!({"model": s.model_id, "max_tokens": 3, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}}
+    ]}]});
+    let r = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&broke).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 429, "a key over its budget is refused before its images are looked at");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "insufficient_quota");
+    // An admitted key gets the image checked (and refused), with the rate-limit headers.
+    let r = s.chat(body).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.headers().contains_key("x-ratelimit-limit-requests"));
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("image"), "{v}");
+}

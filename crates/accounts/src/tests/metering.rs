@@ -9,6 +9,7 @@ fn config(dir: &std::path::Path) -> MeterConfig {
         outbox_dir: dir.join("outbox"),
         heartbeat_timeout: Duration::from_millis(400),
         reservation_ttl: Duration::from_secs(6 * 3600),
+        default_limits: DefaultLimits::default(),
     }
 }
 
