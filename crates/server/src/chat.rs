@@ -142,7 +142,10 @@ fn reject_unsupported(chat: &ValidatedChat, state: &AppState) -> Result<(), ApiE
 async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
     let model = state.engine.model().clone();
     let messages: Vec<serde_json::Value> = chat.messages.iter().map(|m| m.to_template_value()).collect();
-    let constraint = tools.and_then(|t| t.forced.clone()).or_else(|| constraint_of(chat));
+    let constraint = match tools {
+        Some(t) => t.constraint(constraint_of(chat)),
+        None => constraint_of(chat),
+    };
     let checked = constraint.clone();
     let tool_defs = tools.map(|t| t.tools.clone());
     let lazy = tools.and_then(|t| t.lazy.clone());
@@ -281,10 +284,11 @@ async fn collect_response(
         .enumerate()
         .map(|(index, ((text, lp), reason))| {
             let (content, tool_calls) = match tools {
-                Some(plan) if reason == FinishReason::Stop => plan.read(text),
+                Some(plan) if reason != FinishReason::Cancelled => plan.read(text, reason),
                 _ => (Some(text), None),
             };
-            let finish_reason = if tool_calls.is_some() { "tool_calls" } else { reason.as_openai() };
+            // A call cut by max_tokens is returned, but the reason stays `length`, as OpenAI's.
+            let finish_reason = if tool_calls.is_some() && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
             Choice {
                 index: index as u32,
                 message: ResponseMessage { role: "assistant", content, tool_calls },
