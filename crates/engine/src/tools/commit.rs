@@ -110,18 +110,18 @@ pub fn truncated_call<'a>(text: &'a str, known: &[&str]) -> Option<(&'a str, Str
         if !before.is_empty() && opener.is_none() {
             continue;
         }
-        let Some((name, args)) = call_head(&text[at..]) else { continue };
+        let Some((name, args)) = cut_call_head(&text[at..]) else { continue };
         if !known.contains(&name) {
             continue;
         }
         let before = opener.map_or(before, |o| &before[..before.len() - o.len()]);
-        return Some((before, name.to_string(), args.trim().to_string()));
+        return Some((before, name.to_string(), args.trim_start().to_string()));
     }
     None
 }
 
 /// `{"name": "<name>"` then optionally `, "arguments": ` and what follows, to the end.
-fn call_head(s: &str) -> Option<(&str, &str)> {
+fn cut_call_head(s: &str) -> Option<(&str, &str)> {
     let rest = s.strip_prefix('{')?;
     let rest = rest.trim_start_matches([' ', '\t', '\n', '\r']).strip_prefix("\"name\"")?;
     let rest = rest.trim_start_matches([' ', '\t', '\n', '\r']).strip_prefix(':')?;
@@ -187,7 +187,7 @@ mod tests {
         assert_eq!(cut(r#"{"name": "add", "arguments": {"a": 1"#), Some((s(""), s("add"), s(r#"{"a": 1"#))));
         assert_eq!(
             cut("Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"),
-            Some((s("Sure."), s("get_weather"), s(r#"{"city": "Par"#)))
+            Some((s("Sure.\n"), s("get_weather"), s(r#"{"city": "Par"#)))
         );
         assert_eq!(cut("```json\n{\"name\": \"add\", \"argu"), Some((s(""), s("add"), s(""))));
         assert_eq!(cut(r#"{"name":"add","arguments":{"a":{"x":1"#), Some((s(""), s("add"), s(r#"{"a":{"x":1"#))));
