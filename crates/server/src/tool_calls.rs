@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(content, None);
         let calls = calls.unwrap();
         assert_eq!(calls[0]["function"]["name"], "get_weather");
-        assert_eq!(calls[0]["function"]["arguments"], "{\"city\": \"Par");
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Par");
         // Prose cut by max_tokens stays prose.
         let (content, calls) = plan.read("The weather in Par".into(), FinishReason::Length);
         assert_eq!((content.as_deref(), calls), (Some("The weather in Par"), None));
