@@ -103,5 +103,5 @@ def test_loops_end_on_the_default_model(client, server):
     """The 0.5B default: every loop must end in a text answer (never the same call forever); how
     often that answer is right is a limit of the model, stated in the README, not asserted."""
     outcomes = [(a, b, *_sdk_loop(client, server.model_id, a, b)) for a, b in PROBLEMS]
-    print("0.5B loops:", outcomes)
-    assert all(o[3] is not None for o in outcomes), f"a loop hit the turn limit: {outcomes}"
+    print("0.5B loops (a, b, answer, calls):", outcomes)
+    assert all(answer is not None for _, _, answer, _ in outcomes), f"a loop hit the turn limit: {outcomes}"
