@@ -153,3 +153,34 @@ def test_auto_calls_the_model_starts_are_finished_under_the_grammar(client, serv
             text = (choice.message.content or "").strip()
             assert "<tool_call>" not in text and not text.startswith("{"), text
     assert calls >= 40, f"only {calls} of 50 replies were calls"
+
+
+def test_named_choice_returns_a_call_every_time_at_temperature(client, server):
+    """A named tool_choice returns a call for every seed, also when the call is cut by max_tokens
+    (then with the partial arguments and finish_reason "length"), streamed and not."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for seed in range(10):
+        kw = dict(model=server.model_id, messages=user(f"Tell me something about {CITIES[seed]}."), tools=TOOLS,
+                  tool_choice=named, temperature=0.8, seed=seed, max_tokens=60 if seed % 2 else 14)
+        choice = client.chat.completions.create(**kw).choices[0]
+        assert choice.message.tool_calls, f"seed {seed}: {choice}"
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "get_time"
+        assert choice.message.content is None
+        if choice.finish_reason == "tool_calls":
+            _check_call(call)
+        else:
+            assert choice.finish_reason == "length", choice
+        streamed = collect_stream(client.chat.completions.create(**kw, stream=True))
+        args = "".join(tc.function.arguments or "" for ch in streamed.chunks for c in ch.choices for tc in c.delta.tool_calls or [])
+        assert args == call.function.arguments, f"seed {seed}"
+
+
+def test_streamed_call_arguments_arrive_in_several_deltas(client, server):
+    kw = dict(model=server.model_id, messages=user("Weather in Lima in celsius?"), tools=TOOLS, tool_choice="required", temperature=0, max_tokens=120)
+    plain = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    deltas = [tc for ch in client.chat.completions.create(**kw, stream=True) for c in ch.choices for tc in c.delta.tool_calls or []]
+    assert deltas[0].function.name == plain.function.name and deltas[0].id.startswith("call_")
+    fragments = [d.function.arguments for d in deltas[1:] if d.function.arguments]
+    assert len(fragments) >= 3, deltas
+    assert "".join(fragments) == plain.function.arguments

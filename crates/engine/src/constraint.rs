@@ -28,12 +28,19 @@ impl Constraint {
             Constraint::JsonSchema(s) => s.clone(),
             Constraint::Lark(lark) => return TopLevelGrammar::from_lark(lark.clone()),
         };
-        // Compact JSON: with free whitespace, small models can emit newlines forever.
         if let Some(obj) = schema.as_object_mut() {
-            obj.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false}));
+            obj.entry("x-guidance").or_insert_with(json_layout);
         }
         TopLevelGrammar::from_json_schema(schema)
     }
+}
+
+/// The whitespace a JSON grammar allows: none, except one optional space after `:` and `,`.
+/// Free whitespace lets small models emit newlines forever; none at all forces a token these
+/// models rate about e^-11 after every key (they write `{"a": 1, "b": 2}`), which measurably
+/// degrades the values that follow.
+fn json_layout() -> Value {
+    json!({"whitespace_flexible": false, "key_separator": ":\\x20?", "item_separator": ",\\x20?"})
 }
 
 /// The parser factory of one model, built on first use (walking a 150k-token vocabulary takes

@@ -63,6 +63,9 @@ pub struct LazyTools {
     pub tagged: crate::constraint::Constraint,
     /// The whole output, once it is a ```json fence followed by `{` or `[`.
     pub fenced: crate::constraint::Constraint,
+    /// The offered function names: bare or fenced JSON is only constrained as a call once it
+    /// starts `{"name": "<one of these>", "arguments": {`.
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

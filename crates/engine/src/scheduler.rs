@@ -298,7 +298,7 @@ impl Scheduler {
                 let piece = model.piece(token);
                 req.watch_for_tool_call(i, token, &piece, model);
                 let c = &mut req.choices[i];
-                let scan = c.text.push(&piece);
+                let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
                 if scan.stopped {
                     req.send_delta(index, scan.emit, logprobs);
                     req.finish_choice(i, FinishReason::Stop);

@@ -11,6 +11,7 @@ use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
 use crate::sampling::build_sampler;
 use crate::text::TextAssembler;
+use crate::tools::{call_commitment, Commitment};
 
 /// A request as queued for the scheduler.
 pub(crate) struct Job {
@@ -38,6 +39,9 @@ pub(crate) struct Choice {
     /// Watching for a tool call to constrain (`tool_choice: "auto"`); `None` once it started
     /// or when the request has no tools.
     pub tool_watch: Option<ToolWatch>,
+    /// Sampled under a grammar right now (`response_format`, a forced call, or a call the model
+    /// started): stop strings do not apply, since cutting the text would break the JSON.
+    pub constrained: bool,
 }
 
 /// The output so far of a choice that may still start a tool call.
@@ -99,6 +103,7 @@ impl ActiveRequest {
                 finished: None,
                 last_token_at: None,
                 tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch { bare_possible: true, ..Default::default() }),
+                constrained: request.constraint.is_some(),
             })
             .collect();
         let prompt_tokens = request.prompt.tokens.len() as u32;
@@ -121,10 +126,16 @@ impl ActiveRequest {
     }
 
     /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool
-    /// call (a bare `{`/`[`, a fenced JSON block or a `<tool_call>` tag), the rest of the call is
-    /// sampled under a grammar, so it parses and its arguments match the schema. Called after
-    /// every token that does not end the generation.
+    /// call, the rest of the call is sampled under a grammar, so it parses and its arguments match
+    /// the schema. Called after every token that does not end the generation.
     /// `piece` is the token's text, as the scheduler already decoded it.
+    ///
+    /// The model's native syntax (`<tool_call>`) switches to the call grammar at once. The fallback
+    /// forms (bare JSON, a ```json fence) are also how models write answers — after a tool result,
+    /// Qwen echoes the call with a `"result"` key as its answer — so they are only constrained once
+    /// the output is committed to a call: `{"name": "<offered function>", "arguments": {` (or that
+    /// inside `[`). Up to there the model samples freely; from there the grammar still lets the
+    /// object go on with other keys, and such an object is then read back as content.
     pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) {
         let Some(lazy) = self.lazy_tools.as_ref() else { return };
         let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
@@ -132,35 +143,44 @@ impl ActiveRequest {
         watch.tokens.push(token);
         watch.text.push_str(&piece);
         let started = watch.text.trim_start();
-        let (constraint, consumed) = if watch.bare_possible && (started.starts_with('{') || started.starts_with('[')) {
-            (&lazy.bare, watch.tokens.as_slice())
-        } else if watch.bare_possible && started.starts_with("```") {
-            // A fenced block is a call only if JSON follows the fence line (not ```python …).
-            let Some((_, body)) = started.split_once('\n') else { return };
-            let body = body.trim_start();
-            if body.is_empty() {
+        let (constraint, consumed) = if piece.ends_with("<tool_call>") {
+            (&lazy.tagged, &[][..])
+        } else if !watch.bare_possible {
+            return;
+        } else if started.is_empty() {
+            return;
+        } else {
+            let (body, constraint) = if started.starts_with('{') || started.starts_with('[') {
+                (started, &lazy.bare)
+            } else if started.starts_with("```") {
+                // A fenced block is a call only if JSON follows the fence line (not ```python …).
+                let Some((_, body)) = started.split_once('\n') else { return };
+                (body.trim_start(), &lazy.fenced)
+            } else if "```".starts_with(started) {
                 return;
-            }
-            if !(body.starts_with('{') || body.starts_with('[')) {
+            } else {
                 watch.bare_possible = false;
                 return;
+            };
+            match call_commitment(body, &lazy.names) {
+                Commitment::Committed => (constraint, watch.tokens.as_slice()),
+                Commitment::Undecided => return,
+                Commitment::Not => {
+                    watch.bare_possible = false;
+                    return;
+                }
             }
-            (&lazy.fenced, watch.tokens.as_slice())
-        } else if piece.ends_with("<tool_call>") {
-            (&lazy.tagged, &[][..])
-        } else {
-            watch.bare_possible &= started.is_empty();
-            return;
         };
         match model.constraint_sampler_after(constraint, consumed) {
             Ok(grammar) => {
                 let n_vocab = model.info().n_vocab;
                 self.choices[i].sampler = build_sampler(n_vocab, &self.sampling, i as u32, self.penalty_window, Some(grammar));
                 self.choices[i].tool_watch = None;
+                self.choices[i].constrained = true;
             }
             Err(e) => {
-                // The model's own start does not fit a call (e.g. a JSON answer, not a call):
-                // leave it unconstrained, but still watch for a tagged call later.
+                // The model's own layout does not fit the grammar: leave it unconstrained (the
+                // parser still reads a well-formed call), but still watch for a tagged call later.
                 tracing::debug!(error = %e, "output does not start a tool call the grammar accepts");
                 watch.bare_possible = false;
             }

@@ -133,6 +133,14 @@ impl TextAssembler {
         self.stops.push(&text)
     }
 
+    /// Like [`push`](Self::push), for text sampled under a grammar: stop strings are not matched
+    /// in it, since ending there would cut the JSON the grammar guarantees. Text held back as a
+    /// possible stop-string start is released with it.
+    pub fn push_constrained(&mut self, piece: &[u8]) -> StopScan {
+        let text = self.utf8.push(piece);
+        StopScan { emit: self.stops.finish() + &text, stopped: false }
+    }
+
     /// Final text once generation ends for a reason other than a stop string.
     pub fn finish(&mut self) -> StopScan {
         let tail = self.utf8.finish();
@@ -219,6 +227,20 @@ mod tests {
         let mut a = TextAssembler::new(vec!["###".into()]);
         assert_eq!(a.push(b"x#").emit, "x");
         assert_eq!(a.finish(), StopScan { emit: "#".into(), stopped: false });
+    }
+
+    #[test]
+    fn constrained_text_is_never_stopped() {
+        let mut a = TextAssembler::new(vec!["}".into(), "\"name\"".into()]);
+        assert_eq!(a.push(b"x \"na"), StopScan { emit: "x ".into(), stopped: false });
+        let mut out = String::new();
+        for piece in ["me\": 1", "}", "\"name\"", "}"] {
+            let scan = a.push_constrained(piece.as_bytes());
+            assert!(!scan.stopped);
+            out.push_str(&scan.emit);
+        }
+        assert_eq!(out, "\"name\": 1}\"name\"}");
+        assert_eq!(a.finish(), StopScan { emit: String::new(), stopped: false });
     }
 
     #[test]

@@ -111,7 +111,14 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 /// The engine checks and tokenizes the request (off the async runtime: it renders the template
 /// and compiles grammars); its refusals are the client's 400s.
 async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
-    let forced = tools.and_then(|t| t.forced.clone()).map(|c| (c, "tools"));
+    // The whole output's grammar: a forced call's, the answer-or-call union of `auto` tools with
+    // a response_format, or the response_format's own. Its schema errors name the field that
+    // brought the schema: the tools whenever there are any.
+    let param = if tools.is_some_and(ToolPlan::shapes_output) { "tools" } else { "response_format" };
+    let constraint = match tools {
+        Some(t) => t.constraint(constraint_of(chat)),
+        None => constraint_of(chat),
+    };
     let input = ChatInput {
         messages: chat.messages.iter().map(|m| m.to_template_value()).collect(),
         tools: tools.map(|t| t.tools.clone()),
@@ -127,7 +134,7 @@ async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan
             logit_bias: chat.logit_bias.clone(),
         },
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
-        constraint: forced.or_else(|| constraint_of(chat).map(|c| (c, "response_format"))),
+        constraint: constraint.map(|c| (c, param)),
         lazy_tools: tools.and_then(|t| t.lazy.clone()),
     };
     let engine = state.engine.clone();
@@ -220,10 +227,11 @@ async fn collect_response(
         .enumerate()
         .map(|(index, ((text, lp), reason))| {
             let (content, tool_calls) = match tools {
-                Some(plan) if reason == FinishReason::Stop => plan.read(text),
+                Some(plan) if reason != FinishReason::Cancelled => plan.read(text, reason),
                 _ => (Some(text), None),
             };
-            let finish_reason = if tool_calls.is_some() { "tool_calls" } else { reason.as_openai() };
+            // A call cut by max_tokens is returned, but the reason stays `length`, as OpenAI's.
+            let finish_reason = if tool_calls.is_some() && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
             Choice {
                 index: index as u32,
                 message: ResponseMessage { role: "assistant", content, tool_calls },

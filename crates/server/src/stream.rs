@@ -43,7 +43,7 @@ impl ChunkEncoder {
 
     pub fn with_tools(mut self, plan: Option<ToolPlan>, n: u32) -> Self {
         self.tools = plan.map(|plan| StreamingTools {
-            streamers: (0..n).map(|_| Some(ToolCallStreamer::new(&plan.known()))).collect(),
+            streamers: (0..n).map(|_| Some(plan.streamer())).collect(),
             calls: vec![0; n as usize],
             single: plan.single,
         });
@@ -62,20 +62,18 @@ impl ChunkEncoder {
         for piece in pieces {
             match piece {
                 StreamPiece::Content(text) => frames.push(self.content_frame(choice, text, logprobs.take())),
-                StreamPiece::Call { name, arguments, .. } => {
-                    let tools = self.tools.as_mut().expect("pieces come from tools");
-                    let index = tools.calls[choice as usize];
-                    if tools.single && index > 0 {
-                        continue;
+                // As OpenAI streams a call: the first delta names it (id, type, name, empty
+                // arguments), the next ones carry the arguments. `index` is the streamer's count.
+                StreamPiece::Call { index, name, arguments } => {
+                    if let Some(head) = self.call_head(choice, index, name) {
+                        frames.push(head);
+                        frames.push(self.call_arguments(choice, index, arguments));
                     }
-                    tools.calls[choice as usize] += 1;
-                    // As OpenAI streams a call: the first delta names it (id, type, name, empty
-                    // arguments), the next carries the arguments.
-                    let head = call_json(&ParsedCall { name, arguments: String::new() }, Some(index));
-                    let tail = serde_json::json!({"index": index, "function": {"arguments": arguments}});
-                    for call in [head, tail] {
-                        let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]) };
-                        frames.push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None));
+                }
+                StreamPiece::CallStart { index, name } => frames.extend(self.call_head(choice, index, name)),
+                StreamPiece::CallArguments { index, fragment } => {
+                    if !self.tools.as_ref().is_some_and(|t| t.single && index > 0) {
+                        frames.push(self.call_arguments(choice, index, fragment));
                     }
                 }
             }
@@ -84,6 +82,24 @@ impl ChunkEncoder {
             frames.push(self.content_frame(choice, String::new(), Some(lp)));
         }
         frames
+    }
+
+    /// The delta that opens call `index`, unless `parallel_tool_calls: false` drops it.
+    fn call_head(&mut self, choice: u32, index: usize, name: String) -> Option<SseFrame> {
+        let tools = self.tools.as_mut().expect("pieces come from tools");
+        if tools.single && index > 0 {
+            return None;
+        }
+        tools.calls[choice as usize] += 1;
+        let head = call_json(&ParsedCall { name, arguments: String::new() }, Some(index));
+        let delta = Delta { role: None, content: None, tool_calls: Some(vec![head]) };
+        Some(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None))
+    }
+
+    fn call_arguments(&self, choice: u32, index: usize, arguments: String) -> SseFrame {
+        let call = serde_json::json!({"index": index, "function": {"arguments": arguments}});
+        let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]) };
+        self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)
     }
 
     /// The first chunk of every choice: `delta: {role: "assistant", content: ""}`.
@@ -110,7 +126,8 @@ impl ChunkEncoder {
                 self.piece_frames(choice, pieces, Some(logprobs))
             }
             Event::Finished { choice, reason } => {
-                let rest = self.tools.as_mut().and_then(|t| t.streamers[choice as usize].take()).map(ToolCallStreamer::finish);
+                let streamer = self.tools.as_mut().and_then(|t| t.streamers[choice as usize].take());
+                let rest = streamer.map(|s| if reason == FinishReason::Length { s.finish_cut() } else { s.finish() });
                 let mut frames = match rest {
                     Some(pieces) => self.piece_frames(choice, pieces, None),
                     None => Vec::new(),

@@ -2,8 +2,8 @@
 //! `tool_calls`, and when the call is forced with a grammar.
 
 use gantry_api::{ApiError, ValidatedChat};
-use gantry_engine::tools::{new_call_id, parse_tool_calls, ParsedCall};
-use gantry_engine::{Constraint, LazyTools};
+use gantry_engine::tools::{new_call_id, parse_cut_output, parse_tool_calls, ParsedCall, ToolCallStreamer};
+use gantry_engine::{Constraint, FinishReason, LazyTools};
 use serde_json::{json, Value};
 
 /// The tool set-up of one request.
@@ -21,20 +21,36 @@ pub struct ToolPlan {
     pub single: bool,
     /// `auto`: grammars that take over once the model starts a call on its own.
     pub lazy: Option<LazyTools>,
+    /// `auto` with a `response_format`: the call objects the output may be instead of the answer.
+    answer_calls: Vec<Value>,
 }
 
 /// Grammars for a call the model starts by itself under `tool_choice: "auto"`: a bare object
 /// (or, when parallel calls are allowed, an array), a ```json fence around one, or the
 /// Qwen/Hermes `<tool_call>` block. Whitespace inside the JSON follows the model's own layout (one
 /// line, or indented) but is bounded, so it cannot pad forever.
-fn lazy_grammars(calls: &[Value], single: bool) -> LazyTools {
+///
+/// `calls` are the strict call objects (`{"name", "arguments"}` and nothing else), used after the
+/// native `<tool_call>` tag. Bare and fenced JSON is only constrained once it has started a call
+/// (see `gantry_engine::tools::call_commitment`) and may still go on with other keys after the
+/// arguments: models write such objects as answers (the call echoed with its `"result"`), and they
+/// are read back as content.
+fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
     // Between two JSON tokens: one space, or a line break and an indent (one-line or indented).
     let layout = json!({"whitespace_pattern": "(\\x20|\\x0A\\x20{0,12})"});
+    let open_calls: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c["additionalProperties"] = json!(true);
+            c
+        })
+        .collect();
     let call = json!({"anyOf": calls, "x-guidance": layout});
     let body = if single {
-        call.clone()
+        json!({"anyOf": open_calls, "x-guidance": layout})
     } else {
-        json!({"anyOf": [{"anyOf": calls}, {"type": "array", "items": {"anyOf": calls}, "minItems": 1}], "x-guidance": layout})
+        json!({"anyOf": [{"anyOf": open_calls}, {"type": "array", "items": {"anyOf": open_calls}, "minItems": 1}], "x-guidance": layout})
     };
     let terminals = "NL: /\\n/\nWS: /[ \\t\\r\\n]+/\nLANG: /[A-Za-z]+/\n";
     let bare = format!("start: WS? body\n{terminals}body: %json {body}\n");
@@ -45,7 +61,57 @@ fn lazy_grammars(calls: &[Value], single: bool) -> LazyTools {
          more: WS? \"<tool_call>\" NL? body NL? \"</tool_call>\"\n\
          {terminals}body: %json {call}\n"
     );
-    LazyTools { bare: Constraint::Lark(bare), tagged: Constraint::Lark(tagged), fenced: Constraint::Lark(fenced) }
+    LazyTools { bare: Constraint::Lark(bare), tagged: Constraint::Lark(tagged), fenced: Constraint::Lark(fenced), names: names.to_vec() }
+}
+
+/// With `tool_choice: "auto"` and a `response_format`, the whole output is one JSON value: either
+/// the answer (the `response_format`'s grammar) or a call (`{"name", "arguments"}` of an offered
+/// function), whichever the model starts.
+fn answer_or_call(answer: Constraint, calls: &[Value]) -> Constraint {
+    let mut answer = match answer {
+        Constraint::JsonObject => json!({"type": "object"}),
+        Constraint::JsonSchema(s) => s,
+        other @ Constraint::Lark(_) => return other,
+    };
+    let mut combined = json!({});
+    // `$ref`s of the answer point at the root's definitions: keep them at the root.
+    if let Some(obj) = answer.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(defs) = obj.remove(key) {
+                combined[key] = defs;
+            }
+        }
+    }
+    let mut any = vec![answer];
+    any.extend(calls.iter().cloned());
+    combined["anyOf"] = Value::Array(any);
+    Constraint::JsonSchema(combined)
+}
+
+/// Argument schemas are closed unless they say otherwise: an object schema listing `properties`
+/// without `additionalProperties` gets `additionalProperties: false`, so a constrained call never
+/// carries keys the client's function does not take. Nested property, item and alternative schemas
+/// are closed too; `allOf` parts are left alone (closing each part would refuse the others' keys).
+fn close_objects(schema: &mut Value) {
+    let Some(obj) = schema.as_object_mut() else { return };
+    if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
+        obj.insert("additionalProperties".into(), json!(false));
+    }
+    for key in ["properties", "$defs", "definitions", "patternProperties"] {
+        if let Some(Value::Object(children)) = obj.get_mut(key) {
+            children.values_mut().for_each(close_objects);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = obj.get_mut(key) {
+            close_objects(child);
+        }
+    }
+    for key in ["anyOf", "oneOf", "prefixItems"] {
+        if let Some(Value::Array(children)) = obj.get_mut(key) {
+            children.iter_mut().for_each(close_objects);
+        }
+    }
 }
 
 impl ToolPlan {
@@ -60,7 +126,11 @@ impl ToolPlan {
             .collect();
         let schemas: Vec<Value> = tools
             .iter()
-            .map(|t| t.pointer("/function/parameters").cloned().unwrap_or_else(|| json!({"type": "object"})))
+            .map(|t| {
+                let mut schema = t.pointer("/function/parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                close_objects(&mut schema);
+                schema
+            })
             .collect();
         let call_of = |i: usize| {
             json!({
@@ -96,20 +166,58 @@ impl ToolPlan {
             ));
         }
         let single = chat.parallel_tool_calls == Some(false);
-        let lazy = (parse && forced.is_none()).then(|| lazy_grammars(&(0..names.len()).map(call_of).collect::<Vec<_>>(), single));
-        Ok(Some(Self { tools, names, parse, forced, single, lazy }))
+        let calls: Vec<Value> = (0..names.len()).map(call_of).collect();
+        let has_format = chat.response_format.as_ref().and_then(|f| f.get("type")).and_then(Value::as_str).is_some_and(|t| t != "text");
+        let auto = parse && forced.is_none();
+        // With a response_format the output is JSON from its first token: `answer_or_call` decides
+        // between answer and call, and there is no free text to watch.
+        let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single));
+        let answer_calls = if auto && has_format { calls } else { Vec::new() };
+        Ok(Some(Self { tools, names, parse, forced, single, lazy, answer_calls }))
+    }
+
+    /// Whether the whole output's grammar comes from the tools (a forced call, or the
+    /// answer-or-call union), so its schema errors name `tools`.
+    pub fn shapes_output(&self) -> bool {
+        self.forced.is_some() || !self.answer_calls.is_empty()
+    }
+
+    /// The grammar of the whole output, given the `response_format`'s: a forced call's, the
+    /// answer-or-call union under `auto`, or the `response_format`'s own.
+    pub fn constraint(&self, response_format: Option<Constraint>) -> Option<Constraint> {
+        if let Some(forced) = &self.forced {
+            return Some(forced.clone());
+        }
+        match response_format {
+            Some(answer) if !self.answer_calls.is_empty() => Some(answer_or_call(answer, &self.answer_calls)),
+            other => other,
+        }
+    }
+
+    /// The incremental reader of this request's output: calls the engine samples under the
+    /// strict call grammar (forced, or after `<tool_call>`) stream their arguments as written.
+    pub fn streamer(&self) -> ToolCallStreamer {
+        let streamer = ToolCallStreamer::new(&self.known());
+        if self.forced.is_some() {
+            streamer.stream_arguments(true)
+        } else if self.lazy.is_some() {
+            streamer.stream_arguments(false)
+        } else {
+            streamer
+        }
     }
 
     pub fn known(&self) -> Vec<&str> {
         self.names.iter().map(String::as_str).collect()
     }
 
-    /// Reads a finished choice: `(content, tool_calls)`.
-    pub fn read(&self, text: String) -> (Option<String>, Option<Vec<Value>>) {
+    /// Reads a finished choice: `(content, tool_calls)`. Output cut by `max_tokens` inside a
+    /// call returns the call with the arguments written so far.
+    pub fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<Value>>) {
         if !self.parse {
             return (Some(text), None);
         }
-        let parsed = parse_tool_calls(&text, &self.known());
+        let parsed = if reason == FinishReason::Length { parse_cut_output(&text, &self.known()) } else { parse_tool_calls(&text, &self.known()) };
         if parsed.calls.is_empty() {
             return (Some(text), None);
         }
@@ -154,7 +262,7 @@ mod tests {
     fn auto_parses_without_forcing() {
         let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
         assert!(plan.parse && plan.forced.is_none());
-        let (content, calls) = plan.read(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.into());
+        let (content, calls) = plan.read(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.into(), FinishReason::Stop);
         assert_eq!(content, None);
         let calls = calls.unwrap();
         assert_eq!(calls[0]["function"]["name"], "get_weather");
@@ -166,7 +274,7 @@ mod tests {
     fn none_leaves_text_alone() {
         let plan = ToolPlan::from_request(&chat(json!({"tool_choice": "none"}))).unwrap().unwrap();
         let text = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.to_string();
-        assert_eq!(plan.read(text.clone()), (Some(text), None));
+        assert_eq!(plan.read(text.clone(), FinishReason::Stop), (Some(text), None));
     }
 
     #[test]
@@ -181,9 +289,60 @@ mod tests {
     }
 
     #[test]
+    fn argument_schemas_are_closed_unless_they_say_otherwise() {
+        let mut schema = json!({"type": "object", "properties": {
+            "city": {"type": "string"},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "extra": {"type": "object", "properties": {"x": {"type": "string"}}, "additionalProperties": true},
+            "free": {"type": "object"}
+        }});
+        close_objects(&mut schema);
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["where"]["additionalProperties"], false);
+        assert_eq!(schema["properties"]["tags"]["items"]["additionalProperties"], false);
+        assert_eq!(schema["properties"]["extra"]["additionalProperties"], true);
+        assert!(schema["properties"]["free"].get("additionalProperties").is_none());
+        let plan = ToolPlan::from_request(&chat(json!({"tool_choice": "required"}))).unwrap().unwrap();
+        let Some(Constraint::JsonSchema(s)) = plan.forced else { panic!() };
+        assert_eq!(s["anyOf"][0]["properties"]["arguments"]["additionalProperties"], false);
+    }
+
+    #[test]
+    fn auto_with_a_response_format_is_answer_or_call_and_watches_nothing() {
+        let answer = json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}});
+        let format = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}});
+        let plan = ToolPlan::from_request(&chat(format)).unwrap().unwrap();
+        assert!(plan.lazy.is_none());
+        let Some(Constraint::JsonSchema(s)) = plan.constraint(Some(Constraint::JsonSchema(answer.clone()))) else { panic!() };
+        assert_eq!(s["$defs"]["P"]["type"], "integer");
+        let any = s["anyOf"].as_array().unwrap();
+        assert_eq!(any.len(), 3);
+        assert_eq!(any[0]["properties"]["p"]["$ref"], "#/$defs/P");
+        assert_eq!(any[1]["properties"]["name"]["const"], "get_weather");
+        // Without a response_format, the watch is on and the output free.
+        let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
+        assert!(plan.lazy.is_some() && plan.constraint(None).is_none());
+    }
+
+    #[test]
+    fn a_call_cut_by_max_tokens_is_read_with_its_partial_arguments() {
+        let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
+        let cut = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
+        let (content, calls) = plan.read(cut.into(), FinishReason::Length);
+        assert_eq!(content, None);
+        let calls = calls.unwrap();
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Par");
+        // Prose cut by max_tokens stays prose.
+        let (content, calls) = plan.read("The weather in Par".into(), FinishReason::Length);
+        assert_eq!((content.as_deref(), calls), (Some("The weather in Par"), None));
+    }
+
+    #[test]
     fn parallel_false_keeps_one_call() {
         let plan = ToolPlan::from_request(&chat(json!({"parallel_tool_calls": false}))).unwrap().unwrap();
         let text = r#"[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]"#;
-        assert_eq!(plan.read(text.into()).1.unwrap().len(), 1);
+        assert_eq!(plan.read(text.into(), FinishReason::Stop).1.unwrap().len(), 1);
     }
 }

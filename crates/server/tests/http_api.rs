@@ -364,35 +364,6 @@ async fn tools_reach_a_model_whose_template_lacks_them_and_forced_calls_parse() 
 }
 
 #[tokio::test]
-async fn a_call_the_model_starts_under_auto_is_finished_under_the_grammar() {
-    let s = TestServer::start(&["--ctx-size", "2048"]);
-    let tools = json!([{"type": "function", "function": {"name": "lookup",
-        "parameters": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}}, "required": ["word"], "additionalProperties": false}}}]);
-    // The tiny vocabulary is byte-level: token 123 is `{`. Biasing it makes the random model
-    // open a bare JSON call (and keep writing `{` forever, were nothing to take over).
-    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Look up a word"}],
-        "tools": tools, "tool_choice": "auto", "logit_bias": {"123": 100}, "max_tokens": 200, "temperature": 0});
-    let resp = s.chat(body.clone()).send().await.unwrap();
-    let status = resp.status();
-    let v: Value = resp.json().await.unwrap();
-    assert_eq!(status, 200, "{v}");
-    let choice = &v["choices"][0];
-    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-    let call = &choice["message"]["tool_calls"][0];
-    assert_eq!(call["function"]["name"], "lookup");
-    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert!(args["word"].as_str().is_some_and(|w| w.chars().count() <= 8), "{args}");
-
-    // Without tools the same bias just writes braces until max_tokens.
-    let mut plain = body;
-    plain.as_object_mut().unwrap().remove("tools");
-    plain.as_object_mut().unwrap().remove("tool_choice");
-    plain["max_tokens"] = json!(20);
-    let v: Value = s.chat(plain).send().await.unwrap().json().await.unwrap();
-    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-}
-
-#[tokio::test]
 async fn a_refused_request_leaves_its_keep_alive_connection_usable() {
     use std::io::{Read, Write};
     let s = TestServer::start(&[]);

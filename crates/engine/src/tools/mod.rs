@@ -15,8 +15,10 @@
 //! - A call must name a function in `known`; anything unknown, broken or truncated stays text.
 //! - Content is the text outside the calls, concatenated and trimmed.
 
+mod commit;
 mod parse;
 mod prompt;
+mod raw;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -28,7 +30,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
+pub use commit::{call_commitment, truncated_call, Commitment};
 pub use parse::parse_tool_calls;
+
 pub use prompt::with_generic_tool_prompt;
 pub use stream::{StreamPiece, ToolCallStreamer};
 
@@ -105,36 +109,47 @@ fn error_offset(s: &str, e: &serde_json::Error) -> usize {
     line_start + e.column()
 }
 
-/// The calls a JSON value describes: one call object, or a non-empty array of them. `None`
-/// unless every one is well formed and names a known function.
-fn calls_from_value(v: &Value, known: &[&str]) -> Option<Vec<ParsedCall>> {
+/// The calls a JSON value describes (`raw` is its text): one call object, or a non-empty array of
+/// them. `None` unless every one is well formed and names a known function.
+fn calls_from_value(raw: &str, v: &Value, known: &[&str]) -> Option<Vec<ParsedCall>> {
     match v {
-        Value::Object(m) => Some(vec![call_from_object(m, known)?]),
+        Value::Object(m) => Some(vec![call_from_object(raw, m, known)?]),
         Value::Array(items) if !items.is_empty() => {
-            items.iter().map(|item| call_from_object(item.as_object()?, known)).collect()
+            let raws = raw::elements(raw)?;
+            items.iter().zip(raws).map(|(item, raw)| call_from_object(raw, item.as_object()?, known)).collect()
         }
         _ => None,
     }
 }
 
-/// `{"name", "arguments"|"parameters"}`, or the OpenAI `{"type": "function", "function": {..}}`.
-fn call_from_object(m: &Map<String, Value>, known: &[&str]) -> Option<ParsedCall> {
+/// Exactly `{"name", "arguments"|"parameters"}`, or the OpenAI `{"type": "function", "function":
+/// {..}}` (with an optional `id`). Any other key makes the object content, not a call: after a
+/// tool result, models echo the call with its `"result"` as their answer, and reading that back as
+/// the same call again would loop an agent forever.
+fn call_from_object(raw: &str, m: &Map<String, Value>, known: &[&str]) -> Option<ParsedCall> {
     if let Some(Value::Object(inner)) = m.get("function") {
-        return call_from_object(inner, known);
+        let wrapper_only = m.keys().all(|k| matches!(k.as_str(), "function" | "type" | "id"));
+        let typed = m.get("type").is_none_or(|t| t == "function");
+        return (wrapper_only && typed).then(|| call_from_object(raw::member(raw, "function")?, inner, known)).flatten();
+    }
+    let args_key = if m.contains_key("arguments") { "arguments" } else { "parameters" };
+    if m.len() != 2 {
+        return None;
     }
     let name = m.get("name")?.as_str()?;
-    let args = m.get("arguments").or_else(|| m.get("parameters"))?;
-    make_call(name, args, known)
+    let args = m.get(args_key)?;
+    make_call(name, args, raw::member(raw, args_key)?, known)
 }
 
-/// A call to `name` (which must be known) with arguments given as an object, a string holding a
-/// JSON object, an empty string or null.
-fn make_call(name: &str, args: &Value, known: &[&str]) -> Option<ParsedCall> {
+/// A call to `name` (which must be known) with arguments given as an object (`raw` is its text),
+/// a string holding a JSON object, an empty string or null. An object's arguments are its text
+/// without whitespace, as the streamer sends it.
+fn make_call(name: &str, args: &Value, raw: &str, known: &[&str]) -> Option<ParsedCall> {
     if !known.contains(&name) {
         return None;
     }
     let arguments = match args {
-        Value::Object(_) => serde_json::to_string(args).ok()?,
+        Value::Object(_) => raw::minify(raw),
         Value::Null => "{}".to_string(),
         Value::String(s) if s.trim().is_empty() => "{}".to_string(),
         Value::String(s) => match serde_json::from_str::<Value>(s).ok()? {
@@ -144,4 +159,17 @@ fn make_call(name: &str, args: &Value, known: &[&str]) -> Option<ParsedCall> {
         _ => return None,
     };
     Some(ParsedCall { name: name.to_string(), arguments })
+}
+
+/// [`parse_tool_calls`] for output cut by `max_tokens`: a call it was still writing is one of
+/// the calls, with its unfinished arguments text (see [`truncated_call`]).
+pub fn parse_cut_output(text: &str, known: &[&str]) -> ParsedOutput {
+    match truncated_call(text, known) {
+        Some((before, name, arguments)) if serde_json::from_str::<Map<String, Value>>(&arguments).is_err() => {
+            let mut parsed = parse_tool_calls(before, known);
+            parsed.calls.push(ParsedCall { name, arguments: raw::minify(&arguments) });
+            parsed
+        }
+        _ => parse_tool_calls(text, known),
+    }
 }

@@ -69,7 +69,7 @@ pub(super) fn bare_calls(t: &str, known: &[&str], eof: bool) -> Bare {
             return Bare::Not;
         }
         match json_prefix(&t[pos..]) {
-            Json::Done(v, n) => match calls_from_value(&v, known) {
+            Json::Done(v, n) => match calls_from_value(&t[pos..pos + n], &v, known) {
                 Some(found) => {
                     calls.extend(found);
                     pos += n;
@@ -174,7 +174,7 @@ fn calls_at(s: &str, pos: usize, known: &[&str], eof: bool) -> Result<(Vec<Parse
         return Err(Fail);
     }
     match json_prefix(&s[pos..]) {
-        Json::Done(v, n) => calls_from_value(&v, known).map(|calls| (calls, pos + n)).ok_or(Fail),
+        Json::Done(v, n) => calls_from_value(&s[pos..pos + n], &v, known).map(|calls| (calls, pos + n)).ok_or(Fail),
         Json::Incomplete => Err(more(eof)),
         Json::Invalid => Err(Fail),
     }
@@ -189,7 +189,7 @@ fn args_at(s: &str, pos: usize, name: &str, known: &[&str], eof: bool) -> Result
         return Err(Fail);
     }
     match json_prefix(&s[pos..]) {
-        Json::Done(v, n) => make_call(name, &v, known).map(|call| (call, pos + n)).ok_or(Fail),
+        Json::Done(v, n) => make_call(name, &v, &s[pos..pos + n], known).map(|call| (call, pos + n)).ok_or(Fail),
         Json::Incomplete => Err(more(eof)),
         Json::Invalid => Err(Fail),
     }

@@ -5,10 +5,17 @@
 //! for any split of a text into deltas, is the same as [`super::parse_tool_calls`] on the whole
 //! text: the content pieces concatenate to its `content` and the calls are its `calls`.
 //! Calls are emitted whole, each as soon as it is complete (bare JSON calls at `finish`, since
-//! prose after them would turn them back into text).
+//! prose after them would turn them back into text) — except calls known to be calls before they
+//! end ([`ToolCallStreamer::stream_arguments`]): those start with their name and stream their
+//! arguments as they are written.
 
+use super::commit::{call_head, Commitment};
 use super::parse::{bare_calls, scan_step, Bare, Step};
+use super::raw::{minify, Minifier};
 use super::ParsedCall;
+
+const TOOL_CALL: &str = "<tool_call>";
+const TOOL_CALL_END: &str = "</tool_call>";
 
 /// Part of the output, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +27,11 @@ pub enum StreamPiece {
         name: String,
         arguments: String,
     },
+    /// The start of a call whose arguments follow as [`StreamPiece::CallArguments`].
+    CallStart { index: usize, name: String },
+    /// The next part of the arguments of call `index`; all parts concatenate to what
+    /// [`super::parse_tool_calls`] returns as its `arguments`.
+    CallArguments { index: usize, fragment: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +42,10 @@ enum Mode {
     Bare,
     /// Tagged or fenced calls among content.
     Scan,
+    /// Inside the arguments of a started call (`tagged`: opened by `<tool_call>`).
+    Arguments { tagged: bool },
+    /// After a started call's arguments: its closing `}` (and `</tool_call>`) come next.
+    CallEnd { tagged: bool },
 }
 
 /// Incremental tool-call recogniser: feed it deltas with [`push`](Self::push), then
@@ -45,6 +61,11 @@ pub struct ToolCallStreamer {
     /// Whitespace at the end of emitted content, released only if more content follows.
     pending_ws: String,
     calls: usize,
+    /// Calls that start `{"name": "<known>", "arguments":` after `<tool_call>` (or, `forced`, at
+    /// the very start) are streamed as they are written.
+    incremental: bool,
+    forced: bool,
+    minifier: Minifier,
 }
 
 impl ToolCallStreamer {
@@ -57,7 +78,20 @@ impl ToolCallStreamer {
             started: false,
             pending_ws: String::new(),
             calls: 0,
+            incremental: false,
+            forced: false,
+            minifier: Minifier::default(),
         }
+    }
+
+    /// Streams the arguments of calls that cannot turn out to be anything else: those after a
+    /// `<tool_call>` tag, which the engine samples under the strict call grammar, and (`forced`)
+    /// the whole output of a forced call. Only for output sampled so; unconstrained text could
+    /// break such a call after it started.
+    pub fn stream_arguments(mut self, forced: bool) -> Self {
+        self.incremental = true;
+        self.forced = forced;
+        self
     }
 
     /// Takes the next delta; returns what is now certain.
@@ -69,6 +103,24 @@ impl ToolCallStreamer {
     /// Ends the text; returns everything still held.
     pub fn finish(mut self) -> Vec<StreamPiece> {
         self.run(true)
+    }
+
+    /// Ends text that was cut by `max_tokens`: a call still being written is emitted with the
+    /// arguments written so far, as [`super::parse_cut_output`] reads it.
+    pub fn finish_cut(mut self) -> Vec<StreamPiece> {
+        if matches!(self.mode, Mode::Arguments { .. } | Mode::CallEnd { .. }) {
+            // Started and streaming: what is left of its arguments follows.
+            return self.finish();
+        }
+        let known: Vec<&str> = self.known.iter().map(String::as_str).collect();
+        let cut = super::truncated_call(&self.buf, &known)
+            .filter(|(_, _, args)| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(args).is_err())
+            .map(|(before, name, arguments)| (before.len(), ParsedCall { name, arguments: minify(&arguments) }));
+        let Some((before, call)) = cut else { return self.finish() };
+        self.buf.truncate(before);
+        let mut out = self.run(true);
+        self.emit_call(call, &mut out);
+        out
     }
 
     /// Calls emitted so far.
@@ -87,12 +139,25 @@ impl ToolCallStreamer {
 
     fn step(&mut self, known: &[&str], eof: bool, out: &mut Vec<StreamPiece>) {
         if self.mode == Mode::Start {
-            let t = self.buf.trim_start();
-            if t.is_empty() {
+            let skipped = self.buf.len() - self.buf.trim_start().len();
+            if skipped == self.buf.len() {
                 // Whitespace only: trimmed away if nothing follows.
                 return;
             }
-            self.mode = if !known.is_empty() && t.starts_with(['{', '[']) { Mode::Bare } else { Mode::Scan };
+            if self.incremental && self.forced {
+                match call_head(&self.buf[skipped..], known) {
+                    (Commitment::Committed, Some((name, len))) => {
+                        self.buf.drain(..skipped + len);
+                        self.start_call(name, false, out);
+                    }
+                    (Commitment::Undecided, _) if !eof => return,
+                    _ => {}
+                }
+            }
+            if self.mode == Mode::Start {
+                let bare = !known.is_empty() && self.buf[skipped..].starts_with(['{', '[']);
+                self.mode = if bare { Mode::Bare } else { Mode::Scan };
+            }
         }
         if self.mode == Mode::Bare {
             let t = if eof { self.buf.trim() } else { self.buf.trim_start() };
@@ -108,6 +173,34 @@ impl ToolCallStreamer {
             }
         }
         while !self.buf.is_empty() {
+            match self.mode {
+                Mode::Arguments { tagged } => {
+                    if !self.stream_arguments_step(tagged, out) {
+                        return;
+                    }
+                    continue;
+                }
+                Mode::CallEnd { tagged } => {
+                    if !self.call_end_step(tagged, eof) {
+                        return;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if self.incremental && self.buf.starts_with(TOOL_CALL) {
+                let body = self.buf[TOOL_CALL.len()..].trim_start();
+                let skipped = self.buf.len() - body.len();
+                match call_head(body, known) {
+                    (Commitment::Committed, Some((name, len))) => {
+                        self.buf.drain(..skipped + len);
+                        self.start_call(name, true, out);
+                        continue;
+                    }
+                    (Commitment::Undecided, _) if !eof => return,
+                    _ => {}
+                }
+            }
             match scan_step(&self.buf, known, eof) {
                 Step::Hold => return,
                 Step::Content(n) => {
@@ -138,6 +231,70 @@ impl ToolCallStreamer {
             Some(StreamPiece::Content(last)) => last.push_str(&piece),
             _ => out.push(StreamPiece::Content(piece)),
         }
+    }
+
+    fn start_call(&mut self, name: String, tagged: bool, out: &mut Vec<StreamPiece>) {
+        out.push(StreamPiece::CallStart { index: self.calls, name });
+        self.calls += 1;
+        self.minifier = Minifier::default();
+        self.mode = Mode::Arguments { tagged };
+    }
+
+    /// Releases the arguments text received so far; whether they ended.
+    fn stream_arguments_step(&mut self, tagged: bool, out: &mut Vec<StreamPiece>) -> bool {
+        let mut fragment = String::new();
+        let mut consumed = self.buf.len();
+        let mut ended = false;
+        for (i, c) in self.buf.char_indices() {
+            if self.minifier.push(c, &mut fragment) {
+                consumed = i + c.len_utf8();
+                ended = true;
+                break;
+            }
+        }
+        self.buf.drain(..consumed);
+        if !fragment.is_empty() {
+            out.push(StreamPiece::CallArguments { index: self.calls - 1, fragment });
+        }
+        if ended {
+            self.mode = Mode::CallEnd { tagged };
+        }
+        ended
+    }
+
+    /// Takes the started call's closing `}` and, after a tag, `</tool_call>` (forgiving stray
+    /// braces before it and its absence, as the parser does); whether scanning can go on.
+    fn call_end_step(&mut self, tagged: bool, eof: bool) -> bool {
+        let ws = |c: char| c.is_whitespace();
+        let j = self.buf.len() - self.buf.trim_start_matches(ws).len();
+        if j == self.buf.len() {
+            return false;
+        }
+        if !self.buf[j..].starts_with('}') {
+            // Not what the grammar lets through; the rest is scanned as usual.
+            self.mode = Mode::Scan;
+            return true;
+        }
+        let end = j + 1;
+        if tagged {
+            let k = self.buf.len() - self.buf[end..].trim_start_matches(|c: char| ws(c) || c == '}' || c == ']').len();
+            let rest = &self.buf[k..];
+            if rest.starts_with(TOOL_CALL_END) {
+                self.buf.drain(..k + TOOL_CALL_END.len());
+            } else if rest.is_empty() || TOOL_CALL_END.starts_with(rest) {
+                if !eof {
+                    return false;
+                }
+                let cut = if rest.is_empty() { k } else { end };
+                self.buf.drain(..cut);
+            } else {
+                self.buf.drain(..end);
+            }
+        } else {
+            self.buf.drain(..end);
+        }
+        self.mode = Mode::Scan;
+        true
     }
 
     fn emit_call(&mut self, call: ParsedCall, out: &mut Vec<StreamPiece>) {

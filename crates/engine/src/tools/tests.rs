@@ -26,7 +26,7 @@ const FIXTURES: &[Fixture] = &[
     ("qwen_python_dict", "<tool_call>\n{'name': 'get_weather', 'arguments': {'city': 'Paris'}}\n</tool_call>", Some("<tool_call>\n{'name': 'get_weather', 'arguments': {'city': 'Paris'}}\n</tool_call>"), &[]),
     ("qwen_one_good_one_broken", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": ", Some("<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\":"), &[PARIS]),
     ("nested_braces_in_strings", "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"fn main() { println!(\\\"}}{{\\\"); } [x]\"}}\n</tool_call>", None, &[("search", r#"{"query":"fn main() { println!(\"}}{{\"); } [x]"}"#)]),
-    ("unicode", "Voyons la météo 🌦️\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", \"note\": \"東京 \\u00e9\"}}\n</tool_call>", Some("Voyons la météo 🌦️"), &[("get_weather", r#"{"city":"São Paulo","note":"東京 é"}"#)]),
+    ("unicode", "Voyons la météo 🌦️\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", \"note\": \"東京 \\u00e9\"}}\n</tool_call>", Some("Voyons la météo 🌦️"), &[("get_weather", r#"{"city":"São Paulo","note":"東京 \u00e9"}"#)]),
     // Bare JSON (Qwen2.5-Coder's favourite).
     ("bare_object", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", None, &[PARIS]),
     ("bare_with_whitespace", "\n\n  {\"name\": \"get_weather\",\n   \"arguments\": {\"city\": \"Paris\"}}\n", None, &[PARIS]),
@@ -40,6 +40,9 @@ const FIXTURES: &[Fixture] = &[
     ("bare_then_prose", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} I will now check.", Some("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} I will now check."), &[]),
     ("bare_unknown", "{\"name\": \"delete_everything\", \"arguments\": {}}", Some("{\"name\": \"delete_everything\", \"arguments\": {}}"), &[]),
     ("bare_array_one_unknown", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"format_disk\", \"arguments\": {}}]", Some("[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"format_disk\", \"arguments\": {}}]"), &[]),
+    ("bare_call_echo_with_result", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"result\": \"sunny\"}", Some("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"result\": \"sunny\"}"), &[]),
+    ("bare_array_one_with_extra_key", "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}, \"id\": 2}]", Some("[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}, \"id\": 2}]"), &[]),
+    ("bare_openai_shape_extra_key", "{\"type\": \"function\", \"function\": {\"name\": \"search\", \"arguments\": {}}, \"output\": 1}", Some("{\"type\": \"function\", \"function\": {\"name\": \"search\", \"arguments\": {}}, \"output\": 1}"), &[]),
     ("bare_not_a_call", "{\"city\": \"Paris\", \"temperature\": 21}", Some("{\"city\": \"Paris\", \"temperature\": 21}"), &[]),
     ("bare_missing_arguments", "{\"name\": \"search\"}", Some("{\"name\": \"search\"}"), &[]),
     ("bare_args_not_object", "{\"name\": \"search\", \"arguments\": [1, 2]}", Some("{\"name\": \"search\", \"arguments\": [1, 2]}"), &[]),
@@ -54,6 +57,8 @@ const FIXTURES: &[Fixture] = &[
     ("fenced_two_objects", "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}}\n```", None, &[PARIS, RUST]),
     ("fenced_missing_close", "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n", None, &[PARIS]),
     ("fenced_python_code", "```python\nprint({\"name\": \"get_weather\"})\n```", Some("```python\nprint({\"name\": \"get_weather\"})\n```"), &[]),
+    ("fenced_call_echo_with_result", "```json\n{\"name\": \"calculate\", \"arguments\": {\"a\": 17, \"b\": 25}, \"result\": 42}\n```", Some("```json\n{\"name\": \"calculate\", \"arguments\": {\"a\": 17, \"b\": 25}, \"result\": 42}\n```"), &[]),
+    ("qwen_call_with_extra_key", "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}, \"result\": 1}\n</tool_call>", Some("<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"rust\"}, \"result\": 1}\n</tool_call>"), &[]),
     ("fenced_not_a_call", "Here is JSON:\n```json\n{\"city\": \"Paris\"}\n```", Some("Here is JSON:\n```json\n{\"city\": \"Paris\"}\n```"), &[]),
     ("fenced_call_and_prose_inside", "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\nthat's it\n```", Some("```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\nthat's it\n```"), &[]),
     ("fenced_truncated", "```json\n{\"name\": \"get_weather\", \"arguments\": {\"ci", Some("```json\n{\"name\": \"get_weather\", \"arguments\": {\"ci"), &[]),
@@ -62,7 +67,7 @@ const FIXTURES: &[Fixture] = &[
     ("llama_python_tag", "<|python_tag|>{\"name\": \"search\", \"parameters\": {\"query\": \"rust\"}}", None, &[RUST]),
     ("llama_python_tag_multi", "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"search\", \"parameters\": {\"query\": \"rust\"}};", None, &[PARIS, RUST]),
     ("llama_python_code", "<|python_tag|>print(2 + 2)", Some("<|python_tag|>print(2 + 2)"), &[]),
-    ("llama_plain_parameters", "{\"name\": \"calculate\", \"parameters\": {\"expression\": \"2 * (3 + 4)\", \"precision\": -1.5e3, \"n\": -7}}", None, &[("calculate", r#"{"expression":"2 * (3 + 4)","precision":-1500.0,"n":-7}"#)]),
+    ("llama_plain_parameters", "{\"name\": \"calculate\", \"parameters\": {\"expression\": \"2 * (3 + 4)\", \"precision\": -1.5e3, \"n\": -7}}", None, &[("calculate", r#"{"expression":"2 * (3 + 4)","precision":-1.5e3,"n":-7}"#)]),
     ("llama_function_tag", "<function=get_weather>{\"city\": \"Paris\"}</function>", None, &[PARIS]),
     ("llama_function_tag_text", "Looking it up. <function=search>{\"query\": \"rust\"}</function> One moment.", Some("Looking it up.  One moment."), &[RUST]),
     ("llama_function_unknown", "<function=rm_rf>{\"path\": \"/\"}</function>", Some("<function=rm_rf>{\"path\": \"/\"}</function>"), &[]),
@@ -93,7 +98,10 @@ fn expected(fixture: &Fixture) -> ParsedOutput {
 
 /// Streams `text` in chunks of `size` characters and gathers the pieces as a `ParsedOutput`.
 fn stream(text: &str, known: &[&str], size: usize) -> (ParsedOutput, Vec<StreamPiece>) {
-    let mut streamer = ToolCallStreamer::new(known);
+    stream_with(ToolCallStreamer::new(known), text, size)
+}
+
+fn stream_with(mut streamer: ToolCallStreamer, text: &str, size: usize) -> (ParsedOutput, Vec<StreamPiece>) {
     let chars: Vec<char> = text.chars().collect();
     let mut pieces = Vec::new();
     for chunk in chars.chunks(size.max(1)) {
@@ -108,6 +116,14 @@ fn stream(text: &str, known: &[&str], size: usize) -> (ParsedOutput, Vec<StreamP
             StreamPiece::Call { index, name, arguments } => {
                 assert_eq!(*index, calls.len(), "call indices count from 0");
                 calls.push(ParsedCall { name: name.clone(), arguments: arguments.clone() });
+            }
+            StreamPiece::CallStart { index, name } => {
+                assert_eq!(*index, calls.len(), "call indices count from 0");
+                calls.push(ParsedCall { name: name.clone(), arguments: String::new() });
+            }
+            StreamPiece::CallArguments { index, fragment } => {
+                assert_eq!(*index + 1, calls.len(), "arguments follow their call's start");
+                calls[*index].arguments.push_str(fragment);
             }
         }
     }
@@ -183,6 +199,52 @@ fn tagged_calls_stream_before_the_text_ends() {
     let pieces = streamer.push(fenced);
     assert_eq!(pieces.len(), 2, "{pieces:?}");
     assert!(matches!(&pieces[1], StreamPiece::Call { name, .. } if name == "search"));
+}
+
+/// Fixtures whose every `<tool_call>` holds a well-formed call: what the call grammar lets through.
+const CONSTRAINED_TAGGED: &[&str] =
+    &["qwen_single", "qwen_multiple", "qwen_text_before", "qwen_text_after", "qwen_missing_close_at_end", "qwen_missing_close_between", "qwen_extra_brace", "nested_braces_in_strings", "unicode", "plain", "tag_only"];
+
+#[test]
+fn tagged_call_arguments_stream_as_written_and_add_up_to_the_parse() {
+    for fixture in FIXTURES.iter().filter(|f| CONSTRAINED_TAGGED.contains(&f.0)) {
+        let whole = parse_tool_calls(fixture.1, KNOWN);
+        for size in [1, 2, 3, 7, usize::MAX] {
+            let (got, pieces) = stream_with(ToolCallStreamer::new(KNOWN).stream_arguments(false), fixture.1, size);
+            assert_eq!(got, whole, "fixture {} in chunks of {size}", fixture.0);
+            if size == 1 && !whole.calls.is_empty() {
+                // Name first, then the arguments a few characters at a time, not in one piece.
+                assert!(matches!(pieces.iter().find(|p| !matches!(p, StreamPiece::Content(_))), Some(StreamPiece::CallStart { .. })), "{pieces:?}");
+                let fragments = pieces.iter().filter(|p| matches!(p, StreamPiece::CallArguments { .. })).count();
+                assert!(fragments >= 5, "fixture {}: {fragments} fragments", fixture.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn forced_call_arguments_stream_and_a_cut_call_keeps_what_was_written() {
+    let text = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", \"days\": [1, 2]}}";
+    let whole = parse_tool_calls(text, KNOWN);
+    for size in [1, 4, usize::MAX] {
+        let (got, _) = stream_with(ToolCallStreamer::new(KNOWN).stream_arguments(true), text, size);
+        assert_eq!(got, whole, "chunks of {size}");
+    }
+    let cut = &text[..text.find("Paulo").unwrap()];
+    let mut streamer = ToolCallStreamer::new(KNOWN).stream_arguments(true);
+    let mut pieces = streamer.push(cut);
+    pieces.extend(streamer.finish_cut());
+    let expected = ParsedOutput { content: None, calls: vec![ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"São "#.into() }] };
+    assert_eq!(parse_cut_output(cut, KNOWN), expected);
+    let mut args = String::new();
+    for piece in &pieces {
+        match piece {
+            StreamPiece::CallStart { name, .. } => assert_eq!(name, "get_weather"),
+            StreamPiece::CallArguments { fragment, .. } => args.push_str(fragment),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(args, expected.calls[0].arguments);
 }
 
 #[test]

@@ -1,0 +1,146 @@
+//! Tools and structured output against the real binary and a tiny random-weight model: what the
+//! grammars allow, what stop strings and max_tokens do to constrained output, and how calls are
+//! read back. A random model writes whatever a grammar lets it, so these find what it lets through.
+
+mod common;
+
+use common::{sse_data, TestServer};
+use serde_json::{json, Value};
+
+fn lookup_tool(parameters: Value) -> Value {
+    json!([{"type": "function", "function": {"name": "lookup", "description": "Look a word up", "parameters": parameters}}])
+}
+
+fn word_schema() -> Value {
+    json!({"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}}, "required": ["word"], "additionalProperties": false})
+}
+
+async fn post(s: &TestServer, body: Value) -> Value {
+    let resp = s.chat(body).send().await.unwrap();
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+/// Streams `body` and returns (content, tool calls as (name, accumulated arguments), finish reasons).
+async fn stream(s: &TestServer, mut body: Value) -> (String, Vec<(String, String)>, Vec<String>) {
+    body["stream"] = json!(true);
+    let text = s.chat(body).send().await.unwrap().text().await.unwrap();
+    let (mut content, mut calls, mut reasons) = (String::new(), Vec::<(String, String)>::new(), Vec::new());
+    for data in sse_data(&text) {
+        if data == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&data).unwrap();
+        assert!(v.get("error").is_none(), "{v}");
+        for choice in v["choices"].as_array().unwrap() {
+            content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+            for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                let i = call["index"].as_u64().unwrap() as usize;
+                if calls.len() <= i {
+                    calls.resize(i + 1, (String::new(), String::new()));
+                }
+                calls[i].0.push_str(call["function"]["name"].as_str().unwrap_or(""));
+                calls[i].1.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+            }
+            if let Some(r) = choice["finish_reason"].as_str() {
+                reasons.push(r.to_string());
+            }
+        }
+    }
+    (content, calls, reasons)
+}
+
+#[tokio::test]
+async fn json_that_is_not_a_committed_call_is_not_coerced_into_one() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    // The tiny vocabulary is byte-level: token 123 is `{`. Biasing it makes the random model open
+    // bare JSON and keep writing `{`. That never becomes `{"name": "lookup", "arguments": {`, so it
+    // is an answer (here: junk) and must stay content, not be forced into a call.
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Look up a word"}],
+        "tools": lookup_tool(word_schema()), "tool_choice": "auto", "logit_bias": {"123": 100}, "max_tokens": 20, "temperature": 0});
+    let v = post(&s, body).await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{v}");
+    assert!(choice["message"]["tool_calls"].is_null(), "{v}");
+    assert!(choice["message"]["content"].as_str().unwrap().starts_with("{{"), "{v}");
+}
+
+#[tokio::test]
+async fn auto_tools_with_a_response_format_answer_in_the_format() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let answer = json!({"type": "object", "properties": {"word_count": {"type": "integer", "minimum": 0, "maximum": 99}},
+                        "required": ["word_count"], "additionalProperties": false});
+    // Token 119 is `w`: biased, the model takes the answer's key, not the call's `"name"`. Before,
+    // the answer's opening `{` switched to the call grammar and every answer became a call.
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Count the words"}],
+        "tools": lookup_tool(word_schema()), "tool_choice": "auto", "logit_bias": {"119": 100}, "max_tokens": 60, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "count", "schema": answer}}});
+    let v = post(&s, body).await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{v}");
+    assert!(choice["message"]["tool_calls"].is_null(), "{v}");
+    let doc: Value = serde_json::from_str(choice["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(doc["word_count"].as_i64().is_some_and(|n| (0..=99).contains(&n)), "{doc}");
+    assert_eq!(doc.as_object().unwrap().len(), 1, "{doc}");
+}
+
+#[tokio::test]
+async fn a_call_cut_by_max_tokens_comes_back_as_a_partial_call() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    // A forced call is `{"name":"lookup","arguments":{"word":"…"}}`: 33 byte-level tokens reach
+    // into the arguments but never past their end.
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Look up a word"}],
+        "tools": lookup_tool(word_schema()), "tool_choice": "required", "max_tokens": 33, "temperature": 0});
+    let v = post(&s, body.clone()).await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{v}");
+    assert!(choice["message"]["content"].is_null(), "{v}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup", "{v}");
+    let args = call["function"]["arguments"].as_str().unwrap();
+    assert!(args.starts_with('{') && serde_json::from_str::<Value>(args).is_err(), "not a partial object: {args}");
+    let (content, calls, reasons) = stream(&s, body).await;
+    assert_eq!(content, "");
+    assert_eq!(reasons, ["length"]);
+    assert_eq!(calls, vec![("lookup".to_string(), args.to_string())]);
+}
+
+#[tokio::test]
+async fn stop_strings_never_cut_constrained_json() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"], "additionalProperties": false});
+    for format in [json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})] {
+        // Every object with a key has `"` and `:`; before, the first one ended the output there.
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "a person"}], "max_tokens": 400,
+                          "temperature": 1.0, "seed": 3, "n": 3, "stop": ["\"", ":", "}"], "response_format": format});
+        let v = post(&s, body).await;
+        for choice in v["choices"].as_array().unwrap() {
+            let content = choice["message"]["content"].as_str().unwrap();
+            if choice["finish_reason"] == "stop" {
+                let doc: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"));
+                assert!(doc.is_object(), "{content}");
+            } else {
+                assert_eq!(choice["finish_reason"], "length", "{v}");
+            }
+        }
+        let stopped = v["choices"].as_array().unwrap().iter().filter(|c| c["finish_reason"] == "stop").count();
+        assert!(stopped >= 1, "no choice finished: {v}");
+    }
+}
+
+#[tokio::test]
+async fn tool_arguments_carry_only_declared_properties() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    // No `additionalProperties`: closed, as the client's function takes only `word`.
+    let open = json!({"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}}});
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Look up a word"}],
+        "tools": lookup_tool(open), "tool_choice": "required", "max_tokens": 300, "temperature": 1.0, "seed": 11, "n": 4});
+    let v = post(&s, body).await;
+    for choice in v["choices"].as_array().unwrap() {
+        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+        let args: Value = serde_json::from_str(choice["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(args.as_object().unwrap().keys().all(|k| k == "word"), "undeclared key in {args}");
+    }
+}
