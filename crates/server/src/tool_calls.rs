@@ -53,8 +53,11 @@ fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
         json!({"anyOf": [{"anyOf": open_calls}, {"type": "array", "items": {"anyOf": open_calls}, "minItems": 1}], "x-guidance": layout})
     };
     let terminals = "NL: /\\n/\nWS: /[ \\t\\r\\n]+/\nLANG: /[A-Za-z]+/\n";
-    let bare = format!("start: WS? body\n{terminals}body: %json {body}\n");
-    let fenced = format!("start: WS? \"```\" LANG? NL body WS? \"```\"\n{terminals}body: %json {body}\n");
+    // `{{ call }}`: Qwen2.5's template shows calls with doubled braces, and its models copy them.
+    let bare = format!("start: WS? outer\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n");
+    let fenced = format!(
+        "start: WS? \"```\" LANG? NL outer WS? \"```\"\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n"
+    );
     let more = if single { "" } else { " more*" };
     let tagged = format!(
         "start: NL? body NL? \"</tool_call>\"{more}\n\

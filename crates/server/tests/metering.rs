@@ -118,18 +118,8 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
     .await
     .unwrap();
     let long_prompt_tokens = probe["usage"]["prompt_tokens"].as_i64().unwrap();
-    // The special tokens (end of text, turn start, turn end) are the last three of the tiny
-    // vocabulary; banning them keeps the request generating until it is cancelled. The vocabulary size is in the out-of-range error.
-    let refused: Value = post(json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}}), "v")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let message = refused["error"]["message"].as_str().unwrap();
-    let n_vocab: i64 = message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
     let short = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900,
-                       "stream": true, "stop": [], "seed": 2, "logit_bias": {(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100}});
+                       "stream": true, "stop": [], "seed": 2, "logit_bias": ban_special_tokens(&s, KEY).await});
     let short_probe: Value =
         post(json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1}), "probe2")
             .await
@@ -206,6 +196,7 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
     let args = ["--data-dir", data.as_str(), "--ctx-size", "2048", "--parallel", "1", "--heartbeat-timeout", "1"];
     let a = TestServer::start(&args);
     let key = cli("--data-dir", &data, &["keys", "create", "--name", "held", "--budget-tokens", "100000000"]).trim().to_string();
+    // Special tokens banned: no request can end early, so A's reservations stay live throughout.
     let streams = open_streams(&a, &key, 30, 1900).await;
     let reserved = || {
         let v: Value = serde_json::from_str(&cli("--data-dir", &data, &["keys", "show", "held", "--format", "json"])).unwrap();
@@ -291,10 +282,12 @@ impl Drop for OwnPostgres {
     }
 }
 
-/// Opens `n` streams (each admitted once its first chunk arrives).
+/// Opens `n` streams (each admitted once its first chunk arrives) that each generate exactly
+/// `max_tokens` (special tokens banned), so they outlast whatever the test does meanwhile.
 async fn open_streams(s: &TestServer, key: &str, n: usize, max_tokens: u32) -> Vec<reqwest::Response> {
     let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens, "stream": true,
-                      "stream_options": {"include_usage": true}, "stop": [], "temperature": 1.0});
+                      "stream_options": {"include_usage": true}, "stop": [], "temperature": 1.0,
+                      "logit_bias": ban_special_tokens(s, key).await});
     let client = s.client();
     let mut streams = Vec::new();
     for _ in 0..n {
@@ -304,6 +297,18 @@ async fn open_streams(s: &TestServer, key: &str, n: usize, max_tokens: u32) -> V
         streams.push(resp);
     }
     streams
+}
+
+/// A `logit_bias` banning the tiny model's special tokens (end of text, turn start, turn end: the
+/// last three of its vocabulary), so a request generates until `max_tokens` or cancellation. The
+/// vocabulary size is read from the out-of-range error.
+async fn ban_special_tokens(s: &TestServer, key: &str) -> Value {
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}});
+    let refused: Value =
+        s.client().post(s.url("/v1/chat/completions")).bearer_auth(key).json(&body).send().await.unwrap().json().await.unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    let n_vocab: i64 = message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
+    json!({(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100})
 }
 
 /// Reads every stream to its end and sums the usage each reported to its client.

@@ -23,14 +23,16 @@ enum Part {
     Ws,
     /// Optionally `[` followed by whitespace (an array of calls).
     OptArray,
+    /// Optionally a `{` that another `{` follows: the doubled braces of Qwen2.5's template.
+    OptBrace,
     /// A JSON string naming a known function (without escapes), quotes included.
     Name,
 }
 
-use Part::{Lit, Name, OptArray, Ws};
+use Part::{Lit, Name, OptArray, OptBrace, Ws};
 
 const CALL_START: &[Part] =
-    &[OptArray, Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":"), Ws, Lit("{")];
+    &[OptArray, OptBrace, Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":"), Ws, Lit("{")];
 
 /// A single call object up to its arguments' value.
 const CALL_HEAD: &[Part] = &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
@@ -61,6 +63,14 @@ fn match_parts<S: AsRef<str>>(body: &str, parts: &[Part], known: &[S]) -> (Commi
             OptArray => {
                 if let Some(r) = rest.strip_prefix('[') {
                     rest = r.trim_start_matches([' ', '\t', '\n', '\r']);
+                }
+            }
+            OptBrace => {
+                if let Some(r) = rest.strip_prefix('{') {
+                    let inner = r.trim_start_matches([' ', '\t', '\n', '\r']);
+                    if inner.starts_with('{') {
+                        rest = inner;
+                    }
                 }
             }
             Lit(lit) => {
@@ -159,6 +169,11 @@ mod tests {
         assert_eq!(call_commitment(&text[..at + 1], &k), Commitment::Committed);
         assert_eq!(call_commitment(text, &k), Commitment::Committed);
         assert_eq!(call_commitment("[\n  {\"name\":\"get_weather\",\n \"arguments\":{}}]", &k), Commitment::Committed);
+        // Doubled braces, as Qwen2.5's template shows the format.
+        assert_eq!(call_commitment("{", &k), Commitment::Undecided);
+        assert_eq!(call_commitment("{{", &k), Commitment::Undecided);
+        assert_eq!(call_commitment(r#"{{"name": "add", "arguments": {"#, &k), Commitment::Committed);
+        assert_eq!(call_commitment(r#"{{"answer": 1}}"#, &k), Commitment::Not);
     }
 
     #[test]

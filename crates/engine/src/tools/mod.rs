@@ -89,7 +89,47 @@ enum Json {
 }
 
 /// Parses the JSON value at the start of `s` (which starts with `{` or `[`), ignoring what follows.
+///
+/// One object wrapped in a second pair of braces, `{{"name": …}}`, counts as that object: Qwen2.5's
+/// chat template shows the call format with its braces doubled (a Jinja string printed as is), and
+/// the models copy it. `{{` never starts valid JSON, so nothing else is read differently.
 fn json_prefix(s: &str) -> Json {
+    match doubled_inner(s) {
+        Some((inner, at)) => match plain_json_prefix(inner) {
+            Json::Done(v @ Value::Object(_), n) => {
+                let rest = &inner[n..];
+                let after = rest.trim_start();
+                if after.is_empty() {
+                    Json::Incomplete
+                } else if after.starts_with('}') {
+                    Json::Done(v, at + n + (rest.len() - after.len()) + 1)
+                } else {
+                    Json::Invalid
+                }
+            }
+            Json::Done(..) => Json::Invalid,
+            other => other,
+        },
+        None => plain_json_prefix(s),
+    }
+}
+
+/// For `{` + whitespace + `{…`: the text from the inner brace on, and where it starts.
+fn doubled_inner(s: &str) -> Option<(&str, usize)> {
+    let rest = s.strip_prefix('{')?;
+    let inner = rest.trim_start();
+    inner.starts_with('{').then_some((inner, s.len() - inner.len()))
+}
+
+/// The raw text of a call object, without the doubled outer braces [`json_prefix`] accepts.
+fn undoubled(raw: &str) -> &str {
+    match doubled_inner(raw) {
+        Some((inner, _)) => inner.trim_end().strip_suffix('}').map_or(inner, str::trim_end),
+        None => raw,
+    }
+}
+
+fn plain_json_prefix(s: &str) -> Json {
     let mut values = serde_json::Deserializer::from_str(s).into_iter::<Value>();
     match values.next() {
         Some(Ok(v)) => Json::Done(v, values.byte_offset()),
@@ -112,6 +152,7 @@ fn error_offset(s: &str, e: &serde_json::Error) -> usize {
 /// The calls a JSON value describes (`raw` is its text): one call object, or a non-empty array of
 /// them. `None` unless every one is well formed and names a known function.
 fn calls_from_value(raw: &str, v: &Value, known: &[&str]) -> Option<Vec<ParsedCall>> {
+    let raw = undoubled(raw);
     match v {
         Value::Object(m) => Some(vec![call_from_object(raw, m, known)?]),
         Value::Array(items) if !items.is_empty() => {

@@ -36,6 +36,11 @@ const FIXTURES: &[Fixture] = &[
     ("bare_openai_shape", "{\"type\": \"function\", \"function\": {\"name\": \"search\", \"arguments\": \"{\\\"query\\\": \\\"rust\\\"}\"}}", None, &[RUST]),
     ("bare_openai_array", "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}]", None, &[PARIS]),
     ("bare_key_order_kept", "{\"name\": \"search\", \"arguments\": {\"query\": \"rust\", \"limit\": 5, \"after\": null, \"tags\": [\"a\", \"b\"]}}", None, &[("search", r#"{"query":"rust","limit":5,"after":null,"tags":["a","b"]}"#)]),
+    // Qwen2.5's template shows the call format with doubled braces; its models copy them.
+    ("bare_doubled_braces", "{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}", None, &[PARIS]),
+    ("fenced_doubled_braces", "```json\n{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}\n```", None, &[PARIS]),
+    ("bare_doubled_not_closed_twice", "{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} x", Some("{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} x"), &[]),
+    ("bare_doubled_echo_with_result", "{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"result\": 1}}", Some("{{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"result\": 1}}"), &[]),
     ("bare_in_prose", "Sure! You can call {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} to get it.", Some("Sure! You can call {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} to get it."), &[]),
     ("bare_then_prose", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} I will now check.", Some("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}} I will now check."), &[]),
     ("bare_unknown", "{\"name\": \"delete_everything\", \"arguments\": {}}", Some("{\"name\": \"delete_everything\", \"arguments\": {}}"), &[]),
