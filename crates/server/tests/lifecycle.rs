@@ -104,14 +104,7 @@ async fn sigterm_exits_cleanly() {
 #[tokio::test]
 async fn rate_limits_answer_429_with_openai_headers() {
     let s = TestServer::start(&[]);
-    let out = gantry()
-        .args(["keys", "create", "--name", "limited", "--rpm", "2", "--tpm", "100000"])
-        .arg("--data-dir")
-        .arg(s.data_dir.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let key = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    let key = create_key(&s, &["--name", "limited", "--rpm", "2", "--tpm", "100000"]);
     let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
     let send = || s.client().post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&body).send();
     let first = send().await.unwrap();
@@ -158,14 +151,7 @@ async fn every_answer_carries_ratelimit_headers_and_server_defaults_apply() {
 
     // --default-rpm limits keys without their own limit; a key's own limit still wins.
     let s = TestServer::start(&["--default-rpm", "2", "--default-tpm", "50000"]);
-    let out = gantry()
-        .args(["keys", "create", "--name", "own-limit", "--rpm", "5"])
-        .arg("--data-dir")
-        .arg(s.data_dir.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let own = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    let own = create_key(&s, &["--name", "own-limit", "--rpm", "5"]);
     let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
     let first = s.chat(body.clone()).send().await.unwrap();
     assert_eq!(first.headers()["x-ratelimit-limit-requests"], "2");
@@ -184,14 +170,7 @@ async fn every_answer_carries_ratelimit_headers_and_server_defaults_apply() {
 #[tokio::test]
 async fn images_are_fetched_only_after_admission() {
     let s = TestServer::start(&[]);
-    let out = gantry()
-        .args(["keys", "create", "--name", "broke", "--budget-tokens", "1"])
-        .arg("--data-dir")
-        .arg(s.data_dir.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let broke = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+    let broke = create_key(&s, &["--name", "broke", "--budget-tokens", "1"]);
     // A loopback image URL: looking at it at all gives a 400 from the address guard.
     let body = json!({"model": s.model_id, "max_tokens": 3, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
@@ -207,4 +186,11 @@ async fn images_are_fetched_only_after_admission() {
     assert!(r.headers().contains_key("x-ratelimit-limit-requests"));
     let v: Value = r.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("image"), "{v}");
+}
+
+/// Creates a key with `gantry keys create ARGS` in the server's data directory; its secret.
+fn create_key(s: &TestServer, args: &[&str]) -> String {
+    let out = gantry().args(["keys", "create"]).args(args).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string()
 }
