@@ -378,10 +378,15 @@ async fn no_usage_record_is_lost_when_postgres_goes_down_mid_load() {
     drop(s); // SIGKILL
     pg.run();
     let _again = TestServer::start(&args);
-    for _ in 0..300 {
+    for i in 0..600 {
         billed = ledger().await;
         if billed == told {
             break;
+        }
+        // A server restarted right after its database can wait on dead pooled connections for a
+        // while before the replay goes through; say where it stands while waiting.
+        if i % 25 == 24 {
+            eprintln!("replay pending: billed {billed} of {told} tokens, outbox {} bytes", outbox_bytes(data.path()));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
