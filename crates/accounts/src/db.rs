@@ -85,7 +85,9 @@ fn is_memory_url(url: &str) -> bool {
     url.contains(":memory:") || url.contains("mode=memory")
 }
 
-/// WAL, a busy timeout and foreign keys on every connection. An in-memory database lives only
+/// WAL, a busy timeout and foreign keys on every connection. `synchronous = FULL` makes every
+/// commit durable through a power loss (NORMAL may roll back the last commits, and the outbox
+/// forgets a usage record once the database has acknowledged it). An in-memory database lives only
 /// as long as its connection, so its pool holds exactly one connection forever.
 async fn open_sqlite(url: &str, memory: bool) -> Result<(AnyPool, Backend), AccountsError> {
     install_drivers();
@@ -96,7 +98,7 @@ async fn open_sqlite(url: &str, memory: bool) -> Result<(AnyPool, Backend), Acco
                 format!("PRAGMA busy_timeout = {busy_ms}; PRAGMA foreign_keys = ON;")
             } else {
                 format!(
-                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = {busy_ms}; PRAGMA foreign_keys = ON;"
+                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = {busy_ms}; PRAGMA foreign_keys = ON;"
                 )
             };
             conn.execute(pragmas.as_str()).await?;
@@ -113,11 +115,24 @@ async fn open_sqlite(url: &str, memory: bool) -> Result<(AnyPool, Backend), Acco
     Ok((pool, Backend::Sqlite))
 }
 
+/// Every connection commits durably: with `synchronous_commit = off` (a common tuning, and
+/// the test cluster's setting) PostgreSQL acknowledges commits that a crash of the database then
+/// loses, and a usage record the outbox already let go of would be gone. `local` is enough for
+/// that (the commit is flushed on the primary); any stronger setting the operator chose is kept.
 async fn open_postgres(url: &str) -> Result<(AnyPool, Backend), AccountsError> {
     install_drivers();
     let pool = AnyPoolOptions::new()
         .max_connections(POOL_SIZE)
         .acquire_timeout(Duration::from_secs(30))
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                let level: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&mut *conn).await?;
+                if level == "off" {
+                    conn.execute("SET synchronous_commit = local").await?;
+                }
+                Ok(())
+            })
+        })
         .connect(url)
         .await?;
     migrate(&pool, Backend::Postgres).await?;

@@ -288,7 +288,9 @@ async fn open_streams(s: &TestServer, key: &str, n: usize, max_tokens: u32) -> V
     let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": max_tokens, "stream": true,
                       "stream_options": {"include_usage": true}, "stop": [], "temperature": 1.0,
                       "logit_bias": ban_special_tokens(s, key).await});
-    let client = s.client();
+    // The streams run one after another (one sequence): the last one ends long after the first,
+    // and the longer the slower the machine, so only silence counts as a failure, not duration.
+    let client = reqwest::Client::builder().read_timeout(Duration::from_secs(120)).build().unwrap();
     let mut streams = Vec::new();
     for _ in 0..n {
         let mut resp = client.post(s.url("/v1/chat/completions")).bearer_auth(key).json(&body).send().await.unwrap();
@@ -335,11 +337,10 @@ async fn no_usage_record_is_lost_when_postgres_goes_down_mid_load() {
     database_outage("no_usage_record_is_lost_when_postgres_goes_down_mid_load", false).await;
 }
 
-/// KNOWN BUG, open in issue #12: a server SIGKILLed while the database is down, whose outbox the
-/// next server adopts, loses some records (seen: 1, 3 and 5 of 8, the outbox drained to 0 bytes
-/// yet the ledger short). Run with `cargo test -- --ignored` while fixing it.
+/// The test cluster runs with `synchronous_commit = off`: the second immediate stop would lose
+/// the first outage's records, just replayed, unless Gantry's connections commit durably (they
+/// did, before it did: 3 of 8 records lost in about half the runs).
 #[tokio::test]
-#[ignore = "known bug: records lost when the outbox of a server killed during a database outage is adopted"]
 async fn no_usage_record_is_lost_when_a_server_dies_during_a_database_outage() {
     database_outage("no_usage_record_is_lost_when_a_server_dies_during_a_database_outage", true).await;
 }

@@ -355,3 +355,23 @@ async fn data_dir_uses_wal_and_busy_timeout() {
     assert_eq!(fk, 1);
     assert!(dir.path().join("a/b").join(DB_FILE_NAME).is_file());
 }
+
+// A commit the database acknowledged must survive its crash: the outbox forgets a usage record
+// once it is acknowledged. The test PostgreSQL runs with `synchronous_commit = off`, exactly
+// the setting this guards against.
+on_both!(every_connection_commits_durably, |acc: Accounts| async move {
+    for _ in 0..3 {
+        let mut conn = acc.pool.acquire().await.unwrap();
+        match acc.backend {
+            Backend::Postgres => {
+                let level: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&mut *conn).await.unwrap();
+                assert_ne!(level, "off");
+            }
+            Backend::Sqlite => {
+                // 2 = FULL: the WAL is synced at every commit.
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.unwrap();
+                assert_eq!(level, 2);
+            }
+        }
+    }
+});
