@@ -144,3 +144,43 @@ async fn tool_arguments_carry_only_declared_properties() {
         assert!(args.as_object().unwrap().keys().all(|k| k == "word"), "undeclared key in {args}");
     }
 }
+
+#[tokio::test]
+async fn a_forced_call_comes_back_as_a_call_whatever_the_model_writes_in_it() {
+    let s = TestServer::start(&["--ctx-size", "2048", "--parallel", "4"]);
+    // Every kind of value a schema can hold: a random model at a high temperature fills them with
+    // whatever the grammar allows (escapes, unicode, exponents, deep nesting), and each answer must
+    // still read back as the forced call, complete (`tool_calls`) or cut (`length`).
+    let rich = json!({"type": "object", "properties": {
+        "word": {"type": "string"}, "count": {"type": "integer"}, "score": {"type": "number"},
+        "exact": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "mode": {"enum": ["fast", "slow", "a \"quoted\" one"]},
+        "meta": {"type": "object", "properties": {"note": {"type": ["string", "null"]}}}},
+        "required": ["word", "count", "score", "exact", "tags", "mode", "meta"]});
+    let tools = lookup_tool(rich);
+    let named = json!({"type": "function", "function": {"name": "lookup"}});
+    let mut seen = 0;
+    for (seed, choice) in [(1, named.clone()), (2, json!("required")), (3, named.clone()), (4, json!("required"))] {
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Look up a word"}],
+            "tools": tools, "tool_choice": choice, "max_tokens": 160, "temperature": 1.6, "seed": seed, "n": 4});
+        let v = post(&s, body.clone()).await;
+        for c in v["choices"].as_array().unwrap() {
+            let reason = c["finish_reason"].as_str().unwrap();
+            assert!(reason == "tool_calls" || reason == "length", "{c}");
+            let calls = c["message"]["tool_calls"].as_array().unwrap_or_else(|| panic!("no call in {c}"));
+            assert_eq!(calls.len(), 1, "{c}");
+            assert_eq!(calls[0]["function"]["name"], "lookup", "{c}");
+            if reason == "tool_calls" {
+                let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap())
+                    .unwrap_or_else(|e| panic!("{e}: {c}"));
+                assert!(args.is_object(), "{c}");
+            }
+            seen += 1;
+        }
+        let (content, calls, reasons) = stream(&s, body).await;
+        assert_eq!(reasons.len(), 4, "{reasons:?}");
+        assert_eq!(calls.len(), 1, "streamed calls are indexed per choice: {calls:?} {content:?}");
+        assert!(calls.iter().all(|(name, _)| name.starts_with("lookup")), "{calls:?}");
+    }
+    assert_eq!(seen, 16);
+}
