@@ -171,7 +171,7 @@ def server(request) -> Server:
 
 @pytest.fixture(scope="session")
 def client(server: Server) -> openai.OpenAI:
-    c = openai.OpenAI(base_url=server.base_url, api_key=server.api_key, max_retries=0, timeout=120)
+    c = openai.OpenAI(base_url=server.base_url, api_key=server.api_key, max_retries=0, timeout=300)
     yield c
     c.close()
 

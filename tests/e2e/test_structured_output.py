@@ -147,3 +147,22 @@ def test_auto_tools_with_response_format_answer_in_the_format(client, server):
         assert choice.finish_reason == "stop", choice
         assert choice.message.tool_calls is None
         jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_json_keeps_the_layout_the_model_writes(client, server):
+    """Unconstrained, the 0.5B answers this with indented JSON (`{\\n  "name": ...`). The grammar
+    used to allow no line breaks, which forced a JSON start it rates about e^-5 and kept it compact
+    and off its own distribution; now the same layout comes back under the schema, each gap
+    bounded (no run of blank lines)."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
+              "required": ["name", "age", "city"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=server.model_id, messages=user("Extract: Maria Lopez, 34, lives in Madrid. Reply in JSON."), temperature=0,
+        max_tokens=60, logprobs=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    content = r.choices[0].message.content
+    assert json.loads(content) == {"name": "Maria Lopez", "age": 34, "city": "Madrid"}, content
+    assert content.startswith("{\n"), content
+    assert "\n\n\n" not in content, content
+    # The first token is the model's own top JSON start, not a forced improbable one.
+    assert r.choices[0].logprobs.content[0].logprob > -2, r.choices[0].logprobs.content[0]

@@ -35,12 +35,15 @@ impl Constraint {
     }
 }
 
-/// The whitespace a JSON grammar allows: none, except one optional space after `:` and `,`.
-/// Free whitespace lets small models emit newlines forever; none at all forces a token these
-/// models rate about e^-11 after every key (they write `{"a": 1, "b": 2}`), which measurably
-/// degrades the values that follow.
+/// The whitespace a JSON grammar allows between tokens: one space, or a line break or two and
+/// up to 20 spaces or tabs of indentation (llama.cpp's JSON grammars allow the same). These
+/// models write indented JSON on their own (`{\n  "a": 1,\n  "b": 2\n}`): forcing compact JSON
+/// forces a token they rate about e^-5 at the first brace and keeps them off their own layout
+/// after it (on `scripts/measure-extraction.py` the answer's mean token logprob went from -0.35
+/// to -0.11, values 39 vs 38 of 40 right). Bounded, unlike free whitespace, so a small model
+/// cannot emit newlines forever: each gap holds at most 22 characters before a JSON token.
 fn json_layout() -> Value {
-    json!({"whitespace_flexible": false, "key_separator": ":\\x20?", "item_separator": ",\\x20?"})
+    json!({"whitespace_flexible": false, "whitespace_pattern": "\\x20|\\n{1,2}[\\x20\\t]{0,20}", "key_separator": ":", "item_separator": ","})
 }
 
 /// The parser factory of one model, built on first use (walking a 150k-token vocabulary takes
