@@ -168,3 +168,26 @@ async fn rejected_drafts_are_not_billed_and_limits_cut_where_they_would() {
     assert!(expected.iter().any(|o| o.finish == Some(FinishReason::Stop)), "a stop string cut: {expected:?}");
     engine.shutdown();
 }
+
+#[tokio::test]
+async fn grammar_constrained_output_is_unchanged() {
+    // Drafts are verified under the grammar too: a draft token the grammar forbids is simply
+    // not the sampled token. A schema whose strings repeat gives drafts to verify.
+    let eos = eos(&start(1, Speculate::Off));
+    let schema = json!({
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"type": "string", "enum": ["one two", "one two three"]}}},
+        "required": ["items"]
+    });
+    let inputs = || {
+        let mut i = input(PROMPTS[0], 80, greedy(), vec![], eos);
+        i.sampling.logit_bias.clear();
+        i.constraint = Some((crate::Constraint::JsonSchema(schema.clone()), "response_format"));
+        vec![i]
+    };
+    let expected = reference(inputs).await;
+    let engine = start(1, Speculate::Auto);
+    assert_eq!(run(&engine, inputs()).await, expected);
+    assert!(engine.speculation_stats().drafted() > 0, "drafts were verified under the grammar");
+    engine.shutdown();
+}
