@@ -5,6 +5,7 @@ requests, while draft tokens are actually accepted (read from /metrics)."""
 from __future__ import annotations
 
 import re
+import time
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -127,11 +128,16 @@ def _accepted(server) -> float:
 
 
 def test_code_edit_is_unchanged_and_drafts_are_accepted(server, plain_server):
+    started = time.monotonic()
     want = _ask(plain_server, CODE_EDIT, 700, temperature=0)
-    assert "def move_money(" in want[0], want[0]
+    print(f"one token per step: {time.monotonic() - started:.1f} s, {len(want[2])} tokens")
+    # (Whether the 0.5B does the rename is the model's business; it returns the file.)
+    assert "def richest(accounts):" in want[0], want[0]
     assert _accepted(plain_server) == 0
     before = _accepted(server)
+    started = time.monotonic()
     assert _ask(server, CODE_EDIT, 700, temperature=0) == want
+    print(f"speculative: {time.monotonic() - started:.1f} s")
     assert _accepted(server) - before > 50, "most of the file was drafted from the prompt"
 
 
