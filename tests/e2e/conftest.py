@@ -66,7 +66,7 @@ class Server:
             return ""
 
 
-def _start(model: str) -> tuple[Server, tempfile.TemporaryDirectory]:
+def _start(model: str, extra: tuple[str, ...] = ()) -> tuple[Server, tempfile.TemporaryDirectory]:
     binary = gantry_bin()
     if not os.access(binary, os.X_OK):
         pytest.fail(f"gantry binary not found or not executable: {binary} (build it, or set GANTRY_BIN)")
@@ -88,6 +88,7 @@ def _start(model: str) -> tuple[Server, tempfile.TemporaryDirectory]:
         "--api-key", API_KEY,
         "--ctx-size", "2048",
         "--parallel", "8",
+        *extra,
     ]
     stderr_file = open(stderr_path, "wb")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr_file, env=env, stdin=subprocess.DEVNULL)

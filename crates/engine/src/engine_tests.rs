@@ -11,7 +11,7 @@ use crate::{
     SubmitError, Usage,
 };
 
-fn tiny_model() -> &'static PathBuf {
+pub(crate) fn tiny_model() -> &'static PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
     MODEL.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("gantry-engine-tiny-{}", std::process::id()));
@@ -46,14 +46,14 @@ fn input(max_tokens: u32, logit_bias: Vec<(i32, f32)>) -> ChatInput {
 }
 
 /// The tiny vocabulary ends with `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` (the EOS).
-fn eos(engine: &Engine) -> i32 {
+pub(crate) fn eos(engine: &Engine) -> i32 {
     let id = engine.model_info().n_vocab - 1;
     assert!(engine.model().is_end_of_generation(id), "token {id} ends generation");
     id
 }
 
 /// Every event of a request until its last one, and its usage report.
-async fn drain(mut handle: crate::GenerationHandle) -> (Vec<Event>, Usage) {
+pub(crate) async fn drain(mut handle: crate::GenerationHandle) -> (Vec<Event>, Usage) {
     let mut events = Vec::new();
     while let Some(event) = handle.events.recv().await {
         let last = matches!(event, Event::Done(_) | Event::Error(_));
@@ -65,7 +65,7 @@ async fn drain(mut handle: crate::GenerationHandle) -> (Vec<Event>, Usage) {
     (events, handle.usage.await.expect("the engine reports usage"))
 }
 
-fn logprob_entries(events: &[Event]) -> usize {
+pub(crate) fn logprob_entries(events: &[Event]) -> usize {
     events.iter().map(|e| if let Event::Delta { logprobs, .. } = e { logprobs.len() } else { 0 }).sum()
 }
 

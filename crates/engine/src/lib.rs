@@ -5,6 +5,8 @@
 pub mod constraint;
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod speculation_tests;
 mod generator;
 mod kv_slots;
 mod model;
@@ -13,6 +15,7 @@ mod request;
 mod sampling;
 mod scheduler;
 mod sequence;
+mod speculation;
 mod telemetry;
 pub mod template;
 pub mod text;
@@ -35,6 +38,7 @@ pub use request::{
     Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob, TopLogprob,
     LazyTools, Outcome, Usage,
 };
+pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};
 pub use template::TemplateError;
 
 use scheduler::{Scheduler, SchedulerConfig};
@@ -53,6 +57,8 @@ pub struct EngineConfig {
     pub batch_size: u32,
     /// Requests allowed to wait for a slot; beyond that `submit` refuses (backpressure).
     pub max_queue: usize,
+    /// Prompt-lookup speculative decoding (see `speculation`).
+    pub speculation: SpeculationConfig,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -68,6 +74,7 @@ impl EngineConfig {
             threads: None,
             batch_size: 512,
             max_queue: 64,
+            speculation: SpeculationConfig::default(),
             #[cfg(test)]
             panic_after_tokens: None,
         }
@@ -88,6 +95,7 @@ struct Inner {
     abort: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
     health: Arc<tokio::sync::watch::Sender<Health>>,
+    spec_stats: Arc<SpeculationStats>,
 }
 
 impl Engine {
@@ -114,7 +122,10 @@ impl Engine {
             parallel: config.parallel,
             batch_size: config.batch_size,
             panic_after_tokens: test_panic_hook(&config),
+            speculation: config.speculation,
         };
+        let spec_stats = Arc::new(SpeculationStats::default());
+        let thread_spec_stats = spec_stats.clone();
         let ctx_params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(config.ctx_size * config.parallel))
             .with_n_batch(config.batch_size)
@@ -134,7 +145,7 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                let mut scheduler = Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort);
+                let mut scheduler = Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort, thread_spec_stats);
                 // A panic must not leave requests hanging and budgets reserved: catch it, mark
                 // the engine failed (so `/health` turns 503 and the server exits for its
                 // supervisor to restart it), and answer everything it held. The scheduler's state
@@ -164,6 +175,7 @@ impl Engine {
             ctx_size = config.ctx_size,
             parallel = config.parallel,
             threads,
+            speculation = ?config.speculation,
             "engine ready"
         );
         Ok(Self {
@@ -175,12 +187,18 @@ impl Engine {
                 abort,
                 thread: Mutex::new(Some(thread)),
                 health,
+                spec_stats,
             }),
         })
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.inner.model
+    }
+
+    /// Draft tokens verified and accepted since start (speculative decoding).
+    pub fn speculation_stats(&self) -> &SpeculationStats {
+        &self.inner.spec_stats
     }
 
     /// Requests submitted and still waiting for a slot.

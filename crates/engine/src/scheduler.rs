@@ -15,8 +15,8 @@ use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
 use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
-use crate::sampling::logprobs_for;
 use crate::sequence::{ActiveRequest, Job};
+use crate::speculation::{self, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS};
 use crate::telemetry::{self, StepStats, Totals};
 
 pub(crate) struct SchedulerConfig {
@@ -29,6 +29,7 @@ pub(crate) struct SchedulerConfig {
     /// Test hook: panic once the running requests generated this many tokens (see
     /// `test_panic_hook`); `None` outside tests.
     pub panic_after_tokens: Option<u32>,
+    pub speculation: SpeculationConfig,
 }
 
 pub(crate) struct Scheduler {
@@ -44,14 +45,22 @@ pub(crate) struct Scheduler {
     /// Set when shutdown's grace period ran out: cut everything, cleanly.
     abort: Arc<AtomicBool>,
     totals: Totals,
+    spec_stats: Arc<SpeculationStats>,
 }
 
 impl Scheduler {
-    pub fn new(model: Arc<LoadedModel>, cfg: SchedulerConfig, queued: Arc<AtomicUsize>, abort: Arc<AtomicBool>) -> Self {
+    pub fn new(
+        model: Arc<LoadedModel>,
+        cfg: SchedulerConfig,
+        queued: Arc<AtomicUsize>,
+        abort: Arc<AtomicBool>,
+        spec_stats: Arc<SpeculationStats>,
+    ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as i32).rev().collect();
         let slots = KvSlots::new(cfg.parallel as usize);
         telemetry::describe();
+        speculation::describe();
         Self {
             model,
             cfg,
@@ -63,6 +72,7 @@ impl Scheduler {
             queued,
             abort,
             totals: Totals::default(),
+            spec_stats,
         }
     }
 
@@ -170,7 +180,7 @@ impl Scheduler {
                 let (i, _) = self.slots.pick_free(&self.free_seqs, &[]).expect("free slot checked");
                 seqs.push(self.free_seqs.swap_remove(i));
             }
-            let mut req = match ActiveRequest::new(job, seqs.clone(), &self.model, self.cfg.ctx_size) {
+            let mut req = match ActiveRequest::new(job, seqs.clone(), &self.model, self.cfg.ctx_size, self.cfg.speculation) {
                 Ok(req) => req,
                 Err((job, why)) => {
                     self.free_seqs.extend(seqs);
@@ -224,12 +234,20 @@ impl Scheduler {
         }
     }
 
-    /// Decoding tokens first (one per running choice, so streams never stall), then prompt
-    /// chunks up to the batch budget. Returns false when there is nothing to decode.
+    /// Decoding tokens first (one per running choice, so streams never stall, plus any draft
+    /// tokens to verify after it), then prompt chunks up to the batch budget. Returns false when
+    /// there is nothing to decode.
     fn fill_batch(&mut self) -> bool {
         self.batch.clear();
         let mut budget = self.cfg.batch_size as usize;
+        let decoding: usize =
+            self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
+        // Drafts only use what is left once every decoding choice has its token.
+        let mut draft_budget =
+            if decoding <= MAX_DRAFTING_STREAMS { budget.saturating_sub(decoding) } else { 0 };
+        let ctx_size = self.cfg.ctx_size as i32;
         for req in &mut self.active {
+            let max_tokens = req.max_tokens;
             for c in &mut req.choices {
                 if let Some(token) = c.next_token.take() {
                     self.batch.add(LlamaToken(token), c.pos, &[c.seq_id], true).expect("batch sized for all slots");
@@ -237,6 +255,20 @@ impl Scheduler {
                     c.batch_idx = Some(self.batch.n_tokens() - 1);
                     c.pos += 1;
                     budget -= 1;
+                    // A draft longer than the tokens the choice may still produce, or reaching
+                    // past its context, could never be used: verifying k drafts produces up to
+                    // k + 1 tokens, and the last draft must sit inside the context.
+                    let produce_left = max_tokens.saturating_sub(c.generated) as usize;
+                    let room = (ctx_size - c.pos).max(0) as usize;
+                    let limit = draft_budget.min(produce_left.saturating_sub(1)).min(room);
+                    c.drafts = c.drafter.propose(limit).to_vec();
+                    for &draft in &c.drafts {
+                        self.batch.add(LlamaToken(draft), c.pos, &[c.seq_id], true).expect("drafts fit the budget");
+                        self.slots.record(c.seq_id, c.pos as usize, draft);
+                        c.pos += 1;
+                    }
+                    budget -= c.drafts.len();
+                    draft_budget -= c.drafts.len();
                 }
             }
         }
@@ -272,44 +304,46 @@ impl Scheduler {
         self.batch.n_tokens() > 0
     }
 
+    /// Samples every choice that had logits computed. A choice that fed draft tokens walks them:
+    /// at each position it samples as usual and goes on only while the sampled token is the
+    /// draft token already fed after it (see `speculation`). The first token that differs, or a
+    /// bonus token after a fully accepted draft, is fed next step; the rejected draft tokens
+    /// leave the KV cache and the slot bookkeeping, and were never billed nor streamed.
     fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) {
         let model = &self.model;
         let ctx_size = self.cfg.ctx_size as i32;
         for req in &mut self.active {
             for i in 0..req.choices.len() {
                 let Some(idx) = req.choices[i].batch_idx.take() else { continue };
-                let token = req.choices[i].sampler.sample(ctx, idx).0;
-                let logprobs = match req.logprobs {
-                    Some(top) => vec![logprobs_for(model, ctx.get_logits_ith(idx), token, top)],
-                    None => Vec::new(),
-                };
-                req.usage.completion_tokens += 1;
-                req.token_produced(i);
-                req.choices[i].generated += 1;
-                let index = req.choices[i].index;
-                if model.is_end_of_generation(token) {
-                    // The end-of-generation token is billed like every sampled token, so it gets
-                    // its logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
-                    let tail = req.choices[i].text.finish();
-                    req.send_delta(index, tail.emit, logprobs);
-                    req.finish_choice(i, FinishReason::Stop);
-                    continue;
+                let drafts = std::mem::take(&mut req.choices[i].drafts);
+                let k = drafts.len();
+                // Position of the token fed at `idx`; drafts follow it.
+                let fed_pos = req.choices[i].pos - 1 - k as i32;
+                let mut accepted = 0;
+                let mut kept = fed_pos + 1;
+                for j in 0..=k {
+                    let token = req.choices[i].sampler.sample(ctx, idx + j as i32).0;
+                    req.choices[i].pos = fed_pos + 1 + j as i32;
+                    kept = req.choices[i].pos;
+                    if !req.produce(i, token, idx + j as i32, ctx, model, ctx_size) {
+                        break;
+                    }
+                    if j < k && drafts[j] == token {
+                        accepted += 1;
+                        continue;
+                    }
+                    req.choices[i].next_token = Some(token);
+                    break;
                 }
-                let piece = model.piece(token);
-                req.watch_for_tool_call(i, token, &piece, model);
-                let c = &mut req.choices[i];
-                let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
-                if scan.stopped {
-                    req.send_delta(index, scan.emit, logprobs);
-                    req.finish_choice(i, FinishReason::Stop);
-                } else if c.generated >= req.max_tokens || c.pos >= ctx_size {
-                    let tail = c.text.finish();
-                    let reason = if tail.stopped { FinishReason::Stop } else { FinishReason::Length };
-                    req.send_delta(index, scan.emit + &tail.emit, logprobs);
-                    req.finish_choice(i, reason);
-                } else {
-                    c.next_token = Some(token);
-                    req.send_delta(index, scan.emit, logprobs);
+                if k > 0 {
+                    req.choices[i].drafter.verified(k, accepted);
+                    self.spec_stats.record(k, accepted);
+                }
+                // Positions from `kept` on hold draft tokens that were not produced.
+                if kept <= fed_pos + k as i32 {
+                    let seq = req.choices[i].seq_id;
+                    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);
+                    self.slots.truncate(seq, kept as usize);
                 }
             }
         }

@@ -3,13 +3,15 @@
 
 use std::time::Instant;
 
+use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
-use crate::sampling::build_sampler;
+use crate::sampling::{build_sampler, logprobs_for};
+use crate::speculation::{Drafter, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::tools::{call_commitment, Commitment};
 
@@ -31,8 +33,12 @@ pub(crate) struct Choice {
     pub pos: i32,
     /// Token to feed at the next step, once decoding.
     pub next_token: Option<i32>,
-    /// Index in the current batch whose logits this choice samples from.
+    /// Index in the current batch whose logits this choice samples from (the fed token's; the
+    /// draft tokens' logits follow at the next indices).
     pub batch_idx: Option<i32>,
+    /// Draft tokens fed after `next_token` in the current batch, to be verified.
+    pub drafts: Vec<i32>,
+    pub drafter: Drafter,
     pub finished: Option<FinishReason>,
     /// When this choice last produced a token, for latency metrics.
     pub last_token_at: Option<Instant>,
@@ -76,7 +82,13 @@ pub(crate) struct ActiveRequest {
 impl ActiveRequest {
     /// Fails (handing the job back with the reason) only if the request's grammar does not
     /// compile, which the server checks before queueing.
-    pub fn new(job: Job, seq_ids: Vec<i32>, model: &LoadedModel, ctx_size: u32) -> Result<Self, (Job, String)> {
+    pub fn new(
+        job: Job,
+        seq_ids: Vec<i32>,
+        model: &LoadedModel,
+        ctx_size: u32,
+        speculation: SpeculationConfig,
+    ) -> Result<Self, (Job, String)> {
         let n_vocab = model.info().n_vocab;
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
@@ -100,6 +112,8 @@ impl ActiveRequest {
                 pos: 0,
                 next_token: None,
                 batch_idx: None,
+                drafts: Vec::new(),
+                drafter: Drafter::new(&request.prompt.tokens, speculation),
                 finished: None,
                 last_token_at: None,
                 tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch { bare_possible: true, ..Default::default() }),
@@ -230,13 +244,56 @@ impl ActiveRequest {
         c.finished = Some(reason);
         c.next_token = None;
         c.batch_idx = None;
+        c.drafts.clear();
         let index = c.index;
         if reason != FinishReason::Cancelled {
             let _ = self.events.send(Event::Finished { choice: index, reason });
         }
     }
 
-    /// Ends the request: the owner gets `Done` (or the error) and the usage report.
+    /// Everything one produced token does, whether it was sampled alone or verified a draft
+    /// token: it is billed, streamed with its logprobs, checked against the end of generation,
+    /// stop strings, tool calls, `max_tokens` and the context end. `logits_idx` is where its
+    /// logits are in the batch just decoded; `c.pos` must already be the position it would be
+    /// fed at. Returns whether the choice goes on (the caller then feeds `token` next).
+    pub fn produce(&mut self, i: usize, token: i32, logits_idx: i32, ctx: &LlamaContext<'_>, model: &LoadedModel, ctx_size: i32) -> bool {
+        let logprobs = match self.logprobs {
+            Some(top) => vec![logprobs_for(model, ctx.get_logits_ith(logits_idx), token, top)],
+            None => Vec::new(),
+        };
+        self.usage.completion_tokens += 1;
+        self.token_produced(i);
+        self.choices[i].generated += 1;
+        self.choices[i].drafter.push(token);
+        let index = self.choices[i].index;
+        if model.is_end_of_generation(token) {
+            // The end-of-generation token is billed like every sampled token, so it gets its
+            // logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
+            let tail = self.choices[i].text.finish();
+            self.send_delta(index, tail.emit, logprobs);
+            self.finish_choice(i, FinishReason::Stop);
+            return false;
+        }
+        let piece = model.piece(token);
+        self.watch_for_tool_call(i, token, &piece, model);
+        let c = &mut self.choices[i];
+        let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
+        if scan.stopped {
+            self.send_delta(index, scan.emit, logprobs);
+            self.finish_choice(i, FinishReason::Stop);
+            false
+        } else if c.generated >= self.max_tokens || c.pos >= ctx_size {
+            let tail = c.text.finish();
+            let reason = if tail.stopped { FinishReason::Stop } else { FinishReason::Length };
+            self.send_delta(index, scan.emit + &tail.emit, logprobs);
+            self.finish_choice(i, reason);
+            false
+        } else {
+            self.send_delta(index, scan.emit, logprobs);
+            true
+        }
+    }
+
     /// Records latency metrics for a token choice `i` just produced.
     pub fn token_produced(&mut self, i: usize) {
         let now = Instant::now();
@@ -246,6 +303,7 @@ impl ActiveRequest {
         }
     }
 
+    /// Ends the request: the owner gets `Done` (or the error) and the usage report.
     pub fn complete(mut self, error: Option<EngineError>) -> Usage {
         let reasons = || self.choices.iter().filter_map(|c| c.finished);
         self.usage.outcome = if error.is_some() {

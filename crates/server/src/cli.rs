@@ -88,6 +88,13 @@ pub struct ServeArgs {
     /// Max tokens per decode step.
     #[arg(long, default_value_t = 512)]
     pub batch_size: u32,
+    /// Speculative decoding by prompt lookup: `auto` drafts tokens copied from the prompt and
+    /// output where they are being accepted and the server is not busy; `off` never drafts.
+    #[arg(long, value_enum, default_value_t = SpeculateArg::Auto)]
+    pub speculate: SpeculateArg,
+    /// Most draft tokens one sequence verifies per step.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub draft_max: u32,
     /// Register this key at start (for scripted set-ups).
     #[arg(long, env = "GANTRY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -141,6 +148,12 @@ fn parse_heartbeat_timeout(s: &str) -> Result<f64, String> {
         Ok(x) if x.is_finite() && (0.5..=86_400.0).contains(&x) => Ok(x),
         _ => Err(format!("{s:?} is not a number of seconds between 0.5 and 86400")),
     }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculateArg {
+    Auto,
+    Off,
 }
 
 fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {

@@ -46,6 +46,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.threads = args.threads;
     config.batch_size = args.batch_size;
     config.max_queue = args.max_queue;
+    config.speculation = gantry_engine::SpeculationConfig {
+        mode: match args.speculate {
+            crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,
+            crate::cli::SpeculateArg::Off => gantry_engine::Speculate::Off,
+        },
+        draft_max: args.draft_max,
+    };
     crate::telemetry::install();
     let engine = tokio::task::spawn_blocking(move || Engine::start(config))
         .await?
