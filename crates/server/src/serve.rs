@@ -47,6 +47,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.batch_size = args.batch_size;
     config.max_queue = args.max_queue;
     crate::telemetry::install();
+    crate::telemetry::report_cpu_backend();
     let engine = tokio::task::spawn_blocking(move || Engine::start(config))
         .await?
         .with_context(|| format!("loading {}", model_path.display()))?;
