@@ -124,7 +124,10 @@ fn machine() -> String {
     };
     let processors = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let wanted = ["avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd"];
+    let wanted = [
+        "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vbmi", "avx512_vnni",
+        "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd",
+    ];
     let all = field("flags").or_else(|| field("Features")).unwrap_or_default();
     let flags: Vec<&str> = all.split_whitespace().filter(|x| wanted.contains(x)).collect();
     let mem = std::fs::read_to_string("/proc/meminfo")
@@ -135,8 +138,10 @@ fn machine() -> String {
         .unwrap_or_else(|| "unknown".into());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
-        "CPU: {} ({processors} processors in /proc/cpuinfo, nproc = {nproc})\nCPU flags: {}\nMemory: {mem}\nKernel: Linux {}\nArch: {}",
+        "CPU: {} (family {}, model {}; {processors} processors in /proc/cpuinfo, nproc = {nproc})\nCPU flags: {}\nMemory: {mem}\nKernel: Linux {}\nArch: {}",
         field("model name").unwrap_or_else(|| "unknown".into()),
+        field("cpu family").unwrap_or_else(|| "?".into()),
+        cpuinfo.lines().find(|l| l.split(':').next().map(str::trim) == Some("model")).and_then(|l| l.split(':').nth(1)).map_or("?", str::trim),
         flags.join(" "),
         kernel.trim(),
         std::env::consts::ARCH
