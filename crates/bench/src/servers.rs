@@ -42,6 +42,7 @@ pub struct Running {
     /// The command line, for the report.
     pub command: String,
     pub version: String,
+    bin: PathBuf,
     child: Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -151,7 +152,7 @@ pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running
             fallback_id
         }
     };
-    Ok(Running { kind, base_url, model_id, api_key, command, version, child, log, _dir: dir })
+    Ok(Running { kind, base_url, model_id, api_key, command, version, bin: bin.to_path_buf(), child, log, _dir: dir })
 }
 
 /// `Gantry is serving `ID` at http://…/v1` → `ID`.
@@ -192,7 +193,10 @@ impl Running {
                 let metrics = reqwest::get(format!("{}/metrics", self.base_url)).await.ok()?.text().await.ok()?;
                 gantry_features(&metrics)
             }
-            Kind::Reference => llama_server_features(&std::fs::read_to_string(&self.log).ok()?),
+            // This llama-server does not log them at its default verbosity; its build script wrote
+            // the compiler's view of the same flags next to it.
+            Kind::Reference => llama_server_features(&std::fs::read_to_string(&self.log).unwrap_or_default())
+                .or_else(|| build_info_features(&std::fs::read_to_string(self.bin.with_file_name("BUILD_INFO")).ok()?)),
         }
     }
 }
@@ -202,6 +206,12 @@ pub fn gantry_features(metrics: &str) -> Option<String> {
     let line = metrics.lines().find(|l| l.starts_with("gantry_cpu_backend_info{"))?;
     let rest = line.split_once("features=\"")?.1;
     Some(rest.split_once('"')?.0.to_string())
+}
+
+/// BUILD_INFO's `cpu features: AVX AVX2 …` line (scripts/build-reference-llama-server.sh).
+pub fn build_info_features(info: &str) -> Option<String> {
+    let features = info.lines().find_map(|l| l.strip_prefix("cpu features:"))?.trim();
+    (!features.is_empty()).then(|| format!("{features} (from BUILD_INFO)"))
 }
 
 /// `system_info: n_threads = 2 … | CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | … |` → `SSE3 AVX …`
@@ -240,5 +250,8 @@ mod tests {
                    AVX512 = 0 | AVX512_VNNI = 1 | OPENMP = 1 | \nmain: ready";
         assert_eq!(llama_server_features(log).as_deref(), Some("SSE3 AVX AVX512_VNNI OPENMP"));
         assert_eq!(llama_server_features("nothing here"), None);
+        let info = "llama.cpp build: b11434\ncpu features: AVX AVX2 FMA\nbuilt: x\n";
+        assert_eq!(build_info_features(info).as_deref(), Some("AVX AVX2 FMA (from BUILD_INFO)"));
+        assert_eq!(build_info_features("cpu features: \n"), None);
     }
 }
