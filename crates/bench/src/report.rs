@@ -11,6 +11,8 @@ pub struct ServerRun {
     pub name: String,
     pub version: String,
     pub command: String,
+    /// The CPU features its llama.cpp was built with (Gantry's /metrics, llama-server's log).
+    pub cpu_features: String,
     /// /proc/loadavg just before the server started: other work on the machine skews results.
     pub load_before: String,
     pub levels: Vec<LevelResult>,
@@ -56,59 +58,179 @@ fn cells(runs: &[ServerRun]) -> Vec<(String, usize)> {
     keys
 }
 
-fn find<'a>(runs: &'a [ServerRun], server: &str, key: &(String, usize)) -> Option<&'a LevelResult> {
-    runs.iter().find(|r| r.name == server)?.levels.iter().find(|l| l.workload == key.0 && l.concurrency == key.1)
+/// Every pass's result of `server` for `key`, in pass order.
+fn passes<'a>(runs: &'a [ServerRun], server: &str, key: &(String, usize)) -> Vec<&'a LevelResult> {
+    let Some(run) = runs.iter().find(|r| r.name == server) else { return Vec::new() };
+    let mut v: Vec<&LevelResult> = run.levels.iter().filter(|l| l.workload == key.0 && l.concurrency == key.1).collect();
+    v.sort_by_key(|l| l.pass);
+    v
+}
+
+fn mean(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// The passes of one cell folded into one result: rates and latencies are means over passes,
+/// counts are sums.
+fn merge(levels: &[&LevelResult]) -> Option<LevelResult> {
+    let first = levels.first()?;
+    let m = |f: fn(&LevelResult) -> Option<f64>| mean(levels.iter().filter_map(|l| f(l)));
+    Some(LevelResult {
+        workload: first.workload.clone(),
+        concurrency: first.concurrency,
+        pass: 0,
+        requests: levels.iter().map(|l| l.requests).sum(),
+        failed: levels.iter().map(|l| l.failed).sum(),
+        wall_s: levels.iter().map(|l| l.wall_s).sum(),
+        completion_tokens: levels.iter().map(|l| l.completion_tokens).sum(),
+        mean_prompt_tokens: m(|l| l.mean_prompt_tokens),
+        tokens_per_s: m(|l| Some(l.tokens_per_s)).unwrap_or(0.0),
+        requests_per_s: m(|l| Some(l.requests_per_s)).unwrap_or(0.0),
+        ttft_p50_ms: m(|l| l.ttft_p50_ms),
+        ttft_p95_ms: m(|l| l.ttft_p95_ms),
+        itl_p50_ms: m(|l| l.itl_p50_ms),
+        itl_p95_ms: m(|l| l.itl_p95_ms),
+        first_error: levels.iter().find_map(|l| l.first_error.clone()),
+    })
+}
+
+fn find(runs: &[ServerRun], server: &str, key: &(String, usize)) -> Option<LevelResult> {
+    merge(&passes(runs, server, key))
+}
+
+/// Gantry ÷ reference of `metric` for `key`: the ratio of the means over passes, and the lowest
+/// and highest ratio of a single pass (Gantry's pass p against the reference's pass p).
+pub fn pass_ratio(runs: &[ServerRun], key: &(String, usize), metric: fn(&LevelResult) -> Option<f64>) -> Option<(f64, f64, f64)> {
+    let (g, r) = (passes(runs, GANTRY, key), passes(runs, REFERENCE, key));
+    let overall = ratio(mean(g.iter().filter_map(|l| metric(l))), mean(r.iter().filter_map(|l| metric(l))))?;
+    let per_pass: Vec<f64> = g
+        .iter()
+        .filter_map(|gl| {
+            let rl = r.iter().find(|rl| rl.pass == gl.pass)?;
+            ratio(metric(gl), metric(rl))
+        })
+        .collect();
+    let lo = per_pass.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = per_pass.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some(if per_pass.is_empty() { (overall, overall, overall) } else { (overall, lo, hi) })
+}
+
+fn ratio_cells(v: Option<(f64, f64, f64)>) -> [String; 2] {
+    match v {
+        Some((x, lo, hi)) => [format!("{x:.2}"), format!("{lo:.2}–{hi:.2}")],
+        None => ["n/a".into(), "n/a".into()],
+    }
+}
+
+/// The runs with each cell's passes merged (for the chart).
+pub fn merged_runs(runs: &[ServerRun]) -> Vec<ServerRun> {
+    runs.iter()
+        .map(|r| ServerRun {
+            levels: cells(runs).iter().filter_map(|k| find(runs, &r.name, k)).collect(),
+            ..r.clone()
+        })
+        .collect()
 }
 
 pub fn results_table(runs: &[ServerRun]) -> String {
     let headers = [
-        "workload", "conc", "server", "tok/s", "req/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
+        "workload", "conc", "server", "tok/s", "tok/s per pass", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
         "ok/total", "prompt tok",
     ];
     let mut rows = Vec::new();
     for key in cells(runs) {
         for run in runs {
-            if let Some(l) = find(runs, &run.name, &key) {
-                rows.push(vec![
-                    key.0.clone(),
-                    key.1.to_string(),
-                    run.name.clone(),
-                    format!("{:.1}", l.tokens_per_s),
-                    format!("{:.2}", l.requests_per_s),
-                    f(l.ttft_p50_ms, 0),
-                    f(l.ttft_p95_ms, 0),
-                    f(l.itl_p50_ms, 1),
-                    f(l.itl_p95_ms, 1),
-                    format!("{}/{}", l.requests - l.failed, l.requests),
-                    f(l.mean_prompt_tokens, 0),
-                ]);
-            }
+            let all = passes(runs, &run.name, &key);
+            let Some(l) = merge(&all) else { continue };
+            let per_pass: Vec<String> = all.iter().map(|p| format!("{:.1}", p.tokens_per_s)).collect();
+            rows.push(vec![
+                key.0.clone(),
+                key.1.to_string(),
+                run.name.clone(),
+                format!("{:.1}", l.tokens_per_s),
+                per_pass.join(" / "),
+                f(l.ttft_p50_ms, 0),
+                f(l.ttft_p95_ms, 0),
+                f(l.itl_p50_ms, 1),
+                f(l.itl_p95_ms, 1),
+                format!("{}/{}", l.requests - l.failed, l.requests),
+                f(l.mean_prompt_tokens, 0),
+            ]);
         }
     }
     table(&headers, &rows)
 }
 
-/// Gantry ÷ reference for every metric: above 1 is better for throughput, below 1 for latency.
+/// Gantry ÷ reference: above 1 is better for throughput, below 1 for latency. Each ratio is of
+/// the means over passes; the spread is the lowest–highest ratio of a single pass.
 pub fn ratio_table(runs: &[ServerRun]) -> String {
-    let headers = ["workload", "conc", "tok/s ×", "req/s ×", "TTFT p50 ×", "TTFT p95 ×", "ITL p50 ×", "ITL p95 ×"];
+    let headers = ["workload", "conc", "tok/s ×", "spread", "TTFT p50 ×", "spread", "ITL p50 ×", "spread"];
     let mut rows = Vec::new();
     for key in cells(runs) {
-        let (Some(g), Some(r)) = (find(runs, GANTRY, &key), find(runs, REFERENCE, &key)) else { continue };
-        rows.push(vec![
-            key.0.clone(),
-            key.1.to_string(),
-            f(ratio(Some(g.tokens_per_s), Some(r.tokens_per_s)), 2),
-            f(ratio(Some(g.requests_per_s), Some(r.requests_per_s)), 2),
-            f(ratio(g.ttft_p50_ms, r.ttft_p50_ms), 2),
-            f(ratio(g.ttft_p95_ms, r.ttft_p95_ms), 2),
-            f(ratio(g.itl_p50_ms, r.itl_p50_ms), 2),
-            f(ratio(g.itl_p95_ms, r.itl_p95_ms), 2),
-        ]);
+        let Some(tps) = pass_ratio(runs, &key, |l| Some(l.tokens_per_s)) else { continue };
+        let mut row = vec![key.0.clone(), key.1.to_string()];
+        row.extend(ratio_cells(Some(tps)));
+        row.extend(ratio_cells(pass_ratio(runs, &key, |l| l.ttft_p50_ms)));
+        row.extend(ratio_cells(pass_ratio(runs, &key, |l| l.itl_p50_ms)));
+        rows.push(row);
     }
     if rows.is_empty() {
         return "(no ratios: only one server was measured)\n".into();
     }
     table(&headers, &rows)
+}
+
+/// One target of issue #13: Gantry ÷ llama-server (native) for a workload cell.
+struct Target {
+    workload: &'static str,
+    concurrency: usize,
+    metric: &'static str,
+    /// `true`: the ratio must be at least `bound` (throughput); `false`: at most (latency).
+    at_least: bool,
+    bound: f64,
+}
+
+const TARGETS: [Target; 7] = [
+    Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.05 },
+    Target { workload: "chat", concurrency: 8, metric: "tok/s", at_least: true, bound: 1.1 },
+    Target { workload: "chat", concurrency: 16, metric: "tok/s", at_least: true, bound: 1.0 },
+    Target { workload: "shared-prefix", concurrency: 8, metric: "TTFT p50", at_least: false, bound: 0.5 },
+    Target { workload: "code-edit", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.5 },
+    Target { workload: "extract", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.3 },
+    Target { workload: "prose", concurrency: 1, metric: "tok/s", at_least: true, bound: 0.97 },
+];
+
+/// The issue's targets against the measured ratios (cells not measured are left out).
+pub fn targets_table(runs: &[ServerRun]) -> String {
+    let headers = ["target", "ratio", "spread", "met"];
+    let mut rows = Vec::new();
+    for t in &TARGETS {
+        let key = (t.workload.to_string(), t.concurrency);
+        let metric: fn(&LevelResult) -> Option<f64> =
+            if t.metric == "tok/s" { |l| Some(l.tokens_per_s) } else { |l| l.ttft_p50_ms };
+        let Some((x, lo, hi)) = pass_ratio(runs, &key, metric) else { continue };
+        let met = if t.at_least { x >= t.bound } else { x <= t.bound };
+        rows.push(vec![
+            format!("{} c={} {} {} {}", t.workload, t.concurrency, t.metric, if t.at_least { "≥" } else { "≤" }, t.bound),
+            format!("{x:.2}"),
+            format!("{lo:.2}–{hi:.2}"),
+            if met { "yes" } else { "NO" }.to_string(),
+        ]);
+    }
+    if rows.is_empty() {
+        return "(no targets measured)\n".into();
+    }
+    table(&headers, &rows)
+}
+
+/// One side-by-side comparison (its own pair of binaries), e.g. both native, or both AVX2.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub title: String,
+    /// How the two binaries were built.
+    pub kernels: String,
+    pub runs: Vec<ServerRun>,
 }
 
 /// Everything docs/benchmarks.md needs besides the results.
@@ -118,52 +240,73 @@ pub struct Context {
     pub bench_command: String,
     pub settings: String,
     pub chart_file: String,
-    /// How the reference was built (its BUILD_INFO), if known.
-    pub reference_build: Option<String>,
+    /// How each reference was built (its BUILD_INFO), by comparison title.
+    pub reference_builds: Vec<(String, String)>,
+    /// Levels that started on a busy host.
+    pub quiet_warnings: Vec<String>,
 }
 
-pub fn markdown(runs: &[ServerRun], ctx: &Context) -> String {
+pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks: Gantry vs llama.cpp `llama-server`\n");
     let _ = writeln!(
         md,
         "Generated by `make bench` (crate `crates/bench`) on {}. Both servers ran the same GGUF with the same \
-         threads, parallel slots and per-sequence context, one at a time, each warmed up with one request first. \
-         Every request streams (`stream: true`, `stream_options.include_usage`); completion tokens come from the \
-         final usage chunk. Throughput is aggregate completion tokens (or requests) per second of wall time for the \
-         whole level; TTFT is send → first content delta; ITL is the gap between consecutive content deltas.\n",
+         threads, parallel slots and per-sequence context. Both are started once per comparison and stay up; every \
+         workload level is measured on one server, then the other, and the order flips each pass (Gantry, \
+         llama-server, llama-server, Gantry, …: A-B-B-A), so slow drift on the host weighs on both alike. Every pass \
+         sends new prompts, so no pass finds a cache the previous one filled. Every request streams (`stream: true`, \
+         `stream_options.include_usage`); completion tokens come from the final usage chunk. Throughput is aggregate \
+         completion tokens per second of wall time for the whole level; TTFT is send → first content delta; ITL is \
+         the gap between consecutive content deltas. Ratios are of the means over passes; the spread is the \
+         lowest–highest ratio of a single pass.\n",
         ctx.date
     );
-    let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
-    let _ = writeln!(md, "## Gantry / llama-server\n\nAbove 1 is better for tok/s and req/s; below 1 is better for TTFT and ITL.\n");
-    md += &ratio_table(runs);
-    let _ = writeln!(md, "\n## Results\n");
-    md += &results_table(runs);
-    let errors: Vec<String> = runs
-        .iter()
-        .flat_map(|r| r.levels.iter().map(move |l| (r, l)))
-        .filter_map(|(r, l)| l.first_error.as_ref().map(|e| format!("- {} {} c={}: {e}", r.name, l.workload, l.concurrency)))
-        .collect();
-    if !errors.is_empty() {
-        let _ = writeln!(md, "\nFailed requests (first error per level):\n\n{}", errors.join("\n"));
-    }
-    let _ = writeln!(md, "\n## Settings\n\n{}\n", ctx.settings);
     let _ = writeln!(md, "## Machine\n\n```\n{}\n```\n", ctx.machine.trim_end());
-    for r in runs {
-        let _ = writeln!(md, "Load average (1/5/15 min) before {} started: {}  ", r.name, r.load_before);
+    if let Some(first) = comparisons.first() {
+        let _ = writeln!(md, "## Targets (issue #13, {})\n", first.title);
+        md += &targets_table(&first.runs);
+        let _ = writeln!(md);
     }
-    let _ = writeln!(
-        md,
-        "\nThe benchmark shares the CPU with anything else running; a load average well above 0 before a \
-         server started means the numbers for it are depressed and noisy.\n"
-    );
-    if let Some(info) = &ctx.reference_build {
-        let _ = writeln!(md, "## Reference build\n\nBuilt from source by `scripts/build-reference-llama-server.sh`:\n\n```\n{}\n```\n", info.trim_end());
+    let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
+    for c in comparisons {
+        let _ = writeln!(md, "## {}\n\n{}\n", c.title, c.kernels);
+        let _ = writeln!(md, "Gantry / llama-server: above 1 is better for tok/s; below 1 is better for TTFT and ITL.\n");
+        md += &ratio_table(&c.runs);
+        let _ = writeln!(md, "\nResults (means over passes):\n");
+        md += &results_table(&c.runs);
+        let errors: Vec<String> = c
+            .runs
+            .iter()
+            .flat_map(|r| r.levels.iter().map(move |l| (r, l)))
+            .filter_map(|(r, l)| {
+                l.first_error.as_ref().map(|e| format!("- {} {} c={} pass {}: {e}", r.name, l.workload, l.concurrency, l.pass))
+            })
+            .collect();
+        if !errors.is_empty() {
+            let _ = writeln!(md, "\nFailed requests (first error per level):\n\n{}", errors.join("\n"));
+        }
+        let _ = writeln!(md);
+        for r in &c.runs {
+            let _ = writeln!(md, "Load average (1/5/15 min) before {} started: {}  ", r.name, r.load_before);
+        }
+        let _ = writeln!(md);
+        for r in &c.runs {
+            let _ = writeln!(md, "{} ({}), CPU kernels `{}`:\n\n```\n{}\n```\n", r.name, r.version, r.cpu_features, r.command);
+        }
     }
-    let _ = writeln!(md, "## Commands\n\nBenchmark:\n\n```\n{}\n```\n", ctx.bench_command);
-    for r in runs {
-        let _ = writeln!(md, "{} ({}):\n\n```\n{}\n```\n", r.name, r.version, r.command);
+    let _ = writeln!(md, "## Settings\n\n{}\n", ctx.settings);
+    if !ctx.quiet_warnings.is_empty() {
+        let _ = writeln!(
+            md,
+            "The host was not quiet for every level (load average above half the threads before it started):\n\n{}\n",
+            ctx.quiet_warnings.iter().map(|w| format!("- {w}")).collect::<Vec<_>>().join("\n")
+        );
     }
+    for (name, info) in &ctx.reference_builds {
+        let _ = writeln!(md, "## Reference build ({name})\n\nBuilt from source by `scripts/build-reference-llama-server.sh`:\n\n```\n{}\n```\n", info.trim_end());
+    }
+    let _ = writeln!(md, "## Command\n\n```\n{}\n```\n", ctx.bench_command);
     md
 }
 
@@ -209,7 +352,7 @@ pub fn svg(runs: &[ServerRun], workload: &str) -> String {
                 let pts = levels
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, c)| find(runs, &r.name, &(workload.to_string(), *c)).and_then(metric).map(|v| (i, v)))
+                    .filter_map(|(i, c)| find(runs, &r.name, &(workload.to_string(), *c)).as_ref().and_then(metric).map(|v| (i, v)))
                     .collect();
                 (r.name.as_str(), pts)
             })
@@ -274,21 +417,88 @@ mod tests {
     use super::*;
     use crate::stats::{summarize, RequestSample};
 
-    fn run(name: &str, tps: f64) -> ServerRun {
-        let s = RequestSample { ttft: Some(0.2), itl: vec![0.05], completion_tokens: tps as u64, ..Default::default() };
-        let levels = [1, 4].iter().map(|c| summarize("chat", *c, std::slice::from_ref(&s), 1.0)).collect();
-        ServerRun { name: name.into(), version: "v".into(), command: "cmd".into(), load_before: "0.00".into(), levels }
+    fn level(workload: &str, c: usize, pass: usize, tps: f64, ttft: f64) -> LevelResult {
+        let s = RequestSample { ttft: Some(ttft), itl: vec![0.05], completion_tokens: tps as u64, ..Default::default() };
+        LevelResult { pass, ..summarize(workload, c, std::slice::from_ref(&s), 1.0) }
+    }
+
+    fn run(name: &str, levels: Vec<LevelResult>) -> ServerRun {
+        ServerRun {
+            name: name.into(),
+            version: "v".into(),
+            command: "cmd".into(),
+            cpu_features: "AVX2".into(),
+            load_before: "0.00".into(),
+            levels,
+        }
     }
 
     #[test]
     fn ratios_and_svg() {
-        let runs = vec![run(GANTRY, 30.0), run(REFERENCE, 20.0)];
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2), level("chat", 4, 0, 30.0, 0.2)]),
+            run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2), level("chat", 4, 0, 20.0, 0.2)]),
+        ];
         let t = ratio_table(&runs);
         assert!(t.contains("| 1.50"), "{t}");
-        let svg = svg(&runs, "chat");
+        let svg = svg(&merged_runs(&runs), "chat");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 4);
         assert!(results_table(&runs).contains("llama-server"));
+    }
+
+    #[test]
+    fn ratios_are_of_means_over_passes_with_the_spread_of_single_passes() {
+        // Pass 0: 30/20 = 1.5; pass 1: 10/20 = 0.5; means 20/20 = 1.0.
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 8, 0, 30.0, 0.1), level("chat", 8, 1, 10.0, 0.3)]),
+            run(REFERENCE, vec![level("chat", 8, 1, 20.0, 0.4), level("chat", 8, 0, 20.0, 0.4)]),
+        ];
+        let key = ("chat".to_string(), 8);
+        let (x, lo, hi) = pass_ratio(&runs, &key, |l| Some(l.tokens_per_s)).unwrap();
+        assert!((x - 1.0).abs() < 1e-9 && (lo - 0.5).abs() < 1e-9 && (hi - 1.5).abs() < 1e-9, "{x} {lo} {hi}");
+        let t = ratio_table(&runs);
+        assert!(t.contains("| 1.00") && t.contains("0.50–1.50"), "{t}");
+        let r = results_table(&runs);
+        assert!(r.contains("30.0 / 10.0") && r.contains("| 20.0"), "{r}");
+        let merged = merged_runs(&runs);
+        assert_eq!(merged[0].levels.len(), 1);
+        assert_eq!(merged[0].levels[0].requests, 2);
+    }
+
+    #[test]
+    fn targets_say_met_or_not() {
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 21.0, 0.2), level("shared-prefix", 8, 0, 5.0, 2.0)]),
+            run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2), level("shared-prefix", 8, 0, 5.0, 8.0)]),
+        ];
+        let t = targets_table(&runs);
+        let chat = t.lines().find(|l| l.contains("chat c=1")).unwrap();
+        assert!(chat.contains("1.05") && chat.contains("| yes"), "{t}");
+        let shared = t.lines().find(|l| l.contains("shared-prefix")).unwrap();
+        assert!(shared.contains("0.25") && shared.contains("| yes"), "{t}");
+        assert!(!t.contains("code-edit"), "unmeasured targets are left out: {t}");
+        let slow = vec![run(GANTRY, vec![level("chat", 1, 0, 19.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
+        assert!(targets_table(&slow).contains("| NO"));
+    }
+
+    #[test]
+    fn markdown_has_every_comparison_and_the_machine() {
+        let runs = vec![run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
+        let c = |t: &str| Comparison { title: t.into(), kernels: "k".into(), runs: runs.clone() };
+        let ctx = Context {
+            date: "d".into(),
+            machine: "CPU: Test CPU".into(),
+            bench_command: "b".into(),
+            settings: "s".into(),
+            chart_file: "c.svg".into(),
+            reference_builds: vec![],
+            quiet_warnings: vec!["busy".into()],
+        };
+        let md = markdown(&[c("Both native"), c("Both portable AVX2")], &ctx);
+        for needle in ["## Both native", "## Both portable AVX2", "CPU: Test CPU", "## Targets", "- busy", "CPU kernels `AVX2`"] {
+            assert!(md.contains(needle), "{needle}: {md}");
+        }
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub struct Running {
     /// The command line, for the report.
     pub command: String,
     pub version: String,
+    bin: PathBuf,
     child: Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -151,7 +152,7 @@ pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running
             fallback_id
         }
     };
-    Ok(Running { kind, base_url, model_id, api_key, command, version, child, log, _dir: dir })
+    Ok(Running { kind, base_url, model_id, api_key, command, version, bin: bin.to_path_buf(), child, log, _dir: dir })
 }
 
 /// `Gantry is serving `ID` at http://…/v1` → `ID`.
@@ -183,6 +184,50 @@ impl Running {
     pub fn log_tail(&self) -> String {
         tail(&self.log)
     }
+
+    /// The CPU features the server's ggml was built with: Gantry's `gantry_cpu_backend_info`
+    /// gauge, llama-server's `system_info` log line. `None` when neither says.
+    pub async fn cpu_features(&self) -> Option<String> {
+        match self.kind {
+            Kind::Gantry => {
+                let metrics = reqwest::get(format!("{}/metrics", self.base_url)).await.ok()?.text().await.ok()?;
+                gantry_features(&metrics)
+            }
+            // This llama-server does not log them at its default verbosity; its build script wrote
+            // the compiler's view of the same flags next to it.
+            Kind::Reference => llama_server_features(&std::fs::read_to_string(&self.log).unwrap_or_default())
+                .or_else(|| build_info_features(&std::fs::read_to_string(self.bin.with_file_name("BUILD_INFO")).ok()?)),
+        }
+    }
+}
+
+/// `gantry_cpu_backend_info{features="SSE3 AVX AVX2"} 1` → `SSE3 AVX AVX2`.
+pub fn gantry_features(metrics: &str) -> Option<String> {
+    let line = metrics.lines().find(|l| l.starts_with("gantry_cpu_backend_info{"))?;
+    let rest = line.split_once("features=\"")?.1;
+    Some(rest.split_once('"')?.0.to_string())
+}
+
+/// BUILD_INFO's `cpu features: AVX AVX2 …` line (scripts/build-reference-llama-server.sh).
+pub fn build_info_features(info: &str) -> Option<String> {
+    let features = info.lines().find_map(|l| l.strip_prefix("cpu features:"))?.trim();
+    (!features.is_empty()).then(|| format!("{features} (from BUILD_INFO)"))
+}
+
+/// `system_info: n_threads = 2 … | CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | … |` → `SSE3 AVX …`
+/// (the features that are on).
+pub fn llama_server_features(log: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains("CPU : "))?;
+    let cpu = line.split_once("CPU : ")?.1;
+    let on: Vec<&str> = cpu
+        .split('|')
+        .filter_map(|item| item.split_once('='))
+        .map(|(name, value)| (name.trim(), value.trim()))
+        .take_while(|(name, _)| !name.contains(" : "))
+        .filter(|(_, value)| !value.is_empty() && *value != "0")
+        .map(|(name, _)| name)
+        .collect();
+    (!on.is_empty()).then(|| on.join(" "))
 }
 
 #[cfg(test)]
@@ -194,5 +239,19 @@ mod tests {
         let l = "Gantry is serving `qwen2.5-coder-0.5b-instruct-q4_k_m` at http://127.0.0.1:8080/v1";
         assert_eq!(parse_banner(l).as_deref(), Some("qwen2.5-coder-0.5b-instruct-q4_k_m"));
         assert_eq!(parse_banner("loading model"), None);
+    }
+
+    #[test]
+    fn cpu_features_from_both_servers() {
+        let metrics = "# TYPE gantry_cpu_backend_info gauge\ngantry_cpu_backend_info{features=\"SSE3 AVX AVX2 FMA\"} 1\n";
+        assert_eq!(gantry_features(metrics).as_deref(), Some("SSE3 AVX AVX2 FMA"));
+        assert_eq!(gantry_features("gantry_queue_depth 0\n"), None);
+        let log = "main: loading\nsystem_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 | AVX = 1 | \
+                   AVX512 = 0 | AVX512_VNNI = 1 | OPENMP = 1 | \nmain: ready";
+        assert_eq!(llama_server_features(log).as_deref(), Some("SSE3 AVX AVX512_VNNI OPENMP"));
+        assert_eq!(llama_server_features("nothing here"), None);
+        let info = "llama.cpp build: b11434\ncpu features: AVX AVX2 FMA\nbuilt: x\n";
+        assert_eq!(build_info_features(info).as_deref(), Some("AVX AVX2 FMA (from BUILD_INFO)"));
+        assert_eq!(build_info_features("cpu features: \n"), None);
     }
 }

@@ -19,6 +19,8 @@ pub struct RequestSample {
 pub struct LevelResult {
     pub workload: String,
     pub concurrency: usize,
+    /// Which pass of the A-B-B-A alternation measured it (0-based).
+    pub pass: usize,
     pub requests: usize,
     pub failed: usize,
     pub wall_s: f64,
@@ -58,6 +60,7 @@ pub fn summarize(workload: &str, concurrency: usize, samples: &[RequestSample], 
     LevelResult {
         workload: workload.to_string(),
         concurrency,
+        pass: 0,
         requests: samples.len(),
         failed: samples.len() - ok.len(),
         wall_s,

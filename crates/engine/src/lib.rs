@@ -3,6 +3,7 @@
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
 
 pub mod constraint;
+mod cpu_backend;
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
@@ -31,6 +32,7 @@ use std::thread::JoinHandle;
 use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::Constraint;
+pub use cpu_backend::cpu_backend_features;
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};

@@ -54,6 +54,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         draft_max: args.draft_max,
     };
     crate::telemetry::install();
+    crate::telemetry::report_cpu_backend();
     let engine = tokio::task::spawn_blocking(move || Engine::start(config))
         .await?
         .with_context(|| format!("loading {}", model_path.display()))?;

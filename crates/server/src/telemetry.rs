@@ -10,7 +10,7 @@ use axum::extract::Request;
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use metrics::{counter, describe_counter, describe_histogram, histogram, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -36,6 +36,15 @@ pub fn install() {
             }
         }
     });
+}
+
+/// Logs and exports which CPU kernels llama.cpp was compiled with (the build is native to the
+/// host for `make build`, portable AVX2 otherwise), as `gantry_cpu_backend_info{features="…"} 1`.
+pub fn report_cpu_backend() {
+    let features = gantry_engine::cpu_backend_features().join(" ");
+    tracing::info!(features = %features, "llama.cpp CPU backend");
+    describe_gauge!("gantry_cpu_backend_info", "Always 1; the features label lists the CPU features ggml was built with.");
+    gauge!("gantry_cpu_backend_info", "features" => features).set(1.0);
 }
 
 pub async fn render() -> Response {

@@ -82,6 +82,7 @@ async fn metrics_are_exposed_in_prometheus_format() {
     ] {
         assert!(text.contains(needle), "metrics lack {needle:?}:\n{text}");
     }
+    assert_cpu_backend_reported(&text);
     let cached: f64 = text
         .lines()
         .find_map(|l| l.strip_prefix("gantry_cached_prompt_tokens_total "))
@@ -90,6 +91,23 @@ async fn metrics_are_exposed_in_prometheus_format() {
         .parse()
         .unwrap();
     assert!(cached > 0.0, "the repeated prompt hit the prefix cache");
+}
+
+/// `gantry_cpu_backend_info{features="SSE3 AVX …"} 1`: the kernels the server runs are named.
+fn assert_cpu_backend_reported(text: &str) {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("gantry_cpu_backend_info{"))
+        .unwrap_or_else(|| panic!("no gantry_cpu_backend_info gauge:\n{text}"));
+    let features = line
+        .split_once("features=\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(features, _)| features)
+        .unwrap_or_else(|| panic!("no features label: {line}"));
+    assert!(!features.trim().is_empty(), "empty features label: {line}");
+    #[cfg(target_arch = "x86_64")]
+    assert!(features.split(' ').any(|f| f == "SSE3"), "x86-64 ggml always has SSE3: {line}");
+    assert!(line.ends_with(" 1"), "{line}");
 }
 
 #[tokio::test]

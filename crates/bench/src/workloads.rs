@@ -1,0 +1,339 @@
+//! What each workload sends: deterministic prompts (both servers get identical requests), the
+//! `response_format` where one applies, and how many tokens to ask for.
+//!
+//! - `chat`: a ~`prompt_tokens` prompt asking for a story, distinct per request.
+//! - `shared-prefix`: one long shared system prompt and a short distinct user turn; with one
+//!   request per stream it is a cold burst (the prefix has not been computed when they arrive).
+//! - `code-edit`: a 95–100 line source file and one small change (a rename, a new parameter);
+//!   the answer is the whole file again, so most of it can be copied from the prompt.
+//! - `prose`: open-ended writing, nothing in the prompt to copy.
+//! - `extract`: a paragraph and a 9-key JSON schema (`response_format: json_schema`).
+//!
+//! The pass number is part of every seed, so a repeated pass never hits a cache filled by the
+//! previous one (in particular the shared prefix is cold in every pass).
+
+use serde_json::{json, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    SharedPrefix,
+    CodeEdit,
+    Prose,
+    Extract,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [Kind::Chat, Kind::SharedPrefix, Kind::CodeEdit, Kind::Prose, Kind::Extract];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Chat => "chat",
+            Kind::SharedPrefix => "shared-prefix",
+            Kind::CodeEdit => "code-edit",
+            Kind::Prose => "prose",
+            Kind::Extract => "extract",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub kind: Kind,
+    /// `chat` only: approximate prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// `shared-prefix` only: approximate length of the shared system prompt.
+    pub shared_prefix_tokens: usize,
+    pub max_tokens: u32,
+    pub seed: u64,
+}
+
+/// One request's body parts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub messages: Value,
+    pub response_format: Option<Value>,
+}
+
+const WORDS: &[&str] = &[
+    "river", "mountain", "engine", "garden", "signal", "harbor", "lantern", "forest", "market", "bridge",
+    "winter", "copper", "library", "orbit", "valley", "thunder", "pencil", "island", "castle", "meadow",
+    "silver", "window", "compass", "desert", "anchor", "candle", "planet", "ribbon", "tunnel", "village",
+    "kernel", "socket", "buffer", "thread", "cache", "module", "packet", "vector", "matrix", "tensor",
+    "morning", "evening", "summer", "autumn", "spring", "ocean", "cloud", "stone", "glass", "paper",
+    "music", "story", "travel", "letter", "friend", "teacher", "doctor", "farmer", "painter", "sailor",
+    "quiet", "bright", "gentle", "ancient", "simple", "rapid", "careful", "golden", "hidden", "open",
+    "build", "carry", "measure", "follow", "gather", "listen", "repair", "launch", "travel", "explain",
+];
+
+/// Deterministic splitmix64, so both servers get identical prompts.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
+    fn word(&mut self) -> &'static str {
+        self.pick(WORDS)
+    }
+}
+
+/// Roughly `tokens` tokens of sentences (one common English word is about one token; a sentence of
+/// ~10 words adds a full stop).
+pub fn filler(rng: &mut Rng, tokens: usize) -> String {
+    let words = tokens * 10 / 11;
+    let mut out = String::with_capacity(words * 8);
+    let mut in_sentence = 0;
+    for i in 0..words {
+        let w = rng.word();
+        if in_sentence == 0 {
+            let mut c = w.chars();
+            let first = c.next().unwrap().to_ascii_uppercase();
+            out.push(first);
+            out.push_str(c.as_str());
+        } else {
+            out.push_str(w);
+        }
+        in_sentence += 1;
+        if in_sentence >= 8 + (rng.next() % 6) as usize || i + 1 == words {
+            out.push_str(". ");
+            in_sentence = 0;
+        } else {
+            out.push(' ');
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// The source files of `code-edit`, with changes a reviewer might ask for.
+struct SourceFile {
+    name: &'static str,
+    language: &'static str,
+    text: &'static str,
+    edits: [&'static str; 4],
+}
+
+const SOURCES: [SourceFile; 2] = [
+    SourceFile {
+        name: "inventory.py",
+        language: "python",
+        text: include_str!("../assets/inventory.py"),
+        edits: [
+            "Rename the method `low_stock` to `items_below`.",
+            "Add a parameter `limit: Optional[int] = None` to `Inventory.low_stock`; when it is given, return at most that many items.",
+            "Rename the class `Move` to `StockMove` everywhere it is used.",
+            "Add a parameter `width: int = 12` to `format_report` and use it instead of the fixed column width 12.",
+        ],
+    },
+    SourceFile {
+        name: "rate_limiter.rs",
+        language: "rust",
+        text: include_str!("../assets/rate_limiter.rs"),
+        edits: [
+            "Rename the method `prune` to `drop_full_buckets`.",
+            "Rename the struct `Bucket` to `TokenBucket` everywhere it is used.",
+            "Add a parameter `max_clients: usize` to `Limiter::refusals` that truncates the returned list to at most that many entries.",
+            "Add a parameter `burst: f64` to `Bucket::new` and start the bucket with `burst` tokens instead of `capacity`.",
+        ],
+    },
+];
+
+const FIRST_NAMES: &[&str] = &["Maria", "James", "Aiko", "Tomasz", "Fatima", "Lucas", "Ingrid", "Kwame", "Priya", "Diego"];
+const LAST_NAMES: &[&str] = &["Okafor", "Lindqvist", "Tanaka", "Novak", "Haddad", "Moreau", "Silva", "Brennan", "Iyer", "Kowalski"];
+const CITIES: &[&str] = &["Lisbon", "Osaka", "Toronto", "Krakow", "Nairobi", "Valparaiso", "Bergen", "Pune", "Dublin", "Tucson"];
+const PRODUCTS: &[&str] = &[
+    "walnut desk lamp", "stainless kettle", "wool travel blanket", "cast-iron skillet", "noise-cancelling headset",
+    "folding bicycle", "ceramic planter", "mechanical keyboard", "hiking backpack", "espresso grinder",
+];
+
+/// The `extract` schema: 9 keys of four JSON types, all required.
+pub fn extract_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "customer_name": {"type": "string"},
+            "age": {"type": "integer"},
+            "city": {"type": "string"},
+            "email": {"type": "string"},
+            "order_id": {"type": "string"},
+            "product": {"type": "string"},
+            "quantity": {"type": "integer"},
+            "unit_price": {"type": "number"},
+            "express_shipping": {"type": "boolean"}
+        },
+        "required": ["customer_name", "age", "city", "email", "order_id", "product", "quantity", "unit_price",
+                     "express_shipping"],
+        "additionalProperties": false
+    })
+}
+
+impl Workload {
+    /// Request `i` of a level at `concurrency` in pass `pass`.
+    pub fn request(&self, pass: usize, concurrency: usize, i: usize) -> Request {
+        let pass_seed = self.seed ^ ((pass as u64) << 48);
+        let mut rng = Rng::new(pass_seed ^ ((concurrency as u64) << 32) ^ i as u64);
+        let user = |text: String| json!([{"role": "user", "content": text}]);
+        let (messages, response_format) = match self.kind {
+            Kind::Chat => {
+                let lead = format!("{} {} {}", rng.word(), rng.word(), rng.word());
+                let text = format!(
+                    "[{lead} #{i}] Write a long, detailed story that uses all of these words: {}",
+                    filler(&mut rng, self.prompt_tokens.saturating_sub(24))
+                );
+                (user(text), None)
+            }
+            Kind::SharedPrefix => {
+                let mut shared = Rng::new(pass_seed);
+                let system = format!(
+                    "You are a writing assistant. Use the following reference notes when answering.\n\n{}",
+                    filler(&mut shared, self.shared_prefix_tokens)
+                );
+                let question = format!(
+                    "Question {i} (run {concurrency}): write a long, detailed paragraph about the {} and the {} near the {}.",
+                    rng.word(),
+                    rng.word(),
+                    rng.word()
+                );
+                (json!([{"role": "system", "content": system}, {"role": "user", "content": question}]), None)
+            }
+            Kind::CodeEdit => {
+                let file = &SOURCES[i % SOURCES.len()];
+                let edit = file.edits[(i / SOURCES.len() + pass) % file.edits.len()];
+                let text = format!(
+                    "Here is `{}`:\n\n```{}\n{}```\n\n{edit} Change nothing else. Reply with the complete updated file in \
+                     one code block and nothing else.",
+                    file.name, file.language, file.text
+                );
+                (user(text), None)
+            }
+            Kind::Prose => {
+                let text = format!(
+                    "Write a long, vivid essay about a {} {} who finds a {} {} in an old {}. Describe the places, the \
+                     people and what changes for them over one year.",
+                    rng.word(),
+                    rng.pick(&["teacher", "doctor", "farmer", "painter", "sailor"]),
+                    rng.word(),
+                    rng.word(),
+                    rng.pick(&["library", "harbor", "castle", "village", "market"]),
+                );
+                (user(text), None)
+            }
+            Kind::Extract => {
+                let (first, last) = (rng.pick(FIRST_NAMES), rng.pick(LAST_NAMES));
+                let express = rng.below(2) == 0;
+                let paragraph = format!(
+                    "Hello, this is {first} {last}. I am {} years old and live in {}. On {} I ordered {} of your {} \
+                     (order {}-{:05}) at {}.{:02} dollars each, and I {} express shipping. Please write back to {}.{}@example.com \
+                     if anything is missing, since I need everything before my {} trip.",
+                    18 + rng.below(60),
+                    rng.pick(CITIES),
+                    rng.pick(&["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]),
+                    1 + rng.below(9),
+                    rng.pick(PRODUCTS),
+                    rng.pick(&["ORD", "WEB", "SHOP"]),
+                    rng.below(100_000),
+                    5 + rng.below(300),
+                    rng.below(100),
+                    if express { "paid for" } else { "did not choose" },
+                    first.to_lowercase(),
+                    last.to_lowercase(),
+                    rng.word(),
+                );
+                let text = format!("Extract the order details from this customer message as JSON.\n\n{paragraph}");
+                let format = json!({"type": "json_schema",
+                                    "json_schema": {"name": "order", "strict": true, "schema": extract_schema()}});
+                (user(text), Some(format))
+            }
+        };
+        Request { messages, response_format }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(kind: Kind) -> Workload {
+        Workload { kind, prompt_tokens: 128, shared_prefix_tokens: 1500, max_tokens: 8, seed: 1 }
+    }
+
+    fn text(r: &Request, msg: usize) -> &str {
+        r.messages[msg]["content"].as_str().unwrap()
+    }
+
+    #[test]
+    fn chat_prompts_are_deterministic_distinct_and_sized() {
+        let w = workload(Kind::Chat);
+        assert_eq!(w.request(0, 4, 3), w.request(0, 4, 3));
+        assert_ne!(w.request(0, 4, 3), w.request(0, 4, 4));
+        assert_ne!(w.request(0, 4, 3), w.request(0, 8, 3));
+        assert_ne!(w.request(0, 4, 3), w.request(1, 4, 3), "a new pass sends new prompts");
+        let words = text(&w.request(0, 1, 0), 0).split_whitespace().count();
+        assert!((80..140).contains(&words), "{words}");
+    }
+
+    #[test]
+    fn shared_prefix_is_shared_within_a_pass_and_new_in_the_next() {
+        let s = workload(Kind::SharedPrefix);
+        let (a, b) = (s.request(0, 8, 0), s.request(0, 8, 1));
+        assert_eq!(a.messages[0], b.messages[0]);
+        assert_ne!(a.messages[1], b.messages[1]);
+        assert_ne!(a.messages[0], s.request(1, 8, 0).messages[0], "every pass starts cold");
+        let sys_words = text(&a, 0).split_whitespace().count();
+        assert!((1200..1500).contains(&sys_words), "{sys_words}");
+    }
+
+    #[test]
+    fn code_edit_sends_a_60_to_120_line_file_and_one_change() {
+        let w = workload(Kind::CodeEdit);
+        for source in &SOURCES {
+            let lines = source.text.lines().count();
+            assert!((60..=120).contains(&lines), "{} has {lines} lines", source.name);
+        }
+        let (a, b) = (w.request(0, 1, 0), w.request(0, 1, 1));
+        assert!(text(&a, 0).contains("class Inventory:") && text(&a, 0).contains("Rename"));
+        assert!(text(&b, 0).contains("pub struct Limiter"));
+        assert_ne!(w.request(0, 1, 0), w.request(1, 1, 0), "the next pass asks for another change");
+        assert!(a.response_format.is_none());
+    }
+
+    #[test]
+    fn extract_asks_for_every_schema_key() {
+        let w = workload(Kind::Extract);
+        let r = w.request(0, 1, 0);
+        let format = r.response_format.clone().unwrap();
+        assert_eq!(format["type"], "json_schema");
+        let schema = &format["json_schema"]["schema"];
+        let keys = schema["properties"].as_object().unwrap().len();
+        assert!((6..=10).contains(&keys), "{keys}");
+        assert_eq!(schema["required"].as_array().unwrap().len(), keys);
+        assert!(text(&r, 0).contains("@example.com"));
+        assert_ne!(w.request(0, 1, 0), w.request(0, 1, 1));
+    }
+
+    #[test]
+    fn workload_names_round_trip() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.name()), Some(k));
+        }
+        assert_eq!(Kind::parse("nope"), None);
+        assert!(!text(&workload(Kind::Prose).request(0, 1, 0), 0).is_empty());
+    }
+}

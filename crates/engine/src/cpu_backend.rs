@@ -1,0 +1,71 @@
+//! Which CPU kernels this binary runs: the features ggml's CPU backend was compiled with (AVX2,
+//! AVX512_VNNI, AMX_INT8, …), as llama.cpp's `llama_print_system_info()` reports them. ggml picks
+//! its kernels from these at compile time, so they name the variant that serves requests.
+
+use std::ffi::CStr;
+
+/// The CPU backend's features, e.g. `["SSE3", "AVX", "AVX2", "F16C", "FMA", "OPENMP"]`, in
+/// llama.cpp's order. Features with a value other than `1` keep it (`SVE_CNT=32`).
+pub fn cpu_backend_features() -> Vec<String> {
+    // The backend registry is filled when llama.cpp's backend is initialised.
+    crate::model::backend();
+    // SAFETY: llama_print_system_info takes no arguments and returns a pointer to a
+    // NUL-terminated string owned by llama.cpp (a function-local static); it is copied out at once.
+    let info = unsafe {
+        let ptr = llama_cpp_sys_2::llama_print_system_info();
+        if ptr.is_null() {
+            return Vec::new();
+        }
+        CStr::from_ptr(ptr).to_string_lossy().into_owned()
+    };
+    parse_features(&info, "CPU")
+}
+
+/// Parses `llama_print_system_info()`'s `NAME : F = V | F = V | NAME2 : F = V | ` text and returns
+/// the features of backend `backend` that are on.
+fn parse_features(info: &str, backend: &str) -> Vec<String> {
+    let mut current = String::new();
+    let mut features = Vec::new();
+    for item in info.split('|') {
+        let mut item = item.trim();
+        // A backend's name precedes its first feature: "CPU : SSE3 = 1".
+        if let Some((name, rest)) = item.split_once(" : ") {
+            current = name.trim().to_string();
+            item = rest.trim();
+        }
+        if current != backend {
+            continue;
+        }
+        let Some((name, value)) = item.split_once('=') else { continue };
+        let (name, value) = (name.trim(), value.trim());
+        match value {
+            "" | "0" => {}
+            "1" => features.push(name.to_string()),
+            v => features.push(format!("{name}={v}")),
+        }
+    }
+    features
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_cpu_section_only() {
+        let info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | SVE_CNT = 32 | OPENMP = 1 | \
+                    BLAS : ACCELERATE = 1 | ";
+        assert_eq!(parse_features(info, "CPU"), ["SSE3", "AVX", "AVX2", "SVE_CNT=32", "OPENMP"]);
+        assert_eq!(parse_features(info, "BLAS"), ["ACCELERATE"]);
+        assert!(parse_features("", "CPU").is_empty());
+    }
+
+    #[test]
+    fn this_build_reports_its_cpu_features() {
+        let features = cpu_backend_features();
+        // Every x86-64 build of ggml has at least SSE3; other architectures report their own.
+        assert!(!features.is_empty(), "llama.cpp reported no CPU backend features");
+        #[cfg(target_arch = "x86_64")]
+        assert!(features.iter().any(|f| f == "SSE3"), "{features:?}");
+    }
+}
