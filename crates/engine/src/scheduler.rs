@@ -320,11 +320,9 @@ impl Scheduler {
                 // Position of the token fed at `idx`; drafts follow it.
                 let fed_pos = req.choices[i].pos - 1 - k as i32;
                 let mut accepted = 0;
-                let mut kept = fed_pos + 1;
                 for j in 0..=k {
                     let token = req.choices[i].sampler.sample(ctx, idx + j as i32).0;
                     req.choices[i].pos = fed_pos + 1 + j as i32;
-                    kept = req.choices[i].pos;
                     if !req.produce(i, token, idx + j as i32, ctx, model, ctx_size) {
                         break;
                     }
@@ -339,7 +337,9 @@ impl Scheduler {
                     req.choices[i].drafter.verified(k, accepted);
                     self.spec_stats.record(k, accepted);
                 }
-                // Positions from `kept` on hold draft tokens that were not produced.
+                // The choice's position is where its next token goes: positions from there on
+                // hold draft tokens that were not produced.
+                let kept = req.choices[i].pos;
                 if kept <= fed_pos + k as i32 {
                     let seq = req.choices[i].seq_id;
                     let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);

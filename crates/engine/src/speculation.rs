@@ -113,7 +113,8 @@ impl Drafter {
             Speculate::Off => 0,
         };
         Self {
-            history: prompt.to_vec(),
+            // Only a drafter that may draft needs the tokens to copy from.
+            history: if max > 0 { prompt.to_vec() } else { Vec::new() },
             k: max.min(4),
             max,
             acceptance: 0.5,

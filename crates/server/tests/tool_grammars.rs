@@ -190,8 +190,11 @@ async fn a_forced_call_comes_back_as_a_call_whatever_the_model_writes_in_it() {
         }
         let (content, calls, reasons) = stream(&s, body).await;
         assert_eq!(reasons.len(), 4, "{reasons:?}");
-        assert_eq!(calls.len(), 1, "streamed calls are indexed per choice: {calls:?} {content:?}");
-        assert!(calls.iter().all(|(name, _)| name.starts_with("lookup")), "{calls:?}");
+        // `stream` gathers calls by call index across choices: each of the 4 choices streamed
+        // exactly one call (index 0) named `lookup`, and no text.
+        assert_eq!(calls.len(), 1, "{calls:?} {content:?}");
+        assert_eq!(calls[0].0, "lookup".repeat(4), "{calls:?}");
+        assert_eq!(content, "", "{calls:?}");
     }
     assert_eq!(seen, 16);
 }
