@@ -1,9 +1,10 @@
-"""Speculative decoding (prompt lookup, `--speculate auto`, the default) on the real model: the
-answers, logprobs and usage are exactly those of `--speculate off`, alone and beside other
-requests, while draft tokens are actually accepted (read from /metrics)."""
+"""Speculative decoding (prompt lookup and grammar jump-forward, `--speculate auto`, the default)
+on the real model: the answers, logprobs and usage are exactly those of `--speculate off`, alone
+and beside other requests, while draft tokens are actually accepted (read from /metrics)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import shutil
@@ -121,10 +122,14 @@ def _ask(server, prompt, max_tokens, **extra):
     return choice["message"]["content"], choice["finish_reason"], tokens
 
 
-def _accepted(server) -> float:
+def _accepted(server, counter: str = "gantry_draft_tokens_accepted_total") -> float:
     text = httpx.get(f"{server.root_url}/metrics", timeout=30).text
-    m = re.search(r"^gantry_draft_tokens_accepted_total (\S+)$", text, re.M)
+    m = re.search(rf"^{counter} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def _forced(server) -> tuple[float, float]:
+    return _accepted(server, "gantry_forced_tokens_total"), _accepted(server, "gantry_forced_tokens_accepted_total")
 
 
 def test_code_edit_is_unchanged_and_drafts_are_accepted(server, plain_server):
@@ -170,3 +175,97 @@ def test_stop_string_and_max_tokens_inside_a_drafted_run(server, plain_server):
         want = _ask(plain_server, CODE_EDIT, max_tokens, temperature=0, **extra)
         assert want[1] == reason, want
         assert _ask(server, CODE_EDIT, max_tokens, temperature=0, **extra) == want
+
+
+# Extraction under a schema: keys, quotes and colons are forced by the grammar and fed ahead.
+PARAGRAPH = (
+    "Maria Lopez, 34, ordered three standing desks from our Lisbon warehouse on 12 March. "
+    "She is a returning customer, paid by card, and asked for delivery before Friday."
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer_name": {"type": "string"},
+        "customer_age": {"type": "integer"},
+        "product": {"type": "string"},
+        "quantity": {"type": "integer"},
+        "warehouse_city": {"type": "string"},
+        "order_date": {"type": "string"},
+        "returning_customer": {"type": "boolean"},
+        "payment_method": {"type": "string", "enum": ["card", "cash", "transfer"]},
+    },
+    "required": [
+        "customer_name",
+        "customer_age",
+        "product",
+        "quantity",
+        "warehouse_city",
+        "order_date",
+        "returning_customer",
+        "payment_method",
+    ],
+    "additionalProperties": False,
+}
+
+
+def test_jump_forward_under_a_schema_is_unchanged(server, plain_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": SCHEMA, "strict": True}}
+    prompt = "Extract the order from this message as JSON.\n\n" + PARAGRAPH
+    want = _ask(plain_server, prompt, 300, temperature=0, response_format=fmt)
+    assert json.loads(want[0]).keys() == SCHEMA["properties"].keys(), want[0]
+    assert _forced(plain_server) == (0, 0), "--speculate off feeds nothing ahead"
+    before = _forced(server)
+    assert _ask(server, prompt, 300, temperature=0, response_format=fmt) == want
+    fed, taken = (a - b for a, b in zip(_forced(server), before))
+    assert fed >= 8, f"the keys' tokens were fed ahead: {fed}"
+    assert taken == fed, "a forced token is always the sampled one"
+
+
+def test_jump_forward_in_a_forced_tool_call_is_unchanged(server, plain_server):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "create_shipping_label",
+                "description": "Create a shipping label for an order.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "recipient_name": {"type": "string"},
+                        "destination_city": {"type": "string"},
+                        "package_count": {"type": "integer"},
+                    },
+                    "required": ["recipient_name", "destination_city", "package_count"],
+                },
+            },
+        }
+    ]
+    choice = {"type": "function", "function": {"name": "create_shipping_label"}}
+    body = {"tools": tools, "tool_choice": choice}
+    prompt = "Ship this order. " + PARAGRAPH
+
+    def call(srv):
+        r = httpx.post(
+            f"{srv.base_url}/chat/completions",
+            json={"model": srv.model_id, "messages": user(prompt), "temperature": 0, "max_tokens": 200, **body},
+            headers={"Authorization": f"Bearer {srv.api_key}"},
+            timeout=600,
+        )
+        assert r.status_code == 200, r.text
+        data = r.json()
+        return data["choices"][0]["message"]["tool_calls"], data["usage"]
+
+    want_calls, want_usage = call(plain_server)
+    assert want_calls[0]["function"]["name"] == "create_shipping_label"
+    args = json.loads(want_calls[0]["function"]["arguments"])
+    assert set(args) == {"recipient_name", "destination_city", "package_count"}, args
+    before = _forced(server)
+    got_calls, got_usage = call(server)
+    assert [c["function"] for c in got_calls] == [c["function"] for c in want_calls]
+    # (cached_tokens depends on what each server ran before.)
+    assert (got_usage["prompt_tokens"], got_usage["completion_tokens"]) == (
+        want_usage["prompt_tokens"],
+        want_usage["completion_tokens"],
+    )
+    fed, taken = (a - b for a, b in zip(_forced(server), before))
+    assert fed >= 5 and taken == fed, (fed, taken)

@@ -53,7 +53,8 @@ pub struct ModelInfo {
 }
 
 pub struct LoadedModel {
-    pub(crate) llama: LlamaModel,
+    /// Shared with the grammar tokenizer (`constraint::LlamaTokEnv`).
+    pub(crate) llama: Arc<LlamaModel>,
     template: ChatTemplate,
     info: ModelInfo,
     add_bos: bool,
@@ -68,6 +69,7 @@ impl LoadedModel {
         }
         let llama = LlamaModel::load_from_file(backend(), path, &LlamaModelParams::default())
             .map_err(|e| LoadError::Llama { path: path.to_path_buf(), reason: e.to_string() })?;
+        let llama = Arc::new(llama);
         let chat_template = llama
             .meta_val_str("tokenizer.chat_template")
             .map_err(|_| LoadError::NoChatTemplate(path.to_path_buf()))?;
@@ -124,16 +126,10 @@ impl LoadedModel {
         self.grammars.sampler(self, constraint).map(drop)
     }
 
-    pub(crate) fn constraint_sampler(&self, constraint: &Constraint) -> Result<llama_cpp_2::sampling::LlamaSampler, String> {
-        self.grammars.sampler(self, constraint)
-    }
-
-    pub(crate) fn constraint_sampler_after(
-        &self,
-        constraint: &Constraint,
-        tokens: &[i32],
-    ) -> Result<llama_cpp_2::sampling::LlamaSampler, String> {
-        self.grammars.sampler_after(self, constraint, tokens)
+    /// A matcher enforcing `constraint` on output that already began with `tokens` (none, or a
+    /// tool call the model started on its own); fails if those tokens do not fit the grammar.
+    pub(crate) fn constraint_matcher(&self, constraint: &Constraint, tokens: &[i32]) -> Result<llguidance::Matcher, String> {
+        self.grammars.matcher_after(self, constraint, tokens)
     }
 
     pub fn is_end_of_generation(&self, token: i32) -> bool {

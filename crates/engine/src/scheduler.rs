@@ -242,9 +242,11 @@ impl Scheduler {
         let mut budget = self.cfg.batch_size as usize;
         let decoding: usize =
             self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
-        // Drafts only use what is left once every decoding choice has its token.
-        let mut draft_budget =
-            if decoding <= MAX_DRAFTING_STREAMS { budget.saturating_sub(decoding) } else { 0 };
+        // Drafts only use what is left once every decoding choice has its token. Forced drafts
+        // (jump-forward) are always accepted, so they may use it at any load; lookup drafts only
+        // while few streams decode.
+        let mut forced_budget = budget.saturating_sub(decoding);
+        let mut draft_budget = if decoding <= MAX_DRAFTING_STREAMS { forced_budget } else { 0 };
         let ctx_size = self.cfg.ctx_size as i32;
         for req in &mut self.active {
             let max_tokens = req.max_tokens;
@@ -260,15 +262,20 @@ impl Scheduler {
                     // k + 1 tokens, and the last draft must sit inside the context.
                     let produce_left = max_tokens.saturating_sub(c.generated) as usize;
                     let room = (ctx_size - c.pos).max(0) as usize;
-                    let limit = draft_budget.min(produce_left.saturating_sub(1)).min(room);
-                    c.drafts = c.drafter.propose(limit).to_vec();
+                    let limit = produce_left.saturating_sub(1).min(room);
+                    c.drafts = c.drafter.forced(limit.min(forced_budget));
+                    c.drafts_forced = !c.drafts.is_empty();
+                    if !c.drafts_forced {
+                        c.drafts = c.drafter.propose(limit.min(draft_budget)).to_vec();
+                    }
                     for &draft in &c.drafts {
                         self.batch.add(LlamaToken(draft), c.pos, &[c.seq_id], true).expect("drafts fit the budget");
                         self.slots.record(c.seq_id, c.pos as usize, draft);
                         c.pos += 1;
                     }
                     budget -= c.drafts.len();
-                    draft_budget -= c.drafts.len();
+                    forced_budget -= c.drafts.len();
+                    draft_budget = draft_budget.saturating_sub(c.drafts.len());
                 }
             }
         }
@@ -333,7 +340,9 @@ impl Scheduler {
                     req.choices[i].next_token = Some(token);
                     break;
                 }
-                if k > 0 {
+                if k > 0 && req.choices[i].drafts_forced {
+                    self.spec_stats.record_forced(k, accepted);
+                } else if k > 0 {
                     req.choices[i].drafter.verified(k, accepted);
                     self.spec_stats.record(k, accepted);
                 }

@@ -38,6 +38,8 @@ pub(crate) struct Choice {
     pub batch_idx: Option<i32>,
     /// Draft tokens fed after `next_token` in the current batch, to be verified.
     pub drafts: Vec<i32>,
+    /// The drafts are what the grammar forces (jump-forward), not a prompt lookup.
+    pub drafts_forced: bool,
     pub drafter: Drafter,
     pub finished: Option<FinishReason>,
     /// When this choice last produced a token, for latency metrics.
@@ -92,7 +94,7 @@ impl ActiveRequest {
         let n_vocab = model.info().n_vocab;
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
-            match job.request.constraint.as_ref().map(|c| model.constraint_sampler(c)).transpose() {
+            match job.request.constraint.as_ref().map(|c| model.constraint_matcher(c, &[])).transpose() {
                 Ok(g) => grammars.push(g),
                 Err(e) => return Err((job, e)),
             }
@@ -103,21 +105,29 @@ impl ActiveRequest {
             .into_iter()
             .zip(grammars)
             .enumerate()
-            .map(|(i, (seq_id, grammar))| Choice {
-                index: i as u32,
-                seq_id,
-                sampler: build_sampler(n_vocab, &request.sampling, i as u32, window, grammar),
-                text: TextAssembler::new(request.stop.clone()),
-                generated: 0,
-                pos: 0,
-                next_token: None,
-                batch_idx: None,
-                drafts: Vec::new(),
-                drafter: Drafter::new(&request.prompt.tokens, speculation),
-                finished: None,
-                last_token_at: None,
-                tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch { bare_possible: true, ..Default::default() }),
-                constrained: request.constraint.is_some(),
+            .map(|(i, (seq_id, grammar))| {
+                let mut drafter = Drafter::new(&request.prompt.tokens, speculation);
+                let grammar = grammar.map(|m| LlamaSampler::from(drafter.follow_grammar(m)));
+                Choice {
+                    index: i as u32,
+                    seq_id,
+                    sampler: build_sampler(n_vocab, &request.sampling, i as u32, window, grammar),
+                    text: TextAssembler::new(request.stop.clone()),
+                    generated: 0,
+                    pos: 0,
+                    next_token: None,
+                    batch_idx: None,
+                    drafts: Vec::new(),
+                    drafts_forced: false,
+                    drafter,
+                    finished: None,
+                    last_token_at: None,
+                    tool_watch: request
+                        .lazy_tools
+                        .as_ref()
+                        .map(|_| ToolWatch { bare_possible: true, ..Default::default() }),
+                    constrained: request.constraint.is_some(),
+                }
             })
             .collect();
         let prompt_tokens = request.prompt.tokens.len() as u32;
@@ -185,8 +195,9 @@ impl ActiveRequest {
                 }
             }
         };
-        match model.constraint_sampler_after(constraint, consumed) {
-            Ok(grammar) => {
+        match model.constraint_matcher(constraint, consumed) {
+            Ok(matcher) => {
+                let grammar = LlamaSampler::from(self.choices[i].drafter.follow_grammar(matcher));
                 let n_vocab = model.info().n_vocab;
                 self.choices[i].sampler = build_sampler(n_vocab, &self.sampling, i as u32, self.penalty_window, Some(grammar));
                 self.choices[i].tool_watch = None;

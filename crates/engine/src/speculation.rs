@@ -1,4 +1,4 @@
-//! Speculative decoding without a draft model (prompt lookup).
+//! Speculative decoding without a draft model: prompt lookup, and jump-forward under a grammar.
 //!
 //! Code edits, quotes and structured answers repeat long runs of tokens that are already in the
 //! prompt or earlier in the output. For each decoding choice the drafter looks for the longest
@@ -13,9 +13,15 @@
 //! Verifying k draft tokens is not free on a CPU (a batch of k+1 tokens costs more than one), so
 //! drafting adapts: a choice drafts only while its drafts are being accepted, backs off when they
 //! are not, and nobody drafts once enough sequences are decoding that the batch is compute-bound.
+//!
+//! Under a grammar (a JSON schema, a tool call) the drafter first asks what the grammar forces
+//! next: keys, punctuation and enum tails allow one tokenization only, so the sampler could pick
+//! nothing else and those drafts are always accepted, at any load (jump-forward, verified the
+//! same way, so constrained output is also unchanged).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use llguidance::Matcher;
 use metrics::counter;
 
 /// Whether the engine drafts tokens; see the module docs.
@@ -59,6 +65,8 @@ const EMA_WEIGHT: f32 = 0.3;
 pub struct SpeculationStats {
     drafted: AtomicU64,
     accepted: AtomicU64,
+    forced: AtomicU64,
+    forced_accepted: AtomicU64,
 }
 
 impl SpeculationStats {
@@ -70,6 +78,23 @@ impl SpeculationStats {
     /// Draft tokens that were the sampled token, so a decode step was saved.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Grammar-forced tokens fed ahead as drafts (jump-forward).
+    pub fn forced(&self) -> u64 {
+        self.forced.load(Ordering::Relaxed)
+    }
+
+    /// Forced drafts that were the sampled token (all of them, unless the choice ended first).
+    pub fn forced_accepted(&self) -> u64 {
+        self.forced_accepted.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_forced(&self, drafted: usize, accepted: usize) {
+        self.forced.fetch_add(drafted as u64, Ordering::Relaxed);
+        self.forced_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+        counter!("gantry_forced_tokens_total").increment(drafted as u64);
+        counter!("gantry_forced_tokens_accepted_total").increment(accepted as u64);
     }
 
     pub(crate) fn record(&self, drafted: usize, accepted: usize) {
@@ -92,12 +117,25 @@ pub(crate) fn describe() {
         Unit::Count,
         "Draft tokens that matched the sampled token, each saving a decode step."
     );
+    describe_counter!(
+        "gantry_forced_tokens_total",
+        Unit::Count,
+        "Tokens a grammar forces (JSON keys and punctuation), fed ahead in the same batch (jump-forward)."
+    );
+    describe_counter!(
+        "gantry_forced_tokens_accepted_total",
+        Unit::Count,
+        "Forced tokens that were produced, each saving a decode step."
+    );
 }
 
 /// One choice's drafter: the tokens it may copy from (prompt and output so far) and how well
 /// its drafts have been doing.
 pub(crate) struct Drafter {
     history: Vec<i32>,
+    /// A copy of the choice's grammar state (its sampler holds the other one), fed the same
+    /// tokens, asked what the grammar forces next.
+    grammar: Option<Matcher>,
     /// Draft length to propose next; grows while drafts are accepted in full.
     k: usize,
     max: usize,
@@ -115,6 +153,7 @@ impl Drafter {
         Self {
             // Only a drafter that may draft needs the tokens to copy from.
             history: if max > 0 { prompt.to_vec() } else { Vec::new() },
+            grammar: None,
             k: max.min(4),
             max,
             acceptance: 0.5,
@@ -123,11 +162,38 @@ impl Drafter {
         }
     }
 
+    /// The choice is sampled under `matcher`'s grammar from now on (its state already holds the
+    /// output so far); returns the matcher for the sampler, keeping a copy to draft from.
+    pub fn follow_grammar(&mut self, matcher: Matcher) -> Matcher {
+        self.grammar = (self.max > 0).then(|| matcher.deep_clone());
+        matcher
+    }
+
     /// A token the choice produced.
     pub fn push(&mut self, token: i32) {
         if self.max > 0 {
             self.history.push(token);
         }
+        if let Some(g) = self.grammar.as_mut() {
+            // A stopped matcher is poisoned by another token; the sampler's copy skips it too.
+            if g.is_stopped() || g.consume_token(token as u32).is_err() {
+                self.grammar = None;
+            }
+        }
+    }
+
+    /// Up to `limit` tokens the grammar allows only one way after the output so far (a key, a
+    /// `":`, the rest of an enum value), as the model's tokenizer writes them: the choice's
+    /// sampler can then pick nothing else, so verifying them never wastes a position. Unlike
+    /// lookup drafts they pay at any load: each saves a whole decode step of this stream.
+    pub fn forced(&mut self, limit: usize) -> Vec<i32> {
+        let Some(g) = self.grammar.as_mut() else { return Vec::new() };
+        if limit == 0 || g.is_stopped() {
+            return Vec::new();
+        }
+        let mut tokens: Vec<i32> = g.compute_ff_tokens().into_iter().map(|t| t as i32).collect();
+        tokens.truncate(limit);
+        tokens
     }
 
     /// Up to `limit` tokens expected to follow the output so far; empty when there is no

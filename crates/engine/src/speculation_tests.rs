@@ -191,3 +191,49 @@ async fn grammar_constrained_output_is_unchanged() {
     assert!(engine.speculation_stats().drafted() > 0, "drafts were verified under the grammar");
     engine.shutdown();
 }
+
+/// Jump-forward: under a schema the tokens the grammar forces (keys, punctuation, enum tails) are
+/// fed ahead as drafts; the output is exactly what one-token-at-a-time constrained decoding
+/// gives, alone and beside another sequence, greedy and seeded, and every forced draft is taken.
+#[tokio::test]
+async fn forced_tokens_are_fed_ahead_and_change_nothing() {
+    let eos = eos(&start(1, Speculate::Off));
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "customer_name": {"type": "string", "maxLength": 12},
+            "priority": {"enum": ["urgent escalation", "routine follow-up"]},
+            "order_count": {"type": "integer"},
+            "is_returning_customer": {"type": "boolean"},
+            "shipping_region": {"enum": ["northern europe", "southern europe"]},
+            "notes": {"type": "string", "maxLength": 8}
+        },
+        "required": ["customer_name", "priority", "order_count", "is_returning_customer", "shipping_region", "notes"]
+    });
+    let constrained = |sampling: SamplingParams| {
+        let mut i = input(PROMPTS[2], 200, sampling, vec![], eos);
+        // The random model may end the document wherever the grammar lets it.
+        i.sampling.logit_bias.clear();
+        i.constraint = Some((crate::Constraint::JsonSchema(schema.clone()), "response_format"));
+        i
+    };
+    let seeded = SamplingParams { temperature: 0.9, seed: Some(11), ..SamplingParams::default() };
+    let inputs = || vec![constrained(greedy()), constrained(seeded.clone())];
+    let expected = reference(inputs).await;
+    for out in &expected {
+        let doc: serde_json::Value = serde_json::from_str(&out.text).expect("the reference is a complete document");
+        assert_eq!(doc.as_object().unwrap().len(), 6, "{}", out.text);
+    }
+
+    let engine = start(2, Speculate::Auto);
+    for (i, want) in inputs().into_iter().zip(&expected) {
+        assert_eq!(&run(&engine, vec![i]).await[0], want);
+    }
+    assert_eq!(run(&engine, inputs()).await, expected, "both at once");
+    let stats = engine.speculation_stats();
+    // Six keys of 5-21 characters, the quotes, colons and commas around them and the enum tails
+    // are forced, four times over.
+    assert!(stats.forced() >= 4 * 30, "forced drafts fed: {}", stats.forced());
+    assert_eq!(stats.forced_accepted(), stats.forced(), "the sampler can only pick a forced token");
+    engine.shutdown();
+}
