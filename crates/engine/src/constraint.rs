@@ -71,7 +71,15 @@ impl TokenizerEnv for LlamaTokEnv {
         if std::str::from_utf8(s).is_err() {
             return self.trie.greedy_tokenize(s);
         }
-        self.model.vocab().tokenize(s, false, false).into_iter().map(|t| t.0 as TokenId).collect()
+        let tokens: Vec<TokenId> =
+            self.model.vocab().tokenize(s, false, false).into_iter().map(|t| t.0 as TokenId).collect();
+        // Some tokenizers do not spell the text back byte for byte (SentencePiece vocabularies
+        // add a leading space): forcing their tokens would write what the grammar did not ask
+        // for, so those fall back to the trie too.
+        if self.trie.decode_raw(&tokens) != s {
+            return self.trie.greedy_tokenize(s);
+        }
+        tokens
     }
 
     fn tokenize_is_canonical(&self) -> bool {

@@ -212,8 +212,10 @@ async fn forced_tokens_are_fed_ahead_and_change_nothing() {
     });
     let constrained = |sampling: SamplingParams| {
         let mut i = input(PROMPTS[2], 200, sampling, vec![], eos);
-        // The random model may end the document wherever the grammar lets it.
-        i.sampling.logit_bias.clear();
+        // The random model may end the document wherever the grammar lets it, but would fill
+        // every gap with as much layout whitespace as allowed: tab, line feed and space (byte
+        // tokens 9, 10, 32) are banned where the grammar does not force them.
+        i.sampling.logit_bias = vec![(9, -100.0), (10, -100.0), (32, -100.0)];
         i.constraint = Some((crate::Constraint::JsonSchema(schema.clone()), "response_format"));
         i
     };
