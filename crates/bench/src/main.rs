@@ -60,8 +60,9 @@ struct Cli {
     /// Parallel sequences/slots for both servers (default: the highest concurrency).
     #[arg(long)]
     parallel: Option<u32>,
-    /// Context per sequence (llama-server gets this × parallel in total).
-    #[arg(long, default_value_t = 2048)]
+    /// Context per sequence (llama-server gets this × parallel in total): code-edit needs its
+    /// ~950-token file plus 1200 completion tokens.
+    #[arg(long, default_value_t = 4096)]
     ctx_size: u32,
     /// Concurrency levels of the chat workload.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
