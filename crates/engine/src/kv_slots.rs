@@ -7,9 +7,8 @@
 //! cache a copy only tags the cells with one more sequence id; nothing is recomputed).
 //!
 //! Memory stays bounded: each sequence holds at most `ctx_size` positions, so the cache never
-//! outgrows `ctx_size * parallel` cells. A request takes an idle slot it can continue without
-//! losing anything (an empty one, or one whose whole content starts its prompt); otherwise the
-//! least recently used slot is overwritten.
+//! outgrows `ctx_size * parallel` cells. When no idle slot holds a useful prefix, the least
+//! recently used one is overwritten.
 
 pub(crate) struct KvSlots {
     tokens: Vec<Vec<i32>>,
@@ -65,26 +64,15 @@ impl KvSlots {
         self.last_used[seq as usize] = self.clock;
     }
 
-    /// Which idle sequence a prompt should take. Returns its index in `free` and how much of
-    /// what it holds the prompt can keep in place.
-    ///
-    /// A slot whose whole content starts the prompt loses nothing by taking it (the longest such
-    /// wins; an empty slot holds nothing to lose). Otherwise the least recently used slot is
-    /// overwritten. A slot is never picked just because it shares part of the prompt: a cached
-    /// file or conversation that merely starts with the same system prompt would be destroyed
-    /// for a prefix that `best_source` copies into any slot anyway (a copy only tags cells).
+    /// Which idle sequence a prompt should take: the one already holding the longest prefix of
+    /// it, else the least recently used. Returns its index in `free` and the reusable length.
     pub fn pick_free(&self, free: &[i32], prompt: &[i32]) -> Option<(usize, usize)> {
-        let candidates = free.iter().enumerate().map(|(i, &seq)| {
-            let held = self.tokens(seq);
-            let common = common_prefix(held, prompt);
-            (i, common, common == held.len(), self.last_used[seq as usize])
-        });
-        let lossless = candidates
-            .clone()
-            .filter(|&(_, _, whole, _)| whole)
-            // Longest first; among equals (e.g. empty slots) the oldest.
-            .max_by(|a, b| a.1.cmp(&b.1).then(b.3.cmp(&a.3)));
-        lossless.or_else(|| candidates.min_by_key(|&(_, _, _, last_used)| last_used)).map(|(i, common, _, _)| (i, common))
+        free.iter()
+            .enumerate()
+            .map(|(i, &seq)| (i, common_prefix(self.tokens(seq), prompt), self.last_used[seq as usize]))
+            // Longest prefix first; among equals (e.g. none) the oldest.
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
+            .map(|(i, len, _)| (i, len))
     }
 
     /// The sequence (other than `exclude`) holding the longest prefix of `prompt`.
@@ -108,40 +96,18 @@ mod tests {
     }
 
     #[test]
-    fn picks_the_slot_whose_whole_content_starts_the_prompt() {
+    fn picks_the_slot_holding_the_longest_prefix() {
         let mut s = KvSlots::new(3);
         fill(&mut s, 0, &[1, 2, 3]);
         fill(&mut s, 1, &[1, 2, 3, 4, 5]);
         fill(&mut s, 2, &[9]);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 3, 4, 5, 7]), Some((1, 5)));
-        // Slot 1 holds more than the prompt continues: slot 0 loses nothing.
-        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 3, 4, 7]), Some((0, 3)));
+        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 3, 4, 7]), Some((1, 4)));
         assert_eq!(s.pick_free(&[0, 2], &[1, 2, 3, 4, 7]), Some((0, 3)));
-    }
-
-    #[test]
-    fn a_slot_sharing_only_part_of_the_prompt_is_not_overwritten_while_another_can_go() {
-        // Two cached files behind one system prompt [1, 2]: a prompt for a third file takes the
-        // empty slot (or the least recently used one), not the first file's slot.
-        let mut s = KvSlots::new(3);
-        fill(&mut s, 0, &[1, 2, 10, 11, 12]);
-        s.touch(0);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 30, 31]), Some((2, 0)));
-        fill(&mut s, 1, &[1, 2, 20, 21, 22]);
-        s.touch(1);
-        fill(&mut s, 2, &[1, 2, 30, 31, 32]);
-        s.touch(2);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 40]), Some((0, 2)));
-        s.touch(0);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 40]), Some((1, 2)));
     }
 
     #[test]
     fn without_a_match_the_least_recently_used_slot_is_overwritten() {
         let mut s = KvSlots::new(3);
-        for seq in 0..3 {
-            fill(&mut s, seq, &[seq + 100]);
-        }
         s.touch(2);
         s.touch(0);
         s.touch(1);
@@ -149,16 +115,6 @@ mod tests {
         s.touch(2);
         assert_eq!(s.pick_free(&[0, 1, 2], &[5, 6]), Some((0, 0)));
         assert_eq!(s.pick_free(&[], &[5, 6]), None);
-    }
-
-    #[test]
-    fn an_empty_slot_goes_before_one_holding_something() {
-        let mut s = KvSlots::new(3);
-        fill(&mut s, 0, &[7]);
-        s.touch(1);
-        s.touch(2);
-        // Slot 0 was never touched (oldest) but holds a prefix; the empty ones lose nothing.
-        assert_eq!(s.pick_free(&[0, 1, 2], &[5, 6]), Some((1, 0)));
     }
 
     #[test]
