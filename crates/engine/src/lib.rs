@@ -17,6 +17,7 @@ mod sampling;
 mod scheduler;
 mod sequence;
 mod speculation;
+mod step_cost;
 mod telemetry;
 pub mod template;
 pub mod text;

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
+use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -16,7 +17,8 @@ use crate::model::LoadedModel;
 use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sequence::{ActiveRequest, Job};
-use crate::speculation::{self, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS};
+use crate::speculation::{self, Acceptance, Speculate, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS};
+use crate::step_cost::StepCost;
 use crate::telemetry::{self, StepStats, Totals};
 
 pub(crate) struct SchedulerConfig {
@@ -46,6 +48,10 @@ pub(crate) struct Scheduler {
     abort: Arc<AtomicBool>,
     totals: Totals,
     spec_stats: Arc<SpeculationStats>,
+    step_cost: StepCost,
+    acceptance: Acceptance,
+    /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
+    batch_prompt_tokens: usize,
 }
 
 impl Scheduler {
@@ -73,6 +79,9 @@ impl Scheduler {
             abort,
             totals: Totals::default(),
             spec_stats,
+            step_cost: StepCost::default(),
+            acceptance: Acceptance::default(),
+            batch_prompt_tokens: 0,
         }
     }
 
@@ -116,12 +125,16 @@ impl Scheduler {
         if !has_work {
             return;
         }
+        let started = Instant::now();
         if let Err(e) = ctx.decode(&mut self.batch) {
             tracing::error!(error = %e, "llama.cpp decode failed");
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
         }
         self.sample_all(ctx);
+        if self.batch_prompt_tokens == 0 {
+            self.step_cost.observe(self.batch.n_tokens() as usize, started.elapsed());
+        }
         self.panic_if_asked();
         self.retire_finished();
     }
@@ -239,6 +252,7 @@ impl Scheduler {
     /// there is nothing to decode.
     fn fill_batch(&mut self) -> bool {
         self.batch.clear();
+        self.batch_prompt_tokens = 0;
         let mut budget = self.cfg.batch_size as usize;
         let decoding: usize =
             self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
@@ -248,6 +262,9 @@ impl Scheduler {
         let mut forced_budget = budget.saturating_sub(decoding);
         let mut draft_budget = if decoding <= MAX_DRAFTING_STREAMS { forced_budget } else { 0 };
         let ctx_size = self.cfg.ctx_size as i32;
+        let weigh_drafts = self.cfg.speculation.mode == Speculate::Auto;
+        // Positions this step computes logits for so far, counting every decoding choice's token.
+        let mut outputs = decoding;
         for req in &mut self.active {
             let max_tokens = req.max_tokens;
             for c in &mut req.choices {
@@ -266,8 +283,18 @@ impl Scheduler {
                     c.drafts = c.drafter.forced(limit.min(forced_budget));
                     c.drafts_forced = !c.drafts.is_empty();
                     if !c.drafts_forced {
-                        c.drafts = c.drafter.propose(limit.min(draft_budget)).to_vec();
+                        let mut draft = c.drafter.propose(limit.min(draft_budget));
+                        if weigh_drafts && !draft.is_empty() {
+                            let (acceptance, matched) = (&self.acceptance, c.drafter.matched());
+                            let k = self.step_cost.best_draft(outputs, draft.len(), |k| acceptance.expected_tokens(matched, k));
+                            if k == 0 {
+                                self.acceptance.declined(matched);
+                            }
+                            draft.truncate(k);
+                        }
+                        c.drafts = draft;
                     }
+                    outputs += c.drafts.len();
                     for &draft in &c.drafts {
                         self.batch.add(LlamaToken(draft), c.pos, &[c.seq_id], true).expect("drafts fit the budget");
                         self.slots.record(c.seq_id, c.pos as usize, draft);
@@ -299,6 +326,7 @@ impl Scheduler {
                 }
             }
             budget -= end - req.prefilled;
+            self.batch_prompt_tokens += end - req.prefilled;
             req.prefilled = end;
             if !req.is_prefilling() {
                 let idx = self.batch.n_tokens() - 1;
@@ -343,7 +371,7 @@ impl Scheduler {
                 if k > 0 && req.choices[i].drafts_forced {
                     self.spec_stats.record_forced(k, accepted);
                 } else if k > 0 {
-                    req.choices[i].drafter.verified(k, accepted);
+                    self.acceptance.verified(req.choices[i].drafter.matched(), k, accepted);
                     self.spec_stats.record(k, accepted);
                 }
                 // The choice's position is where its next token goes: positions from there on

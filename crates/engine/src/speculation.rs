@@ -10,9 +10,12 @@
 //! draw) that decoding one token at a time would use: at temperature 0, and with a fixed seed at
 //! any temperature, the output does not change; only the number of decode steps does.
 //!
-//! Verifying k draft tokens is not free on a CPU (a batch of k+1 tokens costs more than one), so
-//! drafting adapts: a choice drafts only while its drafts are being accepted, backs off when they
-//! are not, and nobody drafts once enough sequences are decoding that the batch is compute-bound.
+//! Verifying k draft tokens is not free on a CPU (a batch of k+1 tokens costs more than one, by
+//! how much depends on the CPU and the model), so drafting weighs cost against gain each step: each
+//! choice estimates how likely its draft tokens are to be accepted, the scheduler measures what
+//! each extra position in a step costs (`step_cost`), and a draft is fed only as far as it is
+//! expected to produce more tokens per second than not drafting. Nobody drafts once enough
+//! sequences are decoding that the batch is compute-bound.
 //!
 //! Under a grammar (a JSON schema, a tool call) the drafter first asks what the grammar forces
 //! next: keys, punctuation and enum tails allow one tokenization only, so the sampler could pick
@@ -27,8 +30,13 @@ use metrics::counter;
 /// Whether the engine drafts tokens; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Speculate {
-    /// Draft where it pays: per choice while its drafts are accepted, not under load.
+    /// Draft where it pays: as far as a draft is expected to save more time than verifying it
+    /// costs on this machine, and not under load.
     Auto,
+    /// Feed every proposal in full (up to `draft_max`) without weighing its cost, still not
+    /// under load: for hardware where verifying is known to be cheap, and for tests that need
+    /// drafts to be verified.
+    Always,
     Off,
 }
 
@@ -53,12 +61,18 @@ pub(crate) const MAX_DRAFTING_STREAMS: usize = 2;
 const MIN_MATCH: usize = 2;
 /// Matches are compared back at most this far; longer ones are all equally convincing.
 const MAX_MATCH: usize = 32;
-/// Below this share of accepted draft tokens (moving average) a choice stops drafting a while.
-const PAUSE_BELOW: f32 = 0.25;
-const FIRST_PAUSE_STEPS: u32 = 8;
-const LONGEST_PAUSE_STEPS: u32 = 256;
-/// Weight of the latest verification in the moving average.
-const EMA_WEIGHT: f32 = 0.3;
+/// Weight left to earlier verifications in an acceptance estimate after each newer one.
+const ACCEPTANCE_MEMORY: f64 = 0.98;
+/// Weight left to them after each draft of that kind that was not fed: an estimate that stopped
+/// drafting drifts back to its prior and gets probed again (text that stopped repeating its
+/// context may start again).
+const DECLINED_MEMORY: f64 = 0.995;
+/// Upper bounds of the match-length classes acceptance is estimated for, and each class's prior
+/// chance that a draft token is accepted: a draft that continues a long run copied from the
+/// context is far likelier to be right than one that continues two matching tokens.
+const MATCH_CLASSES: [(usize, f64); 7] = [(2, 0.5), (3, 0.6), (5, 0.7), (8, 0.8), (15, 0.85), (31, 0.9), (MAX_MATCH, 0.95)];
+/// Weight of the prior, in verified drafts.
+const PRIOR_WEIGHT: f64 = 2.0;
 
 /// Draft tokens proposed and accepted since start; shared with the engine handle.
 #[derive(Debug, Default)]
@@ -136,29 +150,23 @@ pub(crate) struct Drafter {
     /// A copy of the choice's grammar state (its sampler holds the other one), fed the same
     /// tokens, asked what the grammar forces next.
     grammar: Option<Matcher>,
-    /// Draft length to propose next; grows while drafts are accepted in full.
-    k: usize,
     max: usize,
-    acceptance: f32,
-    paused_for: u32,
-    next_pause: u32,
+    /// Length of the match the last proposal continues.
+    matched: usize,
 }
 
 impl Drafter {
     pub fn new(prompt: &[i32], config: SpeculationConfig) -> Self {
         let max = match config.mode {
-            Speculate::Auto => config.draft_max as usize,
+            Speculate::Auto | Speculate::Always => config.draft_max as usize,
             Speculate::Off => 0,
         };
         Self {
             // Only a drafter that may draft needs the tokens to copy from.
             history: if max > 0 { prompt.to_vec() } else { Vec::new() },
             grammar: None,
-            k: max.min(4),
             max,
-            acceptance: 0.5,
-            paused_for: 0,
-            next_pause: FIRST_PAUSE_STEPS,
+            matched: 0,
         }
     }
 
@@ -196,51 +204,89 @@ impl Drafter {
         tokens
     }
 
-    /// Up to `limit` tokens expected to follow the output so far; empty when there is no
-    /// convincing match or this choice's drafts have not been paying.
-    pub fn propose(&mut self, limit: usize) -> &[i32] {
-        if self.max == 0 || limit == 0 {
-            return &[];
+    /// Up to `limit` tokens expected to follow the output so far (empty when nothing earlier
+    /// matches convincingly), cut where the grammar, if any, forbids one: the sampler would
+    /// reject it and everything after it. How many of them are worth verifying is the
+    /// scheduler's call (`Acceptance`, `StepCost`).
+    pub fn propose(&mut self, limit: usize) -> Vec<i32> {
+        let limit = limit.min(self.max);
+        if limit == 0 {
+            return Vec::new();
         }
-        if self.paused_for > 0 {
-            self.paused_for -= 1;
-            return &[];
+        let Some((start, matched)) = longest_match(&self.history) else { return Vec::new() };
+        self.matched = matched;
+        let end = (start + limit).min(self.history.len());
+        let mut draft = self.history[start..end].to_vec();
+        if let Some(g) = self.grammar.as_mut() {
+            let ids: Vec<u32> = draft.iter().map(|&t| t as u32).collect();
+            draft.truncate(g.validate_tokens(&ids).unwrap_or(0));
         }
-        let want = self.k.min(limit);
-        match longest_match(&self.history) {
-            Some(start) => {
-                let end = (start + want).min(self.history.len());
-                &self.history[start..end]
-            }
-            None => &[],
-        }
+        draft
     }
 
-    /// The outcome of verifying a draft of `drafted` tokens, `accepted` of them taken.
-    pub fn verified(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        let rate = accepted as f32 / drafted as f32;
-        self.acceptance = (1.0 - EMA_WEIGHT) * self.acceptance + EMA_WEIGHT * rate;
-        self.k = if accepted == drafted { (self.k + 2).min(self.max) } else { (accepted + 1).min(self.max) };
-        if rate >= 0.5 {
-            self.next_pause = FIRST_PAUSE_STEPS;
-        }
-        if self.acceptance < PAUSE_BELOW {
-            // Probe again later: text that stopped repeating its context may start again.
-            self.paused_for = self.next_pause;
-            self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE_STEPS);
-            self.acceptance = 2.0 * PAUSE_BELOW;
-            self.k = 1.max(self.max.min(2));
-        }
+    /// Length of the earlier match the last proposal continues.
+    pub fn matched(&self) -> usize {
+        self.matched
     }
 }
 
-/// Where the continuation of `history`'s tail starts: the index just after the earlier
-/// occurrence that matches the most tokens before the end (at least `MIN_MATCH`), the most recent
-/// one among equals.
-fn longest_match(history: &[i32]) -> Option<usize> {
+/// How likely lookup draft tokens are to be accepted, by the length of the match they continue,
+/// learned from every verification (decayed counts per class): each draft token is taken as
+/// accepted with probability accepted / (accepted + rejected), the estimate for a run of
+/// independent trials that ends at the first miss.
+#[derive(Debug, Clone)]
+pub(crate) struct Acceptance {
+    accepted: [f64; MATCH_CLASSES.len()],
+    rejected: [f64; MATCH_CLASSES.len()],
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        Self { accepted: [0.0; MATCH_CLASSES.len()], rejected: [0.0; MATCH_CLASSES.len()] }
+    }
+}
+
+impl Acceptance {
+    fn class(matched: usize) -> usize {
+        MATCH_CLASSES.iter().position(|&(upto, _)| matched <= upto).unwrap_or(MATCH_CLASSES.len() - 1)
+    }
+
+    /// Chance that one draft token continuing a `matched`-token match is accepted.
+    pub fn chance(&self, matched: usize) -> f64 {
+        let c = Self::class(matched);
+        let prior = MATCH_CLASSES[c].1;
+        (self.accepted[c] + PRIOR_WEIGHT * prior) / (self.accepted[c] + self.rejected[c] + PRIOR_WEIGHT)
+    }
+
+    /// Tokens a choice is expected to produce in one step from its token plus `k` drafts that
+    /// continue a `matched`-token match.
+    pub fn expected_tokens(&self, matched: usize, k: usize) -> f64 {
+        let p = self.chance(matched);
+        (0..=k).map(|j| p.powi(j as i32)).sum()
+    }
+
+    /// A draft of `drafted` tokens continuing a `matched`-token match had `accepted` taken.
+    pub fn verified(&mut self, matched: usize, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let c = Self::class(matched);
+        self.accepted[c] = self.accepted[c] * ACCEPTANCE_MEMORY + accepted as f64;
+        self.rejected[c] = self.rejected[c] * ACCEPTANCE_MEMORY + if accepted < drafted { 1.0 } else { 0.0 };
+    }
+
+    /// A draft continuing a `matched`-token match was not worth feeding.
+    pub fn declined(&mut self, matched: usize) {
+        let c = Self::class(matched);
+        self.accepted[c] *= DECLINED_MEMORY;
+        self.rejected[c] *= DECLINED_MEMORY;
+    }
+}
+
+/// Where the continuation of `history`'s tail starts, and how many tokens match: the index just
+/// after the earlier occurrence that matches the most tokens before the end (at least
+/// `MIN_MATCH`), the most recent one among equals.
+fn longest_match(history: &[i32]) -> Option<(usize, usize)> {
     let n = history.len();
     if n < MIN_MATCH + 1 {
         return None;
@@ -260,7 +306,7 @@ fn longest_match(history: &[i32]) -> Option<usize> {
             }
         }
     }
-    best.map(|(start, _)| start)
+    best
 }
 
 #[cfg(test)]
@@ -276,8 +322,8 @@ mod tests {
         // "7 8 9" occurred once, followed by 1 2 3; "9" alone also occurred later (followed by 5).
         let mut d = Drafter::new(&[7, 8, 9, 1, 2, 3, 4, 9, 5, 6, 7, 8], auto(8));
         d.push(9);
-        assert_eq!(d.propose(3), &[1, 2, 3]);
-        assert_eq!(d.propose(1), &[1]);
+        assert_eq!(d.propose(3), [1, 2, 3]);
+        assert_eq!(d.propose(1), [1]);
     }
 
     #[test]
@@ -292,7 +338,7 @@ mod tests {
         let mut d = Drafter::new(&[1, 2, 3, 1, 2, 4, 1], auto(8));
         d.push(2);
         // Both "1 2" occurrences match two tokens; the later one is followed by 4, 1, 2.
-        assert_eq!(d.propose(8), &[4, 1, 2]);
+        assert_eq!(d.propose(8), [4, 1, 2]);
     }
 
     #[test]
@@ -303,20 +349,37 @@ mod tests {
     }
 
     #[test]
-    fn rejected_drafts_shrink_the_draft_and_then_pause_it() {
-        let history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6];
-        let mut d = Drafter::new(&history, auto(8));
-        assert_eq!(d.propose(8).len(), 4, "first drafts are 4 long");
-        d.verified(4, 4);
-        assert_eq!(d.propose(8).len(), 6, "a fully accepted draft grows it");
-        d.verified(6, 1);
-        assert_eq!(d.propose(8).len(), 2, "a rejection shrinks it to what was accepted, plus one");
-        d.verified(2, 0);
-        d.verified(1, 0);
-        // The average fell below the threshold: the next FIRST_PAUSE_STEPS proposals are empty.
-        for _ in 0..FIRST_PAUSE_STEPS {
-            assert!(d.propose(8).is_empty());
+    fn acceptance_is_learned_per_match_length_and_drifts_back() {
+        let mut a = Acceptance::default();
+        assert!(a.chance(32) > a.chance(2), "longer matches start out likelier");
+        assert!((a.expected_tokens(2, 1) - 1.5).abs() < 1e-9, "short matches: a coin flip");
+        for _ in 0..50 {
+            a.verified(3, 4, 4);
         }
-        assert!(!d.propose(8).is_empty(), "then it probes again");
+        assert!(a.expected_tokens(3, 4) > 4.5, "{}", a.expected_tokens(3, 4));
+        assert!((a.chance(2) - 0.5).abs() < 1e-9, "other classes are untouched");
+        for _ in 0..200 {
+            a.verified(3, 4, 0);
+        }
+        assert!(a.expected_tokens(3, 4) < 1.5, "{}", a.expected_tokens(3, 4));
+        for _ in 0..3000 {
+            a.declined(3);
+        }
+        assert!((a.chance(3) - 0.6).abs() < 0.01, "back to the prior: {}", a.chance(3));
+    }
+
+    #[test]
+    fn proposals_remember_the_match_they_continue() {
+        let mut d = Drafter::new(&[7, 8, 9, 1, 2, 3, 4, 7, 8], auto(8));
+        d.push(9);
+        assert_eq!(d.propose(2), [1, 2]);
+        assert_eq!(d.matched(), 3);
+    }
+
+    #[test]
+    fn proposals_stop_at_draft_max() {
+        let history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6];
+        let mut d = Drafter::new(&history, auto(3));
+        assert_eq!(d.propose(8), [7, 8, 9]);
     }
 }

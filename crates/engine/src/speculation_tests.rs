@@ -100,7 +100,7 @@ async fn greedy_output_is_unchanged_alone_and_beside_other_sequences() {
     let inputs = || PROMPTS.iter().map(|p| input(p, 80, greedy(), vec![], eos)).collect::<Vec<_>>();
     let expected = reference(inputs).await;
 
-    let engine = start(1, Speculate::Auto);
+    let engine = start(1, Speculate::Always);
     for (i, want) in inputs().into_iter().zip(&expected) {
         assert_eq!(&run(&engine, vec![i]).await[0], want);
     }
@@ -110,7 +110,7 @@ async fn greedy_output_is_unchanged_alone_and_beside_other_sequences() {
 
     // Two sequences decoding together (both may draft), then three (one more than drafts are
     // allowed beside: drafting stops and resumes as the batch shrinks).
-    let engine = start(3, Speculate::Auto);
+    let engine = start(3, Speculate::Always);
     assert_eq!(run(&engine, inputs()[..2].to_vec()).await, expected[..2]);
     assert!(engine.speculation_stats().accepted() > 0);
     assert_eq!(run(&engine, inputs()).await, expected);
@@ -127,7 +127,7 @@ async fn a_seeded_sampled_output_is_unchanged() {
         SamplingParams { temperature: 0.8, seed: Some(7), logit_bias: favoured, ..SamplingParams::default() };
     let inputs = || PROMPTS.iter().map(|p| input(p, 80, sampling.clone(), vec![], eos)).collect::<Vec<_>>();
     let expected = reference(inputs).await;
-    let engine = start(1, Speculate::Auto);
+    let engine = start(1, Speculate::Always);
     for (i, want) in inputs().into_iter().zip(&expected) {
         assert_eq!(&run(&engine, vec![i]).await[0], want);
     }
@@ -141,7 +141,7 @@ async fn rejected_drafts_are_not_billed_and_limits_cut_where_they_would() {
     let eos = eos(&start(1, Speculate::Off));
     let long = || PROMPTS.iter().map(|p| input(p, 80, greedy(), vec![], eos)).collect::<Vec<_>>();
     let expected = reference(long).await;
-    let engine = start(1, Speculate::Auto);
+    let engine = start(1, Speculate::Always);
     for (i, want) in long().into_iter().zip(&expected) {
         let got = run(&engine, vec![i]).await.remove(0);
         assert_eq!(got.usage.completion_tokens as usize, got.tokens.len());
@@ -186,7 +186,7 @@ async fn grammar_constrained_output_is_unchanged() {
         vec![i]
     };
     let expected = reference(inputs).await;
-    let engine = start(1, Speculate::Auto);
+    let engine = start(1, Speculate::Always);
     assert_eq!(run(&engine, inputs()).await, expected);
     assert!(engine.speculation_stats().drafted() > 0, "drafts were verified under the grammar");
     engine.shutdown();

@@ -88,8 +88,10 @@ pub struct ServeArgs {
     /// Max tokens per decode step.
     #[arg(long, default_value_t = 512)]
     pub batch_size: u32,
-    /// Speculative decoding by prompt lookup: `auto` drafts tokens copied from the prompt and
-    /// output where they are being accepted and the server is not busy; `off` never drafts.
+    /// Speculative decoding by prompt lookup and grammar jump-forward: `auto` drafts tokens copied
+    /// from the prompt and output as far as verifying them is measured to pay on this machine,
+    /// and not while the server is busy; `always` feeds every proposal in full (for hardware where
+    /// verifying is cheap); `off` never drafts.
     #[arg(long, value_enum, default_value_t = SpeculateArg::Auto)]
     pub speculate: SpeculateArg,
     /// Most draft tokens one sequence verifies per step.
@@ -153,6 +155,7 @@ fn parse_heartbeat_timeout(s: &str) -> Result<f64, String> {
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpeculateArg {
     Auto,
+    Always,
     Off,
 }
 

@@ -49,6 +49,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.speculation = gantry_engine::SpeculationConfig {
         mode: match args.speculate {
             crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,
+            crate::cli::SpeculateArg::Always => gantry_engine::Speculate::Always,
             crate::cli::SpeculateArg::Off => gantry_engine::Speculate::Off,
         },
         draft_max: args.draft_max,
