@@ -163,8 +163,20 @@ def test_unchanged_beside_other_requests(server, plain_server):
     assert _accepted(server) > before
 
 
-def test_seeded_sampling_is_unchanged(server, plain_server):
+def _fed(server) -> float:
+    return _accepted(server, "gantry_draft_tokens_total") + _forced(server)[0]
+
+
+def test_seeded_sampling_is_reproducible(server, plain_server):
+    # A seeded sampled request decodes one token at a time under `--speculate auto`: a draw that
+    # lands where a verification batch's rounding moved the margin would pick another token, and
+    # whether a position gets batched depends on what the server learned before. So it is the
+    # same as `--speculate off`, and the same again on a server that has drafted since.
     want = _ask(plain_server, CODE_EDIT, 200, temperature=0.8, seed=11)
+    before = _fed(server)
+    assert _ask(server, CODE_EDIT, 200, temperature=0.8, seed=11) == want
+    assert _fed(server) == before, "nothing was fed ahead for the seeded request"
+    assert _ask(server, CODE_EDIT, 120, temperature=0) and _fed(server) > before, "greedy drafts"
     assert _ask(server, CODE_EDIT, 200, temperature=0.8, seed=11) == want
 
 

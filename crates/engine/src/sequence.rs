@@ -101,6 +101,7 @@ impl ActiveRequest {
         }
         let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
+        let speculation = speculation.for_request(&request.sampling);
         let choices = seq_ids
             .into_iter()
             .zip(grammars)

@@ -7,8 +7,9 @@
 //! every other sequence, then walks them: at each position it samples with the choice's own
 //! sampler and keeps the draft token only if the sampled token is the same one. Every produced
 //! token is therefore sampled from exactly the distribution (and with the same single random
-//! draw) that decoding one token at a time would use: at temperature 0, and with a fixed seed at
-//! any temperature, the output does not change; only the number of decode steps does.
+//! draw) that decoding one token at a time would use: the output follows the same distribution,
+//! and at temperature 0 it is the same text up to floating-point rounding; only the number of
+//! decode steps changes. Seeded sampling decodes one token at a time (`for_request`).
 //!
 //! Verifying k draft tokens is not free on a CPU (a batch of k+1 tokens costs more than one, by
 //! how much depends on the CPU and the model), so drafting weighs cost against gain each step: each
@@ -27,15 +28,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use llguidance::Matcher;
 use metrics::counter;
 
+use crate::request::SamplingParams;
+
 /// Whether the engine drafts tokens; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Speculate {
     /// Draft where it pays: as far as a draft is expected to save more time than verifying it
     /// costs on this machine, and not under load.
     Auto,
-    /// Feed every proposal in full (up to `draft_max`) without weighing its cost, still not
-    /// under load: for hardware where verifying is known to be cheap, and for tests that need
-    /// drafts to be verified.
+    /// Feed every proposal in full (up to `draft_max`) without weighing its cost, for every
+    /// request (seeded sampling included), still not under load: for hardware where verifying
+    /// is known to be cheap, and for tests that need drafts to be verified.
     Always,
     Off,
 }
@@ -50,6 +53,26 @@ pub struct SpeculationConfig {
 impl Default for SpeculationConfig {
     fn default() -> Self {
         Self { mode: Speculate::Auto, draft_max: 8 }
+    }
+}
+
+impl SpeculationConfig {
+    /// What one request gets. Under `auto` a request that asks for reproducible sampling (a
+    /// `seed` at temperature > 0) decodes one token at a time: a position verified inside a
+    /// multi-token batch gets logits that differ in the last bits from one decoded alone, and a
+    /// random draw that lands on such a margin picks another token, after which the outputs part
+    /// (measured: 1 run in a few of a 200-token seeded code edit). Which positions get batched
+    /// depends on what the server learned before, so the same seeded request could come back
+    /// different on the same server. Greedy requests keep speculation: only a near tie between
+    /// the two best tokens could flip, and repeating the request repeats it. `always` drafts for
+    /// every request.
+    pub fn for_request(self, sampling: &SamplingParams) -> Self {
+        let reproducible = sampling.seed.is_some() && sampling.temperature > 0.0;
+        if self.mode == Speculate::Auto && reproducible {
+            Self { mode: Speculate::Off, ..self }
+        } else {
+            self
+        }
     }
 }
 
@@ -315,6 +338,17 @@ mod tests {
 
     fn auto(max: u32) -> SpeculationConfig {
         SpeculationConfig { mode: Speculate::Auto, draft_max: max }
+    }
+
+    #[test]
+    fn under_auto_only_seeded_sampling_decodes_one_token_at_a_time() {
+        let sampling = |temperature, seed| SamplingParams { temperature, seed, ..SamplingParams::default() };
+        let mode = |config: SpeculationConfig, s| config.for_request(&s).mode;
+        assert_eq!(mode(auto(8), sampling(0.8, Some(1))), Speculate::Off);
+        assert_eq!(mode(auto(8), sampling(0.8, None)), Speculate::Auto);
+        assert_eq!(mode(auto(8), sampling(0.0, Some(1))), Speculate::Auto, "greedy ignores the seed");
+        let always = SpeculationConfig { mode: Speculate::Always, draft_max: 8 };
+        assert_eq!(mode(always, sampling(0.8, Some(1))), Speculate::Always);
     }
 
     #[test]

@@ -134,6 +134,16 @@ async fn a_seeded_sampled_output_is_unchanged() {
     let stats = engine.speculation_stats();
     assert!(stats.accepted() > 0 && stats.drafted() > stats.accepted(), "{stats:?}");
     engine.shutdown();
+
+    // Under `auto` the same seeded requests feed nothing ahead: where a verification batch's
+    // rounding could flip a draw, reproducibility wins.
+    let engine = start(1, Speculate::Auto);
+    for (i, want) in inputs().into_iter().zip(&expected) {
+        assert_eq!(&run(&engine, vec![i]).await[0], want);
+    }
+    let stats = engine.speculation_stats();
+    assert_eq!((stats.drafted(), stats.forced()), (0, 0), "{stats:?}");
+    engine.shutdown();
 }
 
 #[tokio::test]
@@ -194,7 +204,8 @@ async fn grammar_constrained_output_is_unchanged() {
 
 /// Jump-forward: under a schema the tokens the grammar forces (keys, punctuation, enum tails) are
 /// fed ahead as drafts; the output is exactly what one-token-at-a-time constrained decoding
-/// gives, alone and beside another sequence, greedy and seeded, and every forced draft is taken.
+/// gives, alone and beside another sequence, greedy and seeded (which under `auto` decodes one
+/// token at a time), and every forced draft is taken.
 #[tokio::test]
 async fn forced_tokens_are_fed_ahead_and_change_nothing() {
     let eos = eos(&start(1, Speculate::Off));
@@ -234,8 +245,8 @@ async fn forced_tokens_are_fed_ahead_and_change_nothing() {
     assert_eq!(run(&engine, inputs()).await, expected, "both at once");
     let stats = engine.speculation_stats();
     // Six keys of 5-21 characters, the quotes, colons and commas around them and the enum tails
-    // are forced, four times over.
-    assert!(stats.forced() >= 4 * 30, "forced drafts fed: {}", stats.forced());
+    // are forced, for the greedy document alone and beside the seeded one.
+    assert!(stats.forced() >= 2 * 30, "forced drafts fed: {}", stats.forced());
     assert_eq!(stats.forced_accepted(), stats.forced(), "the sampler can only pick a forced token");
     engine.shutdown();
 }
