@@ -126,3 +126,38 @@ async fn a_panicking_scheduler_fails_every_request_bills_what_ran_and_refuses_ne
     assert!(matches!(refused, Err(SubmitError::Failed(_))));
     engine.shutdown();
 }
+
+fn say(text: &str, max_tokens: u32) -> ChatInput {
+    ChatInput { messages: vec![json!({"role": "user", "content": text})], ..input(max_tokens, vec![]) }
+}
+
+async fn answer(engine: &Engine, input: ChatInput) -> (String, Usage) {
+    let (events, usage) = drain(engine.submit(engine.prepare(input).unwrap()).unwrap()).await;
+    let text = events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None });
+    (text.collect(), usage)
+}
+
+/// A conversation whose slot was taken by another prompt (one slot), or whose idle slot was
+/// emptied while another sequence decoded (two), comes back from host memory: all of its prompt
+/// but the last token is reported cached, and the answer is the same. Without host memory only
+/// the part the other prompt shares with it (the template's opening) is left.
+#[tokio::test]
+async fn a_conversation_pushed_out_of_the_kv_cache_comes_back_from_host_memory() {
+    let long = "a long first message that the second request does not share, long enough to matter";
+    for (parallel, host_bytes) in [(1, 64 << 20), (2, 64 << 20), (1, 0)] {
+        let mut config = EngineConfig::new(tiny_model());
+        (config.ctx_size, config.parallel, config.threads, config.host_cache_bytes) = (256, parallel, Some(1), host_bytes);
+        let engine = Engine::start(config).unwrap();
+        let (first, usage) = answer(&engine, say(long, 6)).await;
+        assert_eq!(usage.cached_tokens, 0);
+        let (_, other) = answer(&engine, say("something else entirely", 6)).await;
+        let (again, usage) = answer(&engine, say(long, 6)).await;
+        if host_bytes > 0 {
+            assert_eq!(usage.cached_tokens, usage.prompt_tokens - 1, "parallel {parallel}");
+            assert_eq!(again, first, "parallel {parallel}");
+        } else {
+            assert!(usage.cached_tokens > 0 && usage.cached_tokens <= other.prompt_tokens / 2, "{usage:?}");
+        }
+        engine.shutdown();
+    }
+}

@@ -39,6 +39,11 @@ impl KvSlots {
         t.push(token);
     }
 
+    /// `seq` now holds `tokens` (restored from host memory).
+    pub fn set(&mut self, seq: i32, tokens: &[i32]) {
+        self.tokens[seq as usize] = tokens.to_vec();
+    }
+
     pub fn truncate(&mut self, seq: i32, len: usize) {
         self.tokens[seq as usize].truncate(len);
     }

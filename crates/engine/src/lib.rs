@@ -9,6 +9,7 @@ mod engine_tests;
 #[cfg(test)]
 mod speculation_tests;
 mod generator;
+mod host_cache;
 mod kv_slots;
 mod model;
 mod prepare;
@@ -62,11 +63,18 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Prompt-lookup speculative decoding (see `speculation`).
     pub speculation: SpeculationConfig,
+    /// Host memory for idle sequences' KV entries (see `host_cache`); 0 keeps them in their
+    /// slots instead.
+    pub host_cache_bytes: usize,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
     pub(crate) panic_after_tokens: Option<u32>,
 }
+
+/// Default `host_cache_bytes`, in MiB: about 340k tokens of the 0.5B's KV entries, 150k of the
+/// 1.5B's.
+pub const DEFAULT_HOST_CACHE_MIB: usize = 4096;
 
 impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
@@ -78,6 +86,7 @@ impl EngineConfig {
             batch_size: 512,
             max_queue: 64,
             speculation: SpeculationConfig::default(),
+            host_cache_bytes: DEFAULT_HOST_CACHE_MIB << 20,
             #[cfg(test)]
             panic_after_tokens: None,
         }
@@ -126,6 +135,7 @@ impl Engine {
             batch_size: config.batch_size,
             panic_after_tokens: test_panic_hook(&config),
             speculation: config.speculation,
+            host_cache_bytes: config.host_cache_bytes,
         };
         let spec_stats = Arc::new(SpeculationStats::default());
         let thread_spec_stats = spec_stats.clone();

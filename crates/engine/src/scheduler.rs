@@ -8,10 +8,12 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
+use llama_cpp_2::context::session::SeqState;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use crate::host_cache::{self, HostCache};
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
 use crate::generator::EngineError;
@@ -32,6 +34,7 @@ pub(crate) struct SchedulerConfig {
     /// `test_panic_hook`); `None` outside tests.
     pub panic_after_tokens: Option<u32>,
     pub speculation: SpeculationConfig,
+    pub host_cache_bytes: usize,
 }
 
 pub(crate) struct Scheduler {
@@ -52,6 +55,8 @@ pub(crate) struct Scheduler {
     acceptance: Acceptance,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
+    /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
+    host: HostCache<SeqState>,
 }
 
 impl Scheduler {
@@ -65,6 +70,7 @@ impl Scheduler {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as i32).rev().collect();
         let slots = KvSlots::new(cfg.parallel as usize);
+        let host = HostCache::new(cfg.host_cache_bytes);
         telemetry::describe();
         speculation::describe();
         Self {
@@ -82,6 +88,7 @@ impl Scheduler {
             step_cost: StepCost::default(),
             acceptance: Acceptance::default(),
             batch_prompt_tokens: 0,
+            host,
         }
     }
 
@@ -114,6 +121,7 @@ impl Scheduler {
         self.drop_cancelled();
         self.admit(ctx);
         self.resolve_shares(ctx);
+        self.offload_idle(ctx);
         let has_work = self.fill_batch();
         telemetry::step(&StepStats {
             batch_tokens: self.batch.n_tokens() as usize,
@@ -121,6 +129,8 @@ impl Scheduler {
             waiting: self.queued.load(Ordering::Relaxed),
             kv_tokens: self.slots.total_tokens(),
             kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
+            host_cache_bytes: self.host.bytes(),
+            host_cache_entries: self.host.len(),
         });
         if !has_work {
             return;
@@ -206,6 +216,10 @@ impl Scheduler {
             let keep = in_place.min(req.reusable_len());
             for (i, c) in req.choices.iter().enumerate() {
                 let keep = if i == 0 { keep } else { 0 };
+                // What the slot held beyond the part reused goes to host memory first.
+                if self.slots.tokens(c.seq_id).len() > keep {
+                    host_cache::save(&mut self.host, &self.slots, ctx, c.seq_id);
+                }
                 let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(keep as u32), None);
                 self.slots.truncate(c.seq_id, keep);
                 self.slots.touch(c.seq_id);
@@ -220,6 +234,14 @@ impl Scheduler {
                 if best.is_none_or(|(_, l)| len > l) {
                     best = Some((other.choices[0].seq_id, len));
                 }
+            }
+            // Host memory may hold more of it than any sequence (see `host_cache`).
+            let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
+            let usable = &req.prompt[..req.reusable_len()];
+            if let Some(len) = host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], usable, resident) {
+                share_prefix(&mut self.slots, ctx, &mut req, own[0], len);
+                self.active.push(req);
+                continue;
             }
             match best {
                 Some((src, len)) if len.min(req.reusable_len()) > keep => req.share = Some((src, len)),
@@ -244,6 +266,21 @@ impl Scheduler {
             let len = len.max(req.prefilled);
             let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
             share_prefix(&mut self.slots, ctx, req, from, len);
+        }
+    }
+
+    /// Idle sequences still holding KV entries move them to host memory before the next decode,
+    /// unless a request waits to copy from them. A request admitted in the same step has already
+    /// taken the one it continues in place.
+    fn offload_idle(&mut self, ctx: &mut LlamaContext<'_>) {
+        if !self.host.enabled() {
+            return;
+        }
+        for seq in self.free_seqs.clone() {
+            let awaited = self.active.iter().any(|r| r.share.is_some_and(|(src, _)| src == seq));
+            if !awaited && !self.slots.tokens(seq).is_empty() {
+                host_cache::offload(&mut self.host, &mut self.slots, ctx, seq);
+            }
         }
     }
 

@@ -24,6 +24,8 @@ pub(crate) fn describe() {
         "Tokens held in the KV cache, summed over sequences (shared prefixes counted per sequence)."
     );
     describe_gauge!("gantry_kv_cache_capacity_tokens", Unit::Count, "KV cache size in tokens.");
+    describe_gauge!("gantry_host_cache_bytes", Unit::Bytes, "Idle sequences' KV entries held in host memory.");
+    describe_gauge!("gantry_host_cache_entries", Unit::Count, "Token lists whose KV entries host memory holds.");
     describe_histogram!("gantry_batch_tokens", Unit::Count, "Tokens per llama.cpp decode call.");
     describe_histogram!("gantry_time_to_first_token_seconds", Unit::Seconds, "From submission to the first token.");
     describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");
@@ -35,6 +37,8 @@ pub(crate) struct StepStats {
     pub waiting: usize,
     pub kv_tokens: usize,
     pub kv_capacity: usize,
+    pub host_cache_bytes: usize,
+    pub host_cache_entries: usize,
 }
 
 pub(crate) fn step(s: &StepStats) {
@@ -45,6 +49,8 @@ pub(crate) fn step(s: &StepStats) {
     gauge!("gantry_queue_depth").set(s.waiting as f64);
     gauge!("gantry_kv_cache_tokens").set(s.kv_tokens as f64);
     gauge!("gantry_kv_cache_capacity_tokens").set(s.kv_capacity as f64);
+    gauge!("gantry_host_cache_bytes").set(s.host_cache_bytes as f64);
+    gauge!("gantry_host_cache_entries").set(s.host_cache_entries as f64);
 }
 
 /// Totals since start, for the hit ratio gauge.

@@ -97,6 +97,12 @@ pub struct ServeArgs {
     /// Most draft tokens one sequence verifies per step.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub draft_max: u32,
+    /// MiB of host memory for idle sequences' KV entries: a finished conversation or document
+    /// leaves the KV cache (where it would slow every running stream) for host memory, and a
+    /// prompt that starts with it gets it back instead of recomputing it; 0 keeps it in its slot
+    /// until the slot is reused.
+    #[arg(long, value_name = "MIB", default_value_t = gantry_engine::DEFAULT_HOST_CACHE_MIB)]
+    pub cache_ram: usize,
     /// Register this key at start (for scripted set-ups).
     #[arg(long, env = "GANTRY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,

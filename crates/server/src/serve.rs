@@ -46,6 +46,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.threads = args.threads;
     config.batch_size = args.batch_size;
     config.max_queue = args.max_queue;
+    config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
     config.speculation = gantry_engine::SpeculationConfig {
         mode: match args.speculate {
             crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,
