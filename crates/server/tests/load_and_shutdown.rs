@@ -76,6 +76,8 @@ async fn metrics_are_exposed_in_prometheus_format() {
         "gantry_queue_depth ",
         "gantry_running_sequences ",
         "gantry_kv_cache_tokens ",
+        "gantry_host_cache_bytes ",
+        "gantry_host_cache_entries ",
         "gantry_batch_tokens_bucket",
         "gantry_time_to_first_token_seconds_bucket",
         "gantry_inter_token_latency_seconds_bucket",
