@@ -14,6 +14,13 @@
 //! Output is fully deterministic for a given [`TinyModelSpec`].
 
 use std::collections::HashMap;
+
+mod gguf_writer;
+mod projector;
+
+use gguf_writer::{assemble, KvWriter, SplitMix64, Tensor};
+use gguf_writer::ALIGNMENT;
+pub use projector::{tiny_projector_bytes, write_tiny_projector, TinyProjectorSpec};
 use std::io;
 use std::path::Path;
 
@@ -80,22 +87,10 @@ const WORDS: &[&str] = &[
     "  ",
 ];
 
-/// GGUF metadata value types (subset used here).
-const GGUF_TYPE_UINT32: u32 = 4;
-const GGUF_TYPE_INT32: u32 = 5;
-const GGUF_TYPE_FLOAT32: u32 = 6;
-const GGUF_TYPE_BOOL: u32 = 7;
-const GGUF_TYPE_STRING: u32 = 8;
-const GGUF_TYPE_ARRAY: u32 = 9;
-
-/// ggml tensor type F32.
-const GGML_TYPE_F32: u32 = 0;
-
 /// llama.cpp token types (`llama_token_type`).
 const TOKEN_TYPE_NORMAL: i32 = 1;
 const TOKEN_TYPE_CONTROL: i32 = 3;
 
-const ALIGNMENT: usize = 32;
 
 /// Shape and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,35 +237,7 @@ pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
         ));
     }
 
-    // ---- assemble ----
-    let mut out = Vec::new();
-    out.extend_from_slice(b"GGUF");
-    put_u32(&mut out, 3);
-    put_u64(&mut out, tensors.len() as u64);
-    put_u64(&mut out, kv.count);
-    out.extend_from_slice(&kv.buf);
-
-    let mut offset = 0usize;
-    for t in &tensors {
-        put_str(&mut out, &t.name);
-        put_u32(&mut out, t.shape.len() as u32);
-        for &d in &t.shape {
-            put_u64(&mut out, d);
-        }
-        put_u32(&mut out, GGML_TYPE_F32);
-        put_u64(&mut out, offset as u64);
-        offset = pad_to(offset + t.data.len() * 4);
-    }
-    out.resize(pad_to(out.len()), 0);
-    let data_start = out.len();
-    for t in &tensors {
-        out.reserve(t.data.len() * 4);
-        for v in &t.data {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out.resize(data_start + pad_to(out.len() - data_start), 0);
-    }
-    Ok(out)
+    Ok(assemble(&kv, &tensors))
 }
 
 fn validate(spec: &TinyModelSpec) -> io::Result<()> {
@@ -293,9 +260,6 @@ fn validate(spec: &TinyModelSpec) -> io::Result<()> {
     Ok(())
 }
 
-fn pad_to(n: usize) -> usize {
-    n.div_ceil(ALIGNMENT) * ALIGNMENT
-}
 
 // ---------------------------------------------------------------------------
 // Tokenizer vocabulary
@@ -373,129 +337,6 @@ fn bytes_to_unicode() -> Vec<char> {
             }
         })
         .collect()
-}
-
-// ---------------------------------------------------------------------------
-// Tensors and PRNG
-// ---------------------------------------------------------------------------
-
-struct Tensor {
-    name: String,
-    /// GGUF order: `shape[0]` is the fastest-varying (row length) dimension.
-    shape: Vec<u64>,
-    data: Vec<f32>,
-}
-
-impl Tensor {
-    fn random(name: &str, shape: &[u64], scale: f32, rng: &mut SplitMix64) -> Self {
-        let n: u64 = shape.iter().product();
-        let data = (0..n).map(|_| rng.next_symmetric() * scale).collect();
-        Tensor {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            data,
-        }
-    }
-
-    fn ones(name: &str, shape: &[u64]) -> Self {
-        let n: u64 = shape.iter().product();
-        Tensor {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            data: vec![1.0; n as usize],
-        }
-    }
-}
-
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn next_symmetric(&mut self) -> f32 {
-        let unit = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-        unit * 2.0 - 1.0
-    }
-}
-
-// ---------------------------------------------------------------------------
-// GGUF encoding helpers
-// ---------------------------------------------------------------------------
-
-#[derive(Default)]
-struct KvWriter {
-    buf: Vec<u8>,
-    count: u64,
-}
-
-impl KvWriter {
-    fn key(&mut self, key: &str, ty: u32) {
-        put_str(&mut self.buf, key);
-        put_u32(&mut self.buf, ty);
-        self.count += 1;
-    }
-
-    fn u32(&mut self, key: &str, v: u32) {
-        self.key(key, GGUF_TYPE_UINT32);
-        put_u32(&mut self.buf, v);
-    }
-
-    fn f32(&mut self, key: &str, v: f32) {
-        self.key(key, GGUF_TYPE_FLOAT32);
-        self.buf.extend_from_slice(&v.to_le_bytes());
-    }
-
-    fn bool(&mut self, key: &str, v: bool) {
-        self.key(key, GGUF_TYPE_BOOL);
-        self.buf.push(u8::from(v));
-    }
-
-    fn string(&mut self, key: &str, v: &str) {
-        self.key(key, GGUF_TYPE_STRING);
-        put_str(&mut self.buf, v);
-    }
-
-    fn string_array(&mut self, key: &str, vs: &[String]) {
-        self.key(key, GGUF_TYPE_ARRAY);
-        put_u32(&mut self.buf, GGUF_TYPE_STRING);
-        put_u64(&mut self.buf, vs.len() as u64);
-        for v in vs {
-            put_str(&mut self.buf, v);
-        }
-    }
-
-    fn i32_array(&mut self, key: &str, vs: &[i32]) {
-        self.key(key, GGUF_TYPE_ARRAY);
-        put_u32(&mut self.buf, GGUF_TYPE_INT32);
-        put_u64(&mut self.buf, vs.len() as u64);
-        for v in vs {
-            self.buf.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-}
-
-fn put_u32(out: &mut Vec<u8>, v: u32) {
-    out.extend_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(&v.to_le_bytes());
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    put_u64(out, s.len() as u64);
-    out.extend_from_slice(s.as_bytes());
 }
 
 #[cfg(test)]

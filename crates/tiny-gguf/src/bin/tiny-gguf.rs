@@ -1,19 +1,28 @@
-//! `tiny-gguf OUT.gguf [--seed N]`: writes a tiny random-weight GGUF model.
+//! `tiny-gguf OUT.gguf [--seed N] [--mmproj MMPROJ.gguf]`: writes a tiny random-weight GGUF
+//! model and, with `--mmproj`, a tiny multimodal projector for it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tiny_gguf::{write_tiny_model, TinyModelSpec};
+use tiny_gguf::{write_tiny_model, write_tiny_projector, TinyModelSpec, TinyProjectorSpec};
 
-const USAGE: &str = "usage: tiny-gguf OUT.gguf [--seed N]";
+const USAGE: &str = "usage: tiny-gguf OUT.gguf [--seed N] [--mmproj MMPROJ.gguf]";
 
-fn parse_args() -> Result<(PathBuf, u64), String> {
+struct Args {
+    out: PathBuf,
+    seed: u64,
+    mmproj: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
     let mut out = None;
     let mut seed = 0u64;
+    let mut mmproj = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "-h" | "--help" => return Err(USAGE.to_string()),
+            "--mmproj" => mmproj = Some(PathBuf::from(args.next().ok_or("--mmproj needs a path")?)),
             "--seed" => {
                 let v = args.next().ok_or("--seed needs a value")?;
                 seed = v
@@ -37,11 +46,11 @@ fn parse_args() -> Result<(PathBuf, u64), String> {
         }
     }
     let out = out.ok_or_else(|| USAGE.to_string())?;
-    Ok((out, seed))
+    Ok(Args { out, seed, mmproj })
 }
 
 fn main() -> ExitCode {
-    let (out, seed) = match parse_args() {
+    let Args { out, seed, mmproj } = match parse_args() {
         Ok(v) => v,
         Err(msg) => {
             eprintln!("{msg}");
@@ -52,11 +61,16 @@ fn main() -> ExitCode {
         seed,
         ..TinyModelSpec::default()
     };
-    match write_tiny_model(&out, &spec) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tiny-gguf: failed to write {}: {e}", out.display());
-            ExitCode::FAILURE
+    if let Err(e) = write_tiny_model(&out, &spec) {
+        eprintln!("tiny-gguf: failed to write {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    if let Some(path) = mmproj {
+        let projector = TinyProjectorSpec { text_n_embd: spec.n_embd, seed, ..TinyProjectorSpec::default() };
+        if let Err(e) = write_tiny_projector(&path, &projector) {
+            eprintln!("tiny-gguf: failed to write {}: {e}", path.display());
+            return ExitCode::FAILURE;
         }
     }
+    ExitCode::SUCCESS
 }
