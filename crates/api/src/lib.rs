@@ -9,7 +9,7 @@ mod validate;
 
 pub use error::ApiError;
 pub use image::{parse_image_url, sniff_image_mime, ImageRef};
-pub use request::{ChatMessage, Role, ValidatedChat};
+pub use request::{ChatMessage, ImageDetail, ImagePart, Role, ValidatedChat};
 pub use response::{
     ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, Delta, ModelList, ModelObject,
     PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,

@@ -48,14 +48,15 @@ impl Role {
 pub struct ChatMessage {
     pub role: Role,
     /// Text content. Array content has its text (and refusal) parts concatenated with no
-    /// separator; image parts contribute no text (see `has_images` and
+    /// separator; image parts contribute no text (see `image_offsets` and
     /// [`ValidatedChat::images`]). `None` only for an assistant message sent without content.
     pub content: Option<String>,
     pub name: Option<String>,
     /// The assistant's `tool_calls` array as sent (already shape-checked).
     pub tool_calls: Option<Value>,
     pub tool_call_id: Option<String>,
-    pub has_images: bool,
+    /// Where this message's images sit in `content`: the byte offset of each, in order.
+    pub image_offsets: Vec<usize>,
 }
 
 impl ChatMessage {
@@ -64,10 +65,20 @@ impl ChatMessage {
     /// when present. A missing assistant content renders as `null` when the message carries
     /// tool calls and as `""` otherwise.
     pub fn to_template_value(&self) -> Value {
+        self.to_template_value_marking_images(None)
+    }
+
+    /// [`Self::to_template_value`] with `image_marker` written into the content where each image
+    /// part was (the text a vision model's prompt builder replaces with the image). Without a
+    /// marker images leave no trace in the text.
+    pub fn to_template_value_marking_images(&self, image_marker: Option<&str>) -> Value {
         let mut m = Map::new();
         m.insert("role".into(), self.role.as_str().into());
         let content = match (&self.content, &self.tool_calls) {
-            (Some(c), _) => Value::String(c.clone()),
+            (Some(c), _) => Value::String(match image_marker {
+                Some(marker) if !self.image_offsets.is_empty() => mark_images(c, &self.image_offsets, marker),
+                _ => c.clone(),
+            }),
             (None, Some(_)) => Value::Null,
             (None, None) => Value::String(String::new()),
         };
@@ -84,6 +95,18 @@ impl ChatMessage {
         }
         Value::Object(m)
     }
+}
+
+fn mark_images(content: &str, offsets: &[usize], marker: &str) -> String {
+    let mut out = String::with_capacity(content.len() + offsets.len() * marker.len());
+    let mut from = 0;
+    for &at in offsets {
+        out.push_str(&content[from..at]);
+        out.push_str(marker);
+        from = at;
+    }
+    out.push_str(&content[from..]);
+    out
 }
 
 fn template_tool_call(call: &Value) -> Value {
@@ -124,11 +147,29 @@ pub struct ValidatedChat {
     pub parallel_tool_calls: Option<bool>,
     pub user: Option<String>,
     /// Every `image_url` part of every message, in order.
-    pub images: Vec<ImageRef>,
+    pub images: Vec<ImagePart>,
+}
+
+/// One `image_url` content part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImagePart {
+    pub source: ImageRef,
+    /// Names the part in errors: `messages[i].content[j].image_url`.
+    pub param: String,
+    pub detail: ImageDetail,
+}
+
+/// `image_url.detail`: how finely the model should look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImageDetail {
+    #[default]
+    Auto,
+    Low,
+    High,
 }
 
 /// Parses `messages[i]`, pushing its images onto `images`.
-pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImageRef>) -> Result<ChatMessage, ApiError> {
+pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImagePart>) -> Result<ChatMessage, ApiError> {
     let p = format!("messages[{i}]");
     let obj = v.as_object().ok_or_else(|| type_error(&p, "an object", v))?;
     let role_param = format!("{p}.role");
@@ -147,7 +188,7 @@ pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImageRef>) -> 
     let name = opt_str(obj, "name", &format!("{p}.name"))?;
 
     let content_param = format!("{p}.content");
-    let mut has_images = false;
+    let mut image_offsets = Vec::new();
     let content = match get(obj, "content") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -163,7 +204,7 @@ pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImageRef>) -> 
                 let pp = format!("{content_param}[{j}]");
                 if let Some(image) = parse_part(role, &pp, part, &mut text)? {
                     images.push(image);
-                    has_images = true;
+                    image_offsets.push(text.len());
                 }
             }
             Some(text)
@@ -192,11 +233,11 @@ pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImageRef>) -> 
     if content.is_none() && role != Role::Assistant {
         return Err(ApiError::invalid_value(&content_param, format!("Missing required parameter: '{content_param}'.")));
     }
-    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, has_images })
+    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, image_offsets })
 }
 
 /// One content part: appends its text to `text`, returns its image if it is one.
-fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<Option<ImageRef>, ApiError> {
+fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<Option<ImagePart>, ApiError> {
     let obj = part.as_object().ok_or_else(|| type_error(pp, "an object", part))?;
     let type_param = format!("{pp}.type");
     let kind = match get(obj, "type") {
@@ -214,16 +255,22 @@ fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<O
         ("refusal", Role::Assistant) => text.push_str(&required_str("refusal")?),
         ("image_url", Role::User) => {
             let param = format!("{pp}.image_url");
+            let mut detail = ImageDetail::Auto;
             let url = match get(obj, "image_url") {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Object(o)) => {
-                    if let Some(detail) = opt_str(o, "detail", &format!("{param}.detail"))? {
-                        if !matches!(detail.as_str(), "auto" | "low" | "high") {
-                            return Err(ApiError::invalid_value(
-                                &format!("{param}.detail"),
-                                format!("Invalid value: '{detail}'. Supported values are: 'auto', 'low', and 'high'."),
-                            ));
-                        }
+                    if let Some(d) = opt_str(o, "detail", &format!("{param}.detail"))? {
+                        detail = match d.as_str() {
+                            "auto" => ImageDetail::Auto,
+                            "low" => ImageDetail::Low,
+                            "high" => ImageDetail::High,
+                            _ => {
+                                return Err(ApiError::invalid_value(
+                                    &format!("{param}.detail"),
+                                    format!("Invalid value: '{d}'. Supported values are: 'auto', 'low', and 'high'."),
+                                ))
+                            }
+                        };
                     }
                     opt_str(o, "url", &format!("{param}.url"))?.ok_or_else(|| {
                         ApiError::invalid_value(&format!("{param}.url"), format!("Missing required parameter: '{param}.url'."))
@@ -232,7 +279,8 @@ fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<O
                 None => return Err(ApiError::invalid_value(&param, format!("Missing required parameter: '{param}'."))),
                 Some(other) => return Err(type_error(&param, "an object", other)),
             };
-            return parse_image_url(&url, &param).map(Some);
+            let source = parse_image_url(&url, &param)?;
+            return Ok(Some(ImagePart { source, param, detail }));
         }
         _ => {
             let allowed = match role {
@@ -295,7 +343,7 @@ mod tests {
             name: None,
             tool_calls: None,
             tool_call_id: None,
-            has_images: false,
+            image_offsets: Vec::new(),
         }
     }
 

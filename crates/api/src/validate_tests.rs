@@ -2,7 +2,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::image::tests::{data_url, PNG};
-use crate::{ImageRef, Role};
+use crate::{ImageDetail, ImagePart, ImageRef, Role};
 
 fn base() -> Value {
     json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
@@ -212,16 +212,32 @@ fn content_parts_and_images() {
     ]}));
     assert_eq!(c.messages[0].role, Role::Developer);
     assert_eq!(c.messages[0].content.as_deref(), Some("be brief"));
-    assert!(!c.messages[0].has_images);
+    assert!(c.messages[0].image_offsets.is_empty());
     assert_eq!(c.messages[1].content.as_deref(), Some("what is this?"));
-    assert!(c.messages[1].has_images);
+    assert_eq!(c.messages[1].image_offsets, vec![8, 13]);
+    assert_eq!(
+        c.messages[1].to_template_value_marking_images(Some("<img>"))["content"],
+        json!("what is <img>this?<img>")
+    );
+    assert_eq!(c.messages[1].to_template_value()["content"], json!("what is this?"));
     assert_eq!(c.messages[2].content.as_deref(), Some("nope"));
     assert_eq!(c.messages[3].content, None);
     assert_eq!(
         c.images,
         vec![
-            ImageRef::Data { mime: "image/png".into(), bytes: PNG.to_vec() },
-            ImageRef::Remote { url: "https://example.com/a.jpg".into(), param: "messages[1].content[3].image_url".into() },
+            ImagePart {
+                source: ImageRef::Data { mime: "image/png".into(), bytes: PNG.to_vec() },
+                param: "messages[1].content[1].image_url".into(),
+                detail: ImageDetail::Low,
+            },
+            ImagePart {
+                source: ImageRef::Remote {
+                    url: "https://example.com/a.jpg".into(),
+                    param: "messages[1].content[3].image_url".into()
+                },
+                param: "messages[1].content[3].image_url".into(),
+                detail: ImageDetail::Auto,
+            },
         ]
     );
 }

@@ -46,6 +46,14 @@ pub trait Generator: Send + Sync {
     /// and compiles grammars, so call it off the async runtime.
     fn prepare(&self, input: ChatInput) -> Result<GenerateRequest, PrepareError>;
 
+    /// Puts the request's images, fetched after admission, into its prompt: decodes them,
+    /// tokenizes them for the model's projector and checks the context again, now exactly.
+    /// Blocking (image decoding), so call it off the async runtime.
+    fn attach_images(&self, request: &mut GenerateRequest, images: Vec<crate::vision::ImageInput>) -> Result<(), PrepareError> {
+        let _ = (request, images);
+        Err(PrepareError::Image(crate::vision::ImageError::NoVision))
+    }
+
     /// Queues a prepared request. Events stream on the handle; dropping it cancels the request.
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError>;
 

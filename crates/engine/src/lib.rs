@@ -8,6 +8,8 @@ mod cpu_backend;
 mod engine_tests;
 #[cfg(test)]
 mod speculation_tests;
+#[cfg(test)]
+mod vision_tests;
 mod generator;
 mod host_cache;
 mod kv_slots;
@@ -21,6 +23,7 @@ mod speculation;
 mod step_cost;
 mod telemetry;
 pub mod template;
+mod vision;
 pub mod text;
 pub mod tools;
 
@@ -44,6 +47,7 @@ pub use request::{
 };
 pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};
 pub use template::TemplateError;
+pub use vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAIL_SIDE};
 
 use scheduler::{Scheduler, SchedulerConfig};
 use sequence::Job;
@@ -51,6 +55,8 @@ use sequence::Job;
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub model_path: PathBuf,
+    /// Multimodal projector GGUF: with it the model reads images (see `vision`).
+    pub mmproj_path: Option<PathBuf>,
     /// Max tokens of one sequence, prompt plus completion.
     pub ctx_size: u32,
     /// Sequences decoded together (slots); KV memory is `ctx_size * parallel` tokens.
@@ -80,6 +86,7 @@ impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
         Self {
             model_path: model_path.into(),
+            mmproj_path: None,
             ctx_size: 4096,
             parallel: 4,
             threads: None,
@@ -113,12 +120,12 @@ struct Inner {
 impl Engine {
     /// Loads the model and starts the scheduler thread; returns once the context exists.
     pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
-        let model = LoadedModel::load(&config.model_path)?;
+        let threads = config.threads.unwrap_or_else(|| num_cpus::get_physical() as u32).max(1) as i32;
+        let model = LoadedModel::load(&config.model_path, config.mmproj_path.as_deref(), threads)?;
         config.parallel = config.parallel.max(1);
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.
         config.batch_size = config.batch_size.max(config.parallel + 16);
-        let threads = config.threads.unwrap_or_else(|| num_cpus::get_physical() as u32).max(1) as i32;
 
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
@@ -295,8 +302,18 @@ impl Generator for Engine {
         for constraint in input.lazy_tools.iter().flat_map(|l| [&l.bare, &l.tagged, &l.fenced]) {
             model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: "tools", reason })?;
         }
-        let max_tokens = limits.completion_budget(prompt.tokens.len() as u32, input.max_tokens)?;
+        // Images not yet fetched count as admission's reservation in `tokens`, but the context
+        // is checked without them here and exactly once they are attached.
+        let unplaced = prompt.tokens.iter().filter(|&&t| t < 0).count();
+        let max_tokens = limits.completion_budget((prompt.tokens.len() - unplaced) as u32, input.max_tokens)?;
         Ok(input.into_request(prompt, max_tokens))
+    }
+
+    fn attach_images(&self, request: &mut GenerateRequest, images: Vec<ImageInput>) -> Result<(), PrepareError> {
+        self.inner.model.attach_images(&mut request.prompt, &images)?;
+        let prompt_tokens = request.prompt.tokens.len() as u32;
+        request.max_tokens = self.limits().completion_budget(prompt_tokens, request.requested_max_tokens)?;
+        Ok(())
     }
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {

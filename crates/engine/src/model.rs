@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 use crate::constraint::{Constraint, Grammars};
 use crate::request::Prompt;
 use crate::template::{ChatTemplate, TemplateError};
+use crate::vision::{image_token_ids, ImageError, ImageInput, PromptImage, Vision};
 
 /// llama.cpp's backend may be initialised once per process.
 pub(crate) fn backend() -> &'static LlamaBackend {
@@ -37,6 +38,8 @@ pub enum LoadError {
     Template(#[from] TemplateError),
     #[error("could not create the llama.cpp context: {0}")]
     Context(String),
+    #[error("{0}")]
+    Projector(String),
 }
 
 /// Facts about the served model that the API layer needs.
@@ -47,8 +50,10 @@ pub struct ModelInfo {
     pub n_ctx_train: u32,
     pub size_bytes: u64,
     pub n_params: u64,
-    /// Whether the model can look at images (no multimodal projector is loaded: never, today).
+    /// Whether the model can look at images (a multimodal projector is loaded).
     pub supports_vision: bool,
+    /// Text to write into a message's content where an image part was (vision models only).
+    pub image_marker: Option<String>,
     pub chat_template: String,
 }
 
@@ -60,10 +65,12 @@ pub struct LoadedModel {
     add_bos: bool,
     bos_text: String,
     grammars: Grammars,
+    pub(crate) vision: Option<Vision>,
 }
 
 impl LoadedModel {
-    pub fn load(path: &Path) -> Result<Arc<Self>, LoadError> {
+    /// Loads the model and, with `mmproj`, its multimodal projector (encoding on `threads`).
+    pub fn load(path: &Path, mmproj: Option<&Path>, threads: i32) -> Result<Arc<Self>, LoadError> {
         if !path.is_file() {
             return Err(LoadError::Missing(path.to_path_buf()));
         }
@@ -84,16 +91,18 @@ impl LoadedModel {
         let eos_text = piece(vocab.eos());
         let add_bos = vocab.should_add_bos();
         let template = ChatTemplate::new(&chat_template, &bos_text, &eos_text)?;
+        let vision = mmproj.map(|p| Vision::load(p, &llama, threads)).transpose().map_err(LoadError::Projector)?;
         let info = ModelInfo {
             path: path.to_path_buf(),
             n_vocab: llama.n_vocab(),
             n_ctx_train: llama.n_ctx_train(),
             size_bytes: llama.size(),
             n_params: llama.n_params(),
-            supports_vision: false,
+            supports_vision: vision.is_some(),
+            image_marker: vision.as_ref().map(|v| v.marker().to_string()),
             chat_template,
         };
-        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars: Grammars::new() }))
+        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars: Grammars::new(), vision }))
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -101,11 +110,59 @@ impl LoadedModel {
     }
 
     /// Renders the conversation with the model's template and tokenizes it exactly as it will be
-    /// decoded, so `tokens.len()` is the billed prompt size.
+    /// decoded, so `tokens.len()` is the billed prompt size. Images (places marked with
+    /// [`ModelInfo::image_marker`]) count as many positions as admission reserves for one until
+    /// [`Self::attach_images`] puts the real ones there.
     pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
         let text = self.template.render(messages, tools)?;
-        let tokens = self.tokenize(&text);
-        Ok(Prompt { text, tokens })
+        let Some(vision) = self.vision.as_ref().filter(|v| text.contains(v.marker())) else {
+            let tokens = self.tokenize(&text);
+            return Ok(Prompt { text, tokens, images: Vec::new() });
+        };
+        let mut tokens = Vec::new();
+        for (i, piece) in text.split(vision.marker()).enumerate() {
+            if i > 0 {
+                tokens.extend(image_token_ids(0, vision.reserve_tokens()));
+            }
+            tokens.extend(self.tokenize_piece(piece, i == 0));
+        }
+        Ok(Prompt { text, tokens, images: Vec::new() })
+    }
+
+    /// Decodes and tokenizes the request's images (fetched after admission) into the prompt
+    /// [`Self::prepare`] made, one per marked place, in order.
+    pub fn attach_images(&self, prompt: &mut Prompt, images: &[ImageInput]) -> Result<(), ImageError> {
+        let vision = self.vision.as_ref().ok_or(ImageError::NoVision)?;
+        let pieces: Vec<&str> = prompt.text.split(vision.marker()).collect();
+        if pieces.len() != images.len() + 1 {
+            return Err(ImageError::Placement { markers: pieces.len() - 1, images: images.len() });
+        }
+        let mut tokens = Vec::new();
+        let mut placed = Vec::with_capacity(images.len());
+        for (i, piece) in pieces.iter().enumerate() {
+            if i > 0 {
+                let (chunks, id) = vision.prepare(&images[i - 1])?;
+                let len = chunks.total_tokens();
+                placed.push(PromptImage { start: tokens.len(), len, chunks });
+                tokens.extend(image_token_ids(id, len));
+            }
+            tokens.extend(self.tokenize_piece(piece, i == 0));
+        }
+        // The completion starts from the last prompt token's logits: text, always, after the
+        // generation prompt of any real template.
+        if tokens.last().is_none_or(|&t| t < 0) {
+            return Err(ImageError::Placement { markers: pieces.len() - 1, images: images.len() });
+        }
+        prompt.tokens = tokens;
+        prompt.images = placed;
+        Ok(())
+    }
+
+    fn tokenize_piece(&self, text: &str, first: bool) -> Vec<i32> {
+        if first {
+            return self.tokenize(text);
+        }
+        self.llama.vocab().tokenize(text.as_bytes(), false, true).into_iter().map(|t| t.0).collect()
     }
 
     /// Tokenizes prompt text, parsing special tokens; adds BOS only when the vocabulary wants one

@@ -42,6 +42,8 @@ pub enum PrepareError {
     Grammar { param: &'static str, reason: String },
     #[error("The chat template rejected these messages: {0}")]
     Template(#[from] TemplateError),
+    #[error("{0}")]
+    Image(#[from] crate::vision::ImageError),
 }
 
 fn context_message(limit: &u32, prompt_tokens: &u32, max_tokens: &Option<u32>) -> String {
@@ -100,6 +102,7 @@ impl ChatInput {
             prompt,
             n: self.n,
             max_tokens,
+            requested_max_tokens: self.max_tokens,
             stop: self.stop,
             sampling: self.sampling,
             logprobs: self.logprobs,

@@ -33,7 +33,11 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone)]
 pub struct Prompt {
     pub text: String,
+    /// What is decoded, one entry per position; an image's positions hold negative ids (see
+    /// `vision`).
     pub tokens: Vec<i32>,
+    /// The images, in order, each over its positions in `tokens`.
+    pub images: Vec<crate::vision::PromptImage>,
 }
 
 /// One generation job: `n` completions of the same prompt.
@@ -43,6 +47,9 @@ pub struct GenerateRequest {
     pub n: u32,
     /// Completion-token limit per choice; the engine also stops at the sequence's context end.
     pub max_tokens: u32,
+    /// `max_tokens` as the client sent it (`None`: what the context leaves), for recomputing the
+    /// limit once images have their real size.
+    pub requested_max_tokens: Option<u32>,
     pub stop: Vec<String>,
     pub sampling: SamplingParams,
     /// Number of alternatives to report per token (0..=20) when `logprobs` is on.

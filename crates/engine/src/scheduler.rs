@@ -122,6 +122,7 @@ impl Scheduler {
         self.admit(ctx);
         self.resolve_shares(ctx);
         self.offload_idle(ctx);
+        self.evaluate_image(ctx);
         let has_work = self.fill_batch();
         telemetry::step(&StepStats {
             batch_tokens: self.batch.n_tokens() as usize,
@@ -213,7 +214,7 @@ impl Scheduler {
                     continue;
                 }
             };
-            let keep = in_place.min(req.reusable_len());
+            let keep = req.whole_images(in_place.min(req.reusable_len()));
             for (i, c) in req.choices.iter().enumerate() {
                 let keep = if i == 0 { keep } else { 0 };
                 // What the slot held beyond the part reused goes to host memory first.
@@ -262,7 +263,7 @@ impl Scheduler {
             if have.len() < want && still_prefilling.contains(&src) {
                 continue;
             }
-            let len = common_prefix(have, &req.prompt).min(req.reusable_len());
+            let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
             let len = len.max(req.prefilled);
             let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
             share_prefix(&mut self.slots, ctx, req, from, len);
@@ -280,6 +281,44 @@ impl Scheduler {
             let awaited = self.active.iter().any(|r| r.share.is_some_and(|(src, _)| src == seq));
             if !awaited && !self.slots.tokens(seq).is_empty() {
                 host_cache::offload(&mut self.host, &mut self.slots, ctx, seq);
+            }
+        }
+    }
+
+    /// Evaluates the next image of one prefilling request: the vision encoder runs, then its
+    /// embeddings are decoded into the request's first sequence (the others share the cells).
+    /// One image per step, so running streams wait for at most one encode. A failure ends that
+    /// request alone.
+    fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) {
+        let Some(vision) = self.model.vision.as_ref() else { return };
+        let Some(i) = self.active.iter().position(|r| r.share.is_none() && r.image_at(r.prefilled).is_some()) else {
+            return;
+        };
+        let req = &mut self.active[i];
+        let image = req.image_at(req.prefilled).expect("found above").clone();
+        let seqs = req.seq_ids();
+        let (start, end) = (image.start, image.start + image.len);
+        let started = Instant::now();
+        match vision.evaluate(ctx, &image, seqs[0], self.cfg.batch_size as i32) {
+            Ok(()) => {
+                telemetry::image_evaluated(image.len, started.elapsed());
+                for &seq in &seqs[1..] {
+                    let _ = ctx.copy_kv_cache_seq(seqs[0], seq, Some(start as u32), Some(end as u32));
+                }
+                for &seq in &seqs {
+                    for pos in start..end {
+                        self.slots.record(seq, pos, req.prompt[pos]);
+                    }
+                }
+                req.prefilled = end;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "an image could not be evaluated");
+                let _ = ctx.clear_kv_cache_seq(Some(seqs[0] as u32), Some(start as u32), None);
+                let req = self.active.swap_remove(i);
+                self.release(&req);
+                let usage = req.complete(Some(EngineError::Decode(format!("the image could not be encoded: {e}"))));
+                self.totals.request_done(&usage);
             }
         }
     }
@@ -350,7 +389,11 @@ impl Scheduler {
             if !req.is_prefilling() || req.share.is_some() {
                 continue;
             }
-            let end = (req.prefilled + budget).min(req.prompt.len());
+            // An image waits for `evaluate_image`.
+            let end = (req.prefilled + budget).min(req.text_end(req.prefilled));
+            if end == req.prefilled {
+                continue;
+            }
             // All choices of the request share the prompt's KV cells.
             let seq_ids = req.seq_ids();
             for pos in req.prefilled..end {
@@ -493,10 +536,17 @@ fn answer_unstarted(job: Job, error: &EngineError) {
     let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
 }
 
-/// Copies the first `len` cached tokens of `src` into every sequence of `req`.
+/// Copies the first `len` cached tokens of `src` into every sequence of `req` (fewer if `len`
+/// would cut an image: see `ActiveRequest::whole_images`).
 fn share_prefix(slots: &mut KvSlots, ctx: &mut LlamaContext<'_>, req: &mut ActiveRequest, src: i32, len: usize) {
+    let len = req.whole_images(len);
     for c in &req.choices {
         if c.seq_id == src {
+            // Its own sequence (a restore from host memory) keeps nothing past the prefix.
+            if slots.tokens(src).len() > len {
+                let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(len as u32), None);
+                slots.truncate(src, len);
+            }
             continue;
         }
         let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), None, None);

@@ -13,6 +13,7 @@ use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, S
 use crate::sampling::{build_sampler, logprobs_for};
 use crate::speculation::{Drafter, SpeculationConfig};
 use crate::text::TextAssembler;
+use crate::vision::PromptImage;
 use crate::tools::{call_commitment, Commitment};
 
 /// A request as queued for the scheduler.
@@ -63,6 +64,8 @@ pub(crate) struct ToolWatch {
 
 pub(crate) struct ActiveRequest {
     pub prompt: Vec<i32>,
+    /// The prompt's images, in order: each is evaluated in one piece (see `vision`).
+    pub images: Vec<PromptImage>,
     /// How many prompt tokens are in the KV cache so far (reused prefix plus chunked prefill).
     pub prefilled: usize,
     /// A longer prefix of the prompt that another sequence holds or is computing right now:
@@ -134,6 +137,7 @@ impl ActiveRequest {
         let prompt_tokens = request.prompt.tokens.len() as u32;
         Ok(Self {
             prompt: request.prompt.tokens,
+            images: request.prompt.images,
             prefilled: 0,
             share: None,
             choices,
@@ -223,7 +227,26 @@ impl ActiveRequest {
         if self.seeded {
             return 0;
         }
-        self.prompt.len().saturating_sub(1)
+        self.whole_images(self.prompt.len().saturating_sub(1))
+    }
+
+    /// The longest prefix of the first `len` prompt positions that holds no part of an image:
+    /// an image's cells are only ever computed, shared or kept together.
+    pub fn whole_images(&self, len: usize) -> usize {
+        match self.images.iter().find(|im| im.start < len && len < im.start + im.len) {
+            Some(im) => im.start,
+            None => len,
+        }
+    }
+
+    /// The image starting at prompt position `pos`, if one does.
+    pub fn image_at(&self, pos: usize) -> Option<&PromptImage> {
+        self.images.iter().find(|im| im.start == pos)
+    }
+
+    /// Where prompt text from `pos` on ends: at the next image, or the prompt's end.
+    pub fn text_end(&self, pos: usize) -> usize {
+        self.images.iter().map(|im| im.start).find(|&s| s >= pos).unwrap_or(self.prompt.len())
     }
 
     pub fn seq_ids(&self) -> Vec<i32> {

@@ -240,6 +240,10 @@ impl Drafter {
         self.matched = matched;
         let end = (start + limit).min(self.history.len());
         let mut draft = self.history[start..end].to_vec();
+        // An image's positions stand in the prompt as negative ids (see `vision`): never tokens.
+        if let Some(image) = draft.iter().position(|&t| t < 0) {
+            draft.truncate(image);
+        }
         if let Some(g) = self.grammar.as_mut() {
             let ids: Vec<u32> = draft.iter().map(|&t| t as u32).collect();
             draft.truncate(g.validate_tokens(&ids).unwrap_or(0));

@@ -27,6 +27,8 @@ pub(crate) fn describe() {
     describe_gauge!("gantry_host_cache_bytes", Unit::Bytes, "Idle sequences' KV entries held in host memory.");
     describe_gauge!("gantry_host_cache_entries", Unit::Count, "Token lists whose KV entries host memory holds.");
     describe_histogram!("gantry_batch_tokens", Unit::Count, "Tokens per llama.cpp decode call.");
+    describe_counter!("gantry_image_tokens_total", Unit::Count, "Prompt positions of images evaluated (encoded and decoded).");
+    describe_histogram!("gantry_image_eval_seconds", Unit::Seconds, "Encoding one image and decoding its embeddings.");
     describe_histogram!("gantry_time_to_first_token_seconds", Unit::Seconds, "From submission to the first token.");
     describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");
 }
@@ -79,4 +81,10 @@ pub(crate) fn first_token(latency: Duration) {
 
 pub(crate) fn inter_token(latency: Duration) {
     histogram!("gantry_inter_token_latency_seconds").record(latency.as_secs_f64());
+}
+
+/// One image's encode and decode, done by the scheduler.
+pub fn image_evaluated(positions: usize, took: Duration) {
+    counter!("gantry_image_tokens_total").increment(positions as u64);
+    histogram!("gantry_image_eval_seconds").record(took.as_secs_f64());
 }

@@ -12,11 +12,12 @@ use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_accounts::{Charge, KeyInfo, Settlement};
 use gantry_api::{
-    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ResponseMessage, TokenLogprob as ApiTokenLogprob,
+    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ImageDetail, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
 };
 use gantry_engine::{
-    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Outcome, SamplingParams, TokenLogprob,
+    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome, SamplingParams,
+    TokenLogprob,
     Usage,
 };
 
@@ -60,11 +61,14 @@ pub async fn chat_completions(
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
     // request makes the server fetch nothing. Refused here, the dropped ticket releases.
-    if let Err(e) = load_images(&state, &chat).await {
-        let mut response = e.into_response();
-        crate::rate_limit::apply(&rate, response.headers_mut());
-        return Ok(response);
-    }
+    let generate = match attach_images(&state, &chat, generate).await {
+        Ok(generate) => generate,
+        Err(e) => {
+            let mut response = e.into_response();
+            crate::rate_limit::apply(&rate, response.headers_mut());
+            return Ok(response);
+        }
+    };
     let GenerationHandle { events, usage } = state.engine.submit(generate).map_err(IntoApiError::into_api_error)?;
     let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
     let events = hold_done_until(events, journalled);
@@ -81,17 +85,38 @@ pub async fn chat_completions(
     Ok(response)
 }
 
-/// Fetches and checks the request's images. They are checked even though no served model reads
-/// them yet, so a bad image gets its own precise error rather than the generic "no vision" one.
-async fn load_images(state: &AppState, chat: &ValidatedChat) -> Result<(), ApiError> {
-    let images = state.images.load_all(&chat.images).await?;
-    if !images.is_empty() && !state.engine.model_info().supports_vision {
+/// Fetches the request's images and puts them into its prompt (decoded, tokenized for the
+/// projector, the context checked again with their real size). A model that cannot see gets a
+/// clear 400, but only after every image was checked, so a bad image gets its own precise error.
+async fn attach_images(state: &AppState, chat: &ValidatedChat, mut generate: GenerateRequest) -> Result<GenerateRequest, ApiError> {
+    if chat.images.is_empty() {
+        return Ok(generate);
+    }
+    let fetched = state.images.load_all(chat.images.iter().map(|p| &p.source)).await?;
+    if !state.engine.model_info().supports_vision {
         return Err(ApiError::invalid_request(
             format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
             Some("messages"),
         ));
     }
-    Ok(())
+    let images = fetched
+        .into_iter()
+        .zip(&chat.images)
+        .map(|(image, part)| ImageInput {
+            bytes: image.bytes,
+            param: part.param.clone(),
+            detail: match part.detail {
+                ImageDetail::Auto => gantry_engine::ImageDetail::Auto,
+                ImageDetail::Low => gantry_engine::ImageDetail::Low,
+                ImageDetail::High => gantry_engine::ImageDetail::High,
+            },
+        })
+        .collect();
+    let engine = state.engine.clone();
+    tokio::task::spawn_blocking(move || engine.attach_images(&mut generate, images).map(|()| generate))
+        .await
+        .map_err(|e| ApiError::internal(format!("image preparation failed: {e}")))?
+        .map_err(IntoApiError::into_api_error)
 }
 
 /// OpenAI accepts only JSON bodies; a form or text body is a client error, not a parse attempt.
@@ -120,7 +145,10 @@ async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan
         None => constraint_of(chat),
     };
     let input = ChatInput {
-        messages: chat.messages.iter().map(|m| m.to_template_value()).collect(),
+        messages: {
+            let marker = state.engine.model_info().image_marker.as_deref();
+            chat.messages.iter().map(|m| m.to_template_value_marking_images(marker)).collect()
+        },
         tools: tools.map(|t| t.tools.clone()),
         n: chat.n,
         max_tokens: chat.max_tokens,

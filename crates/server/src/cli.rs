@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// The id clients send as `model`; defaults to the file stem.
     #[arg(long)]
     pub model_name: Option<String>,
+    /// The model's multimodal projector GGUF (`mmproj-*.gguf`): with it, `image_url` parts are
+    /// read by the model (vision-language models such as SmolVLM or Gemma 3).
+    #[arg(long, env = "GANTRY_MMPROJ", value_name = "PROJECTOR.gguf")]
+    pub mmproj: Option<std::path::PathBuf>,
     #[arg(long, default_value = "127.0.0.1", env = "GANTRY_HOST")]
     pub host: String,
     #[arg(long, default_value_t = 8080, env = "GANTRY_PORT")]
@@ -121,6 +125,11 @@ pub struct ServeArgs {
     /// Most image bytes one request may carry, inline and fetched together; beyond that, 400.
     #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_BYTES)]
     pub max_image_bytes: usize,
+    /// A host `image_url` URLs may name even though it resolves to a loopback, private or
+    /// link-local address (an intranet image store); repeat for several. Every other host must
+    /// be public.
+    #[arg(long = "allow-image-host", value_name = "HOST")]
+    pub allow_image_hosts: Vec<String>,
     /// Price of a model for money budgets and the ledger's cost: `MODEL=INPUT,OUTPUT` in USD per
     /// million prompt and completion tokens. Repeatable.
     #[arg(long = "price", value_name = "MODEL=IN,OUT", value_parser = parse_price)]

@@ -166,6 +166,11 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
             let opts = models::PullOptions { source, quiet, ..Default::default() };
             let path = models::pull(entry, &cache, &opts).await?;
             println!("{}", path.display());
+            // A vision-language model comes with its projector (`--source` names the model only).
+            if let Some(projector) = entry.projector.and_then(models::find) {
+                let opts = models::PullOptions { source: None, ..opts };
+                println!("{}", models::pull(projector, &cache, &opts).await?.display());
+            }
         }
         ModelsCommand::List => {
             println!("{:<22} {:<46} {:>10} {:<7}", "NAME", "FILE", "SIZE", "CACHED");

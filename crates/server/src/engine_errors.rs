@@ -7,7 +7,7 @@
 //! error reaches the client through this one mapping.
 
 use gantry_api::ApiError;
-use gantry_engine::{EngineError, PrepareError, SubmitError};
+use gantry_engine::{EngineError, ImageError, PrepareError, SubmitError};
 
 pub(crate) trait IntoApiError {
     fn into_api_error(self) -> ApiError;
@@ -23,6 +23,9 @@ impl IntoApiError for PrepareError {
             PrepareError::LogitBias { .. } => ApiError::invalid_value("logit_bias", message),
             PrepareError::Grammar { param, .. } => ApiError::invalid_value(param, message),
             PrepareError::Template(_) => ApiError::invalid_value("messages", message),
+            PrepareError::Image(ImageError::Unreadable { param, .. }) => ApiError::invalid_value(&param, message),
+            PrepareError::Image(ImageError::Placement { .. }) => ApiError::invalid_value("messages", message),
+            PrepareError::Image(ImageError::NoVision) => ApiError::invalid_request(message, Some("messages")),
         }
     }
 }

@@ -22,6 +22,9 @@ pub struct ImageFetcher {
     pub max_images: usize,
     /// Most image bytes one request may carry, inline and fetched together (`--max-image-bytes`).
     pub max_total_bytes: usize,
+    /// Hosts (as written in URLs) the operator trusts even at private addresses
+    /// (`--allow-image-host`): an intranet image store, a test server.
+    pub allowed_private_hosts: Vec<String>,
 }
 
 pub const DEFAULT_MAX_IMAGES: usize = 8;
@@ -29,7 +32,12 @@ pub const DEFAULT_MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
 
 impl Default for ImageFetcher {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(10), max_images: DEFAULT_MAX_IMAGES, max_total_bytes: DEFAULT_MAX_IMAGE_BYTES }
+        Self {
+            timeout: Duration::from_secs(10),
+            max_images: DEFAULT_MAX_IMAGES,
+            max_total_bytes: DEFAULT_MAX_IMAGE_BYTES,
+            allowed_private_hosts: Vec::new(),
+        }
     }
 }
 
@@ -44,7 +52,8 @@ impl ImageFetcher {
     /// Resolves every image of a request into bytes, checking that each really is an image.
     /// Refuses a request with more than `max_images` images before fetching any, and stops as
     /// soon as the images' bytes together pass `max_total_bytes`.
-    pub async fn load_all(&self, images: &[ImageRef]) -> Result<Vec<FetchedImage>, ApiError> {
+    pub async fn load_all<'a>(&self, images: impl IntoIterator<Item = &'a ImageRef>) -> Result<Vec<FetchedImage>, ApiError> {
+        let images: Vec<&ImageRef> = images.into_iter().collect();
         if images.len() > self.max_images {
             return Err(ApiError::invalid_value(
                 "messages",
@@ -91,7 +100,7 @@ impl ImageFetcher {
         let mut url = Url::parse(url).map_err(|e| bad(format!("malformed URL ({e}).")))?;
         let deadline = tokio::time::Instant::now() + self.timeout;
         for _ in 0..=MAX_REDIRECTS {
-            let addr = tokio::time::timeout_at(deadline, resolve_public(&url))
+            let addr = tokio::time::timeout_at(deadline, resolve_public(&url, &self.allowed_private_hosts))
                 .await
                 .map_err(|_| bad("timed out resolving the image URL's host.".into()))?
                 .map_err(bad)?;
@@ -152,7 +161,7 @@ fn without_url(e: reqwest::Error) -> String {
 }
 
 /// Resolves the URL's host and returns one address, refusing hosts with any non-public address.
-async fn resolve_public(url: &Url) -> Result<SocketAddr, String> {
+async fn resolve_public(url: &Url, allowed_private_hosts: &[String]) -> Result<SocketAddr, String> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("only http and https image URLs are allowed, not `{}`.", url.scheme()));
     }
@@ -169,7 +178,8 @@ async fn resolve_public(url: &Url) -> Result<SocketAddr, String> {
     if addrs.is_empty() {
         return Err(format!("could not resolve the image host `{host}`."));
     }
-    if addrs.iter().any(|a| !is_public(a.ip())) {
+    let trusted = allowed_private_hosts.iter().any(|h| h.eq_ignore_ascii_case(host) || h.eq_ignore_ascii_case(bare));
+    if !trusted && addrs.iter().any(|a| !is_public(a.ip())) {
         return Err("image URLs must point to a public internet address, not a loopback, private or link-local one."
             .into());
     }
@@ -345,6 +355,33 @@ mod tests {
         // A public address (nothing needs to answer): a direct attempt fails or times out.
         let err = fetcher.load_all(&[remote("http://1.1.1.1:9/cat.png")]).await.unwrap_err();
         assert_eq!(err.status.as_u16(), 400);
+    }
+
+    #[tokio::test]
+    async fn an_allowed_private_host_is_fetched_and_others_stay_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let png = b"\x89PNG\r\n\x1a\n0000".to_vec();
+        let body = png.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let mut request = [0u8; 2048];
+                let _ = sock.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(&body).await;
+            }
+        });
+        let url = format!("http://127.0.0.1:{port}/a.png");
+        let trusting = ImageFetcher { allowed_private_hosts: vec!["127.0.0.1".into()], ..ImageFetcher::default() };
+        let out = trusting.load_all(&[remote(&url)]).await.unwrap();
+        assert_eq!(out[0].bytes, png);
+        let err = ImageFetcher::default().load_all(&[remote(&url)]).await.unwrap_err();
+        assert!(err.message.contains("public internet address"), "{}", err.message);
     }
 
     #[tokio::test]

@@ -43,6 +43,7 @@ impl ScriptedEngine {
                 size_bytes: 0,
                 n_params: 0,
                 supports_vision: false,
+                image_marker: None,
                 chat_template: String::new(),
             },
             limits: Limits { ctx_size: 64, slots: 2, n_vocab: 1000 },
@@ -70,7 +71,7 @@ impl Generator for ScriptedEngine {
             .map(|w| w.len() as i32)
             .collect();
         let max_tokens = self.limits.completion_budget(words.len() as u32, input.max_tokens)?;
-        Ok(input.into_request(Prompt { text: String::new(), tokens: words }, max_tokens))
+        Ok(input.into_request(Prompt { text: String::new(), tokens: words, images: Vec::new() }, max_tokens))
     }
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {

@@ -41,6 +41,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(instance = meter.owner(), "metering as this instance");
 
     let mut config = EngineConfig::new(&model_path);
+    config.mmproj_path = match &args.mmproj {
+        Some(path) => Some(path.clone()),
+        None => models::resolve_projector(&args.model, &models::default_cache_dir())?,
+    };
     config.ctx_size = args.ctx_size;
     config.parallel = args.parallel;
     config.threads = args.threads;
@@ -74,6 +78,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         images: crate::images::ImageFetcher {
             max_images: args.max_images,
             max_total_bytes: args.max_image_bytes,
+            allowed_private_hosts: args.allow_image_hosts.clone(),
             ..Default::default()
         },
         meter: meter.clone(),

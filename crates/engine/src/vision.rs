@@ -1,0 +1,249 @@
+//! Images in prompts, through llama.cpp's multimodal library (`mtmd`) and a projector GGUF.
+//!
+//! The server writes [`Vision::marker`] into the conversation where each image part was; the
+//! rendered prompt is split there. Text pieces are tokenized as usual; each image is decoded
+//! (PNG, JPEG, GIF's first frame, WEBP, BMP), turned into an RGB bitmap and tokenized by mtmd on
+//! its own, giving a small chunk list (the projector's own wrapper text, if any, and the image)
+//! that the scheduler evaluates in one piece into the sequence's KV cells.
+//!
+//! In the prompt's token list an image's positions hold negative ids derived from a hash of the
+//! decoded bitmap (and its position in the image): never real tokens, so nothing decodes them,
+//! but the prefix cache compares them like any other. The same image bytes in the same place
+//! match; another image differs from its first position, so only the text before it is reused.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::mtmd::{MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunks, MtmdInputText};
+
+/// How finely the model should look at an image (`image_url.detail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Detail {
+    #[default]
+    Auto,
+    /// Downscaled so its longer side is at most [`LOW_DETAIL_SIDE`]: a projector that tiles
+    /// large images into several crops sees one.
+    Low,
+    High,
+}
+
+/// Longest side of an image sent with `detail: "low"`, as OpenAI's low-resolution mode.
+pub const LOW_DETAIL_SIDE: u32 = 512;
+/// Images wider or taller than this are refused rather than decoded (a small file can declare
+/// an enormous canvas).
+const MAX_SIDE: u32 = 16_384;
+const MAX_DECODE_BYTES: u64 = 512 << 20;
+
+/// One image of a request, as fetched.
+#[derive(Debug, Clone)]
+pub struct ImageInput {
+    pub bytes: Vec<u8>,
+    /// The request field it came from (`messages[i].content[j].image_url`), named in errors.
+    pub param: String,
+    pub detail: Detail,
+}
+
+/// An image's place in a prompt: `len` positions from token index `start`.
+#[derive(Debug, Clone)]
+pub struct PromptImage {
+    pub start: usize,
+    pub len: usize,
+    /// What mtmd evaluates for it (wrapper text and image), shared by the request's clones.
+    pub chunks: Arc<MtmdInputChunks>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("Invalid '{param}': {reason}")]
+    Unreadable { param: String, reason: String },
+    #[error("Invalid 'messages': the chat template wrote {markers} image places for {images} images; this model's template cannot show these images")]
+    Placement { markers: usize, images: usize },
+    #[error("this model does not support image inputs")]
+    NoVision,
+}
+
+/// The projector and what the rest of the engine needs to know about it.
+pub struct Vision {
+    /// Encoding and evaluation need it exclusively; tokenizing (the server's threads) only
+    /// briefly.
+    ctx: Mutex<MtmdContext>,
+    marker: String,
+    /// Positions one image is assumed to take before it is fetched (admission reserves them).
+    reserve_tokens: usize,
+}
+
+impl std::fmt::Debug for Vision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vision").field("marker", &self.marker).field("reserve_tokens", &self.reserve_tokens).finish()
+    }
+}
+
+impl Vision {
+    pub fn load(path: &Path, model: &LlamaModel, threads: i32) -> Result<Self, String> {
+        if !path.is_file() {
+            return Err(format!("projector file {} does not exist", path.display()));
+        }
+        // A marker no client can guess, so text that happens to contain llama.cpp's default
+        // `<__media__>` stays text.
+        let marker = format!("<__gantry_image_{:016x}__>", random_u64());
+        let params = MtmdContextParams {
+            use_gpu: false,
+            print_timings: false,
+            n_threads: threads,
+            media_marker: std::ffi::CString::new(marker.clone()).expect("marker has no NUL"),
+            image_min_tokens: -1,
+            image_max_tokens: -1,
+        };
+        let path_str = path.to_str().ok_or_else(|| format!("projector path {} is not UTF-8", path.display()))?;
+        let ctx = MtmdContext::init_from_file(path_str, model, &params)
+            .map_err(|e| format!("llama.cpp could not load the projector {}: {e}", path.display()))?;
+        if !ctx.support_vision() {
+            return Err(format!("{} is not an image projector (audio only?)", path.display()));
+        }
+        // M-RoPE models (the Qwen2-VL family) place an image's tokens on a 2-D grid of fewer
+        // positions than tokens; the scheduler's one-position-per-cell bookkeeping cannot hold
+        // that yet.
+        if ctx.decode_use_mrope() {
+            return Err(format!(
+                "{}: projectors with M-RoPE positions (Qwen2-VL / Qwen2.5-VL) are not supported yet; use SmolVLM or Gemma 3",
+                path.display()
+            ));
+        }
+        let mut vision = Self { ctx: Mutex::new(ctx), marker, reserve_tokens: 0 };
+        // A large image: projectors that tile use their most tiles for it.
+        let probe = vec![128u8; 1024 * 1024 * 3];
+        let chunks = vision.tokenize_rgb(1024, 1024, &probe, 0).map_err(|e| format!("the projector cannot tokenize an image: {e}"))?;
+        vision.reserve_tokens = chunks.total_tokens();
+        Ok(vision)
+    }
+
+    /// Text the prompt holds where an image goes.
+    pub fn marker(&self) -> &str {
+        &self.marker
+    }
+
+    pub fn reserve_tokens(&self) -> usize {
+        self.reserve_tokens
+    }
+
+    /// Decodes one image and tokenizes it: its chunks and the hash identifying it.
+    pub fn prepare(&self, image: &ImageInput) -> Result<(Arc<MtmdInputChunks>, u64), ImageError> {
+        let unreadable = |reason: String| ImageError::Unreadable { param: image.param.clone(), reason };
+        let (nx, ny, rgb) = decode_rgb(&image.bytes, image.detail).map_err(unreadable)?;
+        let mut hasher = DefaultHasher::new();
+        (nx, ny).hash(&mut hasher);
+        rgb.hash(&mut hasher);
+        let id = hasher.finish();
+        let chunks = self.tokenize_rgb(nx, ny, &rgb, id).map_err(|e| unreadable(format!("the model cannot read this image ({e}).")))?;
+        Ok((Arc::new(chunks), id))
+    }
+
+    fn tokenize_rgb(&self, nx: u32, ny: u32, rgb: &[u8], id: u64) -> Result<MtmdInputChunks, String> {
+        let mut bitmap = MtmdBitmap::from_image_data(nx, ny, rgb).map_err(|e| e.to_string())?;
+        bitmap.set_id(&format!("{id:016x}")).map_err(|e| e.to_string())?;
+        let text = MtmdInputText { text: self.marker.clone(), add_special: false, parse_special: true };
+        let ctx = self.ctx.lock().expect("vision lock");
+        ctx.tokenize(text, &[&bitmap]).map_err(|e| e.to_string())
+    }
+
+    /// Encodes an image and writes its positions into `seq` from position `at` (one image
+    /// encode; the caller's step waits for it).
+    pub fn evaluate(&self, ctx: &mut LlamaContext<'_>, image: &PromptImage, seq: i32, n_batch: i32) -> Result<(), String> {
+        let mut mtmd = self.ctx.lock().expect("vision lock");
+        let end = image.chunks.eval_chunks(&mut mtmd, ctx, image.start as i32, seq, n_batch, false).map_err(|e| e.to_string())?;
+        if end as usize != image.start + image.len {
+            return Err(format!("the image took {} positions, {} expected", end as usize - image.start, image.len));
+        }
+        Ok(())
+    }
+}
+
+/// Ids standing for an image's `len` positions in a prompt (see the module comment): negative,
+/// and a function of the image and the position, so two images differ at their first position.
+pub(crate) fn image_token_ids(id: u64, len: usize) -> Vec<i32> {
+    (0..len as u64)
+        .map(|i| {
+            let mut h = id ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            // splitmix64's finalizer.
+            h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            h ^= h >> 31;
+            -1 - (h % i32::MAX as u64) as i32
+        })
+        .collect()
+}
+
+/// The image as 8-bit RGB, `detail: low` downscaled.
+fn decode_rgb(bytes: &[u8], detail: Detail) -> Result<(u32, u32, Vec<u8>), String> {
+    let mut reader = image::ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| format!("could not read the image ({e})."))?;
+    if reader.format().is_none() {
+        return Err("unsupported image format; send PNG, JPEG, GIF, WEBP or BMP.".into());
+    }
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let mut img = reader.decode().map_err(|e| format!("the image could not be decoded ({e})."))?;
+    if img.width() == 0 || img.height() == 0 {
+        return Err("the image is empty.".into());
+    }
+    if detail == Detail::Low && img.width().max(img.height()) > LOW_DETAIL_SIDE {
+        img = img.resize(LOW_DETAIL_SIDE, LOW_DETAIL_SIDE, image::imageops::FilterType::Triangle);
+    }
+    let rgb = img.to_rgb8();
+    Ok((rgb.width(), rgb.height(), rgb.into_raw()))
+}
+
+fn random_u64() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 5) as u8, 90]));
+        let mut out = Vec::new();
+        image::DynamicImage::ImageRgb8(img).write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png).unwrap();
+        out
+    }
+
+    #[test]
+    fn image_ids_are_negative_and_differ_per_image_and_position() {
+        let a = image_token_ids(1, 64);
+        let b = image_token_ids(2, 64);
+        assert!(a.iter().chain(&b).all(|&t| t < 0));
+        assert_ne!(a[0], b[0]);
+        assert_eq!(a, image_token_ids(1, 64));
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert_eq!(distinct.len(), 64);
+    }
+
+    #[test]
+    fn images_decode_to_rgb_and_low_detail_downscales() {
+        let (w, h, rgb) = decode_rgb(&png(40, 30), Detail::Auto).unwrap();
+        assert_eq!((w, h, rgb.len()), (40, 30, 40 * 30 * 3));
+        assert_eq!(&rgb[3..6], &[7, 0, 90]);
+        let (w, h, _) = decode_rgb(&png(1024, 256), Detail::Low).unwrap();
+        assert_eq!((w, h), (512, 128));
+        let (w, h, _) = decode_rgb(&png(1024, 256), Detail::High).unwrap();
+        assert_eq!((w, h), (1024, 256));
+    }
+
+    #[test]
+    fn broken_or_foreign_bytes_are_refused_with_a_reason() {
+        let mut truncated = png(40, 30);
+        truncated.truncate(60);
+        assert!(decode_rgb(&truncated, Detail::Auto).unwrap_err().contains("could not be decoded"));
+        assert!(decode_rgb(b"%PDF-1.7 not an image", Detail::Auto).unwrap_err().contains("unsupported image format"));
+    }
+}

@@ -1,0 +1,152 @@
+//! Images on a tiny random-weight model and projector: placement, exact usage, the prefix cache
+//! keyed by image content, choices sharing one encode, and refusals.
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use serde_json::json;
+
+use crate::engine_tests::{drain, tiny_model};
+use crate::{ChatInput, Engine, EngineConfig, Event, Generator, ImageDetail, ImageError, ImageInput, PrepareError, SamplingParams, Usage};
+
+fn tiny_projector() -> &'static PathBuf {
+    static PROJECTOR: OnceLock<PathBuf> = OnceLock::new();
+    PROJECTOR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gantry-engine-tiny-mmproj-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mmproj.gguf");
+        tiny_gguf::write_tiny_projector(&path, &tiny_gguf::TinyProjectorSpec::default()).unwrap();
+        path
+    })
+}
+
+fn start(parallel: u32, with_projector: bool) -> Engine {
+    let mut config = EngineConfig::new(tiny_model());
+    config.mmproj_path = with_projector.then(|| tiny_projector().clone());
+    config.ctx_size = 512;
+    config.parallel = parallel;
+    config.threads = Some(1);
+    Engine::start(config).unwrap()
+}
+
+fn png(seed: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(48, 40, |x, y| image::Rgb([(x as u8).wrapping_mul(seed), (y as u8) ^ seed, seed]));
+    let mut out = Vec::new();
+    image::DynamicImage::ImageRgb8(img).write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png).unwrap();
+    out
+}
+
+fn image(bytes: Vec<u8>) -> ImageInput {
+    ImageInput { bytes, param: "messages[0].content[1].image_url".into(), detail: ImageDetail::Auto }
+}
+
+/// A user message with text around one image place.
+fn input(engine: &Engine, n: u32) -> ChatInput {
+    let marker = engine.model_info().image_marker.clone().expect("a vision model has a marker");
+    ChatInput {
+        messages: vec![json!({"role": "user", "content": format!("What is in{marker} this picture?")})],
+        tools: None,
+        n,
+        max_tokens: Some(12),
+        stop: Vec::new(),
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        logprobs: None,
+        constraint: None,
+        lazy_tools: None,
+    }
+}
+
+/// Runs the request with `bytes` as its image: each choice's text, the usage, and the prompt's
+/// image placement `(start, len)`.
+async fn ask(engine: &Engine, n: u32, bytes: Vec<u8>) -> (Vec<String>, Usage, (usize, usize)) {
+    let mut request = engine.prepare(input(engine, n)).unwrap();
+    engine.attach_images(&mut request, vec![image(bytes)]).unwrap();
+    let placed = (request.prompt.images[0].start, request.prompt.images[0].len);
+    let (events, usage) = drain(engine.submit(request).unwrap()).await;
+    let mut texts = vec![String::new(); n as usize];
+    for event in &events {
+        match event {
+            Event::Delta { choice, text, .. } => texts[*choice as usize].push_str(text),
+            Event::Error(e) => panic!("the request failed: {e}"),
+            _ => {}
+        }
+    }
+    (texts, usage, placed)
+}
+
+#[tokio::test]
+async fn an_image_takes_its_positions_in_the_prompt_and_in_usage() {
+    let engine = start(2, true);
+    let info = engine.model_info();
+    assert!(info.supports_vision);
+    let mut request = engine.prepare(input(&engine, 1)).unwrap();
+    let estimate = request.prompt.tokens.len();
+    engine.attach_images(&mut request, vec![image(png(3))]).unwrap();
+    let [placed] = request.prompt.images.as_slice() else { panic!("one image placed") };
+    let image_tokens = tiny_gguf::TinyProjectorSpec::default().image_tokens() as usize;
+    assert!(placed.len >= image_tokens, "{} positions for a {image_tokens}-token image", placed.len);
+    // Before the image was fetched, its place counted what admission reserves for one image.
+    let reserve = engine.model().vision.as_ref().unwrap().reserve_tokens();
+    assert_eq!(estimate - reserve, request.prompt.tokens.len() - placed.len, "the same text around it");
+    assert!(placed.len <= reserve, "admission reserved at least what the image takes");
+    assert_eq!(request.prompt.tokens.iter().filter(|&&t| t < 0).count(), placed.len);
+    let prompt_len = request.prompt.tokens.len() as u32;
+    let (events, usage) = drain(engine.submit(request).unwrap()).await;
+    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    assert_eq!(usage.prompt_tokens, prompt_len);
+    assert!(usage.completion_tokens > 0);
+}
+
+#[tokio::test]
+async fn the_prefix_cache_reuses_an_image_only_for_the_same_bytes() {
+    let engine = start(1, true);
+    let (first, usage, (image_start, image_len)) = ask(&engine, 1, png(3)).await;
+    assert_eq!(usage.cached_tokens, 0);
+    // Same image again: everything but the last prompt token comes from the cache, image included.
+    let (again, usage, _) = ask(&engine, 1, png(3)).await;
+    assert_eq!(again, first);
+    assert_eq!(usage.cached_tokens, usage.prompt_tokens - 1);
+    assert!(usage.cached_tokens as usize > image_start + image_len);
+    // Another image in the same place: only the text before it is reused, and the answer is the
+    // one a cold engine gives.
+    let (other, usage, _) = ask(&engine, 1, png(9)).await;
+    assert_eq!(usage.cached_tokens as usize, image_start);
+    let cold = start(1, true);
+    let (cold_other, cold_usage, _) = ask(&cold, 1, png(9)).await;
+    assert_eq!(cold_usage.cached_tokens, 0);
+    assert_eq!(other, cold_other);
+}
+
+#[tokio::test]
+async fn choices_share_one_image_encode_and_bill_the_prompt_once() {
+    let engine = start(3, true);
+    let (alone, alone_usage, _) = ask(&engine, 1, png(5)).await;
+    let cold = start(3, true);
+    let (texts, usage, _) = ask(&cold, 3, png(5)).await;
+    assert_eq!(texts, vec![alone[0].clone(); 3], "greedy choices agree with a single answer");
+    assert_eq!(usage.prompt_tokens, alone_usage.prompt_tokens);
+}
+
+#[tokio::test]
+async fn unreadable_images_and_models_without_a_projector_are_refused() {
+    let engine = start(1, true);
+    let mut request = engine.prepare(input(&engine, 1)).unwrap();
+    let mut broken = png(3);
+    broken.truncate(50);
+    let err = engine.attach_images(&mut request, vec![image(broken)]).unwrap_err();
+    match &err {
+        PrepareError::Image(ImageError::Unreadable { param, .. }) => assert_eq!(param, "messages[0].content[1].image_url"),
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("could not be decoded"), "{err}");
+    // One place, two images.
+    let err = engine.attach_images(&mut request, vec![image(png(1)), image(png(2))]).unwrap_err();
+    assert!(matches!(err, PrepareError::Image(ImageError::Placement { markers: 1, images: 2 })), "{err:?}");
+
+    let blind = start(1, false);
+    assert!(!blind.model_info().supports_vision && blind.model_info().image_marker.is_none());
+    let mut request = blind.prepare(input(&engine, 1)).unwrap();
+    let err = blind.attach_images(&mut request, vec![image(png(1))]).unwrap_err();
+    assert!(matches!(err, PrepareError::Image(ImageError::NoVision)), "{err:?}");
+}
