@@ -240,6 +240,17 @@ mod tests {
     }
 
     #[test]
+    fn every_accepted_format_decodes() {
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(24, 16, |x, y| image::Rgb([x as u8 * 9, y as u8 * 9, 40])));
+        for format in [image::ImageFormat::Jpeg, image::ImageFormat::Gif, image::ImageFormat::WebP, image::ImageFormat::Bmp] {
+            let mut bytes = Vec::new();
+            img.write_to(&mut Cursor::new(&mut bytes), format).unwrap();
+            let (w, h, rgb) = decode_rgb(&bytes, Detail::Auto).unwrap_or_else(|e| panic!("{format:?}: {e}"));
+            assert_eq!((w, h, rgb.len()), (24, 16, 24 * 16 * 3), "{format:?}");
+        }
+    }
+
+    #[test]
     fn broken_or_foreign_bytes_are_refused_with_a_reason() {
         let mut truncated = png(40, 30);
         truncated.truncate(60);

@@ -150,3 +150,21 @@ async fn unreadable_images_and_models_without_a_projector_are_refused() {
     let err = blind.attach_images(&mut request, vec![image(png(1))]).unwrap_err();
     assert!(matches!(err, PrepareError::Image(ImageError::NoVision)), "{err:?}");
 }
+
+#[tokio::test]
+async fn images_that_overflow_the_context_are_refused_once_their_size_is_known() {
+    let engine = start(1, true);
+    let mut fits = input(&engine, 1);
+    let text_tokens = engine.prepare(input(&engine, 1)).unwrap().prompt.tokens.iter().filter(|&&t| t >= 0).count() as u32;
+    // Room for the text and the completion, but not for the image's 16 positions too.
+    fits.max_tokens = Some(512 - text_tokens - 4);
+    let mut request = engine.prepare(fits).expect("the text alone fits");
+    let err = engine.attach_images(&mut request, vec![image(png(3))]).unwrap_err();
+    assert!(matches!(err, PrepareError::ContextLength { limit: 512, .. }), "{err:?}");
+    // Without max_tokens the completion gets what the image leaves.
+    let mut open = input(&engine, 1);
+    open.max_tokens = None;
+    let mut request = engine.prepare(open).unwrap();
+    engine.attach_images(&mut request, vec![image(png(3))]).unwrap();
+    assert_eq!(request.max_tokens as usize, 512 - request.prompt.tokens.len());
+}
