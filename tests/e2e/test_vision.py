@@ -46,8 +46,8 @@ def vision():
     if not tiny.exists():
         pytest.fail(f"{tiny} not found: `make test` builds it (cargo build --workspace)")
     work = tempfile.mkdtemp(prefix="gantry-vision-")
-    model, mmproj = f"{work}/tiny-vlm.gguf", f"{work}/tiny-mmproj.gguf"
-    subprocess.run([str(tiny), model, "--mmproj", mmproj], check=True)
+    subprocess.run([str(tiny), "--vision", work], check=True)
+    model, mmproj = f"{work}/model.gguf", f"{work}/mmproj.gguf"
 
     image = png(7)
 

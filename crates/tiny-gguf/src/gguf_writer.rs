@@ -46,7 +46,6 @@ pub(crate) fn assemble(kv: &KvWriter, tensors: &[Tensor]) -> Vec<u8> {
     out
 }
 
-
 fn pad_to(n: usize) -> usize {
     n.div_ceil(ALIGNMENT) * ALIGNMENT
 }
@@ -75,7 +74,11 @@ impl Tensor {
 
     pub(crate) fn zeros(name: &str, shape: &[u64]) -> Self {
         let n: u64 = shape.iter().product();
-        Tensor { name: name.to_string(), shape: shape.to_vec(), data: vec![0.0; n as usize] }
+        Tensor {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            data: vec![0.0; n as usize],
+        }
     }
 
     pub(crate) fn ones(name: &str, shape: &[u64]) -> Self {
@@ -187,4 +190,3 @@ pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_u64(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
-

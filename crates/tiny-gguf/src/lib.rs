@@ -18,8 +18,8 @@ use std::collections::HashMap;
 mod gguf_writer;
 mod projector;
 
-use gguf_writer::{assemble, KvWriter, SplitMix64, Tensor};
 use gguf_writer::ALIGNMENT;
+use gguf_writer::{assemble, KvWriter, SplitMix64, Tensor};
 pub use projector::{tiny_projector_bytes, write_tiny_projector, TinyProjectorSpec};
 use std::io;
 use std::path::Path;
@@ -90,7 +90,6 @@ const WORDS: &[&str] = &[
 /// llama.cpp token types (`llama_token_type`).
 const TOKEN_TYPE_NORMAL: i32 = 1;
 const TOKEN_TYPE_CONTROL: i32 = 3;
-
 
 /// Shape and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,7 +258,6 @@ fn validate(spec: &TinyModelSpec) -> io::Result<()> {
     }
     Ok(())
 }
-
 
 // ---------------------------------------------------------------------------
 // Tokenizer vocabulary

@@ -34,7 +34,16 @@ pub struct TinyProjectorSpec {
 
 impl Default for TinyProjectorSpec {
     fn default() -> Self {
-        Self { text_n_embd: 64, image_size: 32, patch_size: 8, n_embd: 32, n_head: 2, n_ff: 64, n_layer: 2, seed: 0 }
+        Self {
+            text_n_embd: 64,
+            image_size: 32,
+            patch_size: 8,
+            n_embd: 32,
+            n_head: 2,
+            n_ff: 64,
+            n_layer: 2,
+            seed: 0,
+        }
     }
 }
 
@@ -71,28 +80,54 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
     kv.f32_array("clip.vision.image_mean", &[0.5, 0.5, 0.5]);
     kv.f32_array("clip.vision.image_std", &[0.5, 0.5, 0.5]);
 
-    let (d, ff, text) = (u64::from(spec.n_embd), u64::from(spec.n_ff), u64::from(spec.text_n_embd));
+    let (d, ff, text) = (
+        u64::from(spec.n_embd),
+        u64::from(spec.n_ff),
+        u64::from(spec.text_n_embd),
+    );
     let p = u64::from(spec.patch_size);
     let mut rng = SplitMix64::new(spec.seed ^ 0x6d6d_7072_6f6a);
-    let mut t = Vec::new();
-    // ggml's conv2d kernel: [width, height, input channels, output channels].
-    t.push(Tensor::random("v.patch_embd.weight", &[p, p, 3, d], 0.1, &mut rng));
-    t.push(Tensor::random("v.position_embd.weight", &[d, u64::from(spec.image_tokens())], 0.05, &mut rng));
-    t.push(Tensor::ones("v.pre_ln.weight", &[d]));
-    t.push(Tensor::zeros("v.pre_ln.bias", &[d]));
+    let n_pos = u64::from(spec.image_tokens());
+    let mut t = vec![
+        // ggml's conv2d kernel: [width, height, input channels, output channels].
+        Tensor::random("v.patch_embd.weight", &[p, p, 3, d], 0.1, &mut rng),
+        Tensor::random("v.position_embd.weight", &[d, n_pos], 0.05, &mut rng),
+        Tensor::ones("v.pre_ln.weight", &[d]),
+        Tensor::zeros("v.pre_ln.bias", &[d]),
+    ];
     for i in 0..spec.n_layer {
         let name = |what: &str| format!("v.blk.{i}.{what}");
         for proj in ["attn_q", "attn_k", "attn_v", "attn_out"] {
-            t.push(Tensor::random(&name(&format!("{proj}.weight")), &[d, d], 0.1, &mut rng));
-            t.push(Tensor::random(&name(&format!("{proj}.bias")), &[d], 0.02, &mut rng));
+            t.push(Tensor::random(
+                &name(&format!("{proj}.weight")),
+                &[d, d],
+                0.1,
+                &mut rng,
+            ));
+            t.push(Tensor::random(
+                &name(&format!("{proj}.bias")),
+                &[d],
+                0.02,
+                &mut rng,
+            ));
         }
         for norm in ["ln1", "ln2"] {
             t.push(Tensor::ones(&name(&format!("{norm}.weight")), &[d]));
             t.push(Tensor::zeros(&name(&format!("{norm}.bias")), &[d]));
         }
-        t.push(Tensor::random(&name("ffn_up.weight"), &[d, ff], 0.1, &mut rng));
+        t.push(Tensor::random(
+            &name("ffn_up.weight"),
+            &[d, ff],
+            0.1,
+            &mut rng,
+        ));
         t.push(Tensor::random(&name("ffn_up.bias"), &[ff], 0.02, &mut rng));
-        t.push(Tensor::random(&name("ffn_down.weight"), &[ff, d], 0.1, &mut rng));
+        t.push(Tensor::random(
+            &name("ffn_down.weight"),
+            &[ff, d],
+            0.1,
+            &mut rng,
+        ));
         t.push(Tensor::random(&name("ffn_down.bias"), &[d], 0.02, &mut rng));
     }
     t.push(Tensor::random("mm.0.weight", &[d, text], 0.1, &mut rng));
@@ -104,7 +139,17 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
 
 fn validate(spec: &TinyProjectorSpec) -> io::Result<()> {
     let bad = |msg: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, msg.to_string()));
-    if [spec.text_n_embd, spec.image_size, spec.patch_size, spec.n_embd, spec.n_head, spec.n_ff].contains(&0) || spec.n_layer < 2 {
+    if [
+        spec.text_n_embd,
+        spec.image_size,
+        spec.patch_size,
+        spec.n_embd,
+        spec.n_head,
+        spec.n_ff,
+    ]
+    .contains(&0)
+        || spec.n_layer < 2
+    {
         return bad("every size must be non-zero, and LLaVA needs at least 2 blocks (it reads the second-to-last)");
     }
     if !spec.image_size.is_multiple_of(spec.patch_size) {
@@ -132,7 +177,14 @@ mod tests {
         let spec = TinyProjectorSpec::default();
         let a = tiny_projector_bytes(&spec).unwrap();
         assert_eq!(a, tiny_projector_bytes(&spec).unwrap());
-        assert_ne!(a, tiny_projector_bytes(&TinyProjectorSpec { seed: 1, ..spec.clone() }).unwrap());
+        assert_ne!(
+            a,
+            tiny_projector_bytes(&TinyProjectorSpec {
+                seed: 1,
+                ..spec.clone()
+            })
+            .unwrap()
+        );
         assert_eq!(&a[..4], b"GGUF");
         assert_eq!(u32::from_le_bytes(a[4..8].try_into().unwrap()), 3);
         // patch, positions, pre-norm (2), 16 per block, 4 projector tensors.
@@ -145,10 +197,22 @@ mod tests {
     #[test]
     fn rejects_shapes_llama_cpp_would_misread() {
         for bad in [
-            TinyProjectorSpec { patch_size: 5, ..Default::default() },
-            TinyProjectorSpec { n_layer: 1, ..Default::default() },
-            TinyProjectorSpec { n_ff: 32, ..Default::default() },
-            TinyProjectorSpec { n_head: 3, ..Default::default() },
+            TinyProjectorSpec {
+                patch_size: 5,
+                ..Default::default()
+            },
+            TinyProjectorSpec {
+                n_layer: 1,
+                ..Default::default()
+            },
+            TinyProjectorSpec {
+                n_ff: 32,
+                ..Default::default()
+            },
+            TinyProjectorSpec {
+                n_head: 3,
+                ..Default::default()
+            },
         ] {
             assert!(tiny_projector_bytes(&bad).is_err(), "{bad:?}");
         }

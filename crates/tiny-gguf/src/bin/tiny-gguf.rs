@@ -1,12 +1,13 @@
 //! `tiny-gguf OUT.gguf [--seed N] [--mmproj MMPROJ.gguf]`: writes a tiny random-weight GGUF
 //! model and, with `--mmproj`, a tiny multimodal projector for it.
+//! `tiny-gguf --vision DIR [--seed N]`: the pair as `DIR/model.gguf` and `DIR/mmproj.gguf`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tiny_gguf::{write_tiny_model, write_tiny_projector, TinyModelSpec, TinyProjectorSpec};
 
-const USAGE: &str = "usage: tiny-gguf OUT.gguf [--seed N] [--mmproj MMPROJ.gguf]";
+const USAGE: &str = "usage: tiny-gguf OUT.gguf [--seed N] [--mmproj MMPROJ.gguf] | tiny-gguf --vision DIR [--seed N]";
 
 struct Args {
     out: PathBuf,
@@ -23,6 +24,14 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "-h" | "--help" => return Err(USAGE.to_string()),
             "--mmproj" => mmproj = Some(PathBuf::from(args.next().ok_or("--mmproj needs a path")?)),
+            "--vision" => {
+                let dir = PathBuf::from(args.next().ok_or("--vision needs a directory")?);
+                std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                mmproj = Some(dir.join("mmproj.gguf"));
+                if out.replace(dir.join("model.gguf")).is_some() {
+                    return Err(format!("--vision names both outputs\n{USAGE}"));
+                }
+            }
             "--seed" => {
                 let v = args.next().ok_or("--seed needs a value")?;
                 seed = v
@@ -66,7 +75,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Some(path) = mmproj {
-        let projector = TinyProjectorSpec { text_n_embd: spec.n_embd, seed, ..TinyProjectorSpec::default() };
+        let projector = TinyProjectorSpec {
+            text_n_embd: spec.n_embd,
+            seed,
+            ..TinyProjectorSpec::default()
+        };
         if let Err(e) = write_tiny_projector(&path, &projector) {
             eprintln!("tiny-gguf: failed to write {}: {e}", path.display());
             return ExitCode::FAILURE;
