@@ -10,20 +10,30 @@ use serde_json::json;
 use crate::engine_tests::{drain, tiny_model};
 use crate::{ChatInput, Engine, EngineConfig, Event, Generator, ImageDetail, ImageError, ImageInput, PrepareError, SamplingParams, Usage};
 
-fn tiny_projector() -> &'static PathBuf {
-    static PROJECTOR: OnceLock<PathBuf> = OnceLock::new();
-    PROJECTOR.get_or_init(|| {
+fn tiny_projector(kind: tiny_gguf::ProjectorKind) -> PathBuf {
+    static LLAVA: OnceLock<PathBuf> = OnceLock::new();
+    static GEMMA3: OnceLock<PathBuf> = OnceLock::new();
+    let (cell, spec, name) = match kind {
+        tiny_gguf::ProjectorKind::Llava => (&LLAVA, tiny_gguf::TinyProjectorSpec::default(), "llava"),
+        tiny_gguf::ProjectorKind::Gemma3 => (&GEMMA3, tiny_gguf::TinyProjectorSpec::gemma3(), "gemma3"),
+    };
+    cell.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("gantry-engine-tiny-mmproj-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("mmproj.gguf");
-        tiny_gguf::write_tiny_projector(&path, &tiny_gguf::TinyProjectorSpec::default()).unwrap();
+        let path = dir.join(format!("mmproj-{name}.gguf"));
+        tiny_gguf::write_tiny_projector(&path, &spec).unwrap();
         path
     })
+    .clone()
 }
 
 fn start(parallel: u32, with_projector: bool) -> Engine {
+    start_with(parallel, with_projector.then_some(tiny_gguf::ProjectorKind::Llava))
+}
+
+fn start_with(parallel: u32, projector: Option<tiny_gguf::ProjectorKind>) -> Engine {
     let mut config = EngineConfig::new(tiny_model());
-    config.mmproj_path = with_projector.then(|| tiny_projector().clone());
+    config.mmproj_path = projector.map(tiny_projector);
     config.ctx_size = 512;
     config.parallel = parallel;
     config.threads = Some(1);
@@ -167,4 +177,34 @@ async fn images_that_overflow_the_context_are_refused_once_their_size_is_known()
     let mut request = engine.prepare(open).unwrap();
     engine.attach_images(&mut request, vec![image(png(3))]).unwrap();
     assert_eq!(request.max_tokens as usize, 512 - request.prompt.tokens.len());
+}
+
+/// Gemma 3's layout: mtmd wraps the image in text and decodes it with non-causal attention, in
+/// the same KV cache as a text stream running beside it.
+#[tokio::test]
+async fn a_gemma3_style_image_is_wrapped_decoded_non_causally_and_leaves_other_streams_alone() {
+    let engine = start_with(2, Some(tiny_gguf::ProjectorKind::Gemma3));
+    let mut request = engine.prepare(input(&engine, 1)).unwrap();
+    engine.attach_images(&mut request, vec![image(png(4))]).unwrap();
+    let placed = request.prompt.images[0].len;
+    assert!(placed > 16, "the wrapper text's positions come with the image's 16: {placed}");
+    let prompt_len = request.prompt.tokens.len() as u32;
+
+    let mut text = input(&engine, 1);
+    text.messages = vec![json!({"role": "user", "content": "Hello there, tell me a story"})];
+    text.max_tokens = Some(24);
+    let (alone, _) = drain(engine.submit(engine.prepare(text.clone()).unwrap()).unwrap()).await;
+
+    let beside = engine.submit(engine.prepare(text).unwrap()).unwrap();
+    let with_image = engine.submit(request).unwrap();
+    let ((beside, _), (events, usage)) = tokio::join!(drain(beside), drain(with_image));
+    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    assert_eq!(usage.prompt_tokens, prompt_len);
+    let text_of = |events: &[Event]| -> String {
+        events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None }).collect()
+    };
+    assert_eq!(text_of(&beside), text_of(&alone), "the image decode did not disturb the other stream");
+
+    let (_, again, _) = ask(&engine, 1, png(4)).await;
+    assert_eq!(again.cached_tokens, again.prompt_tokens - 1);
 }

@@ -20,7 +20,7 @@ mod projector;
 
 use gguf_writer::ALIGNMENT;
 use gguf_writer::{assemble, KvWriter, SplitMix64, Tensor};
-pub use projector::{tiny_projector_bytes, write_tiny_projector, TinyProjectorSpec};
+pub use projector::{tiny_projector_bytes, write_tiny_projector, ProjectorKind, TinyProjectorSpec, GEMMA3_MERGE};
 use std::io;
 use std::path::Path;
 

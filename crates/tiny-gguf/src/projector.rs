@@ -7,15 +7,32 @@
 //! text model's embedding width. mtmd wraps nothing around its images, resizes every image to
 //! `image_size` (padding to square) and turns it into `(image_size / patch_size)²` tokens. LLaVA
 //! reads the output of the second-to-last block, so with the default two blocks one runs.
+//!
+//! [`ProjectorKind::Gemma3`] writes Gemma 3's layout instead (`"gemma3"`): a SigLIP-style ViT
+//! whose patch grid is average-pooled by `GEMMA3_MERGE` per side, RMS-normed and projected. mtmd
+//! wraps its images in `<start_of_image>` … `<end_of_image>` text and decodes them with
+//! non-causal attention, the two paths the LLaVA layout does not exercise.
 
 use std::io;
 use std::path::Path;
 
 use crate::gguf_writer::{assemble, KvWriter, SplitMix64, Tensor, ALIGNMENT};
 
+/// Which real projector's layout to imitate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProjectorKind {
+    #[default]
+    Llava,
+    Gemma3,
+}
+
+/// Gemma 3's pooling kernel per side in the tiny layout (real Gemma 3 uses 4).
+pub const GEMMA3_MERGE: u32 = 2;
+
 /// Shape and seed of a tiny projector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TinyProjectorSpec {
+    pub kind: ProjectorKind,
     /// Embedding width of the text model it feeds (`TinyModelSpec::n_embd`, default 64).
     pub text_n_embd: u32,
     /// Side of the square every image is resized to (default 32).
@@ -35,6 +52,7 @@ pub struct TinyProjectorSpec {
 impl Default for TinyProjectorSpec {
     fn default() -> Self {
         Self {
+            kind: ProjectorKind::Llava,
             text_n_embd: 64,
             image_size: 32,
             patch_size: 8,
@@ -48,9 +66,21 @@ impl Default for TinyProjectorSpec {
 }
 
 impl TinyProjectorSpec {
-    /// Tokens (and positions) one image becomes.
-    pub fn image_tokens(&self) -> u32 {
+    /// The tiny Gemma 3 layout: 4-pixel patches pooled 2×2, so also 16 image tokens.
+    pub fn gemma3() -> Self {
+        Self { kind: ProjectorKind::Gemma3, patch_size: 4, ..Self::default() }
+    }
+
+    fn patches(&self) -> u32 {
         (self.image_size / self.patch_size).pow(2)
+    }
+
+    /// Image tokens one image becomes (Gemma 3's wrapper text comes on top).
+    pub fn image_tokens(&self) -> u32 {
+        match self.kind {
+            ProjectorKind::Llava => self.patches(),
+            ProjectorKind::Gemma3 => self.patches() / GEMMA3_MERGE.pow(2),
+        }
     }
 }
 
@@ -66,7 +96,13 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
     kv.string("general.architecture", "clip");
     kv.string("general.name", "gantry-tiny-random-mmproj");
     kv.u32("general.alignment", ALIGNMENT as u32);
-    kv.string("clip.projector_type", "mlp");
+    kv.string("clip.projector_type", match spec.kind {
+        ProjectorKind::Llava => "mlp",
+        ProjectorKind::Gemma3 => "gemma3",
+    });
+    if spec.kind == ProjectorKind::Gemma3 {
+        kv.u32("clip.vision.projector.scale_factor", GEMMA3_MERGE);
+    }
     kv.bool("clip.has_vision_encoder", true);
     kv.bool("clip.use_gelu", true);
     kv.u32("clip.vision.image_size", spec.image_size);
@@ -87,7 +123,7 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
     );
     let p = u64::from(spec.patch_size);
     let mut rng = SplitMix64::new(spec.seed ^ 0x6d6d_7072_6f6a);
-    let n_pos = u64::from(spec.image_tokens());
+    let n_pos = u64::from(spec.patches());
     let mut t = vec![
         // ggml's conv2d kernel: [width, height, input channels, output channels].
         Tensor::random("v.patch_embd.weight", &[p, p, 3, d], 0.1, &mut rng),
@@ -130,10 +166,21 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
         ));
         t.push(Tensor::random(&name("ffn_down.bias"), &[d], 0.02, &mut rng));
     }
-    t.push(Tensor::random("mm.0.weight", &[d, text], 0.1, &mut rng));
-    t.push(Tensor::random("mm.0.bias", &[text], 0.02, &mut rng));
-    t.push(Tensor::random("mm.2.weight", &[text, text], 0.1, &mut rng));
-    t.push(Tensor::random("mm.2.bias", &[text], 0.02, &mut rng));
+    match spec.kind {
+        ProjectorKind::Llava => {
+            t.push(Tensor::random("mm.0.weight", &[d, text], 0.1, &mut rng));
+            t.push(Tensor::random("mm.0.bias", &[text], 0.02, &mut rng));
+            t.push(Tensor::random("mm.2.weight", &[text, text], 0.1, &mut rng));
+            t.push(Tensor::random("mm.2.bias", &[text], 0.02, &mut rng));
+        }
+        ProjectorKind::Gemma3 => {
+            t.push(Tensor::ones("v.post_ln.weight", &[d]));
+            t.push(Tensor::zeros("v.post_ln.bias", &[d]));
+            t.push(Tensor::ones("mm.soft_emb_norm.weight", &[d]));
+            // Applied transposed: [text width, vision width].
+            t.push(Tensor::random("mm.input_projection.weight", &[text, d], 0.1, &mut rng));
+        }
+    }
     Ok(assemble(&kv, &t))
 }
 
@@ -154,6 +201,9 @@ fn validate(spec: &TinyProjectorSpec) -> io::Result<()> {
     }
     if !spec.image_size.is_multiple_of(spec.patch_size) {
         return bad("image_size must be a multiple of patch_size");
+    }
+    if spec.kind == ProjectorKind::Gemma3 && !(spec.image_size / spec.patch_size).is_multiple_of(GEMMA3_MERGE) {
+        return bad("Gemma 3's patch grid must divide by its pooling kernel");
     }
     if !spec.n_embd.is_multiple_of(spec.n_head) {
         return bad("n_embd must be a multiple of n_head");
@@ -192,6 +242,18 @@ mod tests {
         assert_eq!(u64_at(&a, 16), 16, "metadata entries");
         assert_eq!(a.len() % ALIGNMENT, 0);
         assert_eq!(spec.image_tokens(), 16);
+    }
+
+    #[test]
+    fn the_gemma3_layout_pools_its_patches() {
+        let spec = TinyProjectorSpec::gemma3();
+        assert_eq!(spec.image_tokens(), 16);
+        let a = tiny_projector_bytes(&spec).unwrap();
+        assert_ne!(a, tiny_projector_bytes(&TinyProjectorSpec::default()).unwrap());
+        // patch, positions, pre-norm (2), 16 per block, post-norm (2), norm and projection.
+        assert_eq!(u64_at(&a, 8), 4 + 16 * u64::from(spec.n_layer) + 4);
+        assert_eq!(u64_at(&a, 16), 17, "metadata entries (the pooling factor too)");
+        assert!(tiny_projector_bytes(&TinyProjectorSpec { patch_size: 32, ..spec }).is_err());
     }
 
     #[test]
