@@ -125,3 +125,27 @@ async fn bad_images_and_limits_are_400s_and_a_text_model_still_refuses() {
     let v: Value = resp.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("does not support image inputs"), "{v}");
 }
+
+#[test]
+fn a_projector_that_does_not_fit_the_model_stops_the_server_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("mmproj-32.gguf");
+    // Its output is 32 wide; the tiny model's embeddings are 64.
+    tiny_gguf::write_tiny_projector(&wrong, &tiny_gguf::TinyProjectorSpec { text_n_embd: 32, ..Default::default() }).unwrap();
+    for (projector, why) in [(wrong.clone(), "could not load the projector"), (dir.path().join("missing.gguf"), "does not exist")] {
+        let out = common::gantry()
+            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--api-key", common::KEY])
+            .arg("--model")
+            .arg(&tiny_pair().0)
+            .arg("--mmproj")
+            .arg(&projector)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env_remove("GANTRY_API_KEY")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with {}", projector.display());
+        assert!(stderr.contains(why), "{stderr}");
+    }
+}
