@@ -10,6 +10,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// Whether the template reads `tools`; if not, tools go in through the generic tool prompt.
     handles_tools: bool,
+    /// The template walks `content` as a list of typed parts (`{"type": "text", "text": …}`),
+    /// as vision-language templates (SmolVLM, Gemma 3) do; a plain string would render as nothing.
+    typed_content: bool,
     bos_token: String,
     eos_token: String,
 }
@@ -39,13 +42,35 @@ impl ChatTemplate {
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| TemplateError::Compile(describe(&e)))?;
         let handles_tools = source.contains("tools");
-        Ok(Self { env, handles_tools, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+        let mut template = Self {
+            env,
+            handles_tools,
+            typed_content: false,
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+        };
+        template.typed_content = template.needs_typed_content();
+        Ok(template)
+    }
+
+    /// Whether a user message's text only reaches the prompt when it comes as a typed text part
+    /// (as llama.cpp's server detects it): rendered as a string it goes missing, as a part it is
+    /// there.
+    fn needs_typed_content(&self) -> bool {
+        const PROBE: &str = "gantry-template-probe-7f3a";
+        let probe = [serde_json::json!({"role": "user", "content": PROBE})];
+        let shows = |typed: bool| self.render_as(&probe, None, typed).is_ok_and(|out| out.contains(PROBE));
+        !shows(false) && shows(true)
     }
 
     /// Renders `messages` (objects with `role`, `content`, optional `tool_calls`, `tool_call_id`,
     /// `name`) and optional `tools` into the prompt text, ending with the assistant's turn.
     /// Templates that do not read `tools` get them through the generic tool prompt.
     pub fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<String, TemplateError> {
+        self.render_as(messages, tools, self.typed_content)
+    }
+
+    fn render_as(&self, messages: &[Json], tools: Option<&[Json]>, typed_content: bool) -> Result<String, TemplateError> {
         // A template without tool support would drop `tools` (and tool turns) silently.
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("template was added in new()");
         let rewritten;
@@ -56,7 +81,7 @@ impl ChatTemplate {
             }
             _ => (messages, tools),
         };
-        let messages: Vec<Json> = messages.iter().map(normalise_message).collect();
+        let messages: Vec<Json> = messages.iter().map(|m| normalise_message(m, typed_content)).collect();
         let ctx = minijinja::context! {
             messages => Value::from_serialize(&messages),
             tools => tools.map(Value::from_serialize),
@@ -74,8 +99,16 @@ impl ChatTemplate {
 /// OpenAI sends a tool call's `arguments` as a JSON string; chat templates (written for
 /// transformers) expect the object and print it with `tojson`, so a string would reach the model
 /// double-encoded, unlike anything it was trained on. Arguments that parse are passed as objects.
-fn normalise_message(m: &Json) -> Json {
+///
+/// For a template that reads typed content parts, string content becomes one text part (images
+/// stay where the server marked them inside that text, as llama.cpp's server does it).
+fn normalise_message(m: &Json, typed_content: bool) -> Json {
     let mut m = m.clone();
+    if typed_content {
+        if let Some(text) = m.get("content").and_then(Json::as_str) {
+            m["content"] = serde_json::json!([{"type": "text", "text": text}]);
+        }
+    }
     if m.get("role").and_then(Json::as_str) == Some("developer") {
         m["role"] = Json::from("system");
     }
@@ -198,6 +231,19 @@ mod tests {
     use serde_json::json;
 
     const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    /// SmolVLM's template (ggml-org/SmolVLM-256M-Instruct-GGUF) walks content as typed parts.
+    const SMOLVLM: &str = "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+
+    #[test]
+    fn templates_that_read_typed_parts_get_the_text_as_one() {
+        let t = ChatTemplate::new(SMOLVLM, "", "").unwrap();
+        assert!(t.typed_content);
+        let out = t.render(&[json!({"role": "user", "content": "What is in<IMG> this?"})], None).unwrap();
+        assert_eq!(out, "<|im_start|>User: What is in<IMG> this?<end_of_utterance>\nAssistant:");
+        let chatml = ChatTemplate::new("{% for m in messages %}{{ m['content'] }}{% endfor %}", "", "").unwrap();
+        assert!(!chatml.typed_content);
+    }
 
     #[test]
     fn chatml_renders_with_generation_prompt() {

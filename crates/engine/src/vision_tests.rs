@@ -208,3 +208,24 @@ async fn a_gemma3_style_image_is_wrapped_decoded_non_causally_and_leaves_other_s
     let (_, again, _) = ask(&engine, 1, png(4)).await;
     assert_eq!(again.cached_tokens, again.prompt_tokens - 1);
 }
+
+/// SmolVLM's template reads content as typed parts: the text (with the image's place in it)
+/// reaches the prompt as one text part, so the image is still found and read.
+#[tokio::test]
+async fn a_template_reading_typed_parts_still_places_the_image() {
+    const SMOLVLM: &str = "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+    let dir = std::env::temp_dir().join(format!("gantry-engine-typed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("typed.gguf");
+    let spec = tiny_gguf::TinyModelSpec { chat_template: Some(SMOLVLM.into()), ..Default::default() };
+    tiny_gguf::write_tiny_model(&model, &spec).unwrap();
+    let mut config = EngineConfig::new(&model);
+    config.mmproj_path = Some(tiny_projector(tiny_gguf::ProjectorKind::Llava));
+    config.ctx_size = 512;
+    config.parallel = 1;
+    config.threads = Some(1);
+    let engine = Engine::start(config).unwrap();
+    let (_, usage, (start, len)) = ask(&engine, 1, png(3)).await;
+    assert!(start > 0 && len == 16);
+    assert!(usage.prompt_tokens as usize > start + len, "text before and after the image: {usage:?}");
+}
