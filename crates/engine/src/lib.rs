@@ -126,6 +126,10 @@ impl Engine {
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.
         config.batch_size = config.batch_size.max(config.parallel + 16);
+        if let Some(need) = model.vision.as_ref().and_then(|v| v.min_batch()).filter(|&n| n > config.batch_size as usize) {
+            tracing::warn!(batch_size = config.batch_size, image_tokens = need, "this projector decodes an image in one batch: raising --batch-size to hold one");
+            config.batch_size = need as u32;
+        }
 
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);

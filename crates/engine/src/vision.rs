@@ -74,6 +74,9 @@ pub struct Vision {
     marker: String,
     /// Positions one image is assumed to take before it is fetched (admission reserves them).
     reserve_tokens: usize,
+    /// The model attends to an image's tokens both ways (Gemma 3): llama.cpp then needs the
+    /// whole image in one micro-batch.
+    non_causal: bool,
 }
 
 impl std::fmt::Debug for Vision {
@@ -113,7 +116,8 @@ impl Vision {
                 path.display()
             ));
         }
-        let mut vision = Self { ctx: Mutex::new(ctx), marker, reserve_tokens: 0 };
+        let non_causal = ctx.decode_use_non_causal();
+        let mut vision = Self { ctx: Mutex::new(ctx), marker, reserve_tokens: 0, non_causal };
         // A large image: projectors that tile use their most tiles for it.
         let probe = vec![128u8; 1024 * 1024 * 3];
         let chunks = vision.tokenize_rgb(1024, 1024, &probe, 0).map_err(|e| format!("the projector cannot tokenize an image: {e}"))?;
@@ -128,6 +132,11 @@ impl Vision {
 
     pub fn reserve_tokens(&self) -> usize {
         self.reserve_tokens
+    }
+
+    /// The smallest decode batch that holds one image when the model needs it whole, if it does.
+    pub fn min_batch(&self) -> Option<usize> {
+        self.non_causal.then_some(self.reserve_tokens)
     }
 
     /// Decodes one image and tokenizes it: its chunks and the hash identifying it.

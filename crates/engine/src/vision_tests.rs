@@ -229,3 +229,21 @@ async fn a_template_reading_typed_parts_still_places_the_image() {
     assert!(start > 0 && len == 16);
     assert!(usage.prompt_tokens as usize > start + len, "text before and after the image: {usage:?}");
 }
+
+/// A non-causal projector needs a whole image in one decode batch: a smaller --batch-size is
+/// raised to hold one, and the image is read.
+#[tokio::test]
+async fn a_batch_too_small_for_a_non_causal_image_is_raised() {
+    let mut config = EngineConfig::new(tiny_model());
+    config.mmproj_path = Some(tiny_projector(tiny_gguf::ProjectorKind::Gemma3));
+    config.ctx_size = 512;
+    config.parallel = 1;
+    config.batch_size = 8;
+    config.threads = Some(1);
+    let engine = Engine::start(config).unwrap();
+    let reserve = engine.model().vision.as_ref().unwrap().reserve_tokens();
+    assert!(reserve > 17, "image tokens and wrapper text: {reserve}");
+    assert_eq!(engine.config().batch_size as usize, reserve);
+    let (_, usage, (_, len)) = ask(&engine, 1, png(2)).await;
+    assert!(len > 16 && usage.completion_tokens > 0);
+}
