@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{gantry, sse_data, TestServer, KEY};
+use common::{ban_special_tokens, gantry, sse_data, TestServer, KEY};
 use serde_json::{json, Value};
 
 fn cli(data_flag: &str, data: &str, args: &[&str]) -> String {
@@ -299,18 +299,6 @@ async fn open_streams(s: &TestServer, key: &str, n: usize, max_tokens: u32) -> V
         streams.push(resp);
     }
     streams
-}
-
-/// A `logit_bias` banning the tiny model's special tokens (end of text, turn start, turn end: the
-/// last three of its vocabulary), so a request generates until `max_tokens` or cancellation. The
-/// vocabulary size is read from the out-of-range error.
-async fn ban_special_tokens(s: &TestServer, key: &str) -> Value {
-    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}});
-    let refused: Value =
-        s.client().post(s.url("/v1/chat/completions")).bearer_auth(key).json(&body).send().await.unwrap().json().await.unwrap();
-    let message = refused["error"]["message"].as_str().unwrap();
-    let n_vocab: i64 = message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
-    json!({(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100})
 }
 
 /// Reads every stream to its end and sums the usage each reported to its client.

@@ -122,3 +122,16 @@ pub fn sse_data(body: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// A `logit_bias` banning the tiny model's special tokens (end of text, turn start, turn end: the
+/// last three of its vocabulary), so a request generates until `max_tokens` or cancellation. The
+/// vocabulary size is read from the out-of-range error.
+pub async fn ban_special_tokens(s: &TestServer, key: &str) -> serde_json::Value {
+    let body = serde_json::json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}});
+    let refused: serde_json::Value =
+        s.client().post(s.url("/v1/chat/completions")).bearer_auth(key).json(&body).send().await.unwrap().json().await.unwrap();
+    let message = refused["error"]["message"].as_str().unwrap();
+    let n_vocab: i64 = message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
+    serde_json::json!({(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100})
+}
+
