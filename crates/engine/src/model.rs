@@ -1,6 +1,7 @@
 //! The loaded GGUF model: weights, vocabulary, chat template, and prompt preparation.
 //! Shared read-only between HTTP handlers (tokenizing) and the scheduler thread (decoding).
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -119,13 +120,7 @@ impl LoadedModel {
             let tokens = self.tokenize(&text);
             return Ok(Prompt { text, tokens, images: Vec::new() });
         };
-        let mut tokens = Vec::new();
-        for (i, piece) in text.split(vision.marker()).enumerate() {
-            if i > 0 {
-                tokens.extend(image_token_ids(0, vision.reserve_tokens()));
-            }
-            tokens.extend(self.tokenize_piece(piece, i == 0));
-        }
+        let Ok(tokens) = self.tokenize_marked::<Infallible>(&text, vision.marker(), |_, _| Ok(image_token_ids(0, vision.reserve_tokens())));
         Ok(Prompt { text, tokens, images: Vec::new() })
     }
 
@@ -133,29 +128,44 @@ impl LoadedModel {
     /// [`Self::prepare`] made, one per marked place, in order.
     pub fn attach_images(&self, prompt: &mut Prompt, images: &[ImageInput]) -> Result<(), ImageError> {
         let vision = self.vision.as_ref().ok_or(ImageError::NoVision)?;
-        let pieces: Vec<&str> = prompt.text.split(vision.marker()).collect();
-        if pieces.len() != images.len() + 1 {
-            return Err(ImageError::Placement { markers: pieces.len() - 1, images: images.len() });
+        let markers = prompt.text.matches(vision.marker()).count();
+        if markers != images.len() {
+            return Err(ImageError::Placement { markers, images: images.len() });
         }
-        let mut tokens = Vec::new();
         let mut placed = Vec::with_capacity(images.len());
-        for (i, piece) in pieces.iter().enumerate() {
-            if i > 0 {
-                let (chunks, id) = vision.prepare(&images[i - 1])?;
-                let len = chunks.total_tokens();
-                placed.push(PromptImage { start: tokens.len(), len, chunks });
-                tokens.extend(image_token_ids(id, len));
-            }
-            tokens.extend(self.tokenize_piece(piece, i == 0));
-        }
+        let tokens = self.tokenize_marked(&prompt.text, vision.marker(), |i, start| {
+            let (chunks, id) = vision.prepare(&images[i])?;
+            let len = chunks.total_tokens();
+            placed.push(PromptImage { start, len, chunks });
+            Ok(image_token_ids(id, len))
+        })?;
         // The completion starts from the last prompt token's logits: text, always, after the
         // generation prompt of any real template.
         if tokens.last().is_none_or(|&t| t < 0) {
-            return Err(ImageError::Placement { markers: pieces.len() - 1, images: images.len() });
+            return Err(ImageError::Placement { markers, images: images.len() });
         }
         prompt.tokens = tokens;
         prompt.images = placed;
         Ok(())
+    }
+
+    /// Tokenizes `text` in which `marker` stands for each image; `image(i, start)` gives the ids
+    /// of the `i`-th image, which starts at token index `start`.
+    fn tokenize_marked<E>(
+        &self,
+        text: &str,
+        marker: &str,
+        mut image: impl FnMut(usize, usize) -> Result<Vec<i32>, E>,
+    ) -> Result<Vec<i32>, E> {
+        let mut tokens = Vec::new();
+        for (i, piece) in text.split(marker).enumerate() {
+            if i > 0 {
+                let ids = image(i - 1, tokens.len())?;
+                tokens.extend(ids);
+            }
+            tokens.extend(self.tokenize_piece(piece, i == 0));
+        }
+        Ok(tokens)
     }
 
     fn tokenize_piece(&self, text: &str, first: bool) -> Vec<i32> {
