@@ -41,7 +41,10 @@ impl TestServer {
     pub fn start_with(model: &Path, with_key: bool, extra: &[&str]) -> Self {
         let data_dir = tempfile::tempdir().unwrap();
         let mut cmd = gantry();
-        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--ctx-size", "512", "--parallel", "4"])
+        // One llama.cpp thread: the suite runs two tests at once on two cores, and ggml's OpenMP
+        // threads spin at every barrier, so two 2-thread servers sharing two cores ran 25 times
+        // slower (the database outage tests took 300 s instead of 12, and timed out in CI).
+        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--ctx-size", "512", "--parallel", "4", "--threads", "1"])
             .arg("--model")
             .arg(model)
             .arg("--data-dir")
