@@ -13,6 +13,7 @@ mod vision_tests;
 mod generator;
 mod host_cache;
 mod kv_slots;
+mod memory;
 mod model;
 mod prepare;
 mod request;
@@ -39,6 +40,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 pub use constraint::Constraint;
 pub use cpu_backend::cpu_backend_features;
 pub use generator::{EngineError, Generator, Health, SubmitError};
+pub use memory::{estimate_memory, MemoryEstimate};
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
@@ -72,6 +74,10 @@ pub struct EngineConfig {
     /// Host memory for idle sequences' KV entries (see `host_cache`); 0 keeps them in their
     /// slots instead.
     pub host_cache_bytes: usize,
+    /// Shared by engines serving different models in one process: each decode step (and
+    /// image encode) holds it, so the engines' steps take turns on the cores instead of all
+    /// their threads spinning at once.
+    pub decode_turns: Option<Arc<Mutex<()>>>,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -94,6 +100,7 @@ impl EngineConfig {
             max_queue: 64,
             speculation: SpeculationConfig::default(),
             host_cache_bytes: DEFAULT_HOST_CACHE_MIB << 20,
+            decode_turns: None,
             #[cfg(test)]
             panic_after_tokens: None,
         }
@@ -147,6 +154,7 @@ impl Engine {
             panic_after_tokens: test_panic_hook(&config),
             speculation: config.speculation,
             host_cache_bytes: config.host_cache_bytes,
+            decode_turns: config.decode_turns.clone(),
         };
         let spec_stats = Arc::new(SpeculationStats::default());
         let thread_spec_stats = spec_stats.clone();

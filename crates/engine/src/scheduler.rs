@@ -35,6 +35,8 @@ pub(crate) struct SchedulerConfig {
     pub panic_after_tokens: Option<u32>,
     pub speculation: SpeculationConfig,
     pub host_cache_bytes: usize,
+    /// Held through each decode step when other engines share the cores (see `EngineConfig`).
+    pub decode_turns: Option<std::sync::Arc<std::sync::Mutex<()>>>,
 }
 
 pub(crate) struct Scheduler {
@@ -136,8 +138,11 @@ impl Scheduler {
         if !has_work {
             return;
         }
+        let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let started = Instant::now();
-        if let Err(e) = ctx.decode(&mut self.batch) {
+        let decoded = ctx.decode(&mut self.batch);
+        drop(turn);
+        if let Err(e) = decoded {
             tracing::error!(error = %e, "llama.cpp decode failed");
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
@@ -299,7 +304,10 @@ impl Scheduler {
         let seqs = req.seq_ids();
         let (start, end) = (image.start, image.start + image.len);
         let started = Instant::now();
-        match vision.evaluate(ctx, &image, seqs[0], self.cfg.batch_size as i32) {
+        let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let evaluated = vision.evaluate(ctx, &image, seqs[0], self.cfg.batch_size as i32);
+        drop(turn);
+        match evaluated {
             Ok(()) => {
                 telemetry::image_evaluated(image.len, started.elapsed());
                 for &seq in &seqs[1..] {

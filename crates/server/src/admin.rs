@@ -25,6 +25,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/keys/{key}/rotate", post(rotate_key))
         .route("/usage", get(usage))
         .route("/usage/requests", get(usage_requests))
+        .merge(crate::admin_models::router())
         .route_layer(middleware::from_fn_with_state(state, require_admin))
 }
 

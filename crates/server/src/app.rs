@@ -11,7 +11,6 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use gantry_accounts::{Accounts, KeyInfo, Meter, Price};
 use gantry_api::{ApiError, ModelList, ModelObject};
-use gantry_engine::{Generator, Health};
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -19,12 +18,10 @@ use crate::{admin, auth, chat, request_id, telemetry};
 
 #[derive(Clone)]
 pub struct AppState {
-    /// The engine, behind a trait so router tests can script its events.
-    pub engine: Arc<dyn Generator>,
+    /// The models this server serves, loaded on demand; behind a loader trait so router tests
+    /// can script their engines.
+    pub models: crate::pool::ModelPool,
     pub accounts: Accounts,
-    /// The id clients send as `model`.
-    pub model_id: Arc<str>,
-    pub model_created: u64,
     pub images: crate::images::ImageFetcher,
     /// Admission (rate limits, budget reservations) and settlement into the usage ledger.
     pub meter: Meter,
@@ -72,29 +69,27 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .layer(middleware::from_fn(request_id::assign))
 }
 
-/// 503 once the engine failed: load balancers stop sending traffic while the process exits.
+/// 503 once an engine failed: load balancers stop sending traffic while the process exits.
 async fn health(State(state): State<AppState>) -> Response {
-    match state.engine.health() {
-        Health::Ready => Json(json!({"status": "ok", "model": &*state.model_id})).into_response(),
-        Health::Failed(why) => {
-            let body = json!({"status": "failed", "model": &*state.model_id, "error": why});
+    let models: Vec<&str> = state.models.specs().iter().map(|s| s.id.as_str()).collect();
+    // `model` is the first (with one model, the only) one, as before several were served.
+    let model = models.first().copied().unwrap_or_default();
+    match state.models.failure() {
+        None => Json(json!({"status": "ok", "model": model, "models": models})).into_response(),
+        Some(why) => {
+            let body = json!({"status": "failed", "model": model, "models": models, "error": why});
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
 }
 
-fn model_object(state: &AppState) -> ModelObject {
-    ModelObject {
-        id: state.model_id.to_string(),
-        object: "model",
-        created: state.model_created,
-        owned_by: "gantry".into(),
-    }
+fn model_object(spec: &crate::pool::ModelSpec) -> ModelObject {
+    ModelObject { id: spec.id.clone(), object: "model", created: spec.created, owned_by: "gantry".into() }
 }
 
-/// Only the models the key may use.
+/// Every model the key may use, loaded or not.
 async fn list_models(State(state): State<AppState>, Extension(key): Extension<KeyInfo>) -> Json<ModelList> {
-    let data = if key.allows_model(&state.model_id) { vec![model_object(&state)] } else { Vec::new() };
+    let data = state.models.specs().iter().filter(|s| key.allows_model(&s.id)).map(model_object).collect();
     Json(ModelList { object: "list", data })
 }
 
@@ -103,10 +98,9 @@ async fn get_model(
     Extension(key): Extension<KeyInfo>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, ApiError> {
-    if id == *state.model_id && key.allows_model(&id) {
-        Ok(Json(model_object(&state)))
-    } else {
-        Err(ApiError::model_not_found(&id))
+    match state.models.spec(&id) {
+        Some(spec) if key.allows_model(&id) => Ok(Json(model_object(spec))),
+        _ => Err(ApiError::model_not_found(&id)),
     }
 }
 

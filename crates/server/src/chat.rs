@@ -23,6 +23,7 @@ use gantry_engine::{
 
 use crate::app::AppState;
 use crate::engine_errors::IntoApiError;
+use crate::pool::{Lease, PoolError};
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::stream::{ChunkEncoder, SseFrame};
 use crate::tool_calls::ToolPlan;
@@ -38,19 +39,22 @@ pub async fn chat_completions(
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
     // A model the key may not use is reported as missing, as OpenAI does.
-    if *chat.model != *state.model_id || !key.allows_model(&chat.model) {
+    if !key.allows_model(&chat.model) {
         return Err(ApiError::model_not_found(&chat.model));
     }
     let tools = ToolPlan::from_request(&chat)?;
-    let generate = prepare(&state, &chat, tools.as_ref()).await?;
+    // Held until the request's last event: the model is not unloaded under it.
+    let model = state.models.acquire(&chat.model).await.map_err(PoolError::into_api_error)?;
+    let model_id = model.id().to_string();
+    let generate = prepare(&model, &chat, tools.as_ref()).await?;
     let n = generate.n;
     // Admission: rate limits and the budget reservation. The ticket settles with the engine's
     // usage report or, dropped unsettled (submission refused, handler dropped), releases.
     let charge = Charge {
         request_id: request_id.clone(),
         client_request_id,
-        model: state.model_id.to_string(),
-        price: state.price_of(&state.model_id),
+        model: model_id.clone(),
+        price: state.price_of(&model_id),
         prompt_tokens: generate.prompt.tokens.len() as u64,
         max_completion_tokens: u64::from(generate.max_tokens) * u64::from(n),
     };
@@ -61,7 +65,7 @@ pub async fn chat_completions(
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
     // request makes the server fetch nothing. Refused here, the dropped ticket releases.
-    let generate = match attach_images(&state, &chat, generate).await {
+    let generate = match attach_images(&state, &model, &chat, generate).await {
         Ok(generate) => generate,
         Err(e) => {
             let mut response = e.into_response();
@@ -69,16 +73,16 @@ pub async fn chat_completions(
             return Ok(response);
         }
     };
-    let GenerationHandle { events, usage } = state.engine.submit(generate).map_err(IntoApiError::into_api_error)?;
+    let GenerationHandle { events, usage } = model.submit(generate).map_err(IntoApiError::into_api_error)?;
     let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
-    let events = hold_done_until(events, journalled);
+    let events = hold_done_until(events, journalled, model);
 
     let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
     let mut response = if chat.stream {
-        stream_response(id, created, state.model_id.to_string(), &chat, tools, n, events).into_response()
+        stream_response(id, created, model_id, &chat, tools, n, events).into_response()
     } else {
-        let response = collect_response(id, created, state.model_id.to_string(), &chat, tools.as_ref(), n, events).await?;
+        let response = collect_response(id, created, model_id, &chat, tools.as_ref(), n, events).await?;
         Json(response).into_response()
     };
     crate::rate_limit::apply(&rate, response.headers_mut());
@@ -88,14 +92,19 @@ pub async fn chat_completions(
 /// Fetches the request's images and puts them into its prompt (decoded, tokenized for the
 /// projector, the context checked again with their real size). A model that cannot see gets a
 /// clear 400, but only after every image was checked, so a bad image gets its own precise error.
-async fn attach_images(state: &AppState, chat: &ValidatedChat, mut generate: GenerateRequest) -> Result<GenerateRequest, ApiError> {
+async fn attach_images(
+    state: &AppState,
+    model: &Lease,
+    chat: &ValidatedChat,
+    mut generate: GenerateRequest,
+) -> Result<GenerateRequest, ApiError> {
     if chat.images.is_empty() {
         return Ok(generate);
     }
     let fetched = state.images.load_all(chat.images.iter().map(|p| &p.source)).await?;
-    if !state.engine.model_info().supports_vision {
+    if !model.model_info().supports_vision {
         return Err(ApiError::invalid_request(
-            format!("The model `{}` does not support image inputs; send text content only.", state.model_id),
+            format!("The model `{}` does not support image inputs; send text content only.", model.id()),
             Some("messages"),
         ));
     }
@@ -112,7 +121,7 @@ async fn attach_images(state: &AppState, chat: &ValidatedChat, mut generate: Gen
             },
         })
         .collect();
-    let engine = state.engine.clone();
+    let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.attach_images(&mut generate, images).map(|()| generate))
         .await
         .map_err(|e| ApiError::internal(format!("image preparation failed: {e}")))?
@@ -135,7 +144,7 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// The engine checks and tokenizes the request (off the async runtime: it renders the template
 /// and compiles grammars); its refusals are the client's 400s.
-async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
+async fn prepare(model: &Lease, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
     // The whole output's grammar: a forced call's, the answer-or-call union of `auto` tools with
     // a response_format, or the response_format's own. Its schema errors name the field that
     // brought the schema: the tools whenever there are any.
@@ -146,7 +155,7 @@ async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan
     };
     let input = ChatInput {
         messages: {
-            let marker = state.engine.model_info().image_marker.as_deref();
+            let marker = model.model_info().image_marker.as_deref();
             chat.messages.iter().map(|m| m.to_template_value_marking_images(marker)).collect()
         },
         tools: tools.map(|t| t.tools.clone()),
@@ -165,7 +174,7 @@ async fn prepare(state: &AppState, chat: &ValidatedChat, tools: Option<&ToolPlan
         constraint: constraint.map(|c| (c, param)),
         lazy_tools: tools.and_then(|t| t.lazy.clone()),
     };
-    let engine = state.engine.clone();
+    let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input))
         .await
         .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?
@@ -183,14 +192,18 @@ fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
 }
 
 /// Forwards the engine's events, holding the final `Done` (the usage the client is told) until
-/// the usage record is on disk. Dropping the returned receiver (client gone) drops the engine's
-/// receiver at once, which cancels the request as before.
+/// the usage record is on disk, and the lease on the model until the last event. Dropping the
+/// returned receiver (client gone) drops the engine's receiver at once, which cancels the
+/// request as before.
 fn hold_done_until(
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     journalled: tokio::sync::oneshot::Receiver<()>,
+    model: Lease,
 ) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
+        // The model stays loaded until the request's events end or its client leaves.
+        let _model = model;
         let mut journalled = Some(journalled);
         loop {
             let event = tokio::select! {

@@ -64,16 +64,27 @@ impl DataDirArg {
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// A GGUF file path, or the name of a pulled model (see `gantry models list`).
-    #[arg(long, env = "GANTRY_MODEL", default_value = crate::models::DEFAULT_MODEL)]
-    pub model: String,
-    /// The id clients send as `model`; defaults to the file stem.
+    /// A GGUF file path, or the name of a pulled model (see `gantry models list`); `ID=MODEL`
+    /// sets the id clients send (default: the file stem). Repeat to serve several models: the
+    /// first loads at start, the others when a request first names them.
+    #[arg(long = "model", value_name = "[ID=]MODEL", env = "GANTRY_MODEL", default_value = crate::models::DEFAULT_MODEL, action = clap::ArgAction::Append)]
+    pub models: Vec<String>,
+    /// The id clients send for the first `--model`; defaults to the file stem.
     #[arg(long)]
     pub model_name: Option<String>,
-    /// The model's multimodal projector GGUF (`mmproj-*.gguf`): with it, `image_url` parts are
-    /// read by the model (vision-language models such as SmolVLM or Gemma 3).
+    /// The first model's multimodal projector GGUF (`mmproj-*.gguf`): with it, `image_url`
+    /// parts are read by the model (vision-language models such as SmolVLM or Gemma 3).
+    /// Catalogue vision models get their own projector without it.
     #[arg(long, env = "GANTRY_MMPROJ", value_name = "PROJECTOR.gguf")]
     pub mmproj: Option<std::path::PathBuf>,
+    /// Memory all loaded models may take together (weights, KV cache, compute buffers), e.g.
+    /// `700MB` or `4GiB`; loading one that does not fit unloads idle models, least recently
+    /// used first. Default: 80% of the memory available at start.
+    #[arg(long, value_name = "BYTES", env = "GANTRY_MAX_MEMORY", value_parser = crate::pool::parse_bytes)]
+    pub max_memory: Option<u64>,
+    /// A model id never unloaded to make room (loaded at start). Repeatable.
+    #[arg(long = "pin", value_name = "ID")]
+    pub pins: Vec<String>,
     #[arg(long, default_value = "127.0.0.1", env = "GANTRY_HOST")]
     pub host: String,
     #[arg(long, default_value_t = 8080, env = "GANTRY_PORT")]

@@ -1,7 +1,9 @@
 pub mod models;
 pub mod app;
 mod admin;
+mod admin_models;
 mod keyspec;
+pub mod pool;
 mod auth;
 mod chat;
 mod engine_errors;

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use crate::app::{router, AppState, RouterOptions};
+use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions, ServedModel};
 
 const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
 
@@ -29,7 +30,7 @@ struct ScriptedEngine {
     usage: Usage,
     /// Set as the script ends: the health a failed engine reports.
     fail_with: Option<String>,
-    health: Arc<Mutex<Health>>,
+    health: Arc<tokio::sync::watch::Sender<Health>>,
     submitted: Mutex<Vec<u32>>,
 }
 
@@ -50,7 +51,7 @@ impl ScriptedEngine {
             events,
             usage,
             fail_with: None,
-            health: Arc::new(Mutex::new(Health::Ready)),
+            health: Arc::new(tokio::sync::watch::Sender::new(Health::Ready)),
             submitted: Mutex::new(Vec::new()),
         }
     }
@@ -85,7 +86,7 @@ impl Generator for ScriptedEngine {
             for event in script {
                 // As the real engine: it is marked failed before it answers its requests.
                 if let (Event::Error(_), Some(why)) = (&event, &fail_with) {
-                    *health.lock().unwrap() = Health::Failed(why.clone());
+                    health.send_replace(Health::Failed(why.clone()));
                 }
                 let _ = events_tx.send(event);
                 tokio::task::yield_now().await;
@@ -96,7 +97,26 @@ impl Generator for ScriptedEngine {
     }
 
     fn health(&self) -> Health {
-        self.health.lock().unwrap().clone()
+        self.health.borrow().clone()
+    }
+}
+
+impl ServedModel for ScriptedEngine {
+    fn watch_health(&self) -> Option<tokio::sync::watch::Receiver<Health>> {
+        Some(self.health.subscribe())
+    }
+}
+
+/// Hands the pool the one scripted engine.
+struct ScriptedLoader(Arc<ScriptedEngine>);
+
+impl ModelLoader for ScriptedLoader {
+    fn estimate(&self, _: &ModelSpec) -> anyhow::Result<u64> {
+        Ok(1)
+    }
+    fn load(&self, _: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)> {
+        let model: Arc<dyn ServedModel> = self.0.clone();
+        Ok((model, 0))
     }
 }
 
@@ -123,11 +143,11 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
     )
     .await
     .unwrap();
+    let spec = ModelSpec { id: "scripted".into(), config: gantry_engine::EngineConfig::new("scripted.gguf"), pin: false, created: 0 };
+    let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
     let state = AppState {
-        engine,
+        models: ModelPool::new(vec![spec], Box::new(ScriptedLoader(engine)), options),
         accounts: accounts.clone(),
-        model_id: Arc::from("scripted"),
-        model_created: 0,
         images: Default::default(),
         meter: meter.clone(),
         prices: Default::default(),

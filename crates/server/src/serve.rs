@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gantry_accounts::{Accounts, Meter, MeterConfig};
-use gantry_engine::{Engine, EngineConfig, Generator, Health};
+use gantry_engine::EngineConfig;
 
 use crate::app::{router, AppState, RouterOptions};
 use crate::cli::ServeArgs;
 use crate::models;
+use crate::pool::{self, EngineLoader, ModelPool, ModelSpec, PoolOptions};
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let model_path = models::resolve_model(&args.model, &models::default_cache_dir())?;
-    let model_id = args.model_name.clone().unwrap_or_else(|| model_id_from_path(&model_path));
+    let specs = model_specs(&args)?;
+    let first_id = specs[0].id.clone();
 
     let data_dir = args.data.resolve();
     let accounts = args.data.open().await?;
@@ -40,41 +41,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("starting the usage meter")?;
     tracing::info!(instance = meter.owner(), "metering as this instance");
 
-    let mut config = EngineConfig::new(&model_path);
-    config.mmproj_path = match &args.mmproj {
-        Some(path) => Some(path.clone()),
-        None => models::resolve_projector(&args.model, &models::default_cache_dir())?,
-    };
-    config.ctx_size = args.ctx_size;
-    config.parallel = args.parallel;
-    config.threads = args.threads;
-    config.batch_size = args.batch_size;
-    config.max_queue = args.max_queue;
-    config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
-    config.speculation = gantry_engine::SpeculationConfig {
-        mode: match args.speculate {
-            crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,
-            crate::cli::SpeculateArg::Always => gantry_engine::Speculate::Always,
-            crate::cli::SpeculateArg::Off => gantry_engine::Speculate::Off,
-        },
-        draft_max: args.draft_max,
-    };
     crate::telemetry::install();
     crate::telemetry::report_cpu_backend();
-    let engine = tokio::task::spawn_blocking(move || Engine::start(config))
-        .await?
-        .with_context(|| format!("loading {}", model_path.display()))?;
+    let budget = args.max_memory.unwrap_or_else(pool::default_budget);
+    let models = ModelPool::new(specs, Box::new(EngineLoader), PoolOptions { budget, wait_for_room: Duration::from_secs(30) });
+    let estimates = models.check_budget().map_err(|e| anyhow::anyhow!("{e}; raise --max-memory or serve a smaller model"))?;
+    tracing::info!(budget, models = models.specs().len(), estimated = ?estimates, "memory budget for loaded models");
+    // The first model and the pinned ones load now, so a model that cannot load stops the
+    // server at start rather than failing its first request.
+    let at_start: Vec<String> =
+        models.specs().iter().enumerate().filter(|(i, s)| *i == 0 || s.pin).map(|(_, s)| s.id.clone()).collect();
+    for id in at_start {
+        drop(models.acquire(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?);
+    }
 
-    let created = std::fs::metadata(engine.model().info().path.as_path())
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
     let state = AppState {
-        engine: Arc::new(engine.clone()),
+        models: models.clone(),
         accounts: accounts.clone(),
-        model_id: Arc::from(model_id.as_str()),
-        model_created: created,
         images: crate::images::ImageFetcher {
             max_images: args.max_images,
             max_total_bytes: args.max_image_bytes,
@@ -95,10 +78,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(_) => "--database-url \"$GANTRY_DATABASE_URL\"".to_string(),
         None => format!("--data-dir {}", data_dir.display()),
     };
-    print_banner(&addr.to_string(), &model_id, new_key.as_deref(), &store_flag);
+    print_banner(&addr.to_string(), &first_id, new_key.as_deref(), &store_flag);
+    if models.specs().len() > 1 {
+        let others: Vec<String> = models.specs()[1..].iter().map(|s| format!("`{}`", s.id)).collect();
+        println!("Also serving {} (each loads when a request first names it; memory budget {budget} bytes)", others.join(", "));
+    }
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let engine_failed = engine_failure(&engine);
+    let failed_models = models.clone();
+    let engine_failed = async move { failed_models.failed().await };
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         tokio::select! {
             _ = shutdown_signal() => tracing::info!(
@@ -118,31 +106,86 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_secs(args.shutdown_grace)).await;
         } => {
             tracing::warn!("grace period over: cutting running requests");
-            engine.abort_all();
+            models.abort_all();
             // Cut streams end with an error event; give them a moment to flush.
             let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
         }
     }
-    let stopping = engine.clone();
+    let stopping = models.clone();
     tokio::task::spawn_blocking(move || stopping.shutdown()).await?;
     // Every request that reached the engine has its usage record journalled before exit, and
     // stored in the database unless it is down (then the next start replays the outbox).
     meter.shutdown(Duration::from_secs(10)).await;
     accounts.close().await;
-    if let Health::Failed(why) = Generator::health(&engine) {
+    if let Some(why) = models.failure() {
         anyhow::bail!("the inference engine failed ({why}); exiting so a supervisor restarts the server");
     }
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Resolves once the engine has failed (its scheduler thread panicked); never otherwise.
-fn engine_failure(engine: &Engine) -> impl std::future::Future<Output = ()> {
-    let mut health = engine.watch_health();
-    async move {
-        if health.wait_for(|h| matches!(h, Health::Failed(_))).await.is_err() {
-            std::future::pending::<()>().await;
+/// The models `--model` names (each `[ID=]MODEL`), resolved to files, with the engine settings
+/// the flags give them all.
+fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
+    let cache = models::default_cache_dir();
+    let mut specs: Vec<ModelSpec> = Vec::new();
+    for (i, arg) in args.models.iter().enumerate() {
+        let (id, name) = split_model_arg(arg);
+        let path = models::resolve_model(name, &cache)?;
+        let id = match (i, &args.model_name) {
+            (0, Some(first)) => first.clone(),
+            _ => id.map_or_else(|| model_id_from_path(&path), str::to_string),
+        };
+        if specs.iter().any(|s| s.id == id) {
+            anyhow::bail!("two --model flags serve the id `{id}`: give one of them another with ID=MODEL");
         }
+        let mut config = EngineConfig::new(&path);
+        config.mmproj_path = match (&args.mmproj, i) {
+            (Some(path), 0) => Some(path.clone()),
+            _ => models::resolve_projector(name, &cache)?,
+        };
+        config.ctx_size = args.ctx_size;
+        config.parallel = args.parallel;
+        config.threads = args.threads;
+        config.batch_size = args.batch_size;
+        config.max_queue = args.max_queue;
+        config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
+        config.speculation = gantry_engine::SpeculationConfig {
+            mode: match args.speculate {
+                crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,
+                crate::cli::SpeculateArg::Always => gantry_engine::Speculate::Always,
+                crate::cli::SpeculateArg::Off => gantry_engine::Speculate::Off,
+            },
+            draft_max: args.draft_max,
+        };
+        let created = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let pin = args.pins.contains(&id);
+        specs.push(ModelSpec { id, config, pin, created });
+    }
+    if let Some(unknown) = args.pins.iter().find(|p| !specs.iter().any(|s| &s.id == *p)) {
+        anyhow::bail!("--pin {unknown}: no --model serves that id");
+    }
+    // Loaded models share the cores: their decode steps take turns instead of each spinning
+    // every thread at once (two 2-thread engines on 2 cores ran many times slower).
+    if specs.len() > 1 {
+        let turns = Arc::new(std::sync::Mutex::new(()));
+        for spec in &mut specs {
+            spec.config.decode_turns = Some(turns.clone());
+        }
+    }
+    Ok(specs)
+}
+
+/// `ID=MODEL` → (`Some(ID)`, `MODEL`); a plain path or name → (`None`, it). A path holding `=`
+/// stays whole when the part before it looks like a path.
+fn split_model_arg(arg: &str) -> (Option<&str>, &str) {
+    match arg.split_once('=') {
+        Some((id, model)) if !id.is_empty() && !id.contains('/') && !model.is_empty() => (Some(id.trim()), model.trim()),
+        _ => (None, arg),
     }
 }
 
@@ -214,6 +257,15 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn model_flags_may_name_their_id() {
+        assert_eq!(super::split_model_arg("coder=qwen2.5-coder-0.5b"), (Some("coder"), "qwen2.5-coder-0.5b"));
+        assert_eq!(super::split_model_arg("/m/a.gguf"), (None, "/m/a.gguf"));
+        assert_eq!(super::split_model_arg("small=/m/a=b.gguf"), (Some("small"), "/m/a=b.gguf"));
+        assert_eq!(super::split_model_arg("/m/a=b.gguf"), (None, "/m/a=b.gguf"));
+        assert_eq!(super::split_model_arg("=x"), (None, "=x"));
+    }
+
     #[test]
     fn model_id_is_the_file_stem() {
         let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");

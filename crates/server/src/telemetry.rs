@@ -28,6 +28,10 @@ pub fn install() {
             Ok(h) => {
                 describe_counter!("gantry_http_requests_total", Unit::Count, "HTTP requests by route and status.");
                 describe_histogram!("gantry_http_request_duration_seconds", Unit::Seconds, "HTTP request latency by route.");
+                describe_gauge!("gantry_model_loaded_bytes", Unit::Bytes, "Memory a loaded model takes (0 when unloaded), by model.");
+                describe_counter!("gantry_model_loads_total", Unit::Count, "Model loads, by model.");
+                describe_counter!("gantry_model_evictions_total", Unit::Count, "Models unloaded to make room for another, by model.");
+                describe_histogram!("gantry_model_load_seconds", Unit::Seconds, "Time to load a model, by model.");
                 Some(h)
             }
             Err(e) => {
@@ -45,6 +49,23 @@ pub fn report_cpu_backend() {
     tracing::info!(features = %features, "llama.cpp CPU backend");
     describe_gauge!("gantry_cpu_backend_info", "Always 1; the features label lists the CPU features ggml was built with.");
     gauge!("gantry_cpu_backend_info", "features" => features).set(1.0);
+}
+
+/// A model finished loading: `gantry_model_loaded_bytes{model}`, `gantry_model_loads_total{model}`
+/// and the load's duration.
+pub fn model_loaded(model: &str, bytes: u64, took: std::time::Duration) {
+    gauge!("gantry_model_loaded_bytes", "model" => model.to_string()).set(bytes as f64);
+    counter!("gantry_model_loads_total", "model" => model.to_string()).increment(1);
+    histogram!("gantry_model_load_seconds", "model" => model.to_string()).record(took.as_secs_f64());
+}
+
+/// A model was unloaded: evicted to make room for another (`gantry_model_evictions_total{model}`)
+/// or by an operator.
+pub fn model_unloaded(model: &str, evicted: bool) {
+    gauge!("gantry_model_loaded_bytes", "model" => model.to_string()).set(0.0);
+    if evicted {
+        counter!("gantry_model_evictions_total", "model" => model.to_string()).increment(1);
+    }
 }
 
 pub async fn render() -> Response {

@@ -1,0 +1,447 @@
+//! Several models in one server: each is loaded when a request first names it, and a model
+//! that does not fit the memory budget makes idle models leave, least recently used first.
+//! A model with a request running or waiting on it, or pinned, never leaves; when nothing can
+//! leave, the request waits a while for room and then gets a retryable 503. Loads run one at
+//! a time (two at once would only share the same cores and memory), and concurrent first
+//! requests for one model share its load.
+//!
+//! A request holds a [`Lease`] on its model from routing until its last event: that, not the
+//! engine's queue, is what "in use" means here, so a model is never torn down under a stream.
+
+mod memory;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gantry_api::ApiError;
+use gantry_engine::{Engine, EngineConfig, Generator, Health};
+use tokio::sync::{watch, Notify};
+
+pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
+
+/// A model the server can serve, loaded or not.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// The id clients send as `model`.
+    pub id: String,
+    pub config: EngineConfig,
+    /// Never unloaded to make room.
+    pub pin: bool,
+    /// Unix seconds for `/v1/models` (the file's modification time).
+    pub created: u64,
+}
+
+/// A loaded model as the pool drives it: requests go through [`Generator`]; the rest is for
+/// unloading, shutdown and failure.
+pub trait ServedModel: Generator {
+    /// Cuts every running request (shutdown's grace period ran out).
+    fn abort_all(&self) {}
+    /// Finishes what it has and stops (blocking).
+    fn shutdown(&self) {}
+    /// Its health, for engines that can fail.
+    fn watch_health(&self) -> Option<watch::Receiver<Health>> {
+        None
+    }
+}
+
+impl ServedModel for Engine {
+    fn abort_all(&self) {
+        Engine::abort_all(self);
+    }
+    fn shutdown(&self) {
+        Engine::shutdown(self);
+    }
+    fn watch_health(&self) -> Option<watch::Receiver<Health>> {
+        Some(Engine::watch_health(self))
+    }
+}
+
+/// Loads models; behind a trait so tests can load scripted ones.
+pub trait ModelLoader: Send + Sync + 'static {
+    /// Bytes the model will take once loaded, known before loading it (blocking).
+    fn estimate(&self, spec: &ModelSpec) -> anyhow::Result<u64>;
+    /// Loads it (blocking), returning it and the bytes it was measured to take (0: unknown).
+    fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)>;
+}
+
+/// Loads GGUF models into llama.cpp engines.
+pub struct EngineLoader;
+
+impl ModelLoader for EngineLoader {
+    fn estimate(&self, spec: &ModelSpec) -> anyhow::Result<u64> {
+        Ok(spec.config.estimate_memory()?.total())
+    }
+
+    /// Measures what the process grew by while loading: loads run one at a time.
+    fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)> {
+        let before = process_rss();
+        let engine: Arc<dyn ServedModel> = Arc::new(Engine::start(spec.config.clone())?);
+        Ok((engine, process_rss().saturating_sub(before)))
+    }
+}
+
+/// Why a request could not get its model.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("The model `{0}` does not exist")]
+    NotFound(String),
+    #[error("The model `{id}` could not be loaded: {reason}")]
+    LoadFailed { id: String, reason: String },
+    #[error("The model `{id}` needs {need} bytes and the server's memory budget is {budget} bytes")]
+    TooLarge { id: String, need: u64, budget: u64 },
+    #[error("The model `{id}` cannot be loaded now: the models in use fill the server's memory budget")]
+    Busy { id: String },
+    #[error("The model `{id}` has {running} requests running or queued; unload it with ?force=true to cut them (they are billed for what they generated)")]
+    InUse { id: String, running: usize },
+}
+
+impl PoolError {
+    pub fn into_api_error(self) -> ApiError {
+        let message = self.to_string();
+        match self {
+            PoolError::NotFound(id) => ApiError::model_not_found(&id),
+            PoolError::Busy { .. } => ApiError::overloaded(format!("{message}. Please retry after a short wait.")).with_retry_after(5),
+            PoolError::LoadFailed { .. } | PoolError::TooLarge { .. } => ApiError::overloaded(message).with_retry_after(30),
+            PoolError::InUse { .. } => {
+                ApiError::new(axum::http::StatusCode::CONFLICT, "invalid_request_error", message, None, Some("model_in_use"))
+            }
+        }
+    }
+}
+
+/// What `/admin` and `/metrics` show of one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelStatus {
+    pub id: String,
+    pub loaded: bool,
+    /// Budgeted bytes (the estimate from the GGUF header) while loaded.
+    pub bytes: u64,
+    /// What the process grew by while it loaded.
+    pub measured_bytes: u64,
+    pub leases: usize,
+    pub pinned: bool,
+}
+
+pub struct PoolOptions {
+    /// Bytes all loaded models may take together.
+    pub budget: u64,
+    /// How long a request waits for models in use to free room before its 503.
+    pub wait_for_room: Duration,
+}
+
+/// The models one server serves. Cheap to clone.
+#[derive(Clone)]
+pub struct ModelPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    specs: Vec<ModelSpec>,
+    loader: Box<dyn ModelLoader>,
+    options: PoolOptions,
+    state: Mutex<State>,
+    /// Held while a model loads or models are unloaded to make room for one.
+    loading: tokio::sync::Mutex<()>,
+    /// A lease ended: a model may have become idle.
+    released: Notify,
+    /// Set once a loaded engine failed: the server stops for its supervisor to restart it.
+    failed: watch::Sender<Option<String>>,
+}
+
+#[derive(Default)]
+struct State {
+    loaded: HashMap<usize, Loaded>,
+    clock: u64,
+}
+
+struct Loaded {
+    model: Arc<dyn ServedModel>,
+    /// Budgeted: the estimate.
+    bytes: u64,
+    /// What the process grew by while it loaded.
+    measured: u64,
+    leases: usize,
+    last_used: u64,
+}
+
+/// A request's hold on its model: the model stays loaded while any lease on it lives.
+pub struct Lease {
+    inner: Arc<Inner>,
+    index: usize,
+    model: Arc<dyn ServedModel>,
+}
+
+impl Lease {
+    /// The id clients send for this model.
+    pub fn id(&self) -> &str {
+        &self.inner.specs[self.index].id
+    }
+
+    /// The model's engine, for work that runs off the async runtime.
+    pub fn generator(&self) -> Arc<dyn ServedModel> {
+        self.model.clone()
+    }
+}
+
+impl std::ops::Deref for Lease {
+    type Target = dyn ServedModel;
+    fn deref(&self) -> &Self::Target {
+        &*self.model
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock().expect("pool state");
+        state.clock += 1;
+        let now = state.clock;
+        if let Some(loaded) = state.loaded.get_mut(&self.index) {
+            loaded.leases -= 1;
+            loaded.last_used = now;
+        }
+        drop(state);
+        self.inner.released.notify_waiters();
+    }
+}
+
+impl ModelPool {
+    /// A pool of `specs` (ids unique, checked by the caller) with nothing loaded yet.
+    pub fn new(specs: Vec<ModelSpec>, loader: Box<dyn ModelLoader>, options: PoolOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                specs,
+                loader,
+                options,
+                state: Mutex::new(State::default()),
+                loading: tokio::sync::Mutex::new(()),
+                released: Notify::new(),
+                failed: watch::Sender::new(None),
+            }),
+        }
+    }
+
+    /// Every servable model, loaded or not, in configuration order.
+    pub fn specs(&self) -> &[ModelSpec] {
+        &self.inner.specs
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.inner.options.budget
+    }
+
+    /// The spec clients reach as `id`.
+    pub fn spec(&self, id: &str) -> Option<&ModelSpec> {
+        self.inner.specs.iter().find(|s| s.id == id)
+    }
+
+    /// Checks every model fits the budget on its own, so none is refused only at its first
+    /// request. Returns each model's estimate.
+    pub fn check_budget(&self) -> Result<Vec<u64>, PoolError> {
+        self.inner
+            .specs
+            .iter()
+            .map(|spec| {
+                let need = self.inner.loader.estimate(spec).map_err(|e| load_failed(spec, &e))?;
+                if need > self.budget() {
+                    return Err(PoolError::TooLarge { id: spec.id.clone(), need, budget: self.budget() });
+                }
+                Ok(need)
+            })
+            .collect()
+    }
+
+    /// A lease on model `id`, loading it first if needed (which may unload idle models).
+    pub async fn acquire(&self, id: &str) -> Result<Lease, PoolError> {
+        let index = self.inner.specs.iter().position(|s| s.id == id).ok_or_else(|| PoolError::NotFound(id.to_string()))?;
+        if let Some(lease) = self.try_lease(index) {
+            return Ok(lease);
+        }
+        let _loading = self.inner.loading.lock().await;
+        // Loaded by the request this one waited behind.
+        if let Some(lease) = self.try_lease(index) {
+            return Ok(lease);
+        }
+        let spec = self.inner.specs[index].clone();
+        let inner = self.inner.clone();
+        let estimate_spec = spec.clone();
+        let need = tokio::task::spawn_blocking(move || inner.loader.estimate(&estimate_spec))
+            .await
+            .map_err(|e| load_failed(&spec, &anyhow::anyhow!("{e}")))?
+            .map_err(|e| load_failed(&spec, &e))?;
+        if need > self.budget() {
+            return Err(PoolError::TooLarge { id: spec.id.clone(), need, budget: self.budget() });
+        }
+        self.make_room(index, need).await?;
+        let inner = self.inner.clone();
+        let load_spec = spec.clone();
+        let started = std::time::Instant::now();
+        let (model, measured) = tokio::task::spawn_blocking(move || inner.loader.load(&load_spec))
+            .await
+            .map_err(|e| load_failed(&spec, &anyhow::anyhow!("{e}")))?
+            .map_err(|e| load_failed(&spec, &e))?;
+        // The budget counts the estimate: what the process grew by also counts allocator and
+        // page-cache noise (and the first load, llama.cpp's own start-up), so it is shown, not
+        // budgeted.
+        let bytes = need;
+        tracing::info!(model = %spec.id, estimated = need, measured, seconds = started.elapsed().as_secs_f64(), "model loaded");
+        crate::telemetry::model_loaded(&spec.id, bytes, started.elapsed());
+        self.watch_failure(&spec.id, &*model);
+        let mut state = self.inner.state.lock().expect("pool state");
+        state.clock += 1;
+        let now = state.clock;
+        state.loaded.insert(index, Loaded { model: model.clone(), bytes, measured, leases: 1, last_used: now });
+        Ok(Lease { inner: self.inner.clone(), index, model })
+    }
+
+    fn try_lease(&self, index: usize) -> Option<Lease> {
+        let mut state = self.inner.state.lock().expect("pool state");
+        state.clock += 1;
+        let now = state.clock;
+        let loaded = state.loaded.get_mut(&index)?;
+        loaded.leases += 1;
+        loaded.last_used = now;
+        Some(Lease { inner: self.inner.clone(), index, model: loaded.model.clone() })
+    }
+
+    /// Unloads idle, unpinned models, least recently used first, until `need` more bytes fit;
+    /// waits for leases to end while only models in use stand in the way.
+    async fn make_room(&self, index: usize, need: u64) -> Result<(), PoolError> {
+        let deadline = tokio::time::Instant::now() + self.inner.options.wait_for_room;
+        loop {
+            let released = self.inner.released.notified();
+            let victim = {
+                let mut state = self.inner.state.lock().expect("pool state");
+                let used: u64 = state.loaded.values().map(|l| l.bytes).sum();
+                if used + need <= self.budget() {
+                    return Ok(());
+                }
+                let victim = state
+                    .loaded
+                    .iter()
+                    .filter(|(i, l)| l.leases == 0 && !self.inner.specs[**i].pin)
+                    .min_by_key(|(_, l)| l.last_used)
+                    .map(|(i, _)| *i);
+                victim.and_then(|i| state.loaded.remove(&i).map(|l| (i, l)))
+            };
+            match victim {
+                Some((i, loaded)) => {
+                    let id = self.inner.specs[i].id.clone();
+                    tracing::info!(model = %id, bytes = loaded.bytes, for_model = %self.inner.specs[index].id, "unloading an idle model to make room");
+                    let model = loaded.model;
+                    // Its memory is free only once its scheduler thread has stopped.
+                    let _ = tokio::task::spawn_blocking(move || model.shutdown()).await;
+                    crate::telemetry::model_unloaded(&id, true);
+                }
+                None => {
+                    if tokio::time::timeout_at(deadline, released).await.is_err() {
+                        return Err(PoolError::Busy { id: self.inner.specs[index].id.clone() });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unloads model `id` now (an operator's request). A model in use is refused unless
+    /// `force`, which cuts its requests and unloads it once they have ended. Returns whether it
+    /// was loaded.
+    pub async fn unload(&self, id: &str, force: bool) -> Result<bool, PoolError> {
+        let index = self.inner.specs.iter().position(|s| s.id == id).ok_or_else(|| PoolError::NotFound(id.to_string()))?;
+        let _loading = self.inner.loading.lock().await;
+        let deadline = tokio::time::Instant::now() + self.inner.options.wait_for_room;
+        loop {
+            let released = self.inner.released.notified();
+            let taken = {
+                let mut state = self.inner.state.lock().expect("pool state");
+                match state.loaded.get(&index) {
+                    None => return Ok(false),
+                    Some(l) if l.leases == 0 => state.loaded.remove(&index),
+                    Some(l) if !force => return Err(PoolError::InUse { id: id.to_string(), running: l.leases }),
+                    Some(l) => {
+                        l.model.abort_all();
+                        None
+                    }
+                }
+            };
+            if let Some(loaded) = taken {
+                let model = loaded.model;
+                let _ = tokio::task::spawn_blocking(move || model.shutdown()).await;
+                crate::telemetry::model_unloaded(id, false);
+                tracing::info!(model = %id, force, "model unloaded by an operator");
+                return Ok(true);
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return Err(PoolError::Busy { id: id.to_string() });
+            }
+        }
+    }
+
+    /// Forwards an engine's failure to [`ModelPool::failure`].
+    fn watch_failure(&self, id: &str, model: &dyn ServedModel) {
+        let Some(mut health) = model.watch_health() else { return };
+        let (failed, id) = (self.inner.failed.clone(), id.to_string());
+        tokio::spawn(async move {
+            if let Ok(h) = health.wait_for(|h| matches!(h, Health::Failed(_))).await {
+                if let Health::Failed(why) = &*h {
+                    failed.send_replace(Some(format!("{id}: {why}")));
+                }
+            }
+        });
+    }
+
+    /// Why a loaded engine failed, once one has.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failed.borrow().clone()
+    }
+
+    /// Resolves once a loaded engine has failed; never otherwise.
+    pub async fn failed(&self) {
+        let mut rx = self.inner.failed.subscribe();
+        if rx.wait_for(Option::is_some).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Each model's state, in configuration order.
+    pub fn status(&self) -> Vec<ModelStatus> {
+        let state = self.inner.state.lock().expect("pool state");
+        self.inner
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                let loaded = state.loaded.get(&i);
+                ModelStatus {
+                    id: spec.id.clone(),
+                    loaded: loaded.is_some(),
+                    bytes: loaded.map_or(0, |l| l.bytes),
+                    measured_bytes: loaded.map_or(0, |l| l.measured),
+                    leases: loaded.map_or(0, |l| l.leases),
+                    pinned: spec.pin,
+                }
+            })
+            .collect()
+    }
+
+    /// Cuts every running request of every loaded model.
+    pub fn abort_all(&self) {
+        for loaded in self.inner.state.lock().expect("pool state").loaded.values() {
+            loaded.model.abort_all();
+        }
+    }
+
+    /// Stops every loaded model (blocking: each finishes what it has).
+    pub fn shutdown(&self) {
+        let models: Vec<_> = self.inner.state.lock().expect("pool state").loaded.drain().map(|(_, l)| l.model).collect();
+        for model in models {
+            model.shutdown();
+        }
+    }
+}
+
+fn load_failed(spec: &ModelSpec, e: &anyhow::Error) -> PoolError {
+    tracing::error!(model = %spec.id, error = %format!("{e:#}"), "could not load a model");
+    PoolError::LoadFailed { id: spec.id.clone(), reason: format!("{e:#}") }
+}
