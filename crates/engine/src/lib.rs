@@ -107,6 +107,11 @@ impl EngineConfig {
     }
 }
 
+/// llama.cpp threads when none are configured: the physical cores.
+pub fn default_threads() -> u32 {
+    num_cpus::get_physical().max(1) as u32
+}
+
 /// Handle to the running engine; cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -127,7 +132,7 @@ struct Inner {
 impl Engine {
     /// Loads the model and starts the scheduler thread; returns once the context exists.
     pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
-        let threads = config.threads.unwrap_or_else(|| num_cpus::get_physical() as u32).max(1) as i32;
+        let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
         let model = LoadedModel::load(&config.model_path, config.mmproj_path.as_deref(), threads)?;
         config.parallel = config.parallel.max(1);
         config.ctx_size = config.ctx_size.max(16);

@@ -169,15 +169,27 @@ fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
     if let Some(unknown) = args.pins.iter().find(|p| !specs.iter().any(|s| &s.id == *p)) {
         anyhow::bail!("--pin {unknown}: no --model serves that id");
     }
-    // Loaded models share the cores: their decode steps take turns instead of each spinning
-    // every thread at once (two 2-thread engines on 2 cores ran many times slower).
-    if specs.len() > 1 {
-        let turns = Arc::new(std::sync::Mutex::new(()));
-        for spec in &mut specs {
-            spec.config.decode_turns = Some(turns.clone());
-        }
-    }
+    share_cores(&mut specs, args.threads, gantry_engine::default_threads());
     Ok(specs)
+}
+
+/// Loaded models share the cores. Unless `--threads` says otherwise each gets its share of
+/// them, so two busy models run side by side; where their threads still outnumber the cores,
+/// their decode steps take turns. Measured on 2 cores with one stream on the 0.5B coder and one
+/// on SmolLM2-135M at once: a core each 110 tokens/s together; both cores each, taking turns 61;
+/// both cores each at once 34 (spinning OpenMP threads collapse). Alone on one core instead of
+/// two, the coder decodes 3% slower and SmolLM2 10%.
+fn share_cores(specs: &mut [ModelSpec], threads: Option<u32>, cores: u32) {
+    let n = specs.len() as u32;
+    if n < 2 {
+        return;
+    }
+    let each = threads.unwrap_or((cores / n).max(1));
+    let turns = (each * n > cores).then(|| Arc::new(std::sync::Mutex::new(())));
+    for spec in specs {
+        spec.config.threads = Some(each);
+        spec.config.decode_turns = turns.clone();
+    }
 }
 
 /// `ID=MODEL` → (`Some(ID)`, `MODEL`); a plain path or name → (`None`, it). A path holding `=`
@@ -264,6 +276,31 @@ mod tests {
         assert_eq!(super::split_model_arg("small=/m/a=b.gguf"), (Some("small"), "/m/a=b.gguf"));
         assert_eq!(super::split_model_arg("/m/a=b.gguf"), (None, "/m/a=b.gguf"));
         assert_eq!(super::split_model_arg("=x"), (None, "=x"));
+    }
+
+    #[test]
+    fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
+        let specs = |n: usize| -> Vec<super::ModelSpec> {
+            (0..n)
+                .map(|i| super::ModelSpec {
+                    id: i.to_string(),
+                    config: super::EngineConfig::new("m.gguf"),
+                    pin: false,
+                    created: 0,
+                })
+                .collect()
+        };
+        let shared = |threads: Option<u32>, cores: u32, n: usize| {
+            let mut s = specs(n);
+            super::share_cores(&mut s, threads, cores);
+            (s[0].config.threads, s.iter().all(|m| m.config.decode_turns.is_some()))
+        };
+        assert_eq!(shared(None, 8, 1), (None, false), "one model keeps the default");
+        assert_eq!(shared(None, 2, 2), (Some(1), false));
+        assert_eq!(shared(None, 8, 3), (Some(2), false));
+        assert_eq!(shared(None, 2, 3), (Some(1), true), "more models than cores take turns");
+        assert_eq!(shared(Some(2), 2, 2), (Some(2), true), "--threads 2 twice on 2 cores take turns");
+        assert_eq!(shared(Some(1), 4, 2), (Some(1), false));
     }
 
     #[test]
