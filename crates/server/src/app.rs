@@ -83,13 +83,25 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
-fn model_object(spec: &crate::pool::ModelSpec) -> ModelObject {
-    ModelObject { id: spec.id.clone(), object: "model", created: spec.created, owned_by: "gantry".into() }
+fn model_object(name: &str, spec: &crate::pool::ModelSpec) -> ModelObject {
+    ModelObject { id: name.to_string(), object: "model", created: spec.created, owned_by: "gantry".into() }
 }
 
-/// Every model the key may use, loaded or not.
+/// Whether `key` may use the model reached as `name` (allowed by that name or by its id).
+pub fn key_allows(key: &KeyInfo, name: &str, spec: &crate::pool::ModelSpec) -> bool {
+    key.allows_model(name) || key.allows_model(&spec.id)
+}
+
+/// Every model the key may use, loaded or not, under its id and each of its aliases.
 async fn list_models(State(state): State<AppState>, Extension(key): Extension<KeyInfo>) -> Json<ModelList> {
-    let data = state.models.specs().iter().filter(|s| key.allows_model(&s.id)).map(model_object).collect();
+    let data = state
+        .models
+        .specs()
+        .iter()
+        .flat_map(|s| std::iter::once(&s.id).chain(&s.aliases).map(move |name| (name, s)))
+        .filter(|(name, s)| key_allows(&key, name, s))
+        .map(|(name, s)| model_object(name, s))
+        .collect();
     Json(ModelList { object: "list", data })
 }
 
@@ -98,8 +110,8 @@ async fn get_model(
     Extension(key): Extension<KeyInfo>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelObject>, ApiError> {
-    match state.models.spec(&id) {
-        Some(spec) if key.allows_model(&id) => Ok(Json(model_object(spec))),
+    match state.models.resolve(&id) {
+        Some(spec) if key_allows(&key, &id, spec) => Ok(Json(model_object(&id, spec))),
         _ => Err(ApiError::model_not_found(&id)),
     }
 }

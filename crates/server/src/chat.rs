@@ -39,13 +39,16 @@ pub async fn chat_completions(
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
     // A model the key may not use is reported as missing, as OpenAI does.
-    if !key.allows_model(&chat.model) {
+    if !state.models.resolve(&chat.model).is_some_and(|spec| crate::app::key_allows(&key, &chat.model, spec)) {
         return Err(ApiError::model_not_found(&chat.model));
     }
     let tools = ToolPlan::from_request(&chat)?;
     // Held until the request's last event: the model is not unloaded under it.
     let model = state.models.acquire(&chat.model).await.map_err(PoolError::into_api_error)?;
     let model_id = model.id().to_string();
+    // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
+    // model's.
+    let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
     let generate = prepare(&model, &chat, tools.as_ref()).await?;
     let n = generate.n;
     // Admission: rate limits and the budget reservation. The ticket settles with the engine's
@@ -53,8 +56,8 @@ pub async fn chat_completions(
     let charge = Charge {
         request_id: request_id.clone(),
         client_request_id,
-        model: model_id.clone(),
-        price: state.price_of(&model_id),
+        model: chat.model.to_string(),
+        price,
         prompt_tokens: generate.prompt.tokens.len() as u64,
         max_completion_tokens: u64::from(generate.max_tokens) * u64::from(n),
     };

@@ -67,8 +67,16 @@ pub struct ServeArgs {
     /// A GGUF file path, or the name of a pulled model (see `gantry models list`); `ID=MODEL`
     /// sets the id clients send (default: the file stem). Repeat to serve several models: the
     /// first loads at start, the others when a request first names them.
-    #[arg(long = "model", value_name = "[ID=]MODEL", env = "GANTRY_MODEL", default_value = crate::models::DEFAULT_MODEL, action = clap::ArgAction::Append)]
+    /// Without any of `--model`, `--models-dir` and `--models-config`: the default model.
+    #[arg(long = "model", value_name = "[ID=]MODEL", env = "GANTRY_MODEL", action = clap::ArgAction::Append)]
     pub models: Vec<String>,
+    /// Serve every `.gguf` model in this directory too (projectors paired by name).
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// A TOML file of models with their own settings (`[[model]]` tables: model, id, aliases,
+    /// ctx_size, parallel, mmproj, pin, idle_unload_s).
+    #[arg(long, value_name = "FILE")]
+    pub models_config: Option<std::path::PathBuf>,
     /// The id clients send for the first `--model`; defaults to the file stem.
     #[arg(long)]
     pub model_name: Option<String>,

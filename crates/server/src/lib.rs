@@ -3,6 +3,7 @@ pub mod app;
 mod admin;
 mod admin_models;
 mod keyspec;
+mod model_config;
 pub mod pool;
 mod auth;
 mod chat;

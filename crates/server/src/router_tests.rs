@@ -143,7 +143,14 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
     )
     .await
     .unwrap();
-    let spec = ModelSpec { id: "scripted".into(), config: gantry_engine::EngineConfig::new("scripted.gguf"), pin: false, created: 0 };
+    let spec = ModelSpec {
+        id: "scripted".into(),
+        aliases: Vec::new(),
+        config: gantry_engine::EngineConfig::new("scripted.gguf"),
+        pin: false,
+        idle_unload: None,
+        created: 0,
+    };
     let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
     let state = AppState {
         models: ModelPool::new(vec![spec], Box::new(ScriptedLoader(engine)), options),

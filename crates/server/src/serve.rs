@@ -8,15 +8,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gantry_accounts::{Accounts, Meter, MeterConfig};
-use gantry_engine::EngineConfig;
 
 use crate::app::{router, AppState, RouterOptions};
 use crate::cli::ServeArgs;
-use crate::models;
-use crate::pool::{self, EngineLoader, ModelPool, ModelSpec, PoolOptions};
+use crate::pool::{self, EngineLoader, ModelPool, PoolOptions};
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let specs = model_specs(&args)?;
+    let specs = crate::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
 
     let data_dir = args.data.resolve();
@@ -54,6 +52,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     for id in at_start {
         drop(models.acquire(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?);
     }
+    models.start_idle_unloader();
 
     let state = AppState {
         models: models.clone(),
@@ -124,83 +123,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The models `--model` names (each `[ID=]MODEL`), resolved to files, with the engine settings
-/// the flags give them all.
-fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
-    let cache = models::default_cache_dir();
-    let mut specs: Vec<ModelSpec> = Vec::new();
-    for (i, arg) in args.models.iter().enumerate() {
-        let (id, name) = split_model_arg(arg);
-        let path = models::resolve_model(name, &cache)?;
-        let id = match (i, &args.model_name) {
-            (0, Some(first)) => first.clone(),
-            _ => id.map_or_else(|| model_id_from_path(&path), str::to_string),
-        };
-        if specs.iter().any(|s| s.id == id) {
-            anyhow::bail!("two --model flags serve the id `{id}`: give one of them another with ID=MODEL");
-        }
-        let mut config = EngineConfig::new(&path);
-        config.mmproj_path = match (&args.mmproj, i) {
-            (Some(path), 0) => Some(path.clone()),
-            _ => models::resolve_projector(name, &cache)?,
-        };
-        config.ctx_size = args.ctx_size;
-        config.parallel = args.parallel;
-        config.threads = args.threads;
-        config.batch_size = args.batch_size;
-        config.max_queue = args.max_queue;
-        config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
-        config.speculation = gantry_engine::SpeculationConfig {
-            mode: match args.speculate {
-                crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,
-                crate::cli::SpeculateArg::Always => gantry_engine::Speculate::Always,
-                crate::cli::SpeculateArg::Off => gantry_engine::Speculate::Off,
-            },
-            draft_max: args.draft_max,
-        };
-        let created = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
-        let pin = args.pins.contains(&id);
-        specs.push(ModelSpec { id, config, pin, created });
-    }
-    if let Some(unknown) = args.pins.iter().find(|p| !specs.iter().any(|s| &s.id == *p)) {
-        anyhow::bail!("--pin {unknown}: no --model serves that id");
-    }
-    share_cores(&mut specs, args.threads, gantry_engine::default_threads());
-    Ok(specs)
-}
-
-/// Loaded models share the cores. Unless `--threads` says otherwise each gets its share of
-/// them, so two busy models run side by side; where their threads still outnumber the cores,
-/// their decode steps take turns. Measured on 2 cores with one stream on the 0.5B coder and one
-/// on SmolLM2-135M at once: a core each 110 tokens/s together; both cores each, taking turns 61;
-/// both cores each at once 34 (spinning OpenMP threads collapse). Alone on one core instead of
-/// two, the coder decodes 3% slower and SmolLM2 10%.
-fn share_cores(specs: &mut [ModelSpec], threads: Option<u32>, cores: u32) {
-    let n = specs.len() as u32;
-    if n < 2 {
-        return;
-    }
-    let each = threads.unwrap_or((cores / n).max(1));
-    let turns = (each * n > cores).then(|| Arc::new(std::sync::Mutex::new(())));
-    for spec in specs {
-        spec.config.threads = Some(each);
-        spec.config.decode_turns = turns.clone();
-    }
-}
-
-/// `ID=MODEL` → (`Some(ID)`, `MODEL`); a plain path or name → (`None`, it). A path holding `=`
-/// stays whole when the part before it looks like a path.
-fn split_model_arg(arg: &str) -> (Option<&str>, &str) {
-    match arg.split_once('=') {
-        Some((id, model)) if !id.is_empty() && !id.contains('/') && !model.is_empty() => (Some(id.trim()), model.trim()),
-        _ => (None, arg),
-    }
-}
-
 /// `--api-key` registers that key; otherwise a first start with no key creates one, so a new
 /// user always has a key to try. Returns a secret to print, if one was just created.
 async fn initial_key(accounts: &Accounts, api_key: Option<&str>) -> anyhow::Result<Option<String>> {
@@ -269,40 +191,6 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn model_flags_may_name_their_id() {
-        assert_eq!(super::split_model_arg("coder=qwen2.5-coder-0.5b"), (Some("coder"), "qwen2.5-coder-0.5b"));
-        assert_eq!(super::split_model_arg("/m/a.gguf"), (None, "/m/a.gguf"));
-        assert_eq!(super::split_model_arg("small=/m/a=b.gguf"), (Some("small"), "/m/a=b.gguf"));
-        assert_eq!(super::split_model_arg("/m/a=b.gguf"), (None, "/m/a=b.gguf"));
-        assert_eq!(super::split_model_arg("=x"), (None, "=x"));
-    }
-
-    #[test]
-    fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
-        let specs = |n: usize| -> Vec<super::ModelSpec> {
-            (0..n)
-                .map(|i| super::ModelSpec {
-                    id: i.to_string(),
-                    config: super::EngineConfig::new("m.gguf"),
-                    pin: false,
-                    created: 0,
-                })
-                .collect()
-        };
-        let shared = |threads: Option<u32>, cores: u32, n: usize| {
-            let mut s = specs(n);
-            super::share_cores(&mut s, threads, cores);
-            (s[0].config.threads, s.iter().all(|m| m.config.decode_turns.is_some()))
-        };
-        assert_eq!(shared(None, 8, 1), (None, false), "one model keeps the default");
-        assert_eq!(shared(None, 2, 2), (Some(1), false));
-        assert_eq!(shared(None, 8, 3), (Some(2), false));
-        assert_eq!(shared(None, 2, 3), (Some(1), true), "more models than cores take turns");
-        assert_eq!(shared(Some(2), 2, 2), (Some(2), true), "--threads 2 twice on 2 cores take turns");
-        assert_eq!(shared(Some(1), 4, 2), (Some(1), false));
-    }
-
     #[test]
     fn model_id_is_the_file_stem() {
         let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");

@@ -222,3 +222,39 @@ async fn operators_see_and_load_and_unload_models_over_the_admin_api() {
     let missing = admin(reqwest::Method::POST, "/models/nope/unload").send().await.unwrap();
     assert_eq!(missing.status(), 404);
 }
+
+#[tokio::test]
+async fn a_models_file_gives_aliases_and_idle_unloading() {
+    let (second, _) = more_models();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("models.toml");
+    std::fs::write(
+        &file,
+        format!("[[model]]\nmodel = \"{}\"\nid = \"second\"\naliases = [\"gpt-4o-mini\"]\nidle_unload_s = 1\n", second.display()),
+    )
+    .unwrap();
+    let s = TestServer::start(&["--models-config", file.to_str().unwrap()]);
+    let listed: Value = s.client().get(s.url("/v1/models")).bearer_auth(common::KEY).send().await.unwrap().json().await.unwrap();
+    let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [FIRST, "second", "gpt-4o-mini"]);
+
+    let (status, v) = ask(&s, "gpt-4o-mini").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], "second", "the answer names the model that wrote it");
+    let mut loaded: Vec<String> = loaded_models(&s).await.into_iter().map(|(m, _)| m).collect();
+    loaded.sort();
+    assert_eq!(loaded, ["second", FIRST]);
+    // Idle for its idle_unload_s (checked every second): unloaded; the first model has none.
+    let mut after = Vec::new();
+    for _ in 0..50 {
+        after = loaded_models(&s).await.into_iter().map(|(m, _)| m).collect();
+        if after == [FIRST] {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(after, [FIRST]);
+    let rows = ledger(&s);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["model"], "gpt-4o-mini", "the ledger keeps the name the client sent");
+}

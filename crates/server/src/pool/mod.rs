@@ -27,9 +27,13 @@ pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
 pub struct ModelSpec {
     /// The id clients send as `model`.
     pub id: String,
+    /// Other names clients may send for it.
+    pub aliases: Vec<String>,
     pub config: EngineConfig,
     /// Never unloaded to make room.
     pub pin: bool,
+    /// Unloaded once it has had no request for this long.
+    pub idle_unload: Option<Duration>,
     /// Unix seconds for `/v1/models` (the file's modification time).
     pub created: u64,
 }
@@ -165,6 +169,8 @@ struct Loaded {
     measured: u64,
     leases: usize,
     last_used: u64,
+    /// Since when no lease has been held (for `idle_unload`).
+    idle_since: std::time::Instant,
 }
 
 /// A request's hold on its model: the model stays loaded while any lease on it lives.
@@ -201,6 +207,9 @@ impl Drop for Lease {
         if let Some(loaded) = state.loaded.get_mut(&self.index) {
             loaded.leases -= 1;
             loaded.last_used = now;
+            if loaded.leases == 0 {
+                loaded.idle_since = std::time::Instant::now();
+            }
         }
         drop(state);
         self.inner.released.notify_waiters();
@@ -232,9 +241,13 @@ impl ModelPool {
         self.inner.options.budget
     }
 
-    /// The spec clients reach as `id`.
-    pub fn spec(&self, id: &str) -> Option<&ModelSpec> {
-        self.inner.specs.iter().find(|s| s.id == id)
+    /// The model clients reach as `name`: its id or one of its aliases.
+    pub fn resolve(&self, name: &str) -> Option<&ModelSpec> {
+        self.inner.specs.get(self.index_of(name)?)
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.inner.specs.iter().position(|s| s.id == name || s.aliases.iter().any(|a| a == name))
     }
 
     /// Checks every model fits the budget on its own, so none is refused only at its first
@@ -253,9 +266,10 @@ impl ModelPool {
             .collect()
     }
 
-    /// A lease on model `id`, loading it first if needed (which may unload idle models).
+    /// A lease on model `id` (or an alias), loading it first if needed (which may unload idle
+    /// models).
     pub async fn acquire(&self, id: &str) -> Result<Lease, PoolError> {
-        let index = self.inner.specs.iter().position(|s| s.id == id).ok_or_else(|| PoolError::NotFound(id.to_string()))?;
+        let index = self.index_of(id).ok_or_else(|| PoolError::NotFound(id.to_string()))?;
         if let Some(lease) = self.try_lease(index) {
             return Ok(lease);
         }
@@ -292,7 +306,8 @@ impl ModelPool {
         let mut state = self.inner.state.lock().expect("pool state");
         state.clock += 1;
         let now = state.clock;
-        state.loaded.insert(index, Loaded { model: model.clone(), bytes, measured, leases: 1, last_used: now });
+        let idle_since = std::time::Instant::now();
+        state.loaded.insert(index, Loaded { model: model.clone(), bytes, measured, leases: 1, last_used: now, idle_since });
         Ok(Lease { inner: self.inner.clone(), index, model })
     }
 
@@ -348,7 +363,8 @@ impl ModelPool {
     /// `force`, which cuts its requests and unloads it once they have ended. Returns whether it
     /// was loaded.
     pub async fn unload(&self, id: &str, force: bool) -> Result<bool, PoolError> {
-        let index = self.inner.specs.iter().position(|s| s.id == id).ok_or_else(|| PoolError::NotFound(id.to_string()))?;
+        let index = self.index_of(id).ok_or_else(|| PoolError::NotFound(id.to_string()))?;
+        let id = self.inner.specs[index].id.as_str();
         let _loading = self.inner.loading.lock().await;
         let deadline = tokio::time::Instant::now() + self.inner.options.wait_for_room;
         loop {
@@ -375,6 +391,47 @@ impl ModelPool {
             if tokio::time::timeout_at(deadline, released).await.is_err() {
                 return Err(PoolError::Busy { id: id.to_string() });
             }
+        }
+    }
+
+    /// Unloads, every second, the models whose `idle_unload` time has passed without a request
+    /// (pinned ones excepted); runs as long as the pool lives.
+    pub fn start_idle_unloader(&self) {
+        if self.inner.specs.iter().all(|s| s.idle_unload.is_none()) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                ModelPool { inner }.unload_idle().await;
+            }
+        });
+    }
+
+    async fn unload_idle(&self) {
+        let _loading = self.inner.loading.lock().await;
+        let expired: Vec<(usize, Loaded)> = {
+            let mut state = self.inner.state.lock().expect("pool state");
+            let due: Vec<usize> = state
+                .loaded
+                .iter()
+                .filter(|(i, l)| {
+                    let spec = &self.inner.specs[**i];
+                    l.leases == 0 && !spec.pin && spec.idle_unload.is_some_and(|d| l.idle_since.elapsed() >= d)
+                })
+                .map(|(i, _)| *i)
+                .collect();
+            due.into_iter().filter_map(|i| state.loaded.remove(&i).map(|l| (i, l))).collect()
+        };
+        for (i, loaded) in expired {
+            let id = &self.inner.specs[i].id;
+            tracing::info!(model = %id, "unloading a model idle for its idle_unload_s");
+            let model = loaded.model;
+            let _ = tokio::task::spawn_blocking(move || model.shutdown()).await;
+            crate::telemetry::model_unloaded(id, false);
         }
     }
 
@@ -439,6 +496,11 @@ impl ModelPool {
             model.shutdown();
         }
     }
+}
+
+/// How many leading characters `a` and `b` share (for pairing projectors with models by name).
+pub fn common_prefix_len(a: &str, b: &str) -> usize {
+    a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count()
 }
 
 fn load_failed(spec: &ModelSpec, e: &anyhow::Error) -> PoolError {

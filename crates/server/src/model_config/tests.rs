@@ -1,0 +1,131 @@
+//! Which models the flags, a models directory and a models file make.
+
+use clap::Parser;
+
+use super::*;
+
+/// `gantry serve ARGS` as the command line would parse it.
+fn serve_args(args: &[&str]) -> ServeArgs {
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    Cli::try_parse_from(std::iter::once("gantry").chain(args.iter().copied())).unwrap().serve
+}
+
+/// Any bytes do for files only scanned and resolved, never loaded.
+fn write_tiny(path: &Path) {
+    std::fs::write(path, b"GGUF").unwrap();
+}
+
+#[test]
+fn a_models_directory_pairs_projectors_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "SmolVLM-256M-Instruct-Q8_0.gguf",
+        "mmproj-SmolVLM-256M-Instruct-Q8_0.gguf",
+        "SmolVLM-500M-Instruct-Q8_0.gguf",
+        "mmproj-SmolVLM-500M-Instruct-Q8_0.gguf",
+        "gemma-3-4b-it-Q4_K_M.gguf",
+        "gemma-3-4b-it-mmproj-f16.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "notes.txt",
+    ] {
+        write_tiny(&dir.path().join(name));
+    }
+    let found: Vec<(String, Option<String>)> = scan_dir(dir.path())
+        .unwrap()
+        .into_iter()
+        .map(|(m, p)| (model_id_from_path(&m), p.map(|p| model_id_from_path(&p))))
+        .collect();
+    let expect = |m: &str, p: Option<&str>| (m.to_string(), p.map(str::to_string));
+    assert_eq!(
+        found,
+        [
+            expect("SmolVLM-256M-Instruct-Q8_0", Some("mmproj-SmolVLM-256M-Instruct-Q8_0")),
+            expect("SmolVLM-500M-Instruct-Q8_0", Some("mmproj-SmolVLM-500M-Instruct-Q8_0")),
+            expect("gemma-3-4b-it-Q4_K_M", Some("gemma-3-4b-it-mmproj-f16")),
+            expect("qwen2.5-coder-0.5b-instruct-q4_k_m", None),
+        ]
+    );
+    assert!(scan_dir(tempfile::tempdir().unwrap().path()).is_err(), "an empty directory is a mistake");
+}
+
+#[test]
+fn flags_a_directory_and_a_models_file_make_one_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"), dir.path().join("c.gguf"));
+    let models_dir = dir.path().join("more");
+    std::fs::create_dir(&models_dir).unwrap();
+    for p in [&a, &b, &c, &models_dir.join("d.gguf")] {
+        write_tiny(p);
+    }
+    let file = dir.path().join("models.toml");
+    std::fs::write(
+        &file,
+        "[[model]]\nmodel = \"b.gguf\"\nid = \"bee\"\naliases = [\"gpt-4o-mini\"]\nctx_size = 1024\nparallel = 2\npin = true\nidle_unload_s = 60\n\n[[model]]\nmodel = \"c.gguf\"\n",
+    )
+    .unwrap();
+    let args = serve_args(&[
+        "--model", a.to_str().unwrap(),
+        "--models-dir", models_dir.to_str().unwrap(),
+        "--models-config", file.to_str().unwrap(),
+        "--ctx-size", "2048",
+        "--pin", "c",
+    ]);
+    let specs = model_specs(&args).unwrap();
+    let ids: Vec<&str> = specs.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["a", "d", "bee", "c"]);
+    let bee = &specs[2];
+    assert_eq!((bee.config.ctx_size, bee.config.parallel, bee.pin), (1024, 2, true));
+    assert_eq!((bee.aliases.as_slice(), bee.idle_unload), (&["gpt-4o-mini".to_string()][..], Some(Duration::from_secs(60))));
+    assert_eq!((specs[0].config.ctx_size, specs[0].pin, specs[3].pin), (2048, false, true), "flags apply; --pin pins a file's model");
+
+    // Names must be unique, pins must exist, the file must parse.
+    std::fs::write(&file, "[[model]]\nmodel = \"b.gguf\"\nid = \"a\"\n").unwrap();
+    let err = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--models-config", file.to_str().unwrap()])).unwrap_err();
+    assert!(err.to_string().contains("two models are served as `a`"), "{err}");
+    let err = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--pin", "zzz"])).unwrap_err();
+    assert!(err.to_string().contains("--pin zzz"), "{err}");
+    std::fs::write(&file, "[[model]]\nmodel = \"b.gguf\"\ncolour = 3\n").unwrap();
+    let err = model_specs(&serve_args(&["--models-config", file.to_str().unwrap()])).unwrap_err();
+    assert!(format!("{err:#}").contains("unknown field `colour`"), "{err:#}");
+}
+
+#[test]
+fn model_flags_may_name_their_id() {
+    assert_eq!(split_model_arg("coder=qwen2.5-coder-0.5b"), (Some("coder"), "qwen2.5-coder-0.5b"));
+    assert_eq!(split_model_arg("/m/a.gguf"), (None, "/m/a.gguf"));
+    assert_eq!(split_model_arg("small=/m/a=b.gguf"), (Some("small"), "/m/a=b.gguf"));
+    assert_eq!(split_model_arg("/m/a=b.gguf"), (None, "/m/a=b.gguf"));
+    assert_eq!(split_model_arg("=x"), (None, "=x"));
+}
+
+#[test]
+fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
+    let specs = |n: usize| -> Vec<ModelSpec> {
+        (0..n)
+            .map(|i| ModelSpec {
+                id: i.to_string(),
+                aliases: Vec::new(),
+                config: EngineConfig::new("m.gguf"),
+                pin: false,
+                idle_unload: None,
+                created: 0,
+            })
+            .collect()
+    };
+    let shared = |threads: Option<u32>, cores: u32, n: usize| {
+        let mut s = specs(n);
+        share_cores(&mut s, threads, cores);
+        (s[0].config.threads, s.iter().all(|m| m.config.decode_turns.is_some()))
+    };
+    assert_eq!(shared(None, 8, 1), (None, false), "one model keeps the default");
+    assert_eq!(shared(None, 2, 2), (Some(1), false));
+    assert_eq!(shared(None, 8, 3), (Some(2), false));
+    assert_eq!(shared(None, 2, 3), (Some(1), true), "more models than cores take turns");
+    assert_eq!(shared(Some(2), 2, 2), (Some(2), true), "--threads 2 twice on 2 cores take turns");
+    assert_eq!(shared(Some(1), 4, 2), (Some(1), false));
+}
+
