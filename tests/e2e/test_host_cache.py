@@ -55,7 +55,7 @@ def _ask(client, model, doc, question):
 
 def _gauge(srv, name: str) -> float:
     text = httpx.get(f"{srv.root_url}/metrics", timeout=30).text
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    m = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)  # labelled by model
     assert m, f"{name} is exported"
     return float(m.group(1))
 

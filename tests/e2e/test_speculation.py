@@ -124,7 +124,7 @@ def _ask(server, prompt, max_tokens, **extra):
 
 def _accepted(server, counter: str = "gantry_draft_tokens_accepted_total") -> float:
     text = httpx.get(f"{server.root_url}/metrics", timeout=30).text
-    m = re.search(rf"^{counter} (\S+)$", text, re.M)
+    m = re.search(rf"^{counter}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)  # labelled by model
     return float(m.group(1)) if m else 0.0
 
 

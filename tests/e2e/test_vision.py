@@ -89,7 +89,7 @@ def ask(client, model, url, text="What is in this picture?", **kw):
 
 def image_tokens_total(srv) -> float:
     text = httpx.get(f"{srv.root_url}/metrics", timeout=30).text
-    m = re.search(r"^gantry_image_tokens_total (\S+)$", text, re.M)
+    m = re.search(r"^gantry_image_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)  # labelled by model
     return float(m.group(1)) if m else 0.0
 
 

@@ -78,6 +78,8 @@ pub struct EngineConfig {
     /// image encode) holds it, so the engines' steps take turns on the cores instead of all
     /// their threads spinning at once.
     pub decode_turns: Option<Arc<Mutex<()>>>,
+    /// The `model` label of this engine's metrics (default: the file stem).
+    pub metrics_label: String,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -90,8 +92,10 @@ pub const DEFAULT_HOST_CACHE_MIB: usize = 4096;
 
 impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
+        let model_path: PathBuf = model_path.into();
+        let metrics_label = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         Self {
-            model_path: model_path.into(),
+            model_path,
             mmproj_path: None,
             ctx_size: 4096,
             parallel: 4,
@@ -101,6 +105,7 @@ impl EngineConfig {
             speculation: SpeculationConfig::default(),
             host_cache_bytes: DEFAULT_HOST_CACHE_MIB << 20,
             decode_turns: None,
+            metrics_label,
             #[cfg(test)]
             panic_after_tokens: None,
         }
@@ -171,9 +176,11 @@ impl Engine {
             .with_kv_unified(true)
             .with_n_threads(threads)
             .with_n_threads_batch(threads);
+        let metrics_label = config.metrics_label.clone();
         let thread = std::thread::Builder::new()
             .name("gantry-scheduler".into())
             .spawn(move || {
+                telemetry::set_model(&metrics_label);
                 let mut ctx = match thread_model.llama.new_context(model::backend(), ctx_params) {
                     Ok(ctx) => ctx,
                     Err(e) => {

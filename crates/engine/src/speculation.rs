@@ -130,15 +130,15 @@ impl SpeculationStats {
     pub(crate) fn record_forced(&self, drafted: usize, accepted: usize) {
         self.forced.fetch_add(drafted as u64, Ordering::Relaxed);
         self.forced_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-        counter!("gantry_forced_tokens_total").increment(drafted as u64);
-        counter!("gantry_forced_tokens_accepted_total").increment(accepted as u64);
+        counter!("gantry_forced_tokens_total", "model" => crate::telemetry::model()).increment(drafted as u64);
+        counter!("gantry_forced_tokens_accepted_total", "model" => crate::telemetry::model()).increment(accepted as u64);
     }
 
     pub(crate) fn record(&self, drafted: usize, accepted: usize) {
         self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
         self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-        counter!("gantry_draft_tokens_total").increment(drafted as u64);
-        counter!("gantry_draft_tokens_accepted_total").increment(accepted as u64);
+        counter!("gantry_draft_tokens_total", "model" => crate::telemetry::model()).increment(drafted as u64);
+        counter!("gantry_draft_tokens_accepted_total", "model" => crate::telemetry::model()).increment(accepted as u64);
     }
 }
 

@@ -1,11 +1,26 @@
 //! Engine metrics through the `metrics` facade; the server installs the Prometheus recorder.
 //! Without a recorder (tests, library use) every call is a no-op.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 
 use crate::request::Usage;
+
+thread_local! {
+    /// The `model` label of this scheduler thread's metrics: each engine runs on its own.
+    static MODEL: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Labels every metric this thread records with `model` (called as a scheduler thread starts).
+pub(crate) fn set_model(model: &str) {
+    MODEL.with(|m| *m.borrow_mut() = model.to_string());
+}
+
+pub(crate) fn model() -> String {
+    MODEL.with(|m| m.borrow().clone())
+}
 
 pub(crate) fn describe() {
     describe_counter!("gantry_prompt_tokens_total", Unit::Count, "Prompt tokens of finished requests.");
@@ -45,14 +60,14 @@ pub(crate) struct StepStats {
 
 pub(crate) fn step(s: &StepStats) {
     if s.batch_tokens > 0 {
-        histogram!("gantry_batch_tokens").record(s.batch_tokens as f64);
+        histogram!("gantry_batch_tokens", "model" => model()).record(s.batch_tokens as f64);
     }
-    gauge!("gantry_running_sequences").set(s.running as f64);
-    gauge!("gantry_queue_depth").set(s.waiting as f64);
-    gauge!("gantry_kv_cache_tokens").set(s.kv_tokens as f64);
-    gauge!("gantry_kv_cache_capacity_tokens").set(s.kv_capacity as f64);
-    gauge!("gantry_host_cache_bytes").set(s.host_cache_bytes as f64);
-    gauge!("gantry_host_cache_entries").set(s.host_cache_entries as f64);
+    gauge!("gantry_running_sequences", "model" => model()).set(s.running as f64);
+    gauge!("gantry_queue_depth", "model" => model()).set(s.waiting as f64);
+    gauge!("gantry_kv_cache_tokens", "model" => model()).set(s.kv_tokens as f64);
+    gauge!("gantry_kv_cache_capacity_tokens", "model" => model()).set(s.kv_capacity as f64);
+    gauge!("gantry_host_cache_bytes", "model" => model()).set(s.host_cache_bytes as f64);
+    gauge!("gantry_host_cache_entries", "model" => model()).set(s.host_cache_entries as f64);
 }
 
 /// Totals since start, for the hit ratio gauge.
@@ -64,27 +79,27 @@ pub(crate) struct Totals {
 
 impl Totals {
     pub fn request_done(&mut self, usage: &Usage) {
-        counter!("gantry_prompt_tokens_total").increment(usage.prompt_tokens as u64);
-        counter!("gantry_cached_prompt_tokens_total").increment(usage.cached_tokens as u64);
-        counter!("gantry_completion_tokens_total").increment(usage.completion_tokens as u64);
+        counter!("gantry_prompt_tokens_total", "model" => model()).increment(usage.prompt_tokens as u64);
+        counter!("gantry_cached_prompt_tokens_total", "model" => model()).increment(usage.cached_tokens as u64);
+        counter!("gantry_completion_tokens_total", "model" => model()).increment(usage.completion_tokens as u64);
         self.prompt += usage.prompt_tokens as u64;
         self.cached += usage.cached_tokens as u64;
         if self.prompt > 0 {
-            gauge!("gantry_prefix_cache_hit_ratio").set(self.cached as f64 / self.prompt as f64);
+            gauge!("gantry_prefix_cache_hit_ratio", "model" => model()).set(self.cached as f64 / self.prompt as f64);
         }
     }
 }
 
 pub(crate) fn first_token(latency: Duration) {
-    histogram!("gantry_time_to_first_token_seconds").record(latency.as_secs_f64());
+    histogram!("gantry_time_to_first_token_seconds", "model" => model()).record(latency.as_secs_f64());
 }
 
 pub(crate) fn inter_token(latency: Duration) {
-    histogram!("gantry_inter_token_latency_seconds").record(latency.as_secs_f64());
+    histogram!("gantry_inter_token_latency_seconds", "model" => model()).record(latency.as_secs_f64());
 }
 
 /// One image's encode and decode, done by the scheduler.
 pub fn image_evaluated(positions: usize, took: Duration) {
-    counter!("gantry_image_tokens_total").increment(positions as u64);
-    histogram!("gantry_image_eval_seconds").record(took.as_secs_f64());
+    counter!("gantry_image_tokens_total", "model" => model()).increment(positions as u64);
+    histogram!("gantry_image_eval_seconds", "model" => model()).record(took.as_secs_f64());
 }

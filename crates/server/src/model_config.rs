@@ -115,6 +115,7 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
+    config.metrics_label = id.clone();
     ModelSpec { id, aliases: Vec::new(), config, pin: false, idle_unload: None, created }
 }
 

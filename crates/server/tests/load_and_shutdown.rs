@@ -66,18 +66,25 @@ async fn metrics_are_exposed_in_prometheus_format() {
     assert_eq!(resp.status(), 200);
     assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
     let text = resp.text().await.unwrap();
+    // The engine's metrics carry the model they are about.
+    let label = format!("{{model=\"{}\"}} ", s.model_id);
+    for name in [
+        "gantry_prompt_tokens_total",
+        "gantry_cached_prompt_tokens_total",
+        "gantry_completion_tokens_total",
+        "gantry_prefix_cache_hit_ratio",
+        "gantry_queue_depth",
+        "gantry_running_sequences",
+        "gantry_kv_cache_tokens",
+        "gantry_host_cache_bytes",
+        "gantry_host_cache_entries",
+    ] {
+        let needle = format!("{name}{label}");
+        assert!(text.contains(&needle), "metrics lack {needle:?}:\n{text}");
+    }
     for needle in [
         r#"gantry_http_requests_total{route="/v1/chat/completions",status="200"} 2"#,
         r#"gantry_http_requests_total{route="other",status="404"} 1"#,
-        "gantry_prompt_tokens_total ",
-        "gantry_cached_prompt_tokens_total ",
-        "gantry_completion_tokens_total ",
-        "gantry_prefix_cache_hit_ratio ",
-        "gantry_queue_depth ",
-        "gantry_running_sequences ",
-        "gantry_kv_cache_tokens ",
-        "gantry_host_cache_bytes ",
-        "gantry_host_cache_entries ",
         "gantry_batch_tokens_bucket",
         "gantry_time_to_first_token_seconds_bucket",
         "gantry_inter_token_latency_seconds_bucket",
@@ -87,7 +94,7 @@ async fn metrics_are_exposed_in_prometheus_format() {
     assert_cpu_backend_reported(&text);
     let cached: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("gantry_cached_prompt_tokens_total "))
+        .find_map(|l| l.strip_prefix(&format!("gantry_cached_prompt_tokens_total{label}")))
         .unwrap()
         .trim()
         .parse()
