@@ -30,6 +30,7 @@ pub(crate) fn describe() {
         "Prompt tokens taken from the prefix cache instead of being computed."
     );
     describe_counter!("gantry_completion_tokens_total", Unit::Count, "Tokens generated.");
+    describe_counter!("gantry_requests_total", Unit::Count, "Requests the engine finished, by model and outcome.");
     describe_gauge!("gantry_prefix_cache_hit_ratio", "Cached prompt tokens / prompt tokens, since start.");
     describe_gauge!("gantry_queue_depth", Unit::Count, "Requests waiting for a sequence slot.");
     describe_gauge!("gantry_running_sequences", Unit::Count, "Sequences being prefilled or decoded.");
@@ -79,6 +80,7 @@ pub(crate) struct Totals {
 
 impl Totals {
     pub fn request_done(&mut self, usage: &Usage) {
+        counter!("gantry_requests_total", "model" => model(), "outcome" => usage.outcome.as_str()).increment(1);
         counter!("gantry_prompt_tokens_total", "model" => model()).increment(usage.prompt_tokens as u64);
         counter!("gantry_cached_prompt_tokens_total", "model" => model()).increment(usage.cached_tokens as u64);
         counter!("gantry_completion_tokens_total", "model" => model()).increment(usage.completion_tokens as u64);

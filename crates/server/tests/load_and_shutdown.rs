@@ -91,6 +91,13 @@ async fn metrics_are_exposed_in_prometheus_format() {
     ] {
         assert!(text.contains(needle), "metrics lack {needle:?}:\n{text}");
     }
+    // Both requests ended (at their length, or their end of text).
+    let finished: f64 = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("gantry_requests_total{{model=\"{}\",", s.model_id)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(finished, 2.0, "requests by model: {text}");
     assert_cpu_backend_reported(&text);
     let cached: f64 = text
         .lines()
