@@ -8,6 +8,7 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -133,6 +134,19 @@ def _start(model: str, extra: tuple[str, ...] = ()) -> tuple[Server, tempfile.Te
         stderr_path=stderr_path,
     )
     return server, tmp
+
+
+@contextlib.contextmanager
+def serving(model: str, extra: tuple[str, ...] = ()):
+    """A server of its own for one test module, with an SDK client; stopped and cleaned up after."""
+    srv, tmp = _start(model, extra)
+    c = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=300)
+    try:
+        yield srv, c
+    finally:
+        c.close()
+        _stop(srv.proc)
+        shutil.rmtree(tmp.name, ignore_errors=True)
 
 
 def _stop(proc: subprocess.Popen) -> int | None:

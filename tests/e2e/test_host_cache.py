@@ -5,13 +5,11 @@ tokens, copied back from host memory, with the same answer as when they were com
 from __future__ import annotations
 
 import re
-import shutil
 
-import openai
 import pytest
 
 from _util import httpx
-from conftest import _models, _start, _stop
+from conftest import _models, serving
 
 DOCS = {
     "lighthouse": (
@@ -31,14 +29,8 @@ DOCS = {
 
 @pytest.fixture(scope="module")
 def one_slot():
-    srv, tmp = _start(_models()[0], ("--parallel", "1"))
-    c = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=300)
-    try:
+    with serving(_models()[0], ("--parallel", "1")) as (srv, c):
         yield srv, c
-    finally:
-        c.close()
-        _stop(srv.proc)
-        shutil.rmtree(tmp.name, ignore_errors=True)
 
 
 def _ask(client, model, doc, question):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 
@@ -15,7 +14,7 @@ import openai
 import pytest
 
 from _util import gantry_bin, httpx
-from conftest import _models, _start, _stop
+from conftest import _models, serving
 
 # 700MB holds one of them, not both: at one 2048-token sequence and 128-token batches the
 # coder is estimated at ~640 MB and SmolLM2-135M at ~190 MB (see README, Several models).
@@ -24,14 +23,8 @@ SETTINGS = ("--model", "small=smollm2-135m", "--max-memory", "700MB", "--paralle
 
 @pytest.fixture(scope="module")
 def two_models():
-    srv, tmp = _start(_models()[0], SETTINGS)
-    c = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=300)
-    try:
+    with serving(_models()[0], SETTINGS) as (srv, c):
         yield srv, c
-    finally:
-        c.close()
-        _stop(srv.proc)
-        shutil.rmtree(tmp.name, ignore_errors=True)
 
 
 def _metric(srv, name: str, model: str) -> float:
