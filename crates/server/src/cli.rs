@@ -105,7 +105,8 @@ pub struct ServeArgs {
     /// Sequences decoded together in one batch.
     #[arg(long, default_value_t = 4)]
     pub parallel: u32,
-    /// llama.cpp threads (default: physical cores).
+    /// llama.cpp threads per model (default: the physical cores, shared out between models
+    /// when several are served).
     #[arg(long)]
     pub threads: Option<u32>,
     /// Max tokens per decode step.
