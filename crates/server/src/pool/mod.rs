@@ -8,6 +8,7 @@
 //! A request holds a [`Lease`] on its model from routing until its last event: that, not the
 //! engine's queue, is what "in use" means here, so a model is never torn down under a stream.
 
+mod loader;
 mod memory;
 #[cfg(test)]
 mod tests;
@@ -17,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gantry_api::ApiError;
-use gantry_engine::{Engine, EngineConfig, Generator, Health};
+use gantry_engine::{EngineConfig, Health};
 use tokio::sync::{watch, Notify};
 
+pub use loader::{EngineLoader, ModelLoader, ServedModel};
 pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
 
 /// A model the server can serve, loaded or not.
@@ -36,55 +38,6 @@ pub struct ModelSpec {
     pub idle_unload: Option<Duration>,
     /// Unix seconds for `/v1/models` (the file's modification time).
     pub created: u64,
-}
-
-/// A loaded model as the pool drives it: requests go through [`Generator`]; the rest is for
-/// unloading, shutdown and failure.
-pub trait ServedModel: Generator {
-    /// Cuts every running request (shutdown's grace period ran out).
-    fn abort_all(&self) {}
-    /// Finishes what it has and stops (blocking).
-    fn shutdown(&self) {}
-    /// Its health, for engines that can fail.
-    fn watch_health(&self) -> Option<watch::Receiver<Health>> {
-        None
-    }
-}
-
-impl ServedModel for Engine {
-    fn abort_all(&self) {
-        Engine::abort_all(self);
-    }
-    fn shutdown(&self) {
-        Engine::shutdown(self);
-    }
-    fn watch_health(&self) -> Option<watch::Receiver<Health>> {
-        Some(Engine::watch_health(self))
-    }
-}
-
-/// Loads models; behind a trait so tests can load scripted ones.
-pub trait ModelLoader: Send + Sync + 'static {
-    /// Bytes the model will take once loaded, known before loading it (blocking).
-    fn estimate(&self, spec: &ModelSpec) -> anyhow::Result<u64>;
-    /// Loads it (blocking), returning it and the bytes it was measured to take (0: unknown).
-    fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)>;
-}
-
-/// Loads GGUF models into llama.cpp engines.
-pub struct EngineLoader;
-
-impl ModelLoader for EngineLoader {
-    fn estimate(&self, spec: &ModelSpec) -> anyhow::Result<u64> {
-        Ok(spec.config.estimate_memory()?.total())
-    }
-
-    /// Measures what the process grew by while loading: loads run one at a time.
-    fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)> {
-        let before = process_rss();
-        let engine: Arc<dyn ServedModel> = Arc::new(Engine::start(spec.config.clone())?);
-        Ok((engine, process_rss().saturating_sub(before)))
-    }
 }
 
 /// Why a request could not get its model.
