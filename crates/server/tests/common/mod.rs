@@ -96,8 +96,13 @@ impl TestServer {
         self.client().post(self.url("/v1/chat/completions")).bearer_auth(KEY).json(&body)
     }
 
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM and returns at once.
+    pub fn send_sigterm(&self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.send_sigterm();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
