@@ -258,3 +258,47 @@ async fn a_models_file_gives_aliases_and_idle_unloading() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["model"], "gpt-4o-mini", "the ledger keeps the name the client sent");
 }
+
+#[tokio::test]
+async fn a_keys_allow_list_and_prices_apply_per_model() {
+    let s = start("4GiB", &["--price", "second=1000,2000"]);
+    let out = gantry().args(["keys", "create", "--name", "only-second", "--models", "second", "--data-dir"]).arg(s.data_dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let narrow = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
+
+    // It sees and may use the one model it is allowed; the others are missing to it, as OpenAI
+    // answers for a model a key may not use.
+    let listed: Value = s.client().get(s.url("/v1/models")).bearer_auth(&narrow).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect::<Vec<_>>(), ["second"]);
+    for (model, status) in [(FIRST, 404), ("broken", 404), ("second", 200)] {
+        let one = s.client().get(s.url(&format!("/v1/models/{model}"))).bearer_auth(&narrow).send().await.unwrap();
+        assert_eq!(one.status().as_u16(), status, "GET /v1/models/{model}");
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
+        let resp = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&body).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "POST {model}");
+        if status == 404 {
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "model_not_found");
+        }
+    }
+    // The server's own key uses both; only `second` has a price.
+    assert_eq!(ask(&s, FIRST).await.0, 200);
+    let mut rows = Vec::new();
+    for _ in 0..100 {
+        rows = ledger(&s);
+        if rows.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        let expected = if r["model"] == "second" {
+            (r["prompt_tokens"].as_f64().unwrap() * 1000.0 + r["completion_tokens"].as_f64().unwrap() * 2000.0) / 1e6
+        } else {
+            0.0
+        };
+        assert!((r["cost"].as_f64().unwrap() - expected).abs() < 1e-9, "{r}");
+        assert!(r["cost"].as_f64().unwrap() > 0.0 || r["model"] == FIRST, "{r}");
+    }
+}
