@@ -29,6 +29,8 @@ pub struct AppState {
     pub prices: Arc<HashMap<String, Price>>,
     /// Guards `/admin/v1`; `None` disables the admin API.
     pub admin_token: Option<Arc<str>>,
+    /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
+    pub stats: crate::stats::StatsHistory,
 }
 
 impl AppState {

@@ -12,6 +12,7 @@ mod images;
 pub mod cli;
 pub mod commands;
 mod rate_limit;
+mod stats;
 mod request_id;
 #[cfg(test)]
 mod router_tests;

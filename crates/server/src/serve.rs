@@ -66,7 +66,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         meter: meter.clone(),
         prices: Arc::new(args.prices.iter().cloned().collect()),
         admin_token: args.admin_token.as_deref().filter(|t| !t.is_empty()).map(Arc::from),
+        stats: Default::default(),
     };
+    state.stats.start_sampling();
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
