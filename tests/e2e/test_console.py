@@ -150,7 +150,7 @@ def sdk(srv, secret):
 
 def ask(srv, secret, text="Say hello in three words."):
     with sdk(srv, secret) as c:
-        return c.chat.completions.create(model=srv.model_id, max_tokens=12, temperature=0,
+        return c.chat.completions.create(model=srv.model_id, max_tokens=8, temperature=0,
                                          messages=[{"role": "user", "content": text}])
 
 
@@ -270,11 +270,14 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
     go(d, "playground")
     wait_for(d, "models in the playground", lambda d: Select(d.find_element(By.NAME, "model")).options)
     Select(css(d, "select[name=key]")).select_by_visible_text("console-e2e (created in this tab)")
+    for name, value in (("max_tokens", "8"), ("temperature", "0")):
+        css(d, f"input[name={name}]").clear()
+        css(d, f"input[name={name}]").send_keys(value)
     for question in ("Name a colour.", "And another one?"):
         css(d, "textarea[name=prompt]").send_keys(question)
         css(d, "#play-send").click()
         wait_for(d, "the answer's usage", lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .usage")
-                 and d.find_elements(By.CSS_SELECTOR, ".msg.assistant .usage")[-1].text.startswith("Usage:"), timeout=60)
+                 and d.find_elements(By.CSS_SELECTOR, ".msg.assistant .usage")[-1].text.startswith("Usage:"), timeout=120)
     usage_lines = d.find_elements(By.CSS_SELECTOR, ".msg.assistant .usage")
     assert len(usage_lines) == 2 and "cached" in usage_lines[-1].text
     # The second turn repeats the first as its prefix, so the prefix cache serves part of it.

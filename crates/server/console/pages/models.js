@@ -45,11 +45,13 @@ export function mount(main) {
       const live = new Map(stats.models.map(m => [m.id, m]));
       const several = models.data.length > 1;
       const used = models.data.filter(m => m.state === 'loaded').reduce((sum, m) => sum + m.bytes, 0);
-      summary.textContent = `${models.data.length} served · ${bytes(used)} of the ${bytes(models.budget_bytes)} memory budget in use`;
+      summary.textContent = `${models.data.length} served · loaded models take ${bytes(used)} of the ${bytes(models.budget_bytes)} memory budget (as estimated)`;
       clear(list).append(table([
         {label: 'Model', value: m => h('strong', {}, m.id)},
         {label: 'State', value: m => h('span', {class: `status ${m.state}`}, m.state, m.pinned ? ' (pinned)' : '')},
-        {label: 'Memory', value: m => (m.state === 'loaded' ? bytes(m.measured_bytes || m.bytes) : `${bytes(m.bytes)} when loaded`)},
+        {label: 'Memory', value: m => (m.state === 'loaded'
+          ? h('span', {}, `${bytes(m.bytes)} estimated`, m.measured_bytes ? [h('br'), `${bytes(m.measured_bytes)} measured`] : null)
+          : `${bytes(m.bytes)} when loaded`)},
         {label: 'Running requests', value: m => num(m.running_requests), num: true},
         {label: 'Requests done', value: m => num(live.get(m.id)?.requests_total ?? 0), num: true},
         {label: 'Tokens generated', value: m => num(live.get(m.id)?.completion_tokens_total ?? 0), num: true},
