@@ -264,6 +264,8 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
     go(d, "models")
     row = wait_for(d, "the model row", lambda d: [r for r in d.find_elements(By.CSS_SELECTOR, "#models-list tbody tr") if srv.model_id in r.text])
     assert "loaded" in row[0].text
+    legend = wait_for(d, "the per-model throughput chart", lambda d: d.find_elements(By.CSS_SELECTOR, "#models-chart .legend li"))
+    assert [li.text for li in legend] == [srv.model_id]
     shot(d, "models")
 
     # Playground: chat through the key created above, streamed, with usage and cached tokens.

@@ -103,6 +103,7 @@ async fn stats_has_the_figures_the_overview_draws_and_they_move() {
     for field in ["at_ms", "completion_tokens_per_second", "prompt_tokens_per_second", "queue_depth", "running_sequences", "kv_cache_tokens"] {
         assert!(point[field].is_number(), "series[0].{field}: {point}");
     }
+    assert!(point["completion_tokens_per_second_by_model"].is_object(), "{point}");
     for field in ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95"] {
         assert!(point[field].is_number() || point[field].is_null(), "series[0].{field}: {point}");
     }

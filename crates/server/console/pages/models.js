@@ -2,8 +2,9 @@
 // /admin/v1/stats); load and unload buttons once several models share the memory budget.
 
 import {admin} from '../api.js';
+import {lineChart} from '../charts.js';
 import {clear, confirmDialog, errorBox, h, table} from '../dom.js';
-import {bytes, num} from '../format.js';
+import {bytes, clock, num} from '../format.js';
 
 const REFRESH_MS = 5000;
 
@@ -11,6 +12,7 @@ export function mount(main) {
   const problem = h('div');
   const summary = h('p', {class: 'muted', role: 'status'}, 'Loading…');
   const list = h('div', {id: 'models-list'});
+  const chart = h('div', {id: 'models-chart', class: 'charts'});
   let stopped = false;
   let timer;
 
@@ -62,13 +64,16 @@ export function mount(main) {
         }},
         {label: 'Actions', value: m => actions(m, several)},
       ], models.data));
+      const series = models.data.map(m => ({label: m.id, points: stats.series.map(p =>
+        [p.at_ms, p.completion_tokens_per_second_by_model[m.id] ?? 0])}));
+      clear(chart).append(lineChart({title: 'Tokens generated per second, by model (last 15 minutes)', series, format: num, xFormat: clock}));
     } catch (err) {
       if (!stopped) clear(problem).append(errorBox(err));
     }
     if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
   }
 
-  main.append(h('h1', {}, 'Models'), summary, problem, list);
+  main.append(h('h1', {}, 'Models'), summary, problem, list, chart);
   refresh();
   return () => {
     stopped = true;

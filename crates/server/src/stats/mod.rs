@@ -282,6 +282,9 @@ fn point_view(p: &Point) -> Value {
         "itl_p50": p.itl.quantile(0.5),
         "itl_p95": p.itl.quantile(0.95),
         "errors": errors_view(&p.errors),
+        "completion_tokens_per_second_by_model": Value::Object(
+            p.model_completion_tokens.iter().map(|(id, n)| (id.clone(), json!(rate(*n, p.seconds)))).collect::<Map<_, _>>()
+        ),
     })
 }
 
