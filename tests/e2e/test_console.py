@@ -38,7 +38,9 @@ def srv():
     model = _models()[0]
     # A price, so cost columns and USD budgets have something to show.
     price = f"{Path(model).stem}=0.5,1.5" if model.endswith(".gguf") else f"{model}=0.5,1.5"
-    with serving(model, ("--admin-token", ADMIN_TOKEN, "--price", price)) as (server, _client):
+    # A second, small model (unloaded until asked for) so the models page offers load and unload.
+    extra = ("--admin-token", ADMIN_TOKEN, "--price", price, "--model", "small=smollm2-135m")
+    with serving(model, extra) as (server, _client):
         yield server
 
 
@@ -142,6 +144,12 @@ def confirm(driver):
 
 def new_secret(driver, previous=None):
     return wait_for(driver, "a new secret", lambda d: (t := d.find_element(By.ID, "new-secret").text) and t != previous and t)
+
+
+def admin_get(srv, path):
+    r = httpx.get(f"{srv.root_url}/admin/v1{path}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()
 
 
 def sdk(srv, secret):
@@ -260,13 +268,24 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
     wait_for(d, "running sequences back to 0 when idle", lambda d: figure(d, "running_sequences") == "0")
     shot(d, "overview")
 
-    # Models: the served model, loaded, with its throughput.
+    # Models: both served models with state and throughput; load the small one, then unload it.
     go(d, "models")
-    row = wait_for(d, "the model row", lambda d: [r for r in d.find_elements(By.CSS_SELECTOR, "#models-list tbody tr") if srv.model_id in r.text])
-    assert "loaded" in row[0].text
+
+    def model_row(d, model_id):
+        return next((r for r in d.find_elements(By.CSS_SELECTOR, "#models-list tbody tr")
+                     if r.find_element(By.TAG_NAME, "td").text == model_id), None)
+
+    row = wait_for(d, "the model rows", lambda d: model_row(d, srv.model_id) and model_row(d, "small"))
+    assert "loaded" in model_row(d, srv.model_id).text and "unloaded" in row.text
     legend = wait_for(d, "the per-model throughput chart", lambda d: d.find_elements(By.CSS_SELECTOR, "#models-chart .legend li"))
-    assert [li.text for li in legend] == [srv.model_id]
+    assert [li.text for li in legend] == [srv.model_id, "small"]
+    model_row(d, "small").find_element(By.CSS_SELECTOR, "button[aria-label='Load small']").click()
+    wait_for(d, "small to load", lambda d: "unloaded" not in model_row(d, "small").text, timeout=120)
+    assert admin_get(srv, "/models")["data"][1]["state"] == "loaded"
     shot(d, "models")
+    model_row(d, "small").find_element(By.CSS_SELECTOR, "button[aria-label='Unload small']").click()
+    wait_for(d, "small to unload", lambda d: "unloaded" in model_row(d, "small").text)
+    assert admin_get(srv, "/models")["data"][1]["state"] == "unloaded"
 
     # Playground: chat through the key created above, streamed, with usage and cached tokens.
     go(d, "playground")
