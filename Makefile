@@ -27,7 +27,7 @@ NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
 	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
 PORTABLE_DIR := target/portable
 
-.PHONY: serve build deps test test-rust test-e2e console-screenshots models-e2e bench clean
+.PHONY: serve build deps test test-rust test-e2e test-cluster console-screenshots models-e2e bench clean
 
 deps:
 	@scripts/install-build-deps.sh
@@ -47,10 +47,25 @@ test: deps
 	$(MAKE) test-e2e
 
 # The accounts suite and the replica tests also run against a throwaway PostgreSQL on loopback
-# (installed from Debian's packages when missing). GANTRY_REQUIRE_POSTGRES turns a missing
-# database into failing tests instead of skipped ones.
+# (installed from Debian's packages when missing), and the cluster test behind nginx (likewise).
+# GANTRY_REQUIRE_POSTGRES / GANTRY_REQUIRE_NGINX turn a missing one into failing tests instead
+# of skipped ones.
 test-rust:
-	url="$$(scripts/test-postgres.sh)" && GANTRY_TEST_DATABASE_URL="$$url" GANTRY_REQUIRE_POSTGRES=1 $(CARGO) test --workspace --no-fail-fast
+	scripts/ensure-nginx.sh >/dev/null
+	url="$$(scripts/test-postgres.sh)" && GANTRY_TEST_DATABASE_URL="$$url" GANTRY_REQUIRE_POSTGRES=1 GANTRY_REQUIRE_NGINX=1 \
+	  $(CARGO) test --workspace --no-fail-fast
+
+# The cluster test's long form: three replicas of the default model behind nginx on PostgreSQL,
+# two minutes of mixed load through a SIGKILL, a SIGTERM drain and a database crash; prints
+# the figures. (`make test` runs its short form on the tiny model.)
+CLUSTER_SECONDS ?= 120
+test-cluster: deps
+	scripts/ensure-nginx.sh >/dev/null
+	$(CARGO) build --workspace --all-targets
+	model="$$($(DEBUG_BIN) models pull --quiet $(MODEL) | tail -n 1)" && url="$$(scripts/test-postgres.sh)" && \
+	  GANTRY_TEST_DATABASE_URL="$$url" GANTRY_REQUIRE_POSTGRES=1 GANTRY_REQUIRE_NGINX=1 \
+	  GANTRY_CLUSTER_SECONDS=$(CLUSTER_SECONDS) GANTRY_CLUSTER_MODEL="$$model" \
+	  $(CARGO) test -p gantry-server --test cluster -- --nocapture
 
 models-e2e:
 	@for m in $(E2E_MODELS); do $(DEBUG_BIN) models pull --quiet $$m >/dev/null || exit 1; done

@@ -198,6 +198,12 @@ impl Accounts {
         rate::admit(&self.pool, key_id, now_ms, tokens, rpm, tpm).await
     }
 
+    /// One round trip to the database (`SELECT 1`): readiness probes ask whether it answers.
+    pub async fn ping(&self) -> Result<(), AccountsError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// SQLite or PostgreSQL.
     pub fn backend(&self) -> Backend {
         self.backend

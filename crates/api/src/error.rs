@@ -121,6 +121,26 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message, None, Some("server_overloaded"))
     }
 
+    /// 503, type `server_error`, code `server_shutting_down`, with `Retry-After: 1`: this server
+    /// is draining and takes no new requests; another replica (or this one restarted) will.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            SERVER_ERROR,
+            "This server is shutting down and takes no new requests; retry, and another replica will answer.",
+            None,
+            Some("server_shutting_down"),
+        )
+        .with_retry_after(1)
+    }
+
+    /// 503, type `server_error`, code `service_unavailable`, with `Retry-After: 1`: something this
+    /// server depends on (the accounts database) did not answer; the request may succeed if
+    /// retried, here or on another replica.
+    pub fn temporarily_unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message, None, Some("service_unavailable")).with_retry_after(1)
+    }
+
     /// 500, type `server_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, SERVER_ERROR, message, None, None)
@@ -187,6 +207,8 @@ mod tests {
             (ApiError::rate_limited("x"), 429, "requests", None, Some("rate_limit_exceeded")),
             (ApiError::insufficient_quota("x"), 429, "insufficient_quota", None, Some("insufficient_quota")),
             (ApiError::overloaded("x"), 503, SERVER_ERROR, None, Some("server_overloaded")),
+            (ApiError::temporarily_unavailable("x"), 503, SERVER_ERROR, None, Some("service_unavailable")),
+            (ApiError::shutting_down(), 503, SERVER_ERROR, None, Some("server_shutting_down")),
             (ApiError::internal("x"), 500, SERVER_ERROR, None, None),
         ];
         for (e, status, ty, param, code) in cases {

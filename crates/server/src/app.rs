@@ -29,6 +29,8 @@ pub struct AppState {
     pub prices: Arc<HashMap<String, Price>>,
     /// Guards `/admin/v1`; `None` disables the admin API.
     pub admin_token: Option<Arc<str>>,
+    /// Set by a shutdown signal: readiness turns 503 and new chat requests are refused.
+    pub draining: crate::health::Draining,
     /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
     pub stats: crate::stats::StatsHistory,
 }
@@ -58,6 +60,8 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     Router::new()
         .route("/health", get(health))
+        .route("/health/live", get(crate::health::live))
+        .route("/health/ready", get(crate::health::ready))
         .route("/metrics", get(telemetry::render))
         .merge(authed)
         .nest("/admin/v1", admin::router(state.clone()))

@@ -35,7 +35,7 @@ pub async fn require_api_key(State(state): State<AppState>, mut req: Request, ne
         Ok(None) => ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "key lookup failed");
-            ApiError::internal("The server could not check your API key; please retry.").into_response()
+            ApiError::temporarily_unavailable("The server could not check your API key; please retry.").into_response()
         }
     }
 }

@@ -36,6 +36,9 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    if state.draining.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
     // A model the key may not use is reported as missing, as OpenAI does.

@@ -136,6 +136,11 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGTERM/SIGINT before they are cut.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace: u64,
+    /// Seconds between a SIGTERM and closing the listener: /health/ready answers 503 and new
+    /// chat requests get 503 with Retry-After, so a load balancer takes this replica out before
+    /// its connections close (Kubernetes: a few seconds more than the readiness probe period).
+    #[arg(long, default_value_t = 0)]
+    pub drain_delay: u64,
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,

@@ -8,6 +8,7 @@ pub mod pool;
 mod auth;
 mod chat;
 mod engine_errors;
+mod health;
 mod images;
 pub mod cli;
 pub mod commands;

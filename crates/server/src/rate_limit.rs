@@ -72,7 +72,7 @@ fn to_api_error(key: &KeyInfo, reason: Refusal) -> ApiError {
         Refusal::Quota(message) => ApiError::insufficient_quota(message),
         Refusal::Unavailable(e) => {
             tracing::error!(error = %e, "admission could not reach the accounts database");
-            ApiError::internal("The server could not check your rate limits and budget; please retry.")
+            ApiError::temporarily_unavailable("The server could not check your rate limits and budget; please retry.")
         }
     }
 }

@@ -122,6 +122,7 @@ impl ModelLoader for ScriptedLoader {
 
 pub(crate) struct Harness {
     pub app: axum::Router,
+    draining: crate::health::Draining,
     pub accounts: Accounts,
     meter: gantry_accounts::Meter,
     pub stats: crate::stats::StatsHistory,
@@ -165,10 +166,11 @@ pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token:
         meter: meter.clone(),
         prices: Default::default(),
         admin_token: admin_token.map(Arc::from),
+        draining: Default::default(),
         stats: crate::stats::StatsHistory::default(),
     };
-    let stats = state.stats.clone();
-    Harness { app: router(state, RouterOptions::default()), accounts, meter, stats, _dir: dir }
+    let (draining, stats) = (state.draining.clone(), state.stats.clone());
+    Harness { app: router(state, RouterOptions::default()), draining, accounts, meter, stats, _dir: dir }
 }
 
 impl Harness {
@@ -189,7 +191,11 @@ impl Harness {
     }
 
     async fn health(&self) -> (StatusCode, Value) {
-        let (status, body) = self.send(Request::get("/health").body(Body::empty()).unwrap()).await;
+        self.get_json("/health").await
+    }
+
+    async fn get_json(&self, path: &str) -> (StatusCode, Value) {
+        let (status, body) = self.send(Request::get(path).body(Body::empty()).unwrap()).await;
         (status, serde_json::from_str(&body).unwrap())
     }
 
@@ -313,6 +319,52 @@ async fn a_dead_engine_fails_its_requests_with_server_error_and_health_turns_503
     let (status, health) = h.health().await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(health["status"], "failed");
+    // Kubernetes' probes: restart it (liveness), and send it nothing meanwhile (readiness).
+    for path in ["/health/live", "/health/ready"] {
+        let (status, v) = h.get_json(path).await;
+        assert_eq!((status, v["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("failed")), "{path}");
+        assert!(v["error"].as_str().unwrap().contains("scheduler panicked"), "{path}: {v}");
+    }
     // The tokens generated before the failure are billed.
     assert_eq!(h.billed_completion_tokens().await, 4);
+}
+
+#[tokio::test]
+async fn readiness_turns_503_while_draining_or_without_the_database_and_liveness_stays_200() {
+    let h = harness(Arc::new(ScriptedEngine::new(
+        vec![delta("Hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))],
+        usage(1),
+    ))).await;
+    let (status, v) = h.get_json("/health/ready").await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"status": "ready", "loaded_models": []})));
+    let (status, text) = h.chat(body(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(h.get_json("/health/ready").await.1["loaded_models"], json!(["scripted"]));
+
+    // A shutdown signal: no longer ready, and new requests are turned away with a retry hint.
+    h.draining.start();
+    let (status, v) = h.get_json("/health/ready").await;
+    assert_eq!((status, v["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("draining")));
+    assert_eq!(h.get_json("/health/live").await.0, StatusCode::OK, "draining is not dead");
+    let request = Request::post("/v1/chat/completions")
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(Body::from(body(json!({})).to_string()))
+        .unwrap();
+    let response = h.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["code"], "server_shutting_down");
+}
+
+#[tokio::test]
+async fn readiness_says_when_the_accounts_database_does_not_answer() {
+    let h = harness(Arc::new(ScriptedEngine::new(vec![Event::Done(usage(0))], usage(0)))).await;
+    assert_eq!(h.get_json("/health/ready").await.0, StatusCode::OK);
+    h.accounts.close().await;
+    let (status, v) = h.get_json("/health/ready").await;
+    assert_eq!((status, v["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("database_unreachable")), "{v}");
+    assert_eq!(h.get_json("/health/live").await.0, StatusCode::OK, "a database outage is no reason to restart");
 }

@@ -66,9 +66,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         meter: meter.clone(),
         prices: Arc::new(args.prices.iter().cloned().collect()),
         admin_token: args.admin_token.as_deref().filter(|t| !t.is_empty()).map(Arc::from),
+        draining: Default::default(),
         stats: Default::default(),
     };
     state.stats.start_sampling();
+    let draining = state.draining.clone();
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -90,10 +92,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine_failed = async move { failed_models.failed().await };
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         tokio::select! {
-            _ = shutdown_signal() => tracing::info!(
-                grace_seconds = args.shutdown_grace,
-                "shutting down: no new connections, finishing requests"
-            ),
+            _ = shutdown_signal() => {
+                // Readiness turns 503 and admission stops at once; the listener stays open for
+                // the drain delay, so probes and load balancers see the 503 and move traffic.
+                draining.start();
+                if args.drain_delay > 0 {
+                    tracing::info!(drain_delay_seconds = args.drain_delay, "draining: not ready, refusing new requests");
+                    tokio::time::sleep(Duration::from_secs(args.drain_delay)).await;
+                }
+                tracing::info!(
+                    grace_seconds = args.shutdown_grace,
+                    "shutting down: no new connections, finishing requests"
+                )
+            }
             // Its requests were already answered with errors; stop, and exit non-zero below.
             _ = engine_failed => tracing::error!("the inference engine failed: stopping so a supervisor restarts the server"),
         }

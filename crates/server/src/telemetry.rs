@@ -89,6 +89,8 @@ fn route_label(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/models" => "/v1/models",
         "/health" => "/health",
+        "/health/live" => "/health/live",
+        "/health/ready" => "/health/ready",
         "/metrics" => "/metrics",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         _ => "other",

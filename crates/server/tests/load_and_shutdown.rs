@@ -166,3 +166,57 @@ async fn sigterm_cuts_a_running_stream_after_the_grace_period_and_bills_it() {
     assert_eq!(rows[0]["requests"], 1);
     assert!(rows[0]["completion_tokens"].as_u64().unwrap() > 0, "the cut stream is billed: {rows:?}");
 }
+
+#[tokio::test]
+async fn sigterm_drains_readiness_refuses_new_requests_and_lets_a_running_stream_finish() {
+    let mut s = TestServer::start(&["--parallel", "2", "--ctx-size", "8192", "--drain-delay", "2", "--shutdown-grace", "60"]);
+    let ready = |s: &TestServer| {
+        let (client, url) = (s.client(), s.url("/health/ready"));
+        async move {
+            let resp = client.get(url).send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, v) = ready(&s).await;
+    assert_eq!((status, v["status"].as_str()), (200, Some("ready")), "{v}");
+    assert_eq!(v["loaded_models"], json!([s.model_id]));
+
+    // A stream of a known length (end-of-text banned), long enough (over a second on the tiny
+    // model) to run through the signal and the drain delay.
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "go on"}], "max_tokens": 3000,
+                      "stream": true, "stream_options": {"include_usage": true},
+                      "logit_bias": common::ban_special_tokens(&s, common::KEY).await});
+    let resp = s.chat(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
+    s.send_sigterm();
+
+    // Within the drain delay the listener is open: not ready, and new work is turned away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, v) = ready(&s).await;
+    assert_eq!((status, v["status"].as_str()), (503, Some("draining")), "{v}");
+    let live = s.client().get(s.url("/health/live")).send().await.unwrap();
+    assert_eq!(live.status(), 200);
+    let refused = s.chat(json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}]})).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "server_shutting_down");
+
+    // The running stream finishes whole, and is billed.
+    while let Some(chunk) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    let events = sse_data(&text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let told = events.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find_map(|v| v["usage"]["completion_tokens"].as_u64());
+    assert_eq!(told, Some(3000));
+    let status = s.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let out = gantry().args(["usage", "--format", "json"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["requests"], 1, "the refused request is not billed: {rows:?}");
+    assert_eq!(rows[0]["completion_tokens"], 3000);
+}

@@ -3,10 +3,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
+use common::postgres::OwnPostgres;
 use common::{ban_special_tokens, gantry, sse_data, TestServer, KEY};
 use serde_json::{json, Value};
 
@@ -220,66 +220,6 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
     }
     assert_eq!(left, 0, "the dead server's reservations are released by the live one");
     drop(b);
-}
-
-/// A throwaway PostgreSQL cluster of its own, so the test can stop and start it.
-struct OwnPostgres {
-    dir: PathBuf,
-    port: u16,
-}
-
-impl OwnPostgres {
-    fn script() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-postgres.sh")
-    }
-
-    fn start(dir: &Path, port: u16) -> Self {
-        let pg = Self { dir: dir.to_path_buf(), port };
-        pg.run();
-        pg
-    }
-
-    /// Starts the cluster (initialising it the first time).
-    fn run(&self) {
-        let out = Command::new(Self::script())
-            .env("GANTRY_TEST_PG_PORT", self.port.to_string())
-            .env("GANTRY_TEST_PG_DIR", &self.dir)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "starting PostgreSQL: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn admin_url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn stop(&self) {
-        let out = self.pg_ctl_stop();
-        assert!(out.status.success(), "stopping PostgreSQL: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn pg_ctl_stop(&self) -> std::process::Output {
-        let pg_ctl = std::fs::read_dir("/usr/lib/postgresql")
-            .unwrap()
-            .map(|e| e.unwrap().path().join("bin/pg_ctl"))
-            .find(|p| p.is_file())
-            .expect("pg_ctl");
-        let mut cmd = if unsafe { libc::geteuid() } == 0 {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(&pg_ctl);
-            c
-        } else {
-            Command::new(&pg_ctl)
-        };
-        cmd.arg("-D").arg(&self.dir).args(["-m", "immediate", "-w", "stop"]).output().unwrap()
-    }
-}
-
-impl Drop for OwnPostgres {
-    fn drop(&mut self) {
-        let _ = self.pg_ctl_stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// Opens `n` streams (each admitted once its first chunk arrives) that each generate exactly

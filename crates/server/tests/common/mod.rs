@@ -1,6 +1,9 @@
 //! Starts the real `gantry` binary on a free port with a tiny random-weight model.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod postgres;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -96,8 +99,13 @@ impl TestServer {
         self.client().post(self.url("/v1/chat/completions")).bearer_auth(KEY).json(&body)
     }
 
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM and returns at once.
+    pub fn send_sigterm(&self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.send_sigterm();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -130,9 +138,22 @@ pub fn sse_data(body: &str) -> Vec<String> {
 /// last three of its vocabulary), so a request generates until `max_tokens` or cancellation. The
 /// vocabulary size is read from the out-of-range error.
 pub async fn ban_special_tokens(s: &TestServer, key: &str) -> serde_json::Value {
-    let body = serde_json::json!({"model": s.model_id, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}});
-    let refused: serde_json::Value =
-        s.client().post(s.url("/v1/chat/completions")).bearer_auth(key).json(&body).send().await.unwrap().json().await.unwrap();
+    ban_special_tokens_at(&s.base, &s.model_id, key).await
+}
+
+/// [`ban_special_tokens`] for a server at `base` (`http://host:port`).
+pub async fn ban_special_tokens_at(base: &str, model: &str, key: &str) -> serde_json::Value {
+    let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}});
+    let refused: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let message = refused["error"]["message"].as_str().unwrap();
     let n_vocab: i64 = message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
     serde_json::json!({(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100})

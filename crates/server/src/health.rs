@@ -1,0 +1,73 @@
+//! Liveness and readiness, as load balancers and Kubernetes probe them, and the draining state a
+//! SIGTERM starts.
+//!
+//! Liveness says whether the process should be restarted (its engine failed); readiness says
+//! whether it should get traffic (not draining, engine healthy, accounts database reachable).
+//! They differ on purpose: a replica whose database is briefly unreachable is taken out of the
+//! load balancer, not killed, and comes back when the database does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::app::AppState;
+
+/// How long readiness waits for the database before calling it unreachable: probes have
+/// timeouts of their own (Kubernetes' default is 1 s), so answer within them.
+const DATABASE_PING_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Set once, when a shutdown signal arrives: from then on readiness answers 503 and new chat
+/// requests are refused, while running ones finish.
+#[derive(Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// `GET /health/live`: 200 while the engine works; 503 once it has failed (the process is
+/// exiting so a supervisor restarts it).
+pub async fn live(State(state): State<AppState>) -> Response {
+    match state.models.failure() {
+        None => Json(json!({"status": "ok"})).into_response(),
+        Some(why) => unavailable("failed", Some(why)),
+    }
+}
+
+/// `GET /health/ready`: 200 when this replica should get requests; 503 with the reason while it
+/// drains, after its engine failed, or while the accounts database does not answer.
+pub async fn ready(State(state): State<AppState>) -> Response {
+    if state.draining.is_draining() {
+        return unavailable("draining", None);
+    }
+    if let Some(why) = state.models.failure() {
+        return unavailable("failed", Some(why));
+    }
+    match tokio::time::timeout(DATABASE_PING_TIMEOUT, state.accounts.ping()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return unavailable("database_unreachable", Some(e.to_string())),
+        Err(_) => return unavailable("database_unreachable", Some("no answer within 800 ms".into())),
+    }
+    let loaded: Vec<String> = state.models.status().into_iter().filter(|m| m.loaded).map(|m| m.id).collect();
+    Json(json!({"status": "ready", "loaded_models": loaded})).into_response()
+}
+
+fn unavailable(status: &str, error: Option<String>) -> Response {
+    let body = match error {
+        Some(e) => json!({"status": status, "error": e}),
+        None => json!({"status": status}),
+    };
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}

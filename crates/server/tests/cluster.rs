@@ -1,0 +1,366 @@
+//! Three replicas behind nginx on one PostgreSQL, under faults. A mixed load (streamed and not,
+//! some cancelled by the client; three keys: one with a token budget, one with an RPM limit,
+//! one without limits) runs while one replica is SIGKILLed, another gets SIGTERM, and
+//! PostgreSQL crashes and restarts. Afterwards: every request got an answer (or was cut only by
+//! the SIGKILL), the ledger equals what the clients were told to the token, the budget and the
+//! RPM limit held across replicas, and no reservation is left.
+//!
+//! `make test` runs the short form (tiny model, 20 s of load); `make test-cluster` runs it with
+//! `GANTRY_CLUSTER_SECONDS` and `GANTRY_CLUSTER_MODEL` (a .gguf) set for a longer, real-model run.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::{nginx_binary, Nginx, Replica};
+use common::postgres::OwnPostgres;
+use common::{gantry, sse_data, tiny_model};
+use serde_json::{json, Value};
+
+const BUDGET_TOKENS: i64 = 6000;
+const RPM: i64 = 40;
+/// A request that takes longer than this is a hang.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn cli(url: &str, args: &[&str]) -> String {
+    let out = gantry().args(args).args(["--database-url", url]).output().unwrap();
+    assert!(out.status.success(), "gantry {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Plain,
+    Stream,
+    Cancelled,
+    LongStream,
+}
+
+impl Kind {
+    fn max_tokens(self) -> u64 {
+        match self {
+            Kind::Plain => 24,
+            Kind::Stream | Kind::Cancelled => 48,
+            Kind::LongStream => 160,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Answer {
+    /// 200 with usage: what the client was told, prompt + completion.
+    Completed(u64),
+    /// 429 or 503, with `Retry-After` where the refusal is retryable, and OpenAI's error body.
+    Refused(u16, String),
+    /// A stream that ended with an error event (cut at the grace period).
+    StreamError,
+    /// Dropped by the client after two chunks.
+    Cancelled,
+    /// Ended without an answer: a stream cut mid-way, a 502, a transport error.
+    Cut(String),
+    Hung,
+    Unexpected(String),
+}
+
+#[derive(Debug, Clone)]
+struct Sent {
+    client_id: String,
+    key: usize,
+    kind: Kind,
+    upstream: String,
+    started: Instant,
+    ended: Instant,
+    answer: Answer,
+}
+
+async fn send(client: &reqwest::Client, url: &str, secret: &str, kind: Kind, client_id: &str, model: &str) -> (String, Answer) {
+    let stream = kind != Kind::Plain;
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": format!("request {client_id}")}],
+                          "max_tokens": kind.max_tokens(), "temperature": 1.0});
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let resp = match client.post(url).bearer_auth(secret).header("x-request-id", client_id).json(&body).send().await {
+        Ok(r) => r,
+        Err(e) => return (String::new(), Answer::Cut(format!("transport: {e}"))),
+    };
+    let upstream = resp.headers().get("x-gantry-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let status = resp.status().as_u16();
+    let retry_after = resp.headers().contains_key("retry-after");
+    if status != 200 {
+        let text = resp.text().await.unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let code = v["error"]["code"].as_str().unwrap_or("").to_string();
+        // insufficient_quota is not retryable (the budget is spent), so it has no Retry-After.
+        let answer = match (status, retry_after || code == "insufficient_quota") {
+            (502, _) => Answer::Cut(format!("502 {text}")),
+            (429 | 503, true) if v["error"]["message"].is_string() => Answer::Refused(status, code),
+            _ => Answer::Unexpected(format!("{status} retry-after={retry_after} {text}")),
+        };
+        return (upstream, answer);
+    }
+    if !stream {
+        return match resp.json::<Value>().await {
+            Ok(v) => (upstream, Answer::Completed(v["usage"]["total_tokens"].as_u64().unwrap())),
+            Err(e) => (upstream, Answer::Cut(format!("body: {e}"))),
+        };
+    }
+    let mut resp = resp;
+    let mut text = String::new();
+    let mut chunks = 0;
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                text.push_str(&String::from_utf8_lossy(&c));
+                chunks += 1;
+                if kind == Kind::Cancelled && chunks == 2 {
+                    return (upstream, Answer::Cancelled);
+                }
+            }
+            Ok(None) => break,
+            Err(e) => return (upstream, Answer::Cut(format!("stream: {e}"))),
+        }
+    }
+    let events = sse_data(&text);
+    let answer = if events.last().map(String::as_str) == Some("[DONE]") {
+        let told = events.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find_map(|v| v["usage"]["total_tokens"].as_u64());
+        match told {
+            Some(t) => Answer::Completed(t),
+            None => Answer::Unexpected(format!("no usage in {text}")),
+        }
+    } else if events.iter().any(|d| d.contains("\"error\"")) {
+        Answer::StreamError
+    } else if kind == Kind::Cancelled {
+        Answer::Cancelled // the stream ended before its second chunk
+    } else {
+        Answer::Cut(format!("stream ended without [DONE]: {}", &text[text.len().saturating_sub(200)..]))
+    };
+    (upstream, answer)
+}
+
+/// Workers send requests back to back until `until`, each a key and kind in turn.
+async fn load(url: String, secrets: Vec<String>, model: String, workers: usize, until: Instant) -> Vec<Sent> {
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let kinds = [Kind::Plain, Kind::Stream, Kind::Cancelled, Kind::LongStream];
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (url, secrets, model, sent) = (url.clone(), secrets.clone(), model.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            let mut i = 0;
+            while Instant::now() < until {
+                let (key, kind) = ((w + i) % secrets.len(), kinds[(w + i / 3) % kinds.len()]);
+                let client_id = format!("w{w}-{i}");
+                let started = Instant::now();
+                let answer = tokio::time::timeout(ANSWER_TIMEOUT, send(&client, &url, &secrets[key], kind, &client_id, &model)).await;
+                let (upstream, answer) = answer.unwrap_or((String::new(), Answer::Hung));
+                let refused = matches!(answer, Answer::Refused(..));
+                sent.lock().unwrap().push(Sent { client_id, key, kind, upstream, started, ended: Instant::now(), answer });
+                // As the SDKs do on 429/503, wait a little before the next request.
+                if refused {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                i += 1;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(sent).unwrap().into_inner().unwrap()
+}
+
+#[tokio::test]
+async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash() {
+    const TEST: &str = "replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash";
+    if gantry_accounts::testing::postgres_admin_url_for(TEST).is_none() {
+        return;
+    }
+    let Some(nginx_bin) = nginx_binary() else {
+        assert!(std::env::var("GANTRY_REQUIRE_NGINX").is_err(), "GANTRY_REQUIRE_NGINX is set but nginx is not installed");
+        eprintln!("SKIPPED (nginx): {TEST}: nginx is not installed (make test installs it)");
+        return;
+    };
+    let seconds: u64 = std::env::var("GANTRY_CLUSTER_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let model = std::env::var("GANTRY_CLUSTER_MODEL").ok().unwrap_or_else(|| tiny_model().display().to_string());
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let pg = OwnPostgres::start(&dir.path().join("pg"), common::cluster::free_port());
+    let url = gantry_accounts::testing::fresh_postgres_database(&pg.admin_url()).await.unwrap();
+    let create = |args: &[&str]| cli(&url, &[&["keys", "create"], args].concat()).trim().to_string();
+    let secrets = vec![
+        create(&["--name", "budgeted", "--budget-tokens", &BUDGET_TOKENS.to_string(), "--budget-period", "total"]),
+        create(&["--name", "limited", "--rpm", &RPM.to_string()]),
+        create(&["--name", "plain"]),
+    ];
+    let names = ["budgeted", "limited", "plain"];
+
+    let args: Vec<String> = [
+        "--model", &model, "--database-url", &url, "--threads", "1", "--ctx-size", "4096", "--parallel", "4",
+        "--heartbeat-timeout", "2", "--drain-delay", "1", "--shutdown-grace", "10",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut replicas: Vec<Replica> = ["r1", "r2", "r3"].iter().map(|n| Replica::new(n, dir.path(), &args)).collect();
+    for r in &mut replicas {
+        r.spawn();
+    }
+    for r in &replicas {
+        r.wait_ready().await;
+    }
+    let nginx = Nginx::start(&nginx_bin, dir.path(), &replicas.iter().map(Replica::addr).collect::<Vec<_>>());
+    let model_id = std::path::Path::new(&model).file_stem().unwrap().to_string_lossy().into_owned();
+
+    let t0 = Instant::now();
+    let at = |fraction: f64| t0 + Duration::from_secs_f64(seconds as f64 * fraction);
+    let load = tokio::spawn(load(nginx.url("/v1/chat/completions"), secrets.clone(), model_id.clone(), 6, at(1.0)));
+
+    // A long stream straight to the replica about to be killed (end of text banned on the tiny
+    // model), so the kill surely cuts one: its client sees the cut, and it is never billed.
+    let victim = {
+        let base = format!("http://{}", replicas[0].addr());
+        let bias = if std::env::var("GANTRY_CLUSTER_MODEL").is_ok() { json!({}) } else { common::ban_special_tokens_at(&base, &model_id, &secrets[2]).await };
+        let body = json!({"model": model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "stream": true, "logit_bias": bias});
+        let mut resp = reqwest::Client::builder().no_proxy().build().unwrap()
+            .post(format!("{base}/v1/chat/completions")).bearer_auth(&secrets[2]).header("x-request-id", "victim").json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.chunk().await.unwrap().expect("the victim stream starts");
+        tokio::spawn(async move {
+            loop {
+                match resp.chunk().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => return "ended".to_string(),
+                    Err(e) => return format!("cut: {e}"),
+                }
+            }
+        })
+    };
+
+    // The faults, spread over the run.
+    tokio::time::sleep_until(at(0.15).into()).await;
+    let killed_at = Instant::now();
+    replicas[0].sigkill();
+    let killed_addr = replicas[0].addr();
+    let victim = victim.await.unwrap();
+    assert!(victim.starts_with("cut"), "the stream on the killed replica was cut, not finished: {victim}");
+    tokio::time::sleep_until(at(0.3).into()).await;
+    replicas[1].sigterm();
+    tokio::time::sleep_until(at(0.45).into()).await;
+    pg.stop();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    pg.run();
+    tokio::time::sleep_until(at(0.6).into()).await;
+    replicas[0].spawn(); // the killed replica comes back: same port, data dir and instance id
+    let drained = replicas[1].wait_exit(Duration::from_secs(30)).await;
+    assert!(drained.success(), "the drained replica exits 0: {drained:?}\n{}", replicas[1].log_tail());
+    replicas[1].spawn();
+    for r in &replicas {
+        r.wait_ready().await;
+    }
+    let sent = load.await.unwrap();
+
+    // 1. Every request got an answer; only requests in flight on the killed replica at the kill
+    //    may have been cut.
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for s in &sent {
+        let label = match &s.answer {
+            Answer::Completed(_) => "completed".to_string(),
+            Answer::Refused(status, code) => format!("{status} {code}"),
+            Answer::StreamError => "stream error event".into(),
+            Answer::Cancelled => "cancelled by the client".into(),
+            Answer::Cut(_) => "cut by the SIGKILL".into(),
+            Answer::Hung => panic!("{} hung: {s:?}", s.client_id),
+            Answer::Unexpected(what) => panic!("{} got an unexpected answer: {what}\nnginx: {}", s.client_id, nginx.error_log()),
+        };
+        if let Answer::Cut(why) = &s.answer {
+            let in_flight = s.started <= killed_at && s.ended >= killed_at;
+            let on_killed = s.upstream.is_empty() || s.upstream.contains(&killed_addr);
+            assert!(in_flight && on_killed, "{} was cut ({why}) but was not in flight on the killed replica: {s:?}", s.client_id);
+        }
+        *counts.entry(label).or_default() += 1;
+    }
+    let completed = counts.get("completed").copied().unwrap_or(0);
+    assert!(completed >= sent.len() / 4, "a good share of requests complete: {counts:?}");
+    // Every replica answered, the killed one after its restart too.
+    let served_by = |r: &Replica, after: Option<Instant>| {
+        sent.iter().filter(|s| s.upstream.ends_with(&r.addr()) && after.is_none_or(|t| s.started > t)).count()
+    };
+    let per_replica: Vec<(String, usize)> = replicas.iter().map(|r| (r.name.clone(), served_by(r, None))).collect();
+    assert!(per_replica.iter().all(|(_, n)| *n > 0), "{per_replica:?}");
+    assert!(served_by(&replicas[0], Some(killed_at)) > 0, "the killed replica serves again after its restart");
+
+    // 2. The ledger equals what clients were told; nothing is billed twice; cut and cancelled
+    //    requests are billed at most their max_tokens (the killed replica's not at all).
+    let settle_deadline = Instant::now() + Duration::from_secs(90);
+    let told: Vec<&Sent> = sent.iter().filter(|s| matches!(s.answer, Answer::Completed(_))).collect();
+    let (rows, by_client) = loop {
+        let rows: Vec<Value> = serde_json::from_str(&cli(&url, &["usage", "--requests", "--format", "json"])).unwrap();
+        let by_client: HashMap<String, Value> =
+            rows.iter().filter_map(|r| Some((r["client_request_id"].as_str()?.to_string(), r.clone()))).collect();
+        if told.iter().all(|s| by_client.contains_key(&s.client_id)) || Instant::now() > settle_deadline {
+            break (rows, by_client);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(by_client.len(), rows.len(), "every request is billed once");
+    assert!(!by_client.contains_key("victim"), "the stream cut by the SIGKILL is billed nothing (its server never settled)");
+    let mut mismatched = Vec::new();
+    for s in &sent {
+        let row = by_client.get(&s.client_id);
+        let billed = row.map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap());
+        match &s.answer {
+            Answer::Completed(t) if billed != Some(*t) => mismatched.push(format!("{}: told {t}, billed {billed:?}", s.client_id)),
+            Answer::Refused(..) if row.is_some() => mismatched.push(format!("{}: refused, yet billed {row:?}", s.client_id)),
+            Answer::Cut(_) | Answer::Cancelled | Answer::StreamError => {
+                if let Some(r) = row {
+                    assert!(r["completion_tokens"].as_u64().unwrap() <= s.kind.max_tokens(), "{}: {r}", s.client_id);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(mismatched.is_empty(), "the ledger differs from what clients were told: {mismatched:#?}");
+    let billed_total: u64 = rows.iter().map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap()).sum();
+    let told_total: u64 = told.iter().map(|s| if let Answer::Completed(t) = s.answer { t } else { 0 }).sum();
+
+    // 3. Budgets and the RPM limit held across replicas, and 4. no reservation is left.
+    let mut reserved = vec![i64::MAX; names.len()];
+    let mut spent = vec![0; names.len()];
+    for _ in 0..120 {
+        for (i, name) in names.iter().enumerate() {
+            let v: Value = serde_json::from_str(&cli(&url, &["keys", "show", name, "--format", "json"])).unwrap();
+            (spent[i], reserved[i]) = (v["spend"]["tokens"].as_i64().unwrap(), v["spend"]["reserved_tokens"].as_i64().unwrap());
+        }
+        if reserved.iter().all(|&r| r == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(reserved, vec![0; names.len()], "no reservation is left unsettled");
+    assert!(spent[0] <= BUDGET_TOKENS, "the budgeted key spent {} of {BUDGET_TOKENS}", spent[0]);
+    let mut per_minute: HashMap<i64, i64> = HashMap::new();
+    for r in rows.iter().filter(|r| r["key_name"] == "limited") {
+        *per_minute.entry(r["started_at_ms"].as_i64().unwrap().div_euclid(60_000)).or_default() += 1;
+    }
+    let busiest = per_minute.values().copied().max().unwrap_or(0);
+    assert!(busiest <= RPM, "the limited key was admitted {busiest} times in one minute (limit {RPM}): {per_minute:?}");
+    let limited_refusals = sent.iter().filter(|s| s.key == 1 && s.answer == Answer::Refused(429, "rate_limit_exceeded".into())).count();
+
+    eprintln!(
+        "cluster run: {} requests in {seconds} s through nginx over 3 replicas (one SIGKILLed, one drained, PostgreSQL crashed once)\n\
+         answers: {counts:?}\n\
+         answered by: {per_replica:?}; plus one long stream straight to r1, cut by the kill and billed nothing\n\
+         ledger: {} rows, {billed_total} tokens; clients were told {told_total} tokens by {} completed requests, every one matched\n\
+         budgeted key: spent {} of {BUDGET_TOKENS} tokens; limited key: at most {busiest} requests in a minute (limit {RPM}), {limited_refusals} refused with 429\n\
+         reservations left: {reserved:?}",
+        sent.len(),
+        rows.len(),
+        told.len(),
+        spent[0],
+    );
+}

@@ -1,0 +1,185 @@
+//! Pieces of a small cluster on loopback: `gantry serve` replicas that can be killed and
+//! restarted on the same port and data directory, and nginx in front of them.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::gantry;
+
+/// A port nothing listens on now (the OS's pick, released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One `gantry serve` process with a fixed name, port and data directory, so a restart is the
+/// same replica again (its outbox replays, its instance id's reservations are its own).
+pub struct Replica {
+    pub name: String,
+    pub port: u16,
+    data_dir: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Replica {
+    pub fn new(name: &str, dir: &Path, args: &[String]) -> Self {
+        let data_dir = dir.join(name);
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        Self { name: name.into(), port: free_port(), data_dir, log, args: args.to_vec(), child: None }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "{} is running", self.name);
+        let log = File::options().create(true).append(true).open(&self.log).unwrap();
+        let child = gantry()
+            .args(["serve", "--host", "127.0.0.1", "--port", &self.port.to_string(), "--instance-id", &self.name])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.args)
+            .env_remove("GANTRY_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gantry");
+        self.child = Some(child);
+    }
+
+    /// Waits until `/health/ready` answers 200.
+    pub async fn wait_ready(&self) {
+        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ok = client.get(format!("http://{}/health/ready", self.addr())).send().await.is_ok_and(|r| r.status() == 200);
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} never became ready; its log:\n{}", self.name, self.log_tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn sigkill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn sigterm(&self) {
+        let child = self.child.as_ref().expect("running");
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// Waits for the process to exit (after [`Self::sigterm`]) and returns its status.
+    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.as_mut().expect("running").try_wait().unwrap() {
+                self.child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit; its log:\n{}", self.name, self.log_tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.sigkill();
+    }
+}
+
+/// nginx from the system's packages, when installed.
+pub fn nginx_binary() -> Option<PathBuf> {
+    ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"].iter().map(PathBuf::from).find(|p| p.is_file())
+}
+
+/// nginx balancing over `upstreams` on its own port, as an operator would put it in front of
+/// replicas: least connections, SSE unbuffered, and a request retried on another replica only
+/// when the one it went to gave no answer (refused the connection, or died before the response
+/// head) or answered 503 (draining, overloaded, database unreachable: never admitted, so
+/// nothing was billed for it). `max_fails=0`: a replica is never marked down, since a 503
+/// while the database restarts would otherwise take every replica out at once ("no live
+/// upstreams"); a dead one costs a refused connection per try. Each answer names the replica in
+/// `X-Gantry-Upstream`.
+pub struct Nginx {
+    child: Child,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    pub fn start(binary: &Path, dir: &Path, upstreams: &[String]) -> Self {
+        let port = free_port();
+        let dir = dir.join("nginx");
+        std::fs::create_dir_all(&dir).unwrap();
+        // Workers run as `nobody` when started as root: they must be able to use the temp dirs.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let servers: String = upstreams.iter().map(|u| format!("    server {u} max_fails=0;\n")).collect();
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
+             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+             fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+             upstream gantry {{\n    least_conn;\n{servers}  }}\n\
+             server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://gantry;\n\
+             proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+             proxy_connect_timeout 2s;\n      proxy_read_timeout 120s;\n\
+             proxy_next_upstream error timeout http_503 non_idempotent;\n      proxy_next_upstream_tries 3;\n\
+             add_header X-Gantry-Upstream $upstream_addr always;\n    }}\n  }}\n}}\n"
+        );
+        let conf_path = dir.join("nginx.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&conf_path)
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn nginx");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nginx did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, port, dir }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGQUIT) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
