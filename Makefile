@@ -27,7 +27,7 @@ NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
 	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
 PORTABLE_DIR := target/portable
 
-.PHONY: serve build deps test test-rust test-e2e test-cluster models-e2e bench clean
+.PHONY: serve build deps test test-rust test-e2e test-cluster console-screenshots models-e2e bench clean
 
 deps:
 	@scripts/install-build-deps.sh
@@ -70,9 +70,19 @@ test-cluster: deps
 models-e2e:
 	@for m in $(E2E_MODELS); do $(DEBUG_BIN) models pull --quiet $$m >/dev/null || exit 1; done
 
+# The console's browser tests (tests/e2e/test_console.py) need Debian's chromium and
+# chromium-driver; scripts/install-browser.sh installs them when missing.
 test-e2e: models-e2e
+	@scripts/install-browser.sh
 	@scripts/python-venv.sh >/dev/null
 	GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e
+
+# Runs the console's browser tests and copies their screenshots to docs/console-*.png (the
+# README's); every run also leaves them in target/console-screenshots/.
+console-screenshots: models-e2e
+	@scripts/install-browser.sh
+	@scripts/python-venv.sh >/dev/null
+	GANTRY_UPDATE_DOCS=1 GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e/test_console.py
 
 # Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), same
 # GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable

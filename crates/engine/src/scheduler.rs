@@ -98,6 +98,9 @@ impl Scheduler {
     pub fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
         loop {
             if self.active.is_empty() && self.waiting.is_empty() {
+                // Idle: the gauges would otherwise keep the last busy step's figures (a
+                // sequence still "running") until the next request.
+                telemetry::step(&self.step_stats(0));
                 match jobs.recv() {
                     Ok(job) => self.waiting.push_back(job),
                     Err(_) => return,
@@ -126,15 +129,7 @@ impl Scheduler {
         self.offload_idle(ctx);
         self.evaluate_image(ctx);
         let has_work = self.fill_batch();
-        telemetry::step(&StepStats {
-            batch_tokens: self.batch.n_tokens() as usize,
-            running: self.active.iter().map(|r| r.choices.len()).sum(),
-            waiting: self.queued.load(Ordering::Relaxed),
-            kv_tokens: self.slots.total_tokens(),
-            kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
-            host_cache_bytes: self.host.bytes(),
-            host_cache_entries: self.host.len(),
-        });
+        telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
         if !has_work {
             return;
         }
@@ -153,6 +148,20 @@ impl Scheduler {
         }
         self.panic_if_asked();
         self.retire_finished();
+    }
+
+    /// The gauges' figures now; `batch_tokens` is 0 when idle (the batch still holds the last
+    /// step's tokens, which must not be recorded twice).
+    fn step_stats(&self, batch_tokens: usize) -> StepStats {
+        StepStats {
+            batch_tokens,
+            running: self.active.iter().map(|r| r.choices.len()).sum(),
+            waiting: self.queued.load(Ordering::Relaxed),
+            kv_tokens: self.slots.total_tokens(),
+            kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
+            host_cache_bytes: self.host.bytes(),
+            host_cache_entries: self.host.len(),
+        }
     }
 
     fn panic_if_asked(&self) {

@@ -25,6 +25,7 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/keys/{key}/rotate", post(rotate_key))
         .route("/usage", get(usage))
         .route("/usage/requests", get(usage_requests))
+        .route("/stats", get(crate::stats::stats))
         .merge(crate::admin_models::router())
         .route_layer(middleware::from_fn_with_state(state, require_admin))
 }
@@ -77,9 +78,16 @@ fn parse_fields(body: &Bytes) -> Result<KeyFields, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid_request(format!("Invalid key JSON: {e}"), None))
 }
 
+/// Every key with its spend this budget period (the console draws it against the budget).
 async fn list_keys(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let keys = state.accounts.list_keys().await.map_err(accounts_error)?;
-    Ok(Json(json!({"object": "list", "data": keys.iter().map(|k| key_view(k, None)).collect::<Vec<_>>()})))
+    let now = crate::chat::now_ms();
+    let mut data = Vec::with_capacity(keys.len());
+    for k in &keys {
+        let spend = state.accounts.spend(k, now).await.map_err(accounts_error)?;
+        data.push(key_view(k, Some(&spend)));
+    }
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 async fn create_key(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {

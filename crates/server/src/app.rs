@@ -14,7 +14,7 @@ use gantry_api::{ApiError, ModelList, ModelObject};
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{admin, auth, chat, request_id, telemetry};
+use crate::{admin, auth, chat, console, request_id, telemetry};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -31,6 +31,8 @@ pub struct AppState {
     pub admin_token: Option<Arc<str>>,
     /// Set by a shutdown signal: readiness turns 503 and new chat requests are refused.
     pub draining: crate::health::Draining,
+    /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
+    pub stats: crate::stats::StatsHistory,
 }
 
 impl AppState {
@@ -63,6 +65,7 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .route("/metrics", get(telemetry::render))
         .merge(authed)
         .nest("/admin/v1", admin::router(state.clone()))
+        .merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -13,9 +13,13 @@ mod images;
 pub mod cli;
 pub mod commands;
 mod rate_limit;
+mod stats;
+mod console;
 mod request_id;
 #[cfg(test)]
 mod router_tests;
+#[cfg(test)]
+mod console_tests;
 pub mod serve;
 mod stream;
 mod telemetry;

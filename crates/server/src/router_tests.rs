@@ -18,12 +18,12 @@ use tower::ServiceExt;
 use crate::app::{router, AppState, RouterOptions};
 use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions, ServedModel};
 
-const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
+pub(crate) const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
 
 /// An engine that answers every submission with a fixed list of events, then a usage report.
 /// Its `prepare` applies the real engine's checks ([`Limits`]) to a prompt of one token per
 /// word, so refusals come from the same code as in production.
-struct ScriptedEngine {
+pub(crate) struct ScriptedEngine {
     info: ModelInfo,
     limits: Limits,
     events: Vec<Event>,
@@ -35,7 +35,7 @@ struct ScriptedEngine {
 }
 
 impl ScriptedEngine {
-    fn new(events: Vec<Event>, usage: Usage) -> Self {
+    pub(crate) fn new(events: Vec<Event>, usage: Usage) -> Self {
         Self {
             info: ModelInfo {
                 path: PathBuf::from("scripted.gguf"),
@@ -120,15 +120,21 @@ impl ModelLoader for ScriptedLoader {
     }
 }
 
-struct Harness {
-    app: axum::Router,
+pub(crate) struct Harness {
+    pub app: axum::Router,
     draining: crate::health::Draining,
-    accounts: Accounts,
+    pub accounts: Accounts,
     meter: gantry_accounts::Meter,
+    pub stats: crate::stats::StatsHistory,
     _dir: tempfile::TempDir,
 }
 
 async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
+    harness_with_admin(engine, None).await
+}
+
+/// A router over a scripted engine; `admin_token` turns on `/admin/v1` and the console.
+pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token: Option<&str>) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
     accounts.ensure_key(KEY, "router-test").await.unwrap();
@@ -159,15 +165,16 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
         images: Default::default(),
         meter: meter.clone(),
         prices: Default::default(),
-        admin_token: None,
+        admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
+        stats: crate::stats::StatsHistory::default(),
     };
-    let draining = state.draining.clone();
-    Harness { app: router(state, RouterOptions::default()), draining, accounts, meter, _dir: dir }
+    let (draining, stats) = (state.draining.clone(), state.stats.clone());
+    Harness { app: router(state, RouterOptions::default()), draining, accounts, meter, stats, _dir: dir }
 }
 
 impl Harness {
-    async fn chat(&self, body: Value) -> (StatusCode, String) {
+    pub(crate) async fn chat(&self, body: Value) -> (StatusCode, String) {
         let request = Request::post("/v1/chat/completions")
             .header("authorization", format!("Bearer {KEY}"))
             .header("content-type", "application/json")
@@ -176,7 +183,7 @@ impl Harness {
         self.send(request).await
     }
 
-    async fn send(&self, request: Request<Body>) -> (StatusCode, String) {
+    pub(crate) async fn send(&self, request: Request<Body>) -> (StatusCode, String) {
         let response = self.app.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
@@ -200,7 +207,7 @@ impl Harness {
     }
 }
 
-fn body(extra: Value) -> Value {
+pub(crate) fn body(extra: Value) -> Value {
     let mut b = json!({"model": "scripted", "messages": [{"role": "user", "content": "say hello to the test"}]});
     for (k, v) in extra.as_object().unwrap() {
         b[k] = v.clone();
@@ -208,7 +215,7 @@ fn body(extra: Value) -> Value {
     b
 }
 
-fn delta(text: &str) -> Event {
+pub(crate) fn delta(text: &str) -> Event {
     Event::Delta { choice: 0, text: text.into(), logprobs: Vec::new() }
 }
 
@@ -220,7 +227,7 @@ fn sse_data(text: &str) -> Vec<Value> {
         .collect()
 }
 
-fn usage(completion_tokens: u32) -> Usage {
+pub(crate) fn usage(completion_tokens: u32) -> Usage {
     Usage { prompt_tokens: 5, cached_tokens: 0, completion_tokens, outcome: Outcome::Completed }
 }
 

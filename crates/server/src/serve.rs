@@ -67,7 +67,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         prices: Arc::new(args.prices.iter().cloned().collect()),
         admin_token: args.admin_token.as_deref().filter(|t| !t.is_empty()).map(Arc::from),
         draining: Default::default(),
+        stats: Default::default(),
     };
+    state.stats.start_sampling();
     let draining = state.draining.clone();
     let app = router(state, RouterOptions { body_limit: args.body_limit });
 

@@ -13,6 +13,8 @@ use axum::response::{IntoResponse, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::stats::tap::TeeRecorder;
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the recorder (once per process; later calls reuse it).
@@ -23,7 +25,15 @@ pub fn install() {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full("gantry_batch_tokens".into()), &batch))
-            .and_then(|b| b.install_recorder().map_err(Into::into));
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                // The console's live figures are a tee of the same series (crate::stats::tap).
+                let recorder = b.build_recorder();
+                let handle = recorder.handle();
+                metrics::set_global_recorder(TeeRecorder { inner: recorder })
+                    .map(|()| handle)
+                    .map_err(|_| "another metrics recorder is already installed".to_string())
+            });
         match handle {
             Ok(h) => {
                 describe_counter!("gantry_http_requests_total", Unit::Count, "HTTP requests by route and status.");

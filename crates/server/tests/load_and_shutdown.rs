@@ -107,6 +107,17 @@ async fn metrics_are_exposed_in_prometheus_format() {
         .parse()
         .unwrap();
     assert!(cached > 0.0, "the repeated prompt hit the prefix cache");
+    // Once idle, the gauges say so (rather than keeping the last busy step's figures).
+    let running = format!("gantry_running_sequences{label}0\n");
+    let mut text = text;
+    for _ in 0..50 {
+        if text.contains(&running) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        text = s.client().get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    }
+    assert!(text.contains(&running), "metrics lack {running:?} once idle:\n{text}");
 }
 
 /// `gantry_cpu_backend_info{features="SSE3 AVX …"} 1`: the kernels the server runs are named.
