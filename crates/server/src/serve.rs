@@ -14,7 +14,7 @@ use crate::cli::ServeArgs;
 use crate::pool::{self, EngineLoader, ModelPool, PoolOptions};
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let specs = crate::model_config::model_specs(&args)?;
+    let mut specs = crate::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
 
     let data_dir = args.data.resolve();
@@ -42,6 +42,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::telemetry::install();
     crate::telemetry::report_cpu_backend();
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
+    for spec in &mut specs {
+        if let Some(refit) = pool::fit_to_budget(&mut spec.config, budget)? {
+            tracing::warn!(
+                model = %spec.id,
+                parallel = refit.after.0,
+                batch_size = refit.after.1,
+                estimated = refit.need,
+                budget,
+                "fewer slots or a smaller batch than asked for ({} and {}), so the model fits the memory budget; raise --max-memory to keep them",
+                refit.before.0,
+                refit.before.1
+            );
+        }
+    }
     let models = ModelPool::new(specs, Box::new(EngineLoader), PoolOptions { budget, wait_for_room: Duration::from_secs(30) });
     let estimates = models.check_budget().map_err(|e| anyhow::anyhow!("{e}; raise --max-memory or serve a smaller model"))?;
     tracing::info!(budget, models = models.specs().len(), estimated = ?estimates, "memory budget for loaded models");

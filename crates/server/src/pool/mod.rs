@@ -8,6 +8,7 @@
 //! A request holds a [`Lease`] on its model from routing until its last event: that, not the
 //! engine's queue, is what "in use" means here, so a model is never torn down under a stream.
 
+mod fit;
 mod loader;
 mod memory;
 #[cfg(test)]
@@ -21,6 +22,7 @@ use gantry_api::ApiError;
 use gantry_engine::{EngineConfig, Health};
 use tokio::sync::{watch, Notify};
 
+pub use fit::{fit_to_budget, Refit};
 pub use loader::{EngineLoader, ModelLoader, ServedModel};
 pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
 
