@@ -283,7 +283,7 @@ async fn database_outage(test: &str, kill_while_down: bool) {
     let pg_dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(pg_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     // Both outage tests run at once in this process: each needs its own cluster and port.
-    let port = 56000 + 2 * (std::process::id() % 500) as u16 + u16::from(kill_while_down);
+    let port = common::cluster::free_port();
     let pg = OwnPostgres::start(&pg_dir.path().join("cluster"), port);
     let url = gantry_accounts::testing::fresh_postgres_database(&pg.admin_url()).await.unwrap();
     let data = tempfile::tempdir().unwrap();

@@ -8,9 +8,32 @@ use std::time::{Duration, Instant};
 
 use super::gantry;
 
-/// A port nothing listens on now (the OS's pick, released at once).
+/// A port free now and outside the kernel's ephemeral range, for servers a test stops and
+/// starts again on the same port. A port from the ephemeral range (what binding port 0 gives) can
+/// be taken meanwhile by any outgoing connection's local end (the suite opens hundreds), and a
+/// listener cannot bind it then: PostgreSQL failed to start that way. Each call in a process gets
+/// another port; processes start from their pid, so concurrent test binaries rarely meet, and a
+/// port something listens on is skipped.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = ephemeral_range_start().saturating_sub(1).max(20_001);
+    let span = low - 20_000;
+    let start = std::process::id() * 97;
+    loop {
+        let port = (20_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// The first port of `/proc/sys/net/ipv4/ip_local_port_range` (32768 unless tuned).
+fn ephemeral_range_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// One `gantry serve` process with a fixed name, port and data directory, so a restart is the
@@ -124,20 +147,37 @@ pub struct Nginx {
     dir: PathBuf,
 }
 
+/// How nginx picks a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Balance {
+    LeastConnections,
+    /// Consistent hashing of the `x-session-id` header, so one conversation keeps going to the
+    /// replica that holds its prefix in its KV cache; requests without one are spread by their
+    /// own random request id.
+    SessionAffinity,
+}
+
 impl Nginx {
-    pub fn start(binary: &Path, dir: &Path, upstreams: &[String]) -> Self {
+    pub fn start(binary: &Path, dir: &Path, upstreams: &[String], balance: Balance) -> Self {
         let port = free_port();
-        let dir = dir.join("nginx");
+        let dir = dir.join(format!("nginx-{port}"));
         std::fs::create_dir_all(&dir).unwrap();
         // Workers run as `nobody` when started as root: they must be able to use the temp dirs.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         let servers: String = upstreams.iter().map(|u| format!("    server {u} max_fails=0;\n")).collect();
+        let (map, method) = match balance {
+            Balance::LeastConnections => ("", "least_conn;"),
+            Balance::SessionAffinity => (
+                "  map $http_x_session_id $affinity_key { \"\" $request_id; default $http_x_session_id; }\n",
+                "hash $affinity_key consistent;",
+            ),
+        };
         let d = dir.display();
         let conf = format!(
             "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
              http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-             upstream gantry {{\n    least_conn;\n{servers}  }}\n\
+             {map}  upstream gantry {{\n    {method}\n{servers}  }}\n\
              server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://gantry;\n\
              proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
              proxy_connect_timeout 2s;\n      proxy_read_timeout 120s;\n\

@@ -27,7 +27,15 @@ impl OwnPostgres {
             .env("GANTRY_TEST_PG_DIR", &self.dir)
             .output()
             .unwrap();
-        assert!(out.status.success(), "starting PostgreSQL: {}", String::from_utf8_lossy(&out.stderr));
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let log_tail: Vec<&str> = log.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
+        assert!(
+            out.status.success(),
+            "starting PostgreSQL on port {}: {}\nits log:\n{}",
+            self.port,
+            String::from_utf8_lossy(&out.stderr),
+            log_tail.join("\n")
+        );
     }
 
     pub fn admin_url(&self) -> String {
