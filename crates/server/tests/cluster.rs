@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{nginx_binary, Nginx, Replica};
+use common::cluster::{nginx_binary, Balance, Nginx, Replica};
 use common::postgres::OwnPostgres;
 use common::{gantry, sse_data, tiny_model};
 use serde_json::{json, Value};
@@ -173,17 +173,28 @@ async fn load(url: String, secrets: Vec<String>, model: String, workers: usize, 
     Arc::try_unwrap(sent).unwrap().into_inner().unwrap()
 }
 
+/// The tests here each run several replicas on the machine's cores: one at a time.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// nginx's binary when this test can run: PostgreSQL and nginx are there (or `make test`, which
+/// promises both, fails the test); otherwise a visible skip.
+fn prerequisites(test: &str) -> Option<std::path::PathBuf> {
+    gantry_accounts::testing::postgres_admin_url_for(test)?;
+    let nginx = nginx_binary();
+    if nginx.is_none() {
+        assert!(std::env::var("GANTRY_REQUIRE_NGINX").is_err(), "GANTRY_REQUIRE_NGINX is set but nginx is not installed");
+        eprintln!("SKIPPED (nginx): {test}: nginx is not installed (make test installs it)");
+    }
+    nginx
+}
+
 #[tokio::test]
 async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash() {
-    const TEST: &str = "replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash";
-    if gantry_accounts::testing::postgres_admin_url_for(TEST).is_none() {
-        return;
-    }
-    let Some(nginx_bin) = nginx_binary() else {
-        assert!(std::env::var("GANTRY_REQUIRE_NGINX").is_err(), "GANTRY_REQUIRE_NGINX is set but nginx is not installed");
-        eprintln!("SKIPPED (nginx): {TEST}: nginx is not installed (make test installs it)");
+    let Some(nginx_bin) = prerequisites("replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash")
+    else {
         return;
     };
+    let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
     let seconds: u64 = std::env::var("GANTRY_CLUSTER_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
     let model = std::env::var("GANTRY_CLUSTER_MODEL").ok().unwrap_or_else(|| tiny_model().display().to_string());
 
@@ -213,7 +224,7 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     for r in &replicas {
         r.wait_ready().await;
     }
-    let nginx = Nginx::start(&nginx_bin, dir.path(), &replicas.iter().map(Replica::addr).collect::<Vec<_>>());
+    let nginx = Nginx::start(&nginx_bin, dir.path(), &replicas.iter().map(Replica::addr).collect::<Vec<_>>(), Balance::LeastConnections);
     let model_id = std::path::Path::new(&model).file_stem().unwrap().to_string_lossy().into_owned();
 
     let t0 = Instant::now();
@@ -363,4 +374,72 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
         told.len(),
         spent[0],
     );
+}
+
+/// Prefix affinity: conversations of four turns, each with its own long system prompt, through
+/// nginx hashing an `x-session-id` header and through plain least-connections. With affinity each
+/// turn finds its conversation's prefix in the replica's cache; without, the next turn usually
+/// lands on another replica and recomputes it.
+#[tokio::test]
+async fn a_session_header_hashed_by_the_load_balancer_brings_each_conversation_back_to_its_cache() {
+    let Some(nginx_bin) = prerequisites("a_session_header_hashed_by_the_load_balancer_brings_each_conversation_back_to_its_cache") else {
+        return;
+    };
+    let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let admin = gantry_accounts::testing::postgres_admin_url().unwrap();
+    let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
+    let secret = cli(&url, &["keys", "create", "--name", "chat"]).trim().to_string();
+    let model = tiny_model().display().to_string();
+    let args: Vec<String> = ["--model", &model, "--database-url", &url, "--threads", "1", "--ctx-size", "2048", "--parallel", "4"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut replicas: Vec<Replica> = ["a1", "a2", "a3"].iter().map(|n| Replica::new(n, dir.path(), &args)).collect();
+    for r in &mut replicas {
+        r.spawn();
+    }
+    for r in &replicas {
+        r.wait_ready().await;
+    }
+    let upstreams: Vec<String> = replicas.iter().map(Replica::addr).collect();
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(60)).build().unwrap();
+    let mut shares = Vec::new();
+    for balance in [Balance::SessionAffinity, Balance::LeastConnections] {
+        let nginx = Nginx::start(&nginx_bin, dir.path(), &upstreams, balance);
+        let (mut cached, mut prompt) = (0, 0);
+        for conversation in 0..6 {
+            let session = format!("{balance:?}-{conversation}");
+            let system: String = (0..60).map(|w| format!("{session} rule {w}; ")).collect();
+            let mut messages = vec![json!({"role": "system", "content": system})];
+            for turn in 0..4 {
+                messages.push(json!({"role": "user", "content": format!("turn {turn}: go on")}));
+                let body = json!({"model": "tiny-chatml", "messages": messages, "max_tokens": 8, "temperature": 0});
+                let resp = client
+                    .post(nginx.url("/v1/chat/completions"))
+                    .bearer_auth(&secret)
+                    .header("x-session-id", &session)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200);
+                let v: Value = resp.json().await.unwrap();
+                if turn > 0 {
+                    prompt += v["usage"]["prompt_tokens"].as_u64().unwrap();
+                    cached += v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+                }
+                messages.push(json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]}));
+            }
+        }
+        shares.push(cached as f64 / prompt as f64);
+    }
+    eprintln!(
+        "prefix affinity: cached share of prompt tokens in turns 2-4 of 6 conversations over 3 replicas: {:.0}% with a hashed x-session-id, {:.0}% with least connections",
+        shares[0] * 100.0,
+        shares[1] * 100.0
+    );
+    assert!(shares[0] > 0.8, "with affinity nearly every later turn is cached: {shares:?}");
+    assert!(shares[0] > shares[1] + 0.2, "affinity caches much more than least connections: {shares:?}");
 }
