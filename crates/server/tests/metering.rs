@@ -192,8 +192,11 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_string();
     // Neither names an --instance-id: both default to this host's name. One sequence, so most
-    // of A's requests wait in its queue, holding their reservations for a long while.
-    let args = ["--data-dir", data.as_str(), "--ctx-size", "2048", "--parallel", "1", "--heartbeat-timeout", "1"];
+    // of A's requests wait in its queue, holding their reservations for a long while. A 5 s
+    // heartbeat timeout: with 1 s, a fresh-clone `make test` saw A's heartbeat (every 250 ms,
+    // an fsync'd SQLite write shared by two busy servers and the tests beside them) miss it, and
+    // B rightly released the reservations of a server that looked dead.
+    let args = ["--data-dir", data.as_str(), "--ctx-size", "2048", "--parallel", "1", "--heartbeat-timeout", "5"];
     let a = TestServer::start(&args);
     let key = cli("--data-dir", &data, &["keys", "create", "--name", "held", "--budget-tokens", "100000000"]).trim().to_string();
     // Special tokens banned: no request can end early, so A's reservations stay live throughout.
@@ -203,15 +206,15 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
         v["spend"]["reserved_tokens"].as_i64().unwrap()
     };
     assert!(reserved() > 0, "A's requests hold reservations");
-    // The second server starts and sweeps (its heartbeat timeout is 1 s) while A's requests run.
+    // The second server starts and sweeps (at once, then every 1.25 s) while A's requests run.
     let b = TestServer::start(&args);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     assert!(reserved() > 0, "B released A's live reservations");
     // A dies with reservations held; B releases them once A's heartbeat is stale.
     drop(a);
     drop(streams);
     let mut left = reserved();
-    for _ in 0..100 {
+    for _ in 0..150 {
         if left == 0 {
             break;
         }
