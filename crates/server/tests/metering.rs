@@ -187,8 +187,13 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
     assert_eq!(shown["spend"]["reserved_tokens"], 0, "{shown}");
 }
 
+/// The tests that keep long streams running through timed events (a heartbeat sweep, a database
+/// outage) run one at a time: side by side on two cores, each starved the other's timers.
+static ONE_TIMED_TEST_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn two_servers_with_the_default_instance_id_keep_each_others_reservations() {
+    let _alone = ONE_TIMED_TEST_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap().to_string();
     // Neither names an --instance-id: both default to this host's name. One sequence, so most
@@ -283,9 +288,10 @@ async fn database_outage(test: &str, kill_while_down: bool) {
     if gantry_accounts::testing::postgres_admin_url_for(test).is_none() {
         return;
     }
+    let _alone = ONE_TIMED_TEST_AT_A_TIME.lock().await;
     let pg_dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(pg_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    // Both outage tests run at once in this process: each needs its own cluster and port.
+    // Each outage test has its own cluster and port.
     let port = common::cluster::free_port();
     let pg = OwnPostgres::start(&pg_dir.path().join("cluster"), port);
     let url = gantry_accounts::testing::fresh_postgres_database(&pg.admin_url()).await.unwrap();
