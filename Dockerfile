@@ -1,4 +1,5 @@
-# Gantry's container image: `podman build -t gantry .` (or `docker build`).
+# Gantry's container image: `podman build --format docker -t gantry .` (podman's default OCI
+# format drops HEALTHCHECK) or `docker build -t gantry .`.
 #
 # Base images are build arguments so a builder without registry access can point them at images
 # it imported itself, e.g. a Debian rootfs from debootstrap (`podman import`), with
