@@ -264,7 +264,9 @@ def test_nginx_balances_least_conn_retries_503_and_documents_affinity(compose):
     assert all("max_fails=0" in opts for _, opts in servers)
     assert "proxy_next_upstream error timeout http_503 non_idempotent;" in live
     assert "proxy_buffering off;" in live
-    assert re.search(r"^\s*#\s*hash \$http_x_session_id consistent;", conf, re.M)
+    # The prefix-affinity variant: hash the session header, a random key without one.
+    assert re.search(r"^\s*#\s*hash \$gantry_affinity consistent;", conf, re.M)
+    assert re.search(r"^map \$http_x_session_id \$gantry_affinity \{\s*\"\"\s+\$request_id;\s*default \$http_x_session_id;\s*\}", live, re.M)
 
 
 # Dockerfile
@@ -314,3 +316,23 @@ def test_dockerfile_runtime_is_non_root_with_volumes_healthcheck_and_entrypoint(
 def test_dockerignore_keeps_build_outputs_and_history_out():
     ignored = set(shlex.split((ROOT / ".dockerignore").read_text(), comments=True))
     assert {"target/", ".git/"} <= ignored
+
+
+@pytest.mark.parametrize("variant", ["least_conn", "affinity"])
+def test_nginx_accepts_the_config_and_its_affinity_variant(variant, tmp_path):
+    nginx = shutil.which("nginx") or next((p for p in ["/usr/sbin/nginx"] if Path(p).exists()), None)
+    if nginx is None:
+        pytest.skip("nginx is not installed: deploy/compose/nginx.conf was not checked by nginx -t")
+    conf = (ROOT / "deploy" / "compose" / "nginx.conf").read_text()
+    # The compose service names resolve only inside compose's network.
+    conf = re.sub(r"server gantry-(\d+):8080", r"server 127.0.0.\1:8080", conf)
+    if variant == "affinity":
+        conf = re.sub(r"^(\s*)least_conn;", r"\1# least_conn;", conf, flags=re.M)
+        conf, swapped = re.subn(r"^(\s*)# hash \$gantry_affinity consistent;", r"\1hash $gantry_affinity consistent;", conf, flags=re.M)
+        assert swapped == 1
+    (tmp_path / "gantry.conf").write_text(conf)
+    (tmp_path / "main.conf").write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log stderr;\nevents {{}}\nhttp {{\n  access_log off;\n  include {tmp_path}/gantry.conf;\n}}\n"
+    )
+    result = subprocess.run([nginx, "-t", "-q", "-p", str(tmp_path), "-e", "stderr", "-c", str(tmp_path / "main.conf")], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
