@@ -27,7 +27,7 @@ NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
 	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
 PORTABLE_DIR := target/portable
 
-.PHONY: serve build deps test test-rust test-e2e test-cluster console-screenshots models-e2e bench clean
+.PHONY: serve build deps test test-rust test-e2e test-deploy test-cluster console-screenshots models-e2e bench clean
 
 deps:
 	@scripts/install-build-deps.sh
@@ -42,6 +42,7 @@ serve: build
 # Builds the same package set as `cargo test --workspace`, so features unify once and llama.cpp
 # compiles once.
 test: deps
+	$(MAKE) test-deploy
 	$(CARGO) build --workspace --all-targets
 	$(MAKE) test-rust
 	$(MAKE) test-e2e
@@ -76,6 +77,14 @@ test-e2e: models-e2e
 	@scripts/install-browser.sh
 	@scripts/python-venv.sh >/dev/null
 	GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e
+
+# The packaging's offline checks (tests/deploy), in seconds: the Kustomize base and overlays
+# rendered by `kubectl kustomize` (skipped, and said so, without kubectl) and validated against
+# Kubernetes' schemas, the CRDs and compose.yaml, nginx.conf and the Dockerfile read for their
+# probes, drain timing, user and model pull. No container is built or started.
+test-deploy:
+	@scripts/python-venv.sh >/dev/null
+	$(VENV)/bin/python -m pytest -q tests/deploy
 
 # Runs the console's browser tests and copies their screenshots to docs/console-*.png (the
 # README's); every run also leaves them in target/console-screenshots/.

@@ -1,0 +1,338 @@
+"""Offline checks of the packaging: the Kubernetes manifests (rendered with `kubectl kustomize`,
+validated against Kubernetes' own schemas), compose.yaml, nginx.conf and the Dockerfile.
+
+Nothing here starts a container or a cluster; it proves the files are well-formed and say what
+README's "Run several replicas" promises (probes, drain timing, non-root, model pull, autoscaling).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE = ROOT / "deploy" / "kubernetes"
+KUBERNETES_VERSION = "1.32.0"
+CORE_KINDS = {"Deployment", "Service", "PodDisruptionBudget", "PersistentVolumeClaim", "Secret", "ConfigMap"}
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+KUSTOMIZATIONS = [KUBE / "base"] + sorted(p for p in (KUBE / "overlays").iterdir() if p.is_dir())
+
+
+def ids(paths):
+    return [str(p.relative_to(KUBE)) for p in paths]
+
+
+@pytest.fixture(scope="module", params=KUSTOMIZATIONS, ids=ids(KUSTOMIZATIONS))
+def rendered(request) -> dict[str, dict]:
+    """The kustomization's documents by kind (one of each kind is all Gantry has)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the Kustomize manifests were not rendered or checked")
+    out = subprocess.run([kubectl, "kustomize", str(request.param)], check=True, capture_output=True, text=True, timeout=60).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    assert len(by_kind) == len(docs), f"two documents of one kind: {[d['kind'] for d in docs]}"
+    return by_kind
+
+
+def pod_spec(rendered) -> dict:
+    return rendered["Deployment"]["spec"]["template"]["spec"]
+
+
+def server(rendered) -> dict:
+    (c,) = [c for c in pod_spec(rendered)["containers"] if c["name"] == "gantry"]
+    return c
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value of `--name=V` or `--name V` in a container's args."""
+    for i, a in enumerate(args):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+        if a == f"--{name}":
+            return args[i + 1]
+    raise AssertionError(f"--{name} not in {args}")
+
+
+def env_value(rendered, container: dict, name: str) -> str:
+    """A container's env var, followed into the ConfigMap or Secret it references."""
+    (var,) = [e for e in container.get("env", []) if e["name"] == name]
+    if "value" in var:
+        return var["value"]
+    ref = var["valueFrom"]
+    if "configMapKeyRef" in ref:
+        cm = rendered["ConfigMap"]
+        assert cm["metadata"]["name"] == ref["configMapKeyRef"]["name"]
+        return cm["data"][ref["configMapKeyRef"]["key"]]
+    secret = rendered["Secret"]
+    assert secret["metadata"]["name"] == ref["secretKeyRef"]["name"]
+    return secret["stringData"][ref["secretKeyRef"]["key"]]
+
+
+def expand(rendered, container: dict, arg: str) -> str:
+    """Kubernetes' $(VAR) expansion of a container's command and args."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env_value(rendered, container, m.group(1)), arg)
+
+
+def test_core_kinds_validate_strictly_against_kubernetes_schemas(rendered):
+    for kind in CORE_KINDS:
+        assert kind in rendered, f"no {kind}"
+        # Raises on any unknown field, wrong type or missing required field.
+        kubernetes_validate.validate(rendered[kind], KUBERNETES_VERSION, strict=True)
+
+
+def test_the_schema_check_rejects_a_misspelt_field(rendered):
+    broken = yaml.safe_load(yaml.safe_dump(rendered["Deployment"]))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/health/ready", "port": 8080}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_probes_readiness_is_ready_liveness_is_live(rendered):
+    c = server(rendered)
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert c["startupProbe"]["httpGet"]["path"] == "/health/live"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert ports[c[probe]["httpGet"]["port"]] == int(flag(c["args"], "port"))
+
+
+def test_drain_fits_the_grace_period_and_outlasts_readiness_detection(rendered):
+    c = server(rendered)
+    drain, grace = int(flag(c["args"], "drain-delay")), int(flag(c["args"], "shutdown-grace"))
+    ready = c["readinessProbe"]
+    detected = ready["periodSeconds"] * ready["failureThreshold"]
+    assert drain > detected, "the replica must refuse new requests until the Service has dropped it"
+    assert pod_spec(rendered)["terminationGracePeriodSeconds"] >= drain + grace + 5
+
+
+def test_runs_as_the_images_non_root_user(rendered):
+    pod = pod_spec(rendered)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    for c in pod["containers"] + pod["initContainers"]:
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_init_container_pulls_the_model_the_server_serves_into_its_volume(rendered):
+    pod = pod_spec(rendered)
+    (init,) = pod["initContainers"]
+    command = [expand(rendered, init, a) for a in init["command"] + init.get("args", [])]
+    gantry_args = command[command.index("gantry") + 1 :]
+    assert gantry_args[:2] == ["models", "pull"]
+    served = env_value(rendered, server(rendered), "GANTRY_MODEL")
+    assert gantry_args[2] == served
+    mounts = lambda c: {m["mountPath"]: m["name"] for m in c["volumeMounts"]}  # noqa: E731
+    assert mounts(init)["/models"] == mounts(server(rendered))["/models"]
+    (models,) = [v for v in pod["volumes"] if v["name"] == mounts(init)["/models"]]
+    assert models["persistentVolumeClaim"]["claimName"] == rendered["PersistentVolumeClaim"]["metadata"]["name"]
+
+
+def test_secrets_come_from_the_secret_and_are_marked_placeholders(rendered):
+    c = server(rendered)
+    for name in ("GANTRY_DATABASE_URL", "GANTRY_ADMIN_TOKEN"):
+        (var,) = [e for e in c["env"] if e["name"] == name]
+        assert "secretKeyRef" in var["valueFrom"], f"{name} must not be inline"
+        assert "PLACEHOLDER" in env_value(rendered, c, name)
+    assert env_value(rendered, c, "GANTRY_DATABASE_URL").startswith("postgres://")
+
+
+def test_memory_is_sized_above_the_model_budget(rendered):
+    c = server(rendered)
+    units = {"MB": 10**6, "GB": 10**9, "MiB": 2**20, "GiB": 2**30, "Mi": 2**20, "Gi": 2**30}
+
+    def size(text: str) -> int:
+        number, unit = re.fullmatch(r"(\d+)([A-Za-z]+)", text).groups()
+        return int(number) * units[unit]
+
+    limit = size(c["resources"]["limits"]["memory"])
+    assert size(c["resources"]["requests"]["memory"]) == limit
+    budget = size(env_value(rendered, c, "GANTRY_MAX_MEMORY"))
+    host_cache = int(flag([expand(rendered, c, a) for a in c["args"]], "cache-ram")) << 20
+    assert budget + host_cache + 150 * 10**6 <= limit
+    threads = int(flag([expand(rendered, c, a) for a in c["args"]], "threads"))
+    assert threads == int(c["resources"]["requests"]["cpu"])
+
+
+def test_service_and_pdb_select_the_deployments_pods(rendered):
+    labels = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    selects = lambda selector: selector.items() <= labels.items()  # noqa: E731
+    assert selects(rendered["Deployment"]["spec"]["selector"]["matchLabels"])
+    assert selects(rendered["Service"]["spec"]["selector"])
+    assert selects(rendered["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"])
+    assert "sessionAffinity" not in rendered["Service"]["spec"] or rendered["Service"]["spec"]["sessionAffinity"] == "None"
+    port = rendered["Service"]["spec"]["ports"][0]
+    assert port["targetPort"] in {p["name"] for p in server(rendered)["ports"]}
+
+
+def test_service_monitor_scrapes_metrics_from_the_service(rendered):
+    sm = rendered["ServiceMonitor"]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= rendered["Service"]["metadata"]["labels"].items()
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["port"] in {p["name"] for p in rendered["Service"]["spec"]["ports"]}
+
+
+def test_scaled_object_scales_the_deployment_on_queue_depth(rendered):
+    so = rendered["ScaledObject"]
+    assert so["apiVersion"] == "keda.sh/v1alpha1"
+    assert so["spec"]["scaleTargetRef"]["name"] == rendered["Deployment"]["metadata"]["name"]
+    assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert "gantry_queue_depth" in trigger["metadata"]["query"]
+    assert trigger["metadata"]["serverAddress"].startswith("http")
+    float(trigger["metadata"]["threshold"])  # KEDA wants a number in a string
+    assert isinstance(trigger["metadata"]["threshold"], str)
+    # The PDB lets a node drain take one replica at a time even at the minimum.
+    assert rendered["PodDisruptionBudget"]["spec"]["maxUnavailable"] < so["spec"]["minReplicaCount"]
+
+
+def test_the_overlay_changes_the_model_and_its_resources():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    overlay = KUBE / "overlays" / "qwen2.5-coder-1.5b"
+    docs = {d["kind"]: d for d in yaml.safe_load_all(subprocess.run([kubectl, "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout) if d}
+    assert docs["ConfigMap"]["data"]["GANTRY_MODEL"] == "qwen2.5-coder-1.5b"
+    assert docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] == "3584Mi"
+
+
+# compose.yaml
+
+
+def compose_value(text: str) -> str:
+    """Compose's `${VAR:-default}` interpolation, with every variable unset."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def replicas(compose) -> dict[str, dict]:
+    return {n: s for n, s in compose["services"].items() if s.get("command", [None])[0] == "serve"}
+
+
+def test_compose_runs_two_replicas_on_postgres_behind_nginx(compose):
+    services = compose["services"]
+    assert len(replicas(compose)) == 2
+    assert services["postgres"]["image"].startswith("docker.io/library/postgres:")
+    for name, svc in replicas(compose).items():
+        assert svc["environment"]["GANTRY_DATABASE_URL"].startswith("postgres://")
+        assert "@postgres:5432/" in svc["environment"]["GANTRY_DATABASE_URL"]
+        assert svc["environment"]["GANTRY_INSTANCE_ID"] == name
+        assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert svc["depends_on"]["model-pull"]["condition"] == "service_completed_successfully"
+    assert "./deploy/compose/nginx.conf:/etc/nginx/conf.d/default.conf:ro" in services["nginx"]["volumes"]
+
+
+def test_compose_replicas_probe_ready_and_drain_within_the_stop_grace(compose):
+    for svc in replicas(compose).values():
+        assert svc["healthcheck"]["test"][-1] == "http://127.0.0.1:8080/health/ready"
+        drain, grace = int(flag(svc["command"], "drain-delay")), int(flag(svc["command"], "shutdown-grace"))
+        interval = int(svc["healthcheck"]["interval"].rstrip("s"))
+        assert drain > interval, "nginx retries a draining replica's 503s; the drain outlasts a probe"
+        assert int(svc["stop_grace_period"].rstrip("s")) >= drain + grace + 5
+
+
+def test_compose_pulls_the_model_the_replicas_serve_into_their_volume(compose):
+    pull = compose["services"]["model-pull"]
+    assert pull["command"][:2] == ["models", "pull"]
+    for svc in replicas(compose).values():
+        assert compose_value(pull["command"][2]) == compose_value(svc["environment"]["GANTRY_MODEL"]) == DEFAULT_MODEL
+        assert set(pull["volumes"]) == set(svc["volumes"]) == {"models:/models"}
+
+
+def test_nginx_balances_least_conn_retries_503_and_documents_affinity(compose):
+    conf = (ROOT / "deploy" / "compose" / "nginx.conf").read_text()
+    live = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+    assert re.search(r"^\s*least_conn;", live, re.M)
+    servers = re.findall(r"^\s*server (\S+):8080 (.*);", live, re.M)
+    assert sorted(s for s, _ in servers) == sorted(replicas(compose))
+    assert all("max_fails=0" in opts for _, opts in servers)
+    assert "proxy_next_upstream error timeout http_503 non_idempotent;" in live
+    assert "proxy_buffering off;" in live
+    # The prefix-affinity variant: hash the session header, a random key without one.
+    assert re.search(r"^\s*#\s*hash \$gantry_affinity consistent;", conf, re.M)
+    assert re.search(r"^map \$http_x_session_id \$gantry_affinity \{\s*\"\"\s+\$request_id;\s*default \$http_x_session_id;\s*\}", live, re.M)
+
+
+# Dockerfile
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(l for l in (ROOT / "Dockerfile").read_text().splitlines() if not l.lstrip().startswith("#")))
+    return [(l.split(None, 1)[0].upper(), l.split(None, 1)[1].strip()) for l in text.splitlines() if l.strip()]
+
+
+def runtime_stage() -> list[tuple[str, str]]:
+    steps = dockerfile()
+    last_from = max(i for i, (op, _) in enumerate(steps) if op == "FROM")
+    return steps[last_from:]
+
+
+def test_dockerfile_builds_portably_in_a_separate_stage():
+    steps = dockerfile()
+    froms = [a for op, a in steps if op == "FROM"]
+    assert len(froms) >= 2 and froms[0].endswith(" AS build")
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for op, a in steps if op == "ARG" and "=" in a}
+    assert args["RUNTIME_IMAGE"].endswith("debian:bookworm-slim")
+    assert froms[-1] == "${RUNTIME_IMAGE}", "the runtime base is an argument for offline builders"
+    (build,) = [a for op, a in steps if op == "RUN" and "cargo build" in a]
+    assert "--release" in build and "--locked" in build and "-p gantry-server" in build
+    assert "native" not in build
+    assert any(op == "COPY" and a.startswith("--from=build ") for op, a in runtime_stage())
+
+
+def test_dockerfile_runtime_is_non_root_with_volumes_healthcheck_and_entrypoint():
+    steps = runtime_stage()
+    ops = dict(steps)  # the last of each instruction wins, as in Docker
+    # The uid the Kubernetes securityContext runs as (runAsNonRoot needs a numeric USER).
+    assert ops["USER"] == "10001:10001"
+    assert set(yaml.safe_load(ops["VOLUME"])) == {"/data", "/models"}
+    assert "GANTRY_CACHE_DIR=/models" in ops["ENV"]
+    assert ops["EXPOSE"] == "8080"
+    assert "/health/ready" in ops["HEALTHCHECK"] and "CMD curl" in ops["HEALTHCHECK"]
+    assert any(op == "RUN" and re.search(r"\bcurl\b", a) and "libgomp1" in a and "ca-certificates" in a for op, a in steps)
+    assert yaml.safe_load(ops["ENTRYPOINT"]) == ["gantry"]
+    cmd = yaml.safe_load(ops["CMD"])
+    assert cmd[0] == "serve" and flag(cmd, "host") == "0.0.0.0" and flag(cmd, "port") == "8080"
+    assert int(flag(cmd, "drain-delay")) > 0
+
+
+def test_dockerignore_keeps_build_outputs_and_history_out():
+    ignored = set(shlex.split((ROOT / ".dockerignore").read_text(), comments=True))
+    assert {"target/", ".git/"} <= ignored
+
+
+@pytest.mark.parametrize("variant", ["least_conn", "affinity"])
+def test_nginx_accepts_the_config_and_its_affinity_variant(variant, tmp_path):
+    nginx = shutil.which("nginx") or next((p for p in ["/usr/sbin/nginx"] if Path(p).exists()), None)
+    if nginx is None:
+        pytest.skip("nginx is not installed: deploy/compose/nginx.conf was not checked by nginx -t")
+    conf = (ROOT / "deploy" / "compose" / "nginx.conf").read_text()
+    # The compose service names resolve only inside compose's network.
+    conf = re.sub(r"server gantry-(\d+):8080", r"server 127.0.0.\1:8080", conf)
+    if variant == "affinity":
+        conf = re.sub(r"^(\s*)least_conn;", r"\1# least_conn;", conf, flags=re.M)
+        conf, swapped = re.subn(r"^(\s*)# hash \$gantry_affinity consistent;", r"\1hash $gantry_affinity consistent;", conf, flags=re.M)
+        assert swapped == 1
+    (tmp_path / "gantry.conf").write_text(conf)
+    (tmp_path / "main.conf").write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log stderr;\nevents {{}}\nhttp {{\n  access_log off;\n  include {tmp_path}/gantry.conf;\n}}\n"
+    )
+    result = subprocess.run([nginx, "-t", "-q", "-p", str(tmp_path), "-e", "stderr", "-c", str(tmp_path / "main.conf")], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
