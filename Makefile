@@ -84,6 +84,7 @@ test-e2e: models-e2e
 # probes, drain timing, user and model pull. No container is built or started.
 test-deploy:
 	@scripts/python-venv.sh >/dev/null
+	@scripts/ensure-nginx.sh >/dev/null
 	$(VENV)/bin/python -m pytest -q tests/deploy
 
 # Runs the console's browser tests and copies their screenshots to docs/console-*.png (the
