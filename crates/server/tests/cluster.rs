@@ -236,7 +236,9 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     let victim = {
         let base = format!("http://{}", replicas[0].addr());
         let bias = if std::env::var("GANTRY_CLUSTER_MODEL").is_ok() { json!({}) } else { common::ban_special_tokens_at(&base, &model_id, &secrets[2]).await };
-        let body = json!({"model": model_id, "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "stream": true, "logit_bias": bias});
+        // A real model (the long form) is asked for something long instead.
+        let ask = "Count from 1 to 5000, one number per line, and do not stop before 5000.";
+        let body = json!({"model": model_id, "messages": [{"role": "user", "content": ask}], "max_tokens": 4000, "stream": true, "logit_bias": bias});
         let mut resp = reqwest::Client::builder().no_proxy().build().unwrap()
             .post(format!("{base}/v1/chat/completions")).bearer_auth(&secrets[2]).header("x-request-id", "victim").json(&body).send().await.unwrap();
         assert_eq!(resp.status(), 200);
