@@ -67,7 +67,11 @@ class Server:
             return ""
 
 
-def _start(model: str, extra: tuple[str, ...] = ()) -> tuple[Server, tempfile.TemporaryDirectory]:
+# The suite's engine settings, unless a module asks for the server's own defaults.
+SUITE_SETTINGS = ("--ctx-size", "2048", "--parallel", "8")
+
+
+def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS) -> tuple[Server, tempfile.TemporaryDirectory]:
     binary = gantry_bin()
     if not os.access(binary, os.X_OK):
         pytest.fail(f"gantry binary not found or not executable: {binary} (build it, or set GANTRY_BIN)")
@@ -87,8 +91,7 @@ def _start(model: str, extra: tuple[str, ...] = ()) -> tuple[Server, tempfile.Te
         "--port", "0",
         "--data-dir", data_dir,
         "--api-key", API_KEY,
-        "--ctx-size", "2048",
-        "--parallel", "8",
+        *settings,
         *extra,
     ]
     stderr_file = open(stderr_path, "wb")
@@ -137,9 +140,10 @@ def _start(model: str, extra: tuple[str, ...] = ()) -> tuple[Server, tempfile.Te
 
 
 @contextlib.contextmanager
-def serving(model: str, extra: tuple[str, ...] = ()):
-    """A server of its own for one test module, with an SDK client; stopped and cleaned up after."""
-    srv, tmp = _start(model, extra)
+def serving(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS):
+    """A server of its own for one test module, with an SDK client; stopped and cleaned up after.
+    `settings=()` leaves the engine settings at the server's defaults."""
+    srv, tmp = _start(model, extra, settings)
     c = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=300)
     try:
         yield srv, c

@@ -102,16 +102,18 @@ pub struct ServeArgs {
     /// Max tokens per sequence (prompt + completion).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: u32,
-    /// Sequences decoded together in one batch.
-    #[arg(long, default_value_t = 4)]
-    pub parallel: u32,
+    /// Sequences decoded together in one batch [default: 4, or fewer where a model would not
+    /// fit --max-memory otherwise; a value given here is kept or the model refused].
+    #[arg(long)]
+    pub parallel: Option<u32>,
     /// llama.cpp threads per model (default: the physical cores, shared out between models
     /// when several are served).
     #[arg(long)]
     pub threads: Option<u32>,
-    /// Max tokens per decode step.
-    #[arg(long, default_value_t = 512)]
-    pub batch_size: u32,
+    /// Max tokens per decode step [default: 512, or fewer where a model would not fit
+    /// --max-memory otherwise; a value given here is kept or the model refused].
+    #[arg(long)]
+    pub batch_size: Option<u32>,
     /// Speculative decoding by prompt lookup and grammar jump-forward: `auto` drafts tokens copied
     /// from the prompt and output as far as verifying them is measured to pay on this machine,
     /// and not while the server is busy; `always` feeds every proposal in full (for hardware where

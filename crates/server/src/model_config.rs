@@ -25,8 +25,13 @@ use serde::Deserialize;
 
 use crate::cli::ServeArgs;
 use crate::models;
-use crate::pool::ModelSpec;
+use crate::pool::{ModelSpec, Shrinkable};
 use crate::serve::model_id_from_path;
+
+/// `--parallel` when not given.
+pub const DEFAULT_PARALLEL: u32 = 4;
+/// `--batch-size` when not given.
+pub const DEFAULT_BATCH_SIZE: u32 = 512;
 
 /// A models file.
 #[derive(Debug, Deserialize)]
@@ -97,9 +102,9 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     let mut config = EngineConfig::new(&path);
     config.mmproj_path = mmproj;
     config.ctx_size = args.ctx_size;
-    config.parallel = args.parallel;
+    config.parallel = args.parallel.unwrap_or(DEFAULT_PARALLEL);
     config.threads = args.threads;
-    config.batch_size = args.batch_size;
+    config.batch_size = args.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
     config.max_queue = args.max_queue;
     config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
     config.speculation = gantry_engine::SpeculationConfig {
@@ -116,7 +121,9 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
     config.metrics_label = id.clone();
-    ModelSpec { id, aliases: Vec::new(), config, pin: false, idle_unload: None, created }
+    // Settings left at their defaults may be lowered to fit the memory budget; given ones not.
+    let shrinkable = Shrinkable { parallel: args.parallel.is_none(), batch: args.batch_size.is_none() };
+    ModelSpec { id, aliases: Vec::new(), config, pin: false, idle_unload: None, created, shrinkable }
 }
 
 fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Result<Vec<ModelSpec>> {
@@ -144,6 +151,7 @@ fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Resu
         let mut spec = spec(args, id, path, mmproj);
         spec.config.ctx_size = entry.ctx_size.unwrap_or(spec.config.ctx_size);
         spec.config.parallel = entry.parallel.unwrap_or(spec.config.parallel);
+        spec.shrinkable.parallel &= entry.parallel.is_none();
         spec.aliases = entry.aliases;
         spec.pin = entry.pin;
         spec.idle_unload = entry.idle_unload_s.map(Duration::from_secs);

@@ -157,6 +157,7 @@ pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token:
         pin: false,
         idle_unload: None,
         created: 0,
+        shrinkable: crate::pool::Shrinkable::ALL,
     };
     let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
     let state = AppState {

@@ -43,7 +43,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::telemetry::report_cpu_backend();
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
     for spec in &mut specs {
-        if let Some(refit) = pool::fit_to_budget(&mut spec.config, budget)? {
+        if let Some(refit) = pool::fit_to_budget(&mut spec.config, spec.shrinkable, budget)? {
             tracing::warn!(
                 model = %spec.id,
                 parallel = refit.after.0,

@@ -81,6 +81,13 @@ fn flags_a_directory_and_a_models_file_make_one_list() {
     assert_eq!((bee.config.ctx_size, bee.config.parallel, bee.pin), (1024, 2, true));
     assert_eq!((bee.aliases.as_slice(), bee.idle_unload), (&["gpt-4o-mini".to_string()][..], Some(Duration::from_secs(60))));
     assert_eq!((specs[0].config.ctx_size, specs[0].pin, specs[3].pin), (2048, false, true), "flags apply; --pin pins a file's model");
+    // Only settings left at their defaults may shrink to fit the memory budget.
+    assert_eq!((specs[0].config.parallel, specs[0].config.batch_size), (4, 512));
+    assert_eq!(specs[0].shrinkable, crate::pool::Shrinkable::ALL);
+    assert_eq!(bee.shrinkable, crate::pool::Shrinkable { parallel: false, batch: true }, "the file gave bee's parallel");
+    let given = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--parallel", "8", "--batch-size", "256"])).unwrap();
+    assert_eq!((given[0].config.parallel, given[0].config.batch_size), (8, 256));
+    assert_eq!(given[0].shrinkable, crate::pool::Shrinkable { parallel: false, batch: false });
 
     // Names must be unique, pins must exist, the file must parse.
     std::fs::write(&file, "[[model]]\nmodel = \"b.gguf\"\nid = \"a\"\n").unwrap();
@@ -113,6 +120,7 @@ fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
                 pin: false,
                 idle_unload: None,
                 created: 0,
+                shrinkable: crate::pool::Shrinkable::ALL,
             })
             .collect()
     };

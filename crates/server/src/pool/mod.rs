@@ -22,7 +22,7 @@ use gantry_api::ApiError;
 use gantry_engine::{EngineConfig, Health};
 use tokio::sync::{watch, Notify};
 
-pub use fit::{fit_to_budget, Refit};
+pub use fit::{fit_to_budget, Refit, Shrinkable};
 pub use loader::{EngineLoader, ModelLoader, ServedModel};
 pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
 
@@ -40,6 +40,8 @@ pub struct ModelSpec {
     pub idle_unload: Option<Duration>,
     /// Unix seconds for `/v1/models` (the file's modification time).
     pub created: u64,
+    /// What may be lowered to fit the memory budget.
+    pub shrinkable: Shrinkable,
 }
 
 /// Why a request could not get its model.

@@ -75,7 +75,7 @@ impl ModelLoader for FakeLoader {
 fn spec(id: &str, bytes: u32, pin: bool) -> ModelSpec {
     let mut config = EngineConfig::new(PathBuf::from(format!("/models/{id}")));
     config.ctx_size = bytes;
-    ModelSpec { id: id.into(), aliases: Vec::new(), config, pin, idle_unload: None, created: 0 }
+    ModelSpec { id: id.into(), aliases: Vec::new(), config, pin, idle_unload: None, created: 0, shrinkable: Shrinkable::ALL }
 }
 
 fn pool(specs: Vec<ModelSpec>, loader: &FakeLoader, budget: u64) -> ModelPool {
