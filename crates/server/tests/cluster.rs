@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{nginx_binary, Balance, Nginx, Replica};
+use common::cluster::{nginx_binary, start_replicas, Balance, Nginx, Replica};
 use common::postgres::OwnPostgres;
 use common::{gantry, sse_data, tiny_model};
 use serde_json::{json, Value};
@@ -210,20 +210,11 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     ];
     let names = ["budgeted", "limited", "plain"];
 
-    let args: Vec<String> = [
+    let args = [
         "--model", &model, "--database-url", &url, "--threads", "1", "--ctx-size", "4096", "--parallel", "4",
         "--heartbeat-timeout", "2", "--drain-delay", "1", "--shutdown-grace", "10",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut replicas: Vec<Replica> = ["r1", "r2", "r3"].iter().map(|n| Replica::new(n, dir.path(), &args)).collect();
-    for r in &mut replicas {
-        r.spawn();
-    }
-    for r in &replicas {
-        r.wait_ready().await;
-    }
+    ];
+    let mut replicas = start_replicas(&["r1", "r2", "r3"], dir.path(), &args).await;
     let nginx = Nginx::start(&nginx_bin, dir.path(), &replicas.iter().map(Replica::addr).collect::<Vec<_>>(), Balance::LeastConnections);
     let model_id = std::path::Path::new(&model).file_stem().unwrap().to_string_lossy().into_owned();
 
@@ -394,17 +385,8 @@ async fn a_session_header_hashed_by_the_load_balancer_brings_each_conversation_b
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
     let secret = cli(&url, &["keys", "create", "--name", "chat"]).trim().to_string();
     let model = tiny_model().display().to_string();
-    let args: Vec<String> = ["--model", &model, "--database-url", &url, "--threads", "1", "--ctx-size", "2048", "--parallel", "4"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let mut replicas: Vec<Replica> = ["a1", "a2", "a3"].iter().map(|n| Replica::new(n, dir.path(), &args)).collect();
-    for r in &mut replicas {
-        r.spawn();
-    }
-    for r in &replicas {
-        r.wait_ready().await;
-    }
+    let args = ["--model", &model, "--database-url", &url, "--threads", "1", "--ctx-size", "2048", "--parallel", "4"];
+    let replicas = start_replicas(&["a1", "a2", "a3"], dir.path(), &args).await;
     let upstreams: Vec<String> = replicas.iter().map(Replica::addr).collect();
     let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(60)).build().unwrap();
     let mut shares = Vec::new();

@@ -122,6 +122,19 @@ impl Replica {
     }
 }
 
+/// Starts one replica per name with the same `args`, all at once, and waits until each is ready.
+pub async fn start_replicas(names: &[&str], dir: &Path, args: &[&str]) -> Vec<Replica> {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let mut replicas: Vec<Replica> = names.iter().map(|n| Replica::new(n, dir, &args)).collect();
+    for r in &mut replicas {
+        r.spawn();
+    }
+    for r in &replicas {
+        r.wait_ready().await;
+    }
+    replicas
+}
+
 impl Drop for Replica {
     fn drop(&mut self) {
         self.sigkill();
