@@ -60,7 +60,8 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     Router::new()
         .route("/health", get(health))
-        .route("/health/live", get(crate::health::live))
+        // Liveness is what /health always said: restart only once the engine failed.
+        .route("/health/live", get(health))
         .route("/health/ready", get(crate::health::ready))
         .route("/metrics", get(telemetry::render))
         .merge(authed)

@@ -1,5 +1,5 @@
-//! Liveness and readiness, as load balancers and Kubernetes probe them, and the draining state a
-//! SIGTERM starts.
+//! Readiness, as load balancers and Kubernetes probe it, and the draining state a SIGTERM starts.
+//! Liveness is `/health` itself (503 once the engine failed), also routed as `/health/live`.
 //!
 //! Liveness says whether the process should be restarted (its engine failed); readiness says
 //! whether it should get traffic (not draining, engine healthy, accounts database reachable).
@@ -37,15 +37,6 @@ impl Draining {
     }
 }
 
-/// `GET /health/live`: 200 while the engine works; 503 once it has failed (the process is
-/// exiting so a supervisor restarts it).
-pub async fn live(State(state): State<AppState>) -> Response {
-    match state.models.failure() {
-        None => Json(json!({"status": "ok"})).into_response(),
-        Some(why) => unavailable("failed", Some(why)),
-    }
-}
-
 /// `GET /health/ready`: 200 when this replica should get requests; 503 with the reason while it
 /// drains, after its engine failed, or while the accounts database does not answer.
 pub async fn ready(State(state): State<AppState>) -> Response {
@@ -58,7 +49,10 @@ pub async fn ready(State(state): State<AppState>) -> Response {
     match tokio::time::timeout(DATABASE_PING_TIMEOUT, state.accounts.ping()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return unavailable("database_unreachable", Some(e.to_string())),
-        Err(_) => return unavailable("database_unreachable", Some("no answer within 800 ms".into())),
+        Err(_) => {
+            let waited = format!("no answer within {} ms", DATABASE_PING_TIMEOUT.as_millis());
+            return unavailable("database_unreachable", Some(waited));
+        }
     }
     let loaded: Vec<String> = state.models.status().into_iter().filter(|m| m.loaded).map(|m| m.id).collect();
     Json(json!({"status": "ready", "loaded_models": loaded})).into_response()
