@@ -281,3 +281,31 @@ def test_jump_forward_in_a_forced_tool_call_is_unchanged(server, plain_server):
     )
     fed, taken = (a - b for a, b in zip(_forced(server), before))
     assert fed >= 5 and taken == fed, (fed, taken)
+
+
+# Drafting across requests: answers to the same schema share keys, layout and punctuation, so a
+# later answer copies them from an earlier one (recent answers are kept per model).
+ORDERS = [
+    "Hello, this is Aiko Tanaka, 27. I ordered 2 desk lamps from the Osaka warehouse on 3 May and paid in cash. "
+    "I am not a returning customer: this is my first order.",
+    "Pierre Dubois here, 63 years old. On 9 June I bought 5 wool blankets from the Lyon warehouse and paid by card. "
+    "I am a returning customer.",
+]
+
+
+def _shared(server) -> float:
+    return _accepted(server, "gantry_draft_tokens_shared_accepted_total")
+
+
+def test_answers_copy_from_earlier_answers_and_are_unchanged(server, plain_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": SCHEMA, "strict": True}}
+    prompts = ["Extract the order from this message as JSON.\n\n" + p for p in ORDERS]
+    want = [_ask(plain_server, p, 300, temperature=0, response_format=fmt) for p in prompts]
+    for w in want:
+        assert json.loads(w[0]).keys() == SCHEMA["properties"].keys(), w[0]
+    assert _shared(plain_server) == 0, "--speculate off copies nothing"
+    assert _ask(server, prompts[0], 300, temperature=0, response_format=fmt) == want[0]
+    before = _shared(server)
+    assert _ask(server, prompts[1], 300, temperature=0, response_format=fmt) == want[1]
+    copied = _shared(server) - before
+    assert copied >= 8, f"keys and layout were copied from the first answer: {copied}"

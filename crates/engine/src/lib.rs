@@ -20,6 +20,7 @@ mod request;
 mod sampling;
 mod scheduler;
 mod sequence;
+mod shared_drafts;
 mod speculation;
 mod step_cost;
 mod telemetry;

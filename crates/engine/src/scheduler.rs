@@ -19,7 +19,8 @@ use crate::model::LoadedModel;
 use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sequence::{ActiveRequest, Job};
-use crate::speculation::{self, Acceptance, Speculate, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS};
+use crate::shared_drafts::SharedDrafts;
+use crate::speculation::{self, Acceptance, DraftSource, Speculate, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS};
 use crate::step_cost::StepCost;
 use crate::telemetry::{self, StepStats, Totals};
 
@@ -54,7 +55,11 @@ pub(crate) struct Scheduler {
     totals: Totals,
     spec_stats: Arc<SpeculationStats>,
     step_cost: StepCost,
+    /// Acceptance of lookup drafts copied from the choice's own context, and from other answers.
     acceptance: Acceptance,
+    shared_acceptance: Acceptance,
+    /// Recent answers, for drafts across requests.
+    shared: SharedDrafts,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
@@ -89,6 +94,8 @@ impl Scheduler {
             spec_stats,
             step_cost: StepCost::default(),
             acceptance: Acceptance::default(),
+            shared_acceptance: Acceptance::default(),
+            shared: SharedDrafts::default(),
             batch_prompt_tokens: 0,
             host,
         }
@@ -376,12 +383,16 @@ impl Scheduler {
                     c.drafts = c.drafter.forced(limit.min(forced_budget));
                     c.drafts_forced = !c.drafts.is_empty();
                     if !c.drafts_forced {
-                        let mut draft = c.drafter.propose(limit.min(draft_budget));
+                        let mut draft = c.drafter.propose(limit.min(draft_budget), &self.shared);
                         if weigh_drafts && !draft.is_empty() {
-                            let (acceptance, matched) = (&self.acceptance, c.drafter.matched());
+                            let acceptance = match c.drafter.source() {
+                                DraftSource::Own => &mut self.acceptance,
+                                DraftSource::Shared => &mut self.shared_acceptance,
+                            };
+                            let matched = c.drafter.matched();
                             let k = self.step_cost.best_draft(outputs, draft.len(), |k| acceptance.expected_tokens(matched, k));
                             if k == 0 {
-                                self.acceptance.declined(matched);
+                                acceptance.declined(matched);
                             }
                             draft.truncate(k);
                         }
@@ -468,8 +479,13 @@ impl Scheduler {
                 if k > 0 && req.choices[i].drafts_forced {
                     self.spec_stats.record_forced(k, accepted);
                 } else if k > 0 {
-                    self.acceptance.verified(req.choices[i].drafter.matched(), k, accepted);
-                    self.spec_stats.record(k, accepted);
+                    let drafter = &req.choices[i].drafter;
+                    let acceptance = match drafter.source() {
+                        DraftSource::Own => &mut self.acceptance,
+                        DraftSource::Shared => &mut self.shared_acceptance,
+                    };
+                    acceptance.verified(drafter.matched(), k, accepted);
+                    self.spec_stats.record(k, accepted, drafter.source());
                 }
                 // The choice's position is where its next token goes: positions from there on
                 // hold draft tokens that were not produced.
@@ -504,6 +520,10 @@ impl Scheduler {
         for c in &req.choices {
             self.slots.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);
+            // Whole answers only: one cut short says little about how answers go on.
+            if matches!(c.finished, Some(FinishReason::Stop | FinishReason::Length)) {
+                self.shared.record(c.drafter.answer());
+            }
         }
     }
 

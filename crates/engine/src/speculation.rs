@@ -29,6 +29,7 @@ use llguidance::Matcher;
 use metrics::counter;
 
 use crate::request::SamplingParams;
+use crate::shared_drafts::SharedDrafts;
 
 /// Whether the engine drafts tokens; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,8 @@ pub(crate) const MAX_DRAFTING_STREAMS: usize = 2;
 const MIN_MATCH: usize = 2;
 /// Matches are compared back at most this far; longer ones are all equally convincing.
 const MAX_MATCH: usize = 32;
+/// Prompt tokens recorded before an answer for other requests to draft from.
+const ANSWER_CONTEXT: usize = 4;
 /// Weight left to earlier verifications in an acceptance estimate after each newer one.
 const ACCEPTANCE_MEMORY: f64 = 0.98;
 /// Weight left to them after each draft of that kind that was not fed: an estimate that stopped
@@ -104,6 +107,8 @@ pub struct SpeculationStats {
     accepted: AtomicU64,
     forced: AtomicU64,
     forced_accepted: AtomicU64,
+    shared: AtomicU64,
+    shared_accepted: AtomicU64,
 }
 
 impl SpeculationStats {
@@ -127,6 +132,16 @@ impl SpeculationStats {
         self.forced_accepted.load(Ordering::Relaxed)
     }
 
+    /// Of the draft tokens, those copied from other requests' answers (`SharedDrafts`).
+    pub fn shared(&self) -> u64 {
+        self.shared.load(Ordering::Relaxed)
+    }
+
+    /// Of the accepted draft tokens, those copied from other requests' answers.
+    pub fn shared_accepted(&self) -> u64 {
+        self.shared_accepted.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn record_forced(&self, drafted: usize, accepted: usize) {
         self.forced.fetch_add(drafted as u64, Ordering::Relaxed);
         self.forced_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
@@ -134,11 +149,18 @@ impl SpeculationStats {
         counter!("gantry_forced_tokens_accepted_total", "model" => crate::telemetry::model()).increment(accepted as u64);
     }
 
-    pub(crate) fn record(&self, drafted: usize, accepted: usize) {
+    pub(crate) fn record(&self, drafted: usize, accepted: usize, source: DraftSource) {
         self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
         self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
         counter!("gantry_draft_tokens_total", "model" => crate::telemetry::model()).increment(drafted as u64);
         counter!("gantry_draft_tokens_accepted_total", "model" => crate::telemetry::model()).increment(accepted as u64);
+        if source == DraftSource::Shared {
+            self.shared.fetch_add(drafted as u64, Ordering::Relaxed);
+            self.shared_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+            counter!("gantry_draft_tokens_shared_total", "model" => crate::telemetry::model()).increment(drafted as u64);
+            counter!("gantry_draft_tokens_shared_accepted_total", "model" => crate::telemetry::model())
+                .increment(accepted as u64);
+        }
     }
 }
 
@@ -155,6 +177,16 @@ pub(crate) fn describe() {
         "Draft tokens that matched the sampled token, each saving a decode step."
     );
     describe_counter!(
+        "gantry_draft_tokens_shared_total",
+        Unit::Count,
+        "Of the draft tokens, those copied from recent answers to other requests."
+    );
+    describe_counter!(
+        "gantry_draft_tokens_shared_accepted_total",
+        Unit::Count,
+        "Of the accepted draft tokens, those copied from recent answers to other requests."
+    );
+    describe_counter!(
         "gantry_forced_tokens_total",
         Unit::Count,
         "Tokens a grammar forces (JSON keys and punctuation), fed ahead in the same batch (jump-forward)."
@@ -166,16 +198,29 @@ pub(crate) fn describe() {
     );
 }
 
+/// Where a lookup draft was copied from: acceptance is learned apart for each, since a match in
+/// the choice's own context and one in another request's answer are not equally telling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DraftSource {
+    /// The choice's own prompt and output.
+    Own,
+    /// Recent answers to other requests (`SharedDrafts`).
+    Shared,
+}
+
 /// One choice's drafter: the tokens it may copy from (prompt and output so far) and how well
 /// its drafts have been doing.
 pub(crate) struct Drafter {
     history: Vec<i32>,
+    /// How many of `history`'s tokens are the prompt.
+    prompt_len: usize,
     /// A copy of the choice's grammar state (its sampler holds the other one), fed the same
     /// tokens, asked what the grammar forces next.
     grammar: Option<Matcher>,
     max: usize,
-    /// Length of the match the last proposal continues.
+    /// Length of the match the last proposal continues, and where it was found.
     matched: usize,
+    source: DraftSource,
 }
 
 impl Drafter {
@@ -187,9 +232,11 @@ impl Drafter {
         Self {
             // Only a drafter that may draft needs the tokens to copy from.
             history: if max > 0 { prompt.to_vec() } else { Vec::new() },
+            prompt_len: prompt.len(),
             grammar: None,
             max,
             matched: 0,
+            source: DraftSource::Own,
         }
     }
 
@@ -229,17 +276,52 @@ impl Drafter {
 
     /// Up to `limit` tokens expected to follow the output so far (empty when nothing earlier
     /// matches convincingly), cut where the grammar, if any, forbids one: the sampler would
-    /// reject it and everything after it. How many of them are worth verifying is the
-    /// scheduler's call (`Acceptance`, `StepCost`).
-    pub fn propose(&mut self, limit: usize) -> Vec<i32> {
+    /// reject it and everything after it. Copied from the choice's own prompt and output, or,
+    /// where an earlier answer in `shared` follows more of the output's last tokens, from that
+    /// answer. How many of them are worth verifying is the scheduler's call (`Acceptance`,
+    /// `StepCost`).
+    pub fn propose(&mut self, limit: usize, shared: &SharedDrafts) -> Vec<i32> {
         let limit = limit.min(self.max);
         if limit == 0 {
             return Vec::new();
         }
-        let Some((start, matched)) = longest_match(&self.history) else { return Vec::new() };
+        let own = longest_match(&self.history).and_then(|(start, matched)| {
+            let end = (start + limit).min(self.history.len());
+            let draft = self.usable(self.history[start..end].to_vec());
+            (!draft.is_empty()).then_some((draft, matched))
+        });
+        let mut best = own.map(|(draft, matched)| (draft, matched, DraftSource::Own));
+        // Under a grammar one matching token is enough to look across answers: the grammar then
+        // tells the candidates apart (after `",\n  "` only the schema's next key is allowed).
+        let min_shared = if self.grammar.is_some() { 1 } else { MIN_MATCH };
+        let own_matched = best.as_ref().map_or(0, |b| b.1);
+        if own_matched < MAX_MATCH {
+            for candidate in shared.candidates(&self.history, min_shared.max(own_matched + 1)) {
+                let tokens = &candidate.tokens[..candidate.tokens.len().min(limit)];
+                let draft = self.usable(tokens.to_vec());
+                // Longest match first; among equals the draft the grammar lets run furthest.
+                let better = match &best {
+                    None => true,
+                    Some((d, m, DraftSource::Shared)) => candidate.matched == *m && draft.len() > d.len(),
+                    Some(_) => true,
+                };
+                if !draft.is_empty() && better {
+                    best = Some((draft, candidate.matched, DraftSource::Shared));
+                }
+                if self.grammar.is_none() && best.is_some() {
+                    break;
+                }
+            }
+        }
+        let Some((draft, matched, source)) = best else { return Vec::new() };
         self.matched = matched;
-        let end = (start + limit).min(self.history.len());
-        let mut draft = self.history[start..end].to_vec();
+        self.source = source;
+        draft
+    }
+
+    /// `draft` up to what can be fed: never an image position, never past what the grammar
+    /// allows.
+    fn usable(&mut self, mut draft: Vec<i32>) -> Vec<i32> {
         // An image's positions stand in the prompt as negative ids (see `vision`): never tokens.
         if let Some(image) = draft.iter().position(|&t| t < 0) {
             draft.truncate(image);
@@ -254,6 +336,17 @@ impl Drafter {
     /// Length of the earlier match the last proposal continues.
     pub fn matched(&self) -> usize {
         self.matched
+    }
+
+    /// Where the last proposal was copied from.
+    pub fn source(&self) -> DraftSource {
+        self.source
+    }
+
+    /// What this choice leaves for other requests to draft from (`SharedDrafts::record`): its
+    /// output, after the last few prompt tokens (the template's opening of an answer).
+    pub fn answer(&self) -> &[i32] {
+        &self.history[self.prompt_len.saturating_sub(ANSWER_CONTEXT).min(self.history.len())..]
     }
 }
 
@@ -340,6 +433,10 @@ fn longest_match(history: &[i32]) -> Option<(usize, usize)> {
 mod tests {
     use super::*;
 
+    fn none() -> SharedDrafts {
+        SharedDrafts::default()
+    }
+
     fn auto(max: u32) -> SpeculationConfig {
         SpeculationConfig { mode: Speculate::Auto, draft_max: max }
     }
@@ -360,15 +457,37 @@ mod tests {
         // "7 8 9" occurred once, followed by 1 2 3; "9" alone also occurred later (followed by 5).
         let mut d = Drafter::new(&[7, 8, 9, 1, 2, 3, 4, 9, 5, 6, 7, 8], auto(8));
         d.push(9);
-        assert_eq!(d.propose(3), [1, 2, 3]);
-        assert_eq!(d.propose(1), [1]);
+        assert_eq!(d.propose(3, &none()), [1, 2, 3]);
+        assert_eq!(d.propose(1, &none()), [1]);
+    }
+
+    #[test]
+    fn an_earlier_answer_is_copied_where_it_matches_more_than_the_own_context() {
+        let mut shared = SharedDrafts::default();
+        shared.record(&[40, 41, 7, 8, 9, 50, 51, 52]);
+        // Own context: "8 9" followed by 1 2 (a 2-token match); the earlier answer follows
+        // "7 8 9" (3 tokens).
+        let mut d = Drafter::new(&[8, 9, 1, 2, 7, 8], auto(8));
+        d.push(9);
+        assert_eq!(d.propose(8, &shared), [50, 51, 52]);
+        assert_eq!((d.matched(), d.source()), (3, DraftSource::Shared));
+        // Where the own context matches at least as much, it wins.
+        let mut d = Drafter::new(&[7, 8, 9, 1, 2, 7, 8], auto(8));
+        d.push(9);
+        assert_eq!(d.propose(8, &shared), [1, 2, 7, 8, 9]);
+        assert_eq!((d.matched(), d.source()), (3, DraftSource::Own));
+        // Its answer, with the last prompt tokens before it, is what the choice leaves behind.
+        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6], auto(8));
+        d.push(60);
+        d.push(61);
+        assert_eq!(d.answer(), [3, 4, 5, 6, 60, 61]);
     }
 
     #[test]
     fn a_single_token_match_is_not_enough() {
         let mut d = Drafter::new(&[1, 2, 3, 4, 5], auto(8));
         d.push(3);
-        assert!(d.propose(4).is_empty());
+        assert!(d.propose(4, &none()).is_empty());
     }
 
     #[test]
@@ -376,14 +495,14 @@ mod tests {
         let mut d = Drafter::new(&[1, 2, 3, 1, 2, 4, 1], auto(8));
         d.push(2);
         // Both "1 2" occurrences match two tokens; the later one is followed by 4, 1, 2.
-        assert_eq!(d.propose(8), [4, 1, 2]);
+        assert_eq!(d.propose(8, &none()), [4, 1, 2]);
     }
 
     #[test]
     fn off_never_drafts() {
         let mut d = Drafter::new(&[1, 2, 1], SpeculationConfig { mode: Speculate::Off, draft_max: 8 });
         d.push(2);
-        assert!(d.propose(8).is_empty());
+        assert!(d.propose(8, &none()).is_empty());
     }
 
     #[test]
@@ -410,7 +529,7 @@ mod tests {
     fn proposals_remember_the_match_they_continue() {
         let mut d = Drafter::new(&[7, 8, 9, 1, 2, 3, 4, 7, 8], auto(8));
         d.push(9);
-        assert_eq!(d.propose(2), [1, 2]);
+        assert_eq!(d.propose(2, &none()), [1, 2]);
         assert_eq!(d.matched(), 3);
     }
 
@@ -418,6 +537,6 @@ mod tests {
     fn proposals_stop_at_draft_max() {
         let history = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6];
         let mut d = Drafter::new(&history, auto(3));
-        assert_eq!(d.propose(8), [7, 8, 9]);
+        assert_eq!(d.propose(8, &none()), [7, 8, 9]);
     }
 }

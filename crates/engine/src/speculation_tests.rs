@@ -117,6 +117,29 @@ async fn greedy_output_is_unchanged_alone_and_beside_other_sequences() {
     engine.shutdown();
 }
 
+/// Drafts across requests: a request whose answer repeats an earlier one's copies from it
+/// (`SharedDrafts`), and its output is still exactly one-token-at-a-time decoding's. A request
+/// that was cancelled leaves nothing to copy.
+#[tokio::test]
+async fn answers_are_drafted_from_earlier_answers_and_unchanged() {
+    let eos = eos(&start(1, Speculate::Off));
+    let inputs = || PROMPTS.iter().map(|p| input(p, 60, greedy(), vec![], eos)).collect::<Vec<_>>();
+    let expected = reference(inputs).await;
+    let engine = start(1, Speculate::Always);
+    for (i, want) in inputs().into_iter().zip(&expected) {
+        assert_eq!(&run(&engine, vec![i]).await[0], want);
+    }
+    let first = (engine.speculation_stats().shared(), engine.speculation_stats().shared_accepted());
+    // The same requests again: each finds its own earlier answer.
+    for (i, want) in inputs().into_iter().zip(&expected) {
+        assert_eq!(&run(&engine, vec![i]).await[0], want);
+    }
+    let stats = engine.speculation_stats();
+    assert!(stats.shared_accepted() - first.1 >= 20, "copied from the earlier answers: {stats:?} (first run {first:?})");
+    assert!(stats.shared() <= stats.drafted() && stats.shared_accepted() <= stats.accepted(), "{stats:?}");
+    engine.shutdown();
+}
+
 #[tokio::test]
 async fn a_seeded_sampled_output_is_unchanged() {
     let eos = eos(&start(1, Speculate::Off));

@@ -1,0 +1,195 @@
+//! Drafting across requests: the outputs of recent requests, indexed by token, so a choice can
+//! copy what followed the same tokens in an earlier answer (see `speculation`).
+//!
+//! Requests to one model repeat one another: the same JSON schema gives the same keys, layout
+//! and punctuation in every answer; a tool gives the same call skeleton; greedy answers to
+//! similar prompts open the same way. A choice's own prompt and output do not hold those runs
+//! the first time it needs them; earlier answers do. Drafts from here are verified like every
+//! other draft, so they change how many decode steps an answer takes, never the answer.
+//!
+//! What is kept: the last few prompt tokens (the chat template's opening of the answer) and the
+//! output of every choice that ended normally, newest first, up to `MAX_TOKENS` in all. The
+//! index keeps, for every token, its most recent `PER_TOKEN` occurrences.
+
+use std::collections::{HashMap, VecDeque};
+
+/// Tokens kept across all recorded answers (about 256 KiB of ids).
+const MAX_TOKENS: usize = 65_536;
+/// Occurrences of one token the index keeps, newest last.
+const PER_TOKEN: usize = 32;
+/// Longest answer kept: its last tokens.
+const MAX_ANSWER: usize = 4_096;
+/// Matches are compared back at most this far.
+const MAX_MATCH: usize = 32;
+/// Distinct continuations one lookup returns at most.
+const MAX_CANDIDATES: usize = 8;
+/// Tokens compared to tell two continuations apart.
+const DISTINCT_PREFIX: usize = 8;
+
+/// One earlier continuation of the history's tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Candidate<'a> {
+    /// How many of the history's last tokens it follows.
+    pub matched: usize,
+    /// The tokens that followed them.
+    pub tokens: &'a [i32],
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SharedDrafts {
+    /// Recorded answers, oldest first, with consecutive ids starting at `first_id`.
+    answers: VecDeque<Vec<i32>>,
+    first_id: u64,
+    tokens: usize,
+    /// token → (answer id, position) of its most recent occurrences, oldest first.
+    index: HashMap<i32, VecDeque<(u64, u32)>>,
+}
+
+impl SharedDrafts {
+    /// Keeps `tokens` (an answer with a few tokens of its prompt before it) to draft from.
+    pub fn record(&mut self, tokens: &[i32]) {
+        let tokens = &tokens[tokens.len().saturating_sub(MAX_ANSWER)..];
+        if tokens.len() < 2 {
+            return;
+        }
+        let id = self.first_id + self.answers.len() as u64;
+        // The last token has nothing after it to propose.
+        for (pos, &t) in tokens[..tokens.len() - 1].iter().enumerate() {
+            // Image positions are negative ids (see `vision`), never tokens to match.
+            if t < 0 {
+                continue;
+            }
+            let seen = self.index.entry(t).or_default();
+            seen.push_back((id, pos as u32));
+            if seen.len() > PER_TOKEN {
+                seen.pop_front();
+            }
+        }
+        self.tokens += tokens.len();
+        self.answers.push_back(tokens.to_vec());
+        while self.tokens > MAX_TOKENS {
+            self.forget_oldest();
+        }
+    }
+
+    fn forget_oldest(&mut self) {
+        let Some(old) = self.answers.pop_front() else { return };
+        let id = self.first_id;
+        self.first_id += 1;
+        self.tokens -= old.len();
+        for t in old {
+            if let Some(seen) = self.index.get_mut(&t) {
+                // Occurrences are in id order: the forgotten answer's are at the front.
+                while seen.front().is_some_and(|&(a, _)| a <= id) {
+                    seen.pop_front();
+                }
+                if seen.is_empty() {
+                    self.index.remove(&t);
+                }
+            }
+        }
+    }
+
+    /// Earlier continuations of `history`'s last tokens that follow at least `min_match` of
+    /// them, longest match first (the most recent among equals), one per distinct
+    /// continuation.
+    pub fn candidates(&self, history: &[i32], min_match: usize) -> Vec<Candidate<'_>> {
+        let Some(&last) = history.last() else { return Vec::new() };
+        let Some(seen) = self.index.get(&last) else { return Vec::new() };
+        let n = history.len();
+        let mut found: Vec<Candidate<'_>> = Vec::new();
+        for &(id, pos) in seen.iter().rev() {
+            let Some(answer) = self.answers.get((id - self.first_id) as usize) else { continue };
+            let pos = pos as usize;
+            let matched = (1..=MAX_MATCH.min(pos + 1).min(n)).take_while(|&d| answer[pos + 1 - d] == history[n - d]).count();
+            if matched < min_match {
+                continue;
+            }
+            let tokens = &answer[pos + 1..];
+            let head = &tokens[..tokens.len().min(DISTINCT_PREFIX)];
+            if found.iter().any(|c| &c.tokens[..c.tokens.len().min(DISTINCT_PREFIX)] == head) {
+                continue;
+            }
+            found.push(Candidate { matched, tokens });
+        }
+        // Stable: among equal matches the most recent stays first.
+        found.sort_by_key(|c| std::cmp::Reverse(c.matched));
+        found.truncate(MAX_CANDIDATES);
+        found
+    }
+
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_match_wins_and_the_newest_among_equals() {
+        let mut shared = SharedDrafts::default();
+        shared.record(&[1, 2, 3, 10, 11]);
+        shared.record(&[9, 2, 3, 20, 21]);
+        shared.record(&[7, 2, 3, 30, 31]);
+        let c = shared.candidates(&[5, 1, 2, 3], 2);
+        assert_eq!(c[0], Candidate { matched: 3, tokens: &[10, 11] });
+        assert_eq!(c[1], Candidate { matched: 2, tokens: &[30, 31] }, "newest of the 2-token matches");
+        assert_eq!(c[2], Candidate { matched: 2, tokens: &[20, 21] });
+        assert_eq!(c.len(), 3);
+        assert!(shared.candidates(&[5, 1, 2, 3], 4).is_empty(), "nothing matches 4 tokens");
+        assert!(shared.candidates(&[4, 8], 1).is_empty(), "8 was never seen");
+    }
+
+    #[test]
+    fn one_candidate_per_continuation() {
+        let mut shared = SharedDrafts::default();
+        for _ in 0..3 {
+            shared.record(&[1, 2, 3, 4]);
+        }
+        shared.record(&[1, 2, 5, 6]);
+        let c = shared.candidates(&[2], 1);
+        assert_eq!(c.iter().map(|c| c.tokens).collect::<Vec<_>>(), vec![&[5, 6][..], &[3, 4][..]]);
+    }
+
+    #[test]
+    fn old_answers_are_forgotten_and_their_index_entries_with_them() {
+        let mut shared = SharedDrafts::default();
+        shared.record(&[1, 2, 3]);
+        let filler: Vec<i32> = (100..100 + MAX_ANSWER as i32).collect();
+        for _ in 0..MAX_TOKENS / MAX_ANSWER {
+            shared.record(&filler);
+        }
+        assert!(shared.kept() <= MAX_TOKENS);
+        assert!(shared.candidates(&[1], 1).is_empty(), "the first answer was forgotten");
+        assert!(!shared.index.contains_key(&1), "so were its index entries");
+        assert_eq!(shared.candidates(&[100], 1)[0].tokens[0], 101);
+        // An answer longer than the cap keeps its end.
+        let long: Vec<i32> = (0..MAX_ANSWER as i32 + 10).collect();
+        shared.record(&long);
+        assert!(shared.candidates(&[5], 1).is_empty());
+        assert_eq!(shared.candidates(&[20], 1)[0].tokens[0], 21);
+    }
+
+    #[test]
+    fn each_token_keeps_its_most_recent_occurrences() {
+        let mut shared = SharedDrafts::default();
+        for i in 0..(PER_TOKEN as i32 + 5) {
+            shared.record(&[7, 1000 + i]);
+        }
+        let c = shared.candidates(&[7], 1);
+        assert_eq!(c.len(), MAX_CANDIDATES);
+        assert_eq!(c[0].tokens, &[1000 + PER_TOKEN as i32 + 4]);
+        assert!(shared.index[&7].len() <= PER_TOKEN);
+    }
+
+    #[test]
+    fn image_positions_are_not_indexed() {
+        let mut shared = SharedDrafts::default();
+        shared.record(&[-1, -1, 4, 5]);
+        assert!(shared.candidates(&[-1], 1).is_empty());
+        assert_eq!(shared.candidates(&[4], 1)[0].tokens, &[5]);
+    }
+}
