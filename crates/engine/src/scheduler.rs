@@ -55,9 +55,9 @@ pub(crate) struct Scheduler {
     totals: Totals,
     spec_stats: Arc<SpeculationStats>,
     step_cost: StepCost,
-    /// Acceptance of lookup drafts copied from the choice's own context, and from other answers.
-    acceptance: Acceptance,
-    shared_acceptance: Acceptance,
+    /// Acceptance of lookup drafts, learned apart by where they were copied from and whether a
+    /// grammar picked them (see `acceptance_kind`).
+    acceptance: [Acceptance; 4],
     /// Recent answers, for drafts across requests.
     shared: SharedDrafts,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
@@ -93,8 +93,7 @@ impl Scheduler {
             totals: Totals::default(),
             spec_stats,
             step_cost: StepCost::default(),
-            acceptance: Acceptance::default(),
-            shared_acceptance: Acceptance::default(),
+            acceptance: Default::default(),
             shared: SharedDrafts::default(),
             batch_prompt_tokens: 0,
             host,
@@ -385,10 +384,7 @@ impl Scheduler {
                     if !c.drafts_forced {
                         let mut draft = c.drafter.propose(limit.min(draft_budget), &self.shared);
                         if weigh_drafts && !draft.is_empty() {
-                            let acceptance = match c.drafter.source() {
-                                DraftSource::Own => &mut self.acceptance,
-                                DraftSource::Shared => &mut self.shared_acceptance,
-                            };
+                            let acceptance = &mut self.acceptance[acceptance_kind(c.drafter.source(), c.constrained)];
                             let matched = c.drafter.matched();
                             let k = self.step_cost.best_draft(outputs, draft.len(), |k| acceptance.expected_tokens(matched, k));
                             if k == 0 {
@@ -479,12 +475,8 @@ impl Scheduler {
                 if k > 0 && req.choices[i].drafts_forced {
                     self.spec_stats.record_forced(k, accepted);
                 } else if k > 0 {
-                    let drafter = &req.choices[i].drafter;
-                    let acceptance = match drafter.source() {
-                        DraftSource::Own => &mut self.acceptance,
-                        DraftSource::Shared => &mut self.shared_acceptance,
-                    };
-                    acceptance.verified(drafter.matched(), k, accepted);
+                    let (drafter, constrained) = (&req.choices[i].drafter, req.choices[i].constrained);
+                    self.acceptance[acceptance_kind(drafter.source(), constrained)].verified(drafter.matched(), k, accepted);
                     self.spec_stats.record(k, accepted, drafter.source());
                 }
                 // The choice's position is where its next token goes: positions from there on
@@ -597,3 +589,15 @@ fn share_prefix(slots: &mut KvSlots, ctx: &mut LlamaContext<'_>, req: &mut Activ
     req.share = None;
 }
 
+/// Which acceptance estimate a lookup draft uses. A draft from another request's answer that a
+/// grammar picked among several (the answer with the next key of the schema) is right far more
+/// often than one copied after the same few tokens of free text, so answers to chat requests
+/// must not teach the scheduler to decline drafts of JSON keys, nor the other way round.
+fn acceptance_kind(source: DraftSource, constrained: bool) -> usize {
+    match (source, constrained) {
+        (DraftSource::Own, false) => 0,
+        (DraftSource::Own, true) => 1,
+        (DraftSource::Shared, false) => 2,
+        (DraftSource::Shared, true) => 3,
+    }
+}

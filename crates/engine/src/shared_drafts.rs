@@ -22,7 +22,7 @@ const MAX_ANSWER: usize = 4_096;
 /// Matches are compared back at most this far.
 const MAX_MATCH: usize = 32;
 /// Distinct continuations one lookup returns at most.
-const MAX_CANDIDATES: usize = 8;
+const MAX_CANDIDATES: usize = 16;
 /// Tokens compared to tell two continuations apart.
 const DISTINCT_PREFIX: usize = 8;
 

@@ -21,11 +21,19 @@ const LATEST_WEIGHT: f64 = 0.2;
 const GUESSED_SLOPE: f64 = 0.05;
 /// A draft must beat not drafting by this share before it is fed.
 const MARGIN: f64 = 0.03;
+/// A size last measured this many steps ago counts as never measured. What a step of a given
+/// size costs depends on how many cells its sequences attend over: sizes measured while 16
+/// streams ran hold the cost of that load, and a lone stream that no longer dares such a step
+/// would never measure it again. So old measurements lapse, and the size gets tried anew.
+const STALE_STEPS: u64 = 500;
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct StepCost {
     /// Seconds of a step with `n` positions at index `n`; 0 where never measured.
     seconds: Vec<f64>,
+    /// The step count at which each size was last measured.
+    measured_at: Vec<u64>,
+    steps: u64,
 }
 
 impl StepCost {
@@ -36,23 +44,33 @@ impl StepCost {
         }
         if self.seconds.len() <= positions {
             self.seconds.resize(positions + 1, 0.0);
+            self.measured_at.resize(positions + 1, 0);
         }
+        self.steps += 1;
         let t = took.as_secs_f64().max(1e-9);
+        let fresh = self.is_measured(positions);
         let slot = &mut self.seconds[positions];
-        *slot = if *slot == 0.0 { t } else { (1.0 - LATEST_WEIGHT) * *slot + LATEST_WEIGHT * t };
+        *slot = if fresh { (1.0 - LATEST_WEIGHT) * *slot + LATEST_WEIGHT * t } else { t };
+        self.measured_at[positions] = self.steps;
+    }
+
+    /// Whether a step of `positions` was measured, recently enough to go by.
+    fn is_measured(&self, positions: usize) -> bool {
+        self.seconds.get(positions).is_some_and(|&t| t > 0.0)
+            && self.steps - self.measured_at[positions] <= STALE_STEPS
     }
 
     /// Measured (or, never measured, guessed) seconds of a step with `positions` positions;
     /// `None` before any measurement.
     pub fn predict(&self, positions: usize) -> Option<f64> {
-        if let Some(&t) = self.seconds.get(positions).filter(|&&t| t > 0.0) {
-            return Some(t);
+        if self.is_measured(positions) {
+            return Some(self.seconds[positions]);
         }
-        let nearest_below = (1..positions.min(self.seconds.len())).rev().find(|&m| self.seconds[m] > 0.0);
+        let nearest_below = (1..positions.min(self.seconds.len())).rev().find(|&m| self.is_measured(m));
         match nearest_below {
             Some(m) => Some(self.seconds[m] * (1.0 + GUESSED_SLOPE * (positions - m) as f64)),
             // Only larger sizes measured: a smaller step is guessed to cost the smallest of them.
-            None => self.seconds.iter().copied().find(|&t| t > 0.0),
+            None => (0..self.seconds.len()).find(|&m| self.is_measured(m)).map(|m| self.seconds[m]),
         }
     }
 
@@ -105,6 +123,26 @@ mod tests {
         assert!((cost.predict(5).unwrap() - 0.1 * (1.0 + 3.0 * GUESSED_SLOPE)).abs() < 1e-9);
         // Cheap-looking, so a likely draft is fed in full and gets measured.
         assert_eq!(cost.best_draft(1, 6, geometric(0.9)), 6);
+    }
+
+    #[test]
+    fn old_measurements_lapse_so_the_size_gets_tried_again() {
+        let mut cost = StepCost::default();
+        // Measured under load: steps of 2-4 positions were slow then.
+        for n in 2..=4 {
+            cost.observe(n, ms(100.0 * n as f64));
+        }
+        cost.observe(1, ms(40.0));
+        assert_eq!(cost.best_draft(1, 3, geometric(0.9)), 0, "4 positions cost 10 steps of 1");
+        // A lone stream runs steps of 1 for a while: the old figure for 4 lapses and 4 is
+        // guessed cheap again, to be measured anew.
+        for _ in 0..STALE_STEPS {
+            cost.observe(1, ms(40.0));
+        }
+        assert!((cost.predict(4).unwrap() - 0.04 * (1.0 + 3.0 * GUESSED_SLOPE)).abs() < 1e-9);
+        assert_eq!(cost.best_draft(1, 3, geometric(0.9)), 3);
+        cost.observe(4, ms(60.0));
+        assert!((cost.predict(4).unwrap() - 0.06).abs() < 1e-9, "a new measurement starts afresh");
     }
 
     #[test]
