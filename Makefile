@@ -27,7 +27,23 @@ NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
 	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
 PORTABLE_DIR := target/portable
 
-.PHONY: serve build deps test test-rust test-e2e test-deploy test-cluster console-screenshots models-e2e bench clean
+# The GPU build (llama.cpp's CUDA backend), apart from the CPU build in its own target dir. The
+# toolkit is the one installed (nvcc on the PATH, or CUDA_PATH) or NVIDIA's wheels from PyPI
+# (scripts/install-cuda-toolkit.sh). CUDA_ARCHS: the GPU architectures compiled for (90 = Hopper,
+# 80 = Ampere); each one more roughly doubles the CUDA part of the build. llama.cpp is built as
+# shared libraries (the wheels hold no static cuBLAS), found next to the binary ($$ORIGIN) and in
+# the toolkit; without the driver's libcuda.so to link against (the wheels hold none), llama.cpp's
+# VMM memory pool is left out (GGML_CUDA_NO_VMM).
+CUDA_ARCHS ?= 90;80
+GPU_DIR := target/cuda
+GPU_BIN := $(GPU_DIR)/release/gantry
+CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
+	if ls "$$cuda"/lib*/stubs/libcuda.so >/dev/null 2>&1; then no_vmm=OFF; else no_vmm=ON; fi && \
+	export CUDA_PATH="$$cuda" CUDACXX="$$cuda/bin/nvcc" PATH="$$cuda/bin:$$PATH" \
+	  CMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" GGML_CUDA_NO_VMM=$$no_vmm LLAMA_BUILD_SHARED_LIBS=1 \
+	  RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cuda/lib"
+
+.PHONY: serve build deps test test-rust test-e2e test-deploy test-cluster console-screenshots models-e2e bench clean build-gpu serve-gpu check-cuda
 
 deps:
 	@scripts/install-build-deps.sh
@@ -39,10 +55,23 @@ serve: build
 	$(RELEASE_BIN) models pull $(MODEL)
 	$(RELEASE_BIN) serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
+build-gpu: deps
+	$(CUDA_ENV) && $(CARGO) build --release -p gantry-server --features gantry-server/cuda --target-dir $(GPU_DIR)
+
+serve-gpu: build-gpu
+	$(GPU_BIN) models pull $(MODEL)
+	$(GPU_BIN) serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+# That the `cuda` feature compiles (llama.cpp's CUDA kernels included: long on 2 cores). Run by
+# `make test` only with GANTRY_CHECK_CUDA=1.
+check-cuda: deps
+	$(CUDA_ENV) && $(CARGO) check -p gantry-server --features gantry-server/cuda --target-dir $(GPU_DIR)
+
 # Builds the same package set as `cargo test --workspace`, so features unify once and llama.cpp
 # compiles once.
 test: deps
 	$(MAKE) test-deploy
+	@if [ "$(GANTRY_CHECK_CUDA)" = 1 ]; then $(MAKE) check-cuda; else echo "check-cuda skipped (GANTRY_CHECK_CUDA=1 runs it)"; fi
 	$(CARGO) build --workspace --all-targets
 	$(MAKE) test-rust
 	$(MAKE) test-e2e

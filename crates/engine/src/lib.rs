@@ -4,6 +4,7 @@
 
 pub mod constraint;
 mod cpu_backend;
+mod devices;
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
@@ -40,6 +41,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::Constraint;
 pub use cpu_backend::cpu_backend_features;
+pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use memory::{estimate_memory, MemoryEstimate};
 pub use model::{LoadError, LoadedModel, ModelInfo};
@@ -72,6 +74,8 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Prompt-lookup speculative decoding (see `speculation`).
     pub speculation: SpeculationConfig,
+    /// GPU offload (see `devices`); nothing is offloaded in a CPU build.
+    pub offload: Offload,
     /// Host memory for idle sequences' KV entries (see `host_cache`); 0 keeps them in their
     /// slots instead.
     pub host_cache_bytes: usize,
@@ -104,6 +108,7 @@ impl EngineConfig {
             batch_size: 512,
             max_queue: 64,
             speculation: SpeculationConfig::default(),
+            offload: Offload::default(),
             host_cache_bytes: DEFAULT_HOST_CACHE_MIB << 20,
             decode_turns: None,
             metrics_label,
@@ -139,7 +144,7 @@ impl Engine {
     /// Loads the model and starts the scheduler thread; returns once the context exists.
     pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
         let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
-        let model = LoadedModel::load(&config.model_path, config.mmproj_path.as_deref(), threads)?;
+        let model = LoadedModel::load(&config.model_path, config.mmproj_path.as_deref(), threads, &config.offload)?;
         config.parallel = config.parallel.max(1);
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::model::params::LlamaModelParams;
+use crate::devices::Offload;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use serde_json::Value as Json;
@@ -71,11 +71,11 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     /// Loads the model and, with `mmproj`, its multimodal projector (encoding on `threads`).
-    pub fn load(path: &Path, mmproj: Option<&Path>, threads: i32) -> Result<Arc<Self>, LoadError> {
+    pub fn load(path: &Path, mmproj: Option<&Path>, threads: i32, offload: &Offload) -> Result<Arc<Self>, LoadError> {
         if !path.is_file() {
             return Err(LoadError::Missing(path.to_path_buf()));
         }
-        let llama = LlamaModel::load_from_file(backend(), path, &LlamaModelParams::default())
+        let llama = LlamaModel::load_from_file(backend(), path, &offload.model_params())
             .map_err(|e| LoadError::Llama { path: path.to_path_buf(), reason: e.to_string() })?;
         let llama = Arc::new(llama);
         let chat_template = llama

@@ -110,6 +110,14 @@ pub struct ServeArgs {
     /// when several are served).
     #[arg(long)]
     pub threads: Option<u32>,
+    /// Layers offloaded to the GPU in a GPU build (`make build-gpu`) [default: all, when a GPU is
+    /// present]; 0 keeps the model on the CPU. A CPU build offloads nothing.
+    #[arg(long, env = "GANTRY_N_GPU_LAYERS")]
+    pub n_gpu_layers: Option<u32>,
+    /// The one GPU to use (by index) where several are present [default: layers split across
+    /// all of them].
+    #[arg(long, env = "GANTRY_MAIN_GPU")]
+    pub main_gpu: Option<u32>,
     /// Max tokens per decode step [default: 512, or fewer where a model would not fit
     /// --max-memory otherwise; a value given here is kept or the model refused].
     #[arg(long)]

@@ -107,6 +107,7 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.batch_size = args.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
     config.max_queue = args.max_queue;
     config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
+    config.offload = gantry_engine::Offload { gpu_layers: args.n_gpu_layers, main_gpu: args.main_gpu };
     config.speculation = gantry_engine::SpeculationConfig {
         mode: match args.speculate {
             crate::cli::SpeculateArg::Auto => gantry_engine::Speculate::Auto,

@@ -41,6 +41,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     crate::telemetry::install();
     crate::telemetry::report_cpu_backend();
+    crate::telemetry::report_accelerators(args.n_gpu_layers.is_some_and(|n| n > 0));
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
     for spec in &mut specs {
         if let Some(refit) = pool::fit_to_budget(&mut spec.config, spec.shrinkable, budget)? {

@@ -61,6 +61,31 @@ pub fn report_cpu_backend() {
     gauge!("gantry_cpu_backend_info", "features" => features).set(1.0);
 }
 
+/// Logs and exports the GPUs llama.cpp can offload to, as `gantry_gpu_info{device, name}` 1 and
+/// `gantry_gpu_memory_total_bytes` / `gantry_gpu_memory_free_bytes{device}` (free memory as at
+/// start; a model loaded since uses some of it). A CPU build has none; one built with `cuda`
+/// and started without a usable GPU says so.
+pub fn report_accelerators(gpu_layers_asked: bool) {
+    let found = gantry_engine::accelerators();
+    if found.is_empty() {
+        if gantry_engine::gpu_backend_compiled() {
+            tracing::warn!("built with a GPU backend, but no GPU was found: everything runs on the CPU");
+        } else if gpu_layers_asked {
+            tracing::warn!("--n-gpu-layers has no effect: this is a CPU build (make build-gpu builds with CUDA)");
+        }
+    }
+    describe_gauge!("gantry_gpu_info", "Always 1 per GPU llama.cpp can offload to; labels name it.");
+    describe_gauge!("gantry_gpu_memory_total_bytes", Unit::Bytes, "A GPU's memory.");
+    describe_gauge!("gantry_gpu_memory_free_bytes", Unit::Bytes, "A GPU's free memory at start.");
+    for gpu in found {
+        tracing::info!(device = %gpu.name, name = %gpu.description, backend = %gpu.backend,
+            memory_total = gpu.memory_total, memory_free = gpu.memory_free, "GPU");
+        gauge!("gantry_gpu_info", "device" => gpu.name.clone(), "name" => gpu.description).set(1.0);
+        gauge!("gantry_gpu_memory_total_bytes", "device" => gpu.name.clone()).set(gpu.memory_total as f64);
+        gauge!("gantry_gpu_memory_free_bytes", "device" => gpu.name).set(gpu.memory_free as f64);
+    }
+}
+
 /// A model finished loading: `gantry_model_loaded_bytes{model}`, `gantry_model_loads_total{model}`
 /// and the load's duration.
 pub fn model_loaded(model: &str, bytes: u64, took: std::time::Duration) {
