@@ -60,6 +60,14 @@ impl Mode {
         }
     }
 
+    /// The report's title.
+    pub fn title(self) -> &'static str {
+        match self {
+            Mode::Cpu => "Benchmarks: Gantry vs llama.cpp `llama-server`",
+            Mode::Gpu => "GPU benchmarks: Gantry vs llama.cpp `llama-server`, both on CUDA",
+        }
+    }
+
     /// The command that regenerates the report, for its first line.
     pub fn make_command(self) -> &'static str {
         match self {
