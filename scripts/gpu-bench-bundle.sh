@@ -17,7 +17,8 @@
 # GPU_BENCH_MODEL_FILE (a .gguf to take instead of pulling), GPU_BENCH_PART_MIB,
 # GANTRY_GPU_BUILD (how Gantry was built, for the report), GGML_CUDA_NO_VMM (ON|OFF: whether
 # Gantry's llama.cpp was built without the VMM pool; the reference is built to match),
-# CUDA_ARCHS (the architectures Gantry was built for; the reference gets the same).
+# CUDA_ARCHS (the architectures Gantry was built for; the reference gets the same), CUDA_PATH
+# (the toolkit Gantry was built with: its CUDA runtime travels along).
 set -euo pipefail
 
 OUT="${1:-.gpu-bench}"
@@ -68,6 +69,17 @@ for lib in "$REL"/lib*.so*; do
   fi
 done
 add "$STAGE/LINKS" bin/LINKS
+# The CUDA runtime Gantry was built against (under a megabyte), found first through $ORIGIN: the
+# GPU machine's toolkit may be an older minor version of the same major one, whose runtime may
+# lack what these headers asked for, while a newer runtime runs on the older driver of its major
+# version. cuBLAS (hundreds of MB) is taken from the machine's toolkit.
+if [ -n "${CUDA_PATH:-}" ]; then
+  for cudart in "$CUDA_PATH"/lib*/libcudart.so.[0-9]*; do
+    case "$(basename "$cudart")" in
+      libcudart.so.[0-9] | libcudart.so.[0-9][0-9]) add "$cudart" "bin/$(basename "$cudart")"; break ;;
+    esac
+  done
+fi
 # Symbols are no use there and make up much of a binary's size.
 for bin in gantry gantry-bench; do
   strip "$STAGE/bin/$bin" 2>/dev/null || log "$bin not stripped (no strip, or no ELF file)"

@@ -18,7 +18,9 @@
 # The pieces and what is built live in GPU_BENCH_STAGE (default ~/gantry-gpu-bench), so parts
 # carried by several calls add up while the machine stays the same. The toolkit is the one
 # scripts/install-cuda-toolkit.sh finds (CUDA_PATH, or the nvcc on the PATH); its cudart and
-# cuBLAS are what both servers load. Without a model in the bundle, Gantry pulls BENCH_MODEL.
+# cuBLAS are what both servers load (Gantry takes the bundle's cudart first). The model is
+# GPU_BENCH_MODEL_FILE where given, else the bundle's, else Gantry pulls BENCH_MODEL (the
+# bundle's name unless given here), which needs a network.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -84,8 +86,10 @@ collect() {
 
 load_env() {
   have bundle.env || die "bundle.env not collected yet (it is in part-00)"
+  local model="${BENCH_MODEL:-}"
   # shellcheck disable=SC1091 # written by gpu-bench-bundle.sh with printf %q
   . "$BUNDLE/bundle.env"
+  BENCH_MODEL="${model:-$BENCH_MODEL}"  # one given here wins over the bundle's
   CUDA_ROOT="$("$HERE/install-cuda-toolkit.sh")"
 }
 
@@ -172,7 +176,8 @@ bench() {
   [ -z "$missing" ] || die "Gantry's libraries are missing here (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):
 $missing"
   local model
-  model="$( (find "$BUNDLE/model" -name '*.gguf' 2>/dev/null || true) | head -n 1)"
+  model="${GPU_BENCH_MODEL_FILE:-}"
+  if [ -z "$model" ]; then model="$( (find "$BUNDLE/model" -name '*.gguf' 2>/dev/null || true) | head -n 1)"; fi
   if [ -z "$model" ]; then
     model="$("$BUNDLE/bin/gantry" models pull --quiet "$BENCH_MODEL" | tail -n 1)"
   fi
@@ -197,5 +202,5 @@ case "${1:-}" in
     reference
     bench "$@"
     ;;
-  *) sed -n '2,24p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac
