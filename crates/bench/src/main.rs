@@ -189,7 +189,7 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
     }
     let cpu_features = running.cpu_features().await;
     eprintln!("[bench] {} runs CPU kernels: {}", kind.label(), cpu_features.as_deref().unwrap_or("unknown"));
-    let gpu_offload = if settings.gpu { Some(check_gpu_offload(&running).await?) } else { None };
+    let gpu_offload = if settings.gpu { Some(check_gpu_offload(&running, &settings.model).await?) } else { None };
     let run = ServerRun {
         name: kind.label().to_string(),
         version: running.version.clone(),
@@ -206,10 +206,11 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
 /// no usable driver) would make the comparison meaningless, so it stops the run; llama-server's
 /// log is not ours to rely on, so a missing or partial offload there is written into the report
 /// and warned about instead.
-async fn check_gpu_offload(running: &Running) -> Result<String> {
+async fn check_gpu_offload(running: &Running, model: &Path) -> Result<String> {
     let offload = running.gpu_offload().await;
     let label = running.kind.label();
-    if offload.complete() {
+    let model_bytes = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
+    if offload.complete(model_bytes) {
         return Ok(offload.describe());
     }
     if running.kind == Kind::Gantry {

@@ -250,11 +250,16 @@ pub struct GpuOffload {
 }
 
 impl GpuOffload {
-    /// Whether every layer went to a GPU, by the server's own word: Gantry names a GPU only
-    /// when it offloads (every layer, as the bench leaves `--n-gpu-layers` unset); llama-server
-    /// counts the layers.
-    pub fn complete(&self) -> bool {
-        self.stated.as_deref().is_some_and(|s| !s.contains("NOT ALL"))
+    /// Whether every layer went to a GPU. By the server's own word where it gives one: Gantry
+    /// names a GPU only when it offloads (every layer, as the bench leaves `--n-gpu-layers`
+    /// unset); llama-server counts the layers. Where its log is silent (its default verbosity
+    /// may hide llama.cpp's lines), by nvidia-smi: a process holding at least the model file's
+    /// size in GPU memory holds the weights there.
+    pub fn complete(&self, model_bytes: u64) -> bool {
+        match self.stated.as_deref() {
+            Some(s) => !s.contains("NOT ALL"),
+            None => self.gpu_mib.is_some_and(|mib| mib * 1024 * 1024 >= model_bytes && model_bytes > 0),
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -401,12 +406,14 @@ mod tests {
         assert_eq!(gpu_memory_mib(smi, 4343), Some(2210));
         assert_eq!(gpu_memory_mib(smi, 1), None);
         assert_eq!(gpu_memory_mib("", 4242), None);
+        let model = 491_400_064; // 468.6 MiB
         let both = GpuOffload { stated: llama_server_offload(log), gpu_mib: Some(1830) };
-        assert!(both.complete());
+        assert!(both.complete(model));
         assert_eq!(both.describe(), "offloaded 25/25 layers to GPU; 1830 MiB on the GPU per nvidia-smi");
-        assert!(!GpuOffload { stated: llama_server_offload(partial), gpu_mib: Some(900) }.complete());
-        let silent = GpuOffload { stated: None, gpu_mib: Some(900) };
-        assert!(!silent.complete(), "memory alone does not say every layer went");
+        assert!(!GpuOffload { stated: llama_server_offload(partial), gpu_mib: Some(900) }.complete(model));
+        assert!(GpuOffload { stated: None, gpu_mib: Some(900) }.complete(model), "a silent log, the weights' size on the GPU");
+        assert!(!GpuOffload { stated: None, gpu_mib: Some(300) }.complete(model), "less than the weights: not all on the GPU");
+        assert!(!GpuOffload { stated: None, gpu_mib: None }.complete(model));
         assert_eq!(GpuOffload::default().describe(), "no GPU stated by the server nor seen by nvidia-smi");
     }
 }
