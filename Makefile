@@ -16,6 +16,10 @@ BENCH_ARGS ?=
 # 1: also compare portable AVX2 builds of both servers (a second table; two more llama.cpp builds
 # the first time, in target/portable and the reference cache).
 BENCH_AVX2 ?= 1
+# 1: compare CUDA builds on the GPU instead (make build-gpu's Gantry against a llama-server built
+# with REFERENCE_CUDA=1 for the same CUDA_ARCHS), every layer offloaded, chat up to 64 streams;
+# writes docs/benchmarks-gpu.md + docs/bench-chart-gpu.svg (the CPU report stays as it is).
+BENCH_GPU ?= 0
 
 # `make build`/`serve`/`bench` compile for this machine's CPU: target-cpu=native makes
 # llama-cpp-sys-2 build ggml with GGML_NATIVE=ON (-march=native: AVX-512, VNNI, BF16 where
@@ -43,7 +47,8 @@ CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
 	  CMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" GGML_CUDA_NO_VMM=$$no_vmm LLAMA_BUILD_SHARED_LIBS=1 \
 	  RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cuda/lib"
 
-.PHONY: serve build deps test test-rust test-e2e test-deploy test-cluster console-screenshots models-e2e bench clean build-gpu serve-gpu check-cuda
+.PHONY: serve build deps test test-rust test-e2e test-deploy test-cluster console-screenshots models-e2e bench bench-cpu bench-gpu \
+	gpu-bench-bundle clean build-gpu serve-gpu check-cuda
 
 deps:
 	@scripts/install-build-deps.sh
@@ -55,8 +60,10 @@ serve: build
 	$(RELEASE_BIN) models pull $(MODEL)
 	$(RELEASE_BIN) serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
+# gantry-bench is built alongside, with the same flags (no target-cpu, so it runs on any x86-64
+# GPU machine it is carried to; scripts/gpu-bench-bundle.sh takes it there).
 build-gpu: deps
-	$(CUDA_ENV) && $(CARGO) build --release -p gantry-server --features gantry-server/cuda --target-dir $(GPU_DIR)
+	$(CUDA_ENV) && $(CARGO) build --release -p gantry-server -p gantry-bench --features gantry-server/cuda --target-dir $(GPU_DIR)
 
 serve-gpu: build-gpu
 	$(GPU_BIN) models pull $(MODEL)
@@ -126,7 +133,13 @@ console-screenshots: models-e2e
 # Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), same
 # GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
 # AVX2. Prints ratios and targets and writes docs/benchmarks.md + docs/bench-chart.svg.
-bench: build
+ifeq ($(BENCH_GPU),1)
+bench: bench-gpu
+else
+bench: bench-cpu
+endif
+
+bench-cpu: build
 	@ref="$$(scripts/build-reference-llama-server.sh)" && \
 	avx2_args="" && \
 	if [ "$(BENCH_AVX2)" = 1 ]; then \
@@ -137,6 +150,26 @@ bench: build
 	model="$$($(RELEASE_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
 	set -x && GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" target/release/gantry-bench --gantry-bin $(RELEASE_BIN) \
 	  --reference-bin "$$ref" $$avx2_args --model "$$model" $(BENCH_ARGS)
+
+# The GPU form (BENCH_GPU=1): both built for CUDA_ARCHS with the same toolkit and the same VMM
+# pool setting, threads = nproc for both (gantry-bench's default), --parallel 64. The toolkit's
+# libraries go on LD_LIBRARY_PATH too: the run path make build-gpu sets names only its lib/, and
+# an installed toolkit keeps them in lib64/.
+bench-gpu: build-gpu
+	@$(CUDA_ENV) && \
+	export LD_LIBRARY_PATH="$$cuda/lib64:$$cuda/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" && \
+	ref="$$(REFERENCE_CUDA=1 CUDA_ARCHS="$(CUDA_ARCHS)" GGML_CUDA_NO_VMM=$$no_vmm scripts/build-reference-llama-server.sh)" && \
+	model="$$($(GPU_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
+	export GANTRY_GPU_BUILD="CUDA_ARCHS=$(CUDA_ARCHS), GGML_CUDA_NO_VMM=$$no_vmm, $$(nvcc --version | grep -m 1 release)" && \
+	set -x && $(GPU_DIR)/release/gantry-bench --gpu --gantry-bin $(GPU_BIN) --reference-bin "$$ref" --model "$$model" $(BENCH_ARGS)
+
+# For a GPU machine without Rust (a lent one, which may reach no network): packs make build-gpu's
+# Gantry and gantry-bench, the reference's sdist and BENCH_MODEL into .gpu-bench/part-NN (at most
+# GPU_BENCH_PART_MIB MiB each) for scripts/gpu-bench-remote.sh there. See the README's GPU section.
+gpu-bench-bundle: build-gpu
+	@$(CUDA_ENV) && \
+	GANTRY_GPU_BUILD="CUDA_ARCHS=$(CUDA_ARCHS), GGML_CUDA_NO_VMM=$$no_vmm, $$(nvcc --version | grep -m 1 release)" \
+	GGML_CUDA_NO_VMM=$$no_vmm CUDA_ARCHS="$(CUDA_ARCHS)" BENCH_MODEL=$(BENCH_MODEL) GPU_DIR=$(GPU_DIR) scripts/gpu-bench-bundle.sh
 
 clean:
 	$(CARGO) clean

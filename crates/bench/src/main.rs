@@ -1,6 +1,7 @@
 //! `gantry-bench`: streams chat completions against Gantry and a reference llama.cpp
 //! `llama-server` on the same GGUF and reports both with Gantry/reference ratios (console,
-//! docs/benchmarks.md, docs/bench-chart.svg).
+//! docs/benchmarks.md, docs/bench-chart.svg; with `--gpu`, CUDA builds of both on the GPU,
+//! docs/benchmarks-gpu.md and docs/bench-chart-gpu.svg).
 //!
 //! One comparison per pair of binaries: both built native for this CPU (the main table), and
 //! optionally both portable AVX2 builds. Both servers of a pair stay up for the whole comparison
@@ -9,10 +10,15 @@
 //! per pass measures what a long-running server does, with the caches earlier levels left behind;
 //! an idle server costs the other nothing but memory.
 
+mod chart;
+mod host;
 mod load;
+mod mode;
+mod pairs;
 mod report;
 mod servers;
 mod stats;
+mod targets;
 mod workloads;
 
 use std::path::{Path, PathBuf};
@@ -22,7 +28,10 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use serde_json::json;
 
+use host::{busy_share, loadavg, machine};
 use load::{run_level, stream_request, Target};
+use mode::Mode;
+use pairs::{pairs, BuildNotes, Bins, Pair};
 use report::{Comparison, ServerRun};
 use servers::{Kind, Running, ServerSettings};
 use workloads::{Request, Workload};
@@ -33,6 +42,11 @@ struct Cli {
     /// The GGUF both servers load.
     #[arg(long)]
     model: PathBuf,
+    /// Compare CUDA builds on the GPU (`make bench BENCH_GPU=1`): --gantry-bin from `make
+    /// build-gpu`, --reference-bin from `REFERENCE_CUDA=1 scripts/build-reference-llama-server.sh`;
+    /// every layer offloaded, chat up to 64 streams, issue #18's targets, docs/benchmarks-gpu.md.
+    #[arg(long)]
+    gpu: bool,
     /// Gantry built native for this CPU (`make build`).
     #[arg(long, default_value = "target/release/gantry")]
     gantry_bin: PathBuf,
@@ -64,12 +78,12 @@ struct Cli {
     /// ~950-token file plus 1200 completion tokens.
     #[arg(long, default_value_t = 4096)]
     ctx_size: u32,
-    /// Concurrency levels of the chat workload.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    /// Concurrency levels of the chat workload [default: 1,4,8,16; with --gpu 1,4,8,16,32,64].
+    #[arg(long, value_delimiter = ',')]
     concurrency: Vec<usize>,
-    /// Requests per chat concurrency level (at least the concurrency).
-    #[arg(long, default_value_t = 16)]
-    requests: usize,
+    /// Requests per chat concurrency level, at least the concurrency [default: 16; with --gpu 64].
+    #[arg(long)]
+    requests: Option<usize>,
     /// Approximate prompt length of the chat workload, in tokens.
     #[arg(long, default_value_t = 128)]
     prompt_tokens: usize,
@@ -106,10 +120,12 @@ struct Cli {
     /// Seconds to wait for a server to load the model and accept requests.
     #[arg(long, default_value_t = 300)]
     ready_timeout: u64,
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    out: PathBuf,
-    #[arg(long, default_value = "docs/bench-chart.svg")]
-    chart: PathBuf,
+    /// The report [default: docs/benchmarks.md; with --gpu docs/benchmarks-gpu.md].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The chart [default: docs/bench-chart.svg; with --gpu docs/bench-chart-gpu.svg].
+    #[arg(long)]
+    chart: Option<PathBuf>,
     /// Also write the raw results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -118,66 +134,28 @@ struct Cli {
     no_write: bool,
 }
 
-fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string())
-    };
-    let processors = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let wanted = [
-        "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vbmi", "avx512_vnni",
-        "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd",
-    ];
-    let all = field("flags").or_else(|| field("Features")).unwrap_or_default();
-    let flags: Vec<&str> = all.split_whitespace().filter(|x| wanted.contains(x)).collect();
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0))
-        .unwrap_or_else(|| "unknown".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!(
-        "CPU: {} (family {}, model {}; {processors} processors in /proc/cpuinfo, nproc = {nproc})\nCPU flags: {}\nMemory: {mem}\nKernel: Linux {}\nArch: {}",
-        field("model name").unwrap_or_else(|| "unknown".into()),
-        field("cpu family").unwrap_or_else(|| "?".into()),
-        cpuinfo.lines().find(|l| l.split(':').next().map(str::trim) == Some("model")).and_then(|l| l.split(':').nth(1)).map_or("?", str::trim),
-        flags.join(" "),
-        kernel.trim(),
-        std::env::consts::ARCH
-    )
-}
+impl Cli {
+    fn mode(&self) -> Mode {
+        Mode::new(self.gpu)
+    }
 
-fn loadavg() -> String {
-    let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-}
+    fn concurrency(&self) -> Vec<usize> {
+        if self.concurrency.is_empty() {
+            self.mode().default_concurrency()
+        } else {
+            self.concurrency.clone()
+        }
+    }
 
-/// (busy, total) jiffies of all CPUs from /proc/stat.
-fn cpu_jiffies() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let v: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
-}
+    fn requests(&self) -> usize {
+        self.requests.unwrap_or_else(|| self.mode().default_requests())
+    }
 
-/// Share of the machine's CPU time that was busy over `window` while both servers sit idle:
-/// anything above a few percent is other work competing with the measurement.
-async fn busy_share(window: Duration) -> Option<f64> {
-    let (b0, t0) = cpu_jiffies()?;
-    tokio::time::sleep(window).await;
-    let (b1, t1) = cpu_jiffies()?;
-    (t1 > t0).then(|| (b1 - b0) as f64 / (t1 - t0) as f64)
-}
-
-/// A pair of binaries to compare.
-struct Pair {
-    title: String,
-    kernels: String,
-    gantry: Option<PathBuf>,
-    reference: Option<PathBuf>,
+    /// Report and chart paths.
+    fn outputs(&self) -> (PathBuf, PathBuf) {
+        let (out, chart) = self.mode().default_outputs();
+        (self.out.clone().unwrap_or(out), self.chart.clone().unwrap_or(chart))
+    }
 }
 
 struct Up {
@@ -211,15 +189,40 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
     }
     let cpu_features = running.cpu_features().await;
     eprintln!("[bench] {} runs CPU kernels: {}", kind.label(), cpu_features.as_deref().unwrap_or("unknown"));
+    let gpu_offload = if settings.gpu { Some(check_gpu_offload(&running, &settings.model).await?) } else { None };
     let run = ServerRun {
         name: kind.label().to_string(),
         version: running.version.clone(),
         command: running.command.clone(),
         cpu_features: cpu_features.unwrap_or_else(|| "unknown".into()),
+        gpu_offload,
         load_before,
         levels: Vec::new(),
     };
     Ok(Up { running, target, run })
+}
+
+/// GPU mode: what the server says of its offload. A Gantry that found no GPU (a CPU build, or
+/// no usable driver) would make the comparison meaningless, so it stops the run; llama-server's
+/// log is not ours to rely on, so a missing or partial offload there is written into the report
+/// and warned about instead.
+async fn check_gpu_offload(running: &Running, model: &Path) -> Result<String> {
+    let offload = running.gpu_offload().await;
+    let label = running.kind.label();
+    let model_bytes = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
+    if offload.complete(model_bytes) {
+        return Ok(offload.describe());
+    }
+    if running.kind == Kind::Gantry {
+        bail!(
+            "Gantry reports no GPU ({}): is --gantry-bin the CUDA build (`make build-gpu`), and does it find the \
+             driver, libcudart and libcublas (LD_LIBRARY_PATH)?\n{}",
+            offload.describe(),
+            running.log_tail()
+        );
+    }
+    eprintln!("[bench] warning: {label} may not run wholly on the GPU: {} (built with REFERENCE_CUDA=1?)", offload.describe());
+    Ok(format!("{}; NOT CONFIRMED on the GPU", offload.describe()))
 }
 
 async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &[(Workload, Vec<(usize, usize)>)], warnings: &mut Vec<String>) -> Result<Comparison> {
@@ -300,6 +303,11 @@ async fn main() -> Result<()> {
     if cli.passes == 0 {
         bail!("--passes must be at least 1");
     }
+    let mode = cli.mode();
+    mode.check(cli.gantry_avx2_bin.is_some() || cli.reference_avx2_bin.is_some())?;
+    let concurrency = cli.concurrency();
+    let requests = cli.requests();
+    let (out, chart) = cli.outputs();
     let mut kinds = Vec::new();
     for name in &cli.workloads {
         let Some(kind) = workloads::Kind::parse(name) else {
@@ -308,8 +316,7 @@ async fn main() -> Result<()> {
         kinds.push(kind);
     }
     let wants = |k: workloads::Kind| kinds.contains(&k);
-    let max_c = cli
-        .concurrency
+    let max_c = concurrency
         .iter()
         .copied()
         .filter(|_| wants(workloads::Kind::Chat))
@@ -323,6 +330,7 @@ async fn main() -> Result<()> {
         parallel: cli.parallel.unwrap_or(max_c as u32),
         ctx_per_seq: cli.ctx_size,
         ready_timeout: Duration::from_secs(cli.ready_timeout),
+        gpu: mode == Mode::Gpu,
     };
     let base = Workload {
         kind: workloads::Kind::Chat,
@@ -335,7 +343,7 @@ async fn main() -> Result<()> {
     for &kind in &kinds {
         let w = Workload { kind, ..base.clone() };
         let levels = match kind {
-            workloads::Kind::Chat => cli.concurrency.iter().map(|&c| (c, cli.requests.max(c))).collect(),
+            workloads::Kind::Chat => concurrency.iter().map(|&c| (c, requests.max(c))).collect(),
             workloads::Kind::SharedPrefix => {
                 let c = cli.shared_prefix_concurrency;
                 vec![(c, cli.shared_prefix_requests.max(c))]
@@ -353,28 +361,13 @@ async fn main() -> Result<()> {
         plan.push((Workload { max_tokens, ..w }, levels));
     }
 
-    let native_flags = std::env::var("GANTRY_NATIVE_CFLAGS").unwrap_or_default();
-    let mut pairs = vec![Pair {
-        title: "Both native for this CPU".into(),
-        kernels: format!(
-            "Gantry: `make build` (`RUSTFLAGS=-C target-cpu=native`, so `llama-cpp-sys-2` builds ggml with \
-             `GGML_NATIVE=ON`); llama-server: `GGML_NATIVE=ON`, as llama.cpp builds by default. Extra C/C++ flags for \
-             both from `scripts/native-build-flags.sh`: {}.",
-            if native_flags.trim().is_empty() { "none".to_string() } else { format!("`{}`", native_flags.trim()) }
-        ),
-        gantry: Some(cli.gantry_bin.clone()),
+    let bins = Bins {
+        gantry: cli.gantry_bin.clone(),
         reference: cli.reference_bin.clone(),
-    }];
-    if cli.gantry_avx2_bin.is_some() || cli.reference_avx2_bin.is_some() {
-        pairs.push(Pair {
-            title: "Both portable AVX2".into(),
-            kernels: "Gantry: a release build without `target-cpu` (`llama-cpp-sys-2`'s default: `GGML_NATIVE=OFF`, \
-                      AVX/AVX2/FMA/F16C/BMI2, no AVX-512); llama-server: `REFERENCE_NATIVE=0`, the same CPU flags."
-                .into(),
-            gantry: cli.gantry_avx2_bin.clone(),
-            reference: cli.reference_avx2_bin.clone(),
-        });
-    }
+        gantry_avx2: cli.gantry_avx2_bin.clone(),
+        reference_avx2: cli.reference_avx2_bin.clone(),
+    };
+    let pairs = pairs(mode, &bins, &BuildNotes::from_env());
     let mut comparisons = Vec::new();
     let mut warnings = Vec::new();
     for pair in &pairs {
@@ -382,23 +375,26 @@ async fn main() -> Result<()> {
         println!("\n## {}\n\n{}\n", c.title, c.kernels);
         for r in &c.runs {
             println!("{} CPU kernels: {}", r.name, r.cpu_features);
+            if let Some(gpu) = &r.gpu_offload {
+                println!("{} GPU offload: {gpu}", r.name);
+            }
         }
         println!("\nResults (means over {} passes)\n\n{}", cli.passes, report::results_table(&c.runs));
         println!("Gantry / llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}", report::ratio_table(&c.runs));
         comparisons.push(c);
     }
-    let machine = machine();
+    let machine = machine(mode == Mode::Gpu);
     println!("{machine}\n");
     if let Some(first) = comparisons.first() {
-        println!("Targets (issue #13, {})\n\n{}", first.title, report::targets_table(&first.runs));
+        println!("Targets ({}, {})\n\n{}", mode.issue(), first.title, targets::targets_table(&first.runs, mode.targets()));
     }
     if cli.no_write {
         return Ok(());
     }
     let model_size = std::fs::metadata(&settings.model).map(|m| m.len() as f64 / 1e6).unwrap_or(0.0);
-    let chart_ref = match (cli.chart.parent(), cli.out.parent()) {
-        (Some(a), Some(b)) if a == b => cli.chart.file_name().unwrap().to_string_lossy().into_owned(),
-        _ => cli.chart.display().to_string(),
+    let chart_ref = match (chart.parent(), out.parent()) {
+        (Some(a), Some(b)) if a == b => chart.file_name().unwrap().to_string_lossy().into_owned(),
+        _ => chart.display().to_string(),
     };
     let mut reference_builds = Vec::new();
     for (pair, bin) in pairs.iter().map(|p| (p, p.reference.as_ref())) {
@@ -407,6 +403,7 @@ async fn main() -> Result<()> {
         }
     }
     let ctx = report::Context {
+        mode,
         date: report::utc_now(),
         machine,
         bench_command: std::env::args().map(|a| if a.contains(' ') { format!("'{a}'") } else { a }).collect::<Vec<_>>().join(" "),
@@ -421,26 +418,63 @@ async fn main() -> Result<()> {
              - Each server is warmed up with one short request after it starts. The two llama.cpp revisions differ.",
             settings.model.display(), settings.threads, settings.parallel, settings.ctx_per_seq, settings.ctx_per_seq * settings.parallel,
             cli.passes, cli.temperature,
-            cli.prompt_tokens, cli.max_tokens, cli.concurrency, cli.requests,
+            cli.prompt_tokens, cli.max_tokens, concurrency, requests,
             cli.shared_prefix_tokens, cli.shared_prefix_concurrency, cli.shared_prefix_requests,
             cli.code_edit_requests, cli.code_edit_max_tokens, cli.prose_requests, cli.prose_max_tokens,
             cli.extract_requests, cli.extract_max_tokens,
-        ),
+        ) + if settings.gpu {
+            "\n- GPU offload: every layer and the KV cache, for both (Gantry's `--n-gpu-layers` default, llama-server \
+             `-ngl 999`); the threads only feed the GPU"
+        } else {
+            ""
+        },
         chart_file: chart_ref,
         reference_builds,
         quiet_warnings: warnings,
     };
-    for p in [&cli.out, &cli.chart] {
+    for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
     }
-    std::fs::write(&cli.out, report::markdown(&comparisons, &ctx))?;
+    std::fs::write(&out, report::markdown(&comparisons, &ctx))?;
     let chart_runs = comparisons.first().map(|c| report::merged_runs(&c.runs)).unwrap_or_default();
-    std::fs::write(&cli.chart, report::svg(&chart_runs, "chat"))?;
+    std::fs::write(&chart, chart::svg(&chart_runs, "chat"))?;
     if let Some(j) = &cli.json {
         std::fs::write(j, serde_json::to_string_pretty(&comparisons)?)?;
     }
-    eprintln!("[bench] wrote {} and {}", cli.out.display(), cli.chart.display());
+    eprintln!("[bench] wrote {} and {}", out.display(), chart.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from([&["gantry-bench", "--model", "m.gguf"], args].concat()).unwrap()
+    }
+
+    #[test]
+    fn gpu_flag_picks_the_gpu_levels_requests_and_report() {
+        let gpu = parse(&["--gpu"]);
+        assert_eq!(gpu.mode(), Mode::Gpu);
+        assert_eq!(gpu.concurrency(), vec![1, 4, 8, 16, 32, 64]);
+        assert_eq!(gpu.requests(), 64);
+        assert_eq!(gpu.outputs(), (PathBuf::from("docs/benchmarks-gpu.md"), PathBuf::from("docs/bench-chart-gpu.svg")));
+        let cpu = parse(&[]);
+        assert_eq!(cpu.mode(), Mode::Cpu);
+        assert_eq!(cpu.concurrency(), vec![1, 4, 8, 16]);
+        assert_eq!(cpu.requests(), 16);
+        assert_eq!(cpu.outputs().0, PathBuf::from("docs/benchmarks.md"));
+    }
+
+    #[test]
+    fn given_flags_win_over_the_modes_defaults() {
+        let c = parse(&["--gpu", "--concurrency", "1,32", "--requests", "8", "--out", "/tmp/r.md", "--chart", "/tmp/c.svg"]);
+        assert_eq!(c.concurrency(), vec![1, 32]);
+        assert_eq!(c.requests(), 8);
+        assert_eq!(c.outputs(), (PathBuf::from("/tmp/r.md"), PathBuf::from("/tmp/c.svg")));
+        assert!(Cli::try_parse_from(["gantry-bench", "--model", "m", "--gpu", "--requests", "x"]).is_err());
+    }
 }

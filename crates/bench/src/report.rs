@@ -1,10 +1,13 @@
-//! The console/markdown tables, docs/benchmarks.md and the SVG chart.
+//! The console/markdown tables and the report (docs/benchmarks.md, docs/benchmarks-gpu.md).
+//! The targets are in `targets.rs`, the chart in `chart.rs`.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::mode::Mode;
 use crate::stats::{ratio, LevelResult};
+use crate::targets::targets_table;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerRun {
@@ -13,6 +16,9 @@ pub struct ServerRun {
     pub command: String,
     /// The CPU features its llama.cpp was built with (Gantry's /metrics, llama-server's log).
     pub cpu_features: String,
+    /// GPU mode: where the server put the model, as it says itself (Gantry's `gantry_gpu_info`,
+    /// llama-server's "offloaded N/N layers to GPU"). `None` on the CPU.
+    pub gpu_offload: Option<String>,
     /// /proc/loadavg just before the server started: other work on the machine skews results.
     pub load_before: String,
     pub levels: Vec<LevelResult>,
@@ -20,7 +26,6 @@ pub struct ServerRun {
 
 pub const GANTRY: &str = "Gantry";
 pub const REFERENCE: &str = "llama-server";
-const COLORS: [(&str, &str); 2] = [(GANTRY, "#1f77b4"), (REFERENCE, "#ff7f0e")];
 
 fn f(v: Option<f64>, digits: usize) -> String {
     v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "n/a".into())
@@ -47,7 +52,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// (workload, concurrency) pairs in first-seen order.
-fn cells(runs: &[ServerRun]) -> Vec<(String, usize)> {
+pub(crate) fn cells(runs: &[ServerRun]) -> Vec<(String, usize)> {
     let mut keys: Vec<(String, usize)> = Vec::new();
     for l in runs.iter().flat_map(|r| &r.levels) {
         let k = (l.workload.clone(), l.concurrency);
@@ -95,7 +100,7 @@ fn merge(levels: &[&LevelResult]) -> Option<LevelResult> {
     })
 }
 
-fn find(runs: &[ServerRun], server: &str, key: &(String, usize)) -> Option<LevelResult> {
+pub(crate) fn find(runs: &[ServerRun], server: &str, key: &(String, usize)) -> Option<LevelResult> {
     merge(&passes(runs, server, key))
 }
 
@@ -181,49 +186,6 @@ pub fn ratio_table(runs: &[ServerRun]) -> String {
     table(&headers, &rows)
 }
 
-/// One target of issue #13: Gantry ÷ llama-server (native) for a workload cell.
-struct Target {
-    workload: &'static str,
-    concurrency: usize,
-    metric: &'static str,
-    /// `true`: the ratio must be at least `bound` (throughput); `false`: at most (latency).
-    at_least: bool,
-    bound: f64,
-}
-
-const TARGETS: [Target; 7] = [
-    Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.05 },
-    Target { workload: "chat", concurrency: 8, metric: "tok/s", at_least: true, bound: 1.1 },
-    Target { workload: "chat", concurrency: 16, metric: "tok/s", at_least: true, bound: 1.0 },
-    Target { workload: "shared-prefix", concurrency: 8, metric: "TTFT p50", at_least: false, bound: 0.5 },
-    Target { workload: "code-edit", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.5 },
-    Target { workload: "extract", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.3 },
-    Target { workload: "prose", concurrency: 1, metric: "tok/s", at_least: true, bound: 0.97 },
-];
-
-/// The issue's targets against the measured ratios (cells not measured are left out).
-pub fn targets_table(runs: &[ServerRun]) -> String {
-    let headers = ["target", "ratio", "spread", "met"];
-    let mut rows = Vec::new();
-    for t in &TARGETS {
-        let key = (t.workload.to_string(), t.concurrency);
-        let metric: fn(&LevelResult) -> Option<f64> =
-            if t.metric == "tok/s" { |l| Some(l.tokens_per_s) } else { |l| l.ttft_p50_ms };
-        let Some((x, lo, hi)) = pass_ratio(runs, &key, metric) else { continue };
-        let met = if t.at_least { x >= t.bound } else { x <= t.bound };
-        rows.push(vec![
-            format!("{} c={} {} {} {}", t.workload, t.concurrency, t.metric, if t.at_least { "≥" } else { "≤" }, t.bound),
-            format!("{x:.2}"),
-            format!("{lo:.2}–{hi:.2}"),
-            if met { "yes" } else { "NO" }.to_string(),
-        ]);
-    }
-    if rows.is_empty() {
-        return "(no targets measured)\n".into();
-    }
-    table(&headers, &rows)
-}
-
 /// One side-by-side comparison (its own pair of binaries), e.g. both native, or both AVX2.
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
@@ -235,6 +197,7 @@ pub struct Comparison {
 
 /// Everything docs/benchmarks.md needs besides the results.
 pub struct Context {
+    pub mode: Mode,
     pub date: String,
     pub machine: String,
     pub bench_command: String,
@@ -248,11 +211,15 @@ pub struct Context {
 
 pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     let mut md = String::new();
-    let _ = writeln!(md, "# Benchmarks: Gantry vs llama.cpp `llama-server`\n");
+    let _ = writeln!(md, "# {}\n", ctx.mode.title());
+    let gpu_note = match ctx.mode {
+        Mode::Gpu => " Both ran on the GPU with every layer and the KV cache offloaded.",
+        Mode::Cpu => "",
+    };
     let _ = writeln!(
         md,
-        "Generated by `make bench` (crate `crates/bench`) on {}. Both servers ran the same GGUF with the same \
-         threads, parallel slots and per-sequence context. Both are started once per comparison and stay up; every \
+        "Generated by `{}` (crate `crates/bench`) on {}. Both servers ran the same GGUF with the same \
+         threads, parallel slots and per-sequence context.{gpu_note} Both are started once per comparison and stay up; every \
          workload level is measured on one server, then the other, and the order flips each pass (Gantry, \
          llama-server, llama-server, Gantry, …: A-B-B-A), so slow drift on the host weighs on both alike. Every pass \
          sends new prompts, so no pass finds a cache the previous one filled. Every request streams (`stream: true`, \
@@ -260,12 +227,13 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
          completion tokens per second of wall time for the whole level; TTFT is send → first content delta; ITL is \
          the gap between consecutive content deltas. Ratios are of the means over passes; the spread is the \
          lowest–highest ratio of a single pass.\n",
+        ctx.mode.make_command(),
         ctx.date
     );
     let _ = writeln!(md, "## Machine\n\n```\n{}\n```\n", ctx.machine.trim_end());
     if let Some(first) = comparisons.first() {
-        let _ = writeln!(md, "## Targets (issue #13, {})\n", first.title);
-        md += &targets_table(&first.runs);
+        let _ = writeln!(md, "## Targets ({}, {})\n", ctx.mode.issue(), first.title);
+        md += &targets_table(&first.runs, ctx.mode.targets());
         let _ = writeln!(md);
     }
     let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
@@ -292,7 +260,8 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
         }
         let _ = writeln!(md);
         for r in &c.runs {
-            let _ = writeln!(md, "{} ({}), CPU kernels `{}`:\n\n```\n{}\n```\n", r.name, r.version, r.cpu_features, r.command);
+            let gpu = r.gpu_offload.as_ref().map(|g| format!(", GPU offload `{g}`")).unwrap_or_default();
+            let _ = writeln!(md, "{} ({}), CPU kernels `{}`{gpu}:\n\n```\n{}\n```\n", r.name, r.version, r.cpu_features, r.command);
         }
     }
     let _ = writeln!(md, "## Settings\n\n{}\n", ctx.settings);
@@ -308,92 +277,6 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     }
     let _ = writeln!(md, "## Command\n\n```\n{}\n```\n", ctx.bench_command);
     md
-}
-
-/// Round up to 1, 2, 2.5 or 5 × 10^k.
-fn nice_max(v: f64) -> f64 {
-    if v <= 0.0 || !v.is_finite() {
-        return 1.0;
-    }
-    let mag = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|c| *c >= v * 1.05).unwrap_or(10.0 * mag)
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
-}
-
-/// Two panels (tokens/s and TTFT p50 against concurrency) for `workload`, one line per server.
-pub fn svg(runs: &[ServerRun], workload: &str) -> String {
-    let levels: Vec<usize> = {
-        let mut c: Vec<usize> = cells(runs).into_iter().filter(|k| k.0 == workload).map(|k| k.1).collect();
-        c.sort_unstable();
-        c.dedup();
-        c
-    };
-    let (pw, ph, top, left) = (380.0, 240.0, 50.0, 60.0);
-    let (width, height) = (2.0 * (pw + left) + 70.0, top + ph + 80.0);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    type Metric = fn(&LevelResult) -> Option<f64>;
-    let metrics: [(&str, Metric); 2] = [
-        ("Completion tokens/s (higher is better)", |l| Some(l.tokens_per_s)),
-        ("TTFT p50, ms (lower is better)", |l| l.ttft_p50_ms),
-    ];
-    for (p, (title, metric)) in metrics.iter().enumerate() {
-        let x0 = left + p as f64 * (pw + left + 40.0);
-        let series: Vec<(&str, Vec<(usize, f64)>)> = runs
-            .iter()
-            .map(|r| {
-                let pts = levels
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, c)| find(runs, &r.name, &(workload.to_string(), *c)).as_ref().and_then(metric).map(|v| (i, v)))
-                    .collect();
-                (r.name.as_str(), pts)
-            })
-            .collect();
-        let ymax = nice_max(series.iter().flat_map(|(_, p)| p.iter().map(|x| x.1)).fold(0.0, f64::max));
-        let pad = 24.0;
-        let xpos = |i: usize| {
-            x0 + if levels.len() > 1 { pad + (pw - 2.0 * pad) * i as f64 / (levels.len() - 1) as f64 } else { pw / 2.0 }
-        };
-        let ypos = |v: f64| top + ph - ph * v / ymax;
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#, x0 + pw / 2.0, top - 20.0, esc(title));
-        for t in 0..=5 {
-            let v = ymax * t as f64 / 5.0;
-            let y = ypos(v);
-            let _ = writeln!(s, r##"<line x1="{x0}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/>"##, x0 + pw);
-            let label = if ymax >= 10.0 { format!("{v:.0}") } else { format!("{v:.1}") };
-            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="end">{label}</text>"#, x0 - 6.0, y + 4.0);
-        }
-        for (i, c) in levels.iter().enumerate() {
-            let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{c}</text>"#, xpos(i), top + ph + 18.0);
-        }
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">concurrent requests</text>"#, x0 + pw / 2.0, top + ph + 38.0);
-        let _ = writeln!(s, r##"<rect x="{x0}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##);
-        for (name, pts) in &series {
-            let color = COLORS.iter().find(|c| c.0 == *name).map(|c| c.1).unwrap_or("#2ca02c");
-            let path: Vec<String> = pts.iter().map(|(i, v)| format!("{:.1},{:.1}", xpos(*i), ypos(*v))).collect();
-            let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));
-            for (i, v) in pts {
-                let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#, xpos(*i), ypos(*v));
-            }
-        }
-    }
-    for (k, r) in runs.iter().enumerate() {
-        let color = COLORS.iter().find(|c| c.0 == r.name).map(|c| c.1).unwrap_or("#2ca02c");
-        let x = left + k as f64 * 200.0;
-        let y = height - 14.0;
-        let _ = writeln!(s, r#"<rect x="{x}" y="{}" width="14" height="4" fill="{color}"/>"#, y - 6.0);
-        let _ = writeln!(s, r#"<text x="{}" y="{y}">{}</text>"#, x + 20.0, esc(&r.name));
-    }
-    s += "</svg>\n";
-    s
 }
 
 /// `YYYY-MM-DD HH:MM UTC` from the system clock (Howard Hinnant's civil-from-days).
@@ -413,21 +296,22 @@ pub fn utc_now() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::stats::{summarize, RequestSample};
 
-    fn level(workload: &str, c: usize, pass: usize, tps: f64, ttft: f64) -> LevelResult {
+    pub(crate) fn level(workload: &str, c: usize, pass: usize, tps: f64, ttft: f64) -> LevelResult {
         let s = RequestSample { ttft: Some(ttft), itl: vec![0.05], completion_tokens: tps as u64, ..Default::default() };
         LevelResult { pass, ..summarize(workload, c, std::slice::from_ref(&s), 1.0) }
     }
 
-    fn run(name: &str, levels: Vec<LevelResult>) -> ServerRun {
+    pub(crate) fn run(name: &str, levels: Vec<LevelResult>) -> ServerRun {
         ServerRun {
             name: name.into(),
             version: "v".into(),
             command: "cmd".into(),
             cpu_features: "AVX2".into(),
+            gpu_offload: None,
             load_before: "0.00".into(),
             levels,
         }
@@ -441,7 +325,7 @@ mod tests {
         ];
         let t = ratio_table(&runs);
         assert!(t.contains("| 1.50"), "{t}");
-        let svg = svg(&merged_runs(&runs), "chat");
+        let svg = crate::chart::svg(&merged_runs(&runs), "chat");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 4);
         assert!(results_table(&runs).contains("llama-server"));
@@ -466,46 +350,55 @@ mod tests {
         assert_eq!(merged[0].levels[0].requests, 2);
     }
 
-    #[test]
-    fn targets_say_met_or_not() {
-        let runs = vec![
-            run(GANTRY, vec![level("chat", 1, 0, 21.0, 0.2), level("shared-prefix", 8, 0, 5.0, 2.0)]),
-            run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2), level("shared-prefix", 8, 0, 5.0, 8.0)]),
-        ];
-        let t = targets_table(&runs);
-        let chat = t.lines().find(|l| l.contains("chat c=1")).unwrap();
-        assert!(chat.contains("1.05") && chat.contains("| yes"), "{t}");
-        let shared = t.lines().find(|l| l.contains("shared-prefix")).unwrap();
-        assert!(shared.contains("0.25") && shared.contains("| yes"), "{t}");
-        assert!(!t.contains("code-edit"), "unmeasured targets are left out: {t}");
-        let slow = vec![run(GANTRY, vec![level("chat", 1, 0, 19.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
-        assert!(targets_table(&slow).contains("| NO"));
+    fn context(mode: Mode, machine: &str) -> Context {
+        Context {
+            mode,
+            date: "d".into(),
+            machine: machine.into(),
+            bench_command: "b".into(),
+            settings: "s".into(),
+            chart_file: "c.svg".into(),
+            reference_builds: vec![],
+            quiet_warnings: vec!["busy".into()],
+        }
     }
 
     #[test]
     fn markdown_has_every_comparison_and_the_machine() {
         let runs = vec![run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
         let c = |t: &str| Comparison { title: t.into(), kernels: "k".into(), runs: runs.clone() };
-        let ctx = Context {
-            date: "d".into(),
-            machine: "CPU: Test CPU".into(),
-            bench_command: "b".into(),
-            settings: "s".into(),
-            chart_file: "c.svg".into(),
-            reference_builds: vec![],
-            quiet_warnings: vec!["busy".into()],
-        };
-        let md = markdown(&[c("Both native"), c("Both portable AVX2")], &ctx);
-        for needle in ["## Both native", "## Both portable AVX2", "CPU: Test CPU", "## Targets", "- busy", "CPU kernels `AVX2`"] {
+        let md = markdown(&[c("Both native"), c("Both portable AVX2")], &context(Mode::Cpu, "CPU: Test CPU"));
+        for needle in [
+            "# Benchmarks: Gantry vs llama.cpp `llama-server`\n", "Generated by `make bench` (", "## Both native", "## Both portable AVX2", "CPU: Test CPU", "## Targets (issue #13",
+            "chat c=1 tok/s ≥ 1.05", "- busy", "CPU kernels `AVX2`:",
+        ] {
             assert!(md.contains(needle), "{needle}: {md}");
         }
+        assert!(!md.contains("GPU offload") && !md.contains("offloaded"), "{md}");
     }
 
     #[test]
-    fn nice_numbers() {
-        assert_eq!(nice_max(87.0), 100.0);
-        assert_eq!(nice_max(19.5), 25.0);
-        assert_eq!(nice_max(0.0), 1.0);
+    fn gpu_markdown_names_the_gpu_its_targets_and_each_servers_offload() {
+        let mut g = run(GANTRY, vec![level("chat", 1, 0, 100.0, 0.02), level("chat", 32, 0, 2400.0, 0.05)]);
+        g.gpu_offload = Some("NVIDIA H100 80GB HBM3 (CUDA0)".into());
+        let mut r = run(REFERENCE, vec![level("chat", 1, 0, 100.0, 0.02), level("chat", 32, 0, 2000.0, 0.05)]);
+        r.gpu_offload = Some("offloaded 25/25 layers to GPU".into());
+        let c = Comparison { title: "Both CUDA on the GPU".into(), kernels: "k".into(), runs: vec![g, r] };
+        let machine = "CPU: Test CPU\nGPU 0: NVIDIA H100 80GB HBM3, 81559 MiB, driver 580.159.04";
+        let md = markdown(&[c], &context(Mode::Gpu, machine));
+        for needle in [
+            "# GPU benchmarks: Gantry vs llama.cpp `llama-server`, both on CUDA\n",
+            "Generated by `make bench BENCH_GPU=1`", "every layer and the KV cache offloaded", "GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB",
+            "## Targets (issue #18, Both CUDA on the GPU)", "GPU offload `NVIDIA H100 80GB HBM3 (CUDA0)`",
+            "GPU offload `offloaded 25/25 layers to GPU`",
+        ] {
+            assert!(md.contains(needle), "{needle}: {md}");
+        }
+        let targets = md.split("## Targets").nth(1).unwrap().split("\n## ").next().unwrap();
+        let line = |needle: &str| targets.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {targets}"));
+        assert!(line("chat c=1 tok/s ≥ 1 ").contains("| yes"), "{targets}");
+        assert!(line("chat c=32 tok/s ≥ 1.1").contains("1.20") && line("chat c=32").contains("| yes"), "{targets}");
+        assert!(!targets.contains("code-edit") && !targets.contains("c=16"), "only issue #18's targets: {targets}");
     }
 
     #[test]

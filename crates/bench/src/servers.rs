@@ -17,6 +17,10 @@ pub struct ServerSettings {
     /// Per sequence; llama-server gets `ctx_per_seq * parallel` in total.
     pub ctx_per_seq: u32,
     pub ready_timeout: Duration,
+    /// GPU mode: both offload every layer. Gantry does by default in a CUDA build (its
+    /// `--n-gpu-layers` left unset means all); llama-server needs `-ngl`, or it keeps the model
+    /// on the CPU.
+    pub gpu: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +52,9 @@ pub struct Running {
     _dir: tempfile::TempDir,
 }
 
+/// llama-server's "every layer on the GPU": more layers than any model has.
+pub const REFERENCE_ALL_LAYERS: [&str; 2] = ["-ngl", "999"];
+
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -71,29 +78,38 @@ pub async fn version_of(bin: &Path) -> String {
     }
 }
 
-pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running> {
-    let dir = tempfile::Builder::new().prefix("gantry-bench-").tempdir()?;
-    let port = free_port()?;
-    let log = dir.path().join("server.log");
-    let model = s.model.display().to_string();
-    let (args, api_key): (Vec<String>, Option<String>) = match kind {
+/// The command-line arguments for `kind`, and the API key Gantry is started with.
+fn server_args(kind: Kind, model: &str, port: u16, dir: &Path, s: &ServerSettings) -> (Vec<String>, Option<String>) {
+    match kind {
         Kind::Gantry => {
             let key = format!("sk-gantry-bench-key-{port:05}");
             let a = [
-                "serve", "--model", &model, "--port", &port.to_string(), "--host", "127.0.0.1", "--data-dir",
-                &dir.path().join("data").display().to_string(), "--api-key", &key, "--parallel",
+                "serve", "--model", model, "--port", &port.to_string(), "--host", "127.0.0.1", "--data-dir",
+                &dir.join("data").display().to_string(), "--api-key", &key, "--parallel",
                 &s.parallel.to_string(), "--ctx-size", &s.ctx_per_seq.to_string(), "--threads", &s.threads.to_string(),
             ];
             (a.iter().map(|x| x.to_string()).collect(), Some(key))
         }
         Kind::Reference => {
             let a = [
-                "-m", &model, "--host", "127.0.0.1", "--port", &port.to_string(), "-t", &s.threads.to_string(),
+                "-m", model, "--host", "127.0.0.1", "--port", &port.to_string(), "-t", &s.threads.to_string(),
                 "-np", &s.parallel.to_string(), "-c", &(s.ctx_per_seq * s.parallel).to_string(), "--cont-batching",
             ];
-            (a.iter().map(|x| x.to_string()).collect(), None)
+            let mut a: Vec<String> = a.iter().map(|x| x.to_string()).collect();
+            if s.gpu {
+                a.extend(REFERENCE_ALL_LAYERS.iter().map(|x| x.to_string()));
+            }
+            (a, None)
         }
-    };
+    }
+}
+
+pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running> {
+    let dir = tempfile::Builder::new().prefix("gantry-bench-").tempdir()?;
+    let port = free_port()?;
+    let log = dir.path().join("server.log");
+    let model = s.model.display().to_string();
+    let (args, api_key) = server_args(kind, &model, port, dir.path(), s);
     let mut shown = vec![bin.display().to_string()];
     shown.extend(args.iter().cloned());
     let command = quote(&shown);
@@ -181,6 +197,28 @@ impl Running {
         Ok(())
     }
 
+    /// Where the server put the model, as far as can be told: what it says itself (Gantry's
+    /// `gantry_gpu_info` gauge, llama-server's `offloaded N/M layers to GPU` log line) and the GPU
+    /// memory nvidia-smi counts for its process.
+    pub async fn gpu_offload(&self) -> GpuOffload {
+        let stated = match self.kind {
+            Kind::Gantry => match reqwest::get(format!("{}/metrics", self.base_url)).await {
+                Ok(r) => gantry_gpus(&r.text().await.unwrap_or_default()),
+                Err(_) => None,
+            },
+            Kind::Reference => llama_server_offload(&std::fs::read_to_string(&self.log).unwrap_or_default()),
+        };
+        let smi = tokio::process::Command::new("nvidia-smi")
+            .args(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+            .output()
+            .await
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        let gpu_mib = self.child.id().and_then(|pid| gpu_memory_mib(smi.as_deref()?, pid));
+        GpuOffload { stated, gpu_mib }
+    }
+
     pub fn log_tail(&self) -> String {
         tail(&self.log)
     }
@@ -199,6 +237,80 @@ impl Running {
                 .or_else(|| build_info_features(&std::fs::read_to_string(self.bin.with_file_name("BUILD_INFO")).ok()?)),
         }
     }
+}
+
+
+/// What a running server shows of its GPU offload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuOffload {
+    /// What the server says: Gantry's GPUs, llama-server's offloaded layer count.
+    pub stated: Option<String>,
+    /// Its process's GPU memory per nvidia-smi (where nvidia-smi lists processes).
+    pub gpu_mib: Option<u64>,
+}
+
+impl GpuOffload {
+    /// Whether every layer went to a GPU. By the server's own word where it gives one: Gantry
+    /// names a GPU only when it offloads (every layer, as the bench leaves `--n-gpu-layers`
+    /// unset); llama-server counts the layers. Where its log is silent (its default verbosity
+    /// may hide llama.cpp's lines), by nvidia-smi: a process holding at least the model file's
+    /// size in GPU memory holds the weights there.
+    pub fn complete(&self, model_bytes: u64) -> bool {
+        match self.stated.as_deref() {
+            Some(s) => !s.contains("NOT ALL"),
+            None => self.gpu_mib.is_some_and(|mib| mib * 1024 * 1024 >= model_bytes && model_bytes > 0),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = [self.stated.clone(), self.gpu_mib.map(|m| format!("{m} MiB on the GPU per nvidia-smi"))]
+            .into_iter()
+            .flatten()
+            .collect();
+        if parts.is_empty() {
+            "no GPU stated by the server nor seen by nvidia-smi".into()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// `gantry_gpu_info{device="CUDA0",name="NVIDIA H100 80GB HBM3"} 1` → `NVIDIA H100 80GB HBM3
+/// (CUDA0)`, every GPU joined by `, `; `None` without one (a CPU build, or no usable driver).
+pub fn gantry_gpus(metrics: &str) -> Option<String> {
+    let label = |line: &str, name: &str| -> Option<String> {
+        let rest = line.split_once(&format!("{name}=\""))?.1;
+        Some(rest.split_once('"')?.0.to_string())
+    };
+    let gpus: Vec<String> = metrics
+        .lines()
+        .filter(|l| l.starts_with("gantry_gpu_info{"))
+        .map(|l| match (label(l, "name"), label(l, "device")) {
+            (Some(name), Some(device)) => format!("{name} ({device})"),
+            (name, device) => name.or(device).unwrap_or_else(|| "unnamed GPU".into()),
+        })
+        .collect();
+    (!gpus.is_empty()).then(|| gpus.join(", "))
+}
+
+/// llama.cpp's `load_tensors: offloaded 25/25 layers to GPU` → `offloaded 25/25 layers to GPU`,
+/// with ` (NOT ALL)` added when fewer than all went.
+pub fn llama_server_offload(log: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains("layers to GPU") && l.contains("offloaded "))?;
+    let text = line[line.find("offloaded ")?..].trim().to_string();
+    let counts = text.strip_prefix("offloaded ")?.split_whitespace().next()?;
+    let (done, all) = counts.split_once('/')?;
+    let all_went = matches!((done.parse::<u32>(), all.parse::<u32>()), (Ok(d), Ok(a)) if d == a);
+    Some(if all_went { text } else { format!("{text} (NOT ALL)") })
+}
+
+/// The GPU memory (MiB) of process `pid` in `nvidia-smi --query-compute-apps=pid,used_memory
+/// --format=csv,noheader,nounits`.
+pub fn gpu_memory_mib(csv: &str, pid: u32) -> Option<u64> {
+    csv.lines().find_map(|l| {
+        let (p, mib) = l.split_once(',')?;
+        (p.trim().parse::<u32>().ok()? == pid).then(|| mib.trim().parse().ok()).flatten()
+    })
 }
 
 /// `gantry_cpu_backend_info{features="SSE3 AVX AVX2"} 1` → `SSE3 AVX AVX2`.
@@ -253,5 +365,55 @@ mod tests {
         let info = "llama.cpp build: b11434\ncpu features: AVX AVX2 FMA\nbuilt: x\n";
         assert_eq!(build_info_features(info).as_deref(), Some("AVX AVX2 FMA (from BUILD_INFO)"));
         assert_eq!(build_info_features("cpu features: \n"), None);
+    }
+
+    #[test]
+    fn gpu_mode_offloads_every_layer_of_both_with_the_same_slots_and_threads() {
+        let mut s = ServerSettings {
+            model: "m.gguf".into(),
+            threads: 16,
+            parallel: 64,
+            ctx_per_seq: 4096,
+            ready_timeout: Duration::from_secs(1),
+            gpu: false,
+        };
+        let dir = Path::new("/tmp/x");
+        let joined = |kind, s: &ServerSettings| server_args(kind, "m.gguf", 8080, dir, s).0.join(" ");
+        assert!(!joined(Kind::Reference, &s).contains("-ngl"), "the CPU reference has no GPU flag");
+        s.gpu = true;
+        let reference = joined(Kind::Reference, &s);
+        assert!(reference.ends_with("-ngl 999"), "{reference}");
+        assert!(reference.contains("-t 16 -np 64 -c 262144"), "{reference}");
+        let gantry = joined(Kind::Gantry, &s);
+        assert!(gantry.contains("--parallel 64 --ctx-size 4096 --threads 16"), "{gantry}");
+        // A CUDA build of Gantry offloads every layer when --n-gpu-layers is left unset.
+        assert!(!gantry.contains("--n-gpu-layers"), "{gantry}");
+    }
+
+    #[test]
+    fn gpu_offload_from_both_servers_and_nvidia_smi() {
+        let metrics = "# TYPE gantry_gpu_info gauge\ngantry_gpu_info{device=\"CUDA0\",name=\"NVIDIA H100 80GB HBM3\"} 1\n\
+                       gantry_gpu_memory_total_bytes{device=\"CUDA0\"} 85000000000\n";
+        assert_eq!(gantry_gpus(metrics).as_deref(), Some("NVIDIA H100 80GB HBM3 (CUDA0)"));
+        assert_eq!(gantry_gpus("gantry_cpu_backend_info{features=\"AVX2\"} 1\n"), None, "a CPU build has no GPU");
+        let log = "llama_model_load: ...\nload_tensors: offloading 24 repeating layers to GPU\n\
+                   load_tensors: offloaded 25/25 layers to GPU\nmain: ready";
+        assert_eq!(llama_server_offload(log).as_deref(), Some("offloaded 25/25 layers to GPU"));
+        let partial = "load_tensors: offloaded 10/25 layers to GPU\n";
+        assert_eq!(llama_server_offload(partial).as_deref(), Some("offloaded 10/25 layers to GPU (NOT ALL)"));
+        assert_eq!(llama_server_offload("load_tensors: CPU_Mapped model buffer size = 400 MiB\n"), None);
+        let smi = "4242, 1830\n4343, 2210\n";
+        assert_eq!(gpu_memory_mib(smi, 4343), Some(2210));
+        assert_eq!(gpu_memory_mib(smi, 1), None);
+        assert_eq!(gpu_memory_mib("", 4242), None);
+        let model = 491_400_064; // 468.6 MiB
+        let both = GpuOffload { stated: llama_server_offload(log), gpu_mib: Some(1830) };
+        assert!(both.complete(model));
+        assert_eq!(both.describe(), "offloaded 25/25 layers to GPU; 1830 MiB on the GPU per nvidia-smi");
+        assert!(!GpuOffload { stated: llama_server_offload(partial), gpu_mib: Some(900) }.complete(model));
+        assert!(GpuOffload { stated: None, gpu_mib: Some(900) }.complete(model), "a silent log, the weights' size on the GPU");
+        assert!(!GpuOffload { stated: None, gpu_mib: Some(300) }.complete(model), "less than the weights: not all on the GPU");
+        assert!(!GpuOffload { stated: None, gpu_mib: None }.complete(model));
+        assert_eq!(GpuOffload::default().describe(), "no GPU stated by the server nor seen by nvidia-smi");
     }
 }

@@ -1,0 +1,95 @@
+//! The issues' targets: Gantry ÷ llama-server ratios a benchmark must reach, checked against
+//! the measured cells (issue #13 on the CPU, issue #18 on the GPU).
+
+use crate::report::{pass_ratio, table, ServerRun};
+use crate::stats::LevelResult;
+
+/// One target: Gantry ÷ llama-server of `metric` for a workload cell.
+pub struct Target {
+    pub workload: &'static str,
+    pub concurrency: usize,
+    pub metric: &'static str,
+    /// `true`: the ratio must be at least `bound` (throughput); `false`: at most (latency).
+    pub at_least: bool,
+    pub bound: f64,
+}
+
+/// Issue #13: both servers native for the CPU.
+pub const CPU_TARGETS: [Target; 7] = [
+    Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.05 },
+    Target { workload: "chat", concurrency: 8, metric: "tok/s", at_least: true, bound: 1.1 },
+    Target { workload: "chat", concurrency: 16, metric: "tok/s", at_least: true, bound: 1.0 },
+    Target { workload: "shared-prefix", concurrency: 8, metric: "TTFT p50", at_least: false, bound: 0.5 },
+    Target { workload: "code-edit", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.5 },
+    Target { workload: "extract", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.3 },
+    Target { workload: "prose", concurrency: 1, metric: "tok/s", at_least: true, bound: 0.97 },
+];
+
+/// Issue #18: both servers on the GPU with every layer offloaded. A lone stream must not be
+/// slower, and batching 32 streams must pay off.
+pub const GPU_TARGETS: [Target; 2] = [
+    Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.0 },
+    Target { workload: "chat", concurrency: 32, metric: "tok/s", at_least: true, bound: 1.1 },
+];
+
+/// `targets` against the measured ratios (cells not measured are left out).
+pub fn targets_table(runs: &[ServerRun], targets: &[Target]) -> String {
+    let headers = ["target", "ratio", "spread", "met"];
+    let mut rows = Vec::new();
+    for t in targets {
+        let key = (t.workload.to_string(), t.concurrency);
+        let metric: fn(&LevelResult) -> Option<f64> =
+            if t.metric == "tok/s" { |l| Some(l.tokens_per_s) } else { |l| l.ttft_p50_ms };
+        let Some((x, lo, hi)) = pass_ratio(runs, &key, metric) else { continue };
+        let met = if t.at_least { x >= t.bound } else { x <= t.bound };
+        rows.push(vec![
+            format!("{} c={} {} {} {}", t.workload, t.concurrency, t.metric, if t.at_least { "≥" } else { "≤" }, t.bound),
+            format!("{x:.2}"),
+            format!("{lo:.2}–{hi:.2}"),
+            if met { "yes" } else { "NO" }.to_string(),
+        ]);
+    }
+    if rows.is_empty() {
+        return "(no targets measured)\n".into();
+    }
+    table(&headers, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{level, run};
+    use crate::report::{GANTRY, REFERENCE};
+
+    #[test]
+    fn targets_say_met_or_not() {
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 21.0, 0.2), level("shared-prefix", 8, 0, 5.0, 2.0)]),
+            run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2), level("shared-prefix", 8, 0, 5.0, 8.0)]),
+        ];
+        let t = targets_table(&runs, &CPU_TARGETS);
+        let chat = t.lines().find(|l| l.contains("chat c=1")).unwrap();
+        assert!(chat.contains("1.05") && chat.contains("| yes"), "{t}");
+        let shared = t.lines().find(|l| l.contains("shared-prefix")).unwrap();
+        assert!(shared.contains("0.25") && shared.contains("| yes"), "{t}");
+        assert!(!t.contains("code-edit"), "unmeasured targets are left out: {t}");
+        let slow = vec![run(GANTRY, vec![level("chat", 1, 0, 19.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
+        assert!(targets_table(&slow, &CPU_TARGETS).contains("| NO"));
+    }
+
+    #[test]
+    fn gpu_targets_are_single_stream_parity_and_batching_at_32() {
+        // c=1: 1.02 ≥ 1.0 met (it would miss the CPU's 1.05); c=32: 1.05 < 1.1 missed.
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 102.0, 0.2), level("chat", 32, 0, 1050.0, 0.2), level("chat", 8, 0, 10.0, 0.2)]),
+            run(REFERENCE, vec![level("chat", 1, 0, 100.0, 0.2), level("chat", 32, 0, 1000.0, 0.2), level("chat", 8, 0, 10.0, 0.2)]),
+        ];
+        let t = targets_table(&runs, &GPU_TARGETS);
+        let single = t.lines().find(|l| l.contains("chat c=1 ")).unwrap();
+        assert!(single.contains("≥ 1 ") && single.contains("1.02") && single.contains("| yes"), "{t}");
+        let batched = t.lines().find(|l| l.contains("chat c=32")).unwrap();
+        assert!(batched.contains("≥ 1.1") && batched.contains("1.05") && batched.contains("| NO"), "{t}");
+        assert!(!t.contains("c=8"), "c=8 is no GPU target: {t}");
+        assert!(targets_table(&runs, &CPU_TARGETS).lines().find(|l| l.contains("chat c=1 ")).unwrap().contains("| NO"));
+    }
+}
