@@ -47,8 +47,8 @@ CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
 	  CMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" GGML_CUDA_NO_VMM=$$no_vmm LLAMA_BUILD_SHARED_LIBS=1 \
 	  RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cuda/lib"
 
-.PHONY: serve build deps test test-rust test-e2e test-deploy test-cluster console-screenshots models-e2e bench bench-cpu bench-gpu \
-	gpu-bench-bundle clean build-gpu serve-gpu check-cuda
+.PHONY: serve build deps test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
+	bench bench-cpu bench-gpu gpu-bench-bundle clean build-gpu serve-gpu check-cuda
 
 deps:
 	@scripts/install-build-deps.sh
@@ -122,6 +122,14 @@ test-deploy:
 	@scripts/python-venv.sh >/dev/null
 	@scripts/ensure-nginx.sh >/dev/null
 	$(VENV)/bin/python -m pytest -q tests/deploy
+
+# The Dockerfile itself, built and run with podman where base images cannot be pulled: Debian
+# bookworm from debootstrap and the host's rustup toolchain as bases (cached in
+# ~/.cache/gantry/container), then the image serves the OpenAI SDK, passes its HEALTHCHECK, runs as
+# uid 10001 and drains on SIGTERM (scripts/test-container.sh). Not part of `make test`: the image
+# compiles llama.cpp in release mode (28 minutes on 2 cores the first time here).
+test-container:
+	scripts/test-container.sh
 
 # Runs the console's browser tests and copies their screenshots to docs/console-*.png (the
 # README's); every run also leaves them in target/console-screenshots/.
