@@ -137,6 +137,24 @@ async fn answer(engine: &Engine, input: ChatInput) -> (String, Usage) {
     (text.collect(), usage)
 }
 
+/// Greedy decoding without anything else in the sampling chain takes the highest logit directly
+/// (see `sampling::Sampler`); a zero logit bias changes no logit but puts llama.cpp's own chain
+/// (bias, then its greedy sampler) in charge. Both must pick the same tokens.
+#[tokio::test]
+async fn the_greedy_shortcut_picks_what_llama_cpps_greedy_chain_picks() {
+    let engine = start(1, None);
+    for text in ["hello there", "count the stars", "the quick brown fox"] {
+        let shortcut = answer(&engine, say(text, 24)).await;
+        let mut biased = say(text, 24);
+        biased.sampling.logit_bias = vec![(3, 0.0)];
+        let chained = answer(&engine, biased).await;
+        assert_eq!(shortcut.1.completion_tokens, chained.1.completion_tokens, "{text}");
+        assert!(shortcut.1.completion_tokens > 0, "{text}");
+        assert_eq!(shortcut.0, chained.0, "{text}");
+    }
+    engine.shutdown();
+}
+
 /// A conversation whose slot was taken by another prompt (one slot), or whose idle slot was
 /// emptied while another sequence decoded (two), comes back from host memory: all of its prompt
 /// but the last token is reported cached, and the answer is the same. Without host memory only

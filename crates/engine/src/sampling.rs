@@ -1,5 +1,6 @@
 //! Per-sequence samplers built from OpenAI's sampling parameters, and logprobs.
 
+use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
@@ -21,6 +22,36 @@ fn rand_seed() -> u64 {
     h.finish()
 }
 
+/// A choice's sampler. Plain greedy decoding (temperature 0, nothing else in the chain) takes
+/// the first highest logit straight from llama.cpp's logits, as llama.cpp's greedy sampler does,
+/// without the chain copying all ~150k logits into a candidate array first: the scheduler
+/// samples every running choice between two decodes while llama.cpp's threads wait, so that
+/// copy sat on the critical path of every step.
+pub struct Sampler {
+    chain: LlamaSampler,
+    plain_greedy: bool,
+}
+
+impl Sampler {
+    pub fn sample(&mut self, ctx: &LlamaContext<'_>, idx: i32) -> LlamaToken {
+        if self.plain_greedy {
+            return LlamaToken(first_argmax(ctx.get_logits_ith(idx)));
+        }
+        self.chain.sample(ctx, idx)
+    }
+}
+
+/// Index of the first maximum (llama.cpp's greedy sampler keeps the first of equal logits).
+fn first_argmax(logits: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate().skip(1) {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
+
 /// Builds the chain: logit bias → presence/frequency penalties → temperature → top-p → draw.
 /// Temperature comes before top-p because OpenAI applies nucleus sampling to the tempered
 /// distribution. Temperature 0 is greedy and fully deterministic.
@@ -33,7 +64,7 @@ pub fn build_sampler(
     choice: u32,
     penalty_window: i32,
     grammar: Option<LlamaSampler>,
-) -> LlamaSampler {
+) -> Sampler {
     let mut chain: Vec<LlamaSampler> = grammar.into_iter().collect();
     if !params.logit_bias.is_empty() {
         let biases: Vec<LlamaLogitBias> =
@@ -49,6 +80,7 @@ pub fn build_sampler(
             params.presence_penalty,
         ));
     }
+    let plain_greedy = chain.is_empty() && params.temperature <= 0.0;
     if params.temperature <= 0.0 {
         chain.push(LlamaSampler::greedy());
     } else {
@@ -58,7 +90,7 @@ pub fn build_sampler(
         }
         chain.push(LlamaSampler::dist(seed_for_choice(params.seed, choice)));
     }
-    LlamaSampler::chain_simple(chain)
+    Sampler { chain: LlamaSampler::chain_simple(chain), plain_greedy }
 }
 
 /// OpenAI reports logprobs of the model's distribution (before sampling settings).
@@ -97,5 +129,13 @@ mod tests {
         assert_eq!(seed_for_choice(Some(42), 0), seed_for_choice(Some(42), 0));
         assert_ne!(seed_for_choice(Some(42), 0), seed_for_choice(Some(42), 1));
         assert_ne!(seed_for_choice(Some(42), 0), seed_for_choice(Some(43), 0));
+    }
+
+    #[test]
+    fn greedy_takes_the_first_of_equal_highest_logits() {
+        assert_eq!(first_argmax(&[0.5, 2.0, -1.0, 2.0, 1.9]), 1);
+        assert_eq!(first_argmax(&[3.0, 3.0]), 0);
+        assert_eq!(first_argmax(&[-5.0, f32::NEG_INFINITY, -4.0]), 2);
+        assert_eq!(first_argmax(&[1.0]), 0);
     }
 }

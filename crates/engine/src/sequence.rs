@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
-use crate::sampling::{build_sampler, logprobs_for};
+use crate::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::speculation::{Drafter, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
@@ -27,7 +27,7 @@ pub(crate) struct Job {
 pub(crate) struct Choice {
     pub index: u32,
     pub seq_id: i32,
-    pub sampler: LlamaSampler,
+    pub sampler: Sampler,
     pub text: TextAssembler,
     pub generated: u32,
     /// Position the next fed token takes in this sequence.
