@@ -105,6 +105,21 @@ def plain_server():
         shutil.rmtree(tmp.name, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def always_server():
+    """The same model feeding every draft it proposes (`--speculate always`). Under `auto` the
+    scheduler feeds a draft only where its measured step costs say it pays, which depends on the
+    CPU: on an AMD EPYC (Zen 4) each extra position of a step costs about half a one-token step,
+    and `auto` rightly declined most drafts of a two-request test. The drafting mechanism itself
+    is asserted here, where it does not depend on that judgement."""
+    srv, tmp = _start(_models()[0], ("--speculate", "always"))
+    try:
+        yield srv
+    finally:
+        _stop(srv.proc)
+        shutil.rmtree(tmp.name, ignore_errors=True)
+
+
 def _ask(server, prompt, max_tokens, **extra):
     body = {"model": server.model_id, "messages": user(prompt), "max_tokens": max_tokens, "logprobs": True, **extra}
     r = httpx.post(
@@ -297,15 +312,18 @@ def _shared(server) -> float:
     return _accepted(server, "gantry_draft_tokens_shared_accepted_total")
 
 
-def test_answers_copy_from_earlier_answers_and_are_unchanged(server, plain_server):
+def test_answers_copy_from_earlier_answers_and_are_unchanged(server, always_server, plain_server):
     fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": SCHEMA, "strict": True}}
     prompts = ["Extract the order from this message as JSON.\n\n" + p for p in ORDERS]
     want = [_ask(plain_server, p, 300, temperature=0, response_format=fmt) for p in prompts]
     for w in want:
         assert json.loads(w[0]).keys() == SCHEMA["properties"].keys(), w[0]
     assert _shared(plain_server) == 0, "--speculate off copies nothing"
-    assert _ask(server, prompts[0], 300, temperature=0, response_format=fmt) == want[0]
-    before = _shared(server)
-    assert _ask(server, prompts[1], 300, temperature=0, response_format=fmt) == want[1]
-    copied = _shared(server) - before
+    # `auto` (the default) copies where it pays on this CPU; the answers are the same either way.
+    for p, w in zip(prompts, want):
+        assert _ask(server, p, 300, temperature=0, response_format=fmt) == w
+    assert _ask(always_server, prompts[0], 300, temperature=0, response_format=fmt) == want[0]
+    before = _shared(always_server)
+    assert _ask(always_server, prompts[1], 300, temperature=0, response_format=fmt) == want[1]
+    copied = _shared(always_server) - before
     assert copied >= 8, f"keys and layout were copied from the first answer: {copied}"
