@@ -20,10 +20,14 @@ COPY . .
 # Portable on purpose: no target-cpu=native (the Makefile's `make build` uses it for local runs),
 # so ggml keeps its default x86-64 AVX2 kernels and the image runs on any AVX2 host, not only on
 # the CPU that built it. The caches keep the registry and llama.cpp's build between rebuilds; the
-# binary is copied out of the cached target dir in the same step.
+# binary is copied out of the cached target dir in the same step. The workspace's own sources are
+# touched first: cargo judges freshness by mtime, and a context whose files are older than the
+# cached build (a checkout of another commit, a worktree made earlier) would otherwise ship the
+# cached binary of other sources (seen here: an image built with an engine a commit old).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    env -u RUSTFLAGS -u CFLAGS -u CXXFLAGS cargo build --release --locked -p gantry-server \
+    find crates -type f -exec touch {} + \
+ && env -u RUSTFLAGS -u CFLAGS -u CXXFLAGS cargo build --release --locked -p gantry-server \
  && install -D -m 0755 target/release/gantry /out/gantry
 
 FROM ${RUNTIME_IMAGE}
