@@ -319,11 +319,18 @@ def test_answers_copy_from_earlier_answers_and_are_unchanged(server, always_serv
     for w in want:
         assert json.loads(w[0]).keys() == SCHEMA["properties"].keys(), w[0]
     assert _shared(plain_server) == 0, "--speculate off copies nothing"
-    # `auto` (the default) copies where it pays on this CPU; the answers are the same either way.
+    # The same documents, not always the same text: the layout between JSON tokens is free under
+    # the grammar, and where a space and a tab nearly tie, a multi-token verification batch's
+    # rounding can pick the other (a fresh-clone make test on an AMD EPYC got "  \t," for "  ,").
+    # `auto` (the default) copies where it pays on this CPU.
+    def same_document(answer, expected):
+        assert answer[1] == expected[1] == "stop"
+        assert json.loads(answer[0]) == json.loads(expected[0]), (answer[0], expected[0])
+
     for p, w in zip(prompts, want):
-        assert _ask(server, p, 300, temperature=0, response_format=fmt) == w
-    assert _ask(always_server, prompts[0], 300, temperature=0, response_format=fmt) == want[0]
+        same_document(_ask(server, p, 300, temperature=0, response_format=fmt), w)
+    same_document(_ask(always_server, prompts[0], 300, temperature=0, response_format=fmt), want[0])
     before = _shared(always_server)
-    assert _ask(always_server, prompts[1], 300, temperature=0, response_format=fmt) == want[1]
+    same_document(_ask(always_server, prompts[1], 300, temperature=0, response_format=fmt), want[1])
     copied = _shared(always_server) - before
     assert copied >= 8, f"keys and layout were copied from the first answer: {copied}"
