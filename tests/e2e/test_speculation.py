@@ -94,15 +94,20 @@ CODE_EDIT = (
 PROSE = "Write a short paragraph about the history of lighthouses."
 
 
-@pytest.fixture(scope="module")
-def plain_server():
-    """The same model decoding one token at a time."""
-    srv, tmp = _start(_models()[0], ("--speculate", "off"))
+def _own_server(*extra):
+    """A server of this module's own on the first e2e model, with `extra` flags."""
+    srv, tmp = _start(_models()[0], extra)
     try:
         yield srv
     finally:
         _stop(srv.proc)
         shutil.rmtree(tmp.name, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plain_server():
+    """The same model decoding one token at a time."""
+    yield from _own_server("--speculate", "off")
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +117,7 @@ def always_server():
     CPU: on an AMD EPYC (Zen 4) each extra position of a step costs about half a one-token step,
     and `auto` rightly declined most drafts of a two-request test. The drafting mechanism itself
     is asserted here, where it does not depend on that judgement."""
-    srv, tmp = _start(_models()[0], ("--speculate", "always"))
-    try:
-        yield srv
-    finally:
-        _stop(srv.proc)
-        shutil.rmtree(tmp.name, ignore_errors=True)
+    yield from _own_server("--speculate", "always")
 
 
 def _ask(server, prompt, max_tokens, **extra):
