@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use serde_json::json;
 
 use crate::{
+    Constraint,
     ChatInput, Engine, EngineConfig, EngineError, Event, Generator, Health, Outcome, PrepareError, SamplingParams,
     SubmitError, Usage,
 };
@@ -178,4 +179,35 @@ async fn a_conversation_pushed_out_of_the_kv_cache_comes_back_from_host_memory()
         }
         engine.shutdown();
     }
+}
+
+#[tokio::test]
+async fn a_call_fenced_after_prose_is_held_to_its_schema_from_the_fence_on() {
+    use crate::tools::{fenced_after_grammar, CallStart, CallWatch};
+    let engine = start(1, None);
+    let model = engine.model();
+    let rules = "fenced_calls: \"```\" /[a-z]*/ \"\\n\" body \"\\n```\"\n\
+                 body: %json {\"type\": \"object\", \"properties\": {\"name\": {\"const\": \"get_weather\"}, \
+                 \"arguments\": {\"type\": \"object\", \"properties\": {\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}, \
+                 \"required\": [\"unit\"], \"additionalProperties\": false}}, \"required\": [\"name\", \"arguments\"], \
+                 \"additionalProperties\": false}\n";
+    // Prose with quotes, a backslash, a line break and a non-ASCII character, then the call.
+    let output = "Let's see: \"Zürich\" \\ done.\n```json\n{\"name\": \"get_weather\", \"arguments\": {";
+    let tokens = model.tokenize(output);
+    let mut watch = CallWatch::new();
+    let mut start = None;
+    for t in &tokens {
+        start = start.or(watch.push(&model.piece(*t), &["get_weather".to_string()]));
+    }
+    let prefix = output.find("```").unwrap();
+    assert_eq!(start, Some(CallStart::FencedAfter { prefix }));
+    let grammar = Constraint::Lark(fenced_after_grammar(rules, &output[..prefix]));
+    let mut matcher = model.constraint_matcher(&grammar, &tokens).expect("the output so far fits the grammar");
+    let as_u32 = |s: &str| model.tokenize(s).into_iter().map(|t| t as u32).collect::<Vec<_>>();
+    let metric = as_u32("\"unit\": \"metric\"");
+    assert!(matcher.try_consume_tokens(&metric).unwrap() < metric.len(), "the grammar let \"metric\" through");
+    let mut matcher = model.constraint_matcher(&grammar, &tokens).unwrap();
+    let celsius = as_u32("\"unit\": \"celsius\"}}\n```");
+    assert_eq!(matcher.try_consume_tokens(&celsius).unwrap(), celsius.len());
+    assert!(matcher.is_accepting().unwrap());
 }

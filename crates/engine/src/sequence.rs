@@ -14,7 +14,8 @@ use crate::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::speculation::{Drafter, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
-use crate::tools::{call_commitment, Commitment};
+use crate::constraint::Constraint;
+use crate::tools::{fenced_after_grammar, CallStart, CallWatch};
 
 /// A request as queued for the scheduler.
 pub(crate) struct Job {
@@ -54,12 +55,9 @@ pub(crate) struct Choice {
 }
 
 /// The output so far of a choice that may still start a tool call.
-#[derive(Default)]
 pub(crate) struct ToolWatch {
     tokens: Vec<i32>,
-    text: String,
-    /// Still only whitespace, or a `{`/`[` start: a bare JSON call is possible.
-    bare_possible: bool,
+    calls: CallWatch,
 }
 
 pub(crate) struct ActiveRequest {
@@ -129,7 +127,7 @@ impl ActiveRequest {
                     tool_watch: request
                         .lazy_tools
                         .as_ref()
-                        .map(|_| ToolWatch { bare_possible: true, ..Default::default() }),
+                        .map(|_| ToolWatch { tokens: Vec::new(), calls: CallWatch::new() }),
                     constrained: request.constraint.is_some(),
                 }
             })
@@ -164,40 +162,23 @@ impl ActiveRequest {
     /// Qwen echoes the call with a `"result"` key as its answer — so they are only constrained once
     /// the output is committed to a call: `{"name": "<offered function>", "arguments": {` (or that
     /// inside `[`). Up to there the model samples freely; from there the grammar still lets the
-    /// object go on with other keys, and such an object is then read back as content.
+    /// object go on with other keys, and such an object is then read back as content. A fence
+    /// after prose is constrained from the fence on, the prose kept as the grammar's literal
+    /// start (see `tools::watch`).
     pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) {
         let Some(lazy) = self.lazy_tools.as_ref() else { return };
         let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
-        let piece = String::from_utf8_lossy(piece);
         watch.tokens.push(token);
-        watch.text.push_str(&piece);
-        let started = watch.text.trim_start();
-        let (constraint, consumed) = if piece.ends_with("<tool_call>") {
-            (&lazy.tagged, &[][..])
-        } else if !watch.bare_possible {
-            return;
-        } else if started.is_empty() {
-            return;
-        } else {
-            let (body, constraint) = if started.starts_with('{') || started.starts_with('[') {
-                (started, &lazy.bare)
-            } else if started.starts_with("```") {
-                // A fenced block is a call only if JSON follows the fence line (not ```python …).
-                let Some((_, body)) = started.split_once('\n') else { return };
-                (body.trim_start(), &lazy.fenced)
-            } else if "```".starts_with(started) {
-                return;
-            } else {
-                watch.bare_possible = false;
-                return;
-            };
-            match call_commitment(body, &lazy.names) {
-                Commitment::Committed => (constraint, watch.tokens.as_slice()),
-                Commitment::Undecided => return,
-                Commitment::Not => {
-                    watch.bare_possible = false;
-                    return;
-                }
+        let Some(start) = watch.calls.push(piece, &lazy.names) else { return };
+        let after_text;
+        let (constraint, consumed) = match start {
+            CallStart::Tagged => (&lazy.tagged, &[][..]),
+            CallStart::Bare => (&lazy.bare, watch.tokens.as_slice()),
+            CallStart::Fenced => (&lazy.fenced, watch.tokens.as_slice()),
+            CallStart::FencedAfter { prefix } => {
+                let text = watch.calls.text();
+                after_text = Constraint::Lark(fenced_after_grammar(&lazy.fenced_calls_rules, &text[..prefix]));
+                (&after_text, watch.tokens.as_slice())
             }
         };
         match model.constraint_matcher(constraint, consumed) {
@@ -209,10 +190,10 @@ impl ActiveRequest {
                 self.choices[i].constrained = true;
             }
             Err(e) => {
-                // The model's own layout does not fit the grammar: leave it unconstrained (the
-                // parser still reads a well-formed call), but still watch for a tagged call later.
-                tracing::debug!(error = %e, "output does not start a tool call the grammar accepts");
-                watch.bare_possible = false;
+                // The model's own layout does not fit the grammar: leave this call unconstrained
+                // (the parser still reads a well-formed call) and watch for later ones.
+                tracing::debug!(error = %e, ?start, "output does not start a tool call the grammar accepts");
+                watch.calls.rejected(&start);
             }
         }
     }

@@ -38,12 +38,18 @@ pub struct ToolPlan {
 fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
     // Between two JSON tokens: one space, or a line break and an indent (one-line or indented).
     let layout = json!({"whitespace_pattern": "(\\x20|\\x0A\\x20{0,12})"});
+    // Bare and fenced calls commit at `"arguments"` or Llama's `"parameters"` (see
+    // `gantry_engine::tools::call_commitment`): the grammar takes over whichever was written.
     let open_calls: Vec<Value> = calls
         .iter()
-        .map(|c| {
+        .flat_map(|c| {
             let mut c = c.clone();
             c["additionalProperties"] = json!(true);
-            c
+            let mut params = c.clone();
+            let args = params["properties"].as_object_mut().and_then(|p| p.remove("arguments"));
+            params["properties"]["parameters"] = args.unwrap_or(json!({}));
+            params["required"] = json!(["name", "parameters"]);
+            [c, params]
         })
         .collect();
     let call = json!({"anyOf": calls, "x-guidance": layout});
@@ -55,16 +61,24 @@ fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
     let terminals = "NL: /\\n/\nWS: /[ \\t\\r\\n]+/\nLANG: /[A-Za-z]+/\n";
     // `{{ call }}`: Qwen2.5's template shows calls with doubled braces, and its models copy them.
     let bare = format!("start: WS? outer\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n");
-    let fenced = format!(
-        "start: WS? \"```\" LANG? NL outer WS? \"```\"\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n"
+    let more_fences = if single { "" } else { " (WS? fence)*" };
+    let fenced_calls_rules = format!(
+        "fenced_calls: fence{more_fences}\nfence: \"```\" LANG? NL outer WS? \"```\"\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n"
     );
+    let fenced = format!("start: WS? fenced_calls\n{fenced_calls_rules}");
     let more = if single { "" } else { " more*" };
     let tagged = format!(
         "start: NL? body NL? \"</tool_call>\"{more}\n\
          more: WS? \"<tool_call>\" NL? body NL? \"</tool_call>\"\n\
          {terminals}body: %json {call}\n"
     );
-    LazyTools { bare: Constraint::Lark(bare), tagged: Constraint::Lark(tagged), fenced: Constraint::Lark(fenced), names: names.to_vec() }
+    LazyTools {
+        bare: Constraint::Lark(bare),
+        tagged: Constraint::Lark(tagged),
+        fenced: Constraint::Lark(fenced),
+        fenced_calls_rules,
+        names: names.to_vec(),
+    }
 }
 
 /// With `tool_choice: "auto"` and a `response_format`, the whole output is one JSON value: either
@@ -271,6 +285,21 @@ mod tests {
         assert_eq!(calls[0]["function"]["name"], "get_weather");
         assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Paris"}"#);
         assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+    }
+
+    #[test]
+    fn the_auto_grammars_compile_the_fence_after_prose_one_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        tiny_gguf::write_tiny_model(&path, &tiny_gguf::TinyModelSpec::default()).unwrap();
+        let model = gantry_engine::LoadedModel::load(&path, None, 1, &gantry_engine::Offload::default()).unwrap();
+        for extra in [json!({}), json!({"parallel_tool_calls": false})] {
+            let lazy = ToolPlan::from_request(&chat(extra)).unwrap().unwrap().lazy.unwrap();
+            let after = gantry_engine::tools::fenced_after_grammar(&lazy.fenced_calls_rules, "Sure: \"x\"\n");
+            for c in [&lazy.bare, &lazy.tagged, &lazy.fenced, &Constraint::Lark(after)] {
+                model.check_constraint(c).unwrap_or_else(|e| panic!("{e}: {c:?}"));
+            }
+        }
     }
 
     #[test]

@@ -27,12 +27,14 @@ enum Part {
     OptBrace,
     /// A JSON string naming a known function (without escapes), quotes included.
     Name,
+    /// `"arguments"`, or `"parameters"` as Llama 3 writes it.
+    ArgsKey,
 }
 
-use Part::{Lit, Name, OptArray, OptBrace, Ws};
+use Part::{ArgsKey, Lit, Name, OptArray, OptBrace, Ws};
 
 const CALL_START: &[Part] =
-    &[OptArray, OptBrace, Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":"), Ws, Lit("{")];
+    &[OptArray, OptBrace, Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, ArgsKey, Ws, Lit(":"), Ws, Lit("{")];
 
 /// A single call object up to its arguments' value.
 const CALL_HEAD: &[Part] = &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
@@ -73,10 +75,14 @@ fn match_parts<S: AsRef<str>>(body: &str, parts: &[Part], known: &[S]) -> (Commi
                     }
                 }
             }
-            Lit(lit) => {
-                if let Some(r) = rest.strip_prefix(lit) {
+            Lit(_) | ArgsKey => {
+                let options: &[&str] = match part {
+                    Lit(lit) => &[lit],
+                    _ => &["\"arguments\"", "\"parameters\""],
+                };
+                if let Some(r) = options.iter().find_map(|lit| rest.strip_prefix(lit)) {
                     rest = r;
-                } else if lit.starts_with(rest) {
+                } else if options.iter().any(|lit| lit.starts_with(rest)) {
                     return (Commitment::Undecided, name, 0);
                 } else {
                     return (Commitment::Not, name, 0);
@@ -174,6 +180,10 @@ mod tests {
         assert_eq!(call_commitment("{{", &k), Commitment::Undecided);
         assert_eq!(call_commitment(r#"{{"name": "add", "arguments": {"#, &k), Commitment::Committed);
         assert_eq!(call_commitment(r#"{{"answer": 1}}"#, &k), Commitment::Not);
+        // Llama 3's key for the arguments.
+        assert_eq!(call_commitment(r#"{"name": "add", "par"#, &k), Commitment::Undecided);
+        assert_eq!(call_commitment(r#"{"name": "add", "parameters": {"#, &k), Commitment::Committed);
+        assert_eq!(call_commitment(r#"{"name": "add", "params": {"#, &k), Commitment::Not);
     }
 
     #[test]

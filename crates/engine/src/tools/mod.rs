@@ -20,6 +20,7 @@ mod parse;
 mod prompt;
 mod raw;
 mod stream;
+mod watch;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,7 @@ pub use parse::parse_tool_calls;
 
 pub use prompt::with_generic_tool_prompt;
 pub use stream::{StreamPiece, ToolCallStreamer};
+pub use watch::{fenced_after_grammar, CallStart, CallWatch};
 
 /// One recognised call.
 #[derive(Debug, Clone, PartialEq, Eq)]

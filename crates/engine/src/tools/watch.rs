@@ -1,0 +1,181 @@
+//! Under `tool_choice: "auto"`, where in the output a call starts that the call grammar must take
+//! over from. Every form the parser reads back as a call in the middle of the output must be seen
+//! here too, or a call the model writes that way would reach the client unconstrained (a fresh
+//! CI run saw Qwen2.5-Coder-0.5B write prose, then a ```json fence with `"unit": "metric"`
+//! where the schema allows only celsius or fahrenheit).
+
+use super::{call_commitment, Commitment};
+
+/// Which grammar takes over, and from where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallStart {
+    /// After a `<tool_call>` tag: the tagged grammar, from the tag on.
+    Tagged,
+    /// The whole output is a bare JSON call so far: the bare grammar, over all of it.
+    Bare,
+    /// The whole output is a ```json fence holding a call so far: the fenced grammar, over all of it.
+    Fenced,
+    /// A fence holding a call after other text: the fenced-calls grammar after the output's
+    /// first `prefix` bytes, which the grammar repeats as a literal.
+    FencedAfter { prefix: usize },
+}
+
+/// The output so far of a choice that may still start a tool call.
+#[derive(Debug, Default)]
+pub struct CallWatch {
+    text: Vec<u8>,
+    /// Still only whitespace, or a `{`/`[` or fence start: a call from the start is possible.
+    from_start_possible: bool,
+    /// Fences starting before this byte are decided: not calls.
+    fences_from: usize,
+}
+
+const FENCE: &[u8] = b"```";
+const TAG: &[u8] = b"<tool_call>";
+
+impl CallWatch {
+    pub fn new() -> Self {
+        Self { from_start_possible: true, ..Self::default() }
+    }
+
+    /// The output so far, as the model's bytes (whole, so a character split across tokens reads
+    /// back as itself).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.text)
+    }
+
+    /// Takes the next token's text; says whether a call starts here (the watch is then done).
+    pub fn push(&mut self, piece: &[u8], names: &[String]) -> Option<CallStart> {
+        self.text.extend_from_slice(piece);
+        if self.text.ends_with(TAG) {
+            return Some(CallStart::Tagged);
+        }
+        if self.from_start_possible {
+            match self.from_start(names) {
+                FromStart::Call(start) => return Some(start),
+                FromStart::Wait => return None,
+                FromStart::Not => self.from_start_possible = false,
+            }
+        }
+        self.fence_after_text(names)
+    }
+
+    /// The grammar refused the output at `start` (the model's layout does not fit it): that
+    /// start is not watched again.
+    pub fn rejected(&mut self, start: &CallStart) {
+        match start {
+            CallStart::Tagged => {}
+            CallStart::Bare | CallStart::Fenced => self.from_start_possible = false,
+            CallStart::FencedAfter { prefix } => self.fences_from = prefix + FENCE.len(),
+        }
+    }
+
+    /// Whether the output is a call from its start (after whitespace), bare or fenced.
+    fn from_start(&self, names: &[String]) -> FromStart {
+        let text = self.text();
+        let started = text.trim_start();
+        if started.is_empty() {
+            return FromStart::Wait;
+        }
+        let (body, start) = if started.starts_with(['{', '[']) {
+            (started, CallStart::Bare)
+        } else if started.starts_with("```") {
+            // A fenced block is a call only if JSON follows the fence line (not ```python …).
+            let Some((_, body)) = started.split_once('\n') else { return FromStart::Wait };
+            (body.trim_start(), CallStart::Fenced)
+        } else if "```".starts_with(started) {
+            return FromStart::Wait;
+        } else {
+            return FromStart::Not;
+        };
+        match call_commitment(body, names) {
+            Commitment::Committed => FromStart::Call(start),
+            Commitment::Undecided => FromStart::Wait,
+            Commitment::Not => FromStart::Not,
+        }
+    }
+
+    /// The first undecided fence after other text that holds a call.
+    fn fence_after_text(&mut self, names: &[String]) -> Option<CallStart> {
+        while let Some(at) = find(&self.text[self.fences_from..], FENCE).map(|i| i + self.fences_from) {
+            let after = &self.text[at + FENCE.len()..];
+            let Some(line_end) = after.iter().position(|&b| b == b'\n') else { return None };
+            let body = String::from_utf8_lossy(&after[line_end + 1..]);
+            match call_commitment(body.trim_start(), names) {
+                Commitment::Committed => return Some(CallStart::FencedAfter { prefix: at }),
+                Commitment::Undecided => return None,
+                Commitment::Not => self.fences_from = at + FENCE.len(),
+            }
+        }
+        // A fence may be split across tokens: keep its possible start undecided.
+        self.fences_from = self.fences_from.max(self.text.len().saturating_sub(FENCE.len() - 1));
+        None
+    }
+}
+
+enum FromStart {
+    Call(CallStart),
+    /// Could still become a call.
+    Wait,
+    Not,
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The grammar for a fenced call after `prefix`: `rules` define `fenced_calls` (see
+/// `LazyTools::fenced_calls_rules`); the text before the fence is repeated as a literal, so the
+/// grammar runs over the whole output and takes every token generated so far.
+pub fn fenced_after_grammar(rules: &str, prefix: &str) -> String {
+    let literal = serde_json::to_string(prefix).expect("a string serialises");
+    format!("start: {literal} fenced_calls\n{rules}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<String> {
+        vec!["get_weather".to_string()]
+    }
+
+    /// Feeds `pieces` in order; the first call start seen, and after which piece.
+    fn watch(pieces: &[&str]) -> Option<(usize, CallStart)> {
+        let mut w = CallWatch::new();
+        pieces.iter().enumerate().find_map(|(i, p)| w.push(p.as_bytes(), &names()).map(|s| (i, s)))
+    }
+
+    #[test]
+    fn calls_from_the_start_commit_at_their_arguments() {
+        let bare = ["{\"name\": ", "\"get_weather\"", ", \"arguments\": ", "{", "\"city\""];
+        assert_eq!(watch(&bare), Some((3, CallStart::Bare)));
+        let fenced = ["```", "json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
+        assert_eq!(watch(&fenced), Some((2, CallStart::Fenced)));
+        assert_eq!(watch(&["<tool_call>"]), Some((0, CallStart::Tagged)));
+        assert_eq!(watch(&["Sure", "<tool", "_call>"]), Some((2, CallStart::Tagged)));
+    }
+
+    #[test]
+    fn a_fence_after_prose_commits_with_the_prose_as_its_prefix() {
+        let pieces = ["Let's check.\n\n", "``", "`json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": ", "{"];
+        assert_eq!(watch(&pieces), Some((3, CallStart::FencedAfter { prefix: 14 })));
+        // A code fence that is not a call is skipped; a later one that is, counts.
+        let pieces = ["Code:\n```python\nprint(1)\n```\nThen:\n```json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
+        let prefix = "Code:\n```python\nprint(1)\n```\nThen:\n".len();
+        assert_eq!(watch(&pieces), Some((1, CallStart::FencedAfter { prefix })));
+    }
+
+    #[test]
+    fn answers_that_never_start_a_call_are_left_alone() {
+        assert_eq!(watch(&["The weather ", "is fine.\n```json\n{\"temp\": 3}\n```"]), None);
+        assert_eq!(watch(&["{\"name\": \"get_time\", \"arguments\": {"]), None);
+        assert_eq!(watch(&["```json\n{\"result\": 1}"]), None);
+    }
+
+    #[test]
+    fn the_prefix_is_a_lark_literal_of_any_text() {
+        let g = fenced_after_grammar("fenced_calls: \"x\"\n", "a \"quoted\"\n\\ line: é");
+        assert_eq!(g, "start: \"a \\\"quoted\\\"\\n\\\\ line: é\" fenced_calls\nfenced_calls: \"x\"\n");
+    }
+}
