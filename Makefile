@@ -31,6 +31,14 @@ NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
 	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
 PORTABLE_DIR := target/portable
 
+# `make build-portable`: one build for any x86-64 Linux host, the container image's. ggml's CPU
+# backend is compiled once per x86 level (libggml-cpu-x64.so … -icelake, -zen4, -sapphirerapids)
+# and the binary loads the best one this CPU runs at start (AMX only where the kernel grants the
+# tile state), naming it in its log and in /metrics. target/variants/dist/ holds the binary, its
+# libllama/libggml*.so (found through $$ORIGIN) and the variants: copy the directory as a whole.
+VARIANTS_DIR := target/variants
+VARIANTS_DIST := $(VARIANTS_DIR)/dist
+
 # The GPU build (llama.cpp's CUDA backend), apart from the CPU build in its own target dir. The
 # toolkit is the one installed (nvcc on the PATH, or CUDA_PATH) or NVIDIA's wheels from PyPI
 # (scripts/install-cuda-toolkit.sh). CUDA_ARCHS: the GPU architectures compiled for (90 = Hopper,
@@ -48,13 +56,26 @@ CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
 	  RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cuda/lib"
 
 .PHONY: serve build deps test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
-	bench bench-cpu bench-gpu gpu-bench-bundle clean build-gpu serve-gpu check-cuda
+	bench bench-cpu bench-gpu gpu-bench-bundle clean build-gpu serve-gpu check-cuda build-portable test-portable
 
 deps:
 	@scripts/install-build-deps.sh
 
 build: deps
 	$(NATIVE_ENV) $(CARGO) build --release -p gantry-server -p gantry-bench
+
+build-portable: deps
+	env -u CFLAGS -u CXXFLAGS RUSTFLAGS='-C link-arg=-Wl,-rpath,$$ORIGIN' \
+	  $(CARGO) build --release -p gantry-server --features gantry-server/cpu-variants --target-dir $(VARIANTS_DIR)
+	scripts/collect-portable.sh $(VARIANTS_DIR)/release $(VARIANTS_DIST)
+
+# The portable build served end to end: the variant it picks here, a machine offering fewer
+# variants (a CPU without AVX-512) served by the best of those, chat through the openai SDK, and
+# the variant in the log and /metrics. Not part of `make test`: the build compiles ggml's CPU
+# backend 14 times (~40 min on 2 cores the first time).
+test-portable: build-portable models-e2e
+	@scripts/python-venv.sh >/dev/null
+	GANTRY_PORTABLE_DIR=$(CURDIR)/$(VARIANTS_DIST) $(VENV)/bin/python -m pytest -q tests/portable
 
 serve: build
 	$(RELEASE_BIN) models pull $(MODEL)

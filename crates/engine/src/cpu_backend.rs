@@ -4,6 +4,25 @@
 
 use std::ffi::CStr;
 
+/// Which build of ggml's CPU backend runs: in the portable build (feature `cpu-variants`) the
+/// variant chosen for this CPU at start (`haswell`, `icelake`, `zen4`, …); otherwise `built-in`,
+/// the one compiled into the binary (native for the build host with `make build`, AVX2 without).
+pub fn cpu_backend_variant() -> String {
+    #[cfg(feature = "cpu-variants")]
+    if let Some(v) = crate::cpu_variants::loaded() {
+        return v.name;
+    }
+    "built-in".to_string()
+}
+
+/// Loads the CPU backend where it is not built in (the portable build), so a server can fail at
+/// start with the reason rather than at its first model. A no-op in other builds.
+pub fn load_cpu_backend() -> Result<(), String> {
+    #[cfg(feature = "cpu-variants")]
+    crate::cpu_variants::load()?;
+    Ok(())
+}
+
 /// The CPU backend's features, e.g. `["SSE3", "AVX", "AVX2", "F16C", "FMA", "OPENMP"]`, in
 /// llama.cpp's order. Features with a value other than `1` keep it (`SVE_CNT=32`).
 pub fn cpu_backend_features() -> Vec<String> {

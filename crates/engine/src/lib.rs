@@ -4,6 +4,7 @@
 
 pub mod constraint;
 mod cpu_backend;
+pub mod cpu_variants;
 mod devices;
 #[cfg(test)]
 mod engine_tests;
@@ -40,7 +41,7 @@ use std::thread::JoinHandle;
 use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::Constraint;
-pub use cpu_backend::cpu_backend_features;
+pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
 pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use memory::{estimate_memory, MemoryEstimate};

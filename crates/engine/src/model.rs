@@ -23,6 +23,11 @@ pub(crate) fn backend() -> &'static LlamaBackend {
         llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default().with_logs_enabled(
             std::env::var("GANTRY_LLAMA_LOGS").is_ok_and(|v| v == "1"),
         ));
+        // The portable build has no CPU backend linked in: one of its variants is loaded first.
+        #[cfg(feature = "cpu-variants")]
+        if let Err(e) = crate::cpu_variants::load() {
+            panic!("{e}");
+        }
         LlamaBackend::init().expect("llama.cpp backend initialises once")
     })
 }

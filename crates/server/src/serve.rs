@@ -40,7 +40,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(instance = meter.owner(), "metering as this instance");
 
     crate::telemetry::install();
-    crate::telemetry::report_cpu_backend();
+    crate::telemetry::report_cpu_backend()?;
     crate::telemetry::report_accelerators(args.n_gpu_layers.is_some_and(|n| n > 0));
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
     for spec in &mut specs {

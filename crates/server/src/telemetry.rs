@@ -52,13 +52,21 @@ pub fn install() {
     });
 }
 
-/// Logs and exports which CPU kernels llama.cpp was compiled with (the build is native to the
-/// host for `make build`, portable AVX2 otherwise), as `gantry_cpu_backend_info{features="…"} 1`.
-pub fn report_cpu_backend() {
+/// Loads (in the portable build) and reports which CPU kernels llama.cpp runs: the variant (chosen
+/// for this CPU at start in the portable build, `built-in` otherwise: native to the build host for
+/// `make build`, portable AVX2 in `make test`'s debug build) and its features, logged and exported
+/// as `gantry_cpu_backend_info{variant="…", features="…"} 1`.
+pub fn report_cpu_backend() -> anyhow::Result<()> {
+    gantry_engine::load_cpu_backend().map_err(|e| anyhow::anyhow!("loading llama.cpp's CPU backend: {e}"))?;
+    let variant = gantry_engine::cpu_backend_variant();
     let features = gantry_engine::cpu_backend_features().join(" ");
-    tracing::info!(features = %features, "llama.cpp CPU backend");
-    describe_gauge!("gantry_cpu_backend_info", "Always 1; the features label lists the CPU features ggml was built with.");
-    gauge!("gantry_cpu_backend_info", "features" => features).set(1.0);
+    tracing::info!(variant = %variant, features = %features, "llama.cpp CPU backend");
+    describe_gauge!(
+        "gantry_cpu_backend_info",
+        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with."
+    );
+    gauge!("gantry_cpu_backend_info", "variant" => variant, "features" => features).set(1.0);
+    Ok(())
 }
 
 /// Logs and exports the GPUs llama.cpp can offload to, as `gantry_gpu_info{device, name}` 1 and

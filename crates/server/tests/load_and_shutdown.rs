@@ -125,7 +125,8 @@ async fn metrics_are_exposed_in_prometheus_format() {
     assert!(text.contains(&running), "metrics lack {running:?} once idle:\n{text}");
 }
 
-/// `gantry_cpu_backend_info{features="SSE3 AVX …"} 1`: the kernels the server runs are named.
+/// `gantry_cpu_backend_info{features="SSE3 AVX …", variant="built-in"} 1`: the kernels the server
+/// runs are named (this build has them built in; the portable build names the variant it chose).
 fn assert_cpu_backend_reported(text: &str) {
     let line = text
         .lines()
@@ -137,6 +138,7 @@ fn assert_cpu_backend_reported(text: &str) {
         .map(|(features, _)| features)
         .unwrap_or_else(|| panic!("no features label: {line}"));
     assert!(!features.trim().is_empty(), "empty features label: {line}");
+    assert!(line.contains("variant=\"built-in\""), "no variant label: {line}");
     #[cfg(target_arch = "x86_64")]
     assert!(features.split(' ').any(|f| f == "SSE3"), "x86-64 ggml always has SSE3: {line}");
     assert!(line.ends_with(" 1"), "{line}");
