@@ -17,18 +17,23 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# Portable on purpose: no target-cpu=native (the Makefile's `make build` uses it for local runs),
-# so ggml keeps its default x86-64 AVX2 kernels and the image runs on any AVX2 host, not only on
-# the CPU that built it. The caches keep the registry and llama.cpp's build between rebuilds; the
-# binary is copied out of the cached target dir in the same step. The workspace's own sources are
-# touched first: cargo judges freshness by mtime, and a context whose files are older than the
-# cached build (a checkout of another commit, a worktree made earlier) would otherwise ship the
-# cached binary of other sources (seen here: an image built with an engine a commit old).
+# One build for every x86-64 host (`make build-portable`): no target-cpu=native (the Makefile's
+# `make build` uses it for local runs); instead ggml's CPU backend is compiled once per x86 level
+# (libggml-cpu-x64.so … -icelake, -zen4, -sapphirerapids) and gantry loads the best one the CPU
+# runs at start (AVX-512/VNNI/BF16 where present, AMX only where the kernel grants it), naming it in
+# its log and in /metrics as gantry_cpu_backend_info{variant=…}. The binary finds llama.cpp's shared
+# libraries and the variants beside itself ($ORIGIN), so /opt/gantry travels as a whole.
+# The caches keep the registry and llama.cpp's build between rebuilds; the files are copied out of
+# the cached target dir in the same step. The workspace's own sources are touched first: cargo
+# judges freshness by mtime, and a context whose files are older than the cached build (a checkout
+# of another commit, a worktree made earlier) would otherwise ship the cached binary of other
+# sources (seen here: an image built with an engine a commit old).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     find crates -type f -exec touch {} + \
- && env -u RUSTFLAGS -u CFLAGS -u CXXFLAGS cargo build --release --locked -p gantry-server \
- && install -D -m 0755 target/release/gantry /out/gantry
+ && env -u CFLAGS -u CXXFLAGS RUSTFLAGS='-C link-arg=-Wl,-rpath,$ORIGIN' \
+      cargo build --release --locked -p gantry-server --features gantry-server/cpu-variants \
+ && scripts/collect-portable.sh target/release /opt/gantry
 
 FROM ${RUNTIME_IMAGE}
 # libgomp1: llama.cpp's OpenMP threads (libstdc++ and libgcc_s are already in slim);
@@ -43,7 +48,8 @@ RUN apt-get update \
       --shell /usr/sbin/nologin gantry \
  && mkdir -p /data /models \
  && chown gantry:gantry /data /models
-COPY --from=build /out/gantry /usr/local/bin/gantry
+COPY --from=build /opt/gantry /opt/gantry
+RUN ln -s /opt/gantry/gantry /usr/local/bin/gantry
 
 # Keys and the usage ledger (SQLite, unless GANTRY_DATABASE_URL names PostgreSQL) live in /data;
 # pulled models in /models/models (`gantry models pull` writes to $GANTRY_CACHE_DIR/models).

@@ -175,6 +175,14 @@ uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status")
 [[ $uid == 10001 ]] || fail "the server (pid $pid on the host) runs as uid $uid"
 ok "the server runs as uid $uid ($(podman exec "$NAME" id))"
 
+# The image is the portable build: it chose one of ggml's CPU variants for this host at start.
+info=$(curl -fsS "http://127.0.0.1:$PORT/metrics" | grep '^gantry_cpu_backend_info{' || true)
+variant=$(sed -n 's/.*variant="\([^"]*\)".*/\1/p' <<<"$info")
+[[ -n $variant && $variant != built-in ]] || fail "no CPU variant chosen in /metrics: '$info'"
+podman logs "$NAME" 2>&1 | sed -E 's/\x1b\[[0-9;]*m//g' | grep -q "CPU backend variant=$variant " \
+  || fail "the log does not name the CPU variant $variant"
+ok "CPU kernels: the $variant variant, in the log and /metrics"
+
 key=$(podman exec "$NAME" gantry keys create --name container-test 2>/dev/null | tail -1)
 [[ -n $key ]] || fail "gantry keys create printed no secret"
 ok "created a key in the container (${key:0:12}…)"

@@ -294,6 +294,9 @@ def test_dockerfile_builds_portably_in_a_separate_stage():
     (build,) = [a for op, a in steps if op == "RUN" and "cargo build" in a]
     assert "--release" in build and "--locked" in build and "-p gantry-server" in build
     assert "native" not in build
+    # One image for every x86-64 host: the CPU variants, picked at start, beside the binary.
+    assert "--features gantry-server/cpu-variants" in build and "collect-portable.sh" in build
+    assert "$ORIGIN" in build
     assert any(op == "COPY" and a.startswith("--from=build ") for op, a in runtime_stage())
 
 
