@@ -28,6 +28,9 @@ for lib in "${backends%/backends}"/lib/lib*.so*; do
   cp -P -p "$lib" "$out/"
 done
 cp -p "$backends"/libggml-cpu-*.so "$out/"
+# The release profile keeps DWARF debug info (~130 MB of the binary): drop it from the copies that
+# travel. Symbols stay, so panics and `perf` still name functions.
+strip --strip-debug "$out/gantry"
 
 # Every library the binary needs must resolve inside OUT_DIR or the base system.
 if missing="$(ldd "$out/gantry" | grep 'not found')"; then
