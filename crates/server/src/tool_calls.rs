@@ -38,7 +38,8 @@ pub struct ToolPlan {
 fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
     // Between two JSON tokens: one space, or a line break and an indent (one-line or indented).
     let layout = json!({"whitespace_pattern": "(\\x20|\\x0A\\x20{0,12})"});
-    // Bare and fenced calls commit at `"arguments"` or Llama's `"parameters"` (see
+    // Bare and fenced calls commit at `"arguments"` or Llama's `"parameters"`, plain or in
+    // OpenAI's `{"type": "function", "function": …}` wrapper (see
     // `gantry_engine::tools::call_commitment`): the grammar takes over whichever was written.
     let open_calls: Vec<Value> = calls
         .iter()
@@ -49,7 +50,12 @@ fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
             let args = params["properties"].as_object_mut().and_then(|p| p.remove("arguments"));
             params["properties"]["parameters"] = args.unwrap_or(json!({}));
             params["required"] = json!(["name", "parameters"]);
-            [c, params]
+            let wrap = |call: &Value| {
+                json!({"type": "object", "properties": {"type": {"const": "function"}, "function": call},
+                       "required": ["type", "function"], "additionalProperties": true})
+            };
+            let wrapped = [wrap(&c), wrap(&params)];
+            [c, params, wrapped[0].clone(), wrapped[1].clone()]
         })
         .collect();
     let call = json!({"anyOf": calls, "x-guidance": layout});

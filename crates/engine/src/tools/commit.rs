@@ -39,9 +39,49 @@ const CALL_START: &[Part] =
 /// A single call object up to its arguments' value.
 const CALL_HEAD: &[Part] = &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
 
-/// Whether `body` (the text from its first `{` or `[` on) commits to a call of one of `known`.
+/// The same call inside OpenAI's wrapper, `{"type": "function", "function": {"name": …`, as
+/// models that echo the API's own format write it.
+const WRAPPED_CALL_START: &[Part] = &[
+    OptArray,
+    Lit("{"),
+    Ws,
+    Lit("\"type\""),
+    Ws,
+    Lit(":"),
+    Ws,
+    Lit("\"function\""),
+    Ws,
+    Lit(","),
+    Ws,
+    Lit("\"function\""),
+    Ws,
+    Lit(":"),
+    Ws,
+    Lit("{"),
+    Ws,
+    Lit("\"name\""),
+    Ws,
+    Lit(":"),
+    Ws,
+    Name,
+    Ws,
+    Lit(","),
+    Ws,
+    ArgsKey,
+    Ws,
+    Lit(":"),
+    Ws,
+    Lit("{"),
+];
+
+/// Whether `body` (the text from its first `{` or `[` on) commits to a call of one of `known`,
+/// plain or in OpenAI's `{"type": "function", "function": …}` wrapper.
 pub fn call_commitment(body: &str, known: &[String]) -> Commitment {
-    match_parts(body, CALL_START, known).0
+    match (match_parts(body, CALL_START, known).0, match_parts(body, WRAPPED_CALL_START, known).0) {
+        (Commitment::Committed, _) | (_, Commitment::Committed) => Commitment::Committed,
+        (Commitment::Undecided, _) | (_, Commitment::Undecided) => Commitment::Undecided,
+        _ => Commitment::Not,
+    }
 }
 
 /// Whether `s` starts with `{"name": "<known>", "arguments":`; when it does, the name and the
@@ -180,6 +220,14 @@ mod tests {
         assert_eq!(call_commitment("{{", &k), Commitment::Undecided);
         assert_eq!(call_commitment(r#"{{"name": "add", "arguments": {"#, &k), Commitment::Committed);
         assert_eq!(call_commitment(r#"{{"answer": 1}}"#, &k), Commitment::Not);
+        // OpenAI's wrapper.
+        let wrapped = r#"[{"type": "function", "function": {"name": "add", "arguments": {"#;
+        for end in 1..wrapped.len() {
+            assert_eq!(call_commitment(&wrapped[..end], &k), Commitment::Undecided, "{}", &wrapped[..end]);
+        }
+        assert_eq!(call_commitment(wrapped, &k), Commitment::Committed);
+        assert_eq!(call_commitment(r#"{"type": "function", "function": {"name": "nope""#, &k), Commitment::Not);
+        assert_eq!(call_commitment(r#"{"type": "object""#, &k), Commitment::Not);
         // Llama 3's key for the arguments.
         assert_eq!(call_commitment(r#"{"name": "add", "par"#, &k), Commitment::Undecided);
         assert_eq!(call_commitment(r#"{"name": "add", "parameters": {"#, &k), Commitment::Committed);
