@@ -125,7 +125,10 @@ on_both!(live_servers_keep_their_reservations_and_dead_ones_lose_them, |acc: Acc
     acc.reserve(&key, &Reservation { request_id: "ghost".into(), tokens: 50, nanos: 0, owner: "gone-1234".into(), at_ms: chrono_now() })
         .await
         .unwrap();
-    assert_eq!(reserved(&acc, &key).await, 150);
+    // The sweep runs every heartbeat period and may already have released the ghost's 50 here
+    // (a fresh-clone `make test` saw 100): held 150, or 100 once swept; never less.
+    let now = reserved(&acc, &key).await;
+    assert!(now == 150 || now == 100, "reserved {now}");
     eventually("the dead server's reservation is released", || async { reserved(&acc, &key).await == 100 }).await;
     // Several heartbeat periods later, the live server's reservation is still held.
     tokio::time::sleep(Duration::from_millis(1200)).await;
