@@ -72,7 +72,7 @@ build-portable: deps
 # The portable build served end to end: the variant it picks here, a machine offering fewer
 # variants (a CPU without AVX-512) served by the best of those, chat through the openai SDK, and
 # the variant in the log and /metrics. Not part of `make test`: the build compiles ggml's CPU
-# backend 14 times (~40 min on 2 cores the first time).
+# backend 14 times (29 min on 2 cores the first time, dependencies included).
 test-portable: build-portable models-e2e
 	@scripts/python-venv.sh >/dev/null
 	GANTRY_PORTABLE_DIR=$(CURDIR)/$(VARIANTS_DIST) $(VENV)/bin/python -m pytest -q tests/portable

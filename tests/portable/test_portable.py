@@ -83,7 +83,7 @@ class Served:
         raise AssertionError(f"not ready in 120 s:\n{self.log.read_text()}")
 
     def variant(self) -> str:
-        found = re.search(r"llama\.cpp CPU backend\S*\s+.*?variant\S*=\S*?(\w+)", strip_ansi(self.log.read_text()))
+        found = re.search(r"llama\.cpp CPU backend variant=(\w+)", strip_ansi(self.log.read_text()))
         assert found, self.log.read_text()
         return found.group(1)
 

@@ -183,7 +183,7 @@ async fn a_conversation_pushed_out_of_the_kv_cache_comes_back_from_host_memory()
 
 #[tokio::test]
 async fn a_call_fenced_after_prose_is_held_to_its_schema_from_the_fence_on() {
-    use crate::tools::{fenced_after_grammar, CallStart, CallWatch};
+    use crate::tools::{fenced_grammar, CallStart, CallWatch};
     let engine = start(1, None);
     let model = engine.model();
     let rules = "fenced_calls: \"```\" /[a-z]*/ \"\\n\" body \"\\n```\"\n\
@@ -200,8 +200,8 @@ async fn a_call_fenced_after_prose_is_held_to_its_schema_from_the_fence_on() {
         start = start.or(watch.push(&model.piece(*t), &["get_weather".to_string()]));
     }
     let prefix = output.find("```").unwrap();
-    assert_eq!(start, Some(CallStart::FencedAfter { prefix }));
-    let grammar = Constraint::Lark(fenced_after_grammar(rules, &output[..prefix]));
+    assert_eq!(start, Some(CallStart::Fenced { prefix }));
+    let grammar = Constraint::Lark(fenced_grammar(rules, &output[..prefix]));
     let mut matcher = model.constraint_matcher(&grammar, &tokens).expect("the output so far fits the grammar");
     let as_u32 = |s: &str| model.tokenize(s).into_iter().map(|t| t as u32).collect::<Vec<_>>();
     let metric = as_u32("\"unit\": \"metric\"");

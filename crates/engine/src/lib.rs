@@ -330,8 +330,11 @@ impl Generator for Engine {
         }
         // The grammars a call started under `auto` would switch to are checked now too, so a bad
         // tool schema is a 400 before anything runs.
-        for constraint in input.lazy_tools.iter().flat_map(|l| [&l.bare, &l.tagged, &l.fenced]) {
-            model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: "tools", reason })?;
+        if let Some(l) = &input.lazy_tools {
+            let fenced = Constraint::Lark(tools::fenced_grammar(&l.fenced_calls_rules, ""));
+            for constraint in [&l.bare, &l.tagged, &fenced] {
+                model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: "tools", reason })?;
+            }
         }
         // Images not yet fetched count as admission's reservation in `tokens`, but the context
         // is checked without them here and exactly once they are attached.

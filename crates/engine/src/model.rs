@@ -24,10 +24,7 @@ pub(crate) fn backend() -> &'static LlamaBackend {
             std::env::var("GANTRY_LLAMA_LOGS").is_ok_and(|v| v == "1"),
         ));
         // The portable build has no CPU backend linked in: one of its variants is loaded first.
-        #[cfg(feature = "cpu-variants")]
-        if let Err(e) = crate::cpu_variants::load() {
-            panic!("{e}");
-        }
+        crate::cpu_backend::load_cpu_backend().unwrap_or_else(|e| panic!("{e}"));
         LlamaBackend::init().expect("llama.cpp backend initialises once")
     })
 }

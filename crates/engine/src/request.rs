@@ -68,11 +68,10 @@ pub struct LazyTools {
     pub bare: crate::constraint::Constraint,
     /// What follows a `<tool_call>` tag (Qwen/Hermes): the call, `</tool_call>`, maybe more calls.
     pub tagged: crate::constraint::Constraint,
-    /// The whole output, once it is a ```json fence followed by `{` or `[`.
-    pub fenced: crate::constraint::Constraint,
     /// Lark rules defining `fenced_calls`: a ```json fence holding a call, then (when parallel
-    /// calls are allowed) more such fences, then the end. A fence after prose is constrained by
-    /// `start: "<the prose>" fenced_calls` and these rules.
+    /// calls are allowed) more such fences, then the end. A fenced call is constrained by
+    /// `start: "<the output before the fence>" fenced_calls` and these rules
+    /// (`tools::fenced_grammar`).
     pub fenced_calls_rules: String,
     /// The offered function names: bare or fenced JSON is only constrained as a call once it
     /// starts `{"name": "<one of these>", "arguments": {`.

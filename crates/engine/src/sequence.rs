@@ -15,7 +15,7 @@ use crate::speculation::{Drafter, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
 use crate::constraint::Constraint;
-use crate::tools::{fenced_after_grammar, CallStart, CallWatch};
+use crate::tools::{fenced_grammar, CallStart, CallWatch};
 
 /// A request as queued for the scheduler.
 pub(crate) struct Job {
@@ -162,23 +162,21 @@ impl ActiveRequest {
     /// Qwen echoes the call with a `"result"` key as its answer — so they are only constrained once
     /// the output is committed to a call: `{"name": "<offered function>", "arguments": {` (or that
     /// inside `[`). Up to there the model samples freely; from there the grammar still lets the
-    /// object go on with other keys, and such an object is then read back as content. A fence
-    /// after prose is constrained from the fence on, the prose kept as the grammar's literal
-    /// start (see `tools::watch`).
+    /// object go on with other keys, and such an object is then read back as content. A fenced
+    /// call is constrained from its fence on, wherever it starts: what precedes the fence is the
+    /// grammar's literal start (see `tools::watch`).
     pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) {
         let Some(lazy) = self.lazy_tools.as_ref() else { return };
         let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
         watch.tokens.push(token);
         let Some(start) = watch.calls.push(piece, &lazy.names) else { return };
-        let after_text;
+        let fenced;
         let (constraint, consumed) = match start {
             CallStart::Tagged => (&lazy.tagged, &[][..]),
             CallStart::Bare => (&lazy.bare, watch.tokens.as_slice()),
-            CallStart::Fenced => (&lazy.fenced, watch.tokens.as_slice()),
-            CallStart::FencedAfter { prefix } => {
-                let text = watch.calls.text();
-                after_text = Constraint::Lark(fenced_after_grammar(&lazy.fenced_calls_rules, &text[..prefix]));
-                (&after_text, watch.tokens.as_slice())
+            CallStart::Fenced { prefix } => {
+                fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, &watch.calls.text()[..prefix]));
+                (&fenced, watch.tokens.as_slice())
             }
         };
         match model.constraint_matcher(constraint, consumed) {

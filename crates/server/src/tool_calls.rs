@@ -54,8 +54,8 @@ fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
                 json!({"type": "object", "properties": {"type": {"const": "function"}, "function": call},
                        "required": ["type", "function"], "additionalProperties": true})
             };
-            let wrapped = [wrap(&c), wrap(&params)];
-            [c, params, wrapped[0].clone(), wrapped[1].clone()]
+            let (wrapped_c, wrapped_params) = (wrap(&c), wrap(&params));
+            [c, params, wrapped_c, wrapped_params]
         })
         .collect();
     let call = json!({"anyOf": calls, "x-guidance": layout});
@@ -71,7 +71,6 @@ fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
     let fenced_calls_rules = format!(
         "fenced_calls: fence{more_fences}\nfence: \"```\" LANG? NL outer WS? \"```\"\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n"
     );
-    let fenced = format!("start: WS? fenced_calls\n{fenced_calls_rules}");
     let more = if single { "" } else { " more*" };
     let tagged = format!(
         "start: NL? body NL? \"</tool_call>\"{more}\n\
@@ -81,7 +80,6 @@ fn lazy_grammars(calls: &[Value], names: &[String], single: bool) -> LazyTools {
     LazyTools {
         bare: Constraint::Lark(bare),
         tagged: Constraint::Lark(tagged),
-        fenced: Constraint::Lark(fenced),
         fenced_calls_rules,
         names: names.to_vec(),
     }
@@ -301,8 +299,8 @@ mod tests {
         let model = gantry_engine::LoadedModel::load(&path, None, 1, &gantry_engine::Offload::default()).unwrap();
         for extra in [json!({}), json!({"parallel_tool_calls": false})] {
             let lazy = ToolPlan::from_request(&chat(extra)).unwrap().unwrap().lazy.unwrap();
-            let after = gantry_engine::tools::fenced_after_grammar(&lazy.fenced_calls_rules, "Sure: \"x\"\n");
-            for c in [&lazy.bare, &lazy.tagged, &lazy.fenced, &Constraint::Lark(after)] {
+            let fenced = |prefix| Constraint::Lark(gantry_engine::tools::fenced_grammar(&lazy.fenced_calls_rules, prefix));
+            for c in [&lazy.bare, &lazy.tagged, &fenced(""), &fenced("Sure: \"x\"\n")] {
                 model.check_constraint(c).unwrap_or_else(|e| panic!("{e}: {c:?}"));
             }
         }

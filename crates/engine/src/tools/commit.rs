@@ -33,46 +33,22 @@ enum Part {
 
 use Part::{ArgsKey, Lit, Name, OptArray, OptBrace, Ws};
 
-const CALL_START: &[Part] =
-    &[OptArray, OptBrace, Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, ArgsKey, Ws, Lit(":"), Ws, Lit("{")];
+/// A call object up to its arguments' opening brace.
+const CALL_OBJECT: &[Part] =
+    &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, ArgsKey, Ws, Lit(":"), Ws, Lit("{")];
 
-/// A single call object up to its arguments' value.
-const CALL_HEAD: &[Part] = &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
+/// A call, optionally in an array and Qwen's doubled braces.
+const CALL_START: &[&[Part]] = &[&[OptArray, OptBrace], CALL_OBJECT];
 
 /// The same call inside OpenAI's wrapper, `{"type": "function", "function": {"name": …`, as
 /// models that echo the API's own format write it.
-const WRAPPED_CALL_START: &[Part] = &[
-    OptArray,
-    Lit("{"),
-    Ws,
-    Lit("\"type\""),
-    Ws,
-    Lit(":"),
-    Ws,
-    Lit("\"function\""),
-    Ws,
-    Lit(","),
-    Ws,
-    Lit("\"function\""),
-    Ws,
-    Lit(":"),
-    Ws,
-    Lit("{"),
-    Ws,
-    Lit("\"name\""),
-    Ws,
-    Lit(":"),
-    Ws,
-    Name,
-    Ws,
-    Lit(","),
-    Ws,
-    ArgsKey,
-    Ws,
-    Lit(":"),
-    Ws,
-    Lit("{"),
+const WRAPPED_CALL_START: &[&[Part]] = &[
+    &[OptArray, Lit("{"), Ws, Lit("\"type\""), Ws, Lit(":"), Ws, Lit("\"function\""), Ws, Lit(","), Ws, Lit("\"function\""), Ws, Lit(":"), Ws],
+    CALL_OBJECT,
 ];
+
+/// A single call object up to its arguments' value.
+const CALL_HEAD: &[Part] = &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
 
 /// Whether `body` (the text from its first `{` or `[` on) commits to a call of one of `known`,
 /// plain or in OpenAI's `{"type": "function", "function": …}` wrapper.
@@ -87,19 +63,21 @@ pub fn call_commitment(body: &str, known: &[String]) -> Commitment {
 /// Whether `s` starts with `{"name": "<known>", "arguments":`; when it does, the name and the
 /// length of that head (the arguments' value follows).
 pub(super) fn call_head<S: AsRef<str>>(s: &str, known: &[S]) -> (Commitment, Option<(String, usize)>) {
-    match match_parts(s, CALL_HEAD, known) {
+    match match_parts(s, &[CALL_HEAD], known) {
         (Commitment::Committed, name, len) => (Commitment::Committed, Some((name, len))),
         (other, ..) => (other, None),
     }
 }
 
-/// Matches `parts` against the start of `body`: the outcome, the function name, bytes matched.
-fn match_parts<S: AsRef<str>>(body: &str, parts: &[Part], known: &[S]) -> (Commitment, String, usize) {
+/// Matches `parts` (runs of parts, one after the other) against the start of `body`: the
+/// outcome, the function name, bytes matched.
+fn match_parts<S: AsRef<str>>(body: &str, parts: &[&[Part]], known: &[S]) -> (Commitment, String, usize) {
+    let count = parts.iter().map(|run| run.len()).sum::<usize>();
     let is_known = |name: &str| known.iter().any(|k| k.as_ref() == name);
     let starts_known = |prefix: &str| known.iter().any(|k| k.as_ref().starts_with(prefix));
     let mut rest = body;
     let mut name = String::new();
-    for (i, part) in parts.iter().enumerate() {
+    for (i, part) in parts.iter().copied().flatten().enumerate() {
         match part {
             Ws => rest = rest.trim_start_matches([' ', '\t', '\n', '\r']),
             OptArray => {
@@ -144,7 +122,7 @@ fn match_parts<S: AsRef<str>>(body: &str, parts: &[Part], known: &[S]) -> (Commi
                 }
             }
         }
-        if rest.is_empty() && i + 1 < parts.len() {
+        if rest.is_empty() && i + 1 < count {
             return (Commitment::Undecided, name, 0);
         }
     }

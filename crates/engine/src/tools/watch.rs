@@ -13,19 +13,17 @@ pub enum CallStart {
     Tagged,
     /// The whole output is a bare JSON call so far: the bare grammar, over all of it.
     Bare,
-    /// The whole output is a ```json fence holding a call so far: the fenced grammar, over all of it.
-    Fenced,
-    /// A fence holding a call after other text: the fenced-calls grammar after the output's
-    /// first `prefix` bytes, which the grammar repeats as a literal.
-    FencedAfter { prefix: usize },
+    /// A ```json fence holding a call, after the output's first `prefix` bytes (none, whitespace
+    /// or prose): the fenced-calls grammar, which repeats those bytes as a literal.
+    Fenced { prefix: usize },
 }
 
 /// The output so far of a choice that may still start a tool call.
 #[derive(Debug, Default)]
 pub struct CallWatch {
     text: Vec<u8>,
-    /// Still only whitespace, or a `{`/`[` or fence start: a call from the start is possible.
-    from_start_possible: bool,
+    /// Still only whitespace, or a `{`/`[` start: a bare call is possible.
+    bare_possible: bool,
     /// Fences starting before this byte are decided: not calls.
     fences_from: usize,
 }
@@ -35,7 +33,7 @@ const TAG: &[u8] = b"<tool_call>";
 
 impl CallWatch {
     pub fn new() -> Self {
-        Self { from_start_possible: true, ..Self::default() }
+        Self { bare_possible: true, ..Self::default() }
     }
 
     /// The output so far, as the model's bytes (whole, so a character split across tokens reads
@@ -50,14 +48,14 @@ impl CallWatch {
         if self.text.ends_with(TAG) {
             return Some(CallStart::Tagged);
         }
-        if self.from_start_possible {
-            match self.from_start(names) {
-                FromStart::Call(start) => return Some(start),
-                FromStart::Wait => return None,
-                FromStart::Not => self.from_start_possible = false,
+        if self.bare_possible {
+            match self.bare(names) {
+                Commitment::Committed => return Some(CallStart::Bare),
+                Commitment::Undecided => return None,
+                Commitment::Not => self.bare_possible = false,
             }
         }
-        self.fence_after_text(names)
+        self.fence(names)
     }
 
     /// The grammar refused the output at `start` (the model's layout does not fit it): that
@@ -65,44 +63,33 @@ impl CallWatch {
     pub fn rejected(&mut self, start: &CallStart) {
         match start {
             CallStart::Tagged => {}
-            CallStart::Bare | CallStart::Fenced => self.from_start_possible = false,
-            CallStart::FencedAfter { prefix } => self.fences_from = prefix + FENCE.len(),
+            CallStart::Bare => self.bare_possible = false,
+            CallStart::Fenced { prefix } => self.fences_from = prefix + FENCE.len(),
         }
     }
 
-    /// Whether the output is a call from its start (after whitespace), bare or fenced.
-    fn from_start(&self, names: &[String]) -> FromStart {
+    /// Whether the whole output (after whitespace) is a bare JSON call so far.
+    fn bare(&self, names: &[String]) -> Commitment {
         let text = self.text();
         let started = text.trim_start();
         if started.is_empty() {
-            return FromStart::Wait;
-        }
-        let (body, start) = if started.starts_with(['{', '[']) {
-            (started, CallStart::Bare)
-        } else if started.starts_with("```") {
-            // A fenced block is a call only if JSON follows the fence line (not ```python …).
-            let Some((_, body)) = started.split_once('\n') else { return FromStart::Wait };
-            (body.trim_start(), CallStart::Fenced)
-        } else if "```".starts_with(started) {
-            return FromStart::Wait;
+            Commitment::Undecided
+        } else if started.starts_with(['{', '[']) {
+            call_commitment(started, names)
         } else {
-            return FromStart::Not;
-        };
-        match call_commitment(body, names) {
-            Commitment::Committed => FromStart::Call(start),
-            Commitment::Undecided => FromStart::Wait,
-            Commitment::Not => FromStart::Not,
+            Commitment::Not
         }
     }
 
-    /// The first undecided fence after other text that holds a call.
-    fn fence_after_text(&mut self, names: &[String]) -> Option<CallStart> {
+    /// The first undecided fence, anywhere in the output, that holds a call: a fenced block is
+    /// a call only if the JSON after its fence line commits to one (not ```python …).
+    fn fence(&mut self, names: &[String]) -> Option<CallStart> {
         while let Some(at) = find(&self.text[self.fences_from..], FENCE).map(|i| i + self.fences_from) {
             let after = &self.text[at + FENCE.len()..];
             let Some(line_end) = after.iter().position(|&b| b == b'\n') else { return None };
             let body = String::from_utf8_lossy(&after[line_end + 1..]);
             match call_commitment(body.trim_start(), names) {
-                Commitment::Committed => return Some(CallStart::FencedAfter { prefix: at }),
+                Commitment::Committed => return Some(CallStart::Fenced { prefix: at }),
                 Commitment::Undecided => return None,
                 Commitment::Not => self.fences_from = at + FENCE.len(),
             }
@@ -113,13 +100,6 @@ impl CallWatch {
     }
 }
 
-enum FromStart {
-    Call(CallStart),
-    /// Could still become a call.
-    Wait,
-    Not,
-}
-
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
@@ -127,7 +107,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// The grammar for a fenced call after `prefix`: `rules` define `fenced_calls` (see
 /// `LazyTools::fenced_calls_rules`); the text before the fence is repeated as a literal, so the
 /// grammar runs over the whole output and takes every token generated so far.
-pub fn fenced_after_grammar(rules: &str, prefix: &str) -> String {
+pub fn fenced_grammar(rules: &str, prefix: &str) -> String {
+    if prefix.is_empty() {
+        return format!("start: fenced_calls\n{rules}");
+    }
     let literal = serde_json::to_string(prefix).expect("a string serialises");
     format!("start: {literal} fenced_calls\n{rules}")
 }
@@ -151,7 +134,9 @@ mod tests {
         let bare = ["{\"name\": ", "\"get_weather\"", ", \"arguments\": ", "{", "\"city\""];
         assert_eq!(watch(&bare), Some((3, CallStart::Bare)));
         let fenced = ["```", "json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
-        assert_eq!(watch(&fenced), Some((2, CallStart::Fenced)));
+        assert_eq!(watch(&fenced), Some((2, CallStart::Fenced { prefix: 0 })));
+        let fenced = ["\n ``", "`json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
+        assert_eq!(watch(&fenced), Some((2, CallStart::Fenced { prefix: 2 })));
         assert_eq!(watch(&["<tool_call>"]), Some((0, CallStart::Tagged)));
         assert_eq!(watch(&["Sure", "<tool", "_call>"]), Some((2, CallStart::Tagged)));
     }
@@ -159,11 +144,11 @@ mod tests {
     #[test]
     fn a_fence_after_prose_commits_with_the_prose_as_its_prefix() {
         let pieces = ["Let's check.\n\n", "``", "`json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": ", "{"];
-        assert_eq!(watch(&pieces), Some((3, CallStart::FencedAfter { prefix: 14 })));
+        assert_eq!(watch(&pieces), Some((3, CallStart::Fenced { prefix: 14 })));
         // A code fence that is not a call is skipped; a later one that is, counts.
         let pieces = ["Code:\n```python\nprint(1)\n```\nThen:\n```json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
         let prefix = "Code:\n```python\nprint(1)\n```\nThen:\n".len();
-        assert_eq!(watch(&pieces), Some((1, CallStart::FencedAfter { prefix })));
+        assert_eq!(watch(&pieces), Some((1, CallStart::Fenced { prefix })));
     }
 
     #[test]
@@ -175,7 +160,8 @@ mod tests {
 
     #[test]
     fn the_prefix_is_a_lark_literal_of_any_text() {
-        let g = fenced_after_grammar("fenced_calls: \"x\"\n", "a \"quoted\"\n\\ line: é");
+        let g = fenced_grammar("fenced_calls: \"x\"\n", "a \"quoted\"\n\\ line: é");
         assert_eq!(g, "start: \"a \\\"quoted\\\"\\n\\\\ line: é\" fenced_calls\nfenced_calls: \"x\"\n");
+        assert_eq!(fenced_grammar("fenced_calls: \"x\"\n", ""), "start: fenced_calls\nfenced_calls: \"x\"\n");
     }
 }
