@@ -20,7 +20,10 @@ use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sequence::{ActiveRequest, Job};
 use crate::shared_drafts::SharedDrafts;
-use crate::speculation::{self, Acceptance, DraftSource, Speculate, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS};
+use crate::speculation::{
+    self, Acceptance, DraftSource, Lookup, Speculate, SpeculationConfig, SpeculationStats,
+    MAX_DRAFTING_STREAMS,
+};
 use crate::step_cost::StepCost;
 use crate::telemetry::{self, StepStats, Totals};
 
@@ -93,7 +96,12 @@ impl Scheduler {
             totals: Totals::default(),
             spec_stats,
             step_cost: StepCost::default(),
-            acceptance: Default::default(),
+            acceptance: [
+                Acceptance::default(),
+                Acceptance::default(),
+                Acceptance::default(),
+                Acceptance::agreed(),
+            ],
             shared: SharedDrafts::default(),
             batch_prompt_tokens: 0,
             host,
@@ -379,30 +387,41 @@ impl Scheduler {
                     let produce_left = max_tokens.saturating_sub(c.generated) as usize;
                     let room = (ctx_size - c.pos).max(0) as usize;
                     let limit = produce_left.saturating_sub(1).min(room);
-                    c.drafts = c.drafter.forced(limit.min(forced_budget));
-                    c.drafts_forced = !c.drafts.is_empty();
-                    if !c.drafts_forced {
-                        let mut draft = c.drafter.propose(limit.min(draft_budget), &self.shared);
-                        if weigh_drafts && !draft.is_empty() {
-                            let acceptance = &mut self.acceptance[acceptance_kind(c.drafter.source(), c.constrained)];
-                            let matched = c.drafter.matched();
-                            let k = self.step_cost.best_draft(outputs, draft.len(), |k| acceptance.expected_tokens(matched, k));
-                            if k == 0 {
-                                acceptance.declined(matched);
-                            }
-                            draft.truncate(k);
+                    let mut chain = c.drafter.chain(
+                        limit.min(forced_budget),
+                        limit.min(draft_budget),
+                        &self.shared,
+                    );
+                    let forced = chain.forced_prefix();
+                    if weigh_drafts && chain.tokens.len() > forced {
+                        let acceptance = &mut self.acceptance;
+                        let chance = |l: &Lookup| {
+                            acceptance[acceptance_kind(l.source, c.constrained)].chance(l.matched)
+                        };
+                        let k =
+                            self.step_cost
+                                .best_draft(outputs, forced, chain.tokens.len(), |k| {
+                                    chain.expected_tokens(k, chance)
+                                });
+                        if let Some(first) = chain.lookups.first().filter(|l| l.start >= k) {
+                            acceptance[acceptance_kind(first.source, c.constrained)]
+                                .declined(first.matched);
                         }
-                        c.drafts = draft;
+                        chain.truncate(k);
                     }
-                    outputs += c.drafts.len();
-                    for &draft in &c.drafts {
-                        self.batch.add(LlamaToken(draft), c.pos, &[c.seq_id], true).expect("drafts fit the budget");
+                    c.drafts = chain;
+                    outputs += c.drafts.tokens.len();
+                    for &draft in &c.drafts.tokens {
+                        self.batch
+                            .add(LlamaToken(draft), c.pos, &[c.seq_id], true)
+                            .expect("drafts fit the budget");
                         self.slots.record(c.seq_id, c.pos as usize, draft);
                         c.pos += 1;
                     }
-                    budget -= c.drafts.len();
-                    forced_budget -= c.drafts.len();
-                    draft_budget = draft_budget.saturating_sub(c.drafts.len());
+                    let fed = c.drafts.tokens.len();
+                    budget -= fed;
+                    forced_budget -= fed;
+                    draft_budget = draft_budget.saturating_sub(fed - c.drafts.forced_within(fed));
                 }
             }
         }
@@ -453,8 +472,11 @@ impl Scheduler {
         let ctx_size = self.cfg.ctx_size as i32;
         for req in &mut self.active {
             for i in 0..req.choices.len() {
-                let Some(idx) = req.choices[i].batch_idx.take() else { continue };
-                let drafts = std::mem::take(&mut req.choices[i].drafts);
+                let Some(idx) = req.choices[i].batch_idx.take() else {
+                    continue;
+                };
+                let chain = std::mem::take(&mut req.choices[i].drafts);
+                let drafts = &chain.tokens;
                 let k = drafts.len();
                 // Position of the token fed at `idx`; drafts follow it.
                 let fed_pos = req.choices[i].pos - 1 - k as i32;
@@ -472,12 +494,17 @@ impl Scheduler {
                     req.choices[i].next_token = Some(token);
                     break;
                 }
-                if k > 0 && req.choices[i].drafts_forced {
-                    self.spec_stats.record_forced(k, accepted);
-                } else if k > 0 {
-                    let (drafter, constrained) = (&req.choices[i].drafter, req.choices[i].constrained);
-                    self.acceptance[acceptance_kind(drafter.source(), constrained)].verified(drafter.matched(), k, accepted);
-                    self.spec_stats.record(k, accepted, drafter.source());
+                let forced = chain.forced_within(k);
+                if forced > 0 {
+                    self.spec_stats
+                        .record_forced(forced, chain.forced_within(accepted));
+                }
+                // A run after the first rejected draft was never tested.
+                for l in chain.lookups.iter().filter(|l| l.start <= accepted) {
+                    let taken = (accepted - l.start).min(l.len);
+                    self.acceptance[acceptance_kind(l.source, req.choices[i].constrained)]
+                        .verified(l.matched, l.len, taken);
+                    self.spec_stats.record(l.len, taken, l.source);
                 }
                 // The choice's position is where its next token goes: positions from there on
                 // hold draft tokens that were not produced.

@@ -11,7 +11,7 @@ use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
 use crate::sampling::{build_sampler, logprobs_for, Sampler};
-use crate::speculation::{Drafter, SpeculationConfig};
+use crate::speculation::{Chain, Drafter, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
 use crate::constraint::Constraint;
@@ -38,10 +38,9 @@ pub(crate) struct Choice {
     /// Index in the current batch whose logits this choice samples from (the fed token's; the
     /// draft tokens' logits follow at the next indices).
     pub batch_idx: Option<i32>,
-    /// Draft tokens fed after `next_token` in the current batch, to be verified.
-    pub drafts: Vec<i32>,
-    /// The drafts are what the grammar forces (jump-forward), not a prompt lookup.
-    pub drafts_forced: bool,
+    /// Draft tokens fed after `next_token` in the current batch, to be verified, each marked
+    /// forced by the grammar (jump-forward) or looked up.
+    pub drafts: Chain,
     pub drafter: Drafter,
     pub finished: Option<FinishReason>,
     /// When this choice last produced a token, for latency metrics.
@@ -119,8 +118,7 @@ impl ActiveRequest {
                     pos: 0,
                     next_token: None,
                     batch_idx: None,
-                    drafts: Vec::new(),
-                    drafts_forced: false,
+                    drafts: Chain::default(),
                     drafter,
                     finished: None,
                     last_token_at: None,
@@ -258,7 +256,7 @@ impl ActiveRequest {
         c.finished = Some(reason);
         c.next_token = None;
         c.batch_idx = None;
-        c.drafts.clear();
+        c.drafts = Chain::default();
         let index = c.index;
         if reason != FinishReason::Cancelled {
             let _ = self.events.send(Event::Finished { choice: index, reason });

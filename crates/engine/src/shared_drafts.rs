@@ -33,6 +33,11 @@ pub(crate) struct Candidate<'a> {
     pub matched: usize,
     /// The tokens that followed them.
     pub tokens: &'a [i32],
+    /// How many of `tokens` another earlier answer that follows the same tail also continues
+    /// with. Where answers agree, the run is the answers' common form (a schema's layout after
+    /// a key); where they part, it is each answer's own content (the value), which the next
+    /// answer will not repeat.
+    pub agreed: usize,
 }
 
 #[derive(Debug, Default)]
@@ -97,20 +102,37 @@ impl SharedDrafts {
         let Some(&last) = history.last() else { return Vec::new() };
         let Some(seen) = self.index.get(&last) else { return Vec::new() };
         let n = history.len();
-        let mut found: Vec<Candidate<'_>> = Vec::new();
+        let mut occurrences: Vec<(usize, &[i32])> = Vec::new();
         for &(id, pos) in seen.iter().rev() {
             let Some(answer) = self.answers.get((id - self.first_id) as usize) else { continue };
             let pos = pos as usize;
-            let matched = (1..=MAX_MATCH.min(pos + 1).min(n)).take_while(|&d| answer[pos + 1 - d] == history[n - d]).count();
-            if matched < min_match {
-                continue;
+            let matched = (1..=MAX_MATCH.min(pos + 1).min(n))
+                .take_while(|&d| answer[pos + 1 - d] == history[n - d])
+                .count();
+            if matched >= min_match {
+                occurrences.push((matched, &answer[pos + 1..]));
             }
-            let tokens = &answer[pos + 1..];
+        }
+        let mut found: Vec<Candidate<'_>> = Vec::new();
+        for (i, &(matched, tokens)) in occurrences.iter().enumerate() {
             let head = &tokens[..tokens.len().min(DISTINCT_PREFIX)];
             if found.iter().any(|c| &c.tokens[..c.tokens.len().min(DISTINCT_PREFIX)] == head) {
                 continue;
             }
-            found.push(Candidate { matched, tokens });
+            let agreed = occurrences
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, &(_, other))| {
+                    tokens.iter().zip(other).take_while(|(a, b)| a == b).count()
+                })
+                .max()
+                .unwrap_or(0);
+            found.push(Candidate {
+                matched,
+                tokens,
+                agreed,
+            });
         }
         // Stable: among equal matches the most recent stays first.
         found.sort_by_key(|c| std::cmp::Reverse(c.matched));
@@ -135,12 +157,55 @@ mod tests {
         shared.record(&[9, 2, 3, 20, 21]);
         shared.record(&[7, 2, 3, 30, 31]);
         let c = shared.candidates(&[5, 1, 2, 3], 2);
-        assert_eq!(c[0], Candidate { matched: 3, tokens: &[10, 11] });
-        assert_eq!(c[1], Candidate { matched: 2, tokens: &[30, 31] }, "newest of the 2-token matches");
-        assert_eq!(c[2], Candidate { matched: 2, tokens: &[20, 21] });
+        assert_eq!(
+            c[0],
+            Candidate {
+                matched: 3,
+                tokens: &[10, 11],
+                agreed: 0
+            }
+        );
+        assert_eq!(
+            c[1],
+            Candidate {
+                matched: 2,
+                tokens: &[30, 31],
+                agreed: 0
+            },
+            "newest of the 2-token matches"
+        );
+        assert_eq!(
+            c[2],
+            Candidate {
+                matched: 2,
+                tokens: &[20, 21],
+                agreed: 0
+            }
+        );
         assert_eq!(c.len(), 3);
         assert!(shared.candidates(&[5, 1, 2, 3], 4).is_empty(), "nothing matches 4 tokens");
         assert!(shared.candidates(&[4, 8], 1).is_empty(), "8 was never seen");
+    }
+
+    #[test]
+    fn candidates_know_how_far_other_answers_agree_with_them() {
+        let mut shared = SharedDrafts::default();
+        // Three answers after the same key: the layout (1, 2) agrees, the values (7.., 8..) part.
+        shared.record(&[5, 1, 2, 70, 71, 3]);
+        shared.record(&[5, 1, 2, 80, 81, 3]);
+        shared.record(&[5, 1, 2, 80, 82, 3]);
+        let c = shared.candidates(&[5], 1);
+        assert_eq!(
+            (c[0].tokens[..4].to_vec(), c[0].agreed),
+            (vec![1, 2, 80, 82], 3),
+            "the newest; another answer shares 1 2 80"
+        );
+        let first = c.iter().find(|c| c.tokens[2] == 70).unwrap();
+        assert_eq!(first.agreed, 2, "only the layout");
+        // A continuation nobody else followed agrees on nothing.
+        let mut shared = SharedDrafts::default();
+        shared.record(&[5, 1, 2]);
+        assert_eq!(shared.candidates(&[5], 1)[0].agreed, 0);
     }
 
     #[test]

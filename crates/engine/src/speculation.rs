@@ -96,7 +96,17 @@ const DECLINED_MEMORY: f64 = 0.995;
 /// Upper bounds of the match-length classes acceptance is estimated for, and each class's prior
 /// chance that a draft token is accepted: a draft that continues a long run copied from the
 /// context is far likelier to be right than one that continues two matching tokens.
-const MATCH_CLASSES: [(usize, f64); 7] = [(2, 0.5), (3, 0.6), (5, 0.7), (8, 0.8), (15, 0.85), (31, 0.9), (MAX_MATCH, 0.95)];
+const MATCH_CLASSES: [(usize, f64); 7] = [
+    (2, 0.5),
+    (3, 0.6),
+    (5, 0.7),
+    (8, 0.8),
+    (15, 0.85),
+    (31, 0.9),
+    (MAX_MATCH, 0.95),
+];
+/// Prior chance of a draft token that other answers agree on (`Acceptance::agreed`).
+const AGREED_PRIOR: f64 = 0.9;
 /// Weight of the prior, in verified drafts.
 const PRIOR_WEIGHT: f64 = 2.0;
 
@@ -297,7 +307,14 @@ impl Drafter {
         let own_matched = best.as_ref().map_or(0, |b| b.1);
         if own_matched < MAX_MATCH {
             for candidate in shared.candidates(&self.history, min_shared.max(own_matched + 1)) {
-                let tokens = &candidate.tokens[..candidate.tokens.len().min(limit)];
+                // Under a grammar only what another answer agrees on: the schema's layout, not
+                // the earlier answer's values (see `Candidate::agreed`).
+                let usable_len = if self.grammar.is_some() {
+                    candidate.agreed
+                } else {
+                    candidate.tokens.len()
+                };
+                let tokens = &candidate.tokens[..usable_len.min(limit)];
                 let draft = self.usable(tokens.to_vec());
                 // Longest match first; among equals the draft the grammar lets run furthest.
                 let better = match &best {
@@ -319,6 +336,67 @@ impl Drafter {
         draft
     }
 
+    /// What to feed after the choice's token this step: what the grammar forces, then what is
+    /// expected to follow it, then what the grammar forces after that, and so on, up to `limit`
+    /// tokens of which at most `lookup_limit` are lookup drafts (forced tokens pay at any load,
+    /// lookups only while few streams decode). One step can then carry a JSON key, the `": "`
+    /// every earlier answer wrote after it, and the value's first token, where one kind of
+    /// draft alone would stop at the first token the other one knows. `matched` and `source`
+    /// Each lookup run records the match it continues and its source.
+    pub fn chain(&mut self, limit: usize, lookup_limit: usize, shared: &SharedDrafts) -> Chain {
+        let mut chain = Chain::default();
+        let base = self.history.len();
+        let mut lookups = 0;
+        while chain.tokens.len() < limit {
+            let forced = self.forced(limit - chain.tokens.len());
+            self.advance(&forced);
+            chain.push_forced(&forced);
+            let room = (limit - chain.tokens.len()).min(lookup_limit - lookups);
+            let lookup = self.propose(room, shared);
+            if lookup.is_empty() {
+                break;
+            }
+            self.advance(&lookup);
+            lookups += lookup.len();
+            chain.push_lookup(&lookup, self.matched, self.source);
+            // Without a grammar nothing is forced after a lookup, and another lookup would
+            // only continue the same match.
+            if self.grammar.as_ref().is_none_or(Matcher::is_stopped) {
+                break;
+            }
+        }
+        self.retreat(base, chain.tokens.len());
+        chain
+    }
+
+    /// Takes `tokens` as if produced, to draft further after them (`retreat` undoes it).
+    fn advance(&mut self, tokens: &[i32]) {
+        if tokens.is_empty() {
+            return;
+        }
+        if self.max > 0 {
+            self.history.extend_from_slice(tokens);
+        }
+        if let Some(g) = self.grammar.as_mut() {
+            let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+            // Drafts were checked against the grammar: a failure means its state is unknown
+            // (the sampler keeps its own copy), so this choice drafts without it from now on.
+            if g.consume_tokens(&ids).is_err() {
+                self.grammar = None;
+            }
+        }
+    }
+
+    /// Undoes `advance`s of `n` tokens in all, leaving the history at `len` tokens.
+    fn retreat(&mut self, len: usize, n: usize) {
+        self.history.truncate(len);
+        if let Some(g) = self.grammar.as_mut() {
+            if n > 0 && g.rollback(n).is_err() {
+                self.grammar = None;
+            }
+        }
+    }
+
     /// `draft` up to what can be fed: never an image position, never past what the grammar
     /// allows.
     fn usable(&mut self, mut draft: Vec<i32>) -> Vec<i32> {
@@ -334,11 +412,13 @@ impl Drafter {
     }
 
     /// Length of the earlier match the last proposal continues.
+    #[cfg(test)]
     pub fn matched(&self) -> usize {
         self.matched
     }
 
     /// Where the last proposal was copied from.
+    #[cfg(test)]
     pub fn source(&self) -> DraftSource {
         self.source
     }
@@ -350,6 +430,82 @@ impl Drafter {
     }
 }
 
+/// The drafts of one step (`Drafter::chain`), each forced by the grammar (the sampler can pick
+/// nothing else there) or part of a lookup.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Chain {
+    pub tokens: Vec<i32>,
+    pub forced: Vec<bool>,
+    /// The lookup drafts' runs, in order.
+    pub lookups: Vec<Lookup>,
+}
+
+/// One run of lookup drafts in a chain: where it starts, how long it is, the length of the
+/// match it continues and where it was copied from (which acceptance estimate it uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lookup {
+    pub start: usize,
+    pub len: usize,
+    pub matched: usize,
+    pub source: DraftSource,
+}
+
+impl Chain {
+    fn push_forced(&mut self, tokens: &[i32]) {
+        self.tokens.extend_from_slice(tokens);
+        self.forced.extend(std::iter::repeat_n(true, tokens.len()));
+    }
+
+    fn push_lookup(&mut self, tokens: &[i32], matched: usize, source: DraftSource) {
+        self.lookups.push(Lookup {
+            start: self.tokens.len(),
+            len: tokens.len(),
+            matched,
+            source,
+        });
+        self.tokens.extend_from_slice(tokens);
+        self.forced.extend(std::iter::repeat_n(false, tokens.len()));
+    }
+
+    /// Leading tokens that are forced: they are fed whatever lookups are worth.
+    pub fn forced_prefix(&self) -> usize {
+        self.forced.iter().take_while(|&&f| f).count()
+    }
+
+    /// Tokens a choice is expected to produce from its token plus the first `k` drafts, when
+    /// each token of a lookup run is accepted with the run's `chance` and forced ones always
+    /// are (acceptance ends at the first miss).
+    pub fn expected_tokens(&self, k: usize, chance: impl Fn(&Lookup) -> f64) -> f64 {
+        let mut run = 1.0;
+        let mut total = 1.0;
+        let mut lookups = self.lookups.iter().peekable();
+        for i in 0..k {
+            if !self.forced[i] {
+                while lookups.peek().is_some_and(|l| l.start + l.len <= i) {
+                    lookups.next();
+                }
+                run *= lookups.peek().map_or(0.0, |l| chance(l));
+            }
+            total += run;
+        }
+        total
+    }
+
+    /// Of the first `k` drafts, how many were forced.
+    pub fn forced_within(&self, k: usize) -> usize {
+        self.forced[..k].iter().filter(|&&f| f).count()
+    }
+
+    pub fn truncate(&mut self, k: usize) {
+        self.tokens.truncate(k);
+        self.forced.truncate(k);
+        self.lookups.retain(|l| l.start < k);
+        if let Some(last) = self.lookups.last_mut() {
+            last.len = last.len.min(k - last.start);
+        }
+    }
+}
+
 /// How likely lookup draft tokens are to be accepted, by the length of the match they continue,
 /// learned from every verification (decayed counts per class): each draft token is taken as
 /// accepted with probability accepted / (accepted + rejected), the estimate for a run of
@@ -358,11 +514,29 @@ impl Drafter {
 pub(crate) struct Acceptance {
     accepted: [f64; MATCH_CLASSES.len()],
     rejected: [f64; MATCH_CLASSES.len()],
+    /// Each class's chance before anything was verified.
+    prior: [f64; MATCH_CLASSES.len()],
 }
 
 impl Default for Acceptance {
     fn default() -> Self {
-        Self { accepted: [0.0; MATCH_CLASSES.len()], rejected: [0.0; MATCH_CLASSES.len()] }
+        Self {
+            accepted: [0.0; MATCH_CLASSES.len()],
+            rejected: [0.0; MATCH_CLASSES.len()],
+            prior: MATCH_CLASSES.map(|(_, prior)| prior),
+        }
+    }
+}
+
+impl Acceptance {
+    /// For drafts that several earlier answers agree on (`Candidate::agreed`): under a grammar
+    /// that is a schema's layout, right nearly every time however short the match. With the
+    /// short-match prior of free text (a coin flip) they would never be fed, so never learned.
+    pub fn agreed() -> Self {
+        Self {
+            prior: [AGREED_PRIOR; MATCH_CLASSES.len()],
+            ..Self::default()
+        }
     }
 }
 
@@ -374,12 +548,14 @@ impl Acceptance {
     /// Chance that one draft token continuing a `matched`-token match is accepted.
     pub fn chance(&self, matched: usize) -> f64 {
         let c = Self::class(matched);
-        let prior = MATCH_CLASSES[c].1;
-        (self.accepted[c] + PRIOR_WEIGHT * prior) / (self.accepted[c] + self.rejected[c] + PRIOR_WEIGHT)
+        let prior = self.prior[c];
+        (self.accepted[c] + PRIOR_WEIGHT * prior)
+            / (self.accepted[c] + self.rejected[c] + PRIOR_WEIGHT)
     }
 
     /// Tokens a choice is expected to produce in one step from its token plus `k` drafts that
     /// continue a `matched`-token match.
+    #[cfg(test)]
     pub fn expected_tokens(&self, matched: usize, k: usize) -> f64 {
         let p = self.chance(matched);
         (0..=k).map(|j| p.powi(j as i32)).sum()
@@ -481,6 +657,61 @@ mod tests {
         d.push(60);
         d.push(61);
         assert_eq!(d.answer(), [3, 4, 5, 6, 60, 61]);
+    }
+
+    #[test]
+    fn without_a_grammar_a_chain_is_one_lookup() {
+        let mut d = Drafter::new(&[7, 8, 9, 1, 2, 3, 4, 7, 8], auto(8));
+        d.push(9);
+        let chain = d.chain(8, 8, &none());
+        assert_eq!(chain.tokens, [1, 2, 3, 4, 7, 8, 9]);
+        assert_eq!(
+            chain.lookups,
+            [Lookup {
+                start: 0,
+                len: 7,
+                matched: 3,
+                source: DraftSource::Own
+            }]
+        );
+        assert_eq!(chain.forced_prefix(), 0);
+        // Drafting leaves the history as it was: the same chain again.
+        assert_eq!(d.chain(8, 8, &none()), chain);
+        assert!(
+            d.chain(8, 0, &none()).tokens.is_empty(),
+            "no lookups allowed, nothing forced"
+        );
+    }
+
+    #[test]
+    fn a_chains_expected_tokens_count_forced_drafts_as_certain() {
+        let mut chain = Chain::default();
+        chain.push_forced(&[1, 2]);
+        chain.push_lookup(&[3, 4], 5, DraftSource::Shared);
+        chain.push_forced(&[5]);
+        chain.push_lookup(&[6], 2, DraftSource::Own);
+        let chance = |l: &Lookup| {
+            if l.source == DraftSource::Shared {
+                0.5
+            } else {
+                0.1
+            }
+        };
+        assert!((chain.expected_tokens(2, chance) - 3.0).abs() < 1e-9);
+        // 1 + 1 + 1 + .5 + .25 + .25 (the forced token after them) + .025
+        assert!((chain.expected_tokens(6, chance) - 4.025).abs() < 1e-9);
+        assert_eq!((chain.forced_prefix(), chain.forced_within(6)), (2, 3));
+        chain.truncate(3);
+        assert_eq!(chain.tokens, [1, 2, 3]);
+        assert_eq!(
+            chain.lookups,
+            [Lookup {
+                start: 2,
+                len: 1,
+                matched: 5,
+                source: DraftSource::Shared
+            }]
+        );
     }
 
     #[test]

@@ -77,18 +77,26 @@ impl StepCost {
     /// How many of `available` draft tokens to feed for one choice, in a step that already
     /// computes `positions` positions (this choice's own token included): the count that gives
     /// the step the most produced tokens per second, where `expected(k)` is how many tokens the
-    /// choice produces from its token plus `k` drafts; 0 when no draft beats not drafting.
-    pub fn best_draft(&self, positions: usize, available: usize, expected: impl Fn(usize) -> f64) -> usize {
-        let Some(plain_time) = self.predict(positions) else { return 0 };
-        let plain = positions as f64 / plain_time * (1.0 + MARGIN);
-        (1..=available)
-            .filter_map(|k| {
-                let time = self.predict(positions + k)?;
-                Some((k, (positions as f64 - 1.0 + expected(k)) / time))
-            })
-            .filter(|&(_, rate)| rate > plain)
+    /// choice produces from its token plus `k` drafts; `at_least` (drafts fed regardless, such as
+    /// tokens a grammar forces) when no longer draft beats that.
+    pub fn best_draft(
+        &self,
+        positions: usize,
+        at_least: usize,
+        available: usize,
+        expected: impl Fn(usize) -> f64,
+    ) -> usize {
+        let rate =
+            |k: usize| Some((positions as f64 - 1.0 + expected(k)) / self.predict(positions + k)?);
+        let Some(base) = rate(at_least) else {
+            return at_least;
+        };
+        let base = base * (1.0 + MARGIN);
+        (at_least + 1..=available)
+            .filter_map(|k| Some((k, rate(k)?)))
+            .filter(|&(_, rate)| rate > base)
             .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map_or(0, |(k, _)| k)
+            .map_or(at_least, |(k, _)| k)
     }
 }
 
@@ -114,7 +122,11 @@ mod tests {
     fn measured_sizes_are_averaged_and_unmeasured_ones_guessed_cheap() {
         let mut cost = StepCost::default();
         assert_eq!(cost.predict(1), None);
-        assert_eq!(cost.best_draft(1, 8, geometric(0.99)), 0, "nothing measured yet");
+        assert_eq!(
+            cost.best_draft(1, 0, 8, geometric(0.99)),
+            0,
+            "nothing measured yet"
+        );
         cost.observe(2, ms(100.0));
         assert!((cost.predict(1).unwrap() - 0.1).abs() < 1e-9, "below the smallest measured size");
         cost.observe(1, ms(40.0));
@@ -122,7 +134,7 @@ mod tests {
         assert!((cost.predict(1).unwrap() - 0.042).abs() < 1e-9, "0.8 * 40 + 0.2 * 50 ms");
         assert!((cost.predict(5).unwrap() - 0.1 * (1.0 + 3.0 * GUESSED_SLOPE)).abs() < 1e-9);
         // Cheap-looking, so a likely draft is fed in full and gets measured.
-        assert_eq!(cost.best_draft(1, 6, geometric(0.9)), 6);
+        assert_eq!(cost.best_draft(1, 0, 6, geometric(0.9)), 6);
     }
 
     #[test]
@@ -133,14 +145,18 @@ mod tests {
             cost.observe(n, ms(100.0 * n as f64));
         }
         cost.observe(1, ms(40.0));
-        assert_eq!(cost.best_draft(1, 3, geometric(0.9)), 0, "4 positions cost 10 steps of 1");
+        assert_eq!(
+            cost.best_draft(1, 0, 3, geometric(0.9)),
+            0,
+            "4 positions cost 10 steps of 1"
+        );
         // A lone stream runs steps of 1 for a while: the old figure for 4 lapses and 4 is
         // guessed cheap again, to be measured anew.
         for _ in 0..STALE_STEPS {
             cost.observe(1, ms(40.0));
         }
         assert!((cost.predict(4).unwrap() - 0.04 * (1.0 + 3.0 * GUESSED_SLOPE)).abs() < 1e-9);
-        assert_eq!(cost.best_draft(1, 3, geometric(0.9)), 3);
+        assert_eq!(cost.best_draft(1, 0, 3, geometric(0.9)), 3);
         cost.observe(4, ms(60.0));
         assert!((cost.predict(4).unwrap() - 0.06).abs() < 1e-9, "a new measurement starts afresh");
     }
@@ -153,10 +169,32 @@ mod tests {
         }
         // 1 position 45 ms; 4 positions 115 ms. At 85% a draft of 3 pays, a draft of 1 or 2
         // (2 or 3 leftover rows) costs more than it brings.
-        assert_eq!(cost.best_draft(1, 3, geometric(0.85)), 3);
-        assert_eq!(cost.best_draft(1, 2, geometric(0.85)), 0);
-        assert_eq!(cost.best_draft(1, 8, geometric(0.3)), 0, "unlikely drafts never pay here");
+        assert_eq!(cost.best_draft(1, 0, 3, geometric(0.85)), 3);
+        assert_eq!(cost.best_draft(1, 0, 2, geometric(0.85)), 0);
+        assert_eq!(
+            cost.best_draft(1, 0, 8, geometric(0.3)),
+            0,
+            "unlikely drafts never pay here"
+        );
         // A step that already holds 2 positions takes 2 more drafts to reach 4.
-        assert_eq!(cost.best_draft(2, 2, geometric(0.8)), 2);
+        assert_eq!(cost.best_draft(2, 0, 2, geometric(0.8)), 2);
+        // Forced drafts are fed anyway; lookups after them only where they pay from there.
+        let forced_then = |forced: usize, p: f64| {
+            move |k: usize| {
+                1.0 + (0..k)
+                    .map(|j| {
+                        if j < forced {
+                            1.0
+                        } else {
+                            p.powi((j + 1 - forced) as i32)
+                        }
+                    })
+                    .sum::<f64>()
+            }
+        };
+        // 2 forced (3 positions, 125 ms): one likely lookup fills the step to 4 (115 ms).
+        assert_eq!(cost.best_draft(1, 2, 6, forced_then(2, 0.85)), 3);
+        // 3 forced (4 positions): a fifth position costs 40 ms more, an unlikely lookup is left off.
+        assert_eq!(cost.best_draft(1, 3, 6, forced_then(3, 0.1)), 3);
     }
 }
