@@ -494,10 +494,11 @@ impl Scheduler {
                     req.choices[i].next_token = Some(token);
                     break;
                 }
-                let forced = chain.forced_within(k);
+                // Forced tokens after a rejected lookup were never verified: only those reached
+                // count (and are taken, unless the choice ended first).
+                let forced = chain.forced_within((accepted + 1).min(k));
                 if forced > 0 {
-                    self.spec_stats
-                        .record_forced(forced, chain.forced_within(accepted));
+                    self.spec_stats.record_forced(forced, chain.forced_within(accepted));
                 }
                 // A run after the first rejected draft was never tested.
                 for l in chain.lookups.iter().filter(|l| l.start <= accepted) {
@@ -619,12 +620,14 @@ fn share_prefix(slots: &mut KvSlots, ctx: &mut LlamaContext<'_>, req: &mut Activ
 /// Which acceptance estimate a lookup draft uses. A draft from another request's answer that a
 /// grammar picked among several (the answer with the next key of the schema) is right far more
 /// often than one copied after the same few tokens of free text, so answers to chat requests
-/// must not teach the scheduler to decline drafts of JSON keys, nor the other way round.
+/// must not teach the scheduler to decline drafts of JSON keys, nor the other way round. Drafts
+/// a choice's own output agrees on under a grammar (`DraftSource::Agreed`) share the estimate of
+/// the agreed drafts from earlier answers: both are a schema's layout.
 fn acceptance_kind(source: DraftSource, constrained: bool) -> usize {
     match (source, constrained) {
         (DraftSource::Own, false) => 0,
         (DraftSource::Own, true) => 1,
         (DraftSource::Shared, false) => 2,
-        (DraftSource::Shared, true) => 3,
+        (DraftSource::Shared, true) | (DraftSource::Agreed, _) => 3,
     }
 }

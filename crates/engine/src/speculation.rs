@@ -199,7 +199,7 @@ pub(crate) fn describe() {
     describe_counter!(
         "gantry_forced_tokens_total",
         Unit::Count,
-        "Tokens a grammar forces (JSON keys and punctuation), fed ahead in the same batch (jump-forward)."
+        "Tokens a grammar forces (JSON keys and punctuation), fed ahead in the same batch (jump-forward) and verified (not those after a rejected lookup draft)."
     );
     describe_counter!(
         "gantry_forced_tokens_accepted_total",
@@ -214,6 +214,8 @@ pub(crate) fn describe() {
 pub(crate) enum DraftSource {
     /// The choice's own prompt and output.
     Own,
+    /// Under a grammar, the choice's own output where it repeated itself (`Drafter::own_layout`).
+    Agreed,
     /// Recent answers to other requests (`SharedDrafts`).
     Shared,
 }
@@ -310,7 +312,7 @@ impl Drafter {
                 // Under a grammar only what another answer agrees on: the schema's layout, not
                 // the earlier answer's values (see `Candidate::agreed`).
                 let usable_len = if self.grammar.is_some() {
-                    candidate.agreed
+                    candidate.agreed.max(self.own_agreement(candidate.tokens))
                 } else {
                     candidate.tokens.len()
                 };
@@ -330,10 +332,40 @@ impl Drafter {
                 }
             }
         }
+        if best.is_none() && self.grammar.is_some() {
+            best = self.own_layout(limit).map(|draft| (draft, 1, DraftSource::Agreed));
+        }
         let Some((draft, matched, source)) = best else { return Vec::new() };
         self.matched = matched;
         self.source = source;
         draft
+    }
+
+    /// How many of `tokens` the choice's own context also continued with after its last token
+    /// (an answer repeats its layout between keys), so that an earlier answer's draft counts as
+    /// agreed on even where no third answer was there to agree.
+    fn own_agreement(&self, tokens: &[i32]) -> usize {
+        let Some((&last, before)) = self.history.split_last() else { return 0 };
+        (0..before.len())
+            .filter(|&i| before[i] == last)
+            .map(|i| tokens.iter().zip(&self.history[i + 1..]).take_while(|(a, b)| a == b).count())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Under a grammar with no earlier answer to copy: what followed the last token the last
+    /// time the choice wrote it, as far as an earlier occurrence agrees (the first answer to a
+    /// schema writes `",\n  "` after every string value; its values differ).
+    fn own_layout(&mut self, limit: usize) -> Option<Vec<i32>> {
+        let (&last, before) = self.history.split_last()?;
+        let mut seen = (0..before.len()).rev().filter(|&i| before[i] == last);
+        let newest = seen.next()?;
+        let continuation = &self.history[newest + 1..];
+        let agreed = seen
+            .map(|i| continuation.iter().zip(&self.history[i + 1..]).take_while(|(a, b)| a == b).count())
+            .max()?;
+        let draft = self.usable(continuation[..agreed.min(limit)].to_vec());
+        (!draft.is_empty()).then_some(draft)
     }
 
     /// What to feed after the choice's token this step: what the grammar forces, then what is
@@ -712,6 +744,22 @@ mod tests {
                 source: DraftSource::Shared
             }]
         );
+    }
+
+    #[test]
+    fn an_answer_that_repeats_its_layout_drafts_only_the_repeated_part() {
+        // `",\n` (9) after each value, then the indent (1) and a quote (2), then a key.
+        let mut d = Drafter::new(&[100, 101], auto(8));
+        for t in [50, 9, 1, 2, 60, 51, 52, 9, 1, 2, 61, 53, 9] {
+            d.push(t);
+        }
+        assert_eq!(d.own_layout(8), Some(vec![1, 2]), "the keys after it differ");
+        // What an earlier answer drafts is agreed on as far as the own output also went on so.
+        assert_eq!(d.own_agreement(&[1, 2, 70]), 2);
+        assert_eq!(d.own_agreement(&[3]), 0);
+        let mut d = Drafter::new(&[100, 101], auto(8));
+        d.push(9);
+        assert_eq!(d.own_layout(8), None, "written once: nothing to agree with");
     }
 
     #[test]
