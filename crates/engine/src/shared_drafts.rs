@@ -106,9 +106,8 @@ impl SharedDrafts {
         for &(id, pos) in seen.iter().rev() {
             let Some(answer) = self.answers.get((id - self.first_id) as usize) else { continue };
             let pos = pos as usize;
-            let matched = (1..=MAX_MATCH.min(pos + 1).min(n))
-                .take_while(|&d| answer[pos + 1 - d] == history[n - d])
-                .count();
+            let matched =
+                (1..=MAX_MATCH.min(pos + 1).min(n)).take_while(|&d| answer[pos + 1 - d] == history[n - d]).count();
             if matched >= min_match {
                 occurrences.push((matched, &answer[pos + 1..]));
             }
@@ -123,16 +122,10 @@ impl SharedDrafts {
                 .iter()
                 .enumerate()
                 .filter(|&(j, _)| j != i)
-                .map(|(_, &(_, other))| {
-                    tokens.iter().zip(other).take_while(|(a, b)| a == b).count()
-                })
+                .map(|(_, &(_, other))| common_prefix(tokens, other))
                 .max()
                 .unwrap_or(0);
-            found.push(Candidate {
-                matched,
-                tokens,
-                agreed,
-            });
+            found.push(Candidate { matched, tokens, agreed });
         }
         // Stable: among equal matches the most recent stays first.
         found.sort_by_key(|c| std::cmp::Reverse(c.matched));
@@ -146,6 +139,11 @@ impl SharedDrafts {
     }
 }
 
+/// How many tokens `a` and `b` share from their start.
+pub(crate) fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,31 +155,9 @@ mod tests {
         shared.record(&[9, 2, 3, 20, 21]);
         shared.record(&[7, 2, 3, 30, 31]);
         let c = shared.candidates(&[5, 1, 2, 3], 2);
-        assert_eq!(
-            c[0],
-            Candidate {
-                matched: 3,
-                tokens: &[10, 11],
-                agreed: 0
-            }
-        );
-        assert_eq!(
-            c[1],
-            Candidate {
-                matched: 2,
-                tokens: &[30, 31],
-                agreed: 0
-            },
-            "newest of the 2-token matches"
-        );
-        assert_eq!(
-            c[2],
-            Candidate {
-                matched: 2,
-                tokens: &[20, 21],
-                agreed: 0
-            }
-        );
+        assert_eq!(c[0], Candidate { matched: 3, tokens: &[10, 11], agreed: 0 });
+        assert_eq!(c[1], Candidate { matched: 2, tokens: &[30, 31], agreed: 0 }, "newest of the 2-token matches");
+        assert_eq!(c[2], Candidate { matched: 2, tokens: &[20, 21], agreed: 0 });
         assert_eq!(c.len(), 3);
         assert!(shared.candidates(&[5, 1, 2, 3], 4).is_empty(), "nothing matches 4 tokens");
         assert!(shared.candidates(&[4, 8], 1).is_empty(), "8 was never seen");

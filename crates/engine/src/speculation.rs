@@ -29,7 +29,7 @@ use llguidance::Matcher;
 use metrics::counter;
 
 use crate::request::SamplingParams;
-use crate::shared_drafts::SharedDrafts;
+use crate::shared_drafts::{common_prefix, SharedDrafts};
 
 /// Whether the engine drafts tokens; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,15 +96,8 @@ const DECLINED_MEMORY: f64 = 0.995;
 /// Upper bounds of the match-length classes acceptance is estimated for, and each class's prior
 /// chance that a draft token is accepted: a draft that continues a long run copied from the
 /// context is far likelier to be right than one that continues two matching tokens.
-const MATCH_CLASSES: [(usize, f64); 7] = [
-    (2, 0.5),
-    (3, 0.6),
-    (5, 0.7),
-    (8, 0.8),
-    (15, 0.85),
-    (31, 0.9),
-    (MAX_MATCH, 0.95),
-];
+const MATCH_CLASSES: [(usize, f64); 7] =
+    [(2, 0.5), (3, 0.6), (5, 0.7), (8, 0.8), (15, 0.85), (31, 0.9), (MAX_MATCH, 0.95)];
 /// Prior chance of a draft token that other answers agree on (`Acceptance::agreed`).
 const AGREED_PRIOR: f64 = 0.9;
 /// Weight of the prior, in verified drafts.
@@ -348,7 +341,7 @@ impl Drafter {
         let Some((&last, before)) = self.history.split_last() else { return 0 };
         (0..before.len())
             .filter(|&i| before[i] == last)
-            .map(|i| tokens.iter().zip(&self.history[i + 1..]).take_while(|(a, b)| a == b).count())
+            .map(|i| common_prefix(tokens, &self.history[i + 1..]))
             .max()
             .unwrap_or(0)
     }
@@ -361,9 +354,7 @@ impl Drafter {
         let mut seen = (0..before.len()).rev().filter(|&i| before[i] == last);
         let newest = seen.next()?;
         let continuation = &self.history[newest + 1..];
-        let agreed = seen
-            .map(|i| continuation.iter().zip(&self.history[i + 1..]).take_while(|(a, b)| a == b).count())
-            .max()?;
+        let agreed = seen.map(|i| common_prefix(continuation, &self.history[i + 1..])).max()?;
         let draft = self.usable(continuation[..agreed.min(limit)].to_vec());
         (!draft.is_empty()).then_some(draft)
     }
@@ -373,8 +364,8 @@ impl Drafter {
     /// tokens of which at most `lookup_limit` are lookup drafts (forced tokens pay at any load,
     /// lookups only while few streams decode). One step can then carry a JSON key, the `": "`
     /// every earlier answer wrote after it, and the value's first token, where one kind of
-    /// draft alone would stop at the first token the other one knows. `matched` and `source`
-    /// Each lookup run records the match it continues and its source.
+    /// draft alone would stop at the first token the other one knows. Each lookup run records
+    /// the match it continues and its source.
     pub fn chain(&mut self, limit: usize, lookup_limit: usize, shared: &SharedDrafts) -> Chain {
         let mut chain = Chain::default();
         let base = self.history.len();
@@ -489,12 +480,7 @@ impl Chain {
     }
 
     fn push_lookup(&mut self, tokens: &[i32], matched: usize, source: DraftSource) {
-        self.lookups.push(Lookup {
-            start: self.tokens.len(),
-            len: tokens.len(),
-            matched,
-            source,
-        });
+        self.lookups.push(Lookup { start: self.tokens.len(), len: tokens.len(), matched, source });
         self.tokens.extend_from_slice(tokens);
         self.forced.extend(std::iter::repeat_n(false, tokens.len()));
     }
@@ -565,10 +551,7 @@ impl Acceptance {
     /// that is a schema's layout, right nearly every time however short the match. With the
     /// short-match prior of free text (a coin flip) they would never be fed, so never learned.
     pub fn agreed() -> Self {
-        Self {
-            prior: [AGREED_PRIOR; MATCH_CLASSES.len()],
-            ..Self::default()
-        }
+        Self { prior: [AGREED_PRIOR; MATCH_CLASSES.len()], ..Self::default() }
     }
 }
 
@@ -581,8 +564,7 @@ impl Acceptance {
     pub fn chance(&self, matched: usize) -> f64 {
         let c = Self::class(matched);
         let prior = self.prior[c];
-        (self.accepted[c] + PRIOR_WEIGHT * prior)
-            / (self.accepted[c] + self.rejected[c] + PRIOR_WEIGHT)
+        (self.accepted[c] + PRIOR_WEIGHT * prior) / (self.accepted[c] + self.rejected[c] + PRIOR_WEIGHT)
     }
 
     /// Tokens a choice is expected to produce in one step from its token plus `k` drafts that
@@ -697,22 +679,11 @@ mod tests {
         d.push(9);
         let chain = d.chain(8, 8, &none());
         assert_eq!(chain.tokens, [1, 2, 3, 4, 7, 8, 9]);
-        assert_eq!(
-            chain.lookups,
-            [Lookup {
-                start: 0,
-                len: 7,
-                matched: 3,
-                source: DraftSource::Own
-            }]
-        );
+        assert_eq!(chain.lookups, [Lookup { start: 0, len: 7, matched: 3, source: DraftSource::Own }]);
         assert_eq!(chain.forced_prefix(), 0);
         // Drafting leaves the history as it was: the same chain again.
         assert_eq!(d.chain(8, 8, &none()), chain);
-        assert!(
-            d.chain(8, 0, &none()).tokens.is_empty(),
-            "no lookups allowed, nothing forced"
-        );
+        assert!(d.chain(8, 0, &none()).tokens.is_empty(), "no lookups allowed, nothing forced");
     }
 
     #[test]
@@ -735,15 +706,7 @@ mod tests {
         assert_eq!((chain.forced_prefix(), chain.forced_within(6)), (2, 3));
         chain.truncate(3);
         assert_eq!(chain.tokens, [1, 2, 3]);
-        assert_eq!(
-            chain.lookups,
-            [Lookup {
-                start: 2,
-                len: 1,
-                matched: 5,
-                source: DraftSource::Shared
-            }]
-        );
+        assert_eq!(chain.lookups, [Lookup { start: 2, len: 1, matched: 5, source: DraftSource::Shared }]);
     }
 
     #[test]

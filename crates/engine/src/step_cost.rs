@@ -86,8 +86,7 @@ impl StepCost {
         available: usize,
         expected: impl Fn(usize) -> f64,
     ) -> usize {
-        let rate =
-            |k: usize| Some((positions as f64 - 1.0 + expected(k)) / self.predict(positions + k)?);
+        let rate = |k: usize| Some((positions as f64 - 1.0 + expected(k)) / self.predict(positions + k)?);
         let Some(base) = rate(at_least) else {
             return at_least;
         };
@@ -122,11 +121,7 @@ mod tests {
     fn measured_sizes_are_averaged_and_unmeasured_ones_guessed_cheap() {
         let mut cost = StepCost::default();
         assert_eq!(cost.predict(1), None);
-        assert_eq!(
-            cost.best_draft(1, 0, 8, geometric(0.99)),
-            0,
-            "nothing measured yet"
-        );
+        assert_eq!(cost.best_draft(1, 0, 8, geometric(0.99)), 0, "nothing measured yet");
         cost.observe(2, ms(100.0));
         assert!((cost.predict(1).unwrap() - 0.1).abs() < 1e-9, "below the smallest measured size");
         cost.observe(1, ms(40.0));
@@ -145,11 +140,7 @@ mod tests {
             cost.observe(n, ms(100.0 * n as f64));
         }
         cost.observe(1, ms(40.0));
-        assert_eq!(
-            cost.best_draft(1, 0, 3, geometric(0.9)),
-            0,
-            "4 positions cost 10 steps of 1"
-        );
+        assert_eq!(cost.best_draft(1, 0, 3, geometric(0.9)), 0, "4 positions cost 10 steps of 1");
         // A lone stream runs steps of 1 for a while: the old figure for 4 lapses and 4 is
         // guessed cheap again, to be measured anew.
         for _ in 0..STALE_STEPS {
@@ -171,25 +162,13 @@ mod tests {
         // (2 or 3 leftover rows) costs more than it brings.
         assert_eq!(cost.best_draft(1, 0, 3, geometric(0.85)), 3);
         assert_eq!(cost.best_draft(1, 0, 2, geometric(0.85)), 0);
-        assert_eq!(
-            cost.best_draft(1, 0, 8, geometric(0.3)),
-            0,
-            "unlikely drafts never pay here"
-        );
+        assert_eq!(cost.best_draft(1, 0, 8, geometric(0.3)), 0, "unlikely drafts never pay here");
         // A step that already holds 2 positions takes 2 more drafts to reach 4.
         assert_eq!(cost.best_draft(2, 0, 2, geometric(0.8)), 2);
         // Forced drafts are fed anyway; lookups after them only where they pay from there.
         let forced_then = |forced: usize, p: f64| {
             move |k: usize| {
-                1.0 + (0..k)
-                    .map(|j| {
-                        if j < forced {
-                            1.0
-                        } else {
-                            p.powi((j + 1 - forced) as i32)
-                        }
-                    })
-                    .sum::<f64>()
+                1.0 + (0..k).map(|j| if j < forced { 1.0 } else { p.powi((j + 1 - forced) as i32) }).sum::<f64>()
             }
         };
         // 2 forced (3 positions, 125 ms): one likely lookup fills the step to 4 (115 ms).
