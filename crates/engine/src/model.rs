@@ -184,6 +184,26 @@ impl LoadedModel {
         self.llama.vocab().tokenize(text.as_bytes(), add_bos, true).into_iter().map(|t| t.0).collect()
     }
 
+    /// For each of `tokens`, the one token that writes its text without the leading space
+    /// (`" Osaka"` → `"Osaka"`), or the token itself where there is none: a value quoted from a
+    /// sentence starts after an opening quote, where the tokenizer writes it unspaced.
+    pub(crate) fn unspaced(&self, tokens: &[i32]) -> Vec<i32> {
+        let mut known = std::collections::HashMap::new();
+        tokens.iter().map(|&t| *known.entry(t).or_insert_with(|| self.unspaced_token(t))).collect()
+    }
+
+    fn unspaced_token(&self, token: i32) -> i32 {
+        if token < 0 {
+            return token;
+        }
+        let piece = self.piece(token);
+        let Some(text) = piece.strip_prefix(b" ").filter(|rest| !rest.is_empty()) else { return token };
+        match self.llama.vocab().tokenize(text, false, false)[..] {
+            [one] => one.0,
+            _ => token,
+        }
+    }
+
     /// Raw bytes of a token as it appears in generated text (control tokens render empty).
     pub fn piece(&self, token: i32) -> Vec<u8> {
         self.llama.vocab().token_to_piece(LlamaToken(token), false, None)

@@ -60,7 +60,7 @@ pub(crate) struct Scheduler {
     step_cost: StepCost,
     /// Acceptance of lookup drafts, learned apart by where they were copied from and whether a
     /// grammar picked them (see `acceptance_kind`).
-    acceptance: [Acceptance; 4],
+    acceptance: [Acceptance; 5],
     /// Recent answers, for drafts across requests.
     shared: SharedDrafts,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
@@ -101,6 +101,7 @@ impl Scheduler {
                 Acceptance::default(),
                 Acceptance::default(),
                 Acceptance::agreed(),
+                Acceptance::quoted(),
             ],
             shared: SharedDrafts::default(),
             batch_prompt_tokens: 0,
@@ -629,5 +630,6 @@ fn acceptance_kind(source: DraftSource, constrained: bool) -> usize {
         (DraftSource::Own, true) => 1,
         (DraftSource::Shared, false) => 2,
         (DraftSource::Shared, true) | (DraftSource::Agreed, _) => 3,
+        (DraftSource::Quoted, _) => 4,
     }
 }

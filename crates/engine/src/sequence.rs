@@ -11,7 +11,7 @@ use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
 use crate::sampling::{build_sampler, logprobs_for, Sampler};
-use crate::speculation::{Chain, Drafter, SpeculationConfig};
+use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
 use crate::constraint::Constraint;
@@ -102,12 +102,18 @@ impl ActiveRequest {
         let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
         let speculation = speculation.for_request(&request.sampling);
+        // Under a grammar the drafter quotes values from the prompt from their first token on.
+        let unspaced = (request.constraint.is_some() && speculation.mode != Speculate::Off)
+            .then(|| model.unspaced(&request.prompt.tokens));
         let choices = seq_ids
             .into_iter()
             .zip(grammars)
             .enumerate()
             .map(|(i, (seq_id, grammar))| {
                 let mut drafter = Drafter::new(&request.prompt.tokens, speculation);
+                if let Some(unspaced) = &unspaced {
+                    drafter.quote_unspaced(unspaced.clone());
+                }
                 let grammar = grammar.map(|m| LlamaSampler::from(drafter.follow_grammar(m)));
                 Choice {
                     index: i as u32,

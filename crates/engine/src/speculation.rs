@@ -100,6 +100,8 @@ const MATCH_CLASSES: [(usize, f64); 7] =
     [(2, 0.5), (3, 0.6), (5, 0.7), (8, 0.8), (15, 0.85), (31, 0.9), (MAX_MATCH, 0.95)];
 /// Prior chance of a draft token that other answers agree on (`Acceptance::agreed`).
 const AGREED_PRIOR: f64 = 0.9;
+/// Prior chance of a draft token quoted from the prompt under a grammar (`Acceptance::quoted`).
+const QUOTED_PRIOR: f64 = 0.85;
 /// Weight of the prior, in verified drafts.
 const PRIOR_WEIGHT: f64 = 2.0;
 
@@ -211,6 +213,9 @@ pub(crate) enum DraftSource {
     Agreed,
     /// Recent answers to other requests (`SharedDrafts`).
     Shared,
+    /// Under a grammar, the choice's own prompt: a value quoted from the input (an extraction
+    /// copies names, numbers and addresses from the text it was given).
+    Quoted,
 }
 
 /// One choice's drafter: the tokens it may copy from (prompt and output so far) and how well
@@ -222,6 +227,8 @@ pub(crate) struct Drafter {
     /// A copy of the choice's grammar state (its sampler holds the other one), fed the same
     /// tokens, asked what the grammar forces next.
     grammar: Option<Matcher>,
+    /// Each prompt token's unspaced twin (`quote_unspaced`); empty unless under a grammar.
+    unspaced: Vec<i32>,
     max: usize,
     /// Length of the match the last proposal continues, and where it was found.
     matched: usize,
@@ -239,9 +246,19 @@ impl Drafter {
             history: if max > 0 { prompt.to_vec() } else { Vec::new() },
             prompt_len: prompt.len(),
             grammar: None,
+            unspaced: Vec::new(),
             max,
             matched: 0,
             source: DraftSource::Own,
+        }
+    }
+
+    /// The choice answers under a grammar: runs copied from its prompt are quoted values
+    /// (`DraftSource::Quoted`), drafted from their first token on (`quote_start`) with the
+    /// prompt's tokens written without their leading space (`LoadedModel::unspaced`).
+    pub fn quote_unspaced(&mut self, unspaced: Vec<i32>) {
+        if self.max > 0 {
+            self.unspaced = unspaced;
         }
     }
 
@@ -290,17 +307,32 @@ impl Drafter {
         if limit == 0 {
             return Vec::new();
         }
-        let own = longest_match(&self.history).and_then(|(start, matched)| {
-            let end = (start + limit).min(self.history.len());
-            let draft = self.usable(self.history[start..end].to_vec());
-            (!draft.is_empty()).then_some((draft, matched))
-        });
-        let mut best = own.map(|(draft, matched)| (draft, matched, DraftSource::Own));
+        // Under a grammar a run copied from the prompt is a quoted value, right far more often
+        // than a repeat of the output's own values (see `Acceptance::quoted`).
+        let quoted = |start: usize| !self.unspaced.is_empty() && start < self.prompt_len;
+        // A quoted word matches the prompt's spaced twin too (`"john` after `to john`).
+        let same = |earlier: usize, token: i32| {
+            self.history[earlier] == token || self.unspaced.get(earlier).is_some_and(|&u| u == token)
+        };
+        let own = longest_match(&self.history, same)
+            .map(|(start, matched)| (start, matched, if quoted(start) { DraftSource::Quoted } else { DraftSource::Own }))
+            .or_else(|| self.quote_start().map(|start| (start, 1, DraftSource::Quoted)))
+            .and_then(|(start, matched, source)| {
+                // A quote ends with the prompt (the chat template's closing tokens, then output).
+                let until = if source == DraftSource::Quoted { self.prompt_len } else { self.history.len() };
+                let end = (start + limit).min(until);
+                let draft = self.usable(self.history[start..end].to_vec());
+                (!draft.is_empty()).then_some((draft, matched, source))
+            });
+        let mut best = own;
         // Under a grammar one matching token is enough to look across answers: the grammar then
         // tells the candidates apart (after `",\n  "` only the schema's next key is allowed).
         let min_shared = if self.grammar.is_some() { 1 } else { MIN_MATCH };
         let own_matched = best.as_ref().map_or(0, |b| b.1);
-        if own_matched < MAX_MATCH {
+        // A value quoted from the prompt goes on as the prompt does, not as an earlier answer's
+        // value that began alike ("john.s..." after "john" in another customer's email).
+        let quoting = matches!(best, Some((_, _, DraftSource::Quoted)));
+        if own_matched < MAX_MATCH && !quoting {
             for candidate in shared.candidates(&self.history, min_shared.max(own_matched + 1)) {
                 // Under a grammar only what another answer agrees on: the schema's layout, not
                 // the earlier answer's values (see `Candidate::agreed`).
@@ -332,6 +364,21 @@ impl Drafter {
         self.matched = matched;
         self.source = source;
         draft
+    }
+
+    /// Where the prompt goes on after the value the output just opened, if it quotes one: the
+    /// prompt writes a word spaced (`" Osaka"` after "in"), the value writes it unspaced after
+    /// its opening quote (`"Os"`), so no two tokens match before its third token. One token is
+    /// match enough where the prompt holds its spaced twin once and never the token itself.
+    fn quote_start(&self) -> Option<usize> {
+        let (&last, _) = self.history.split_last()?;
+        if self.unspaced.is_empty() || self.history.len() <= self.prompt_len {
+            return None;
+        }
+        let prompt = &self.history[..self.prompt_len];
+        let mut twins = self.unspaced.iter().enumerate().filter(|&(i, &u)| u == last && prompt[i] != last);
+        let (at, _) = twins.next()?;
+        (twins.next().is_none() && !prompt.contains(&last)).then_some(at + 1)
     }
 
     /// How many of `tokens` the choice's own context also continued with after its last token
@@ -553,6 +600,14 @@ impl Acceptance {
     pub fn agreed() -> Self {
         Self { prior: [AGREED_PRIOR; MATCH_CLASSES.len()], ..Self::default() }
     }
+
+    /// For runs a constrained answer copies from its own prompt (`DraftSource::Quoted`): a JSON
+    /// value filled from the given text (`"john.haddad@example.com"`, `"WEB-48565"`, `255.93`)
+    /// goes on as the text does once two tokens of it match, where a two-token match in free text
+    /// is a coin flip. Under the free-text prior they were declined, one decode step per token.
+    pub fn quoted() -> Self {
+        Self { prior: [QUOTED_PRIOR; MATCH_CLASSES.len()], ..Self::default() }
+    }
 }
 
 impl Acceptance {
@@ -596,7 +651,8 @@ impl Acceptance {
 /// Where the continuation of `history`'s tail starts, and how many tokens match: the index just
 /// after the earlier occurrence that matches the most tokens before the end (at least
 /// `MIN_MATCH`), the most recent one among equals.
-fn longest_match(history: &[i32]) -> Option<(usize, usize)> {
+/// `same(j, t)`: the token at `j` counts as `t`.
+fn longest_match(history: &[i32], same: impl Fn(usize, i32) -> bool) -> Option<(usize, usize)> {
     let n = history.len();
     if n < MIN_MATCH + 1 {
         return None;
@@ -605,10 +661,10 @@ fn longest_match(history: &[i32]) -> Option<(usize, usize)> {
     let mut best: Option<(usize, usize)> = None;
     // `i` is a candidate end of an earlier occurrence; it must leave a token to propose.
     for i in (0..n - 1).rev() {
-        if history[i] != last {
+        if !same(i, last) {
             continue;
         }
-        let len = (1..=MAX_MATCH.min(i + 1)).take_while(|&d| history[i + 1 - d] == history[n - d]).count();
+        let len = (1..=MAX_MATCH.min(i + 1)).take_while(|&d| same(i + 1 - d, history[n - d])).count();
         if len >= MIN_MATCH && best.is_none_or(|(_, l)| len > l) {
             best = Some((i + 1, len));
             if len == MAX_MATCH {
@@ -671,6 +727,59 @@ mod tests {
         d.push(60);
         d.push(61);
         assert_eq!(d.answer(), [3, 4, 5, 6, 60, 61]);
+    }
+
+    #[test]
+    fn a_constrained_answer_quotes_its_prompt_from_a_values_first_token() {
+        // The prompt writes ` john` (21) after `to` (10); the value opens with `"` (2) and the
+        // unspaced `john` (31), so no two tokens match yet.
+        let prompt = [5, 10, 21, 22, 23, 11];
+        let quoting = |prompt: &[i32]| {
+            let mut d = Drafter::new(prompt, auto(8));
+            d.quote_unspaced(prompt.iter().map(|&t| if t == 21 { 31 } else { t }).collect());
+            d
+        };
+        let mut d = quoting(&prompt);
+        d.push(2);
+        d.push(31);
+        assert_eq!(d.propose(8, &none()), [22, 23, 11]);
+        assert_eq!((d.matched(), d.source()), (1, DraftSource::Quoted));
+        // Further on, an ordinary match in the prompt is a quote too.
+        d.push(22);
+        assert_eq!(d.propose(8, &none()), [23, 11]);
+        assert_eq!((d.matched(), d.source()), (2, DraftSource::Quoted));
+        // Ambiguous where the prompt writes the word twice, or also unspaced.
+        let mut d = quoting(&[21, 22, 10, 21, 23]);
+        d.push(31);
+        assert!(d.propose(8, &none()).is_empty());
+        let mut d = quoting(&[21, 22, 31, 23]);
+        d.push(31);
+        assert!(d.propose(8, &none()).is_empty());
+        // Free text never trusts one token, and a match in its own output is no quote.
+        let mut d = Drafter::new(&prompt, auto(8));
+        d.push(2);
+        d.push(31);
+        assert!(d.propose(8, &none()).is_empty());
+        let mut d = quoting(&prompt);
+        for t in [40, 41, 42, 40, 41] {
+            d.push(t);
+        }
+        assert_eq!(d.propose(8, &none()), [42, 40, 41]);
+        assert_eq!(d.source(), DraftSource::Own);
+    }
+
+    #[test]
+    fn a_quoted_value_is_not_taken_over_by_an_earlier_answers_value() {
+        // An earlier answer went on `31 40 41` (another customer's john); this prompt goes on 22 23.
+        let mut shared = SharedDrafts::default();
+        shared.record(&[7, 8, 2, 31, 40, 41]);
+        let mut d = Drafter::new(&[5, 10, 21, 22, 23, 11], auto(8));
+        d.quote_unspaced(vec![5, 10, 31, 22, 23, 11]);
+        for t in [7, 8, 2, 31] {
+            d.push(t);
+        }
+        assert_eq!(d.propose(8, &shared), [22, 23, 11]);
+        assert_eq!(d.source(), DraftSource::Quoted);
     }
 
     #[test]
