@@ -19,7 +19,7 @@ use crate::model::LoadedModel;
 use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sequence::{ActiveRequest, Job};
-use crate::shared_drafts::SharedDrafts;
+use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{
     self, Acceptance, DraftSource, Lookup, Speculate, SpeculationConfig, SpeculationStats,
     MAX_DRAFTING_STREAMS,
@@ -61,8 +61,8 @@ pub(crate) struct Scheduler {
     /// Acceptance of lookup drafts, learned apart by where they were copied from and whether a
     /// grammar picked them (see `acceptance_kind`).
     acceptance: [Acceptance; 5],
-    /// Recent answers, for drafts across requests.
-    shared: SharedDrafts,
+    /// Recent answers, for drafts across requests, apart by schema or tools.
+    shared: DraftFamilies,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
@@ -103,7 +103,7 @@ impl Scheduler {
                 Acceptance::agreed(),
                 Acceptance::quoted(),
             ],
-            shared: SharedDrafts::default(),
+            shared: DraftFamilies::default(),
             batch_prompt_tokens: 0,
             host,
         }
@@ -391,7 +391,7 @@ impl Scheduler {
                     let mut chain = c.drafter.chain(
                         limit.min(forced_budget),
                         limit.min(draft_budget),
-                        &self.shared,
+                        self.shared.of(c.drafter.family()),
                     );
                     let forced = chain.forced_prefix();
                     if weigh_drafts && chain.tokens.len() > forced {
@@ -543,7 +543,7 @@ impl Scheduler {
             self.free_seqs.push(c.seq_id);
             // Whole answers only: one cut short says little about how answers go on.
             if matches!(c.finished, Some(FinishReason::Stop | FinishReason::Length)) {
-                self.shared.record(c.drafter.answer());
+                self.shared.record(c.drafter.family(), c.drafter.answer());
             }
         }
     }

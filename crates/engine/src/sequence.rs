@@ -11,6 +11,7 @@ use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
 use crate::sampling::{build_sampler, logprobs_for, Sampler};
+use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
@@ -102,6 +103,7 @@ impl ActiveRequest {
         let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
         let speculation = speculation.for_request(&request.sampling);
+        let family = DraftFamilies::family(request.constraint.as_ref(), request.lazy_tools.as_ref());
         // Under a grammar the drafter quotes values from the prompt from their first token on.
         let unspaced = (request.constraint.is_some() && speculation.mode != Speculate::Off)
             .then(|| model.unspaced(&request.prompt.tokens));
@@ -111,6 +113,7 @@ impl ActiveRequest {
             .enumerate()
             .map(|(i, (seq_id, grammar))| {
                 let mut drafter = Drafter::new(&request.prompt.tokens, speculation);
+                drafter.join_family(family);
                 if let Some(unspaced) = &unspaced {
                     drafter.quote_unspaced(unspaced.clone());
                 }

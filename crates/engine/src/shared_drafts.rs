@@ -26,6 +26,53 @@ const MAX_CANDIDATES: usize = 16;
 /// Tokens compared to tell two continuations apart.
 const DISTINCT_PREFIX: usize = 8;
 
+/// Schemas (and sets of tools) whose answers are kept apart, the least recently answered
+/// forgotten first.
+const MAX_FAMILIES: usize = 16;
+
+/// Recent answers kept apart by what shaped them (`DraftFamilies::family`): answers under one
+/// schema share its layout, while another schema's answers, free text or a 1,000-line code edit
+/// only offer wrong drafts under it (inside a JSON string almost any token is allowed), and
+/// their common tokens (`,\n`, ` "`) would push the schema's answers out of the per-token index.
+#[derive(Debug, Default)]
+pub(crate) struct DraftFamilies {
+    /// Family → its answers, with the step it last recorded one.
+    families: HashMap<u64, (SharedDrafts, u64)>,
+    clock: u64,
+}
+
+impl DraftFamilies {
+    /// The family of answers to requests under `constraint`, with `tools` for the model to
+    /// call (each as its `Debug` form); 0 for free text.
+    pub fn family(constraint: Option<&impl std::fmt::Debug>, tools: Option<&impl std::fmt::Debug>) -> u64 {
+        use std::hash::{Hash, Hasher};
+        if constraint.is_none() && tools.is_none() {
+            return 0;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        format!("{constraint:?}{tools:?}").hash(&mut h);
+        h.finish().max(1)
+    }
+
+    /// The answers of `family` (none yet: an empty store).
+    pub fn of(&self, family: u64) -> &SharedDrafts {
+        static EMPTY: std::sync::OnceLock<SharedDrafts> = std::sync::OnceLock::new();
+        self.families.get(&family).map_or_else(|| EMPTY.get_or_init(SharedDrafts::default), |(d, _)| d)
+    }
+
+    /// Keeps an answer of `family` (`SharedDrafts::record`).
+    pub fn record(&mut self, family: u64, tokens: &[i32]) {
+        self.clock += 1;
+        if !self.families.contains_key(&family) && self.families.len() >= MAX_FAMILIES {
+            let oldest = self.families.iter().min_by_key(|(_, (_, at))| *at).map(|(&f, _)| f);
+            oldest.map(|f| self.families.remove(&f));
+        }
+        let (drafts, at) = self.families.entry(family).or_default();
+        drafts.record(tokens);
+        *at = self.clock;
+    }
+}
+
 /// One earlier continuation of the history's tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Candidate<'a> {
@@ -224,6 +271,26 @@ mod tests {
         assert_eq!(c.len(), MAX_CANDIDATES);
         assert_eq!(c[0].tokens, &[1000 + PER_TOKEN as i32 + 4]);
         assert!(shared.index[&7].len() <= PER_TOKEN);
+    }
+
+    #[test]
+    fn families_keep_their_answers_apart_and_the_least_recent_family_goes() {
+        let mut families = DraftFamilies::default();
+        families.record(1, &[5, 1, 2]);
+        families.record(0, &[5, 9, 9]);
+        assert_eq!(families.of(1).candidates(&[5], 1)[0].tokens, &[1, 2]);
+        assert_eq!(families.of(0).candidates(&[5], 1)[0].tokens, &[9, 9]);
+        assert!(families.of(7).candidates(&[5], 1).is_empty(), "a family never answered");
+        for f in 2..=MAX_FAMILIES as u64 {
+            families.record(f, &[5, 3]);
+        }
+        assert!(families.of(1).candidates(&[5], 1).is_empty(), "family 1 answered least recently");
+        assert_eq!(families.of(0).candidates(&[5], 1)[0].tokens, &[9, 9]);
+        assert_eq!(DraftFamilies::family(None::<&()>, None::<&()>), 0, "free text");
+        let schema = |s: &'static str| DraftFamilies::family(Some(&s), None::<&()>);
+        assert_eq!(schema("a"), schema("a"));
+        assert_ne!(schema("a"), schema("b"));
+        assert_ne!(schema("a"), 0);
     }
 
     #[test]

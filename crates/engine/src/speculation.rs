@@ -227,6 +227,8 @@ pub(crate) struct Drafter {
     /// A copy of the choice's grammar state (its sampler holds the other one), fed the same
     /// tokens, asked what the grammar forces next.
     grammar: Option<Matcher>,
+    /// Which earlier answers it drafts from and joins (`DraftFamilies::family`).
+    family: u64,
     /// Each prompt token's unspaced twin (`quote_unspaced`); empty unless under a grammar.
     unspaced: Vec<i32>,
     max: usize,
@@ -246,11 +248,21 @@ impl Drafter {
             history: if max > 0 { prompt.to_vec() } else { Vec::new() },
             prompt_len: prompt.len(),
             grammar: None,
+            family: 0,
             unspaced: Vec::new(),
             max,
             matched: 0,
             source: DraftSource::Own,
         }
+    }
+
+    /// The choice drafts from, and joins, the earlier answers of `family`.
+    pub fn join_family(&mut self, family: u64) {
+        self.family = family;
+    }
+
+    pub fn family(&self) -> u64 {
+        self.family
     }
 
     /// The choice answers under a grammar: runs copied from its prompt are quoted values
