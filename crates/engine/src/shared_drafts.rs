@@ -64,8 +64,9 @@ impl DraftFamilies {
     pub fn record(&mut self, family: u64, tokens: &[i32]) {
         self.clock += 1;
         if !self.families.contains_key(&family) && self.families.len() >= MAX_FAMILIES {
-            let oldest = self.families.iter().min_by_key(|(_, (_, at))| *at).map(|(&f, _)| f);
-            oldest.map(|f| self.families.remove(&f));
+            if let Some(oldest) = self.families.iter().min_by_key(|(_, (_, at))| *at).map(|(&f, _)| f) {
+                self.families.remove(&oldest);
+            }
         }
         let (drafts, at) = self.families.entry(family).or_default();
         drafts.record(tokens);

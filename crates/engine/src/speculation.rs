@@ -326,7 +326,7 @@ impl Drafter {
         let same = |earlier: usize, token: i32| {
             self.history[earlier] == token || self.unspaced.get(earlier).is_some_and(|&u| u == token)
         };
-        let own = longest_match(&self.history, same)
+        let mut best = longest_match(&self.history, same)
             .map(|(start, matched)| (start, matched, if quoted(start) { DraftSource::Quoted } else { DraftSource::Own }))
             .or_else(|| self.quote_start().map(|start| (start, 1, DraftSource::Quoted)))
             .and_then(|(start, matched, source)| {
@@ -336,7 +336,6 @@ impl Drafter {
                 let draft = self.usable(self.history[start..end].to_vec());
                 (!draft.is_empty()).then_some((draft, matched, source))
             });
-        let mut best = own;
         // Under a grammar one matching token is enough to look across answers: the grammar then
         // tells the candidates apart (after `",\n  "` only the schema's next key is allowed).
         let min_shared = if self.grammar.is_some() { 1 } else { MIN_MATCH };
@@ -615,8 +614,9 @@ impl Acceptance {
 
     /// For runs a constrained answer copies from its own prompt (`DraftSource::Quoted`): a JSON
     /// value filled from the given text (`"john.haddad@example.com"`, `"WEB-48565"`, `255.93`)
-    /// goes on as the text does once two tokens of it match, where a two-token match in free text
-    /// is a coin flip. Under the free-text prior they were declined, one decode step per token.
+    /// goes on as the text does once it matches (from its first token, `Drafter::quote_start`),
+    /// where a short match in free text is a coin flip. Under the free-text prior they were
+    /// declined, one decode step per token.
     pub fn quoted() -> Self {
         Self { prior: [QUOTED_PRIOR; MATCH_CLASSES.len()], ..Self::default() }
     }
