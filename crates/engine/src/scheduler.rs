@@ -65,6 +65,9 @@ pub(crate) struct Scheduler {
     shared: DraftFamilies,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
+    /// This step's decoding rows (token, position, sequence), put in the batch after the prompt
+    /// chunks (see `fill_batch`).
+    decode_rows: Vec<(i32, i32, i32)>,
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
     host: HostCache<SeqState>,
 }
@@ -105,6 +108,7 @@ impl Scheduler {
             ],
             shared: DraftFamilies::default(),
             batch_prompt_tokens: 0,
+            decode_rows: Vec::new(),
             host,
         }
     }
@@ -355,12 +359,20 @@ impl Scheduler {
         }
     }
 
-    /// Decoding tokens first (one per running choice, so streams never stall, plus any draft
-    /// tokens to verify after it), then prompt chunks up to the batch budget. Returns false when
-    /// there is nothing to decode.
+    /// Decoding tokens are planned first (one per running choice, so streams never stall, plus
+    /// any draft tokens to verify after it), then prompt chunks take what is left of the batch
+    /// budget. Returns false when there is nothing to decode.
+    ///
+    /// In the batch the prompt chunks come first and the decoding rows last. ggml's CPU flash
+    /// attention computes batches of 64+ rows in tiles of 64 query rows and skips a tile of KV
+    /// cells only when every row of the query tile masks it. Decoding rows of different
+    /// sequences in one query tile keep alive every KV tile any of them sees; put after the
+    /// prompt, they share at most one tile with it, and the prompt's own tiles skip the other
+    /// sequences' cells.
     fn fill_batch(&mut self) -> bool {
         self.batch.clear();
         self.batch_prompt_tokens = 0;
+        self.decode_rows.clear();
         let mut budget = self.cfg.batch_size as usize;
         let decoding: usize =
             self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
@@ -377,9 +389,10 @@ impl Scheduler {
             let max_tokens = req.max_tokens;
             for c in &mut req.choices {
                 if let Some(token) = c.next_token.take() {
-                    self.batch.add(LlamaToken(token), c.pos, &[c.seq_id], true).expect("batch sized for all slots");
+                    // An index into `decode_rows` until the prompt chunks are in.
+                    c.batch_idx = Some(self.decode_rows.len() as i32);
+                    self.decode_rows.push((token, c.pos, c.seq_id));
                     self.slots.record(c.seq_id, c.pos as usize, token);
-                    c.batch_idx = Some(self.batch.n_tokens() - 1);
                     c.pos += 1;
                     budget -= 1;
                     // A draft longer than the tokens the choice may still produce, or reaching
@@ -413,9 +426,7 @@ impl Scheduler {
                     c.drafts = chain;
                     outputs += c.drafts.tokens.len();
                     for &draft in &c.drafts.tokens {
-                        self.batch
-                            .add(LlamaToken(draft), c.pos, &[c.seq_id], true)
-                            .expect("drafts fit the budget");
+                        self.decode_rows.push((draft, c.pos, c.seq_id));
                         self.slots.record(c.seq_id, c.pos as usize, draft);
                         c.pos += 1;
                     }
@@ -426,7 +437,8 @@ impl Scheduler {
                 }
             }
         }
-        for req in &mut self.active {
+        let mut prompt_done = Vec::new();
+        for (r, req) in self.active.iter_mut().enumerate() {
             if budget == 0 {
                 break;
             }
@@ -453,11 +465,24 @@ impl Scheduler {
             self.batch_prompt_tokens += end - req.prefilled;
             req.prefilled = end;
             if !req.is_prefilling() {
-                let idx = self.batch.n_tokens() - 1;
-                for c in &mut req.choices {
-                    c.batch_idx = Some(idx);
-                    c.pos = req.prompt.len() as i32;
-                }
+                prompt_done.push((r, self.batch.n_tokens() - 1));
+            }
+        }
+        let first_decode_row = self.batch.n_tokens();
+        for &(token, pos, seq) in &self.decode_rows {
+            self.batch.add(LlamaToken(token), pos, &[seq], true).expect("batch sized for the budget");
+        }
+        for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
+            if let Some(row) = &mut c.batch_idx {
+                *row += first_decode_row;
+            }
+        }
+        // A prompt read to its end has its first token's logits at its last row.
+        for (r, idx) in prompt_done {
+            let req = &mut self.active[r];
+            for c in &mut req.choices {
+                c.batch_idx = Some(idx);
+                c.pos = req.prompt.len() as i32;
             }
         }
         self.batch.n_tokens() > 0
@@ -494,6 +519,11 @@ impl Scheduler {
                     }
                     req.choices[i].next_token = Some(token);
                     break;
+                }
+                if k > 0 && tracing::enabled!(tracing::Level::TRACE) {
+                    let text = |t: &[i32]| t.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect::<Vec<_>>();
+                    tracing::trace!(seq = req.choices[i].seq_id, drafts = ?text(drafts), accepted, forced = chain.forced_prefix(),
+                        sources = ?chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect::<Vec<_>>(), "verified");
                 }
                 // Forced tokens after a rejected lookup were never verified: only those reached
                 // count (and are taken, unless the choice ended first).
