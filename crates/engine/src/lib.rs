@@ -14,6 +14,7 @@ mod speculation_tests;
 mod vision_tests;
 mod generator;
 mod host_cache;
+mod json_layout;
 mod kv_slots;
 mod memory;
 mod model;

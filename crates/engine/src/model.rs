@@ -12,6 +12,7 @@ use llama_cpp_2::token::LlamaToken;
 use serde_json::Value as Json;
 
 use crate::constraint::{Constraint, Grammars};
+use crate::json_layout::JsonMarks;
 use crate::request::Prompt;
 use crate::template::{ChatTemplate, TemplateError};
 use crate::vision::{image_token_ids, ImageError, ImageInput, PromptImage, Vision};
@@ -69,6 +70,8 @@ pub struct LoadedModel {
     bos_text: String,
     grammars: Grammars,
     pub(crate) vision: Option<Vision>,
+    /// Read from the vocabulary the first time a request answers under a grammar.
+    json_marks: OnceLock<JsonMarks>,
 }
 
 impl LoadedModel {
@@ -105,7 +108,7 @@ impl LoadedModel {
             image_marker: vision.as_ref().map(|v| v.marker().to_string()),
             chat_template,
         };
-        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars: Grammars::new(), vision }))
+        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars: Grammars::new(), vision, json_marks: OnceLock::new() }))
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -202,6 +205,11 @@ impl LoadedModel {
             [one] => one.0,
             _ => token,
         }
+    }
+
+    /// What each token is to JSON layout (see `json_layout`).
+    pub(crate) fn json_marks(&self) -> JsonMarks {
+        self.json_marks.get_or_init(|| JsonMarks::new(self.info.n_vocab.max(0) as usize, |t| self.piece(t))).clone()
     }
 
     /// Raw bytes of a token as it appears in generated text (control tokens render empty).

@@ -107,6 +107,7 @@ impl ActiveRequest {
         // Under a grammar the drafter quotes values from the prompt from their first token on.
         let unspaced = (request.constraint.is_some() && speculation.mode != Speculate::Off)
             .then(|| model.unspaced(&request.prompt.tokens));
+        let json = unspaced.is_some().then(|| model.json_marks());
         let choices = seq_ids
             .into_iter()
             .zip(grammars)
@@ -116,6 +117,9 @@ impl ActiveRequest {
                 drafter.join_family(family);
                 if let Some(unspaced) = &unspaced {
                     drafter.quote_unspaced(unspaced.clone());
+                }
+                if let Some(marks) = &json {
+                    drafter.draft_json_layout(marks.clone());
                 }
                 let grammar = grammar.map(|m| LlamaSampler::from(drafter.follow_grammar(m)));
                 Choice {

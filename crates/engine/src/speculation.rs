@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use llguidance::Matcher;
 use metrics::counter;
 
+use crate::json_layout::{JsonMarks, Value};
 use crate::request::SamplingParams;
 use crate::shared_drafts::{common_prefix, SharedDrafts};
 
@@ -231,6 +232,8 @@ pub(crate) struct Drafter {
     family: u64,
     /// Each prompt token's unspaced twin (`quote_unspaced`); empty unless under a grammar.
     unspaced: Vec<i32>,
+    /// Under a grammar, where drafts copied from other values stop (`json_layout`).
+    json: Option<JsonMarks>,
     max: usize,
     /// Length of the match the last proposal continues, and where it was found.
     matched: usize,
@@ -250,6 +253,7 @@ impl Drafter {
             grammar: None,
             family: 0,
             unspaced: Vec::new(),
+            json: None,
             max,
             matched: 0,
             source: DraftSource::Own,
@@ -272,6 +276,42 @@ impl Drafter {
         if self.max > 0 {
             self.unspaced = unspaced;
         }
+    }
+
+    /// The choice answers in JSON: a draft copied from the output (its own or an earlier
+    /// answer's) stops where a value starts, since that value is another one's (see
+    /// `json_layout`); quotes from the prompt do not.
+    pub fn draft_json_layout(&mut self, marks: JsonMarks) {
+        if self.max > 0 {
+            self.json = Some(marks);
+        }
+    }
+
+    /// Where a value quoted from the prompt most likely ends, the drafts go on with the token
+    /// that closed the answer's last value of its kind (`",\n` after a string, `,\n` after a
+    /// number), so one step can carry the value's end, its close and, chained after it, the
+    /// next key. A string most likely ends where the sentence's phrase does (before `.`, `,`,
+    /// `)`); a number where the grammar cut the quote (before ` years`). `copied` is how much
+    /// of the prompt the quote took before the grammar cut it to `draft`.
+    fn close_quote(&mut self, mut draft: Vec<i32>, copied: usize, limit: usize) -> Vec<i32> {
+        let Some(marks) = self.json.clone() else { return draft };
+        let ended = match marks.value_at_end(&self.history) {
+            Some(Value::String) => draft.iter().position(|&t| marks.ends_phrase(t)).map(|end| draft.truncate(end)).map(|_| Value::String),
+            Some(Value::Other) => (draft.len() < copied).then_some(Value::Other),
+            None => None,
+        };
+        let output = &self.history[self.prompt_len.min(self.history.len())..];
+        if let Some(closer) = ended.filter(|_| draft.len() < limit).and_then(|value| marks.last_closer(output, value)) {
+            draft.push(closer);
+            draft = self.usable(draft);
+        }
+        draft
+    }
+
+    /// How much of `draft`, copied from the output, is layout before a value (all of it unless
+    /// the choice answers in JSON).
+    fn layout_only(&self, draft: &[i32]) -> usize {
+        self.json.as_ref().map_or(draft.len(), |marks| marks.before_value(&self.history, draft))
     }
 
     /// The choice is sampled under `matcher`'s grammar from now on (its state already holds the
@@ -332,8 +372,14 @@ impl Drafter {
             .and_then(|(start, matched, source)| {
                 // A quote ends with the prompt (the chat template's closing tokens, then output).
                 let until = if source == DraftSource::Quoted { self.prompt_len } else { self.history.len() };
-                let end = (start + limit).min(until);
-                let draft = self.usable(self.history[start..end].to_vec());
+                let mut end = (start + limit).min(until);
+                if source == DraftSource::Own {
+                    end = start + self.layout_only(&self.history[start..end]);
+                }
+                let mut draft = self.usable(self.history[start..end].to_vec());
+                if source == DraftSource::Quoted {
+                    draft = self.close_quote(draft, end - start, limit);
+                }
                 (!draft.is_empty()).then_some((draft, matched, source))
             });
         // Under a grammar one matching token is enough to look across answers: the grammar then
@@ -348,7 +394,8 @@ impl Drafter {
                 // Under a grammar only what another answer agrees on: the schema's layout, not
                 // the earlier answer's values (see `Candidate::agreed`).
                 let usable_len = if self.grammar.is_some() {
-                    candidate.agreed.max(self.own_agreement(candidate.tokens))
+                    let agreed = candidate.agreed.max(self.own_agreement(candidate.tokens));
+                    self.layout_only(&candidate.tokens[..agreed.min(candidate.tokens.len())])
                 } else {
                     candidate.tokens.len()
                 };
@@ -413,7 +460,8 @@ impl Drafter {
         let newest = seen.next()?;
         let continuation = &self.history[newest + 1..];
         let agreed = seen.map(|i| common_prefix(continuation, &self.history[i + 1..])).max()?;
-        let draft = self.usable(continuation[..agreed.min(limit)].to_vec());
+        let layout = self.layout_only(&continuation[..agreed.min(limit)]);
+        let draft = self.usable(continuation[..layout].to_vec());
         (!draft.is_empty()).then_some(draft)
     }
 
@@ -778,6 +826,42 @@ mod tests {
         }
         assert_eq!(d.propose(8, &none()), [42, 40, 41]);
         assert_eq!(d.source(), DraftSource::Own);
+    }
+
+    #[test]
+    fn a_quoted_string_ends_where_its_phrase_does_and_closes_as_the_last_one_did() {
+        const VOCAB: &[&str] =
+            &["{", "\"", "city", "\":", " \"", "Osaka", " Osaka", ".", " On", "\",\n", " in", " John", "John", " Had", "dad", "name"];
+        let marks = JsonMarks::new(VOCAB.len(), |t| VOCAB[t as usize].as_bytes().to_vec());
+        // "John Haddad. ... in Osaka. On"
+        let prompt = [11, 13, 14, 7, 10, 6, 7, 8];
+        let unspaced: Vec<i32> = prompt.iter().map(|&t| match t { 11 => 12, 6 => 5, t => t }).collect();
+        let drafter = |json: bool| {
+            let mut d = Drafter::new(&prompt, auto(8));
+            d.quote_unspaced(unspaced.clone());
+            if json {
+                d.draft_json_layout(marks.clone());
+            }
+            d
+        };
+        // `{"name": "John`: the quote stops before the full stop; no value closed yet to copy.
+        let mut d = drafter(true);
+        for t in [0, 1, 15, 3, 4, 12] {
+            d.push(t);
+        }
+        assert_eq!(d.propose(8, &none()), [13, 14]);
+        assert_eq!(d.source(), DraftSource::Quoted);
+        // `Haddad",\n"city": "Osaka`: the value is whole, so the draft is its close.
+        for t in [13, 14, 9, 1, 2, 3, 4, 5] {
+            d.push(t);
+        }
+        assert_eq!(d.propose(8, &none()), [9]);
+        // Outside JSON the quote goes on as the prompt does.
+        let mut d = drafter(false);
+        for t in [0, 1, 15, 3, 4, 12] {
+            d.push(t);
+        }
+        assert_eq!(d.propose(8, &none()), [13, 14, 7, 10, 6, 7, 8]);
     }
 
     #[test]
