@@ -121,7 +121,7 @@ fn mark(piece: &[u8]) -> u8 {
     let spacing = |b: &u8| b.is_ascii_whitespace();
     let quotes = piece.iter().filter(|&&b| b == b'"').count();
     if !piece.is_empty() && quotes <= 1 && piece.iter().all(|b| spacing(b) || *b == b'"') {
-        let closes = if piece.iter().any(|&b| b == b'\n') && quotes == 0 { CLOSES_OTHER } else { 0 };
+        let closes = if piece.contains(&b'\n') && quotes == 0 { CLOSES_OTHER } else { 0 };
         return SPACING | closes | if quotes == 1 { QUOTED } else { 0 };
     }
     let layout = |b: &u8| spacing(b) || b",}]".contains(b);

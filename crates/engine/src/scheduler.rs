@@ -521,9 +521,11 @@ impl Scheduler {
                     break;
                 }
                 if k > 0 && tracing::enabled!(tracing::Level::TRACE) {
-                    let text = |t: &[i32]| t.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect::<Vec<_>>();
-                    tracing::trace!(seq = req.choices[i].seq_id, drafts = ?text(drafts), accepted, forced = chain.forced_prefix(),
-                        sources = ?chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect::<Vec<_>>(), "verified");
+                    let text: Vec<_> =
+                        drafts.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect();
+                    let sources: Vec<_> = chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect();
+                    let (seq, forced) = (req.choices[i].seq_id, chain.forced_prefix());
+                    tracing::trace!(seq, drafts = ?text, accepted, forced, ?sources, "verified");
                 }
                 // Forced tokens after a rejected lookup were never verified: only those reached
                 // count (and are taken, unless the choice ended first).

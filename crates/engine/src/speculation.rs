@@ -296,7 +296,9 @@ impl Drafter {
     fn close_quote(&mut self, mut draft: Vec<i32>, copied: usize, limit: usize) -> Vec<i32> {
         let Some(marks) = self.json.clone() else { return draft };
         let ended = match marks.value_at_end(&self.history) {
-            Some(Value::String) => draft.iter().position(|&t| marks.ends_phrase(t)).map(|end| draft.truncate(end)).map(|_| Value::String),
+            Some(Value::String) => {
+                draft.iter().position(|&t| marks.ends_phrase(t)).map(|end| draft.truncate(end)).map(|_| Value::String)
+            }
             Some(Value::Other) => (draft.len() < copied).then_some(Value::Other),
             None => None,
         };
@@ -830,8 +832,10 @@ mod tests {
 
     #[test]
     fn a_quoted_string_ends_where_its_phrase_does_and_closes_as_the_last_one_did() {
-        const VOCAB: &[&str] =
-            &["{", "\"", "city", "\":", " \"", "Osaka", " Osaka", ".", " On", "\",\n", " in", " John", "John", " Had", "dad", "name"];
+        const VOCAB: &[&str] = &[
+            "{", "\"", "city", "\":", " \"", "Osaka", " Osaka", ".", " On", "\",\n", " in", " John", "John", " Had", "dad",
+            "name",
+        ];
         let marks = JsonMarks::new(VOCAB.len(), |t| VOCAB[t as usize].as_bytes().to_vec());
         // "John Haddad. ... in Osaka. On"
         let prompt = [11, 13, 14, 7, 10, 6, 7, 8];
