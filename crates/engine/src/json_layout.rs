@@ -14,6 +14,8 @@ const SPACING: u8 = 1;
 /// (`":`, `": "`).
 const OPENS_VALUE: u8 = 2;
 /// Flags on top of the kind above.
+/// A layout token holding a quote (` "`, `": "`): the value after it is a string.
+const QUOTED: u8 = 32;
 /// Ends a string value and what follows it in layout (`",\n`, `"}`, `",`).
 const CLOSES_STRING: u8 = 4;
 /// Ends a number or literal and what follows it in layout (`,\n`, `\n`, `}`).
@@ -35,7 +37,7 @@ pub(crate) enum Value {
 pub(crate) struct JsonMarks(Arc<[u8]>);
 
 impl JsonMarks {
-    /// Marks for a vocabulary whose token `i` writes `pieces(i)`.
+    /// Marks for a vocabulary whose token `i` writes `piece(i)`.
     pub fn new(n_vocab: usize, piece: impl Fn(i32) -> Vec<u8>) -> Self {
         Self((0..n_vocab).map(|t| mark(&piece(t as i32))).collect())
     }
@@ -48,15 +50,15 @@ impl JsonMarks {
         usize::try_from(token).ok().and_then(|t| self.0.get(t)).copied().unwrap_or(0)
     }
 
-    /// The value `history` ends inside, if it ends inside one (opened, not closed yet, at least
-    /// one token written).
-    pub fn value_at_end(&self, history: &[i32]) -> Option<Value> {
-        let (&last, _) = history.split_last()?;
+    /// The value an answer's `output` ends inside, if it ends inside one (opened, not closed
+    /// yet, at least one token written).
+    pub fn value_at_end(&self, output: &[i32]) -> Option<Value> {
+        let (&last, _) = output.split_last()?;
         if self.of(last) != 0 {
             return None;
         }
         let mut string = false;
-        for &t in history.iter().rev().skip(1) {
+        for &t in output.iter().rev().skip(1) {
             let flags = self.flags(t);
             if flags & (CLOSES_STRING | CLOSES_OTHER) != 0 {
                 return None;
@@ -113,9 +115,6 @@ impl JsonMarks {
         draft.len()
     }
 }
-
-/// A layout token holding a quote.
-const QUOTED: u8 = 32;
 
 fn mark(piece: &[u8]) -> u8 {
     let spacing = |b: &u8| b.is_ascii_whitespace();

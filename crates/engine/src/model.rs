@@ -108,7 +108,8 @@ impl LoadedModel {
             image_marker: vision.as_ref().map(|v| v.marker().to_string()),
             chat_template,
         };
-        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars: Grammars::new(), vision, json_marks: OnceLock::new() }))
+        let (grammars, json_marks) = (Grammars::new(), OnceLock::new());
+        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars, vision, json_marks }))
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -209,7 +210,8 @@ impl LoadedModel {
 
     /// What each token is to JSON layout (see `json_layout`).
     pub(crate) fn json_marks(&self) -> JsonMarks {
-        self.json_marks.get_or_init(|| JsonMarks::new(self.info.n_vocab.max(0) as usize, |t| self.piece(t))).clone()
+        let n_vocab = self.info.n_vocab.max(0) as usize;
+        self.json_marks.get_or_init(|| JsonMarks::new(n_vocab, |t| self.piece(t))).clone()
     }
 
     /// Raw bytes of a token as it appears in generated text (control tokens render empty).

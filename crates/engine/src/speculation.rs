@@ -295,14 +295,19 @@ impl Drafter {
     /// of the prompt the quote took before the grammar cut it to `draft`.
     fn close_quote(&mut self, mut draft: Vec<i32>, copied: usize, limit: usize) -> Vec<i32> {
         let Some(marks) = self.json.clone() else { return draft };
-        let ended = match marks.value_at_end(&self.history) {
-            Some(Value::String) => {
-                draft.iter().position(|&t| marks.ends_phrase(t)).map(|end| draft.truncate(end)).map(|_| Value::String)
-            }
+        // The prompt may hold JSON of its own (tool schemas): only the answer's is read.
+        let output = &self.history[self.prompt_len.min(self.history.len())..];
+        let ended = match marks.value_at_end(output) {
+            Some(Value::String) => match draft.iter().position(|&t| marks.ends_phrase(t)) {
+                Some(end) => {
+                    draft.truncate(end);
+                    Some(Value::String)
+                }
+                None => None,
+            },
             Some(Value::Other) => (draft.len() < copied).then_some(Value::Other),
             None => None,
         };
-        let output = &self.history[self.prompt_len.min(self.history.len())..];
         if let Some(closer) = ended.filter(|_| draft.len() < limit).and_then(|value| marks.last_closer(output, value)) {
             draft.push(closer);
             draft = self.usable(draft);
