@@ -13,12 +13,14 @@ mod speculation_tests;
 #[cfg(test)]
 mod vision_tests;
 mod generator;
+mod gguf_header;
 mod host_cache;
 mod json_layout;
 mod kv_slots;
 mod memory;
 mod model;
 mod prepare;
+mod q5_as_q8;
 mod request;
 mod sampling;
 mod scheduler;
@@ -87,6 +89,8 @@ pub struct EngineConfig {
     pub decode_turns: Option<Arc<Mutex<()>>>,
     /// The `model` label of this engine's metrics (default: the file stem).
     pub metrics_label: String,
+    /// Where Q5_0 models get their Q8_0 twin (see `q5_as_q8`); `None` serves files as they are.
+    pub q8_twin_dir: Option<PathBuf>,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -114,6 +118,7 @@ impl EngineConfig {
             host_cache_bytes: DEFAULT_HOST_CACHE_MIB << 20,
             decode_turns: None,
             metrics_label,
+            q8_twin_dir: None,
             #[cfg(test)]
             panic_after_tokens: None,
         }
@@ -146,7 +151,11 @@ impl Engine {
     /// Loads the model and starts the scheduler thread; returns once the context exists.
     pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
         let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
-        let model = LoadedModel::load(&config.model_path, config.mmproj_path.as_deref(), threads, &config.offload)?;
+        let weights = match &config.q8_twin_dir {
+            Some(dir) => q5_as_q8::weights_to_load(&config.model_path, dir),
+            None => config.model_path.clone(),
+        };
+        let model = LoadedModel::load_weights(&config.model_path, &weights, config.mmproj_path.as_deref(), threads, &config.offload)?;
         config.parallel = config.parallel.max(1);
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use crate::gguf_header::Header;
 use crate::{EngineConfig, LoadError};
 
 /// Estimated bytes of a model served with these settings.
@@ -60,7 +61,12 @@ impl EngineConfig {
     pub fn estimate_memory(&self) -> Result<MemoryEstimate, LoadError> {
         let cells = u64::from(self.ctx_size.max(16)) * u64::from(self.parallel.max(1));
         let batch = u64::from(self.batch_size.max(self.parallel + 16));
-        estimate_memory(&self.model_path, self.mmproj_path.as_deref(), cells, batch)
+        let mut estimate = estimate_memory(&self.model_path, self.mmproj_path.as_deref(), cells, batch)?;
+        // Served from its Q8_0 twin, the model takes the twin's larger size.
+        if self.q8_twin_dir.is_some() {
+            estimate.weights += crate::q5_as_q8::plan(&self.model_path).map_or(0, |p| p.extra_bytes);
+        }
+        Ok(estimate)
     }
 }
 
@@ -83,55 +89,6 @@ fn read_shape(model: &Path) -> Result<Shape, LoadError> {
     let value_len = field("attention.value_length").unwrap_or(head_dim);
     let vocab = field("vocab_size").or_else(|| gguf.array_len("tokenizer.ggml.tokens")).unwrap_or(0);
     Ok(Shape { layers, embedding, kv_width: kv_heads * (key_len + value_len), vocab })
-}
-
-/// A GGUF file's metadata, read by ggml without its tensor data. `llama-cpp-2`'s `GgufContext`
-/// has no array lengths (the vocabulary size is one), hence this small wrapper.
-struct Header(std::ptr::NonNull<llama_cpp_sys_2::gguf_context>);
-
-impl Header {
-    fn open(path: &Path) -> Option<Self> {
-        let c_path = std::ffi::CString::new(path.to_str()?).ok()?;
-        let params = llama_cpp_sys_2::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
-        // SAFETY: a valid C string; ggml returns null on any failure.
-        std::ptr::NonNull::new(unsafe { llama_cpp_sys_2::gguf_init_from_file(c_path.as_ptr(), params) }).map(Self)
-    }
-
-    /// The key's index when it holds a value of type `ty` (ggml aborts on a mismatched read).
-    fn find(&self, key: &str, ty: llama_cpp_sys_2::gguf_type) -> Option<i64> {
-        let c_key = std::ffi::CString::new(key).ok()?;
-        // SAFETY: the context lives as long as `self`; the index is checked before use.
-        unsafe {
-            let idx = llama_cpp_sys_2::gguf_find_key(self.0.as_ptr(), c_key.as_ptr());
-            (idx >= 0 && llama_cpp_sys_2::gguf_get_kv_type(self.0.as_ptr(), idx) == ty).then_some(idx)
-        }
-    }
-
-    fn u32(&self, key: &str) -> Option<u32> {
-        let idx = self.find(key, llama_cpp_sys_2::GGUF_TYPE_UINT32)?;
-        // SAFETY: `find` checked the type.
-        Some(unsafe { llama_cpp_sys_2::gguf_get_val_u32(self.0.as_ptr(), idx) })
-    }
-
-    fn string(&self, key: &str) -> Option<String> {
-        let idx = self.find(key, llama_cpp_sys_2::GGUF_TYPE_STRING)?;
-        // SAFETY: `find` checked the type; ggml owns the string while the context lives.
-        let ptr = unsafe { llama_cpp_sys_2::gguf_get_val_str(self.0.as_ptr(), idx) };
-        (!ptr.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(ptr) }.to_string_lossy().into_owned())
-    }
-
-    fn array_len(&self, key: &str) -> Option<u64> {
-        let idx = self.find(key, llama_cpp_sys_2::GGUF_TYPE_ARRAY)?;
-        // SAFETY: `find` checked the type.
-        Some(unsafe { llama_cpp_sys_2::gguf_get_arr_n(self.0.as_ptr(), idx) } as u64)
-    }
-}
-
-impl Drop for Header {
-    fn drop(&mut self) {
-        // SAFETY: created by `gguf_init_from_file`, freed once.
-        unsafe { llama_cpp_sys_2::gguf_free(self.0.as_ptr()) }
-    }
 }
 
 #[cfg(test)]

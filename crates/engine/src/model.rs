@@ -77,11 +77,23 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// Loads the model and, with `mmproj`, its multimodal projector (encoding on `threads`).
     pub fn load(path: &Path, mmproj: Option<&Path>, threads: i32, offload: &Offload) -> Result<Arc<Self>, LoadError> {
-        if !path.is_file() {
-            return Err(LoadError::Missing(path.to_path_buf()));
+        Self::load_weights(path, path, mmproj, threads, offload)
+    }
+
+    /// [`Self::load`] with the weights read from `weights`, a converted copy of the model at
+    /// `path` (see `q5_as_q8`); the model is known by `path`.
+    pub(crate) fn load_weights(
+        path: &Path,
+        weights: &Path,
+        mmproj: Option<&Path>,
+        threads: i32,
+        offload: &Offload,
+    ) -> Result<Arc<Self>, LoadError> {
+        if !weights.is_file() {
+            return Err(LoadError::Missing(weights.to_path_buf()));
         }
-        let llama = LlamaModel::load_from_file(backend(), path, &offload.model_params())
-            .map_err(|e| LoadError::Llama { path: path.to_path_buf(), reason: e.to_string() })?;
+        let llama = LlamaModel::load_from_file(backend(), weights, &offload.model_params())
+            .map_err(|e| LoadError::Llama { path: weights.to_path_buf(), reason: e.to_string() })?;
         let llama = Arc::new(llama);
         let chat_template = llama
             .meta_val_str("tokenizer.chat_template")

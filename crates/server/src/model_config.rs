@@ -94,7 +94,18 @@ pub fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
         anyhow::bail!("--pin {unknown}: no model is served under that id");
     }
     share_cores(&mut specs, args.threads, gantry_engine::default_threads());
+    let twins = q8_twin_dir(args, &cache);
+    for spec in &mut specs {
+        spec.config.q8_twin_dir = twins.clone();
+    }
     Ok(specs)
+}
+
+/// Where Q5_0 models get their Q8_0 twins (`gantry_engine`'s `q5_as_q8`): beside the models
+/// cache, unless turned off or layers may go to a GPU (whose kernels trade differently).
+fn q8_twin_dir(args: &ServeArgs, models_cache: &Path) -> Option<PathBuf> {
+    let cpu_only = !gantry_engine::gpu_backend_compiled() || args.n_gpu_layers == Some(0);
+    (args.q5_as_q8 == crate::cli::Q5AsQ8Arg::Auto && cpu_only).then(|| models_cache.with_file_name("q8-twins"))
 }
 
 /// A model with the flags' engine settings.
