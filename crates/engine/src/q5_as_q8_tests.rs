@@ -146,3 +146,16 @@ fn a_twin_that_cannot_be_written_leaves_the_source_served() {
     std::fs::write(&blocked, b"").unwrap();
     assert_eq!(weights_to_load(&source, &blocked), source);
 }
+
+#[test]
+fn the_memory_estimate_counts_the_twins_larger_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = tiny_q5_0_model(dir.path());
+    let mut config = crate::EngineConfig::new(&source);
+    let as_is = config.estimate_memory().unwrap();
+    config.q8_twin_dir = Some(dir.path().join("twins"));
+    let twin = config.estimate_memory().unwrap();
+    assert_eq!(twin.weights - as_is.weights, plan(&source).unwrap().extra_bytes);
+    assert!(plan(&source).unwrap().extra_bytes > 0);
+    assert_eq!((twin.kv_cache, twin.compute), (as_is.kv_cache, as_is.compute));
+}
