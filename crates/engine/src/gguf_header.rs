@@ -42,6 +42,7 @@ impl Header {
         // SAFETY: `find` checked the type.
         Some(unsafe { llama_cpp_sys_2::gguf_get_arr_n(self.0.as_ptr(), idx) } as u64)
     }
+
     /// Tensors in the file's table, in the order their data follows one another.
     pub(crate) fn n_tensors(&self) -> i64 {
         // SAFETY: the context lives as long as `self`.

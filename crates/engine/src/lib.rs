@@ -155,7 +155,8 @@ impl Engine {
             Some(dir) => q5_as_q8::weights_to_load(&config.model_path, dir),
             None => config.model_path.clone(),
         };
-        let model = LoadedModel::load_weights(&config.model_path, &weights, config.mmproj_path.as_deref(), threads, &config.offload)?;
+        let mmproj = config.mmproj_path.as_deref();
+        let model = LoadedModel::load_weights(&config.model_path, &weights, mmproj, threads, &config.offload)?;
         config.parallel = config.parallel.max(1);
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.

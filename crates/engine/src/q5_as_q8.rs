@@ -66,7 +66,12 @@ fn twin_path(model: &Path, dir: &Path) -> std::io::Result<PathBuf> {
 /// `model` itself when it has nothing to convert or the twin cannot be written (logged; the model
 /// is then served as it is, only slower).
 pub fn weights_to_load(model: &Path, dir: &Path) -> PathBuf {
-    let Some(plan) = plan(model) else { return model.to_path_buf() };
+    // One read of the header serves the plan and, where the twin is missing, the conversion.
+    let Some(header) = Header::open(model) else { return model.to_path_buf() };
+    let plan = plan_for(&header);
+    if plan.tensors.is_empty() {
+        return model.to_path_buf();
+    }
     let twin = match twin_path(model, dir) {
         Ok(twin) => twin,
         Err(e) => {
@@ -79,7 +84,7 @@ pub fn weights_to_load(model: &Path, dir: &Path) -> PathBuf {
         return twin;
     }
     let started = Instant::now();
-    match write_twin(model, &twin, &plan) {
+    match write_twin(model, header, &twin, &plan) {
         Ok(()) => {
             tracing::info!(
                 twin = %twin.display(),
@@ -100,22 +105,22 @@ pub fn weights_to_load(model: &Path, dir: &Path) -> PathBuf {
 /// Writes the twin under a temporary name first and renames it into place, so a half-written
 /// file (disk full, killed) is never taken for a twin; two servers converting at once each
 /// write their own and the last rename wins.
-fn write_twin(model: &Path, twin: &Path, plan: &Plan) -> std::io::Result<()> {
+fn write_twin(model: &Path, header: Header, twin: &Path, plan: &Plan) -> std::io::Result<()> {
     let dir = twin.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp =
         dir.join(format!(".{}.{}.partial", twin.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-    let result = convert(model, &tmp, plan).and_then(|()| std::fs::rename(&tmp, twin));
+    let result = convert(model, header, &tmp, plan).and_then(|()| std::fs::rename(&tmp, twin));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
 }
 
-fn convert(model: &Path, out: &Path, plan: &Plan) -> std::io::Result<()> {
+/// Writes `model`'s twin to `out`; `header` is `model`'s, read once by the caller.
+fn convert(model: &Path, mut header: Header, out: &Path, plan: &Plan) -> std::io::Result<()> {
     let invalid =
         |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {what}", model.display()));
-    let mut header = Header::open(model).ok_or_else(|| invalid("not a readable GGUF file"))?;
     let n = header.n_tensors();
     // The source spans before the types change (ggml then moves the later offsets).
     let sources: Vec<(u64, u64)> = (0..n).map(|id| header.tensor_span(id)).collect();
