@@ -1,9 +1,11 @@
 //! Host-RAM cache of idle sequences' KV state (`--cache-ram`).
 //!
-//! In llama.cpp's unified KV cache a decoding token attends over every used cell up to the
-//! highest one, other sequences' included (they are masked, not skipped), so prefixes left in
-//! idle slots slow down every running stream: measured, one stream decoded 21.8 tokens/s beside 16
-//! idle slots holding ~1k-token documents, 27.8 with those in host memory. So a finished sequence's KV entries are
+//! In llama.cpp's unified KV cache (`--kv-unified`) a decoding token attends over every used cell
+//! up to the highest one, other sequences' included (they are masked, not skipped), so prefixes
+//! left in idle slots slow down every running stream: measured, one stream decoded 21.8 tokens/s
+//! beside 16 idle slots holding ~1k-token documents, 27.8 with those in host memory. With a
+//! stream per sequence an idle slot costs nothing, but emptying it keeps the running sequences on
+//! the lowest slots (see `kv_layout`). So a finished sequence's KV entries are
 //! copied out to host memory (`state_seq_get`, a memcpy of ~12 KB per token for the 0.5B) and its
 //! cells freed; a new prompt that starts with a cached token list gets those entries copied back
 //! into its sequence (`state_seq_set`) instead of recomputing them. Host memory also holds far

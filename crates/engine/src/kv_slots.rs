@@ -3,8 +3,9 @@
 //! A finished request's sequence is not wiped: its tokens stay in the cache until the slot is
 //! reused, and a new request whose prompt starts with the same tokens (system prompt, earlier
 //! turns of the conversation, tools) takes over that prefix instead of recomputing it. A prefix
-//! held by any other sequence, running or idle, is shared by copying its cells (in a unified KV
-//! cache a copy only tags the cells with one more sequence id; nothing is recomputed).
+//! held by any other sequence, running or idle, is shared by copying its cells (between KV streams
+//! a copy of the entries; in a unified KV cache only a tag with one more sequence id; nothing is
+//! recomputed: see `kv_layout`).
 //!
 //! Memory stays bounded: each sequence holds at most `ctx_size` positions, so the cache never
 //! outgrows `ctx_size * parallel` cells. When no idle slot holds a useful prefix, the least
@@ -14,6 +15,9 @@ pub(crate) struct KvSlots {
     tokens: Vec<Vec<i32>>,
     last_used: Vec<u64>,
     clock: u64,
+    /// Without a useful prefix, take the lowest free sequence instead of the least recently
+    /// used (per-sequence KV streams: see `kv_layout`).
+    lowest_first: bool,
 }
 
 /// Length of the common prefix of two token lists.
@@ -22,8 +26,8 @@ pub(crate) fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 }
 
 impl KvSlots {
-    pub fn new(n_seqs: usize) -> Self {
-        Self { tokens: vec![Vec::new(); n_seqs], last_used: vec![0; n_seqs], clock: 0 }
+    pub fn new(n_seqs: usize, lowest_first: bool) -> Self {
+        Self { tokens: vec![Vec::new(); n_seqs], last_used: vec![0; n_seqs], clock: 0, lowest_first }
     }
 
     /// Tokens whose KV entries sequence `seq` holds, positions 0..len.
@@ -70,12 +74,14 @@ impl KvSlots {
     }
 
     /// Which idle sequence a prompt should take: the one already holding the longest prefix of
-    /// it, else the least recently used. Returns its index in `free` and the reusable length.
+    /// it, else the least recently used (or the lowest, see `lowest_first`). Returns its index in
+    /// `free` and the reusable length.
     pub fn pick_free(&self, free: &[i32], prompt: &[i32]) -> Option<(usize, usize)> {
+        let rank = |seq: i32| if self.lowest_first { seq as u64 } else { self.last_used[seq as usize] };
         free.iter()
             .enumerate()
-            .map(|(i, &seq)| (i, common_prefix(self.tokens(seq), prompt), self.last_used[seq as usize]))
-            // Longest prefix first; among equals (e.g. none) the oldest.
+            .map(|(i, &seq)| (i, common_prefix(self.tokens(seq), prompt), rank(seq)))
+            // Longest prefix first; among equals (e.g. none) the oldest, or the lowest.
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
             .map(|(i, len, _)| (i, len))
     }
@@ -102,7 +108,7 @@ mod tests {
 
     #[test]
     fn picks_the_slot_holding_the_longest_prefix() {
-        let mut s = KvSlots::new(3);
+        let mut s = KvSlots::new(3, false);
         fill(&mut s, 0, &[1, 2, 3]);
         fill(&mut s, 1, &[1, 2, 3, 4, 5]);
         fill(&mut s, 2, &[9]);
@@ -112,7 +118,7 @@ mod tests {
 
     #[test]
     fn without_a_match_the_least_recently_used_slot_is_overwritten() {
-        let mut s = KvSlots::new(3);
+        let mut s = KvSlots::new(3, false);
         s.touch(2);
         s.touch(0);
         s.touch(1);
@@ -123,8 +129,19 @@ mod tests {
     }
 
     #[test]
+    fn lowest_first_takes_the_lowest_free_sequence_unless_one_holds_a_prefix() {
+        let mut s = KvSlots::new(4, true);
+        s.touch(1);
+        s.touch(3);
+        // Free in any order: without a prefix the lowest id wins, however long it sat idle.
+        assert_eq!(s.pick_free(&[3, 1, 2], &[5, 6]), Some((1, 0)));
+        fill(&mut s, 3, &[5, 6, 7]);
+        assert_eq!(s.pick_free(&[3, 1, 2], &[5, 6]), Some((0, 2)), "a held prefix still wins");
+    }
+
+    #[test]
     fn best_source_skips_excluded_and_empty_matches() {
-        let mut s = KvSlots::new(3);
+        let mut s = KvSlots::new(3, false);
         fill(&mut s, 0, &[1, 2, 3, 4]);
         fill(&mut s, 1, &[1, 2]);
         assert_eq!(s.best_source(&[1, 2, 3, 9], &[]), Some((0, 3)));
@@ -134,7 +151,7 @@ mod tests {
 
     #[test]
     fn record_truncate_and_copy_track_the_cache() {
-        let mut s = KvSlots::new(2);
+        let mut s = KvSlots::new(2, false);
         fill(&mut s, 0, &[1, 2, 3, 4]);
         s.truncate(0, 2);
         s.record(0, 2, 8);

@@ -9,6 +9,8 @@ mod devices;
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
+mod kv_layout_tests;
+#[cfg(test)]
 mod speculation_tests;
 #[cfg(test)]
 mod vision_tests;
@@ -16,6 +18,7 @@ mod generator;
 mod gguf_header;
 mod host_cache;
 mod json_layout;
+mod kv_layout;
 mod kv_slots;
 mod memory;
 mod model;
@@ -47,6 +50,7 @@ pub use constraint::Constraint;
 pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
 pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
+pub use kv_layout::KvLayout;
 pub use memory::{estimate_memory, MemoryEstimate};
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
@@ -91,6 +95,8 @@ pub struct EngineConfig {
     pub metrics_label: String,
     /// Where Q5_0 models get their Q8_0 twin (see `q5_as_q8`); `None` serves files as they are.
     pub q8_twin_dir: Option<PathBuf>,
+    /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
+    pub kv_layout: KvLayout,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -119,6 +125,7 @@ impl EngineConfig {
             decode_turns: None,
             metrics_label,
             q8_twin_dir: None,
+            kv_layout: KvLayout::default(),
             #[cfg(test)]
             panic_after_tokens: None,
         }
@@ -183,6 +190,7 @@ impl Engine {
             speculation: config.speculation,
             host_cache_bytes: config.host_cache_bytes,
             decode_turns: config.decode_turns.clone(),
+            layout: config.kv_layout,
         };
         let spec_stats = Arc::new(SpeculationStats::default());
         let thread_spec_stats = spec_stats.clone();
@@ -191,7 +199,7 @@ impl Engine {
             .with_n_batch(config.batch_size)
             .with_n_ubatch(config.batch_size)
             .with_n_seq_max(config.parallel)
-            .with_kv_unified(true)
+            .with_kv_unified(config.kv_layout.is_unified())
             .with_n_threads(threads)
             .with_n_threads_batch(threads);
         let metrics_label = config.metrics_label.clone();
@@ -238,6 +246,7 @@ impl Engine {
             parallel = config.parallel,
             threads,
             speculation = ?config.speculation,
+            kv_layout = ?config.kv_layout,
             "engine ready"
         );
         Ok(Self {

@@ -14,6 +14,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::host_cache::{self, HostCache};
+use crate::kv_layout::{self, KvLayout};
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
 use crate::generator::EngineError;
@@ -41,6 +42,7 @@ pub(crate) struct SchedulerConfig {
     pub host_cache_bytes: usize,
     /// Held through each decode step when other engines share the cores (see `EngineConfig`).
     pub decode_turns: Option<std::sync::Arc<std::sync::Mutex<()>>>,
+    pub layout: KvLayout,
 }
 
 pub(crate) struct Scheduler {
@@ -65,9 +67,13 @@ pub(crate) struct Scheduler {
     shared: DraftFamilies,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
-    /// This step's decoding rows (token, position, sequence), put in the batch after the prompt
-    /// chunks (see `fill_batch`).
+    /// This step's decoding rows (token, position, sequence) and prompt rows (token, position,
+    /// sequence, logits wanted), put in the batch in the layout's order (see `fill_batch`).
     decode_rows: Vec<(i32, i32, i32)>,
+    prompt_rows: Vec<(i32, i32, i32, bool)>,
+    /// Requests with several choices whose prompt this step reads to its end: the other choices
+    /// get a copy once it is decoded (see `spread_prompts`).
+    spreading: Vec<usize>,
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
     host: HostCache<SeqState>,
 }
@@ -82,7 +88,8 @@ impl Scheduler {
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as i32).rev().collect();
-        let slots = KvSlots::new(cfg.parallel as usize);
+        // Per sequence, the lowest free sequence keeps running ones in one ubatch (`kv_layout`).
+        let slots = KvSlots::new(cfg.parallel as usize, cfg.layout == KvLayout::PerSequence);
         let host = HostCache::new(cfg.host_cache_bytes);
         telemetry::describe();
         speculation::describe();
@@ -109,6 +116,8 @@ impl Scheduler {
             shared: DraftFamilies::default(),
             batch_prompt_tokens: 0,
             decode_rows: Vec::new(),
+            prompt_rows: Vec::new(),
+            spreading: Vec::new(),
             host,
         }
     }
@@ -161,6 +170,7 @@ impl Scheduler {
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
         }
+        self.spread_prompts(ctx);
         self.sample_all(ctx);
         if self.batch_prompt_tokens == 0 {
             self.step_cost.observe(self.batch.n_tokens() as usize, started.elapsed());
@@ -273,13 +283,13 @@ impl Scheduler {
             let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
             let usable = &req.prompt[..req.reusable_len()];
             if let Some(len) = host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], usable, resident) {
-                share_prefix(&mut self.slots, ctx, &mut req, own[0], len);
+                share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], len);
                 self.active.push(req);
                 continue;
             }
             match best {
                 Some((src, len)) if len.min(req.reusable_len()) > keep => req.share = Some((src, len)),
-                _ => share_prefix(&mut self.slots, ctx, &mut req, own[0], keep),
+                _ => share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], keep),
             }
             self.active.push(req);
         }
@@ -299,7 +309,7 @@ impl Scheduler {
             let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
             let len = len.max(req.prefilled);
             let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
-            share_prefix(&mut self.slots, ctx, req, from, len);
+            share_prefix(self.cfg.layout, &mut self.slots, ctx, req, from, len);
         }
     }
 
@@ -319,7 +329,8 @@ impl Scheduler {
     }
 
     /// Evaluates the next image of one prefilling request: the vision encoder runs, then its
-    /// embeddings are decoded into the request's first sequence (the others share the cells).
+    /// embeddings are decoded into the request's first sequence (the others get the whole
+    /// prompt once it is read: `spread_prompts`).
     /// One image per step, so running streams wait for at most one encode. A failure ends that
     /// request alone.
     fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) {
@@ -329,28 +340,23 @@ impl Scheduler {
         };
         let req = &mut self.active[i];
         let image = req.image_at(req.prefilled).expect("found above").clone();
-        let seqs = req.seq_ids();
+        let seq = req.choices[0].seq_id;
         let (start, end) = (image.start, image.start + image.len);
         let started = Instant::now();
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        let evaluated = vision.evaluate(ctx, &image, seqs[0], self.cfg.batch_size as i32);
+        let evaluated = vision.evaluate(ctx, &image, seq, self.cfg.batch_size as i32);
         drop(turn);
         match evaluated {
             Ok(()) => {
                 telemetry::image_evaluated(image.len, started.elapsed());
-                for &seq in &seqs[1..] {
-                    let _ = ctx.copy_kv_cache_seq(seqs[0], seq, Some(start as u32), Some(end as u32));
-                }
-                for &seq in &seqs {
-                    for pos in start..end {
-                        self.slots.record(seq, pos, req.prompt[pos]);
-                    }
+                for pos in start..end {
+                    self.slots.record(seq, pos, req.prompt[pos]);
                 }
                 req.prefilled = end;
             }
             Err(e) => {
                 tracing::error!(error = %e, "an image could not be evaluated");
-                let _ = ctx.clear_kv_cache_seq(Some(seqs[0] as u32), Some(start as u32), None);
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(start as u32), None);
                 let req = self.active.swap_remove(i);
                 self.release(&req);
                 let usage = req.complete(Some(EngineError::Decode(format!("the image could not be encoded: {e}"))));
@@ -363,16 +369,19 @@ impl Scheduler {
     /// any draft tokens to verify after it), then prompt chunks take what is left of the batch
     /// budget. Returns false when there is nothing to decode.
     ///
-    /// In the batch the prompt chunks come first and the decoding rows last. ggml's CPU flash
-    /// attention computes batches of 64+ rows in tiles of 64 query rows and skips a tile of KV
-    /// cells only when every row of the query tile masks it. Decoding rows of different
-    /// sequences in one query tile keep alive every KV tile any of them sees; put after the
-    /// prompt, they share at most one tile with it, and the prompt's own tiles skip the other
-    /// sequences' cells.
+    /// With a KV stream per sequence, rows go in by ascending sequence (one ubatch per run of
+    /// consecutive sequences: `kv_layout`). In a unified cache the prompt chunks come first and
+    /// the decoding rows last: ggml's CPU flash attention computes batches of 64+ rows in tiles
+    /// of 64 query rows and skips a tile of KV cells only when every row of the query tile masks
+    /// it. Decoding rows of different sequences in one query tile keep alive every KV tile any of
+    /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
+    /// tiles skip the other sequences' cells.
     fn fill_batch(&mut self) -> bool {
         self.batch.clear();
         self.batch_prompt_tokens = 0;
         self.decode_rows.clear();
+        self.prompt_rows.clear();
+        self.spreading.clear();
         let mut budget = self.cfg.batch_size as usize;
         let decoding: usize =
             self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
@@ -450,42 +459,81 @@ impl Scheduler {
             if end == req.prefilled {
                 continue;
             }
-            // All choices of the request share the prompt's KV cells.
-            let seq_ids = req.seq_ids();
+            // The prompt goes into the first choice's sequence; the others get a copy once it
+            // is read (`spread_prompts`).
+            let seq = req.choices[0].seq_id;
             for pos in req.prefilled..end {
                 let last = pos + 1 == req.prompt.len();
-                self.batch
-                    .add(LlamaToken(req.prompt[pos]), pos as i32, &seq_ids, last)
-                    .expect("batch sized for the budget");
-                for &seq in &seq_ids {
-                    self.slots.record(seq, pos, req.prompt[pos]);
-                }
+                self.prompt_rows.push((req.prompt[pos], pos as i32, seq, last));
+                self.slots.record(seq, pos, req.prompt[pos]);
             }
             budget -= end - req.prefilled;
             self.batch_prompt_tokens += end - req.prefilled;
             req.prefilled = end;
             if !req.is_prefilling() {
-                prompt_done.push((r, self.batch.n_tokens() - 1));
+                prompt_done.push((r, self.prompt_rows.len() - 1));
+                if req.choices.len() > 1 {
+                    self.spreading.push(r);
+                }
             }
         }
-        let first_decode_row = self.batch.n_tokens();
-        for &(token, pos, seq) in &self.decode_rows {
-            self.batch.add(LlamaToken(token), pos, &[seq], true).expect("batch sized for the budget");
+        let planned: Vec<(i32, i32, i32, bool)> = (self.prompt_rows.iter().copied())
+            .chain(self.decode_rows.iter().map(|&(token, pos, seq)| (token, pos, seq, true)))
+            .collect();
+        let seqs: Vec<i32> = planned.iter().map(|row| row.2).collect();
+        let order = kv_layout::batch_order(self.cfg.layout, &seqs);
+        let mut rows = vec![(0, 0, 0, false); planned.len()];
+        for (i, row) in planned.into_iter().enumerate() {
+            rows[order[i]] = row;
         }
+        for (token, pos, seq, logits) in rows {
+            self.batch.add(LlamaToken(token), pos, &[seq], logits).expect("batch sized for the budget");
+        }
+        let first_decode_row = self.prompt_rows.len();
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
             if let Some(row) = &mut c.batch_idx {
-                *row += first_decode_row;
+                *row = order[first_decode_row + *row as usize] as i32;
             }
         }
         // A prompt read to its end has its first token's logits at its last row.
         for (r, idx) in prompt_done {
             let req = &mut self.active[r];
             for c in &mut req.choices {
-                c.batch_idx = Some(idx);
+                c.batch_idx = Some(order[idx] as i32);
                 c.pos = req.prompt.len() as i32;
             }
         }
         self.batch.n_tokens() > 0
+    }
+
+    /// Copies each prompt read to its end this step from the first choice's sequence into the
+    /// request's other choices' (see `kv_layout`). A request whose copy fails ends with an error
+    /// (its prompt is billed, as for any decode failure).
+    fn spread_prompts(&mut self, ctx: &mut LlamaContext<'_>) {
+        let mut failed = Vec::new();
+        for &r in &self.spreading {
+            let req = &self.active[r];
+            let seqs = req.seq_ids();
+            let len = req.prompt.len();
+            match self.cfg.layout.copy_prefix(ctx, seqs[0], &seqs[1..], len) {
+                Ok(()) => seqs[1..].iter().for_each(|&s| self.slots.copy_prefix(seqs[0], s, len)),
+                Err(e) => {
+                    seqs[1..].iter().for_each(|&s| self.slots.truncate(s, 0));
+                    failed.push((r, e));
+                }
+            }
+        }
+        self.spreading.clear();
+        // Highest index first, so each `swap_remove` leaves the lower ones in place.
+        failed.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
+        for (r, e) in failed {
+            tracing::error!(error = %e, "a prompt could not be copied to the request's other choices");
+            let req = self.active.swap_remove(r);
+            self.release(&req);
+            let why = format!("the prompt could not be copied to the other choices: {e}");
+            let usage = req.complete(Some(EngineError::Decode(why)));
+            self.totals.request_done(&usage);
+        }
     }
 
     /// Samples every choice that had logits computed. A choice that fed draft tokens walks them:
@@ -626,24 +674,31 @@ fn answer_unstarted(job: Job, error: &EngineError) {
     let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
 }
 
-/// Copies the first `len` cached tokens of `src` into every sequence of `req` (fewer if `len`
-/// would cut an image: see `ActiveRequest::whole_images`).
-fn share_prefix(slots: &mut KvSlots, ctx: &mut LlamaContext<'_>, req: &mut ActiveRequest, src: i32, len: usize) {
-    let len = req.whole_images(len);
-    for c in &req.choices {
-        if c.seq_id == src {
-            // Its own sequence (a restore from host memory) keeps nothing past the prefix.
-            if slots.tokens(src).len() > len {
-                let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(len as u32), None);
-                slots.truncate(src, len);
-            }
-            continue;
+/// Copies the first `len` cached tokens of `src` into the request's first sequence (fewer if
+/// `len` would cut an image: see `ActiveRequest::whole_images`; none if the copy fails). The
+/// other choices get the whole prompt once it is read (`spread_prompts`).
+fn share_prefix(
+    layout: KvLayout,
+    slots: &mut KvSlots,
+    ctx: &mut LlamaContext<'_>,
+    req: &mut ActiveRequest,
+    src: i32,
+    len: usize,
+) {
+    let mut len = req.whole_images(len);
+    let first = req.choices[0].seq_id;
+    if first == src {
+        // Its own sequence (a restore from host memory) keeps nothing past the prefix.
+        if slots.tokens(src).len() > len {
+            let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(len as u32), None);
+            slots.truncate(src, len);
         }
-        let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), None, None);
-        if len > 0 {
-            let _ = ctx.copy_kv_cache_seq(src, c.seq_id, Some(0), Some(len as u32));
+    } else {
+        if let Err(e) = layout.copy_prefix(ctx, src, &[first], len) {
+            tracing::warn!(error = %e, src, dst = first, len, "could not copy a shared prefix; computing it instead");
+            len = 0;
         }
-        slots.copy_prefix(src, c.seq_id, len);
+        slots.copy_prefix(src, first, len);
     }
     req.prefilled = len;
     req.usage.cached_tokens = len as u32;

@@ -134,6 +134,11 @@ pub struct ServeArgs {
     /// is offloaded to a GPU; `off` serves the file as it is.
     #[arg(long, value_enum, default_value_t = Q5AsQ8Arg::Auto)]
     pub q5_as_q8: Q5AsQ8Arg,
+    /// One KV buffer shared by all sequences instead of one stream per sequence (llama.cpp's
+    /// `--kv-unified`): a shared prefix is then tagged instead of copied, but every token's
+    /// attention walks every sequence's cells (prompt steps ~20% slower at 8 streams here).
+    #[arg(long)]
+    pub kv_unified: bool,
     /// Most draft tokens one sequence verifies per step.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub draft_max: u32,

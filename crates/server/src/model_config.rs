@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gantry_engine::EngineConfig;
+use gantry_engine::{EngineConfig, KvLayout};
 use serde::Deserialize;
 
 use crate::cli::ServeArgs;
@@ -118,6 +118,7 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.batch_size = args.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
     config.max_queue = args.max_queue;
     config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
+    config.kv_layout = if args.kv_unified { KvLayout::Unified } else { KvLayout::PerSequence };
     config.offload = gantry_engine::Offload { gpu_layers: args.n_gpu_layers, main_gpu: args.main_gpu };
     config.speculation = gantry_engine::SpeculationConfig {
         mode: match args.speculate {

@@ -148,3 +148,10 @@ fn q5_0_models_get_q8_0_twins_beside_the_models_cache_unless_turned_off() {
     assert_eq!(q8_twin_dir(&serve_args(&["--q5-as-q8", "off"]), cache), None);
     assert_eq!(q8_twin_dir(&serve_args(&["--q5-as-q8", "off", "--n-gpu-layers", "0"]), cache), None);
 }
+
+#[test]
+fn each_sequence_gets_its_own_kv_stream_unless_one_buffer_is_asked_for() {
+    let layout = |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.kv_layout;
+    assert_eq!(layout(&[]), KvLayout::PerSequence);
+    assert_eq!(layout(&["--kv-unified"]), KvLayout::Unified);
+}
