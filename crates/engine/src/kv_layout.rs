@@ -48,35 +48,36 @@ impl KvLayout {
         dsts: &[i32],
         len: usize,
     ) -> Result<(), String> {
-        for &dst in dsts.iter().filter(|&&d| d != src) {
-            let _ = ctx.clear_kv_cache_seq(Some(dst as u32), None, None);
-        }
+        let dsts: Vec<i32> = dsts.iter().copied().filter(|&d| d != src).collect();
+        let clear = |ctx: &mut LlamaContext<'_>| {
+            for &dst in &dsts {
+                let _ = ctx.clear_kv_cache_seq(Some(dst as u32), None, None);
+            }
+        };
+        clear(ctx);
         if len == 0 {
             return Ok(());
         }
-        let dsts: Vec<i32> = dsts.iter().copied().filter(|&d| d != src).collect();
-        match self {
-            KvLayout::Unified => {
-                for &dst in &dsts {
-                    ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32)).map_err(|e| e.to_string())?;
-                }
-            }
+        let copied = match self {
+            KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
+                ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32)).map_err(|e| e.to_string())
+            }),
+            // llama.cpp copies between streams only whole buffers, and only at the next decode; a
+            // state copy is immediate and moves only the cells in use.
             KvLayout::PerSequence => {
-                // llama.cpp copies between streams only whole buffers, and only at the next
-                // decode; a state copy is immediate and moves only the cells in use.
-                let state = ctx.state_seq_get(src, LlamaStateSeqFlags::empty()).map_err(|e| e.to_string())?;
-                for &dst in &dsts {
-                    if let Err(e) = ctx.state_seq_set(&state, dst) {
-                        for &d in &dsts {
-                            let _ = ctx.clear_kv_cache_seq(Some(d as u32), None, None);
-                        }
-                        return Err(e.to_string());
-                    }
-                    let _ = ctx.clear_kv_cache_seq(Some(dst as u32), Some(len as u32), None);
-                }
+                ctx.state_seq_get(src, LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
+                    dsts.iter().try_for_each(|&dst| {
+                        ctx.state_seq_set(&state, dst).map_err(|e| e.to_string())?;
+                        let _ = ctx.clear_kv_cache_seq(Some(dst as u32), Some(len as u32), None);
+                        Ok(())
+                    })
+                })
             }
+        };
+        if copied.is_err() {
+            clear(ctx);
         }
-        Ok(())
+        copied
     }
 }
 

@@ -477,7 +477,10 @@ impl Scheduler {
                 }
             }
         }
-        let planned: Vec<(i32, i32, i32, bool)> = (self.prompt_rows.iter().copied())
+        let planned: Vec<(i32, i32, i32, bool)> = self
+            .prompt_rows
+            .iter()
+            .copied()
             .chain(self.decode_rows.iter().map(|&(token, pos, seq)| (token, pos, seq, true)))
             .collect();
         let seqs: Vec<i32> = planned.iter().map(|row| row.2).collect();
