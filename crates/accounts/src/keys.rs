@@ -12,6 +12,7 @@ use sqlx::AnyPool;
 use subtle::ConstantTimeEq;
 
 use crate::budget::{Budget, BudgetPeriod};
+use crate::cache_scope::CacheScopeSetting;
 use crate::AccountsError;
 
 /// Every generated secret starts with this.
@@ -48,6 +49,9 @@ pub struct KeyInfo {
     pub budget: Budget,
     /// Model ids the key may use; `None` allows every model.
     pub allowed_models: Option<Vec<String>>,
+    /// Whose cached prompt prefixes the key's requests may reuse (see `cache_scope`).
+    #[serde(default)]
+    pub cache_scope: CacheScopeSetting,
 }
 
 /// Limits set on a key at creation.
@@ -86,6 +90,7 @@ pub struct NewKey {
     pub budget: Budget,
     pub allowed_models: Option<Vec<String>>,
     pub expires_at: Option<i64>,
+    pub cache_scope: CacheScopeSetting,
 }
 
 /// A partial change to a key: `None` leaves a field alone, `Some(None)` clears an optional one.
@@ -100,6 +105,7 @@ pub struct KeyUpdate {
     pub budget_period: Option<BudgetPeriod>,
     pub allowed_models: Option<Option<Vec<String>>>,
     pub expires_at: Option<Option<i64>>,
+    pub cache_scope: Option<CacheScopeSetting>,
 }
 
 /// A freshly created key together with its plaintext secret, which is shown once and
@@ -192,6 +198,7 @@ struct KeyRow {
     budget_nanos: Option<i64>,
     budget_period: String,
     allowed_models: Option<String>,
+    cache_scope: String,
 }
 
 fn to_info(r: KeyRow) -> KeyInfo {
@@ -213,11 +220,13 @@ fn to_info(r: KeyRow) -> KeyInfo {
         // Written only by this crate from a Vec<String>; unreadable means "nothing allowed"
         // rather than "everything allowed".
         allowed_models: r.allowed_models.map(|j| serde_json::from_str(&j).unwrap_or_default()),
+        // Unreadable means the narrowest scope rather than a shared one.
+        cache_scope: r.cache_scope.parse().unwrap_or(CacheScopeSetting::Key),
     }
 }
 
 const KEY_COLUMNS: &str = "id, name, tenant, prefix, created_at, revoked_at, expires_at, rpm_limit, tpm_limit, \
-                           budget_tokens, budget_nanos, budget_period, allowed_models";
+                           budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope";
 
 fn validate_tenant(tenant: &str) -> Result<&str, AccountsError> {
     let t = tenant.trim();
@@ -261,8 +270,8 @@ pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, 
     let prefix = display_prefix(&secret);
     let row: KeyRow = sqlx::query_as(&format!(
         "INSERT INTO api_keys (name, tenant, prefix, secret_hash, created_at, expires_at, rpm_limit, tpm_limit, \
-         budget_tokens, budget_nanos, budget_period, allowed_models) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {KEY_COLUMNS}"
+         budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING {KEY_COLUMNS}"
     ))
     .bind(name)
     .bind(tenant)
@@ -276,6 +285,7 @@ pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, 
     .bind(spec.budget.nanos)
     .bind(spec.budget.period.as_str())
     .bind(models)
+    .bind(spec.cache_scope.as_str())
     .fetch_one(pool)
     .await?;
     let key = to_info(row);
@@ -307,8 +317,9 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
            budget_nanos = CASE WHEN $11 THEN $12 ELSE budget_nanos END, \
            budget_period = CASE WHEN $13 THEN $14 ELSE budget_period END, \
            allowed_models = CASE WHEN $15 THEN $16 ELSE allowed_models END, \
-           expires_at = CASE WHEN $17 THEN $18 ELSE expires_at END \
-         WHERE id = $19 RETURNING {KEY_COLUMNS}"
+           expires_at = CASE WHEN $17 THEN $18 ELSE expires_at END, \
+           cache_scope = CASE WHEN $19 THEN $20 ELSE cache_scope END \
+         WHERE id = $21 RETURNING {KEY_COLUMNS}"
     ))
     .bind(name.is_some())
     .bind(name)
@@ -328,6 +339,8 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
     .bind(models.flatten())
     .bind(u.expires_at.is_some())
     .bind(u.expires_at.flatten())
+    .bind(u.cache_scope.is_some())
+    .bind(u.cache_scope.map(CacheScopeSetting::as_str))
     .bind(key.id)
     .fetch_one(pool)
     .await?;

@@ -9,6 +9,7 @@ use std::path::Path;
 use sqlx::AnyPool;
 
 mod budget;
+mod cache_scope;
 mod db;
 mod instances;
 mod keys;
@@ -20,6 +21,7 @@ mod usage;
 pub mod testing;
 
 pub use budget::{Budget, BudgetPeriod, Price, Reservation, Spend, NANOS_PER_USD};
+pub use cache_scope::{CacheScopeSetting, SHARED_CACHE_SCOPE};
 
 pub use db::{Backend, BUSY_TIMEOUT, DB_FILE_NAME};
 pub use keys::{

@@ -75,7 +75,17 @@ fn accounts_error(e: AccountsError) -> ApiError {
 }
 
 fn parse_fields(body: &Bytes) -> Result<KeyFields, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid_request(format!("Invalid key JSON: {e}"), None))
+    serde_json::from_slice(body).map_err(|e| {
+        // A bad cache scope is named, with the values it may take.
+        let scope = serde_json::from_slice::<Value>(body).ok().and_then(|v| v.get("cache_scope").cloned());
+        if scope.is_some_and(|s| serde_json::from_value::<Option<gantry_accounts::CacheScopeSetting>>(s).is_err()) {
+            return ApiError::invalid_request(
+                "Invalid 'cache_scope': it must be \"tenant\", \"key\" or \"shared\".",
+                Some("cache_scope"),
+            );
+        }
+        ApiError::invalid_request(format!("Invalid key JSON: {e}"), None)
+    })
 }
 
 /// Every key with its spend this budget period (the console draws it against the budget).

@@ -265,6 +265,10 @@ pub struct KeyFlags {
     /// When the key stops working: RFC 3339 time or a date (`never` = no expiry).
     #[arg(long)]
     pub expires: Option<String>,
+    /// Whose cached prompt prefixes the key's requests reuse: `tenant` (every key of its tenant,
+    /// the default), `key` (this key alone) or `shared` (every `shared` key).
+    #[arg(long, value_parser = str::parse::<gantry_accounts::CacheScopeSetting>)]
+    pub cache_scope: Option<gantry_accounts::CacheScopeSetting>,
 }
 
 impl KeyFlags {
@@ -282,6 +286,7 @@ impl KeyFlags {
             }),
             models: self.models.clone().map(|s| s.0),
             expires_at: self.expires.as_ref().map(|e| (e != "never").then(|| e.clone())),
+            cache_scope: self.cache_scope,
         }
     }
 }

@@ -24,14 +24,15 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
         KeysCommand::List { data } => {
             let keys = open(&data).await?.list_keys().await?;
             println!(
-                "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20}",
-                "ID", "NAME", "TENANT", "PREFIX", "STATUS", "RPM", "TPM", "BUDGET_TOK", "BUDGET_USD", "PERIOD", "EXPIRES"
+                "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6}",
+                "ID", "NAME", "TENANT", "PREFIX", "STATUS", "RPM", "TPM", "BUDGET_TOK", "BUDGET_USD", "PERIOD", "EXPIRES",
+                "CACHE"
             );
             let limit = |l: Option<i64>| l.map_or("-".to_string(), |n| n.to_string());
             for k in keys {
                 let v = key_view(&k, None);
                 println!(
-                    "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20}",
+                    "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6}",
                     k.id,
                     k.name,
                     k.tenant,
@@ -43,6 +44,7 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
                     k.budget.nanos.map_or("-".to_string(), |n| format!("{:.2}", nanos_to_usd(n))),
                     k.budget.period.as_str(),
                     k.expires_at.map_or("-".to_string(), format_time),
+                    k.cache_scope.as_str(),
                 );
             }
         }

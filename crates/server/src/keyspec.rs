@@ -1,7 +1,7 @@
 //! Key settings as people write them (USD, RFC 3339 dates, model lists), shared by the
 //! `gantry keys` commands and the admin HTTP API so both take exactly one path into accounts.
 
-use gantry_accounts::{Budget, BudgetPeriod, KeyInfo, KeyUpdate, NewKey, Spend, NANOS_PER_USD};
+use gantry_accounts::{Budget, BudgetPeriod, CacheScopeSetting, KeyInfo, KeyUpdate, NewKey, Spend, NANOS_PER_USD};
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
@@ -28,6 +28,8 @@ pub struct KeyFields {
     /// RFC 3339, e.g. `2027-01-01T00:00:00Z`.
     #[serde(default, deserialize_with = "some")]
     pub expires_at: Option<Option<String>>,
+    /// Whose cached prompt prefixes the key's requests reuse: `tenant` (default), `key`, `shared`.
+    pub cache_scope: Option<CacheScopeSetting>,
 }
 
 /// Present (even as `null`) → `Some(..)`; absent → `None` via `#[serde(default)]`.
@@ -50,6 +52,7 @@ impl KeyFields {
             },
             allowed_models: self.models.clone().flatten().map(clean_models),
             expires_at: self.expires_at.as_ref().and_then(|e| e.as_deref()).map(parse_time).transpose()?,
+            cache_scope: self.cache_scope.unwrap_or_default(),
         })
     }
 
@@ -64,6 +67,7 @@ impl KeyFields {
             budget_period: self.budget_period,
             allowed_models: self.models.clone().map(|m| m.map(clean_models)),
             expires_at: self.expires_at.as_ref().map(|e| e.as_deref().map(parse_time).transpose()).transpose()?,
+            cache_scope: self.cache_scope,
         })
     }
 }
@@ -119,6 +123,7 @@ pub fn key_view(k: &KeyInfo, spend: Option<&Spend>) -> Value {
         "budget_usd": k.budget.nanos.map(nanos_to_usd),
         "budget_period": k.budget.period,
         "models": k.allowed_models,
+        "cache_scope": k.cache_scope,
     });
     if let Some(s) = spend {
         v["spend"] = json!({
@@ -157,6 +162,19 @@ mod tests {
         let f: KeyFields = serde_json::from_str(r#"{"name": "a", "expires_at": "soon"}"#).unwrap();
         assert!(f.to_new_key().unwrap_err().contains("RFC 3339"));
         assert!(serde_json::from_str::<KeyFields>(r#"{"name": "a", "colour": "red"}"#).is_err());
+    }
+
+    #[test]
+    fn cache_scope_defaults_to_tenant_on_create_and_is_left_alone_on_update() {
+        let f: KeyFields = serde_json::from_str(r#"{"name": "a"}"#).unwrap();
+        let (created, updated) = (f.to_new_key().unwrap(), f.to_update().unwrap());
+        assert_eq!((created.cache_scope, updated.cache_scope), (CacheScopeSetting::Tenant, None));
+        let f: KeyFields = serde_json::from_str(r#"{"name": "a", "cache_scope": "key"}"#).unwrap();
+        assert_eq!(f.to_new_key().unwrap().cache_scope, CacheScopeSetting::Key);
+        assert_eq!(f.to_update().unwrap().cache_scope, Some(CacheScopeSetting::Key));
+        assert!(serde_json::from_str::<KeyFields>(r#"{"name": "a", "cache_scope": "org"}"#).is_err());
+        let null: KeyFields = serde_json::from_str(r#"{"name": "a", "cache_scope": null}"#).unwrap();
+        assert!(null.cache_scope.is_none());
     }
 
     #[test]

@@ -95,6 +95,7 @@ mod tests {
             tpm_limit: None,
             budget: Default::default(),
             allowed_models: None,
+            cache_scope: Default::default(),
         }
     }
 

@@ -33,6 +33,7 @@ async fn open_postgres(test: &str) -> Option<Accounts> {
 }
 
 mod budget;
+mod cache_scope;
 mod metering;
 mod usage;
 

@@ -42,6 +42,12 @@ export function openKeyForm({key, servedModels, save}) {
   const period = h('select', {name: 'budget_period'},
     h('option', {value: 'total', selected: !key || key.budget_period === 'total'}, 'Lifetime of the key'),
     h('option', {value: 'month', selected: key && key.budget_period === 'month'}, 'Each calendar month (UTC)'));
+  // Whose cached prompt prefixes the key's requests reuse; the server's default is the tenant.
+  const scope = (key && key.cache_scope) || 'tenant';
+  const cacheScope = h('select', {name: 'cache_scope'},
+    h('option', {value: 'tenant', selected: scope === 'tenant'}, 'Its tenant (every key of the tenant)'),
+    h('option', {value: 'key', selected: scope === 'key'}, 'This key alone'),
+    h('option', {value: 'shared', selected: scope === 'shared'}, 'Shared with every shared key'));
   const models = h('input', {name: 'models', type: 'text', value: key && key.models ? key.models.join(', ') : '', autocomplete: 'off'});
   const expires = h('input', {name: 'expires_at', type: 'date', value: key && key.expires_at ? key.expires_at.slice(0, 10) : ''});
   const problem = h('div');
@@ -54,6 +60,7 @@ export function openKeyForm({key, servedModels, save}) {
     field('Budget period', period),
     field('Allowed models', models, `Comma-separated; empty allows every model. Served: ${servedModels.join(', ') || '—'}.`),
     field('Expires on', expires, 'Midnight UTC of that day; empty: never.'),
+    field('Prompt cache', cacheScope, 'Whose cached prompts this key reuses; cache hits show in usage and speed.'),
     problem,
     h('div', {class: 'actions'}, submit, h('button', {type: 'button', onclick: () => dialog.close()}, 'Cancel')));
   dialog.append(form);
@@ -67,6 +74,7 @@ export function openKeyForm({key, servedModels, save}) {
       if (!editing ? value !== null : !same(value, key[s.name])) body[s.name] = value;
     }
     if (!editing || period.value !== key.budget_period) body.budget_period = period.value;
+    if (!editing ? cacheScope.value !== 'tenant' : cacheScope.value !== scope) body.cache_scope = cacheScope.value;
     const allowed = modelList(models.value);
     if (!editing ? allowed !== null : !same(allowed, key.models)) body.models = allowed;
     const expiry = expires.value ? expires.value : null;

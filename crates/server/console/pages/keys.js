@@ -83,6 +83,7 @@ export function mount(main) {
       {label: 'Limits', value: limits},
       {label: 'Budget and spend', value: budget},
       {label: 'Models', value: k => (k.models ? k.models.join(', ') : 'all')},
+      {label: 'Prompt cache', value: k => k.cache_scope || 'tenant'},
       {label: 'Status', value: k => h('span', {class: `status ${k.status}`}, k.status, k.expires_at && k.status !== 'revoked' ? ` (expires ${when(k.expires_at)})` : '')},
       {label: 'Actions', value: actions},
     ], rows, `${keys.length} keys`));
