@@ -43,6 +43,7 @@ fn input(max_tokens: u32, logit_bias: Vec<(i32, f32)>) -> ChatInput {
         logprobs: Some(2),
         constraint: None,
         lazy_tools: None,
+        cache_scope: crate::CacheScope::default(),
     }
 }
 

@@ -25,6 +25,7 @@ fn greedy(text: &str, n: u32, max_tokens: u32) -> ChatInput {
         logprobs: None,
         constraint: None,
         lazy_tools: None,
+        cache_scope: crate::CacheScope::default(),
     }
 }
 

@@ -10,9 +10,17 @@
 //! Memory stays bounded: each sequence holds at most `ctx_size` positions, so the cache never
 //! outgrows `ctx_size * parallel` cells. When no idle slot holds a useful prefix, the least
 //! recently used one is overwritten.
+//!
+//! Each slot remembers the cache scope (`CacheScope`) of the request that filled it; only a
+//! request of the same scope matches its tokens, so nothing cached for one tenant is reused, or
+//! even measurable, by another.
+
+use crate::request::CacheScope;
 
 pub(crate) struct KvSlots {
     tokens: Vec<Vec<i32>>,
+    /// The scope of the request whose tokens each sequence holds.
+    scopes: Vec<CacheScope>,
     last_used: Vec<u64>,
     clock: u64,
     /// Without a useful prefix, take the lowest free sequence instead of the least recently
@@ -27,12 +35,39 @@ pub(crate) fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 
 impl KvSlots {
     pub fn new(n_seqs: usize, lowest_first: bool) -> Self {
-        Self { tokens: vec![Vec::new(); n_seqs], last_used: vec![0; n_seqs], clock: 0, lowest_first }
+        Self {
+            tokens: vec![Vec::new(); n_seqs],
+            scopes: vec![CacheScope::default(); n_seqs],
+            last_used: vec![0; n_seqs],
+            clock: 0,
+            lowest_first,
+        }
     }
 
     /// Tokens whose KV entries sequence `seq` holds, positions 0..len.
     pub fn tokens(&self, seq: i32) -> &[i32] {
         &self.tokens[seq as usize]
+    }
+
+    /// The scope of what `seq` holds.
+    pub fn scope(&self, seq: i32) -> CacheScope {
+        self.scopes[seq as usize]
+    }
+
+    /// `seq` now belongs to a request of `scope`: what it keeps of its tokens must have been
+    /// matched under that scope (or be nothing).
+    pub fn claim(&mut self, seq: i32, scope: CacheScope) {
+        debug_assert!(self.scopes[seq as usize] == scope || self.tokens[seq as usize].is_empty());
+        self.scopes[seq as usize] = scope;
+    }
+
+    /// Tokens of `seq` that a request of `scope` may reuse: none across scopes.
+    fn tokens_in(&self, seq: i32, scope: CacheScope) -> &[i32] {
+        if self.scopes[seq as usize] == scope {
+            &self.tokens[seq as usize]
+        } else {
+            &[]
+        }
     }
 
     /// Token `token` was decoded at `pos` of `seq`.
@@ -43,9 +78,10 @@ impl KvSlots {
         t.push(token);
     }
 
-    /// `seq` now holds `tokens` (restored from host memory).
-    pub fn set(&mut self, seq: i32, tokens: &[i32]) {
+    /// `seq` now holds `tokens`, cached under `scope` (restored from host memory).
+    pub fn set(&mut self, seq: i32, scope: CacheScope, tokens: &[i32]) {
         self.tokens[seq as usize] = tokens.to_vec();
+        self.scopes[seq as usize] = scope;
     }
 
     pub fn truncate(&mut self, seq: i32, len: usize) {
@@ -56,6 +92,7 @@ impl KvSlots {
     pub fn copy_prefix(&mut self, src: i32, dst: i32, len: usize) {
         let prefix = self.tokens[src as usize][..len].to_vec();
         self.tokens[dst as usize] = prefix;
+        self.scopes[dst as usize] = self.scopes[src as usize];
     }
 
     /// Tokens held, summed over sequences.
@@ -73,24 +110,24 @@ impl KvSlots {
         self.last_used[seq as usize] = self.clock;
     }
 
-    /// Which idle sequence a prompt should take: the one already holding the longest prefix of
-    /// it, else the least recently used (or the lowest, see `lowest_first`). Returns its index in
-    /// `free` and the reusable length.
-    pub fn pick_free(&self, free: &[i32], prompt: &[i32]) -> Option<(usize, usize)> {
+    /// Which idle sequence a prompt of `scope` should take: the one already holding the longest
+    /// prefix of it under that scope, else the least recently used (or the lowest, see
+    /// `lowest_first`). Returns its index in `free` and the reusable length.
+    pub fn pick_free(&self, free: &[i32], scope: CacheScope, prompt: &[i32]) -> Option<(usize, usize)> {
         let rank = |seq: i32| if self.lowest_first { seq as u64 } else { self.last_used[seq as usize] };
         free.iter()
             .enumerate()
-            .map(|(i, &seq)| (i, common_prefix(self.tokens(seq), prompt), rank(seq)))
+            .map(|(i, &seq)| (i, common_prefix(self.tokens_in(seq, scope), prompt), rank(seq)))
             // Longest prefix first; among equals (e.g. none) the oldest, or the lowest.
             .max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)))
             .map(|(i, len, _)| (i, len))
     }
 
-    /// The sequence (other than `exclude`) holding the longest prefix of `prompt`.
-    pub fn best_source(&self, prompt: &[i32], exclude: &[i32]) -> Option<(i32, usize)> {
+    /// The sequence (other than `exclude`) holding the longest prefix of `prompt` under `scope`.
+    pub fn best_source(&self, scope: CacheScope, prompt: &[i32], exclude: &[i32]) -> Option<(i32, usize)> {
         (0..self.tokens.len() as i32)
             .filter(|s| !exclude.contains(s))
-            .map(|s| (s, common_prefix(self.tokens(s), prompt)))
+            .map(|s| (s, common_prefix(self.tokens_in(s, scope), prompt)))
             .filter(|&(_, len)| len > 0)
             .max_by_key(|&(_, len)| len)
     }
@@ -99,6 +136,9 @@ impl KvSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const A: CacheScope = CacheScope(0);
+    const B: CacheScope = CacheScope(2);
 
     fn fill(slots: &mut KvSlots, seq: i32, tokens: &[i32]) {
         for (pos, &t) in tokens.iter().enumerate() {
@@ -112,8 +152,8 @@ mod tests {
         fill(&mut s, 0, &[1, 2, 3]);
         fill(&mut s, 1, &[1, 2, 3, 4, 5]);
         fill(&mut s, 2, &[9]);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[1, 2, 3, 4, 7]), Some((1, 4)));
-        assert_eq!(s.pick_free(&[0, 2], &[1, 2, 3, 4, 7]), Some((0, 3)));
+        assert_eq!(s.pick_free(&[0, 1, 2], A, &[1, 2, 3, 4, 7]), Some((1, 4)));
+        assert_eq!(s.pick_free(&[0, 2], A, &[1, 2, 3, 4, 7]), Some((0, 3)));
     }
 
     #[test]
@@ -122,10 +162,10 @@ mod tests {
         s.touch(2);
         s.touch(0);
         s.touch(1);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[5, 6]), Some((2, 0)));
+        assert_eq!(s.pick_free(&[0, 1, 2], A, &[5, 6]), Some((2, 0)));
         s.touch(2);
-        assert_eq!(s.pick_free(&[0, 1, 2], &[5, 6]), Some((0, 0)));
-        assert_eq!(s.pick_free(&[], &[5, 6]), None);
+        assert_eq!(s.pick_free(&[0, 1, 2], A, &[5, 6]), Some((0, 0)));
+        assert_eq!(s.pick_free(&[], A, &[5, 6]), None);
     }
 
     #[test]
@@ -134,9 +174,9 @@ mod tests {
         s.touch(1);
         s.touch(3);
         // Free in any order: without a prefix the lowest id wins, however long it sat idle.
-        assert_eq!(s.pick_free(&[3, 1, 2], &[5, 6]), Some((1, 0)));
+        assert_eq!(s.pick_free(&[3, 1, 2], A, &[5, 6]), Some((1, 0)));
         fill(&mut s, 3, &[5, 6, 7]);
-        assert_eq!(s.pick_free(&[3, 1, 2], &[5, 6]), Some((0, 2)), "a held prefix still wins");
+        assert_eq!(s.pick_free(&[3, 1, 2], A, &[5, 6]), Some((0, 2)), "a held prefix still wins");
     }
 
     #[test]
@@ -144,9 +184,36 @@ mod tests {
         let mut s = KvSlots::new(3, false);
         fill(&mut s, 0, &[1, 2, 3, 4]);
         fill(&mut s, 1, &[1, 2]);
-        assert_eq!(s.best_source(&[1, 2, 3, 9], &[]), Some((0, 3)));
-        assert_eq!(s.best_source(&[1, 2, 3, 9], &[0]), Some((1, 2)));
-        assert_eq!(s.best_source(&[7], &[]), None);
+        assert_eq!(s.best_source(A, &[1, 2, 3, 9], &[]), Some((0, 3)));
+        assert_eq!(s.best_source(A, &[1, 2, 3, 9], &[0]), Some((1, 2)));
+        assert_eq!(s.best_source(A, &[7], &[]), None);
+    }
+
+    #[test]
+    fn a_prefix_cached_under_another_scope_is_never_matched() {
+        let mut s = KvSlots::new(3, false);
+        s.claim(0, A);
+        fill(&mut s, 0, &[1, 2, 3, 4]);
+        s.claim(1, B);
+        fill(&mut s, 1, &[1, 2]);
+        s.touch(2);
+        s.touch(1);
+        s.touch(0);
+        // B's prompt extends A's slot 0, but only its own slot 1 is a match.
+        assert_eq!(s.pick_free(&[0, 1, 2], B, &[1, 2, 3, 4, 5]), Some((1, 2)));
+        assert_eq!(s.best_source(B, &[1, 2, 3, 4, 5], &[]), Some((1, 2)));
+        assert_eq!(s.best_source(B, &[1, 2, 3, 4, 5], &[1]), None, "A's slot is not a source for B");
+        // A third scope matches nothing: it takes the least recently used slot, reusing none of it.
+        let c = CacheScope(3);
+        assert_eq!(s.pick_free(&[0, 1, 2], c, &[1, 2, 3]), Some((2, 0)));
+        assert_eq!(s.pick_free(&[0, 1], c, &[1, 2, 3]), Some((1, 0)));
+        assert_eq!(s.best_source(c, &[1, 2, 3], &[]), None);
+        // A copy or a restore carries its scope along.
+        s.copy_prefix(0, 2, 3);
+        assert_eq!((s.scope(2), s.best_source(A, &[1, 2, 3], &[0]).map(|(seq, _)| seq)), (A, Some(2)));
+        s.set(2, B, &[7, 8]);
+        assert_eq!(s.best_source(A, &[7, 8], &[]), None);
+        assert_eq!(s.best_source(B, &[7, 8], &[]), Some((2, 2)));
     }
 
     #[test]

@@ -7,6 +7,8 @@ mod cpu_backend;
 pub mod cpu_variants;
 mod devices;
 #[cfg(test)]
+mod cache_scope_tests;
+#[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
 mod kv_layout_tests;
@@ -18,6 +20,7 @@ mod generator;
 mod gguf_header;
 mod host_cache;
 mod json_layout;
+mod keyed_hash;
 mod kv_layout;
 mod kv_slots;
 mod memory;
@@ -55,8 +58,8 @@ pub use memory::{estimate_memory, MemoryEstimate};
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
-    Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob, TopLogprob,
-    LazyTools, Outcome, Usage,
+    CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob,
+    TopLogprob, LazyTools, Outcome, Usage,
 };
 pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};
 pub use template::TemplateError;

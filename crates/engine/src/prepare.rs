@@ -6,7 +6,7 @@
 use serde_json::Value as Json;
 
 use crate::constraint::Constraint;
-use crate::request::{GenerateRequest, LazyTools, Prompt, SamplingParams};
+use crate::request::{CacheScope, GenerateRequest, LazyTools, Prompt, SamplingParams};
 use crate::template::TemplateError;
 
 /// A chat request as the engine needs it: the API layer has validated the shapes and ranges.
@@ -27,6 +27,8 @@ pub struct ChatInput {
     pub constraint: Option<(Constraint, &'static str)>,
     /// Grammars of a call the model may start on its own (`tool_choice: "auto"`).
     pub lazy_tools: Option<LazyTools>,
+    /// Who may share cached prefixes with this request (see `CacheScope`).
+    pub cache_scope: CacheScope,
 }
 
 /// Why the engine refuses a request before queueing it: always the client's to fix.
@@ -108,6 +110,7 @@ impl ChatInput {
             logprobs: self.logprobs,
             constraint: self.constraint.map(|(c, _)| c),
             lazy_tools: self.lazy_tools,
+            cache_scope: self.cache_scope,
         }
     }
 }
@@ -127,6 +130,7 @@ mod tests {
             logprobs: None,
             constraint: None,
             lazy_tools: None,
+            cache_scope: CacheScope::default(),
         }
     }
 

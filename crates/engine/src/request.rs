@@ -40,6 +40,15 @@ pub struct Prompt {
     pub images: Vec<crate::vision::PromptImage>,
 }
 
+/// Which requests may reuse one another's cached prompt prefixes (KV entries in slots or host
+/// memory, a prompt being prefilled, answers offered as drafts). Reuse is visible to the client
+/// (`cached_tokens`, time to first token), so a prefix cached under one scope is never matched
+/// from another: a tenant cannot probe another tenant's prompts. The server derives the id from
+/// the API key's setting (tenant, key or shared); the default is the one scope of a
+/// single-tenant embedding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CacheScope(pub u64);
+
 /// One generation job: `n` completions of the same prompt.
 #[derive(Debug)]
 pub struct GenerateRequest {
@@ -59,6 +68,8 @@ pub struct GenerateRequest {
     /// `tool_choice: "auto"`: free text, until the output starts a tool call; from there on the
     /// call is constrained.
     pub lazy_tools: Option<LazyTools>,
+    /// Only prefixes cached under this scope are reused.
+    pub cache_scope: CacheScope,
 }
 
 /// Grammars for a tool call the model starts on its own.

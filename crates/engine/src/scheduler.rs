@@ -237,14 +237,14 @@ impl Scheduler {
             }
             let job = self.waiting.pop_front().expect("front exists");
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            let prompt = &job.request.prompt.tokens;
-            // The first choice takes the idle slot already holding most of the prompt; the
-            // others take the least recently used ones.
+            let (scope, prompt) = (job.request.cache_scope, &job.request.prompt.tokens);
+            // The first choice takes the idle slot already holding most of the prompt (under its
+            // scope); the others take the least recently used ones.
             let mut seqs = Vec::with_capacity(n);
-            let (first, in_place) = self.slots.pick_free(&self.free_seqs, prompt).expect("free slot checked");
+            let (first, in_place) = self.slots.pick_free(&self.free_seqs, scope, prompt).expect("free slot checked");
             seqs.push(self.free_seqs.swap_remove(first));
             while seqs.len() < n {
-                let (i, _) = self.slots.pick_free(&self.free_seqs, &[]).expect("free slot checked");
+                let (i, _) = self.slots.pick_free(&self.free_seqs, scope, &[]).expect("free slot checked");
                 seqs.push(self.free_seqs.swap_remove(i));
             }
             let mut req = match ActiveRequest::new(job, seqs.clone(), &self.model, self.cfg.ctx_size, self.cfg.speculation) {
@@ -266,14 +266,15 @@ impl Scheduler {
                 }
                 let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(keep as u32), None);
                 self.slots.truncate(c.seq_id, keep);
+                self.slots.claim(c.seq_id, req.scope);
                 self.slots.touch(c.seq_id);
             }
             req.prefilled = keep;
             // A longer prefix elsewhere: in another slot, or being prefilled right now by a
             // request admitted earlier (a burst sharing one system prompt computes it once).
             let own = req.seq_ids();
-            let mut best = self.slots.best_source(&req.prompt, &own);
-            for other in self.active.iter().filter(|r| r.is_prefilling()) {
+            let mut best = self.slots.best_source(req.scope, &req.prompt, &own);
+            for other in self.active.iter().filter(|r| r.is_prefilling() && r.scope == req.scope) {
                 let len = common_prefix(&other.prompt, &req.prompt);
                 if best.is_none_or(|(_, l)| len > l) {
                     best = Some((other.choices[0].seq_id, len));
@@ -282,7 +283,8 @@ impl Scheduler {
             // Host memory may hold more of it than any sequence (see `host_cache`).
             let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
             let usable = &req.prompt[..req.reusable_len()];
-            if let Some(len) = host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], usable, resident) {
+            let restored = host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], req.scope, usable, resident);
+            if let Some(len) = restored {
                 share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], len);
                 self.active.push(req);
                 continue;
@@ -302,8 +304,11 @@ impl Scheduler {
             self.active.iter().filter(|r| r.is_prefilling()).map(|r| r.choices[0].seq_id).collect();
         for req in &mut self.active {
             let Some((src, want)) = req.share else { continue };
-            let have = self.slots.tokens(src);
-            if have.len() < want && still_prefilling.contains(&src) {
+            // The source was picked under the request's scope; should the slot have been taken
+            // by another scope since, it has nothing for this request.
+            let same_scope = self.slots.scope(src) == req.scope;
+            let have = if same_scope { self.slots.tokens(src) } else { &[] };
+            if same_scope && have.len() < want && still_prefilling.contains(&src) {
                 continue;
             }
             let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));

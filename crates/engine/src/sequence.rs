@@ -9,7 +9,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::generator::EngineError;
 use crate::model::LoadedModel;
-use crate::request::{Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage};
+use crate::request::{
+    CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage,
+};
 use crate::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
@@ -69,6 +71,8 @@ pub(crate) struct ActiveRequest {
     /// A longer prefix of the prompt that another sequence holds or is computing right now:
     /// `(sequence, length)`. Prefill waits for it and copies it instead of recomputing it.
     pub share: Option<(i32, usize)>,
+    /// Only prefixes and answers cached under this scope are reused (see `CacheScope`).
+    pub scope: CacheScope,
     pub choices: Vec<Choice>,
     pub max_tokens: u32,
     pub logprobs: Option<u32>,
@@ -103,7 +107,8 @@ impl ActiveRequest {
         let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
         let speculation = speculation.for_request(&request.sampling);
-        let family = DraftFamilies::family(request.constraint.as_ref(), request.lazy_tools.as_ref());
+        let family =
+            DraftFamilies::family(request.cache_scope, request.constraint.as_ref(), request.lazy_tools.as_ref());
         // Under a grammar the drafter quotes values from the prompt from their first token on.
         let unspaced = (request.constraint.is_some() && speculation.mode != Speculate::Off)
             .then(|| model.unspaced(&request.prompt.tokens));
@@ -149,6 +154,7 @@ impl ActiveRequest {
             images: request.prompt.images,
             prefilled: 0,
             share: None,
+            scope: request.cache_scope,
             choices,
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,

@@ -13,6 +13,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::request::CacheScope;
+
 /// Tokens kept across all recorded answers (about 256 KiB of ids).
 const MAX_TOKENS: usize = 65_536;
 /// Occurrences of one token the index keeps, newest last.
@@ -42,16 +44,16 @@ pub(crate) struct DraftFamilies {
 }
 
 impl DraftFamilies {
-    /// The family of answers to requests under `constraint`, with `tools` for the model to
-    /// call (each as its `Debug` form); 0 for free text.
-    pub fn family(constraint: Option<&impl std::fmt::Debug>, tools: Option<&impl std::fmt::Debug>) -> u64 {
-        use std::hash::{Hash, Hasher};
-        if constraint.is_none() && tools.is_none() {
-            return 0;
-        }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        format!("{constraint:?}{tools:?}").hash(&mut h);
-        h.finish().max(1)
+    /// The family of answers to requests of cache scope `scope` under `constraint`, with `tools`
+    /// for the model to call (each as its `Debug` form). Answers are drafts for later requests
+    /// of their own scope only: another tenant's answers must not shape (or time) this one's.
+    pub fn family(
+        scope: CacheScope,
+        constraint: Option<&impl std::fmt::Debug>,
+        tools: Option<&impl std::fmt::Debug>,
+    ) -> u64 {
+        let shape = (constraint.is_some() || tools.is_some()).then(|| format!("{constraint:?}{tools:?}"));
+        crate::keyed_hash::keyed_hash((scope, shape))
     }
 
     /// The answers of `family` (none yet: an empty store).
@@ -287,11 +289,24 @@ mod tests {
         }
         assert!(families.of(1).candidates(&[5], 1).is_empty(), "family 1 answered least recently");
         assert_eq!(families.of(0).candidates(&[5], 1)[0].tokens, &[9, 9]);
-        assert_eq!(DraftFamilies::family(None::<&()>, None::<&()>), 0, "free text");
-        let schema = |s: &'static str| DraftFamilies::family(Some(&s), None::<&()>);
+        let free = |scope: u64| DraftFamilies::family(CacheScope(scope), None::<&()>, None::<&()>);
+        let schema = |s: &'static str| DraftFamilies::family(CacheScope(0), Some(&s), None::<&()>);
         assert_eq!(schema("a"), schema("a"));
         assert_ne!(schema("a"), schema("b"));
-        assert_ne!(schema("a"), 0);
+        assert_ne!(schema("a"), free(0));
+        assert_eq!(free(1), free(1));
+    }
+
+    #[test]
+    fn another_scopes_answers_are_never_offered_as_drafts() {
+        let family =
+            |scope: u64, schema: Option<&&str>| DraftFamilies::family(CacheScope(scope), schema, None::<&()>);
+        assert_ne!(family(1, None), family(2, None), "free text");
+        assert_ne!(family(1, Some(&"s")), family(2, Some(&"s")), "the same schema");
+        let mut families = DraftFamilies::default();
+        families.record(family(1, Some(&"s")), &[5, 1, 2]);
+        assert!(families.of(family(2, Some(&"s"))).candidates(&[5], 1).is_empty());
+        assert_eq!(families.of(family(1, Some(&"s"))).candidates(&[5], 1)[0].tokens, &[1, 2]);
     }
 
     #[test]

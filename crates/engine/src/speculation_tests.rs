@@ -31,6 +31,7 @@ fn input(text: &str, max_tokens: u32, sampling: SamplingParams, stop: Vec<String
         logprobs: Some(1),
         constraint: None,
         lazy_tools: None,
+        cache_scope: crate::CacheScope::default(),
     }
 }
 

@@ -6,12 +6,11 @@
 //! its own, giving a small chunk list (the projector's own wrapper text, if any, and the image)
 //! that the scheduler evaluates in one piece into the sequence's KV cells.
 //!
-//! In the prompt's token list an image's positions hold negative ids derived from a hash of the
-//! decoded bitmap (and its position in the image): never real tokens, so nothing decodes them,
+//! In the prompt's token list an image's positions hold negative ids derived from a keyed hash of
+//! the decoded bitmap (and its position in the image): never real tokens, so nothing decodes them,
 //! but the prefix cache compares them like any other. The same image bytes in the same place
 //! match; another image differs from its first position, so only the text before it is reused.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -143,10 +142,7 @@ impl Vision {
     pub fn prepare(&self, image: &ImageInput) -> Result<(Arc<MtmdInputChunks>, u64), ImageError> {
         let unreadable = |reason: String| ImageError::Unreadable { param: image.param.clone(), reason };
         let (nx, ny, rgb) = decode_rgb(&image.bytes, image.detail).map_err(unreadable)?;
-        let mut hasher = DefaultHasher::new();
-        (nx, ny).hash(&mut hasher);
-        rgb.hash(&mut hasher);
-        let id = hasher.finish();
+        let id = image_identity(nx, ny, &rgb);
         let chunks = self.tokenize_rgb(nx, ny, &rgb, id).map_err(|e| unreadable(format!("the model cannot read this image ({e}).")))?;
         Ok((Arc::new(chunks), id))
     }
@@ -169,6 +165,12 @@ impl Vision {
         }
         Ok(())
     }
+}
+
+/// What identifies a decoded image in the prefix cache: a keyed hash of its bitmap (see
+/// `keyed_hash`), so no client can craft an image whose ids match another client's image.
+fn image_identity(nx: u32, ny: u32, rgb: &[u8]) -> u64 {
+    crate::keyed_hash::keyed_hash((nx, ny, rgb))
 }
 
 /// Ids standing for an image's `len` positions in a prompt (see the module comment): negative,
@@ -235,6 +237,20 @@ mod tests {
         assert_eq!(a, image_token_ids(1, 64));
         let distinct: std::collections::HashSet<_> = a.iter().collect();
         assert_eq!(distinct.len(), 64);
+    }
+
+    #[test]
+    fn image_identity_is_keyed_not_the_public_unkeyed_hash() {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let (_, _, rgb) = decode_rgb(&png(8, 8), Detail::Auto).unwrap();
+        let id = image_identity(8, 8, &rgb);
+        assert_eq!(id, image_identity(8, 8, &rgb), "the same image matches itself");
+        assert_ne!(id, image_identity(4, 16, &rgb), "the same bytes in another shape differ");
+        // What an unkeyed hash gives, and anyone could compute offline to craft a collision.
+        let mut unkeyed = DefaultHasher::new();
+        (8u32, 8u32).hash(&mut unkeyed);
+        rgb.hash(&mut unkeyed);
+        assert_ne!(id, unkeyed.finish());
     }
 
     #[test]

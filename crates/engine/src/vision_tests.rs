@@ -64,6 +64,7 @@ fn input(engine: &Engine, n: u32) -> ChatInput {
         logprobs: None,
         constraint: None,
         lazy_tools: None,
+        cache_scope: crate::CacheScope::default(),
     }
 }
 

@@ -52,7 +52,7 @@ pub async fn chat_completions(
     // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
     // model's.
     let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
-    let generate = prepare(&model, &chat, tools.as_ref()).await?;
+    let generate = prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?;
     let n = generate.n;
     // Admission: rate limits and the budget reservation. The ticket settles with the engine's
     // usage report or, dropped unsettled (submission refused, handler dropped), releases.
@@ -150,7 +150,13 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// The engine checks and tokenizes the request (off the async runtime: it renders the template
 /// and compiles grammars); its refusals are the client's 400s.
-async fn prepare(model: &Lease, chat: &ValidatedChat, tools: Option<&ToolPlan>) -> Result<GenerateRequest, ApiError> {
+/// `scope`: the key's prompt-cache scope; only prefixes cached under it are reused.
+async fn prepare(
+    model: &Lease,
+    chat: &ValidatedChat,
+    tools: Option<&ToolPlan>,
+    scope: gantry_engine::CacheScope,
+) -> Result<GenerateRequest, ApiError> {
     // The whole output's grammar: a forced call's, the answer-or-call union of `auto` tools with
     // a response_format, or the response_format's own. Its schema errors name the field that
     // brought the schema: the tools whenever there are any.
@@ -179,6 +185,7 @@ async fn prepare(model: &Lease, chat: &ValidatedChat, tools: Option<&ToolPlan>) 
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
         constraint: constraint.map(|c| (c, param)),
         lazy_tools: tools.and_then(|t| t.lazy.clone()),
+        cache_scope: scope,
     };
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input))
