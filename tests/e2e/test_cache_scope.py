@@ -133,7 +133,7 @@ def test_another_tenants_document_is_not_faster_to_first_token(srv):
     victim_ttft = _ttft(srv, victim, doc)
     fresh = [_ttft(srv, attacker, _document("ttft-fresh-one", 55))]
     before = _computed_tokens(srv)
-    probe = _ask(srv, _key(srv, "ttft-attacker"), doc)
+    probe = _ask(srv, _key(srv, "ttft-prober"), doc)
     computed = _computed_tokens(srv) - before
     assert _cached(probe) == 0, probe.usage
     assert computed >= probe.usage.prompt_tokens, f"only {computed} of {probe.usage.prompt_tokens} prompt tokens computed"
