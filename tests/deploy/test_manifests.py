@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.32.0"
-CORE_KINDS = {"Deployment", "Service", "PodDisruptionBudget", "PersistentVolumeClaim", "Secret", "ConfigMap"}
+CORE_KINDS = {"Deployment", "Service", "PodDisruptionBudget", "PersistentVolumeClaim", "ConfigMap", "NetworkPolicy"}
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 KUSTOMIZATIONS = [KUBE / "base"] + sorted(p for p in (KUBE / "overlays").iterdir() if p.is_dir())
 
@@ -71,9 +71,7 @@ def env_value(rendered, container: dict, name: str) -> str:
         cm = rendered["ConfigMap"]
         assert cm["metadata"]["name"] == ref["configMapKeyRef"]["name"]
         return cm["data"][ref["configMapKeyRef"]["key"]]
-    secret = rendered["Secret"]
-    assert secret["metadata"]["name"] == ref["secretKeyRef"]["name"]
-    return secret["stringData"][ref["secretKeyRef"]["key"]]
+    raise AssertionError(f"{name} comes from a Secret, which the manifests do not hold")
 
 
 def expand(rendered, container: dict, arg: str) -> str:
@@ -131,19 +129,69 @@ def test_init_container_pulls_the_model_the_server_serves_into_its_volume(render
     assert gantry_args[:2] == ["models", "pull"]
     served = env_value(rendered, server(rendered), "GANTRY_MODEL")
     assert gantry_args[2] == served
-    mounts = lambda c: {m["mountPath"]: m["name"] for m in c["volumeMounts"]}  # noqa: E731
-    assert mounts(init)["/models"] == mounts(server(rendered))["/models"]
-    (models,) = [v for v in pod["volumes"] if v["name"] == mounts(init)["/models"]]
+    (pull_mount,) = [m for m in init["volumeMounts"] if m["mountPath"] == "/models"]
+    (models,) = [v for v in pod["volumes"] if v["name"] == pull_mount["name"]]
     assert models["persistentVolumeClaim"]["claimName"] == rendered["PersistentVolumeClaim"]["metadata"]["name"]
+    assert not pull_mount.get("readOnly", False), "the init container writes the models"
+    # The server reads the pulled models where the pull put them (GANTRY_CACHE_DIR/models), and
+    # only reads them: a compromised server cannot plant a model for the other replicas.
+    (served,) = [m for m in server(rendered)["volumeMounts"] if m["name"] == pull_mount["name"]]
+    assert served["readOnly"] is True
+    assert served["mountPath"] == "/models/models" and served["subPath"] == "models"
 
 
-def test_secrets_come_from_the_secret_and_are_marked_placeholders(rendered):
+def test_secrets_come_from_a_secret_the_manifests_do_not_hold(rendered):
     c = server(rendered)
     for name in ("GANTRY_DATABASE_URL", "GANTRY_ADMIN_TOKEN"):
         (var,) = [e for e in c["env"] if e["name"] == name]
-        assert "secretKeyRef" in var["valueFrom"], f"{name} must not be inline"
-        assert "PLACEHOLDER" in env_value(rendered, c, name)
-    assert env_value(rendered, c, "GANTRY_DATABASE_URL").startswith("postgres://")
+        assert "value" not in var, f"{name} must not be inline"
+        ref = var["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "gantry-secrets" and not ref.get("optional", False), "a missing Secret must stop the pod"
+    assert "Secret" not in rendered, "no default secret value is committed"
+    for path in KUBE.rglob("*.yaml"):
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        assert not [d for d in docs if d.get("kind") == "Secret"], f"{path} commits a Secret"
+    assert "kubectl create secret generic gantry-secrets" in (KUBE / "base" / "kustomization.yaml").read_text()
+
+
+def test_pods_get_no_service_account_token_and_a_pinned_image(rendered):
+    pod = pod_spec(rendered)
+    assert pod["automountServiceAccountToken"] is False
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
+    for c in pod["containers"] + pod["initContainers"]:
+        image = c["image"]
+        assert "@sha256:" in image or image.rsplit("/", 1)[-1].partition(":")[2] not in ("", "latest"), image
+        assert image == f"gantry:{version}", f"{image}: the image is tagged with the workspace version"
+
+
+def test_the_admin_port_is_separate_and_not_on_the_service(rendered):
+    c = server(rendered)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    admin_listen = flag(c["args"], "admin-listen")
+    assert int(admin_listen.rsplit(":", 1)[1]) == ports["admin"] != ports["http"]
+    service_ports = rendered["Service"]["spec"]["ports"]
+    assert [p["targetPort"] for p in service_ports] == ["http"]
+    assert ports["admin"] not in {p["port"] for p in service_ports}
+
+
+def test_network_policy_admits_the_api_port_and_lets_out_only_dns_database_and_the_pull(rendered):
+    policy = rendered["NetworkPolicy"]["spec"]
+    labels = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    open_ingress = [r for r in policy["ingress"] if not r.get("from")]
+    assert [p["port"] for r in open_ingress for p in r["ports"]] == ["http"], "only the API port is open to all"
+    for rule in policy["ingress"]:
+        assert rule.get("ports"), "every ingress rule names its ports"
+        if rule.get("from"):
+            assert [p["port"] for p in rule["ports"]] == ["admin"]
+            assert all("namespaceSelector" in peer for peer in rule["from"])
+    egress_ports = {(p["port"], p.get("protocol", "TCP")) for r in policy["egress"] for p in r["ports"]}
+    assert egress_ports == {(53, "UDP"), (53, "TCP"), (5432, "TCP"), (443, "TCP")}
+    (dns,) = [r for r in policy["egress"] if any(p["port"] == 53 for p in r["ports"])]
+    for peer in dns["to"]:
+        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+        assert "podSelector" not in peer, "Kustomize would add the app label to it"
 
 
 def test_memory_is_sized_above_the_model_budget(rendered):
@@ -174,13 +222,16 @@ def test_service_and_pdb_select_the_deployments_pods(rendered):
     assert port["targetPort"] in {p["name"] for p in server(rendered)["ports"]}
 
 
-def test_service_monitor_scrapes_metrics_from_the_service(rendered):
-    sm = rendered["ServiceMonitor"]
-    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
-    assert sm["spec"]["selector"]["matchLabels"].items() <= rendered["Service"]["metadata"]["labels"].items()
-    (endpoint,) = sm["spec"]["endpoints"]
+def test_pod_monitor_scrapes_metrics_from_the_admin_port(rendered):
+    pm = rendered["PodMonitor"]
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    labels = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["path"] == "/metrics"
-    assert endpoint["port"] in {p["name"] for p in rendered["Service"]["spec"]["ports"]}
+    assert endpoint["port"] == "admin", "/metrics is served on the admin listener only"
+    # The ScaledObject's query selects job="gantry".
+    assert {"targetLabel": "job", "replacement": "gantry"} in endpoint["relabelings"]
 
 
 def test_scaled_object_scales_the_deployment_on_queue_depth(rendered):
@@ -253,6 +304,18 @@ def test_compose_pulls_the_model_the_replicas_serve_into_their_volume(compose):
     for svc in replicas(compose).values():
         assert compose_value(pull["command"][2]) == compose_value(svc["environment"]["GANTRY_MODEL"]) == DEFAULT_MODEL
         assert set(pull["volumes"]) == set(svc["volumes"]) == {"models:/models"}
+
+
+def test_compose_has_no_admin_token_and_keeps_the_admin_listener_off_nginx(compose):
+    for svc in replicas(compose).values():
+        token = svc["environment"]["GANTRY_ADMIN_TOKEN"]
+        # Compose refuses to start while it is unset or empty, with the message after `:?`.
+        assert re.fullmatch(r"\$\{GANTRY_ADMIN_TOKEN:\?[^}$]+\}", token), token
+        assert flag(svc["command"], "admin-listen") == "0.0.0.0:9090"
+        assert all(not p.endswith(":9090") or p.startswith("127.0.0.1:") for p in svc.get("ports", []))
+    assert any("127.0.0.1:9090:9090" in svc.get("ports", []) for svc in replicas(compose).values())
+    conf = (ROOT / "deploy" / "compose" / "nginx.conf").read_text()
+    assert ":9090" not in conf, "nginx proxies the API only"
 
 
 def test_nginx_balances_least_conn_retries_503_and_documents_affinity(compose):

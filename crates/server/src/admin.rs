@@ -2,8 +2,12 @@
 //! admin token (`--admin-token`), never by an ordinary API key; without a token configured the
 //! admin API is off.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -13,12 +17,14 @@ use gantry_accounts::{AccountsError, RequestRow, UsageQuery, UsageRow};
 use gantry_api::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use subtle::ConstantTimeEq;
 
+use crate::admin_guard::FailureThrottle;
 use crate::app::AppState;
 use crate::keyspec::{key_view, parse_time, KeyFields};
 
 pub fn router(state: AppState) -> Router<AppState> {
+    // One throttle per router: the admin API is served by one listener at a time.
+    let gate = AdminGate { state, throttle: Arc::new(FailureThrottle::default()) };
     Router::new()
         .route("/keys", get(list_keys).post(create_key))
         .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
@@ -27,11 +33,17 @@ pub fn router(state: AppState) -> Router<AppState> {
         .route("/usage/requests", get(usage_requests))
         .route("/stats", get(crate::stats::stats))
         .merge(crate::admin_models::router())
-        .route_layer(middleware::from_fn_with_state(state, require_admin))
+        .route_layer(middleware::from_fn_with_state(gate, require_admin))
 }
 
-async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(token) = state.admin_token.as_deref() else {
+#[derive(Clone)]
+struct AdminGate {
+    state: AppState,
+    throttle: Arc<FailureThrottle>,
+}
+
+async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) -> Response {
+    let Some(token) = gate.state.admin_token.as_deref() else {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "invalid_request_error",
@@ -41,6 +53,15 @@ async fn require_admin(State(state): State<AppState>, req: Request, next: Next) 
         )
         .into_response();
     };
+    // Without a peer address (a router driven in-process) every caller shares one bucket.
+    let client = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(addr)| addr.ip());
+    let now = Instant::now();
+    if let Some(wait) = gate.throttle.locked_for(client, now) {
+        return too_many_failures(wait);
+    }
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -48,8 +69,11 @@ async fn require_admin(State(state): State<AppState>, req: Request, next: Next) 
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .unwrap_or("");
-    let ok: bool = presented.as_bytes().ct_eq(token.as_bytes()).into();
-    if !ok {
+    if !crate::admin_guard::token_matches(presented, token) {
+        if let Some(wait) = gate.throttle.failed(client, now) {
+            tracing::warn!(%client, lockout_seconds = wait.as_secs(), "too many wrong admin tokens: address locked out");
+            return too_many_failures(wait);
+        }
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "invalid_request_error",
@@ -59,7 +83,21 @@ async fn require_admin(State(state): State<AppState>, req: Request, next: Next) 
         )
         .into_response();
     }
+    gate.throttle.succeeded(client);
     next.run(req).await
+}
+
+fn too_many_failures(wait: Duration) -> Response {
+    let seconds = wait.as_secs().max(1);
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "invalid_request_error",
+        format!("Too many wrong admin tokens from this address; try again in {seconds} s."),
+        None,
+        Some("admin_auth_throttled"),
+    )
+    .with_retry_after(seconds)
+    .into_response()
 }
 
 fn accounts_error(e: AccountsError) -> ApiError {

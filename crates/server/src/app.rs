@@ -51,23 +51,42 @@ impl Default for RouterOptions {
     }
 }
 
+/// Which routes a listener serves: the API, the operator's routes (admin API, console,
+/// metrics), or both; health answers on every listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routes {
+    All,
+    Public,
+    Admin,
+}
+
+/// Everything on one listener: what `gantry serve` does without `--admin-listen`.
 pub fn router(state: AppState, opts: RouterOptions) -> Router {
-    let authed = Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{*id}", get(get_model))
-        .layer(DefaultBodyLimit::max(opts.body_limit))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
-    Router::new()
+    routes(state, opts, Routes::All)
+}
+
+pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
+    let mut app = Router::new()
         .route("/health", get(health))
         // Liveness is what /health always said: restart only once the engine failed.
         .route("/health/live", get(health))
-        .route("/health/ready", get(crate::health::ready))
-        .route("/metrics", get(telemetry::render))
-        .merge(authed)
-        .nest("/admin/v1", admin::router(state.clone()))
-        .merge(console::router())
-        .fallback(not_found)
+        .route("/health/ready", get(crate::health::ready));
+    if which != Routes::Admin {
+        let authed = Router::new()
+            .route("/v1/chat/completions", post(chat::chat_completions))
+            .route("/v1/models", get(list_models))
+            .route("/v1/models/{*id}", get(get_model))
+            .layer(DefaultBodyLimit::max(opts.body_limit))
+            .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+        app = app.merge(authed);
+    }
+    if which != Routes::Public {
+        app = app
+            .route("/metrics", get(telemetry::render))
+            .nest("/admin/v1", admin::router(state.clone()))
+            .merge(console::router());
+    }
+    app.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(middleware::from_fn_with_state(opts.body_limit, read_body_first))

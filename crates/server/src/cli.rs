@@ -180,9 +180,14 @@ pub struct ServeArgs {
     /// million prompt and completion tokens. Repeatable.
     #[arg(long = "price", value_name = "MODEL=IN,OUT", value_parser = parse_price)]
     pub prices: Vec<(String, gantry_accounts::Price)>,
-    /// Enables the admin API under /admin/v1, guarded by this bearer token.
+    /// Enables the admin API under /admin/v1, guarded by this bearer token (at least 32 random
+    /// characters; a shorter or placeholder token stops the server at start).
     #[arg(long, env = "GANTRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Serves the admin API, the console and /metrics on this address (e.g. 127.0.0.1:9090)
+    /// instead of the public listener, which then answers 404 there; /health is on both.
+    #[arg(long, env = "GANTRY_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
     /// Readable name of this server in the reservations it holds and its heartbeat row; a random
     /// per-process suffix is added, so replicas sharing a name still tell themselves apart
     /// (default: hostname).

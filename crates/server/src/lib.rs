@@ -1,6 +1,7 @@
 pub mod models;
 pub mod app;
 mod admin;
+mod admin_guard;
 mod admin_models;
 mod keyspec;
 mod model_config;
@@ -20,6 +21,8 @@ mod request_id;
 mod router_tests;
 #[cfg(test)]
 mod console_tests;
+#[cfg(test)]
+mod admin_listener_tests;
 pub mod serve;
 mod stream;
 mod telemetry;

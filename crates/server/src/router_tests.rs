@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use crate::app::{router, AppState, RouterOptions};
+use crate::app::{routes, AppState, RouterOptions, Routes};
 use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions, ServedModel};
 
 pub(crate) const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
@@ -135,6 +135,11 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
 
 /// A router over a scripted engine; `admin_token` turns on `/admin/v1` and the console.
 pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token: Option<&str>) -> Harness {
+    harness_serving(engine, admin_token, Routes::All).await
+}
+
+/// As [`harness_with_admin`], with only the routes one listener of `--admin-listen` serves.
+pub(crate) async fn harness_serving(engine: Arc<ScriptedEngine>, admin_token: Option<&str>, which: Routes) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
     accounts.ensure_key(KEY, "router-test").await.unwrap();
@@ -171,7 +176,7 @@ pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token:
         stats: crate::stats::StatsHistory::default(),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
-    Harness { app: router(state, RouterOptions::default()), draining, accounts, meter, stats, _dir: dir }
+    Harness { app: routes(state, RouterOptions::default(), which), draining, accounts, meter, stats, _dir: dir }
 }
 
 impl Harness {

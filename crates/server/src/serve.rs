@@ -1,5 +1,6 @@
 //! `gantry serve`: load the model, open the accounts database, bind, serve until a signal.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,11 +10,15 @@ use std::time::Duration;
 use anyhow::Context;
 use gantry_accounts::{Accounts, Meter, MeterConfig};
 
-use crate::app::{router, AppState, RouterOptions};
+use crate::app::{router, routes, AppState, RouterOptions, Routes};
 use crate::cli::ServeArgs;
 use crate::pool::{self, EngineLoader, ModelPool, PoolOptions};
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let admin_token = args.admin_token.as_deref().filter(|t| !t.is_empty());
+    if let Some(token) = admin_token {
+        crate::admin_guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
+    }
     let mut specs = crate::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
 
@@ -80,13 +85,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         meter: meter.clone(),
         prices: Arc::new(args.prices.iter().cloned().collect()),
-        admin_token: args.admin_token.as_deref().filter(|t| !t.is_empty()).map(Arc::from),
+        admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
         stats: Default::default(),
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();
-    let app = router(state, RouterOptions { body_limit: args.body_limit });
+    let options = || RouterOptions { body_limit: args.body_limit };
+    // With --admin-listen the operator's routes leave the public listener for their own.
+    let (app, admin) = match &args.admin_listen {
+        None => (router(state, options()), None),
+        Some(addr) => {
+            let listener =
+                tokio::net::TcpListener::bind(addr.as_str()).await.with_context(|| format!("binding --admin-listen {addr}"))?;
+            let admin_app = routes(state.clone(), options(), Routes::Admin);
+            (routes(state, options(), Routes::Public), Some((listener, admin_app)))
+        }
+    };
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
@@ -95,6 +110,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store_flag = match &args.data.database_url {
         Some(_) => "--database-url \"$GANTRY_DATABASE_URL\"".to_string(),
         None => format!("--data-dir {}", data_dir.display()),
+    };
+    let admin_stop = tokio_util::sync::CancellationToken::new();
+    let admin_server = match admin {
+        Some((listener, admin_app)) => {
+            let addr = listener.local_addr()?;
+            println!("Admin API, console and /metrics at http://{addr} (not on the public listener)");
+            let service = admin_app.into_make_service_with_connect_info::<SocketAddr>();
+            let stop = admin_stop.clone();
+            Some(tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(stop.cancelled_owned()).into_future()))
+        }
+        None => None,
     };
     print_banner(&addr.to_string(), &first_id, new_key.as_deref(), &store_flag);
     if models.specs().len() > 1 {
@@ -105,6 +131,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let failed_models = models.clone();
     let engine_failed = async move { failed_models.failed().await };
+    let stop_admin = admin_stop.clone();
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         tokio::select! {
             _ = shutdown_signal() => {
@@ -123,6 +151,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             // Its requests were already answered with errors; stop, and exit non-zero below.
             _ = engine_failed => tracing::error!("the inference engine failed: stopping so a supervisor restarts the server"),
         }
+        stop_admin.cancel();
         let _ = signalled_tx.send(());
     });
     let mut server = std::pin::pin!(server.into_future());
@@ -136,6 +165,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             models.abort_all();
             // Cut streams end with an error event; give them a moment to flush.
             let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
+        }
+    }
+    // Also when the public listener failed on its own: the admin listener must not outlive it.
+    admin_stop.cancel();
+    if let Some(admin_server) = admin_server {
+        // Admin requests are short; one still running after this is cut with the process.
+        match tokio::time::timeout(Duration::from_secs(5), admin_server).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the admin listener failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "the admin listener's task failed"),
+            Ok(Ok(Ok(()))) | Err(_) => {}
         }
     }
     let stopping = models.clone();

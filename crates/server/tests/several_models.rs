@@ -187,8 +187,8 @@ async fn pinned_models_load_at_start_and_a_model_larger_than_the_budget_stops_th
 async fn operators_see_and_load_and_unload_models_over_the_admin_api() {
     // Long streams (2000 tokens take the tiny model over a second), so the one below is still
     // running when the operator asks.
-    let s = start("4GiB", &["--admin-token", "admin-secret-0123456789", "--ctx-size", "2048"]);
-    let admin = |method: reqwest::Method, path: &str| s.client().request(method, s.url(&format!("/admin/v1{path}"))).bearer_auth("admin-secret-0123456789");
+    let s = start("4GiB", &["--admin-token", "several-models-admin-5e0b8c3f7a1d9246b8e4", "--ctx-size", "2048"]);
+    let admin = |method: reqwest::Method, path: &str| s.client().request(method, s.url(&format!("/admin/v1{path}"))).bearer_auth("several-models-admin-5e0b8c3f7a1d9246b8e4");
     let listed: Value = admin(reqwest::Method::GET, "/models").send().await.unwrap().json().await.unwrap();
     let states: Vec<(&str, &str)> = listed["data"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["state"].as_str().unwrap())).collect();
     assert_eq!(states, [(FIRST, "loaded"), ("second", "unloaded"), ("broken", "unloaded")]);
