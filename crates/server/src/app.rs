@@ -67,19 +67,20 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
     routes(state, opts, Routes::All)
 }
 
+/// The routes `which` names, behind the layers every listener shares.
 pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
-    let mut app = Router::new()
-        .route("/health", get(health))
-        // Liveness is what /health always said: restart only once the engine failed.
-        .route("/health/live", get(health))
-        .route("/health/ready", get(crate::health::ready));
     let authed = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
-    app = app.merge(authed);
+    let mut app = Router::new()
+        .route("/health", get(health))
+        // Liveness is what /health always said: restart only once the engine failed.
+        .route("/health/live", get(health))
+        .route("/health/ready", get(crate::health::ready))
+        .merge(authed);
     if which == Routes::All {
         app = app
             .route("/metrics", get(telemetry::render))
