@@ -51,13 +51,15 @@ impl Default for RouterOptions {
     }
 }
 
-/// Which routes a listener serves: the API, the operator's routes (admin API, console,
-/// metrics), or both; health answers on every listener.
+/// Which routes a listener serves; health answers on every listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Routes {
+    /// The API and the operator's routes (admin API, console, metrics): the one listener without
+    /// `--admin-listen`, and the admin listener with it (the console's playground calls the API
+    /// on its own origin).
     All,
+    /// The API only: the public listener with `--admin-listen`.
     Public,
-    Admin,
 }
 
 /// Everything on one listener: what `gantry serve` does without `--admin-listen`.
@@ -65,22 +67,21 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
     routes(state, opts, Routes::All)
 }
 
+/// The routes `which` names, behind the layers every listener shares.
 pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
+    let authed = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*id}", get(get_model))
+        .layer(DefaultBodyLimit::max(opts.body_limit))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     let mut app = Router::new()
         .route("/health", get(health))
         // Liveness is what /health always said: restart only once the engine failed.
         .route("/health/live", get(health))
-        .route("/health/ready", get(crate::health::ready));
-    if which != Routes::Admin {
-        let authed = Router::new()
-            .route("/v1/chat/completions", post(chat::chat_completions))
-            .route("/v1/models", get(list_models))
-            .route("/v1/models/{*id}", get(get_model))
-            .layer(DefaultBodyLimit::max(opts.body_limit))
-            .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
-        app = app.merge(authed);
-    }
-    if which != Routes::Public {
+        .route("/health/ready", get(crate::health::ready))
+        .merge(authed);
+    if which == Routes::All {
         app = app
             .route("/metrics", get(telemetry::render))
             .nest("/admin/v1", admin::router(state.clone()))

@@ -185,7 +185,8 @@ pub struct ServeArgs {
     #[arg(long, env = "GANTRY_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// Serves the admin API, the console and /metrics on this address (e.g. 127.0.0.1:9090)
-    /// instead of the public listener, which then answers 404 there; /health is on both.
+    /// and no longer on the public listener, which answers 404 there; /health and the API (for
+    /// the console's playground) answer on both.
     #[arg(long, env = "GANTRY_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<String>,
     /// Readable name of this server in the reservations it holds and its heartbeat row; a random

@@ -98,7 +98,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => {
             let listener =
                 tokio::net::TcpListener::bind(addr.as_str()).await.with_context(|| format!("binding --admin-listen {addr}"))?;
-            let admin_app = routes(state.clone(), options(), Routes::Admin);
+            let admin_app = router(state.clone(), options());
             (routes(state, options(), Routes::Public), Some((listener, admin_app)))
         }
     };
