@@ -196,11 +196,13 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
     form.find_element(By.NAME, "tenant").send_keys("acme")
     form.find_element(By.NAME, "rpm_limit").send_keys("600")
     form.find_element(By.NAME, "budget_tokens").send_keys("100000")
+    Select(form.find_element(By.NAME, "cache_scope")).select_by_value("key")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     secret = new_secret(d)
     assert secret.startswith("sk-gantry-")
     row = wait_for(d, "the key in the list", lambda d: key_row(d, "console-e2e"))
     assert "acme" in row.text and "600 req/min" in row.text and "active" in row.text
+    assert admin_get(srv, "/keys/console-e2e")["cache_scope"] == "key", "the form sets the prompt-cache scope"
 
     # Use it through the SDK; its spend shows against the budget.
     answer = ask(srv, secret)
