@@ -165,6 +165,10 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
+    /// Largest image (width × height, read from its header before decoding) a request may
+    /// carry; beyond that, 400.
+    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS)]
+    pub max_image_pixels: u64,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
     #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,

@@ -76,6 +76,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_images: args.max_images,
             max_total_bytes: args.max_image_bytes,
             allowed_private_hosts: args.allow_image_hosts.clone(),
+            max_pixels: args.max_image_pixels,
             ..Default::default()
         },
         meter: meter.clone(),
