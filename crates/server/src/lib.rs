@@ -6,6 +6,9 @@ mod keyspec;
 mod model_config;
 pub mod pool;
 mod auth;
+mod auth_failures;
+mod body_guard;
+pub mod connections;
 mod chat;
 mod engine_errors;
 mod health;
@@ -20,6 +23,8 @@ mod request_id;
 mod router_tests;
 #[cfg(test)]
 mod console_tests;
+#[cfg(test)]
+mod connection_tests;
 pub mod serve;
 mod stream;
 mod telemetry;

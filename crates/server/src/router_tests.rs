@@ -135,6 +135,14 @@ async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
 
 /// A router over a scripted engine; `admin_token` turns on `/admin/v1` and the console.
 pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token: Option<&str>) -> Harness {
+    harness_with_options(engine, admin_token, RouterOptions::default()).await
+}
+
+pub(crate) async fn harness_with_options(
+    engine: Arc<ScriptedEngine>,
+    admin_token: Option<&str>,
+    router_options: RouterOptions,
+) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
     accounts.ensure_key(KEY, "router-test").await.unwrap();
@@ -171,7 +179,7 @@ pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token:
         stats: crate::stats::StatsHistory::default(),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
-    Harness { app: router(state, RouterOptions::default()), draining, accounts, meter, stats, _dir: dir }
+    Harness { app: router(state, router_options), draining, accounts, meter, stats, _dir: dir }
 }
 
 impl Harness {

@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use std::future::IntoFuture;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -87,7 +86,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();
-    let app = router(state, RouterOptions { body_limit: args.body_limit });
+    let app = router(
+        state,
+        RouterOptions {
+            body_limit: args.body_limit,
+            body_read_timeout: Duration::from_secs_f64(args.body_read_timeout),
+            auth_failures_per_minute: args.auth_failures_per_minute,
+        },
+    );
+    let limits = crate::connections::ConnectionLimits {
+        max_connections: args.max_connections,
+        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
+    };
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
@@ -106,7 +116,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let failed_models = models.clone();
     let engine_failed = async move { failed_models.failed().await };
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = crate::connections::serve(listener, app, limits, async move {
         tokio::select! {
             _ = shutdown_signal() => {
                 // Readiness turns 503 and admission stops at once; the listener stays open for
@@ -126,7 +136,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         let _ = signalled_tx.send(());
     });
-    let mut server = std::pin::pin!(server.into_future());
+    let mut server = std::pin::pin!(server);
     tokio::select! {
         result = &mut server => result?,
         _ = async {
