@@ -81,7 +81,10 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
-        .layer(middleware::from_fn_with_state(opts.body_read_timeout, crate::body_guard::guard_body))
+        .layer(middleware::from_fn_with_state(
+            crate::body_guard::BodyGuard::new(opts.body_read_timeout),
+            crate::body_guard::guard_body,
+        ))
         .layer(middleware::from_fn(errors_as_json))
         .layer(CatchPanicLayer::custom(|_| ApiError::internal("The server had an error while processing your request.").into_response()))
         .layer(middleware::from_fn(telemetry::track_http))

@@ -86,6 +86,21 @@ async fn refused_requests_are_answered_unread_with_connection_close() {
 }
 
 #[tokio::test]
+async fn a_small_refused_body_is_drained_so_the_connection_is_kept() {
+    let h = harness(RouterOptions::default()).await;
+    let json = body(json!({})).to_string();
+    let request = Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer sk-gantry-not-a-real-key-0123456789")
+        .header("content-type", "application/json")
+        .header("content-length", json.len().to_string())
+        .body(Body::from(json))
+        .unwrap();
+    let response = answer(&h, request).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(response.headers().get("connection").is_none(), "{:?}", response.headers());
+}
+
+#[tokio::test]
 async fn an_accepted_request_reads_its_body_and_keeps_the_connection() {
     let h = harness(RouterOptions::default()).await;
     let json = body(json!({})).to_string();
