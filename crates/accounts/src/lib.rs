@@ -16,6 +16,7 @@ mod keys;
 mod metering;
 pub mod outbox;
 mod rate;
+mod unknown_keys;
 mod usage;
 #[doc(hidden)]
 pub mod testing;
@@ -32,6 +33,7 @@ pub use metering::{
     Charge, DefaultLimits, Meter, MeterConfig, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM, UNLIMITED_TPM,
 };
 pub use rate::{Allowance, LocalWindows, RateRefusal, RateStatus, RateWindow};
+pub use unknown_keys::{UNKNOWN_KEY_CAPACITY, UNKNOWN_KEY_TTL};
 pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 
 /// Errors from the accounts store.
@@ -61,6 +63,8 @@ pub enum AccountsError {
 pub struct Accounts {
     pool: AnyPool,
     backend: Backend,
+    /// Secrets recently found unknown, shared by the clones of this handle.
+    unknown_keys: std::sync::Arc<unknown_keys::UnknownKeys>,
 }
 
 impl Accounts {
@@ -68,24 +72,24 @@ impl Accounts {
     /// and runs migrations.
     pub async fn open_data_dir(dir: &Path) -> Result<Self, AccountsError> {
         let (pool, backend) = db::open_data_dir(dir).await?;
-        Ok(Self { pool, backend })
+        Ok(Self { pool, backend, unknown_keys: unknown_keys::UnknownKeys::new() })
     }
 
     /// Opens `sqlite://path` (file created if missing), `sqlite::memory:` (one shared
     /// connection held for the lifetime of the pool) or `postgres://…`, and runs migrations.
     pub async fn open_url(url: &str) -> Result<Self, AccountsError> {
         let (pool, backend) = db::open_url(url).await?;
-        Ok(Self { pool, backend })
+        Ok(Self { pool, backend, unknown_keys: unknown_keys::UnknownKeys::new() })
     }
 
     /// Creates a key with a fresh random secret. The secret is returned once and not stored.
     pub async fn create_key(&self, name: &str) -> Result<CreatedKey, AccountsError> {
-        keys::create_key(&self.pool, name, KeyLimits::default()).await
+        self.known(keys::create_key(&self.pool, name, KeyLimits::default()).await)
     }
 
     /// Creates a key with rate limits (positive, or `None` for unlimited).
     pub async fn create_key_with_limits(&self, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
-        keys::create_key(&self.pool, name, limits).await
+        self.known(keys::create_key(&self.pool, name, limits).await)
     }
 
     /// Registers a caller-provided plaintext key (e.g. `gantry serve --api-key`). Idempotent:
@@ -93,7 +97,9 @@ impl Accounts {
     /// [`AccountsError::KeyRevoked`] and stays revoked. Malformed secrets (see
     /// [`looks_like_key`]) and empty names yield [`AccountsError::Invalid`].
     pub async fn ensure_key(&self, secret: &str, name: &str) -> Result<KeyInfo, AccountsError> {
-        keys::ensure_key(&self.pool, secret, name).await
+        let key = keys::ensure_key(&self.pool, secret, name).await?;
+        self.unknown_keys.forget(&keys::hash_secret(secret));
+        Ok(key)
     }
 
     /// All keys, revoked ones included, ordered by id.
@@ -116,12 +122,38 @@ impl Accounts {
     /// Looks a presented secret up by its SHA-256 hash. `Ok(None)` for malformed, unknown or
     /// revoked keys.
     pub async fn authenticate(&self, secret: &str) -> Result<Option<KeyInfo>, AccountsError> {
-        keys::authenticate(&self.pool, secret).await
+        if !looks_like_key(secret) {
+            return Ok(None);
+        }
+        let hash = keys::hash_secret(secret);
+        if self.unknown_keys.contains(&hash) {
+            return Ok(None);
+        }
+        self.unknown_keys.count_lookup();
+        let found = keys::authenticate(&self.pool, secret).await?;
+        if found.is_none() {
+            self.unknown_keys.insert(hash);
+        }
+        Ok(found)
+    }
+
+    /// Key lookups [`Accounts::authenticate`] sent to the database (secrets remembered as
+    /// unknown cost none), counted across this handle's clones.
+    pub fn key_lookups(&self) -> u64 {
+        self.unknown_keys.lookups()
+    }
+
+    /// A secret just issued must not stay remembered as unknown.
+    fn known(&self, created: Result<CreatedKey, AccountsError>) -> Result<CreatedKey, AccountsError> {
+        if let Ok(created) = &created {
+            self.unknown_keys.forget(&keys::hash_secret(&created.secret));
+        }
+        created
     }
 
     /// Creates a key with every setting of [`NewKey`]; the secret is returned once.
     pub async fn create_key_from(&self, spec: &NewKey) -> Result<CreatedKey, AccountsError> {
-        keys::create(&self.pool, spec).await
+        self.known(keys::create(&self.pool, spec).await)
     }
 
     /// The key `id_or_name` resolves to (see [`Accounts::revoke_key`] for the rules).
@@ -136,7 +168,7 @@ impl Accounts {
 
     /// A new secret for the same key; the old secret stops working at once.
     pub async fn rotate_key(&self, id_or_name: &str) -> Result<CreatedKey, AccountsError> {
-        keys::rotate(&self.pool, id_or_name).await
+        self.known(keys::rotate(&self.pool, id_or_name).await)
     }
 
     /// Holds a request's maximum cost against the key's budget before it reaches the engine;

@@ -14,6 +14,7 @@ use gantry_api::{ApiError, ModelList, ModelObject};
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
+use crate::auth_failures::AuthFailures;
 use crate::{admin, auth, chat, console, request_id, telemetry};
 
 #[derive(Clone)]
@@ -43,11 +44,20 @@ impl AppState {
 
 pub struct RouterOptions {
     pub body_limit: usize,
+    /// The whole request body must arrive within this long of the request head (else 408).
+    pub body_read_timeout: std::time::Duration,
+    /// Failed authentications an address may make per minute before it gets 429 without a
+    /// key lookup; 0 disables the limit.
+    pub auth_failures_per_minute: u32,
 }
 
 impl Default for RouterOptions {
     fn default() -> Self {
-        Self { body_limit: 4 * 1024 * 1024 }
+        Self {
+            body_limit: 4 * 1024 * 1024,
+            body_read_timeout: std::time::Duration::from_secs(crate::connections::DEFAULT_BODY_READ_TIMEOUT_SECS),
+            auth_failures_per_minute: crate::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE,
+        }
     }
 }
 
@@ -69,12 +79,13 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
 
 /// The routes `which` names, behind the layers every listener shares.
 pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
+    let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+        .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
     let mut app = Router::new()
         .route("/health", get(health))
         // Liveness is what /health always said: restart only once the engine failed.
@@ -90,7 +101,10 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     app.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
-        .layer(middleware::from_fn_with_state(opts.body_limit, read_body_first))
+        .layer(middleware::from_fn_with_state(
+            crate::body_guard::BodyGuard::new(opts.body_read_timeout),
+            crate::body_guard::guard_body,
+        ))
         .layer(middleware::from_fn(errors_as_json))
         .layer(CatchPanicLayer::custom(|_| ApiError::internal("The server had an error while processing your request.").into_response()))
         .layer(middleware::from_fn(telemetry::track_http))
@@ -150,24 +164,6 @@ async fn not_found(req: Request) -> ApiError {
 
 async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::method_not_allowed(format!("Method {} is not allowed for {}", req.method(), req.uri().path()))
-}
-
-/// Reads every request body to the end before routing. An answer given without reading the
-/// body (a 401 from auth, a 404) would otherwise make hyper close a keep-alive connection the
-/// client is about to reuse, and its next request fails with "server disconnected". A body over
-/// the limit gets 413 and the connection is closed, as the rest of it is never read.
-async fn read_body_first(State(limit): State<usize>, req: Request, next: Next) -> Response {
-    let (parts, body) = req.into_parts();
-    match axum::body::to_bytes(body, limit).await {
-        Ok(bytes) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
-        Err(_) => {
-            let mut response = ApiError::payload_too_large(limit as u64).into_response();
-            response
-                .headers_mut()
-                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-            response
-        }
-    }
 }
 
 /// axum's own rejections (body too large, …) are plain text; rewrite any non-JSON error body

@@ -1,14 +1,28 @@
 //! Bearer-key authentication. Runs before the body is read or validated, as OpenAI does.
 
-use axum::extract::{Request, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gantry_api::ApiError;
 
 use crate::app::AppState;
+use crate::auth_failures::AuthFailures;
 
-pub async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+/// What [`require_api_key`] needs: the accounts behind the app state and the per-address
+/// budget of failed authentications.
+#[derive(Clone)]
+pub struct KeyAuth {
+    pub state: AppState,
+    pub failures: AuthFailures,
+}
+
+pub async fn require_api_key(State(auth): State<KeyAuth>, mut req: Request, next: Next) -> Response {
+    let state = &auth.state;
+    // Set by the accept loop; absent only for requests built in-process (tests).
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -24,6 +38,13 @@ pub async fn require_api_key(State(state): State<AppState>, mut req: Request, ne
     if !gantry_accounts::looks_like_key(secret) {
         return ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response();
     }
+    if let Some(wait) = peer.and_then(|ip| auth.failures.blocked_for(ip)) {
+        return ApiError::rate_limited(
+            "Too many requests with invalid API keys from your address; check your key and retry later.",
+        )
+        .with_retry_after(wait)
+        .into_response();
+    }
     match state.accounts.authenticate(secret).await {
         Ok(Some(key)) if key.is_expired() => {
             ApiError::invalid_api_key(format!("The API key {}… has expired.", key.prefix)).into_response()
@@ -32,7 +53,12 @@ pub async fn require_api_key(State(state): State<AppState>, mut req: Request, ne
             req.extensions_mut().insert(key);
             next.run(req).await
         }
-        Ok(None) => ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response(),
+        Ok(None) => {
+            if let Some(ip) = peer {
+                auth.failures.record(ip);
+            }
+            ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response()
+        }
         Err(e) => {
             tracing::error!(error = %e, "key lookup failed");
             ApiError::temporarily_unavailable("The server could not check your API key; please retry.").into_response()

@@ -108,6 +108,7 @@ async fn attach_images(
         return Ok(generate);
     }
     let fetched = state.images.load_all(chat.images.iter().map(|p| &p.source)).await?;
+    state.images.check_dimensions(&fetched, chat.images.iter().map(|p| p.param.as_str()))?;
     if !model.model_info().supports_vision {
         return Err(ApiError::invalid_request(
             format!("The model `{}` does not support image inputs; send text content only.", model.id()),

@@ -165,6 +165,27 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
+    /// Seconds a request body may take to arrive in full, counted from its head; beyond that,
+    /// 408 and the connection is closed.
+    #[arg(long, default_value_t = crate::connections::DEFAULT_BODY_READ_TIMEOUT_SECS as f64, value_parser = parse_positive_seconds)]
+    pub body_read_timeout: f64,
+    /// Seconds a client may take to send a request's head (also how long an idle keep-alive
+    /// connection stays open); beyond that the connection is closed.
+    #[arg(long, default_value_t = crate::connections::DEFAULT_HEADER_READ_TIMEOUT_SECS as f64, value_parser = parse_positive_seconds)]
+    pub header_read_timeout: f64,
+    /// Most connections open at once; further clients wait in the listen backlog until one
+    /// closes.
+    #[arg(long, default_value_t = crate::connections::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
+    /// Requests with unknown API keys one client address (an IPv6 /64) may make per minute;
+    /// beyond that, 429 without a key lookup. 0 disables the limit (behind a proxy every client
+    /// shares its address).
+    #[arg(long, default_value_t = crate::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE)]
+    pub auth_failures_per_minute: u32,
+    /// Largest image (width × height, read from its header before decoding) a request may
+    /// carry; beyond that, 400.
+    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS)]
+    pub max_image_pixels: u64,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
     #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,
@@ -216,6 +237,14 @@ fn parse_heartbeat_timeout(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if x.is_finite() && (0.5..=86_400.0).contains(&x) => Ok(x),
         _ => Err(format!("{s:?} is not a number of seconds between 0.5 and 86400")),
+    }
+}
+
+/// Connection and body timeouts: a positive number of seconds, at most a day.
+fn parse_positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(x),
+        _ => Err(format!("{s:?} is not a number of seconds above 0 and at most 86400")),
     }
 }
 

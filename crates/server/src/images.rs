@@ -25,10 +25,15 @@ pub struct ImageFetcher {
     /// Hosts (as written in URLs) the operator trusts even at private addresses
     /// (`--allow-image-host`): an intranet image store, a test server.
     pub allowed_private_hosts: Vec<String>,
+    /// Largest image, width × height, accepted for decoding (`--max-image-pixels`).
+    pub max_pixels: u64,
 }
 
 pub const DEFAULT_MAX_IMAGES: usize = 8;
 pub const DEFAULT_MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
+/// 4096 × 4096: a 12-megapixel phone photo passes; projectors see far fewer pixels anyway
+/// (they scale or tile to a few hundred thousand), and one decoded image stays under 64 MiB.
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
 
 impl Default for ImageFetcher {
     fn default() -> Self {
@@ -37,6 +42,7 @@ impl Default for ImageFetcher {
             max_images: DEFAULT_MAX_IMAGES,
             max_total_bytes: DEFAULT_MAX_IMAGE_BYTES,
             allowed_private_hosts: Vec::new(),
+            max_pixels: DEFAULT_MAX_IMAGE_PIXELS,
         }
     }
 }
@@ -81,6 +87,31 @@ impl ImageFetcher {
             out.push(fetched);
         }
         Ok(out)
+    }
+
+    /// Refuses an image whose header declares more than `max_pixels` pixels, before anything
+    /// decodes it: a PNG of one colour compresses a 16384 × 16384 canvas (768 MiB as RGB) into
+    /// a few hundred kilobytes. Images whose header cannot be read are left to the decoder,
+    /// which refuses them with its own reason.
+    pub fn check_dimensions<'a>(
+        &self,
+        images: &[FetchedImage],
+        params: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ApiError> {
+        for (image, param) in images.iter().zip(params) {
+            let Some((width, height)) = header_dimensions(&image.bytes) else { continue };
+            let pixels = u64::from(width) * u64::from(height);
+            if pixels > self.max_pixels {
+                return Err(ApiError::invalid_value(
+                    param,
+                    format!(
+                        "Invalid '{param}': the image is {width}x{height} ({pixels} pixels); this server accepts at most {} pixels per image.",
+                        self.max_pixels
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn too_many_bytes(&self, param: Option<&str>) -> ApiError {
@@ -153,6 +184,14 @@ impl ImageFetcher {
         }
         Err(bad(format!("the image URL redirected more than {MAX_REDIRECTS} times.")))
     }
+}
+
+/// Width and height as the image's header states them; nothing is decoded. Without limits:
+/// the decoders' own would refuse a huge header here, and this check is what reports it.
+fn header_dimensions(bytes: &[u8]) -> Option<(u32, u32)> {
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().ok()?;
+    reader.no_limits();
+    reader.into_dimensions().ok()
 }
 
 /// reqwest's message without the URL, which the client already knows and logs need not repeat.
@@ -237,6 +276,34 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         || (a == 192 && b == 0 && c == 0)
         || (a == 198 && (b == 18 || b == 19)) // benchmarking
         || a >= 240)
+}
+
+/// A one-colour PNG of `side` × `side`, written row by row (never a whole bitmap in memory).
+#[cfg(test)]
+pub(crate) fn blank_png(side: u32) -> Vec<u8> {
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let out = Shared::default();
+    let mut encoder = png::Encoder::new(out.clone(), side, side);
+    encoder.set_color(png::ColorType::Grayscale);
+    encoder.set_depth(png::BitDepth::One);
+    let mut writer = encoder.write_header().unwrap().into_stream_writer().unwrap();
+    let row = vec![0u8; side.div_ceil(8) as usize];
+    for _ in 0..side {
+        std::io::Write::write_all(&mut writer, &row).unwrap();
+    }
+    writer.finish().unwrap();
+    let bytes = out.0.lock().unwrap().clone();
+    bytes
 }
 
 #[cfg(test)]
@@ -382,6 +449,25 @@ mod tests {
         assert_eq!(out[0].bytes, png);
         let err = ImageFetcher::default().load_all(&[remote(&url)]).await.unwrap_err();
         assert!(err.message.contains("public internet address"), "{}", err.message);
+    }
+
+    #[test]
+    fn an_image_bomb_is_refused_from_its_header_naming_its_part() {
+        let bomb = blank_png(16_384);
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        let small = blank_png(64);
+        let fetched = |bytes: &Vec<u8>| FetchedImage { mime: "image/png", bytes: bytes.clone() };
+        let fetcher = ImageFetcher::default();
+        let params = ["messages[0].content[1].image_url", "messages[2].content[0].image_url"];
+        fetcher.check_dimensions(&[fetched(&small), fetched(&small)], params).unwrap();
+        let err = fetcher.check_dimensions(&[fetched(&small), fetched(&bomb)], params).unwrap_err();
+        assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some("messages[2].content[0].image_url")));
+        assert!(err.message.contains("16384x16384"), "{}", err.message);
+        // The bound is the operator's: a 64 × 64 image passes at 4096 pixels, not at 4095.
+        let tight = ImageFetcher { max_pixels: 4095, ..ImageFetcher::default() };
+        assert!(tight.check_dimensions(&[fetched(&small)], params).is_err());
+        let exact = ImageFetcher { max_pixels: 4096, ..ImageFetcher::default() };
+        assert!(exact.check_dimensions(&[fetched(&small)], params).is_ok());
     }
 
     #[tokio::test]

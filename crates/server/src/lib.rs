@@ -7,6 +7,9 @@ mod keyspec;
 mod model_config;
 pub mod pool;
 mod auth;
+mod auth_failures;
+mod body_guard;
+pub mod connections;
 mod chat;
 mod engine_errors;
 mod health;
@@ -23,6 +26,8 @@ mod router_tests;
 mod console_tests;
 #[cfg(test)]
 mod admin_listener_tests;
+#[cfg(test)]
+mod connection_tests;
 pub mod serve;
 mod stream;
 mod telemetry;

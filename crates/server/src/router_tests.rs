@@ -140,6 +140,15 @@ pub(crate) async fn harness_with_admin(engine: Arc<ScriptedEngine>, admin_token:
 
 /// As [`harness_with_admin`], with only the routes one listener of `--admin-listen` serves.
 pub(crate) async fn harness_serving(engine: Arc<ScriptedEngine>, admin_token: Option<&str>, which: Routes) -> Harness {
+    harness_with_options(engine, admin_token, RouterOptions::default(), which).await
+}
+
+pub(crate) async fn harness_with_options(
+    engine: Arc<ScriptedEngine>,
+    admin_token: Option<&str>,
+    router_options: RouterOptions,
+    which: Routes,
+) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
     accounts.ensure_key(KEY, "router-test").await.unwrap();
@@ -176,7 +185,7 @@ pub(crate) async fn harness_serving(engine: Arc<ScriptedEngine>, admin_token: Op
         stats: crate::stats::StatsHistory::default(),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
-    Harness { app: routes(state, RouterOptions::default(), which), draining, accounts, meter, stats, _dir: dir }
+    Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, _dir: dir }
 }
 
 impl Harness {

@@ -1,10 +1,8 @@
 //! `gantry serve`: load the model, open the accounts database, bind, serve until a signal.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use std::future::IntoFuture;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -81,6 +79,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_images: args.max_images,
             max_total_bytes: args.max_image_bytes,
             allowed_private_hosts: args.allow_image_hosts.clone(),
+            max_pixels: args.max_image_pixels,
             ..Default::default()
         },
         meter: meter.clone(),
@@ -91,7 +90,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();
-    let options = || RouterOptions { body_limit: args.body_limit };
+    let options = || RouterOptions {
+        body_limit: args.body_limit,
+        body_read_timeout: Duration::from_secs_f64(args.body_read_timeout),
+        auth_failures_per_minute: args.auth_failures_per_minute,
+    };
     // With --admin-listen the operator's routes leave the public listener for their own.
     let (app, admin) = match &args.admin_listen {
         None => (router(state, options()), None),
@@ -101,6 +104,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let admin_app = router(state.clone(), options());
             (routes(state, options(), Routes::Public), Some((listener, admin_app)))
         }
+    };
+    let limits = crate::connections::ConnectionLimits {
+        max_connections: args.max_connections,
+        header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
     };
 
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -116,9 +123,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some((listener, admin_app)) => {
             let addr = listener.local_addr()?;
             println!("Admin API, console and /metrics at http://{addr} (not on the public listener)");
-            let service = admin_app.into_make_service_with_connect_info::<SocketAddr>();
             let stop = admin_stop.clone();
-            Some(tokio::spawn(axum::serve(listener, service).with_graceful_shutdown(stop.cancelled_owned()).into_future()))
+            Some(tokio::spawn(crate::connections::serve(listener, admin_app, limits, stop.cancelled_owned())))
         }
         None => None,
     };
@@ -132,8 +138,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let failed_models = models.clone();
     let engine_failed = async move { failed_models.failed().await };
     let stop_admin = admin_stop.clone();
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = crate::connections::serve(listener, app, limits, async move {
         tokio::select! {
             _ = shutdown_signal() => {
                 // Readiness turns 503 and admission stops at once; the listener stays open for
@@ -154,7 +159,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         stop_admin.cancel();
         let _ = signalled_tx.send(());
     });
-    let mut server = std::pin::pin!(server.into_future());
+    let mut server = std::pin::pin!(server);
     tokio::select! {
         result = &mut server => result?,
         _ = async {

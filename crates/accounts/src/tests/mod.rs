@@ -35,6 +35,7 @@ async fn open_postgres(test: &str) -> Option<Accounts> {
 mod budget;
 mod cache_scope;
 mod metering;
+mod unknown_keys;
 mod usage;
 
 async fn open_tmp() -> (tempfile::TempDir, Accounts) {
