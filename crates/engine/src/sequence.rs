@@ -186,7 +186,13 @@ impl ActiveRequest {
             CallStart::Tagged => (&lazy.tagged, &[][..]),
             CallStart::Bare => (&lazy.bare, watch.tokens.as_slice()),
             CallStart::Fenced { prefix } => {
-                fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, &watch.calls.text()[..prefix]));
+                let Some(before) = watch.calls.text_before(prefix) else {
+                    // Bytes that are not text before the fence: no grammar can repeat them, so
+                    // this call stays unconstrained (the parser still reads a well-formed one).
+                    watch.calls.rejected(&start);
+                    return;
+                };
+                fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, before));
                 (&fenced, watch.tokens.as_slice())
             }
         };
