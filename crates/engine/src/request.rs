@@ -59,6 +59,10 @@ pub struct GenerateRequest {
     /// `tool_choice: "auto"`: free text, until the output starts a tool call; from there on the
     /// call is constrained.
     pub lazy_tools: Option<LazyTools>,
+    /// Whose request this is (the server puts the API key's id here): waiting requests are
+    /// admitted fairly between these, and `max_running_per_key` caps each (see `admission`).
+    /// Requests left at the default 0 share one queue.
+    pub fairness_key: u64,
 }
 
 /// Grammars for a tool call the model starts on its own.
