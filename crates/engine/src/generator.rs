@@ -15,6 +15,10 @@ pub enum EngineError {
     /// The scheduler thread panicked; the server stops so its supervisor restarts it.
     #[error("The inference engine failed ({0}); the server is restarting. Please retry.")]
     Crashed(String),
+    /// Processing this one request panicked (a bug); it was ended and its sequences cleared,
+    /// while every other request went on.
+    #[error("The engine failed while generating this request ({0}); other requests were not affected. Please retry.")]
+    RequestFailed(String),
     /// A request `prepare` should have refused reached the scheduler anyway.
     #[error("The engine could not run this request: {0}")]
     Rejected(String),

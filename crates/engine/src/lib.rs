@@ -2,14 +2,18 @@
 //! its own thread, chat templates, sampling and stop strings. The server talks to it through
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
 
+mod admission;
 pub mod constraint;
 mod cpu_backend;
 pub mod cpu_variants;
 mod devices;
+mod faults;
 #[cfg(test)]
 mod cache_scope_tests;
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod isolation_tests;
 #[cfg(test)]
 mod kv_layout_tests;
 #[cfg(test)]
@@ -100,10 +104,16 @@ pub struct EngineConfig {
     pub q8_twin_dir: Option<PathBuf>,
     /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
     pub kv_layout: KvLayout,
+    /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
+    /// once, so one key cannot take every slot; `None` is no limit (see `admission`).
+    pub max_running_per_key: Option<u32>,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
     pub(crate) panic_after_tokens: Option<u32>,
+    /// Tests only: the scheduler appends each admitted request's `fairness_key` here, in order.
+    #[cfg(test)]
+    pub(crate) admission_log: Option<Arc<Mutex<Vec<u64>>>>,
 }
 
 /// Default `host_cache_bytes`, in MiB: about 340k tokens of the 0.5B's KV entries, 150k of the
@@ -129,8 +139,11 @@ impl EngineConfig {
             metrics_label,
             q8_twin_dir: None,
             kv_layout: KvLayout::default(),
+            max_running_per_key: None,
             #[cfg(test)]
             panic_after_tokens: None,
+            #[cfg(test)]
+            admission_log: None,
         }
     }
 }
@@ -194,6 +207,9 @@ impl Engine {
             host_cache_bytes: config.host_cache_bytes,
             decode_turns: config.decode_turns.clone(),
             layout: config.kv_layout,
+            max_running_per_key: config.max_running_per_key,
+            #[cfg(test)]
+            admission_log: config.admission_log.clone(),
         };
         let spec_stats = Arc::new(SpeculationStats::default());
         let thread_spec_stats = spec_stats.clone();
@@ -397,7 +413,7 @@ fn test_panic_hook(config: &EngineConfig) -> Option<u32> {
     Some(hook)
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

@@ -111,6 +111,7 @@ impl ChatInput {
             constraint: self.constraint.map(|(c, _)| c),
             lazy_tools: self.lazy_tools,
             cache_scope: self.cache_scope,
+            fairness_key: 0,
         }
     }
 }

@@ -70,6 +70,10 @@ pub struct GenerateRequest {
     pub lazy_tools: Option<LazyTools>,
     /// Only prefixes cached under this scope are reused.
     pub cache_scope: CacheScope,
+    /// Whose request this is (the server puts the API key's id here): waiting requests are
+    /// admitted fairly between these, and `max_running_per_key` caps each (see `admission`).
+    /// Requests left at the default 0 share one queue.
+    pub fairness_key: u64,
 }
 
 /// Grammars for a tool call the model starts on its own.

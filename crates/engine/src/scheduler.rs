@@ -2,7 +2,7 @@
 //! the next token of every decoding sequence plus a chunk of pending prompt tokens (continuous
 //! batching with chunked prefill), decodes it, samples every sequence and streams the text out.
 
-use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -13,10 +13,12 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
+use crate::admission::{FairQueue, Waiting};
 use crate::host_cache::{self, HostCache};
 use crate::kv_layout::{self, KvLayout};
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
+use crate::faults::FaultPoint;
 use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sequence::{ActiveRequest, Job};
@@ -43,12 +45,16 @@ pub(crate) struct SchedulerConfig {
     /// Held through each decode step when other engines share the cores (see `EngineConfig`).
     pub decode_turns: Option<std::sync::Arc<std::sync::Mutex<()>>>,
     pub layout: KvLayout,
+    /// Most sequences one API key's requests may run at once (see `admission`).
+    pub max_running_per_key: Option<u32>,
+    #[cfg(test)]
+    pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
 }
 
 pub(crate) struct Scheduler {
     model: Arc<LoadedModel>,
     cfg: SchedulerConfig,
-    waiting: VecDeque<Job>,
+    waiting: FairQueue<Job>,
     active: Vec<ActiveRequest>,
     free_seqs: Vec<i32>,
     slots: KvSlots,
@@ -91,12 +97,13 @@ impl Scheduler {
         // Per sequence, the lowest free sequence keeps running ones in one ubatch (`kv_layout`).
         let slots = KvSlots::new(cfg.parallel as usize, cfg.layout == KvLayout::PerSequence);
         let host = HostCache::new(cfg.host_cache_bytes);
+        let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();
         speculation::describe();
         Self {
             model,
             cfg,
-            waiting: VecDeque::new(),
+            waiting,
             active: Vec::new(),
             free_seqs,
             slots,
@@ -130,13 +137,13 @@ impl Scheduler {
                 // sequence still "running") until the next request.
                 telemetry::step(&self.step_stats(0));
                 match jobs.recv() {
-                    Ok(job) => self.waiting.push_back(job),
+                    Ok(job) => self.enqueue(job),
                     Err(_) => return,
                 }
             }
             loop {
                 match jobs.try_recv() {
-                    Ok(job) => self.waiting.push_back(job),
+                    Ok(job) => self.enqueue(job),
                     Err(TryRecvError::Empty) => break,
                     // Keep draining the work already accepted, then stop.
                     Err(TryRecvError::Disconnected) => break,
@@ -211,31 +218,37 @@ impl Scheduler {
             }
         }
         // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
-        let (gone, kept): (Vec<Job>, Vec<Job>) =
-            std::mem::take(&mut self.waiting).into_iter().partition(|job| job.events.is_closed());
-        self.waiting = kept.into();
-        for job in gone {
+        for job in self.waiting.remove_where(|job| job.events.is_closed()) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             let _ = job.usage.send(Usage { outcome: Outcome::Cancelled, ..Usage::default() });
         }
         self.retire_finished();
     }
 
+    /// Queues a job for admission; one that could never run (more choices than sequences,
+    /// which `prepare` refuses) is answered at once rather than held.
+    fn enqueue(&mut self, job: Job) {
+        let n = job.request.n as usize;
+        if n == 0 || n > self.cfg.parallel as usize {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let msg = format!("n={n} must be between 1 and the server's {} parallel sequences", self.cfg.parallel);
+            let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
+            let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
+            return;
+        }
+        self.waiting.push(job);
+    }
+
+    /// Starts waiting jobs on free sequences, in the order `admission` picks.
     fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
-        while let Some(job) = self.waiting.front() {
+        while let Some(job) = self.waiting.pop(self.free_seqs.len()) {
             let n = job.request.n as usize;
-            if n > self.cfg.parallel as usize {
-                let job = self.waiting.pop_front().expect("front exists");
-                self.queued.fetch_sub(1, Ordering::Relaxed);
-                let msg = format!("n={n} exceeds the server's {} parallel sequences", self.cfg.parallel);
-                let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
-                let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
-                continue;
+            let fairness_key = job.request.fairness_key;
+            let events = job.events.clone();
+            #[cfg(test)]
+            if let Some(log) = &self.cfg.admission_log {
+                log.lock().unwrap().push(fairness_key);
             }
-            if self.free_seqs.len() < n {
-                break;
-            }
-            let job = self.waiting.pop_front().expect("front exists");
             self.queued.fetch_sub(1, Ordering::Relaxed);
             let (scope, prompt) = (job.request.cache_scope, &job.request.prompt.tokens);
             // The first choice takes the idle slot already holding most of the prompt (under its
@@ -247,13 +260,29 @@ impl Scheduler {
                 let (i, _) = self.slots.pick_free(&self.free_seqs, scope, &[]).expect("free slot checked");
                 seqs.push(self.free_seqs.swap_remove(i));
             }
-            let mut req = match ActiveRequest::new(job, seqs.clone(), &self.model, self.cfg.ctx_size, self.cfg.speculation) {
-                Ok(req) => req,
-                Err((job, why)) => {
+            // Compiling the request's grammar runs a third-party library on client input: a
+            // panic there ends this request (its channels close, unanswered: the server reports
+            // an error and bills nothing), not the engine.
+            let (model, ctx_size, speculation) = (&self.model, self.cfg.ctx_size, self.cfg.speculation);
+            let started = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                ActiveRequest::new(job, seqs.clone(), model, ctx_size, speculation)
+            }));
+            let mut req = match started {
+                Ok(Ok(req)) => req,
+                Ok(Err((job, why))) => {
                     self.free_seqs.extend(seqs);
+                    self.waiting.finished(fairness_key, n);
                     let why = format!("the response format cannot be enforced: {why}");
                     let _ = job.events.send(Event::Error(EngineError::Rejected(why)));
                     let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
+                    continue;
+                }
+                Err(payload) => {
+                    let why = crate::panic_message(payload.as_ref());
+                    tracing::error!(reason = %why, "a request panicked at admission; ending it alone");
+                    let _ = events.send(Event::Error(EngineError::RequestFailed(why)));
+                    self.free_seqs.extend(seqs);
+                    self.waiting.finished(fairness_key, n);
                     continue;
                 }
             };
@@ -549,62 +578,95 @@ impl Scheduler {
     /// draft token already fed after it (see `speculation`). The first token that differs, or a
     /// bonus token after a fully accepted draft, is fed next step; the rejected draft tokens
     /// leave the KV cache and the slot bookkeeping, and were never billed nor streamed.
+    ///
+    /// A panic while one request is sampled (its sampler or grammar, stop strings, tool-call
+    /// watching, producing its text) ends that request alone: see `end_panicked`.
     fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) {
+        let mut panicked = Vec::new();
+        for r in 0..self.active.len() {
+            let sampled = std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, ctx)));
+            if let Err(payload) = sampled {
+                panicked.push((r, crate::panic_message(payload.as_ref())));
+            }
+        }
+        self.end_panicked(ctx, panicked);
+    }
+
+    fn sample_request(&mut self, r: usize, ctx: &mut LlamaContext<'_>) {
         let model = &self.model;
         let ctx_size = self.cfg.ctx_size as i32;
-        for req in &mut self.active {
-            for i in 0..req.choices.len() {
-                let Some(idx) = req.choices[i].batch_idx.take() else {
-                    continue;
-                };
-                let chain = std::mem::take(&mut req.choices[i].drafts);
-                let drafts = &chain.tokens;
-                let k = drafts.len();
-                // Position of the token fed at `idx`; drafts follow it.
-                let fed_pos = req.choices[i].pos - 1 - k as i32;
-                let mut accepted = 0;
-                for j in 0..=k {
-                    let token = req.choices[i].sampler.sample(ctx, idx + j as i32).0;
-                    req.choices[i].pos = fed_pos + 1 + j as i32;
-                    if !req.produce(i, token, idx + j as i32, ctx, model, ctx_size) {
-                        break;
-                    }
-                    if j < k && drafts[j] == token {
-                        accepted += 1;
-                        continue;
-                    }
-                    req.choices[i].next_token = Some(token);
+        let req = &mut self.active[r];
+        for i in 0..req.choices.len() {
+            let Some(idx) = req.choices[i].batch_idx.take() else {
+                continue;
+            };
+            let chain = std::mem::take(&mut req.choices[i].drafts);
+            let drafts = &chain.tokens;
+            let k = drafts.len();
+            // Position of the token fed at `idx`; drafts follow it.
+            let fed_pos = req.choices[i].pos - 1 - k as i32;
+            let mut accepted = 0;
+            for j in 0..=k {
+                req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);
+                let token = req.choices[i].sampler.sample(ctx, idx + j as i32).0;
+                req.choices[i].pos = fed_pos + 1 + j as i32;
+                if !req.produce(i, token, idx + j as i32, ctx, model, ctx_size) {
                     break;
                 }
-                if k > 0 && tracing::enabled!(tracing::Level::TRACE) {
-                    let text: Vec<_> =
-                        drafts.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect();
-                    let sources: Vec<_> = chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect();
-                    let (seq, forced) = (req.choices[i].seq_id, chain.forced_prefix());
-                    tracing::trace!(seq, drafts = ?text, accepted, forced, ?sources, "verified");
+                if j < k && drafts[j] == token {
+                    accepted += 1;
+                    continue;
                 }
-                // Forced tokens after a rejected lookup were never verified: only those reached
-                // count (and are taken, unless the choice ended first).
-                let forced = chain.forced_within((accepted + 1).min(k));
-                if forced > 0 {
-                    self.spec_stats.record_forced(forced, chain.forced_within(accepted));
-                }
-                // A run after the first rejected draft was never tested.
-                for l in chain.lookups.iter().filter(|l| l.start <= accepted) {
-                    let taken = (accepted - l.start).min(l.len);
-                    self.acceptance[acceptance_kind(l.source, req.choices[i].constrained)]
-                        .verified(l.matched, l.len, taken);
-                    self.spec_stats.record(l.len, taken, l.source);
-                }
-                // The choice's position is where its next token goes: positions from there on
-                // hold draft tokens that were not produced.
-                let kept = req.choices[i].pos;
-                if kept <= fed_pos + k as i32 {
-                    let seq = req.choices[i].seq_id;
-                    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);
-                    self.slots.truncate(seq, kept as usize);
-                }
+                req.choices[i].next_token = Some(token);
+                break;
             }
+            if k > 0 && tracing::enabled!(tracing::Level::TRACE) {
+                let text: Vec<_> =
+                    drafts.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect();
+                let sources: Vec<_> = chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect();
+                let (seq, forced) = (req.choices[i].seq_id, chain.forced_prefix());
+                tracing::trace!(seq, drafts = ?text, accepted, forced, ?sources, "verified");
+            }
+            // Forced tokens after a rejected lookup were never verified: only those reached
+            // count (and are taken, unless the choice ended first).
+            let forced = chain.forced_within((accepted + 1).min(k));
+            if forced > 0 {
+                self.spec_stats.record_forced(forced, chain.forced_within(accepted));
+            }
+            // A run after the first rejected draft was never tested.
+            for l in chain.lookups.iter().filter(|l| l.start <= accepted) {
+                let taken = (accepted - l.start).min(l.len);
+                self.acceptance[acceptance_kind(l.source, req.choices[i].constrained)]
+                    .verified(l.matched, l.len, taken);
+                self.spec_stats.record(l.len, taken, l.source);
+            }
+            // The choice's position is where its next token goes: positions from there on
+            // hold draft tokens that were not produced.
+            let kept = req.choices[i].pos;
+            if kept <= fed_pos + k as i32 {
+                let seq = req.choices[i].seq_id;
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);
+                self.slots.truncate(seq, kept as usize);
+            }
+        }
+    }
+
+    /// Ends the requests whose processing panicked (`(index in active, why)`): each gets an
+    /// error and reports the tokens it produced, which are billed; its sequences are emptied,
+    /// since the panic may have left them half-updated, and freed. Other requests go on.
+    fn end_panicked(&mut self, ctx: &mut LlamaContext<'_>, mut panicked: Vec<(usize, String)>) {
+        // Highest index first, so each `swap_remove` leaves the lower ones in place.
+        panicked.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
+        for (r, why) in panicked {
+            tracing::error!(reason = %why, "a request panicked; ending it alone");
+            let req = self.active.swap_remove(r);
+            for seq in req.seq_ids() {
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(0), None);
+                self.slots.truncate(seq, 0);
+            }
+            self.release(&req);
+            let usage = req.complete(Some(EngineError::RequestFailed(why)));
+            self.totals.request_done(&usage);
         }
     }
 
@@ -626,6 +688,7 @@ impl Scheduler {
     /// Returns the request's sequences to the idle pool. Their KV entries stay: the next
     /// prompt with the same prefix reuses them (see `KvSlots`).
     fn release(&mut self, req: &ActiveRequest) {
+        self.waiting.finished(req.fairness_key, req.choices.len());
         for c in &req.choices {
             self.slots.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);
@@ -646,7 +709,7 @@ impl Scheduler {
 
     /// Jobs that never reached the model: nothing was computed, nothing is billed.
     fn answer_waiting(&mut self, error: &EngineError) {
-        for job in std::mem::take(&mut self.waiting) {
+        for job in self.waiting.drain() {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             answer_unstarted(job, error);
         }
@@ -674,6 +737,16 @@ impl Scheduler {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             answer_unstarted(job, error);
         }
+    }
+}
+
+impl Waiting for Job {
+    fn fairness_key(&self) -> u64 {
+        self.request.fairness_key
+    }
+
+    fn sequences(&self) -> usize {
+        self.request.n as usize
     }
 }
 

@@ -18,6 +18,7 @@ use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
 use crate::constraint::Constraint;
+use crate::faults::{Fault, FaultPoint};
 use crate::tools::{fenced_grammar, CallStart, CallWatch};
 
 /// A request as queued for the scheduler.
@@ -84,6 +85,10 @@ pub(crate) struct ActiveRequest {
     sampling: SamplingParams,
     penalty_window: i32,
     lazy_tools: Option<LazyTools>,
+    /// Tests only: a panic planned in this request's step (see `faults`).
+    pub fault: Fault,
+    /// Whose request it is, for fair admission (see `admission`).
+    pub fairness_key: u64,
 }
 
 impl ActiveRequest {
@@ -149,6 +154,7 @@ impl ActiveRequest {
             })
             .collect();
         let prompt_tokens = request.prompt.tokens.len() as u32;
+        let fault = Fault::from_prompt(&request.prompt.text);
         Ok(Self {
             prompt: request.prompt.tokens,
             images: request.prompt.images,
@@ -166,6 +172,8 @@ impl ActiveRequest {
             sampling: request.sampling,
             penalty_window: window,
             lazy_tools: request.lazy_tools,
+            fault,
+            fairness_key: request.fairness_key,
         })
     }
 
@@ -186,13 +194,20 @@ impl ActiveRequest {
         let Some(lazy) = self.lazy_tools.as_ref() else { return };
         let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
         watch.tokens.push(token);
+        self.fault.check(FaultPoint::Watching, self.usage.completion_tokens);
         let Some(start) = watch.calls.push(piece, &lazy.names) else { return };
         let fenced;
         let (constraint, consumed) = match start {
             CallStart::Tagged => (&lazy.tagged, &[][..]),
             CallStart::Bare => (&lazy.bare, watch.tokens.as_slice()),
             CallStart::Fenced { prefix } => {
-                fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, &watch.calls.text()[..prefix]));
+                let Some(before) = watch.calls.text_before(prefix) else {
+                    // Bytes that are not text before the fence: no grammar can repeat them, so
+                    // this call stays unconstrained (the parser still reads a well-formed one).
+                    watch.calls.rejected(&start);
+                    return;
+                };
+                fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, before));
                 (&fenced, watch.tokens.as_slice())
             }
         };
@@ -307,6 +322,7 @@ impl ActiveRequest {
         }
         let piece = model.piece(token);
         self.watch_for_tool_call(i, token, &piece, model);
+        self.fault.check(FaultPoint::Producing, self.usage.completion_tokens);
         let c = &mut self.choices[i];
         let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
         if scan.stopped {

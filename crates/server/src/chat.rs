@@ -52,7 +52,9 @@ pub async fn chat_completions(
     // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
     // model's.
     let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
-    let generate = prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?;
+    let mut generate = prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?;
+    // The engine admits waiting requests fairly between keys, and caps each key's sequences.
+    generate.fairness_key = key.id as u64;
     let n = generate.n;
     // Admission: rate limits and the budget reservation. The ticket settles with the engine's
     // usage report or, dropped unsettled (submission refused, handler dropped), releases.

@@ -117,6 +117,7 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.threads = args.threads;
     config.batch_size = args.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
     config.max_queue = args.max_queue;
+    config.max_running_per_key = args.max_running_per_key;
     config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
     config.kv_layout = if args.kv_unified { KvLayout::Unified } else { KvLayout::PerSequence };
     config.offload = gantry_engine::Offload { gpu_layers: args.n_gpu_layers, main_gpu: args.main_gpu };

@@ -160,3 +160,31 @@ on_both!(a_caller_dropped_during_admission_leaves_no_reservation, |acc: Accounts
     .await;
     meter.shutdown(Duration::from_secs(5)).await;
 });
+
+on_both!(requests_cancelled_before_they_start_still_count_against_the_rpm_limit, |acc: Accounts| async move {
+    let dir = tempfile::tempdir().unwrap();
+    let meter = Meter::start(acc.clone(), config(dir.path())).await.unwrap();
+    let spec = NewKey {
+        name: "k".into(),
+        rpm_limit: Some(3),
+        budget: Budget { tokens: Some(1_000), ..Default::default() },
+        ..Default::default()
+    };
+    let key = acc.create_key_from(&spec).await.unwrap().key;
+    // Three requests queued and cancelled before the engine started them: settled as cancelled
+    // with nothing used (the engine's report), or dropped unsettled (the handler went away).
+    for id in ["q1", "q2"] {
+        let t = meter.admit(&key, charge(id, None)).await.unwrap();
+        t.settle(Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "cancelled" });
+    }
+    drop(meter.admit(&key, charge("q3", None)).await.unwrap());
+    eventually("the cancelled requests hold no budget", || async { reserved(&acc, &key).await == 0 }).await;
+    assert_eq!(acc.spend(&key, chrono_now()).await.unwrap().spent_tokens, 0, "nothing ran, nothing is billed");
+    // They were requests all the same: the fourth within the minute is refused.
+    match meter.admit(&key, charge("q4", None)).await {
+        Err(Refused { reason: Refusal::RateLimited(RateRefusal::Requests { limit: 3, .. }), .. }) => {}
+        Err(other) => panic!("refused for another reason: {:?}", other.reason),
+        Ok(_) => panic!("a key that cancelled its whole RPM allowance was admitted again"),
+    }
+    meter.shutdown(Duration::from_secs(5)).await;
+});

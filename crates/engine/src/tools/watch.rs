@@ -42,6 +42,14 @@ impl CallWatch {
         String::from_utf8_lossy(&self.text)
     }
 
+    /// The output before byte `at` (where a fenced call starts: `CallStart::Fenced`), as the
+    /// grammar's literal start; `None` when those bytes are not valid UTF-8 (a model may emit
+    /// any bytes), which no Lark literal can hold. `at` indexes the model's bytes, not `text()`,
+    /// whose U+FFFD replacements are longer than the bytes they stand for.
+    pub fn text_before(&self, at: usize) -> Option<&str> {
+        std::str::from_utf8(self.text.get(..at)?).ok()
+    }
+
     /// Takes the next token's text; says whether a call starts here (the watch is then done).
     pub fn push(&mut self, piece: &[u8], names: &[String]) -> Option<CallStart> {
         self.text.extend_from_slice(piece);
@@ -156,6 +164,18 @@ mod tests {
         assert_eq!(watch(&["The weather ", "is fine.\n```json\n{\"temp\": 3}\n```"]), None);
         assert_eq!(watch(&["{\"name\": \"get_time\", \"arguments\": {"]), None);
         assert_eq!(watch(&["```json\n{\"result\": 1}"]), None);
+    }
+
+    #[test]
+    fn the_text_before_a_fence_is_read_from_the_models_bytes() {
+        let call = b"```json\n{\"name\": \"get_weather\", \"arguments\": {";
+        for (before, text) in [(&b"caf\xC3\xA9 "[..], Some("caf\u{e9} ")), (b"caf\xC3", None), (b"\xFF\xFE ok ", None)] {
+            let mut w = CallWatch::new();
+            assert_eq!(w.push(before, &names()), None);
+            assert_eq!(w.push(call, &names()), Some(CallStart::Fenced { prefix: before.len() }), "{before:?}");
+            assert_eq!(w.text_before(before.len()), text, "{before:?}");
+        }
+        assert_eq!(CallWatch::new().text_before(3), None, "past the output's end");
     }
 
     #[test]
