@@ -27,9 +27,9 @@ pub use keys::{
     MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
 };
 pub use metering::{
-    Charge, DefaultLimits, Meter, MeterConfig, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM, UNLIMITED_TPM,
+    Charge, DefaultLimits, Meter, MeterConfig, Pass, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM, UNLIMITED_TPM,
 };
-pub use rate::{Allowance, LocalWindows, RateRefusal, RateStatus, RateWindow};
+pub use rate::{Allowance, Count, LocalWindows, RateRefusal, RateStatus, RateWindow};
 pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 
 /// Errors from the accounts store.
