@@ -108,6 +108,7 @@ impl ChatInput {
             logprobs: self.logprobs,
             constraint: self.constraint.map(|(c, _)| c),
             lazy_tools: self.lazy_tools,
+            grammars: Default::default(),
         }
     }
 }

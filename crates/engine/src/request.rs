@@ -59,6 +59,8 @@ pub struct GenerateRequest {
     /// `tool_choice: "auto"`: free text, until the output starts a tool call; from there on the
     /// call is constrained.
     pub lazy_tools: Option<LazyTools>,
+    /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
+    pub grammars: crate::constraint::PreparedGrammars,
 }
 
 /// Grammars for a tool call the model starts on its own.

@@ -15,7 +15,7 @@ use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
-use crate::constraint::Constraint;
+use crate::constraint::{Constraint, PreparedGrammars};
 use crate::tools::{fenced_grammar, CallStart, CallWatch};
 
 /// A request as queued for the scheduler.
@@ -80,6 +80,8 @@ pub(crate) struct ActiveRequest {
     sampling: SamplingParams,
     penalty_window: i32,
     lazy_tools: Option<LazyTools>,
+    /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
+    grammars: PreparedGrammars,
 }
 
 impl ActiveRequest {
@@ -93,9 +95,15 @@ impl ActiveRequest {
         speculation: SpeculationConfig,
     ) -> Result<Self, (Job, String)> {
         let n_vocab = model.info().n_vocab;
+        // `prepare` compiled the grammar: each choice only instantiates a matcher from it.
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
-            match job.request.constraint.as_ref().map(|c| model.constraint_matcher(c, &[])).transpose() {
+            let matcher = match (&job.request.grammars.output, &job.request.constraint) {
+                (Some(compiled), _) => Some(compiled.matcher()),
+                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, &[])),
+                (None, None) => None,
+            };
+            match matcher.transpose() {
                 Ok(g) => grammars.push(g),
                 Err(e) => return Err((job, e)),
             }
@@ -160,6 +168,7 @@ impl ActiveRequest {
             sampling: request.sampling,
             penalty_window: window,
             lazy_tools: request.lazy_tools,
+            grammars: PreparedGrammars { output: None, ..request.grammars },
         })
     }
 
@@ -190,7 +199,16 @@ impl ActiveRequest {
                 (&fenced, watch.tokens.as_slice())
             }
         };
-        match model.constraint_matcher(constraint, consumed) {
+        let compiled = match start {
+            CallStart::Tagged => self.grammars.tagged_call.as_ref(),
+            CallStart::Bare => self.grammars.bare_call.as_ref(),
+            CallStart::Fenced { .. } => None,
+        };
+        let matcher = match compiled {
+            Some(compiled) => compiled.matcher_after(consumed),
+            None => model.constraint_matcher(constraint, consumed),
+        };
+        match matcher {
             Ok(matcher) => {
                 let grammar = LlamaSampler::from(self.choices[i].drafter.follow_grammar(matcher));
                 let n_vocab = model.info().n_vocab;
