@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
 use tokio::sync::{oneshot, Notify};
@@ -24,9 +24,12 @@ use tokio_util::task::TaskTracker;
 use crate::budget::{Price, Reservation};
 use crate::keys::KeyInfo;
 use crate::outbox::{Entry, Outbox};
-use crate::rate::{LocalWindows, RateRefusal, RateStatus};
+use crate::rate::{Count, LocalWindows, RateRefusal, RateStatus};
 use crate::usage::UsageRecord;
-use crate::{Accounts, AccountsError, Backend};
+use crate::{Accounts, AccountsError};
+
+mod pre_admission;
+pub use pre_admission::Pass;
 
 /// How a [`Meter`] runs.
 #[derive(Debug, Clone)]
@@ -161,12 +164,17 @@ impl Meter {
     }
 
     /// Rate limit, then budget reservation. The ticket settles or releases what it holds.
+    /// (The server pre-admits with [`Meter::pre_admit`] and then calls [`Meter::admit_passed`].)
     pub async fn admit(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
+        self.admit_counting(key, charge, true).await
+    }
+
+    async fn admit_counting(&self, key: &KeyInfo, charge: Charge, count_request: bool) -> Result<Ticket, Refused> {
         // Admission runs in its own task: a caller dropped while the reservation is being made
         // (the client went away) cannot leave it orphaned, because the finished task's ticket
         // is then dropped, which releases it.
         let (meter, key) = (self.clone(), key.clone());
-        match self.inner.tasks.spawn(async move { meter.admit_here(&key, charge).await }).await {
+        match self.inner.tasks.spawn(async move { meter.admit_here(&key, charge, count_request).await }).await {
             Ok(admitted) => admitted,
             Err(e) => Err(Refused {
                 rate: RateStatus::default(),
@@ -175,23 +183,12 @@ impl Meter {
         }
     }
 
-    async fn admit_here(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
+    async fn admit_here(&self, key: &KeyInfo, charge: Charge, count_request: bool) -> Result<Ticket, Refused> {
         let tokens = charge.prompt_tokens + charge.max_completion_tokens;
         let started_at_ms = now_ms();
         let accounts = &self.inner.accounts;
-        let defaults = self.inner.config.default_limits;
-        let rpm = key.rpm_limit.map_or(defaults.rpm, |n| n as u64);
-        let tpm = key.tpm_limit.map_or(defaults.tpm, |n| n as u64);
-        let (rate, verdict) = match accounts.backend() {
-            Backend::Sqlite => self.inner.windows.admit(key.id, Some(rpm), Some(tpm), tokens, Instant::now()),
-            Backend::Postgres => {
-                let (rpm, tpm) = (Some(rpm as i64), Some(tpm as i64));
-                match crate::rate::admit_shared(&accounts.pool, key.id, rpm, tpm, tokens, started_at_ms).await {
-                    Ok(checked) => checked,
-                    Err(e) => return Err(Refused { rate: RateStatus::default(), reason: Refusal::Unavailable(e) }),
-                }
-            }
-        };
+        let count = if count_request { Count::RequestAndTokens(tokens) } else { Count::Tokens(tokens) };
+        let (rate, verdict) = self.count(key, count).await?;
         if let Err(refusal) = verdict {
             return Err(Refused { rate, reason: Refusal::RateLimited(refusal) });
         }

@@ -40,6 +40,28 @@ pub enum RateRefusal {
     Tokens { limit: u64, used: u64, requested: u64, retry_after: Duration },
 }
 
+/// What one admission step counts against a key's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// A request and its tokens at once.
+    RequestAndTokens(u64),
+    /// The request alone, before its size is known (pre-admission): refused when the request
+    /// limit is reached or not one token is left in the window.
+    Request,
+    /// The tokens of a request already counted by [`Count::Request`].
+    Tokens(u64),
+}
+
+impl Count {
+    fn parts(self) -> (bool, u64) {
+        match self {
+            Count::RequestAndTokens(tokens) => (true, tokens),
+            Count::Request => (true, 0),
+            Count::Tokens(tokens) => (false, tokens),
+        }
+    }
+}
+
 /// What the shared window says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateWindow {
@@ -104,6 +126,19 @@ impl LocalWindows {
         tokens: u64,
         now: Instant,
     ) -> (RateStatus, Result<(), RateRefusal>) {
+        self.count(key_id, rpm, tpm, Count::RequestAndTokens(tokens), now)
+    }
+
+    /// Counts what `count` says for `key_id`, or refuses it (and counts nothing).
+    pub fn count(
+        &self,
+        key_id: i64,
+        rpm: Option<u64>,
+        tpm: Option<u64>,
+        count: Count,
+        now: Instant,
+    ) -> (RateStatus, Result<(), RateRefusal>) {
+        let (request, tokens) = count.parts();
         if rpm.is_none() && tpm.is_none() {
             return (RateStatus::default(), Ok(()));
         }
@@ -111,18 +146,23 @@ impl LocalWindows {
         let w = windows.entry(key_id).or_default();
         w.expire(now);
         let request_wait = match rpm {
-            Some(limit) if w.requests.len() as u64 >= limit => {
+            Some(limit) if request && w.requests.len() as u64 >= limit => {
                 let oldest = w.requests[w.requests.len() - limit as usize];
                 Some((oldest + WINDOW).saturating_duration_since(now))
             }
             _ => None,
         };
-        let token_wait = tpm.map(|limit| w.token_wait(limit, tokens, now)).filter(|d| !d.is_zero());
+        // Counting no tokens still needs room for one: a key whose window is full is refused.
+        let token_wait = tpm.map(|limit| w.token_wait(limit, tokens.max(1), now)).filter(|d| !d.is_zero());
         let verdict = match (request_wait, token_wait) {
             (None, None) => {
-                w.requests.push_back(now);
-                w.tokens.push_back((now, tokens));
-                w.token_sum += tokens;
+                if request {
+                    w.requests.push_back(now);
+                }
+                if tokens > 0 {
+                    w.tokens.push_back((now, tokens));
+                    w.token_sum += tokens;
+                }
                 Ok(())
             }
             (Some(retry_after), _) => Err(RateRefusal::Requests { limit: rpm.unwrap_or(0), retry_after }),
@@ -154,13 +194,14 @@ pub(crate) async fn admit_shared(
     key_id: i64,
     rpm: Option<i64>,
     tpm: Option<i64>,
-    tokens: u64,
+    count: Count,
     now_ms: i64,
 ) -> Result<(RateStatus, Result<(), RateRefusal>), AccountsError> {
     if rpm.is_none() && tpm.is_none() {
         return Ok((RateStatus::default(), Ok(())));
     }
-    let w = admit(pool, key_id, now_ms, tokens as i64, rpm, tpm).await?;
+    let (request, tokens) = count.parts();
+    let w = count_shared(pool, key_id, now_ms, count, rpm, tpm).await?;
     let reset = Duration::from_millis(w.reset_ms.max(0) as u64);
     let status = RateStatus {
         requests: rpm.map(|l| Allowance { limit: l as u64, remaining: (l - w.requests).max(0) as u64, reset }),
@@ -170,7 +211,7 @@ pub(crate) async fn admit_shared(
         return Ok((status, Ok(())));
     }
     let refusal = match rpm {
-        Some(limit) if w.requests + 1 > limit => RateRefusal::Requests { limit: limit as u64, retry_after: reset },
+        Some(limit) if request && w.requests + 1 > limit => RateRefusal::Requests { limit: limit as u64, retry_after: reset },
         _ => RateRefusal::Tokens {
             limit: tpm.unwrap_or(0) as u64,
             used: w.tokens.max(0) as u64,
@@ -189,6 +230,19 @@ pub(crate) async fn admit(
     rpm: Option<i64>,
     tpm: Option<i64>,
 ) -> Result<RateWindow, AccountsError> {
+    count_shared(pool, key_id, now_ms, Count::RequestAndTokens(tokens.max(0) as u64), rpm, tpm).await
+}
+
+async fn count_shared(
+    pool: &AnyPool,
+    key_id: i64,
+    now_ms: i64,
+    count: Count,
+    rpm: Option<i64>,
+    tpm: Option<i64>,
+) -> Result<RateWindow, AccountsError> {
+    let (request, tokens) = count.parts();
+    let (requests, tokens, needed) = (i64::from(request), tokens as i64, tokens.max(1) as i64);
     let minute = now_ms.div_euclid(60_000);
     let reset_ms = (minute + 1) * 60_000 - now_ms;
     let mut tx = pool.begin().await?;
@@ -198,8 +252,8 @@ pub(crate) async fn admit(
         .execute(&mut *tx)
         .await?;
     let counted: Option<(i64, i64)> = sqlx::query_as(
-        "UPDATE rate_windows SET requests = requests + 1, tokens = tokens + $3 \
-         WHERE key_id = $1 AND minute = $2 AND ($4 IS NULL OR requests + 1 <= $4) AND ($5 IS NULL OR tokens + $3 <= $5) \
+        "UPDATE rate_windows SET requests = requests + $6, tokens = tokens + $3 \
+         WHERE key_id = $1 AND minute = $2 AND ($4 IS NULL OR requests + $6 <= $4) AND ($5 IS NULL OR tokens + $7 <= $5) \
          RETURNING requests, tokens",
     )
     .bind(key_id)
@@ -207,6 +261,8 @@ pub(crate) async fn admit(
     .bind(tokens)
     .bind(rpm)
     .bind(tpm)
+    .bind(requests)
+    .bind(needed)
     .fetch_optional(&mut *tx)
     .await?;
     let window = match counted {
@@ -258,6 +314,28 @@ mod tests {
         assert!(rl.admit(1, None, Some(100), 40, t0 + Duration::from_secs(5)).1.is_ok());
         let too_big = rl.admit(1, None, Some(100), 500, t0 + Duration::from_secs(100)).1;
         assert!(matches!(too_big, Err(RateRefusal::Tokens { requested: 500, limit: 100, .. })));
+    }
+
+    #[test]
+    fn a_pre_admitted_request_is_counted_once() {
+        let rl = LocalWindows::default();
+        let t0 = Instant::now();
+        let (status, verdict) = rl.count(1, Some(2), Some(100), Count::Request, t0);
+        assert!(verdict.is_ok());
+        assert_eq!((status.requests.unwrap().remaining, status.tokens.unwrap().remaining), (1, 100));
+        // Its tokens, once known, are counted without counting the request again.
+        let (status, verdict) = rl.count(1, Some(2), Some(100), Count::Tokens(100), t0);
+        assert!(verdict.is_ok());
+        assert_eq!((status.requests.unwrap().remaining, status.tokens.unwrap().remaining), (1, 0));
+        // With no token left, even a request whose size is unknown is refused, and not counted.
+        let (status, verdict) = rl.count(1, Some(2), Some(100), Count::Request, t0);
+        assert!(matches!(verdict, Err(RateRefusal::Tokens { limit: 100, used: 100, .. })), "{verdict:?}");
+        assert_eq!(status.requests.unwrap().remaining, 1);
+        let later = t0 + Duration::from_secs(61);
+        assert!(rl.count(1, Some(2), Some(100), Count::Request, later).1.is_ok());
+        assert!(rl.count(1, Some(2), Some(100), Count::Request, later).1.is_ok());
+        let (_, verdict) = rl.count(1, Some(2), Some(100), Count::Request, later);
+        assert!(matches!(verdict, Err(RateRefusal::Requests { limit: 2, .. })), "{verdict:?}");
     }
 
     #[test]

@@ -5,6 +5,19 @@ use serde_json::{Map, Value};
 use crate::request::{parse_message, ValidatedChat};
 use crate::ApiError;
 
+/// Most `tools` one request may offer (OpenAI's limit): each is rendered into the prompt and
+/// compiled into the call grammar, so their number bounds what one request costs to prepare.
+pub const MAX_TOOLS: usize = 128;
+/// Most bytes the `tools` array may take once serialized: 128 tools of 4 KiB each.
+pub const MAX_TOOLS_BYTES: usize = 512 * 1024;
+/// Most entries in `messages`: each is rendered by the chat template before tokenization.
+pub const MAX_MESSAGES: usize = 2048;
+/// Most bytes one JSON schema (`response_format.json_schema.schema`, a tool's `parameters`)
+/// may take once serialized: compiling a schema into a grammar grows with its size.
+pub const MAX_SCHEMA_BYTES: usize = 128 * 1024;
+/// Longest function name, as OpenAI allows: `^[a-zA-Z0-9_-]{1,64}$`.
+pub const MAX_FUNCTION_NAME_LEN: usize = 64;
+
 const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
 
 /// Parses and validates a Chat Completions request body. Unknown fields are ignored and
@@ -38,6 +51,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
             "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
         ));
     }
+    check_array_len("messages", messages_v, MAX_MESSAGES)?;
     let mut images = Vec::new();
     let messages = messages_v
         .iter()
@@ -84,6 +98,12 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     let logit_bias = parse_logit_bias(get(obj, "logit_bias"))?;
     let user = opt_str(obj, "user", "user")?;
     let parallel_tool_calls = opt_bool(obj, "parallel_tool_calls")?;
+    // Fields this server does not act on are still type-checked, as OpenAI does.
+    opt_bool(obj, "store")?;
+    opt_str(obj, "service_tier", "service_tier")?;
+    if let Some(functions) = get(obj, "functions").filter(|f| !f.is_array()) {
+        return Err(type_error("functions", "an array", functions));
+    }
     let tools = parse_tools(get(obj, "tools"))?;
     let tool_choice = parse_tool_choice(get(obj, "tool_choice"), tools.as_deref())?;
     let response_format = parse_response_format(get(obj, "response_format"))?;
@@ -252,6 +272,11 @@ fn parse_tools(v: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
         Some(Value::Array(a)) => a,
         Some(other) => return Err(type_error("tools", "an array", other)),
     };
+    check_array_len("tools", arr, MAX_TOOLS)?;
+    let size = serialized_len(arr);
+    if size > MAX_TOOLS_BYTES {
+        return Err(too_large("tools", size, MAX_TOOLS_BYTES));
+    }
     for (i, t) in arr.iter().enumerate() {
         let p = format!("tools[{i}]");
         let o = t.as_object().ok_or_else(|| type_error(&p, "an object", t))?;
@@ -272,14 +297,16 @@ fn parse_tools(v: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
             None => return Err(ApiError::invalid_value(&fp, format!("Missing required parameter: '{fp}'."))),
             Some(other) => return Err(type_error(&fp, "an object", other)),
         };
-        match opt_str(f, "name", &format!("{fp}.name"))? {
-            Some(n) if !n.is_empty() => {}
-            _ => return Err(ApiError::invalid_value(&format!("{fp}.name"), format!("Missing required parameter: '{fp}.name'."))),
+        let np = format!("{fp}.name");
+        match opt_str(f, "name", &np)? {
+            Some(n) if !n.is_empty() => check_function_name(&np, &n)?,
+            _ => return Err(ApiError::invalid_value(&np, format!("Missing required parameter: '{np}'."))),
         }
         if let Some(params) = get(f, "parameters") {
             if !params.is_object() {
                 return Err(type_error(&format!("{fp}.parameters"), "an object", params));
             }
+            check_schema_size(&format!("{fp}.parameters"), params)?;
         }
     }
     Ok(Some(arr.clone()))
@@ -354,7 +381,7 @@ fn parse_response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
                     ));
                 }
                 match get(js, "schema") {
-                    Some(Value::Object(_)) => {}
+                    Some(schema @ Value::Object(_)) => check_schema_size("response_format.json_schema.schema", schema)?,
                     None => {
                         return Err(ApiError::invalid_value(
                             "response_format.json_schema.schema",
@@ -375,6 +402,79 @@ fn parse_response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
         Some(other) => return Err(type_error("response_format.type", "a string", other)),
     }
     Ok(Some(Value::Object(o.clone())))
+}
+
+/// "Invalid 'param': array too long.", OpenAI's wording and code.
+fn check_array_len(param: &str, arr: &[Value], max: usize) -> Result<(), ApiError> {
+    if arr.len() <= max {
+        return Ok(());
+    }
+    let mut e = ApiError::invalid_value(
+        param,
+        format!(
+            "Invalid '{param}': array too long. Expected an array with maximum length {max}, but got an array with length {} instead.",
+            arr.len()
+        ),
+    );
+    e.code = Some("array_above_max_length".into());
+    Err(e)
+}
+
+/// OpenAI's rule for function names: 1 to 64 letters, digits, underscores or dashes.
+fn check_function_name(param: &str, name: &str) -> Result<(), ApiError> {
+    if name.len() > MAX_FUNCTION_NAME_LEN {
+        let mut e = ApiError::invalid_value(
+            param,
+            format!(
+                "Invalid '{param}': string too long. Expected a string with maximum length {MAX_FUNCTION_NAME_LEN}, but got a string with length {} instead.",
+                name.len()
+            ),
+        );
+        e.code = Some("string_above_max_length".into());
+        return Err(e);
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        let mut e = ApiError::invalid_value(
+            param,
+            format!("Invalid '{param}': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'."),
+        );
+        e.code = Some("invalid_value".into());
+        return Err(e);
+    }
+    Ok(())
+}
+
+fn check_schema_size(param: &str, schema: &Value) -> Result<(), ApiError> {
+    let size = serialized_len(schema);
+    if size > MAX_SCHEMA_BYTES {
+        return Err(too_large(param, size, MAX_SCHEMA_BYTES));
+    }
+    Ok(())
+}
+
+fn too_large(param: &str, size: usize, max: usize) -> ApiError {
+    ApiError::invalid_value(
+        param,
+        format!("Invalid '{param}': {size} bytes as JSON, more than this server's limit of {max} bytes. Send a smaller one."),
+    )
+}
+
+/// Bytes of `v` as compact JSON, counted without building the string.
+fn serialized_len(v: &impl serde::Serialize) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing to a counter cannot fail; a `Value` always serializes.
+    let _ = serde_json::to_writer(&mut counter, v);
+    counter.0
 }
 
 #[cfg(test)]

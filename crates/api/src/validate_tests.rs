@@ -265,3 +265,78 @@ fn tool_messages_and_tools() {
     assert_eq!(c.response_format.as_ref().unwrap()["type"], "json_schema");
     assert_eq!(ok(json!({"tool_choice": "none"})).tool_choice, Some(json!("none")));
 }
+
+fn tool(name: &str, parameters: Value) -> Value {
+    json!({"type": "function", "function": {"name": name, "parameters": parameters}})
+}
+
+/// A schema object of about `bytes` bytes as JSON.
+fn schema_of(bytes: usize) -> Value {
+    json!({"type": "object", "description": "x".repeat(bytes)})
+}
+
+fn refused(body: Vec<u8>) -> ApiError {
+    parse_chat_request(&body).err().unwrap_or_else(|| panic!("accepted: {}", String::from_utf8_lossy(&body)))
+}
+
+#[test]
+fn hostile_sizes_are_refused_naming_their_param() {
+    let tools = |n: usize| with(json!({"tools": (0..n).map(|i| tool(&format!("f{i}"), json!({}))).collect::<Vec<_>>()}));
+    assert!(parse_chat_request(&tools(MAX_TOOLS)).is_ok());
+    let e = refused(tools(MAX_TOOLS + 1));
+    assert_eq!(e.param.as_deref(), Some("tools"));
+    assert_eq!(e.code.as_deref(), Some("array_above_max_length"));
+    assert!(e.message.contains("maximum length 128, but got an array with length 129"), "{}", e.message);
+
+    // Few tools, each under the schema limit, but too many bytes together.
+    let big = MAX_SCHEMA_BYTES - 100;
+    let n = MAX_TOOLS_BYTES / big + 1;
+    let e = refused(with(json!({"tools": (0..n).map(|i| tool(&format!("f{i}"), schema_of(big))).collect::<Vec<_>>()})));
+    assert_eq!(e.param.as_deref(), Some("tools"));
+    assert!(e.message.contains("more than this server's limit of 524288 bytes"), "{}", e.message);
+
+    assert!(parse_chat_request(&with(json!({"tools": [tool("f", schema_of(big))]}))).is_ok());
+    let e = refused(with(json!({"tools": [tool("f", json!({})), tool("g", schema_of(MAX_SCHEMA_BYTES))]})));
+    assert_eq!(e.param.as_deref(), Some("tools[1].function.parameters"));
+    assert!(e.message.contains("limit of 131072 bytes"), "{}", e.message);
+
+    let format = |schema: Value| json!({"type": "json_schema", "json_schema": {"name": "r", "schema": schema}});
+    assert!(parse_chat_request(&with(json!({"response_format": format(schema_of(big))}))).is_ok());
+    let e = refused(with(json!({"response_format": format(schema_of(MAX_SCHEMA_BYTES))})));
+    assert_eq!(e.param.as_deref(), Some("response_format.json_schema.schema"));
+
+    let messages = |n: usize| msgs(Value::Array(vec![json!({"role": "user", "content": "hi"}); n]));
+    assert!(parse_chat_request(&messages(MAX_MESSAGES)).is_ok());
+    let e = refused(messages(MAX_MESSAGES + 1));
+    assert_eq!(e.param.as_deref(), Some("messages"));
+    assert_eq!(e.code.as_deref(), Some("array_above_max_length"));
+}
+
+#[test]
+fn inputs_openai_refuses_are_refused() {
+    let e = refused(with(json!({"tools": [tool("ok", json!({})), tool(&"a".repeat(10_000), json!({}))]})));
+    assert_eq!(e.param.as_deref(), Some("tools[1].function.name"));
+    assert_eq!(e.code.as_deref(), Some("string_above_max_length"));
+    assert!(e.message.contains("maximum length 64, but got a string with length 10000"), "{}", e.message);
+    assert!(parse_chat_request(&with(json!({"tools": [tool(&"a".repeat(64), json!({}))]}))).is_ok());
+    assert!(parse_chat_request(&with(json!({"tools": [tool("get_weather-2", json!({}))]}))).is_ok());
+    for name in ["get weather", "f.g", "naïve", "f\"}", "<tool_call>"] {
+        let e = refused(with(json!({"tools": [tool(name, json!({}))]})));
+        assert_eq!(e.param.as_deref(), Some("tools[0].function.name"), "{name}");
+        assert!(e.message.contains("does not match pattern"), "{name}: {}", e.message);
+    }
+    let cases = [
+        (json!({"store": "yes"}), "store", "expected a boolean, but got a string"),
+        (json!({"store": 1}), "store", "expected a boolean, but got an integer"),
+        (json!({"service_tier": 5}), "service_tier", "expected a string, but got an integer"),
+        (json!({"service_tier": {"a": 1}}), "service_tier", "expected a string, but got an object"),
+        (json!({"functions": {"name": "f"}}), "functions", "expected an array, but got an object"),
+        (json!({"functions": "f"}), "functions", "expected an array, but got a string"),
+    ];
+    for (patch, param, needle) in cases {
+        let e = refused(with(patch.clone()));
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{patch}");
+        assert!(e.message.contains(needle), "{patch}: {}", e.message);
+    }
+    ok(json!({"store": false, "service_tier": "auto", "functions": []}));
+}

@@ -1,13 +1,16 @@
 //! Constrained decoding with llguidance: output that must be JSON is sampled under a grammar,
 //! so it always parses and matches its schema.
 
-use std::sync::{Arc, OnceLock};
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokTrie, TokenId, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use lru::LruCache;
 use serde_json::{json, Value};
 
 use crate::model::LoadedModel;
@@ -24,6 +27,16 @@ pub enum Constraint {
 }
 
 impl Constraint {
+    /// The grammar's whole source, what compiled grammars are cached by: equal keys compile to
+    /// the same grammar, and no two different grammars share one (no hashing, no collisions).
+    fn cache_key(&self) -> String {
+        match self {
+            Constraint::JsonObject => "json_object".into(),
+            Constraint::JsonSchema(s) => format!("json_schema:{s}"),
+            Constraint::Lark(lark) => format!("lark:{lark}"),
+        }
+    }
+
     fn grammar(&self) -> TopLevelGrammar {
         let mut schema = match self {
             Constraint::JsonObject => json!({"type": "object"}),
@@ -92,15 +105,73 @@ fn tok_env(model: &Arc<LlamaModel>) -> TokEnv {
     Arc::new(LlamaTokEnv { trie: approximate.tok_trie().clone(), model: Arc::clone(model) })
 }
 
+/// Compiled grammars one model keeps, most recently used kept first. A JSON schema of the
+/// largest accepted size compiles in tens of milliseconds; clients send the same few schemas
+/// and tool lists again and again, so those compile once.
+pub const GRAMMAR_CACHE_ENTRIES: usize = 64;
+
+/// A grammar compiled for one model, not yet started: matchers are instantiated from it
+/// (a deep copy) without compiling again. Compiled in `prepare`, off the scheduler thread.
+pub struct CompiledGrammar(TokenParser);
+
+impl CompiledGrammar {
+    /// A matcher at the grammar's start.
+    pub(crate) fn matcher(&self) -> Result<Matcher, String> {
+        self.matcher_after(&[])
+    }
+
+    /// A matcher that has consumed `tokens` (a tool call the model started on its own); fails
+    /// if they do not fit the grammar.
+    pub(crate) fn matcher_after(&self, tokens: &[i32]) -> Result<Matcher, String> {
+        let mut matcher = Matcher::new(Ok(self.0.deep_clone()));
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        matcher.consume_tokens(&tokens).map_err(|e| e.to_string())?;
+        Ok(matcher)
+    }
+}
+
+/// The grammars `prepare` compiled for a request, handed to the scheduler with it so that
+/// admitting it to a slot compiles nothing. A field left `None` (a request not made by
+/// `prepare`) is compiled when needed, through the same cache.
+#[derive(Debug, Clone, Default)]
+pub struct PreparedGrammars {
+    /// The whole output's grammar (`GenerateRequest::constraint`).
+    pub output: Option<CompiledGrammar>,
+    /// `LazyTools::bare`, for a bare JSON call the model starts on its own.
+    pub bare_call: Option<CompiledGrammar>,
+    /// `LazyTools::tagged`, for a call after the model's `<tool_call>` tag.
+    pub tagged_call: Option<CompiledGrammar>,
+}
+
+impl Clone for CompiledGrammar {
+    fn clone(&self) -> Self {
+        Self(self.0.deep_clone())
+    }
+}
+
+impl std::fmt::Debug for CompiledGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompiledGrammar")
+    }
+}
+
 /// The parser factory of one model, built on first use (walking a 150k-token vocabulary takes
-/// a noticeable fraction of a second, so it is done once, not per request).
+/// a noticeable fraction of a second, so it is done once, not per request), and the grammars
+/// compiled with it, by their source.
 pub(crate) struct Grammars {
     factory: OnceLock<Result<ParserFactory, String>>,
+    compiled: Mutex<LruCache<String, TokenParser>>,
+    /// Grammars compiled (cache misses) since the model loaded.
+    compiles: AtomicUsize,
 }
 
 impl Grammars {
     pub fn new() -> Self {
-        Self { factory: OnceLock::new() }
+        let entries = NonZeroUsize::new(GRAMMAR_CACHE_ENTRIES).expect("the grammar cache holds some entries");
+        Self { factory: OnceLock::new(), compiled: Mutex::new(LruCache::new(entries)), compiles: AtomicUsize::new(0) }
     }
 
     fn factory(&self, model: &LoadedModel) -> Result<&ParserFactory, String> {
@@ -115,22 +186,39 @@ impl Grammars {
             .map_err(Clone::clone)
     }
 
-    /// A fresh sampler enforcing `constraint`, or why the constraint cannot be compiled.
-    pub fn sampler(&self, model: &LoadedModel, constraint: &Constraint) -> Result<LlamaSampler, String> {
-        self.matcher_after(model, constraint, &[]).map(LlamaSampler::from)
+    /// Builds the parser factory now (it takes a while), compiling no grammar.
+    pub fn warm(&self, model: &LoadedModel) {
+        let _ = self.factory(model);
     }
 
     /// A matcher enforcing `constraint` on output that already began with `tokens` (a tool call
     /// the model started on its own); fails if those tokens do not fit the grammar.
     pub fn matcher_after(&self, model: &LoadedModel, constraint: &Constraint, tokens: &[i32]) -> Result<Matcher, String> {
-        let factory = self.factory(model)?;
-        let parser = factory.create_parser(constraint.grammar()).map_err(|e| e.to_string())?;
-        let mut matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(e);
+        self.compile(model, constraint)?.matcher_after(tokens)
+    }
+
+    /// `constraint` compiled, from the cache when the same source was compiled before, or why
+    /// it does not compile (not cached: a broken schema costs its sender each time).
+    pub fn compile(&self, model: &LoadedModel, constraint: &Constraint) -> Result<CompiledGrammar, String> {
+        let key = constraint.cache_key();
+        if let Some(parser) = self.cached().get(&key) {
+            return Ok(CompiledGrammar(parser.deep_clone()));
         }
-        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-        matcher.consume_tokens(&tokens).map_err(|e| e.to_string())?;
-        Ok(matcher)
+        let factory = self.factory(model)?;
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        let compiled = CompiledGrammar(factory.create_parser(constraint.grammar()).map_err(|e| e.to_string())?);
+        // Some errors show only once the grammar starts (a schema no document can match).
+        compiled.matcher()?;
+        self.cached().put(key, compiled.0.deep_clone());
+        Ok(compiled)
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, LruCache<String, TokenParser>> {
+        self.compiled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Grammars compiled since the model loaded: cache misses.
+    pub fn compiles(&self) -> usize {
+        self.compiles.load(Ordering::Relaxed)
     }
 }

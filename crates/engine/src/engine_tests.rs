@@ -23,7 +23,7 @@ pub(crate) fn tiny_model() -> &'static PathBuf {
     })
 }
 
-fn start(parallel: u32, panic_after_tokens: Option<u32>) -> Engine {
+pub(crate) fn start(parallel: u32, panic_after_tokens: Option<u32>) -> Engine {
     let mut config = EngineConfig::new(tiny_model());
     config.ctx_size = 256;
     config.parallel = parallel;
@@ -32,7 +32,7 @@ fn start(parallel: u32, panic_after_tokens: Option<u32>) -> Engine {
     Engine::start(config).unwrap()
 }
 
-fn input(max_tokens: u32, logit_bias: Vec<(i32, f32)>) -> ChatInput {
+pub(crate) fn input(max_tokens: u32, logit_bias: Vec<(i32, f32)>) -> ChatInput {
     ChatInput {
         messages: vec![json!({"role": "user", "content": "hello there"})],
         tools: None,

@@ -15,6 +15,8 @@ mod engine_tests;
 #[cfg(test)]
 mod isolation_tests;
 #[cfg(test)]
+mod grammar_cache_tests;
+#[cfg(test)]
 mod kv_layout_tests;
 #[cfg(test)]
 mod speculation_tests;
@@ -53,7 +55,7 @@ use std::thread::JoinHandle;
 
 use llama_cpp_2::context::params::LlamaContextParams;
 
-pub use constraint::Constraint;
+pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
 pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
 pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
@@ -252,7 +254,7 @@ impl Engine {
         // the background, rather than on the first request that asks for JSON.
         let warm = model.clone();
         let _ = std::thread::Builder::new().name("gantry-grammar-warmup".into()).spawn(move || {
-            let _ = warm.check_constraint(&Constraint::JsonObject);
+            warm.warm_grammars();
         });
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -364,22 +366,30 @@ impl Generator for Engine {
         limits.check_request(&input)?;
         let model = &self.inner.model;
         let prompt = model.prepare(&input.messages, input.tools.as_deref())?;
-        if let Some((constraint, param)) = &input.constraint {
-            model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: *param, reason })?;
-        }
-        // The grammars a call started under `auto` would switch to are checked now too, so a bad
-        // tool schema is a 400 before anything runs.
-        if let Some(l) = &input.lazy_tools {
-            let fenced = Constraint::Lark(tools::fenced_grammar(&l.fenced_calls_rules, ""));
-            for constraint in [&l.bare, &l.tagged, &fenced] {
-                model.check_constraint(constraint).map_err(|reason| PrepareError::Grammar { param: "tools", reason })?;
-            }
-        }
-        // Images not yet fetched count as admission's reservation in `tokens`, but the context
-        // is checked without them here and exactly once they are attached.
+        // The context is checked before any grammar is compiled: a prompt that cannot fit costs
+        // no compile. Images not yet fetched count as admission's reservation in `tokens`, but
+        // the context is checked without them here and exactly once they are attached.
         let unplaced = prompt.tokens.iter().filter(|&&t| t < 0).count();
         let max_tokens = limits.completion_budget((prompt.tokens.len() - unplaced) as u32, input.max_tokens)?;
-        Ok(input.into_request(prompt, max_tokens))
+        // Grammars compile here, off the scheduler thread, and travel with the request.
+        let mut grammars = PreparedGrammars::default();
+        if let Some((constraint, param)) = &input.constraint {
+            let compiled = model.compile_constraint(constraint);
+            grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param: *param, reason })?);
+        }
+        // The grammars a call started under `auto` would switch to are compiled now too, so a bad
+        // tool schema is a 400 before anything runs. The fenced form's grammar depends on the
+        // text before the fence: it is only checked here, and compiled when a fence opens.
+        if let Some(l) = &input.lazy_tools {
+            let compile =
+                |c: &Constraint| model.compile_constraint(c).map_err(|reason| PrepareError::Grammar { param: "tools", reason });
+            grammars.bare_call = Some(compile(&l.bare)?);
+            grammars.tagged_call = Some(compile(&l.tagged)?);
+            compile(&Constraint::Lark(tools::fenced_grammar(&l.fenced_calls_rules, "")))?;
+        }
+        let mut request = input.into_request(prompt, max_tokens);
+        request.grammars = grammars;
+        Ok(request)
     }
 
     fn attach_images(&self, request: &mut GenerateRequest, images: Vec<ImageInput>) -> Result<(), PrepareError> {

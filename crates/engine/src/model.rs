@@ -234,7 +234,22 @@ impl LoadedModel {
     /// Checks that a constraint compiles for this model (an invalid or unsupported schema is the
     /// client's error, reported before the request is queued).
     pub fn check_constraint(&self, constraint: &Constraint) -> Result<(), String> {
-        self.grammars.sampler(self, constraint).map(drop)
+        self.compile_constraint(constraint).map(drop)
+    }
+
+    /// `constraint` compiled for this model (cached by its source), or why it does not compile.
+    pub fn compile_constraint(&self, constraint: &Constraint) -> Result<crate::constraint::CompiledGrammar, String> {
+        self.grammars.compile(self, constraint)
+    }
+
+    /// Builds the grammar engine's view of the vocabulary, compiling no grammar.
+    pub fn warm_grammars(&self) {
+        self.grammars.warm(self)
+    }
+
+    /// Grammars compiled for this model since it loaded (the grammar cache's misses).
+    pub fn grammar_compiles(&self) -> usize {
+        self.grammars.compiles()
     }
 
     /// A matcher enforcing `constraint` on output that already began with `tokens` (none, or a

@@ -112,6 +112,7 @@ impl ChatInput {
             lazy_tools: self.lazy_tools,
             cache_scope: self.cache_scope,
             fairness_key: 0,
+            grammars: Default::default(),
         }
     }
 }

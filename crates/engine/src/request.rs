@@ -74,6 +74,8 @@ pub struct GenerateRequest {
     /// admitted fairly between these, and `max_running_per_key` caps each (see `admission`).
     /// Requests left at the default 0 share one queue.
     pub fairness_key: u64,
+    /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
+    pub grammars: crate::constraint::PreparedGrammars,
 }
 
 /// Grammars for a tool call the model starts on its own.

@@ -17,7 +17,7 @@ use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::text::TextAssembler;
 use crate::vision::PromptImage;
-use crate::constraint::Constraint;
+use crate::constraint::{Constraint, PreparedGrammars};
 use crate::faults::{Fault, FaultPoint};
 use crate::tools::{fenced_grammar, CallStart, CallWatch};
 
@@ -89,6 +89,8 @@ pub(crate) struct ActiveRequest {
     pub fault: Fault,
     /// Whose request it is, for fair admission (see `admission`).
     pub fairness_key: u64,
+    /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
+    grammars: PreparedGrammars,
 }
 
 impl ActiveRequest {
@@ -102,9 +104,15 @@ impl ActiveRequest {
         speculation: SpeculationConfig,
     ) -> Result<Self, (Job, String)> {
         let n_vocab = model.info().n_vocab;
+        // `prepare` compiled the grammar: each choice only instantiates a matcher from it.
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
-            match job.request.constraint.as_ref().map(|c| model.constraint_matcher(c, &[])).transpose() {
+            let matcher = match (&job.request.grammars.output, &job.request.constraint) {
+                (Some(compiled), _) => Some(compiled.matcher()),
+                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, &[])),
+                (None, None) => None,
+            };
+            match matcher.transpose() {
                 Ok(g) => grammars.push(g),
                 Err(e) => return Err((job, e)),
             }
@@ -174,6 +182,7 @@ impl ActiveRequest {
             lazy_tools: request.lazy_tools,
             fault,
             fairness_key: request.fairness_key,
+            grammars: PreparedGrammars { output: None, ..request.grammars },
         })
     }
 
@@ -211,7 +220,16 @@ impl ActiveRequest {
                 (&fenced, watch.tokens.as_slice())
             }
         };
-        match model.constraint_matcher(constraint, consumed) {
+        let compiled = match start {
+            CallStart::Tagged => self.grammars.tagged_call.as_ref(),
+            CallStart::Bare => self.grammars.bare_call.as_ref(),
+            CallStart::Fenced { .. } => None,
+        };
+        let matcher = match compiled {
+            Some(compiled) => compiled.matcher_after(consumed),
+            None => model.constraint_matcher(constraint, consumed),
+        };
+        match matcher {
             Ok(matcher) => {
                 let grammar = LlamaSampler::from(self.choices[i].drafter.follow_grammar(matcher));
                 let n_vocab = model.info().n_vocab;

@@ -34,6 +34,8 @@ pub struct AppState {
     pub draining: crate::health::Draining,
     /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
     pub stats: crate::stats::StatsHistory,
+    /// Bounds the requests being prepared at once, overall and per key.
+    pub prepare_gate: crate::prepare_gate::PrepareGate,
 }
 
 impl AppState {

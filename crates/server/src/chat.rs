@@ -10,7 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_accounts::{Charge, KeyInfo, Settlement};
+use gantry_accounts::{Charge, KeyInfo, Pass, Settlement};
 use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ImageDetail, ResponseMessage, TokenLogprob as ApiTokenLogprob,
     TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
@@ -39,6 +39,34 @@ pub async fn chat_completions(
     if state.draining.is_draining() {
         return Err(ApiError::shutting_down());
     }
+    // Rate limits and "any budget left" before the body is even parsed: a refused request
+    // costs no parsing, templating, tokenizing, grammar compiling or model loading.
+    let pass = match state.meter.pre_admit(&key).await {
+        Ok(pass) => pass,
+        Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
+    };
+    let rate = pass.rate();
+    let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    };
+    // Answers before the full admission (a bad body) report the pre-admission's count.
+    if !response.headers().contains_key("x-ratelimit-limit-requests") {
+        crate::rate_limit::apply(&rate, response.headers_mut());
+    }
+    Ok(response)
+}
+
+/// The request once pre-admitted: parse, check, load the model, prepare, admit in full, run.
+async fn admitted(
+    state: AppState,
+    key: KeyInfo,
+    request_id: String,
+    client_request_id: Option<String>,
+    pass: Pass,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
     // A model the key may not use is reported as missing, as OpenAI does.
@@ -52,12 +80,18 @@ pub async fn chat_completions(
     // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
     // model's.
     let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
-    let mut generate = prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?;
+    let mut generate = {
+        // Bounded per key and overall, so one key's flood of huge prompts waits for its own
+        // turns instead of taking every blocking thread.
+        let _turn = state.prepare_gate.enter(key.id).await;
+        prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?
+    };
     // The engine admits waiting requests fairly between keys, and caps each key's sequences.
     generate.fairness_key = key.id as u64;
     let n = generate.n;
-    // Admission: rate limits and the budget reservation. The ticket settles with the engine's
-    // usage report or, dropped unsettled (submission refused, handler dropped), releases.
+    // Full admission: tokens per minute and the budget reservation (the request itself was
+    // counted by the pre-admission). The ticket settles with the engine's usage report or,
+    // dropped unsettled (submission refused, handler dropped), releases.
     let charge = Charge {
         request_id: request_id.clone(),
         client_request_id,
@@ -66,7 +100,7 @@ pub async fn chat_completions(
         prompt_tokens: generate.prompt.tokens.len() as u64,
         max_completion_tokens: u64::from(generate.max_tokens) * u64::from(n),
     };
-    let ticket = match state.meter.admit(&key, charge).await {
+    let ticket = match state.meter.admit_passed(pass, &key, charge).await {
         Ok(ticket) => ticket,
         Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
     };

@@ -191,6 +191,14 @@ pub struct ServeArgs {
     /// carry; beyond that, 400.
     #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS)]
     pub max_image_pixels: u64,
+    /// Most requests prepared at once (chat template, tokenization, grammar compile) across
+    /// all keys; more wait their turn. Default: one per CPU core.
+    #[arg(long)]
+    pub prepare_concurrency: Option<usize>,
+    /// Most requests of one API key prepared at once; more wait their turn. Default: half of
+    /// --prepare-concurrency (at least 1).
+    #[arg(long)]
+    pub prepare_concurrency_per_key: Option<usize>,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
     #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,

@@ -16,12 +16,15 @@ mod health;
 mod images;
 pub mod cli;
 pub mod commands;
+pub mod prepare_gate;
 mod rate_limit;
 mod stats;
 mod console;
 mod request_id;
 #[cfg(test)]
 mod router_tests;
+#[cfg(test)]
+mod admission_tests;
 #[cfg(test)]
 mod console_tests;
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! engine events and engine refusals, without loading a model. Test-only.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -107,14 +108,15 @@ impl ServedModel for ScriptedEngine {
     }
 }
 
-/// Hands the pool the one scripted engine.
-struct ScriptedLoader(Arc<ScriptedEngine>);
+/// Hands the pool the one scripted engine, counting the loads.
+struct ScriptedLoader(Arc<ScriptedEngine>, Arc<AtomicUsize>);
 
 impl ModelLoader for ScriptedLoader {
     fn estimate(&self, _: &ModelSpec) -> anyhow::Result<u64> {
         Ok(1)
     }
     fn load(&self, _: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)> {
+        self.1.fetch_add(1, Ordering::SeqCst);
         let model: Arc<dyn ServedModel> = self.0.clone();
         Ok((model, 0))
     }
@@ -126,10 +128,12 @@ pub(crate) struct Harness {
     pub accounts: Accounts,
     meter: gantry_accounts::Meter,
     pub stats: crate::stats::StatsHistory,
+    /// How many times the pool loaded the model.
+    pub loads: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
-async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
+pub(crate) async fn harness(engine: Arc<ScriptedEngine>) -> Harness {
     harness_with_admin(engine, None).await
 }
 
@@ -174,8 +178,9 @@ pub(crate) async fn harness_with_options(
         shrinkable: crate::pool::Shrinkable::ALL,
     };
     let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
+    let loads = Arc::new(AtomicUsize::new(0));
     let state = AppState {
-        models: ModelPool::new(vec![spec], Box::new(ScriptedLoader(engine)), options),
+        models: ModelPool::new(vec![spec], Box::new(ScriptedLoader(engine, loads.clone())), options),
         accounts: accounts.clone(),
         images: Default::default(),
         meter: meter.clone(),
@@ -183,9 +188,10 @@ pub(crate) async fn harness_with_options(
         admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
         stats: crate::stats::StatsHistory::default(),
+        prepare_gate: crate::prepare_gate::PrepareGate::new(4, 2),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
-    Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, _dir: dir }
+    Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, loads, _dir: dir }
 }
 
 impl Harness {

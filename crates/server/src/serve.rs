@@ -87,6 +87,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
         stats: Default::default(),
+        prepare_gate: {
+            let total = args.prepare_concurrency.unwrap_or_else(crate::prepare_gate::default_total);
+            let per_key = args.prepare_concurrency_per_key.unwrap_or_else(|| crate::prepare_gate::default_per_key(total));
+            crate::prepare_gate::PrepareGate::new(total, per_key)
+        },
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();

@@ -188,3 +188,20 @@ on_both!(shared_rate_windows_count_per_minute, |acc: Accounts| async move {
     // The next minute starts afresh.
     assert!(acc.rate_admit(key.id, t0 + 60_000, 10, Some(3), Some(100)).await.unwrap().admitted);
 });
+
+on_both!(shared_windows_count_a_pre_admitted_request_once, |acc: Accounts| async move {
+    let key = key_with_budget(&acc, None, None).await;
+    let t0: i64 = 1_800_000_000_000; // a minute boundary
+    let (rpm, tpm) = (Some(2), Some(100));
+    let (status, verdict) = crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Request, t0).await.unwrap();
+    assert!(verdict.is_ok());
+    assert_eq!(status.requests.unwrap().remaining, 1);
+    let (status, verdict) =
+        crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Tokens(100), t0 + 1).await.unwrap();
+    assert!(verdict.is_ok());
+    assert_eq!((status.requests.unwrap().remaining, status.tokens.unwrap().remaining), (1, 0));
+    // No token left: refused before its size is known, and not counted.
+    let (status, verdict) = crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Request, t0 + 2).await.unwrap();
+    assert!(matches!(verdict, Err(crate::RateRefusal::Tokens { limit: 100, .. })), "{verdict:?}");
+    assert_eq!(status.requests.unwrap().remaining, 1);
+});
