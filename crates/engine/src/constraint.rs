@@ -14,6 +14,7 @@ use lru::LruCache;
 use serde_json::{json, Value};
 
 use crate::model::LoadedModel;
+use crate::request::CacheScope;
 
 /// What a completion must conform to.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,14 +194,22 @@ impl Grammars {
 
     /// A matcher enforcing `constraint` on output that already began with `tokens` (a tool call
     /// the model started on its own); fails if those tokens do not fit the grammar.
-    pub fn matcher_after(&self, model: &LoadedModel, constraint: &Constraint, tokens: &[i32]) -> Result<Matcher, String> {
-        self.compile(model, constraint)?.matcher_after(tokens)
+    pub fn matcher_after(
+        &self,
+        model: &LoadedModel,
+        constraint: &Constraint,
+        scope: CacheScope,
+        tokens: &[i32],
+    ) -> Result<Matcher, String> {
+        self.compile(model, constraint, scope)?.matcher_after(tokens)
     }
 
-    /// `constraint` compiled, from the cache when the same source was compiled before, or why
-    /// it does not compile (not cached: a broken schema costs its sender each time).
-    pub fn compile(&self, model: &LoadedModel, constraint: &Constraint) -> Result<CompiledGrammar, String> {
-        let key = constraint.cache_key();
+    /// `constraint` compiled, from the cache when the same source was compiled before in the same
+    /// cache scope, or why it does not compile (not cached: a broken schema costs its sender each
+    /// time). Entries are apart by scope: a hit is faster than a compile, and another tenant must
+    /// not learn from the timing which schemas were used recently.
+    pub fn compile(&self, model: &LoadedModel, constraint: &Constraint, scope: CacheScope) -> Result<CompiledGrammar, String> {
+        let key = format!("{}:{}", scope.0, constraint.cache_key());
         if let Some(parser) = self.cached().get(&key) {
             return Ok(CompiledGrammar(parser.deep_clone()));
         }

@@ -203,11 +203,11 @@ async fn a_call_fenced_after_prose_is_held_to_its_schema_from_the_fence_on() {
     let prefix = output.find("```").unwrap();
     assert_eq!(start, Some(CallStart::Fenced { prefix }));
     let grammar = Constraint::Lark(fenced_grammar(rules, &output[..prefix]));
-    let mut matcher = model.constraint_matcher(&grammar, &tokens).expect("the output so far fits the grammar");
+    let mut matcher = model.constraint_matcher(&grammar, crate::CacheScope::default(), &tokens).expect("the output so far fits the grammar");
     let as_u32 = |s: &str| model.tokenize(s).into_iter().map(|t| t as u32).collect::<Vec<_>>();
     let metric = as_u32("\"unit\": \"metric\"");
     assert!(matcher.try_consume_tokens(&metric).unwrap() < metric.len(), "the grammar let \"metric\" through");
-    let mut matcher = model.constraint_matcher(&grammar, &tokens).unwrap();
+    let mut matcher = model.constraint_matcher(&grammar, crate::CacheScope::default(), &tokens).unwrap();
     let celsius = as_u32("\"unit\": \"celsius\"}}\n```");
     assert_eq!(matcher.try_consume_tokens(&celsius).unwrap(), celsius.len());
     assert!(matcher.is_accepting().unwrap());

@@ -51,6 +51,21 @@ async fn a_schema_compiles_once_and_its_request_still_answers_valid_json() {
 }
 
 #[tokio::test]
+async fn a_schema_compiled_for_one_cache_scope_is_compiled_again_for_another() {
+    let engine = start(1, None);
+    let model = engine.model().clone();
+    let scoped = |scope: u64| ChatInput { cache_scope: crate::CacheScope(scope), ..constrained(schema(), 8) };
+    let before = model.grammar_compiles();
+    engine.prepare(scoped(1)).unwrap();
+    engine.prepare(scoped(1)).unwrap();
+    assert_eq!(model.grammar_compiles(), before + 1, "one scope reuses its compiled grammar");
+    // A cache hit is faster than a compile: another tenant must not time what was used.
+    engine.prepare(scoped(2)).unwrap();
+    assert_eq!(model.grammar_compiles(), before + 2, "another scope compiles its own");
+    engine.shutdown();
+}
+
+#[tokio::test]
 async fn the_context_is_checked_before_any_grammar_compiles() {
     let engine = start(1, None);
     let model = engine.model().clone();

@@ -374,7 +374,7 @@ impl Generator for Engine {
         // Grammars compile here, off the scheduler thread, and travel with the request.
         let mut grammars = PreparedGrammars::default();
         if let Some((constraint, param)) = &input.constraint {
-            let compiled = model.compile_constraint(constraint);
+            let compiled = model.compile_constraint(constraint, input.cache_scope);
             grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param: *param, reason })?);
         }
         // The grammars a call started under `auto` would switch to are compiled now too, so a bad
@@ -382,7 +382,7 @@ impl Generator for Engine {
         // text before the fence: it is only checked here, and compiled when a fence opens.
         if let Some(l) = &input.lazy_tools {
             let compile =
-                |c: &Constraint| model.compile_constraint(c).map_err(|reason| PrepareError::Grammar { param: "tools", reason });
+                |c: &Constraint| model.compile_constraint(c, input.cache_scope).map_err(|reason| PrepareError::Grammar { param: "tools", reason });
             grammars.bare_call = Some(compile(&l.bare)?);
             grammars.tagged_call = Some(compile(&l.tagged)?);
             compile(&Constraint::Lark(tools::fenced_grammar(&l.fenced_calls_rules, "")))?;

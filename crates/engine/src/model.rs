@@ -234,12 +234,16 @@ impl LoadedModel {
     /// Checks that a constraint compiles for this model (an invalid or unsupported schema is the
     /// client's error, reported before the request is queued).
     pub fn check_constraint(&self, constraint: &Constraint) -> Result<(), String> {
-        self.compile_constraint(constraint).map(drop)
+        self.compile_constraint(constraint, crate::CacheScope::default()).map(drop)
     }
 
     /// `constraint` compiled for this model (cached by its source), or why it does not compile.
-    pub fn compile_constraint(&self, constraint: &Constraint) -> Result<crate::constraint::CompiledGrammar, String> {
-        self.grammars.compile(self, constraint)
+    pub fn compile_constraint(
+        &self,
+        constraint: &Constraint,
+        scope: crate::CacheScope,
+    ) -> Result<crate::constraint::CompiledGrammar, String> {
+        self.grammars.compile(self, constraint, scope)
     }
 
     /// Builds the grammar engine's view of the vocabulary, compiling no grammar.
@@ -254,8 +258,13 @@ impl LoadedModel {
 
     /// A matcher enforcing `constraint` on output that already began with `tokens` (none, or a
     /// tool call the model started on its own); fails if those tokens do not fit the grammar.
-    pub(crate) fn constraint_matcher(&self, constraint: &Constraint, tokens: &[i32]) -> Result<llguidance::Matcher, String> {
-        self.grammars.matcher_after(self, constraint, tokens)
+    pub(crate) fn constraint_matcher(
+        &self,
+        constraint: &Constraint,
+        scope: crate::CacheScope,
+        tokens: &[i32],
+    ) -> Result<llguidance::Matcher, String> {
+        self.grammars.matcher_after(self, constraint, scope, tokens)
     }
 
     pub fn is_end_of_generation(&self, token: i32) -> bool {

@@ -109,7 +109,7 @@ impl ActiveRequest {
         for _ in &seq_ids {
             let matcher = match (&job.request.grammars.output, &job.request.constraint) {
                 (Some(compiled), _) => Some(compiled.matcher()),
-                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, &[])),
+                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, job.request.cache_scope, &[])),
                 (None, None) => None,
             };
             match matcher.transpose() {
@@ -227,7 +227,7 @@ impl ActiveRequest {
         };
         let matcher = match compiled {
             Some(compiled) => compiled.matcher_after(consumed),
-            None => model.constraint_matcher(constraint, consumed),
+            None => model.constraint_matcher(constraint, self.scope, consumed),
         };
         match matcher {
             Ok(matcher) => {
