@@ -176,11 +176,17 @@ impl ActiveRequest {
     /// object go on with other keys, and such an object is then read back as content. A fenced
     /// call is constrained from its fence on, wherever it starts: what precedes the fence is the
     /// grammar's literal start (see `tools::watch`).
-    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) {
-        let Some(lazy) = self.lazy_tools.as_ref() else { return };
-        let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
+    ///
+    /// Returns whether `piece` completed the `<tool_call>` tag in plain-text tokens on a model
+    /// whose tag is a token of its own: not a call, but text the model copied (a client's).
+    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) -> bool {
+        let Some(lazy) = self.lazy_tools.as_ref() else { return false };
+        let Some(watch) = self.choices[i].tool_watch.as_mut() else { return false };
         watch.tokens.push(token);
-        let Some(start) = watch.calls.push(piece, &lazy.names) else { return };
+        let tag_token = model.tool_call_tag().map(|tag| tag == token);
+        let Some(start) = watch.calls.push(piece, &lazy.names, tag_token) else {
+            return tag_token == Some(false) && !piece.is_empty() && watch.calls.ends_with_tag();
+        };
         let fenced;
         let (constraint, consumed) = match start {
             CallStart::Tagged => (&lazy.tagged, &[][..]),
@@ -205,6 +211,7 @@ impl ActiveRequest {
                 watch.calls.rejected(&start);
             }
         }
+        false
     }
 
     /// Most prompt tokens that may come from the cache: the last one is always decoded, since
@@ -299,8 +306,12 @@ impl ActiveRequest {
             self.finish_choice(i, FinishReason::Stop);
             return false;
         }
-        let piece = model.piece(token);
-        self.watch_for_tool_call(i, token, &piece, model);
+        let mut piece = model.piece(token);
+        if self.watch_for_tool_call(i, token, &piece, model) {
+            // A word joiner before the tag's `>`: the text reads the same, but neither the
+            // server's call parser nor a later prompt takes it for the tag.
+            piece.splice(piece.len() - 1..piece.len() - 1, "\u{2060}".bytes());
+        }
         let c = &mut self.choices[i];
         let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
         if scan.stopped {

@@ -43,9 +43,12 @@ impl CallWatch {
     }
 
     /// Takes the next token's text; says whether a call starts here (the watch is then done).
-    pub fn push(&mut self, piece: &[u8], names: &[String]) -> Option<CallStart> {
+    /// `tag_token`: `None` where the model has no `<tool_call>` token (its tag is plain text);
+    /// else whether this token is that one. Where the tag is a token, the same characters
+    /// written as plain-text tokens (a client's text echoed back) do not start a call.
+    pub fn push(&mut self, piece: &[u8], names: &[String], tag_token: Option<bool>) -> Option<CallStart> {
         self.text.extend_from_slice(piece);
-        if self.text.ends_with(TAG) {
+        if self.ends_with_tag() && tag_token != Some(false) {
             return Some(CallStart::Tagged);
         }
         if self.bare_possible {
@@ -56,6 +59,11 @@ impl CallWatch {
             }
         }
         self.fence(names)
+    }
+
+    /// Whether the output so far ends with the `<tool_call>` tag's text.
+    pub fn ends_with_tag(&self) -> bool {
+        self.text.ends_with(TAG)
     }
 
     /// The grammar refused the output at `start` (the model's layout does not fit it): that
@@ -126,7 +134,7 @@ mod tests {
     /// Feeds `pieces` in order; the first call start seen, and after which piece.
     fn watch(pieces: &[&str]) -> Option<(usize, CallStart)> {
         let mut w = CallWatch::new();
-        pieces.iter().enumerate().find_map(|(i, p)| w.push(p.as_bytes(), &names()).map(|s| (i, s)))
+        pieces.iter().enumerate().find_map(|(i, p)| w.push(p.as_bytes(), &names(), None).map(|s| (i, s)))
     }
 
     #[test]
@@ -139,6 +147,16 @@ mod tests {
         assert_eq!(watch(&fenced), Some((2, CallStart::Fenced { prefix: 2 })));
         assert_eq!(watch(&["<tool_call>"]), Some((0, CallStart::Tagged)));
         assert_eq!(watch(&["Sure", "<tool", "_call>"]), Some((2, CallStart::Tagged)));
+    }
+
+    #[test]
+    fn where_the_tag_is_a_token_only_that_token_starts_a_tagged_call() {
+        let mut w = CallWatch::new();
+        assert_eq!(w.push(b"Echo: <tool", &names(), Some(false)), None);
+        assert_eq!(w.push(b"_call>", &names(), Some(false)), None);
+        assert!(w.ends_with_tag());
+        assert_eq!(w.push(b" {", &names(), Some(false)), None);
+        assert_eq!(w.push(b"<tool_call>", &names(), Some(true)), Some(CallStart::Tagged));
     }
 
     #[test]
