@@ -177,15 +177,16 @@ impl ActiveRequest {
     /// call is constrained from its fence on, wherever it starts: what precedes the fence is the
     /// grammar's literal start (see `tools::watch`).
     ///
-    /// Returns whether `piece` completed the `<tool_call>` tag in plain-text tokens on a model
-    /// whose tag is a token of its own: not a call, but text the model copied (a client's).
-    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) -> bool {
-        let Some(lazy) = self.lazy_tools.as_ref() else { return false };
-        let Some(watch) = self.choices[i].tool_watch.as_mut() else { return false };
+    /// Returns where in `piece` (the offset of its `>`) the `<tool_call>` tag's text ends when
+    /// plain-text tokens wrote it on a model whose tag is a token of its own: not a call, but
+    /// text the model copied (a client's).
+    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) -> Option<usize> {
+        let lazy = self.lazy_tools.as_ref()?;
+        let watch = self.choices[i].tool_watch.as_mut()?;
         watch.tokens.push(token);
         let tag_token = model.tool_call_tag().map(|tag| tag == token);
         let Some(start) = watch.calls.push(piece, &lazy.names, tag_token) else {
-            return tag_token == Some(false) && !piece.is_empty() && watch.calls.ends_with_tag();
+            return watch.calls.tag_end_in_last(piece.len()).filter(|_| tag_token == Some(false));
         };
         let fenced;
         let (constraint, consumed) = match start {
@@ -211,7 +212,7 @@ impl ActiveRequest {
                 watch.calls.rejected(&start);
             }
         }
-        false
+        None
     }
 
     /// Most prompt tokens that may come from the cache: the last one is always decoded, since
@@ -307,10 +308,10 @@ impl ActiveRequest {
             return false;
         }
         let mut piece = model.piece(token);
-        if self.watch_for_tool_call(i, token, &piece, model) {
+        if let Some(at) = self.watch_for_tool_call(i, token, &piece, model) {
             // A word joiner before the tag's `>`: the text reads the same, but neither the
             // server's call parser nor a later prompt takes it for the tag.
-            piece.splice(piece.len() - 1..piece.len() - 1, "\u{2060}".bytes());
+            piece.splice(at..at, "\u{2060}".bytes());
         }
         let c = &mut self.choices[i];
         let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };

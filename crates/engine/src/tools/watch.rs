@@ -62,8 +62,18 @@ impl CallWatch {
     }
 
     /// Whether the output so far ends with the `<tool_call>` tag's text.
-    pub fn ends_with_tag(&self) -> bool {
+    fn ends_with_tag(&self) -> bool {
         self.text.ends_with(TAG)
+    }
+
+    /// Where the `<tool_call>` tag's text ends in the last piece pushed (`len` bytes), if it
+    /// does: the offset of its `>` in that piece (the tag may start in earlier pieces, and the
+    /// piece go on after it, as Qwen's `>\n` does).
+    pub fn tag_end_in_last(&self, len: usize) -> Option<usize> {
+        let start = self.text.len() - len;
+        let from = start.saturating_sub(TAG.len() - 1);
+        let end = find(&self.text[from..], TAG).map(|i| from + i + TAG.len() - 1)?;
+        (end >= start).then(|| end - start)
     }
 
     /// The grammar refused the output at `start` (the model's layout does not fit it): that
@@ -154,8 +164,15 @@ mod tests {
         let mut w = CallWatch::new();
         assert_eq!(w.push(b"Echo: <tool", &names(), Some(false)), None);
         assert_eq!(w.push(b"_call>", &names(), Some(false)), None);
-        assert!(w.ends_with_tag());
+        assert_eq!(w.tag_end_in_last(b"_call>".len()), Some(5));
         assert_eq!(w.push(b" {", &names(), Some(false)), None);
+        assert_eq!(w.tag_end_in_last(2), None);
+        let mut w = CallWatch::new();
+        for piece in ["<", "tool", "_call"] {
+            assert_eq!(w.push(piece.as_bytes(), &names(), Some(false)), None);
+        }
+        assert_eq!(w.push(b">\n", &names(), Some(false)), None);
+        assert_eq!(w.tag_end_in_last(2), Some(0), "the tag ends inside the piece");
         assert_eq!(w.push(b"<tool_call>", &names(), Some(true)), Some(CallStart::Tagged));
     }
 
