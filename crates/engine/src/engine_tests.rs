@@ -198,7 +198,7 @@ async fn a_call_fenced_after_prose_is_held_to_its_schema_from_the_fence_on() {
     let mut watch = CallWatch::new();
     let mut start = None;
     for t in &tokens {
-        start = start.or(watch.push(&model.piece(*t), &["get_weather".to_string()]));
+        start = start.or(watch.push(&model.piece(*t), &["get_weather".to_string()], None));
     }
     let prefix = output.find("```").unwrap();
     assert_eq!(start, Some(CallStart::Fenced { prefix }));

@@ -21,6 +21,8 @@ mod kv_layout_tests;
 #[cfg(test)]
 mod speculation_tests;
 #[cfg(test)]
+mod typed_text_tests;
+#[cfg(test)]
 mod vision_tests;
 mod generator;
 mod gguf_header;
@@ -45,6 +47,7 @@ pub mod template;
 mod vision;
 pub mod text;
 pub mod tools;
+mod typed_text;
 
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -109,6 +112,9 @@ pub struct EngineConfig {
     /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
     /// once, so one key cannot take every slot; `None` is no limit (see `admission`).
     pub max_running_per_key: Option<u32>,
+    /// Client text that spells a control token (`<|im_end|>`) becomes that token, as the
+    /// template's own markup does; off, it is tokenized as plain text (see `typed_text`).
+    pub special_tokens_in_content: bool,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -142,6 +148,7 @@ impl EngineConfig {
             q8_twin_dir: None,
             kv_layout: KvLayout::default(),
             max_running_per_key: None,
+            special_tokens_in_content: false,
             #[cfg(test)]
             panic_after_tokens: None,
             #[cfg(test)]
@@ -181,7 +188,14 @@ impl Engine {
             None => config.model_path.clone(),
         };
         let mmproj = config.mmproj_path.as_deref();
-        let model = LoadedModel::load_weights(&config.model_path, &weights, mmproj, threads, &config.offload)?;
+        let model = LoadedModel::load_weights(
+            &config.model_path,
+            &weights,
+            mmproj,
+            threads,
+            &config.offload,
+            config.special_tokens_in_content,
+        )?;
         config.parallel = config.parallel.max(1);
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.

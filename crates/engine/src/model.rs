@@ -2,6 +2,7 @@
 //! Shared read-only between HTTP handlers (tokenizing) and the scheduler thread (decoding).
 
 use std::convert::Infallible;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -9,12 +10,14 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use crate::devices::Offload;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token_type::LlamaTokenAttr;
 use serde_json::Value as Json;
 
 use crate::constraint::{Constraint, Grammars};
 use crate::json_layout::JsonMarks;
 use crate::request::Prompt;
 use crate::template::{ChatTemplate, TemplateError};
+use crate::typed_text::{restore, ControlTexts};
 use crate::vision::{image_token_ids, ImageError, ImageInput, PromptImage, Vision};
 
 /// llama.cpp's backend may be initialised once per process.
@@ -72,12 +75,19 @@ pub struct LoadedModel {
     pub(crate) vision: Option<Vision>,
     /// Read from the vocabulary the first time a request answers under a grammar.
     json_marks: OnceLock<JsonMarks>,
+    /// What a client's text may not spell as control tokens (see `typed_text`).
+    control_texts: ControlTexts,
+    /// The `<tool_call>` tag's own token, where the vocabulary has one (Qwen, Hermes).
+    tool_call_tag: Option<i32>,
+    /// `--special-tokens-in-content`: client text is parsed for control tokens like the
+    /// template's own (trusted single-user deployments that want the old behaviour).
+    special_tokens_in_content: bool,
 }
 
 impl LoadedModel {
     /// Loads the model and, with `mmproj`, its multimodal projector (encoding on `threads`).
     pub fn load(path: &Path, mmproj: Option<&Path>, threads: i32, offload: &Offload) -> Result<Arc<Self>, LoadError> {
-        Self::load_weights(path, path, mmproj, threads, offload)
+        Self::load_weights(path, path, mmproj, threads, offload, false)
     }
 
     /// [`Self::load`] with the weights read from `weights`, a converted copy of the model at
@@ -88,6 +98,7 @@ impl LoadedModel {
         mmproj: Option<&Path>,
         threads: i32,
         offload: &Offload,
+        special_tokens_in_content: bool,
     ) -> Result<Arc<Self>, LoadError> {
         if !weights.is_file() {
             return Err(LoadError::Missing(weights.to_path_buf()));
@@ -121,7 +132,24 @@ impl LoadedModel {
             chat_template,
         };
         let (grammars, json_marks) = (Grammars::new(), OnceLock::new());
-        Ok(Arc::new(Self { llama, template, info, add_bos, bos_text, grammars, vision, json_marks }))
+        let control_texts = ControlTexts::new(special_token_texts(&llama, &info.chat_template));
+        let tool_call_tag = match vocab.tokenize(b"<tool_call>", false, true)[..] {
+            [tag] if vocab.attr(tag).intersects(LlamaTokenAttr::Control | LlamaTokenAttr::UserDefined) => Some(tag.0),
+            _ => None,
+        };
+        Ok(Arc::new(Self {
+            llama,
+            template,
+            info,
+            add_bos,
+            bos_text,
+            grammars,
+            vision,
+            json_marks,
+            control_texts,
+            tool_call_tag,
+            special_tokens_in_content,
+        }))
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -133,13 +161,34 @@ impl LoadedModel {
     /// [`ModelInfo::image_marker`]) count as many positions as admission reserves for one until
     /// [`Self::attach_images`] puts the real ones there.
     pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
-        let text = self.template.render(messages, tools)?;
-        let Some(vision) = self.vision.as_ref().filter(|v| text.contains(v.marker())) else {
-            let tokens = self.tokenize(&text);
-            return Ok(Prompt { text, tokens, images: Vec::new() });
-        };
-        let Ok(tokens) = self.tokenize_marked::<Infallible>(&text, vision.marker(), |_, _| Ok(image_token_ids(0, vision.reserve_tokens())));
-        Ok(Prompt { text, tokens, images: Vec::new() })
+        let (text, typed) = self.render(messages, tools)?;
+        let marker = self.vision.as_ref().map(Vision::marker).filter(|m| text.contains(m));
+        let reserve = self.vision.as_ref().map_or(0, Vision::reserve_tokens);
+        let Ok(tokens) = self.tokenize_marked::<Infallible>(&text, &typed, marker, |_, _| Ok(image_token_ids(0, reserve)));
+        Ok(Prompt { text, tokens, images: Vec::new(), typed })
+    }
+
+    /// The prompt text, and the byte ranges in it where a client's string spelled a control
+    /// token (tokenized as plain text, see `typed_text`).
+    fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<(String, Vec<Range<usize>>), TemplateError> {
+        let texts = &self.control_texts;
+        let client_spells_control = messages.iter().chain(tools.into_iter().flatten()).any(|v| texts.any_in(v));
+        if self.special_tokens_in_content || !client_spells_control {
+            return Ok((self.template.render(messages, tools)?, Vec::new()));
+        }
+        let mut literals = Vec::new();
+        let guarded: Vec<Json> = messages.iter().map(|m| texts.with_sentinels(m, &mut literals)).collect();
+        let guarded_tools = tools.map(|t| t.iter().map(|d| texts.with_sentinels(d, &mut literals)).collect::<Vec<_>>());
+        let rendered = self.template.render(&guarded, guarded_tools.as_deref())?;
+        let plain = self.template.render(messages, tools)?;
+        // The template must treat a sentinel as it treats the text it stands for (no test on the
+        // content, no cut through it); where it does not, the control texts are escaped instead.
+        if let Some((text, typed)) = restore(&rendered, &literals).filter(|(text, _)| *text == plain) {
+            return Ok((text, typed));
+        }
+        let escaped: Vec<Json> = messages.iter().map(|m| texts.escaped(m)).collect();
+        let escaped_tools = tools.map(|t| t.iter().map(|d| texts.escaped(d)).collect::<Vec<_>>());
+        Ok((self.template.render(&escaped, escaped_tools.as_deref())?, Vec::new()))
     }
 
     /// Decodes and tokenizes the request's images (fetched after admission) into the prompt
@@ -151,7 +200,7 @@ impl LoadedModel {
             return Err(ImageError::Placement { markers, images: images.len() });
         }
         let mut placed = Vec::with_capacity(images.len());
-        let tokens = self.tokenize_marked(&prompt.text, vision.marker(), |i, start| {
+        let tokens = self.tokenize_marked(&prompt.text, &prompt.typed, Some(vision.marker()), |i, start| {
             let (chunks, id) = vision.prepare(&images[i])?;
             let len = chunks.total_tokens();
             placed.push(PromptImage { start, len, chunks });
@@ -168,20 +217,35 @@ impl LoadedModel {
     }
 
     /// Tokenizes `text` in which `marker` stands for each image; `image(i, start)` gives the ids
-    /// of the `i`-th image, which starts at token index `start`.
+    /// of the `i`-th image, which starts at token index `start`. The `typed` ranges are tokenized
+    /// as plain text, the rest with special tokens parsed.
     fn tokenize_marked<E>(
         &self,
         text: &str,
-        marker: &str,
+        typed: &[Range<usize>],
+        marker: Option<&str>,
         mut image: impl FnMut(usize, usize) -> Result<Vec<i32>, E>,
     ) -> Result<Vec<i32>, E> {
         let mut tokens = Vec::new();
-        for (i, piece) in text.split(marker).enumerate() {
-            if i > 0 {
-                let ids = image(i - 1, tokens.len())?;
-                tokens.extend(ids);
+        let (mut at, mut images) = (0, 0);
+        let ends = typed.iter().cloned().chain(std::iter::once(text.len()..text.len()));
+        for literal in ends {
+            let template_text = &text[at..literal.start];
+            let pieces: Vec<&str> = match marker {
+                Some(m) => template_text.split(m).collect(),
+                None => vec![template_text],
+            };
+            for (i, piece) in pieces.into_iter().enumerate() {
+                if i > 0 {
+                    tokens.extend(image(images, tokens.len())?);
+                    images += 1;
+                }
+                tokens.extend(self.tokenize_piece(piece, at == 0 && i == 0));
             }
-            tokens.extend(self.tokenize_piece(piece, i == 0));
+            if !literal.is_empty() {
+                tokens.extend(self.tokenize_text(&text[literal.clone()]));
+            }
+            at = literal.end;
         }
         Ok(tokens)
     }
@@ -191,6 +255,26 @@ impl LoadedModel {
             return self.tokenize(text);
         }
         self.llama.vocab().tokenize(text.as_bytes(), false, true).into_iter().map(|t| t.0).collect()
+    }
+
+    /// Tokenizes `text` as plain text. llama.cpp still reads user-defined tokens (Qwen's
+    /// `<tool_call>`) out of text without special parsing, so where one appears the text is
+    /// tokenized in halves until none does.
+    fn tokenize_text(&self, text: &str) -> Vec<i32> {
+        let vocab = self.llama.vocab();
+        let tokens = vocab.tokenize(text.as_bytes(), false, false);
+        let special = |t: &LlamaToken| vocab.attr(*t).intersects(LlamaTokenAttr::Control | LlamaTokenAttr::UserDefined);
+        if text.chars().nth(1).is_none() || !tokens.iter().any(special) {
+            return tokens.into_iter().map(|t| t.0).collect();
+        }
+        let mut half = text.len() / 2;
+        while !text.is_char_boundary(half) {
+            half += 1;
+        }
+        let half = if half == text.len() { text.char_indices().last().map_or(0, |(i, _)| i) } else { half };
+        let mut out = self.tokenize_text(&text[..half]);
+        out.extend(self.tokenize_text(&text[half..]));
+        out
     }
 
     /// Tokenizes prompt text, parsing special tokens; adds BOS only when the vocabulary wants one
@@ -267,7 +351,27 @@ impl LoadedModel {
         self.grammars.matcher_after(self, constraint, scope, tokens)
     }
 
+    /// The `<tool_call>` tag's own token, where the vocabulary has one.
+    pub(crate) fn tool_call_tag(&self) -> Option<i32> {
+        self.tool_call_tag
+    }
+
     pub fn is_end_of_generation(&self, token: i32) -> bool {
         self.llama.vocab().is_eog(LlamaToken(token))
     }
+}
+
+/// The texts a client may not spell as tokens: every control (and unknown) token's, and the
+/// user-defined tokens the chat template writes or that open a tool call (Qwen's `<tool_call>`).
+/// Other user-defined tokens (Gemma's HTML tags and whitespace runs) are ordinary text that
+/// llama.cpp, like transformers, reads as those tokens without special parsing too.
+fn special_token_texts<'a>(llama: &'a LlamaModel, template: &'a str) -> impl Iterator<Item = String> + 'a {
+    let vocab = llama.vocab();
+    let control = LlamaTokenAttr::Control | LlamaTokenAttr::Unknown;
+    vocab.tokens().filter_map(move |t| {
+        let attr = vocab.attr(t);
+        let text = vocab.text(t)?.to_str().ok()?;
+        let markup = attr.contains(LlamaTokenAttr::UserDefined) && (template.contains(text) || text == "<tool_call>");
+        (attr.intersects(control) || markup).then(|| text.to_owned())
+    })
 }

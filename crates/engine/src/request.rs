@@ -38,6 +38,9 @@ pub struct Prompt {
     pub tokens: Vec<i32>,
     /// The images, in order, each over its positions in `tokens`.
     pub images: Vec<crate::vision::PromptImage>,
+    /// Byte ranges of `text` where a client's string spelled a control token: tokenized as plain
+    /// text (see `typed_text`).
+    pub typed: Vec<std::ops::Range<usize>>,
 }
 
 /// Which requests may reuse one another's cached prompt prefixes (KV entries in slots or host

@@ -199,12 +199,19 @@ impl ActiveRequest {
     /// object go on with other keys, and such an object is then read back as content. A fenced
     /// call is constrained from its fence on, wherever it starts: what precedes the fence is the
     /// grammar's literal start (see `tools::watch`).
-    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) {
-        let Some(lazy) = self.lazy_tools.as_ref() else { return };
-        let Some(watch) = self.choices[i].tool_watch.as_mut() else { return };
+    ///
+    /// Returns where in `piece` (the offset of its `>`) the `<tool_call>` tag's text ends when
+    /// plain-text tokens wrote it on a model whose tag is a token of its own: not a call, but
+    /// text the model copied (a client's).
+    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) -> Option<usize> {
+        let lazy = self.lazy_tools.as_ref()?;
+        let watch = self.choices[i].tool_watch.as_mut()?;
         watch.tokens.push(token);
         self.fault.check(FaultPoint::Watching, self.usage.completion_tokens);
-        let Some(start) = watch.calls.push(piece, &lazy.names) else { return };
+        let tag_token = model.tool_call_tag().map(|tag| tag == token);
+        let Some(start) = watch.calls.push(piece, &lazy.names, tag_token) else {
+            return watch.calls.tag_end_in_last(piece.len()).filter(|_| tag_token == Some(false));
+        };
         let fenced;
         let (constraint, consumed) = match start {
             CallStart::Tagged => (&lazy.tagged, &[][..]),
@@ -214,7 +221,7 @@ impl ActiveRequest {
                     // Bytes that are not text before the fence: no grammar can repeat them, so
                     // this call stays unconstrained (the parser still reads a well-formed one).
                     watch.calls.rejected(&start);
-                    return;
+                    return None;
                 };
                 fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, before));
                 (&fenced, watch.tokens.as_slice())
@@ -244,6 +251,7 @@ impl ActiveRequest {
                 watch.calls.rejected(&start);
             }
         }
+        None
     }
 
     /// Most prompt tokens that may come from the cache: the last one is always decoded, since
@@ -338,8 +346,12 @@ impl ActiveRequest {
             self.finish_choice(i, FinishReason::Stop);
             return false;
         }
-        let piece = model.piece(token);
-        self.watch_for_tool_call(i, token, &piece, model);
+        let mut piece = model.piece(token);
+        if let Some(at) = self.watch_for_tool_call(i, token, &piece, model) {
+            // A word joiner before the tag's `>`: the text reads the same, but neither the
+            // server's call parser nor a later prompt takes it for the tag.
+            piece.splice(at..at, "\u{2060}".bytes());
+        }
         self.fault.check(FaultPoint::Producing, self.usage.completion_tokens);
         let c = &mut self.choices[i];
         let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };

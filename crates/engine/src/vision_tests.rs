@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::engine_tests::{drain, tiny_model};
 use crate::{ChatInput, Engine, EngineConfig, Event, Generator, ImageDetail, ImageError, ImageInput, PrepareError, SamplingParams, Usage};
 
-fn tiny_projector(kind: tiny_gguf::ProjectorKind) -> PathBuf {
+pub(crate) fn tiny_projector(kind: tiny_gguf::ProjectorKind) -> PathBuf {
     static LLAVA: OnceLock<PathBuf> = OnceLock::new();
     static GEMMA3: OnceLock<PathBuf> = OnceLock::new();
     let (cell, spec, name) = match kind {
@@ -40,14 +40,14 @@ fn start_with(parallel: u32, projector: Option<tiny_gguf::ProjectorKind>) -> Eng
     Engine::start(config).unwrap()
 }
 
-fn png(seed: u8) -> Vec<u8> {
+pub(crate) fn png(seed: u8) -> Vec<u8> {
     let img = image::RgbImage::from_fn(48, 40, |x, y| image::Rgb([(x as u8).wrapping_mul(seed), (y as u8) ^ seed, seed]));
     let mut out = Vec::new();
     image::DynamicImage::ImageRgb8(img).write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png).unwrap();
     out
 }
 
-fn image(bytes: Vec<u8>) -> ImageInput {
+pub(crate) fn image(bytes: Vec<u8>) -> ImageInput {
     ImageInput { bytes, param: "messages[0].content[1].image_url".into(), detail: ImageDetail::Auto }
 }
 

@@ -139,6 +139,12 @@ pub struct ServeArgs {
     /// attention walks every sequence's cells (prompt steps ~20% slower at 8 streams here).
     #[arg(long)]
     pub kv_unified: bool,
+    /// Text in messages, tool calls and tool definitions that spells a control token
+    /// (`<|im_end|>`, `<|im_start|>`, `<tool_call>`) becomes that token, as in llama.cpp's server;
+    /// by default only the chat template's own markup does, so a client cannot forge a turn. For
+    /// trusted single-user deployments only.
+    #[arg(long)]
+    pub special_tokens_in_content: bool,
     /// Most draft tokens one sequence verifies per step.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub draft_max: u32,

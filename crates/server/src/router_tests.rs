@@ -73,7 +73,7 @@ impl Generator for ScriptedEngine {
             .map(|w| w.len() as i32)
             .collect();
         let max_tokens = self.limits.completion_budget(words.len() as u32, input.max_tokens)?;
-        Ok(input.into_request(Prompt { text: String::new(), tokens: words, images: Vec::new() }, max_tokens))
+        Ok(input.into_request(Prompt { text: String::new(), tokens: words, images: Vec::new(), typed: Vec::new() }, max_tokens))
     }
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {

@@ -90,6 +90,10 @@ const WORDS: &[&str] = &[
 /// llama.cpp token types (`llama_token_type`).
 const TOKEN_TYPE_NORMAL: i32 = 1;
 const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// Text of Qwen's tool-call tags, user-defined tokens with [`TinyModelSpec::tool_call_tokens`].
+pub const TOOL_CALL_TOKENS: [&str; 2] = ["<tool_call>", "</tool_call>"];
 
 /// Shape and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +114,9 @@ pub struct TinyModelSpec {
     pub seed: u64,
     /// Chat template; `None` means [`CHATML_TEMPLATE`].
     pub chat_template: Option<String>,
+    /// Adds Qwen's `<tool_call>` and `</tool_call>` as user-defined tokens (before the control
+    /// tokens, so the EOS stays the last id).
+    pub tool_call_tokens: bool,
 }
 
 impl Default for TinyModelSpec {
@@ -123,6 +130,7 @@ impl Default for TinyModelSpec {
             n_ctx_train: 2048,
             seed: 0,
             chat_template: Some(CHATML_TEMPLATE.to_string()),
+            tool_call_tokens: false,
         }
     }
 }
@@ -136,7 +144,7 @@ pub fn write_tiny_model(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
 /// Builds the GGUF file contents for `spec` in memory.
 pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     validate(spec)?;
-    let vocab = Vocab::build();
+    let vocab = Vocab::build(spec.tool_call_tokens);
     let n_vocab = vocab.tokens.len() as u64;
     let head_dim = spec.n_embd / spec.n_head;
     let n_embd_kv = u64::from(head_dim * spec.n_head_kv);
@@ -272,7 +280,7 @@ struct Vocab {
 }
 
 impl Vocab {
-    fn build() -> Self {
+    fn build(tool_call_tokens: bool) -> Self {
         let byte_map = bytes_to_unicode();
         let mut tokens: Vec<String> = byte_map.iter().map(|c| c.to_string()).collect();
         let mut index: HashMap<String, usize> = tokens
@@ -300,6 +308,12 @@ impl Vocab {
         }
 
         let mut token_types = vec![TOKEN_TYPE_NORMAL; tokens.len()];
+        if tool_call_tokens {
+            for tag in TOOL_CALL_TOKENS {
+                tokens.push(tag.to_string());
+                token_types.push(TOKEN_TYPE_USER_DEFINED);
+            }
+        }
         let endoftext = tokens.len() as u32;
         let im_end = endoftext + 2;
         for special in [ENDOFTEXT_TOKEN, IM_START_TOKEN, IM_END_TOKEN] {
@@ -353,7 +367,7 @@ mod tests {
 
     #[test]
     fn vocab_shape() {
-        let v = Vocab::build();
+        let v = Vocab::build(false);
         let n = v.tokens.len();
         assert!((300..=600).contains(&n), "vocab size {n}");
         assert_eq!(v.tokens[v.im_end as usize], IM_END_TOKEN);

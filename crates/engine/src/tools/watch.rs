@@ -51,9 +51,12 @@ impl CallWatch {
     }
 
     /// Takes the next token's text; says whether a call starts here (the watch is then done).
-    pub fn push(&mut self, piece: &[u8], names: &[String]) -> Option<CallStart> {
+    /// `tag_token`: `None` where the model has no `<tool_call>` token (its tag is plain text);
+    /// else whether this token is that one. Where the tag is a token, the same characters
+    /// written as plain-text tokens (a client's text echoed back) do not start a call.
+    pub fn push(&mut self, piece: &[u8], names: &[String], tag_token: Option<bool>) -> Option<CallStart> {
         self.text.extend_from_slice(piece);
-        if self.text.ends_with(TAG) {
+        if self.ends_with_tag() && tag_token != Some(false) {
             return Some(CallStart::Tagged);
         }
         if self.bare_possible {
@@ -64,6 +67,21 @@ impl CallWatch {
             }
         }
         self.fence(names)
+    }
+
+    /// Whether the output so far ends with the `<tool_call>` tag's text.
+    fn ends_with_tag(&self) -> bool {
+        self.text.ends_with(TAG)
+    }
+
+    /// Where the `<tool_call>` tag's text ends in the last piece pushed (`len` bytes), if it
+    /// does: the offset of its `>` in that piece (the tag may start in earlier pieces, and the
+    /// piece go on after it, as Qwen's `>\n` does).
+    pub fn tag_end_in_last(&self, len: usize) -> Option<usize> {
+        let start = self.text.len() - len;
+        let from = start.saturating_sub(TAG.len() - 1);
+        let end = find(&self.text[from..], TAG).map(|i| from + i + TAG.len() - 1)?;
+        (end >= start).then(|| end - start)
     }
 
     /// The grammar refused the output at `start` (the model's layout does not fit it): that
@@ -134,7 +152,7 @@ mod tests {
     /// Feeds `pieces` in order; the first call start seen, and after which piece.
     fn watch(pieces: &[&str]) -> Option<(usize, CallStart)> {
         let mut w = CallWatch::new();
-        pieces.iter().enumerate().find_map(|(i, p)| w.push(p.as_bytes(), &names()).map(|s| (i, s)))
+        pieces.iter().enumerate().find_map(|(i, p)| w.push(p.as_bytes(), &names(), None).map(|s| (i, s)))
     }
 
     #[test]
@@ -147,6 +165,23 @@ mod tests {
         assert_eq!(watch(&fenced), Some((2, CallStart::Fenced { prefix: 2 })));
         assert_eq!(watch(&["<tool_call>"]), Some((0, CallStart::Tagged)));
         assert_eq!(watch(&["Sure", "<tool", "_call>"]), Some((2, CallStart::Tagged)));
+    }
+
+    #[test]
+    fn where_the_tag_is_a_token_only_that_token_starts_a_tagged_call() {
+        let mut w = CallWatch::new();
+        assert_eq!(w.push(b"Echo: <tool", &names(), Some(false)), None);
+        assert_eq!(w.push(b"_call>", &names(), Some(false)), None);
+        assert_eq!(w.tag_end_in_last(b"_call>".len()), Some(5));
+        assert_eq!(w.push(b" {", &names(), Some(false)), None);
+        assert_eq!(w.tag_end_in_last(2), None);
+        let mut w = CallWatch::new();
+        for piece in ["<", "tool", "_call"] {
+            assert_eq!(w.push(piece.as_bytes(), &names(), Some(false)), None);
+        }
+        assert_eq!(w.push(b">\n", &names(), Some(false)), None);
+        assert_eq!(w.tag_end_in_last(2), Some(0), "the tag ends inside the piece");
+        assert_eq!(w.push(b"<tool_call>", &names(), Some(true)), Some(CallStart::Tagged));
     }
 
     #[test]
@@ -171,8 +206,8 @@ mod tests {
         let call = b"```json\n{\"name\": \"get_weather\", \"arguments\": {";
         for (before, text) in [(&b"caf\xC3\xA9 "[..], Some("caf\u{e9} ")), (b"caf\xC3", None), (b"\xFF\xFE ok ", None)] {
             let mut w = CallWatch::new();
-            assert_eq!(w.push(before, &names()), None);
-            assert_eq!(w.push(call, &names()), Some(CallStart::Fenced { prefix: before.len() }), "{before:?}");
+            assert_eq!(w.push(before, &names(), None), None);
+            assert_eq!(w.push(call, &names(), None), Some(CallStart::Fenced { prefix: before.len() }), "{before:?}");
             assert_eq!(w.text_before(before.len()), text, "{before:?}");
         }
         assert_eq!(CallWatch::new().text_before(3), None, "past the output's end");
