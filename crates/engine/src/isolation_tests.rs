@@ -1,14 +1,14 @@
 //! One request's bad output or failure stays that request's: bytes that are not UTF-8 before a
 //! fenced tool call, and a panic in one request's step, end at most that request.
 
-use serde_json::json;
 use tokio::sync::mpsc::error::TryRecvError;
 
 use crate::engine_tests::{drain, eos, tiny_model};
+use crate::kv_layout_tests::greedy;
 use crate::sequence::{ActiveRequest, Job};
 use crate::{
     ChatInput, Constraint, Engine, EngineConfig, EngineError, Event, GenerationHandle, Generator, Health, LazyTools,
-    Outcome, SamplingParams, SpeculationConfig,
+    Outcome, SpeculationConfig,
 };
 
 fn start(parallel: u32) -> Engine {
@@ -32,19 +32,9 @@ fn lazy_tools() -> LazyTools {
     }
 }
 
+/// One greedy choice of `text`.
 fn chat(text: &str, max_tokens: u32) -> ChatInput {
-    ChatInput {
-        messages: vec![json!({"role": "user", "content": text})],
-        tools: None,
-        n: 1,
-        max_tokens: Some(max_tokens),
-        stop: Vec::new(),
-        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
-        logprobs: None,
-        constraint: None,
-        lazy_tools: None,
-        cache_scope: crate::CacheScope::default(),
-    }
+    greedy(text, 1, max_tokens)
 }
 
 /// A request on `engine`'s model as the scheduler holds it once admitted into sequence 0.

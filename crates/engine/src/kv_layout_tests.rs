@@ -14,7 +14,7 @@ fn start(layout: KvLayout, parallel: u32) -> Engine {
     Engine::start(config).unwrap()
 }
 
-fn greedy(text: &str, n: u32, max_tokens: u32) -> ChatInput {
+pub(crate) fn greedy(text: &str, n: u32, max_tokens: u32) -> ChatInput {
     ChatInput {
         messages: vec![json!({"role": "user", "content": text})],
         tools: None,
