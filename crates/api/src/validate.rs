@@ -409,29 +409,27 @@ fn check_array_len(param: &str, arr: &[Value], max: usize) -> Result<(), ApiErro
     if arr.len() <= max {
         return Ok(());
     }
+    Err(above_max_length(param, "array", max, arr.len()))
+}
+
+/// OpenAI's refusal of an array or string over its maximum length: "Invalid 'param': array too
+/// long. …" with the code `array_above_max_length` (`string_…` for a string).
+fn above_max_length(param: &str, kind: &str, max: usize, len: usize) -> ApiError {
     let mut e = ApiError::invalid_value(
         param,
         format!(
-            "Invalid '{param}': array too long. Expected an array with maximum length {max}, but got an array with length {} instead.",
-            arr.len()
+            "Invalid '{param}': {kind} too long. Expected {article} {kind} with maximum length {max}, but got {article} {kind} with length {len} instead.",
+            article = if kind == "array" { "an" } else { "a" },
         ),
     );
-    e.code = Some("array_above_max_length".into());
-    Err(e)
+    e.code = Some(format!("{kind}_above_max_length"));
+    e
 }
 
 /// OpenAI's rule for function names: 1 to 64 letters, digits, underscores or dashes.
 fn check_function_name(param: &str, name: &str) -> Result<(), ApiError> {
     if name.len() > MAX_FUNCTION_NAME_LEN {
-        let mut e = ApiError::invalid_value(
-            param,
-            format!(
-                "Invalid '{param}': string too long. Expected a string with maximum length {MAX_FUNCTION_NAME_LEN}, but got a string with length {} instead.",
-                name.len()
-            ),
-        );
-        e.code = Some("string_above_max_length".into());
-        return Err(e);
+        return Err(above_max_length(param, "string", MAX_FUNCTION_NAME_LEN, name.len()));
     }
     if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
         let mut e = ApiError::invalid_value(
