@@ -220,15 +220,7 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
         None => return Ok(Vec::new()),
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => {
-            if a.len() > 4 {
-                return Err(ApiError::invalid_value(
-                    "stop",
-                    format!(
-                        "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length {} instead.",
-                        a.len()
-                    ),
-                ));
-            }
+            check_array_len("stop", a, 4)?;
             a.iter()
                 .enumerate()
                 .map(|(i, s)| s.as_str().map(str::to_owned).ok_or_else(|| type_error(&format!("stop[{i}]"), "a string", s)))

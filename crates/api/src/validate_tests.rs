@@ -287,6 +287,8 @@ fn hostile_sizes_are_refused_naming_their_param() {
     assert_eq!(e.param.as_deref(), Some("tools"));
     assert_eq!(e.code.as_deref(), Some("array_above_max_length"));
     assert!(e.message.contains("maximum length 128, but got an array with length 129"), "{}", e.message);
+    let e = refused(with(json!({"stop": ["a", "b", "c", "d", "e"]})));
+    assert_eq!((e.param.as_deref(), e.code.as_deref()), (Some("stop"), Some("array_above_max_length")));
 
     // Few tools, each under the schema limit, but too many bytes together.
     let big = MAX_SCHEMA_BYTES - 100;
