@@ -15,9 +15,9 @@ use crate::workloads::{Request, Workload};
 pub struct Target {
     pub client: reqwest::Client,
     pub base_url: String,
-    pub api_key: Option<String>,
+    /// The keys requests are sent with (none: no `Authorization`); a request's `key_slot` picks one.
+    pub api_keys: Vec<String>,
     pub model: String,
-    pub temperature: f64,
 }
 
 /// Incremental Server-Sent-Events decoder: feed raw bytes, get the `data:` payloads of complete
@@ -61,7 +61,7 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 pub enum Chunk {
     Done,
     /// Visible text (content or reasoning) and the usage block when present.
-    Data { text: Option<String>, completion_tokens: Option<u64>, prompt_tokens: Option<u64> },
+    Data { text: Option<String>, completion_tokens: Option<u64>, prompt_tokens: Option<u64>, cached_tokens: Option<u64> },
     Error(String),
 }
 
@@ -87,6 +87,7 @@ pub fn parse_chunk(data: &str) -> Chunk {
         text,
         completion_tokens: usage.and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64),
         prompt_tokens: usage.and_then(|u| u.get("prompt_tokens")).and_then(Value::as_u64),
+        cached_tokens: usage.and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens")).and_then(Value::as_u64),
     }
 }
 
@@ -99,26 +100,35 @@ pub async fn stream_request(target: &Target, request: Request, max_tokens: u32) 
     sample
 }
 
-async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mut RequestSample) -> Result<()> {
+/// The JSON body of `request`, the same for both servers: only the model id differs.
+pub fn request_body(model: &str, request: &Request, max_tokens: u32) -> Value {
     let mut body = json!({
-        "model": target.model,
+        "model": model,
         "messages": request.messages,
         "stream": true,
         "stream_options": {"include_usage": true},
-        "temperature": target.temperature,
+        "temperature": request.temperature,
         "max_tokens": max_tokens,
     });
-    if let Some(format) = request.response_format {
-        body["response_format"] = format;
+    if let Some(top_p) = request.top_p {
+        body["top_p"] = json!(top_p);
     }
+    if let Some(format) = &request.response_format {
+        body["response_format"] = format.clone();
+    }
+    body
+}
+
+async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mut RequestSample) -> Result<()> {
+    let body = request_body(&target.model, &request, max_tokens);
     let start = Instant::now();
     let mut req = target
         .client
         .post(format!("{}/v1/chat/completions", target.base_url))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(serde_json::to_vec(&body)?);
-    if let Some(key) = &target.api_key {
-        req = req.bearer_auth(key);
+    if !target.api_keys.is_empty() {
+        req = req.bearer_auth(&target.api_keys[request.key_slot % target.api_keys.len()]);
     }
     let mut resp = req.send().await?;
     if !resp.status().is_success() {
@@ -136,7 +146,7 @@ async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mu
             match parse_chunk(&data) {
                 Chunk::Done => break 'read,
                 Chunk::Error(e) => bail!("stream error: {e}"),
-                Chunk::Data { text, completion_tokens, prompt_tokens } => {
+                Chunk::Data { text, completion_tokens, prompt_tokens, cached_tokens } => {
                     if text.is_some() {
                         deltas += 1;
                         match last {
@@ -147,6 +157,7 @@ async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mu
                     }
                     usage_tokens = completion_tokens.or(usage_tokens);
                     s.prompt_tokens = prompt_tokens.or(s.prompt_tokens);
+                    s.cached_tokens = cached_tokens.or(s.cached_tokens);
                 }
             }
         }
@@ -182,7 +193,7 @@ pub async fn run_level(target: &Target, workload: &Workload, pass: usize, concur
     for t in tasks {
         samples.extend(t.await.unwrap_or_default());
     }
-    let mut result = summarize(workload.kind.name(), concurrency, &samples, started.elapsed().as_secs_f64());
+    let mut result = summarize(&workload.label(), concurrency, &samples, started.elapsed().as_secs_f64());
     result.pass = pass;
     result
 }
@@ -211,13 +222,34 @@ mod tests {
     #[test]
     fn chunks_parse_content_usage_and_errors() {
         let c = parse_chunk(r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#);
-        assert_eq!(c, Chunk::Data { text: Some("Hi".into()), completion_tokens: None, prompt_tokens: None });
+        let none = Chunk::Data { text: None, completion_tokens: None, prompt_tokens: None, cached_tokens: None };
+        assert_eq!(c, Chunk::Data { text: Some("Hi".into()), completion_tokens: None, prompt_tokens: None, cached_tokens: None });
         let role = parse_chunk(r#"{"choices":[{"delta":{"role":"assistant","content":""}}],"usage":null}"#);
-        assert_eq!(role, Chunk::Data { text: None, completion_tokens: None, prompt_tokens: None });
+        assert_eq!(role, none);
         let usage = parse_chunk(r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":64,"total_tokens":76}}"#);
-        assert_eq!(usage, Chunk::Data { text: None, completion_tokens: Some(64), prompt_tokens: Some(12) });
+        assert_eq!(usage, Chunk::Data { text: None, completion_tokens: Some(64), prompt_tokens: Some(12), cached_tokens: None });
+        let cached = parse_chunk(
+            r#"{"choices":[],"usage":{"prompt_tokens":1040,"completion_tokens":32,"prompt_tokens_details":{"cached_tokens":1024}}}"#,
+        );
+        assert_eq!(cached, Chunk::Data { text: None, completion_tokens: Some(32), prompt_tokens: Some(1040), cached_tokens: Some(1024) });
         assert_eq!(parse_chunk(" [DONE]"), Chunk::Done);
         assert!(matches!(parse_chunk(r#"{"error":{"message":"boom"}}"#), Chunk::Error(_)));
         assert!(matches!(parse_chunk("not json"), Chunk::Error(_)));
+    }
+
+    #[test]
+    fn bodies_carry_the_requests_sampling_and_nothing_else_per_server() {
+        let greedy = Request::greedy(serde_json::json!([{"role": "user", "content": "Hi"}]));
+        let b = request_body("m", &greedy, 64);
+        assert_eq!((b["temperature"].as_f64(), b["max_tokens"].as_u64(), b["model"].as_str()), (Some(0.0), Some(64), Some("m")));
+        assert!(b.get("top_p").is_none() && b.get("seed").is_none() && b.get("response_format").is_none(), "{b}");
+        let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy.clone() };
+        let b = request_body("m", &sampled, 128);
+        assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.8), Some(0.95)));
+        assert!(b.get("seed").is_none(), "no seed: Gantry would skip its prompt cache for it");
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        let mut other = request_body("other-model", &sampled, 128);
+        other["model"] = "m".into();
+        assert_eq!(other, b, "both servers get the same body but for the model id");
     }
 }

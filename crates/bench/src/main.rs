@@ -15,7 +15,9 @@ mod host;
 mod load;
 mod mode;
 mod pairs;
+mod plan;
 mod report;
+mod scopes;
 mod servers;
 mod stats;
 mod targets;
@@ -32,9 +34,10 @@ use host::{busy_share, loadavg, machine};
 use load::{run_level, stream_request, Target};
 use mode::Mode;
 use pairs::{pairs, BuildNotes, Bins, Pair};
+use plan::Plan;
 use report::{Comparison, ServerRun};
 use servers::{Kind, Running, ServerSettings};
-use workloads::{Request, Workload};
+use workloads::Request;
 
 #[derive(Parser, Debug)]
 #[command(name = "gantry-bench", about = "Gantry vs llama-server streaming benchmark")]
@@ -62,8 +65,13 @@ struct Cli {
     /// Which servers to run.
     #[arg(long, value_delimiter = ',', default_value = "gantry,reference")]
     servers: Vec<String>,
-    /// Workloads to run: chat, shared-prefix, code-edit, prose, extract.
-    #[arg(long, value_delimiter = ',', default_value = "chat,shared-prefix,code-edit,prose,extract")]
+    /// Workloads to run: chat, shared-prefix, code-edit, prose, extract, chat-sampled, chat-top-p,
+    /// cache-scopes (Gantry only).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "chat,shared-prefix,code-edit,prose,extract,chat-sampled,chat-top-p,cache-scopes"
+    )]
     workloads: Vec<String>,
     /// Passes over all workloads; the server order flips every pass (2 passes = A-B-B-A).
     #[arg(long, default_value_t = 2)]
@@ -90,8 +98,28 @@ struct Cli {
     /// Completion tokens asked for per chat and shared-prefix request.
     #[arg(long, default_value_t = 64)]
     max_tokens: u32,
+    /// Temperature of the greedy workloads (the sampled ones and cache-scopes use 0.8).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
+    /// Concurrency levels of chat-sampled (temperature 0.8) [default: 1,8; with --gpu 1,64].
+    #[arg(long, value_delimiter = ',')]
+    sampled_concurrency: Vec<usize>,
+    /// Concurrency levels of chat-top-p (temperature 0.8, top_p 0.95) [default: 8; with --gpu 64].
+    #[arg(long, value_delimiter = ',')]
+    top_p_concurrency: Vec<usize>,
+    /// Completion tokens asked for per chat-sampled and chat-top-p request.
+    #[arg(long, default_value_t = 128)]
+    sampled_max_tokens: u32,
+    /// cache-scopes: approximate length of the system prompt every request shares.
+    #[arg(long, default_value_t = 1000)]
+    cache_scope_prefix_tokens: usize,
+    #[arg(long, default_value_t = 2)]
+    cache_scope_concurrency: usize,
+    /// cache-scopes: requests per combination (tenants × scope) and pass.
+    #[arg(long, default_value_t = 16)]
+    cache_scope_requests: usize,
+    #[arg(long, default_value_t = 32)]
+    cache_scope_max_tokens: u32,
     /// Approximate length of the shared system prompt.
     #[arg(long, default_value_t = 1500)]
     shared_prefix_tokens: usize,
@@ -162,6 +190,8 @@ struct Up {
     running: Running,
     target: Target,
     run: ServerRun,
+    /// cache-scopes (Gantry only): the keys of each combination's tenants.
+    scope_keys: Vec<(scopes::Tenancy, Vec<String>)>,
 }
 
 async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettings) -> Result<Up> {
@@ -176,11 +206,10 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
     let target = Target {
         client,
         base_url: running.base_url.clone(),
-        api_key: running.api_key.clone(),
+        api_keys: running.api_key.iter().cloned().collect(),
         model: running.model_id.clone(),
-        temperature: cli.temperature,
     };
-    let hello = Request { messages: json!([{"role": "user", "content": "Say hello."}]), response_format: None };
+    let hello = Request { temperature: cli.temperature, ..Request::greedy(json!([{"role": "user", "content": "Say hello."}])) };
     let warm = stream_request(&target, hello, 8).await;
     if let Some(e) = warm.error {
         let tail = running.log_tail();
@@ -199,7 +228,7 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
         load_before,
         levels: Vec::new(),
     };
-    Ok(Up { running, target, run })
+    Ok(Up { running, target, run, scope_keys: Vec::new() })
 }
 
 /// GPU mode: what the server says of its offload. A Gantry that found no GPU (a CPU build, or
@@ -225,7 +254,7 @@ async fn check_gpu_offload(running: &Running, model: &Path) -> Result<String> {
     Ok(format!("{}; NOT CONFIRMED on the GPU", offload.describe()))
 }
 
-async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &[(Workload, Vec<(usize, usize)>)], warnings: &mut Vec<String>) -> Result<Comparison> {
+async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &Plan, warnings: &mut Vec<String>) -> Result<Comparison> {
     eprintln!("[bench] == {} ==", pair.title);
     let mut up: Vec<Up> = Vec::new();
     for name in &cli.servers {
@@ -239,7 +268,22 @@ async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &
             continue;
         };
         match start_server(kind, bin, cli, settings).await {
-            Ok(u) => up.push(u),
+            Ok(mut u) => {
+                let tenancies = workloads.iter().filter_map(|(w, _)| w.tenancy.filter(|_| kind == Kind::Gantry));
+                for tenancy in tenancies.collect::<Vec<_>>() {
+                    match scopes::create_keys(&u.running, tenancy).await {
+                        Ok(keys) => u.scope_keys.push((tenancy, keys)),
+                        Err(e) => {
+                            u.running.stop().await.ok();
+                            for u in up {
+                                u.running.stop().await.ok();
+                            }
+                            return Err(e.context("creating the cache-scopes keys"));
+                        }
+                    }
+                }
+                up.push(u)
+            }
             Err(e) => {
                 for u in up {
                     u.running.stop().await.ok();
@@ -254,23 +298,34 @@ async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &
                 // A-B-B-A: the first server first on even passes, last on odd ones.
                 let order: Vec<usize> = if pass % 2 == 0 { (0..up.len()).collect() } else { (0..up.len()).rev().collect() };
                 for i in order {
+                    if workload.kind.gantry_only() && up[i].running.kind != Kind::Gantry {
+                        continue;
+                    }
+                    let mut target = up[i].target.clone();
+                    if let Some(tenancy) = workload.tenancy {
+                        let keys = up[i].scope_keys.iter().find(|(t, _)| *t == tenancy).map(|(_, k)| k.clone());
+                        target.api_keys = keys.unwrap_or_default();
+                    }
                     let label = up[i].run.name.clone();
                     if let Some(busy) = busy_share(Duration::from_secs(1)).await {
                         if busy > 0.15 {
                             let w = format!(
                                 "{label} {} c={concurrency} pass {pass}: {:.0}% of the CPU busy with other work just before",
-                                workload.kind.name(),
+                                workload.label(),
                                 busy * 100.0
                             );
                             eprintln!("[bench] warning: {w}");
                             warnings.push(w);
                         }
                     }
-                    eprintln!("[bench] pass {pass} {label} {} c={concurrency} n={requests} ...", workload.kind.name());
-                    let r = run_level(&up[i].target, workload, pass, concurrency, requests).await;
+                    eprintln!("[bench] pass {pass} {label} {} c={concurrency} n={requests} ...", workload.label());
+                    let r = run_level(&target, workload, pass, concurrency, requests).await;
                     eprintln!(
-                        "[bench]   {:.1} tok/s, TTFT p50 {} ms, ITL p50 {} ms, {} failed{}",
+                        "[bench]   {:.1} tok/s ({} tokens; {} of {} prompt tokens cached), TTFT p50 {} ms, ITL p50 {} ms, {} failed{}",
                         r.tokens_per_s,
+                        r.completion_tokens,
+                        r.cached_tokens,
+                        r.prompt_tokens,
                         r.ttft_p50_ms.map(|v| format!("{v:.0}")).unwrap_or("n/a".into()),
                         r.itl_p50_ms.map(|v| format!("{v:.1}")).unwrap_or("n/a".into()),
                         r.failed,
@@ -305,24 +360,17 @@ async fn main() -> Result<()> {
     }
     let mode = cli.mode();
     mode.check(cli.gantry_avx2_bin.is_some() || cli.reference_avx2_bin.is_some())?;
-    let concurrency = cli.concurrency();
-    let requests = cli.requests();
     let (out, chart) = cli.outputs();
     let mut kinds = Vec::new();
     for name in &cli.workloads {
         let Some(kind) = workloads::Kind::parse(name) else {
-            bail!("unknown workload {name:?} (chat, shared-prefix, code-edit, prose, extract)");
+            let known: Vec<&str> = workloads::Kind::ALL.iter().map(|k| k.name()).collect();
+            bail!("unknown workload {name:?} ({})", known.join(", "));
         };
         kinds.push(kind);
     }
-    let wants = |k: workloads::Kind| kinds.contains(&k);
-    let max_c = concurrency
-        .iter()
-        .copied()
-        .filter(|_| wants(workloads::Kind::Chat))
-        .chain(wants(workloads::Kind::SharedPrefix).then_some(cli.shared_prefix_concurrency))
-        .max()
-        .unwrap_or(1);
+    let plan = plan::build(&cli, &kinds);
+    let max_c = plan::max_concurrency(&plan);
     let nproc = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
     let settings = ServerSettings {
         model: cli.model.canonicalize()?,
@@ -332,35 +380,6 @@ async fn main() -> Result<()> {
         ready_timeout: Duration::from_secs(cli.ready_timeout),
         gpu: mode == Mode::Gpu,
     };
-    let base = Workload {
-        kind: workloads::Kind::Chat,
-        prompt_tokens: cli.prompt_tokens,
-        shared_prefix_tokens: cli.shared_prefix_tokens,
-        max_tokens: cli.max_tokens,
-        seed: cli.seed,
-    };
-    let mut plan: Vec<(Workload, Vec<(usize, usize)>)> = Vec::new();
-    for &kind in &kinds {
-        let w = Workload { kind, ..base.clone() };
-        let levels = match kind {
-            workloads::Kind::Chat => concurrency.iter().map(|&c| (c, requests.max(c))).collect(),
-            workloads::Kind::SharedPrefix => {
-                let c = cli.shared_prefix_concurrency;
-                vec![(c, cli.shared_prefix_requests.max(c))]
-            }
-            workloads::Kind::CodeEdit => vec![(1, cli.code_edit_requests.max(1))],
-            workloads::Kind::Prose => vec![(1, cli.prose_requests.max(1))],
-            workloads::Kind::Extract => vec![(1, cli.extract_requests.max(1))],
-        };
-        let max_tokens = match kind {
-            workloads::Kind::CodeEdit => cli.code_edit_max_tokens,
-            workloads::Kind::Prose => cli.prose_max_tokens,
-            workloads::Kind::Extract => cli.extract_max_tokens,
-            _ => cli.max_tokens,
-        };
-        plan.push((Workload { max_tokens, ..w }, levels));
-    }
-
     let bins = Bins {
         gantry: cli.gantry_bin.clone(),
         reference: cli.reference_bin.clone(),
@@ -370,8 +389,10 @@ async fn main() -> Result<()> {
     let pairs = pairs(mode, &bins, &BuildNotes::from_env());
     let mut comparisons = Vec::new();
     let mut warnings = Vec::new();
-    for pair in &pairs {
-        let c = compare(pair, &cli, &settings, &plan, &mut warnings).await.with_context(|| format!("comparison {:?}", pair.title))?;
+    for (n, pair) in pairs.iter().enumerate() {
+        // Gantry-only workloads describe Gantry, not a pair of builds: the first pair measures them.
+        let pair_plan: Plan = plan.iter().filter(|(w, _)| n == 0 || !w.kind.gantry_only()).cloned().collect();
+        let c = compare(pair, &cli, &settings, &pair_plan, &mut warnings).await.with_context(|| format!("comparison {:?}", pair.title))?;
         println!("\n## {}\n\n{}\n", c.title, c.kernels);
         for r in &c.runs {
             println!("{} CPU kernels: {}", r.name, r.cpu_features);
@@ -381,6 +402,9 @@ async fn main() -> Result<()> {
         }
         println!("\nResults (means over {} passes)\n\n{}", cli.passes, report::results_table(&c.runs));
         println!("Gantry / llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}", report::ratio_table(&c.runs));
+        if let Some(t) = scopes::cache_scope_table(&c.runs) {
+            println!("Cost of per-tenant cache scopes (Gantry only)\n\n{t}");
+        }
         comparisons.push(c);
     }
     let machine = machine(mode == Mode::Gpu);
@@ -407,27 +431,7 @@ async fn main() -> Result<()> {
         date: report::utc_now(),
         machine,
         bench_command: std::env::args().map(|a| if a.contains(' ') { format!("'{a}'") } else { a }).collect::<Vec<_>>().join(" "),
-        settings: format!(
-            "- Model: `{}` ({model_size:.0} MB)\n- Threads: {}, parallel sequences/slots: {}, context per sequence: {} (llama-server `-c {}`)\n\
-             - Passes: {} (server order flipped every pass), temperature {}\n\
-             - Workload `chat`: ~{} prompt tokens (distinct per request), max_tokens {}, concurrency {:?}, {} requests per level (closed loop)\n\
-             - Workload `shared-prefix`: one shared ~{}-token system prompt + a short distinct user turn, concurrency {}, {} requests (a cold burst)\n\
-             - Workload `code-edit`: a 95–100 line Python or Rust file and one small change (rename, new parameter), the whole file asked back; single stream, {} requests, max_tokens {}\n\
-             - Workload `prose`: open-ended essay; single stream, {} requests, max_tokens {}\n\
-             - Workload `extract`: a paragraph → `response_format` `json_schema` with 9 required keys (same schema for both); single stream, {} requests, max_tokens {}\n\
-             - Each server is warmed up with one short request after it starts. The two llama.cpp revisions differ.",
-            settings.model.display(), settings.threads, settings.parallel, settings.ctx_per_seq, settings.ctx_per_seq * settings.parallel,
-            cli.passes, cli.temperature,
-            cli.prompt_tokens, cli.max_tokens, concurrency, requests,
-            cli.shared_prefix_tokens, cli.shared_prefix_concurrency, cli.shared_prefix_requests,
-            cli.code_edit_requests, cli.code_edit_max_tokens, cli.prose_requests, cli.prose_max_tokens,
-            cli.extract_requests, cli.extract_max_tokens,
-        ) + if settings.gpu {
-            "\n- GPU offload: every layer and the KV cache, for both (Gantry's `--n-gpu-layers` default, llama-server \
-             `-ngl 999`); the threads only feed the GPU"
-        } else {
-            ""
-        },
+        settings: plan::describe(&cli, &settings, model_size),
         chart_file: chart_ref,
         reference_builds,
         quiet_warnings: warnings,

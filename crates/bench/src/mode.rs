@@ -45,6 +45,22 @@ impl Mode {
         }
     }
 
+    /// Levels of `chat-sampled` (issue #34): one stream, and the level where batching counts.
+    pub fn default_sampled_concurrency(self) -> Vec<usize> {
+        match self {
+            Mode::Cpu => vec![1, 8],
+            Mode::Gpu => vec![1, 64],
+        }
+    }
+
+    /// Levels of `chat-top-p`: the batched one of `chat-sampled`.
+    pub fn default_top_p_concurrency(self) -> Vec<usize> {
+        match self {
+            Mode::Cpu => vec![8],
+            Mode::Gpu => vec![64],
+        }
+    }
+
     pub fn targets(self) -> &'static [Target] {
         match self {
             Mode::Cpu => &CPU_TARGETS,
@@ -143,6 +159,8 @@ mod tests {
         assert_eq!(Mode::Cpu.default_concurrency(), vec![1, 4, 8, 16]);
         assert_eq!(Mode::Gpu.default_requests(), 64);
         assert_eq!(Mode::Cpu.default_requests(), 16);
+        assert_eq!((Mode::Gpu.default_sampled_concurrency(), Mode::Gpu.default_top_p_concurrency()), (vec![1, 64], vec![64]));
+        assert_eq!((Mode::Cpu.default_sampled_concurrency(), Mode::Cpu.default_top_p_concurrency()), (vec![1, 8], vec![8]));
         let (md, svg) = Mode::Gpu.default_outputs();
         assert_eq!(md, PathBuf::from("docs/benchmarks-gpu.md"));
         assert_eq!(svg, PathBuf::from("docs/bench-chart-gpu.svg"));
@@ -160,7 +178,11 @@ mod tests {
     #[test]
     fn each_mode_checks_its_own_issue_targets() {
         let names = |m: Mode| m.targets().iter().map(|t| (t.workload, t.concurrency, t.bound)).collect::<Vec<_>>();
-        assert_eq!(names(Mode::Gpu), vec![("chat", 1, 1.0), ("chat", 32, 1.1)]);
+        assert_eq!(
+            names(Mode::Gpu),
+            vec![("chat", 1, 1.0), ("chat", 32, 1.1), ("chat-sampled", 1, 1.2), ("chat-sampled", 64, 2.0)]
+        );
+        assert!(names(Mode::Cpu).contains(&("chat-sampled", 8, 1.1)));
         assert!(names(Mode::Cpu).contains(&("chat", 1, 1.05)));
         assert!(!names(Mode::Cpu).iter().any(|t| t.1 == 32));
     }

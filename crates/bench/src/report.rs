@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::mode::Mode;
+use crate::scopes::{cache_scope_table, Tenancy};
 use crate::stats::{ratio, LevelResult};
 use crate::targets::targets_table;
 
@@ -90,8 +91,11 @@ fn merge(levels: &[&LevelResult]) -> Option<LevelResult> {
         wall_s: levels.iter().map(|l| l.wall_s).sum(),
         completion_tokens: levels.iter().map(|l| l.completion_tokens).sum(),
         mean_prompt_tokens: m(|l| l.mean_prompt_tokens),
+        prompt_tokens: levels.iter().map(|l| l.prompt_tokens).sum(),
+        cached_tokens: levels.iter().map(|l| l.cached_tokens).sum(),
         tokens_per_s: m(|l| Some(l.tokens_per_s)).unwrap_or(0.0),
         requests_per_s: m(|l| Some(l.requests_per_s)).unwrap_or(0.0),
+        ttft_mean_ms: m(|l| l.ttft_mean_ms),
         ttft_p50_ms: m(|l| l.ttft_p50_ms),
         ttft_p95_ms: m(|l| l.ttft_p95_ms),
         itl_p50_ms: m(|l| l.itl_p50_ms),
@@ -141,10 +145,11 @@ pub fn merged_runs(runs: &[ServerRun]) -> Vec<ServerRun> {
 pub fn results_table(runs: &[ServerRun]) -> String {
     let headers = [
         "workload", "conc", "server", "tok/s", "tok/s per pass", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
-        "ok/total", "prompt tok",
+        "ok/total", "prompt tok", "tok/req",
     ];
     let mut rows = Vec::new();
-    for key in cells(runs) {
+    // Gantry-only cells have their own table (`scopes::cache_scope_table`).
+    for key in cells(runs).into_iter().filter(|k| Tenancy::parse_label(&k.0).is_none()) {
         for run in runs {
             let all = passes(runs, &run.name, &key);
             let Some(l) = merge(&all) else { continue };
@@ -161,6 +166,8 @@ pub fn results_table(runs: &[ServerRun]) -> String {
                 f(l.itl_p95_ms, 1),
                 format!("{}/{}", l.requests - l.failed, l.requests),
                 f(l.mean_prompt_tokens, 0),
+                // Completion tokens per answer: equal across servers when none stops before max_tokens.
+                f((l.requests > l.failed).then(|| l.completion_tokens as f64 / (l.requests - l.failed) as f64), 0),
             ]);
         }
     }
@@ -263,6 +270,16 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
             let gpu = r.gpu_offload.as_ref().map(|g| format!(", GPU offload `{g}`")).unwrap_or_default();
             let _ = writeln!(md, "{} ({}), CPU kernels `{}`{gpu}:\n\n```\n{}\n```\n", r.name, r.version, r.cpu_features, r.command);
         }
+    }
+    if let Some(t) = comparisons.first().and_then(|c| cache_scope_table(&c.runs)) {
+        let _ = writeln!(
+            md,
+            "## Cost of per-tenant cache scopes\n\nGantry alone (llama-server has no tenants), workload `cache-scopes`: \
+             every request shares one system prompt, and goes to the keys of 1 or 4 tenants in turn, all with \
+             `cache_scope` `shared` or all `tenant` (docs/security.md, \"Prompt cache scopes\"). Hit rate is Σ \
+             `usage.prompt_tokens_details.cached_tokens` ÷ Σ `usage.prompt_tokens` over every pass; TTFT mean and p50 \
+             are means over passes. With `tenant`, each tenant computes the system prompt once for itself.\n\n{t}"
+        );
     }
     let _ = writeln!(md, "## Settings\n\n{}\n", ctx.settings);
     if !ctx.quiet_warnings.is_empty() {
@@ -375,6 +392,24 @@ pub(crate) mod tests {
             assert!(md.contains(needle), "{needle}: {md}");
         }
         assert!(!md.contains("GPU offload") && !md.contains("offloaded"), "{md}");
+        assert!(!md.contains("cache scopes"), "no cache-scopes table without its workload: {md}");
+    }
+
+    #[test]
+    fn cache_scopes_get_their_own_section_not_rows_of_the_comparison() {
+        let scoped = level("cache-scopes/4/tenant", 2, 0, 64.0, 1.5);
+        let g = run(GANTRY, vec![level("chat-sampled", 8, 0, 110.0, 0.2), scoped]);
+        let r = run(REFERENCE, vec![level("chat-sampled", 8, 0, 100.0, 0.2)]);
+        let c = Comparison { title: "Both native".into(), kernels: "k".into(), runs: vec![g, r] };
+        let results = results_table(&c.runs);
+        assert!(results.contains("chat-sampled") && !results.contains("cache-scopes"), "{results}");
+        assert!(results.lines().next().unwrap().contains("tok/req"));
+        assert!(results.lines().any(|l| l.contains("| Gantry ") && l.trim_end().ends_with("| 110     |")), "{results}");
+        assert!(!ratio_table(&c.runs).contains("cache-scopes"));
+        let md = markdown(&[c], &context(Mode::Cpu, "CPU: Test CPU"));
+        let section = md.split("## Cost of per-tenant cache scopes").nth(1).expect("the section").split("\n## ").next().unwrap();
+        assert!(section.contains("| 4       | tenant") && section.contains("| 1500 "), "{section}");
+        assert!(md.contains("chat-sampled c=8 tok/s ≥ 1.1"), "{md}");
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct Running {
     bin: PathBuf,
     child: Child,
     log: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// llama-server's "every layer on the GPU": more layers than any model has.
@@ -168,7 +168,7 @@ pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running
             fallback_id
         }
     };
-    Ok(Running { kind, base_url, model_id, api_key, command, version, bin: bin.to_path_buf(), child, log, _dir: dir })
+    Ok(Running { kind, base_url, model_id, api_key, command, version, bin: bin.to_path_buf(), child, log, dir })
 }
 
 /// `Gantry is serving `ID` at http://…/v1` → `ID`.
@@ -195,6 +195,20 @@ impl Running {
             self.child.kill().await?;
         }
         Ok(())
+    }
+
+    /// Runs `<gantry> ARGS --data-dir <this server's data dir>` (e.g. `keys create`) and returns
+    /// its stdout. Gantry only.
+    pub async fn run_cli(&self, args: &[&str]) -> Result<String> {
+        if self.kind != Kind::Gantry {
+            bail!("{} has no Gantry CLI", self.kind.label());
+        }
+        let data_dir = self.dir.path().join("data");
+        let out = Command::new(&self.bin).args(args).arg("--data-dir").arg(&data_dir).stdin(Stdio::null()).output().await?;
+        if !out.status.success() {
+            bail!("gantry {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Where the server put the model, as far as can be told: what it says itself (Gantry's

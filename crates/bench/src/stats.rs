@@ -11,6 +11,8 @@ pub struct RequestSample {
     pub itl: Vec<f64>,
     pub completion_tokens: u64,
     pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens served from the prompt cache.
+    pub cached_tokens: Option<u64>,
     pub error: Option<String>,
 }
 
@@ -26,8 +28,12 @@ pub struct LevelResult {
     pub wall_s: f64,
     pub completion_tokens: u64,
     pub mean_prompt_tokens: Option<f64>,
+    /// Sums over the successful requests' usage: the prompt cache's hit rate is their quotient.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
     pub tokens_per_s: f64,
     pub requests_per_s: f64,
+    pub ttft_mean_ms: Option<f64>,
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p95_ms: Option<f64>,
     pub itl_p50_ms: Option<f64>,
@@ -66,8 +72,11 @@ pub fn summarize(workload: &str, concurrency: usize, samples: &[RequestSample], 
         wall_s,
         completion_tokens,
         mean_prompt_tokens: (!prompts.is_empty()).then(|| prompts.iter().sum::<f64>() / prompts.len() as f64),
+        prompt_tokens: ok.iter().filter_map(|s| s.prompt_tokens).sum(),
+        cached_tokens: ok.iter().filter_map(|s| s.cached_tokens).sum(),
         tokens_per_s: per_s(completion_tokens as f64),
         requests_per_s: per_s(ok.len() as f64),
+        ttft_mean_ms: ms((!ttft.is_empty()).then(|| ttft.iter().sum::<f64>() / ttft.len() as f64)),
         ttft_p50_ms: ms(percentile(&ttft, 50.0)),
         ttft_p95_ms: ms(percentile(&ttft, 95.0)),
         itl_p50_ms: ms(percentile(&itl, 50.0)),
@@ -115,6 +124,7 @@ mod tests {
             itl: vec![0.01, 0.03],
             completion_tokens: toks,
             prompt_tokens: Some(100),
+            cached_tokens: Some(toks),
             error: None,
         };
         let bad = RequestSample { error: Some("HTTP 503".into()), ..Default::default() };
@@ -127,6 +137,11 @@ mod tests {
         assert!((r.ttft_p50_ms.unwrap() - 200.0).abs() < 1e-9);
         assert!((r.itl_p50_ms.unwrap() - 20.0).abs() < 1e-9);
         assert_eq!(r.mean_prompt_tokens, Some(100.0));
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (200, 40), "the failed request's usage is left out");
+        assert!((r.ttft_mean_ms.unwrap() - 200.0).abs() < 1e-9);
+        let skewed = summarize("chat", 1, &[ok(0.1, 1), ok(0.1, 1), ok(1.0, 1)], 1.0);
+        assert!((skewed.ttft_mean_ms.unwrap() - 400.0).abs() < 1e-9 && (skewed.ttft_p50_ms.unwrap() - 100.0).abs() < 1e-9);
+        assert_eq!(summarize("chat", 1, &[], 1.0).ttft_mean_ms, None);
         assert_eq!(r.first_error.as_deref(), Some("HTTP 503"));
     }
 

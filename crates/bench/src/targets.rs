@@ -14,8 +14,8 @@ pub struct Target {
     pub bound: f64,
 }
 
-/// Issue #13: both servers native for the CPU.
-pub const CPU_TARGETS: [Target; 7] = [
+/// Issue #13: both servers native for the CPU; the sampled ones from issue #34.
+pub const CPU_TARGETS: [Target; 9] = [
     Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.05 },
     Target { workload: "chat", concurrency: 8, metric: "tok/s", at_least: true, bound: 1.1 },
     Target { workload: "chat", concurrency: 16, metric: "tok/s", at_least: true, bound: 1.0 },
@@ -23,13 +23,18 @@ pub const CPU_TARGETS: [Target; 7] = [
     Target { workload: "code-edit", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.5 },
     Target { workload: "extract", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.3 },
     Target { workload: "prose", concurrency: 1, metric: "tok/s", at_least: true, bound: 0.97 },
+    Target { workload: "chat-sampled", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.05 },
+    Target { workload: "chat-sampled", concurrency: 8, metric: "tok/s", at_least: true, bound: 1.1 },
 ];
 
 /// Issue #18: both servers on the GPU with every layer offloaded. A lone stream must not be
-/// slower, and batching 32 streams must pay off.
-pub const GPU_TARGETS: [Target; 2] = [
+/// slower, and batching 32 streams must pay off. Issue #34: sampled chat (temperature 0.8) must
+/// beat llama-server by more, alone and at 64 streams.
+pub const GPU_TARGETS: [Target; 4] = [
     Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.0 },
     Target { workload: "chat", concurrency: 32, metric: "tok/s", at_least: true, bound: 1.1 },
+    Target { workload: "chat-sampled", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.2 },
+    Target { workload: "chat-sampled", concurrency: 64, metric: "tok/s", at_least: true, bound: 2.0 },
 ];
 
 /// `targets` against the measured ratios (cells not measured are left out).
@@ -75,6 +80,32 @@ mod tests {
         assert!(!t.contains("code-edit"), "unmeasured targets are left out: {t}");
         let slow = vec![run(GANTRY, vec![level("chat", 1, 0, 19.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
         assert!(targets_table(&slow, &CPU_TARGETS).contains("| NO"));
+    }
+
+    #[test]
+    fn sampled_chat_has_its_own_targets_beside_every_greedy_one() {
+        // c=1: 1.06 meets the CPU's 1.05, misses the GPU's 1.2; c=8: 1.09 misses 1.1; c=64: 2.1 meets 2.0.
+        let runs = vec![
+            run(
+                GANTRY,
+                vec![level("chat-sampled", 1, 0, 106.0, 0.2), level("chat-sampled", 8, 0, 109.0, 0.2), level("chat-sampled", 64, 0, 210.0, 0.2)],
+            ),
+            run(
+                REFERENCE,
+                vec![level("chat-sampled", 1, 0, 100.0, 0.2), level("chat-sampled", 8, 0, 100.0, 0.2), level("chat-sampled", 64, 0, 100.0, 0.2)],
+            ),
+        ];
+        let cpu = targets_table(&runs, &CPU_TARGETS);
+        let line = |t: &str, needle: &str| t.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {t}")).to_string();
+        assert!(line(&cpu, "chat-sampled c=1 tok/s ≥ 1.05").contains("| yes"), "{cpu}");
+        assert!(line(&cpu, "chat-sampled c=8 tok/s ≥ 1.1").contains("| NO"), "{cpu}");
+        assert!(!cpu.contains("c=64"), "{cpu}");
+        let gpu = targets_table(&runs, &GPU_TARGETS);
+        assert!(line(&gpu, "chat-sampled c=1 tok/s ≥ 1.2").contains("| NO"), "{gpu}");
+        assert!(line(&gpu, "chat-sampled c=64 tok/s ≥ 2").contains("2.10") && line(&gpu, "c=64").contains("| yes"), "{gpu}");
+        for greedy in [("chat", 1, 1.05), ("chat", 8, 1.1), ("chat", 16, 1.0), ("code-edit", 1, 1.5), ("extract", 1, 1.3)] {
+            assert!(CPU_TARGETS.iter().any(|t| (t.workload, t.concurrency, t.bound) == greedy), "{greedy:?} kept");
+        }
     }
 
     #[test]

@@ -8,11 +8,20 @@
 //!   the answer is the whole file again, so most of it can be copied from the prompt.
 //! - `prose`: open-ended writing, nothing in the prompt to copy.
 //! - `extract`: a paragraph and a 9-key JSON schema (`response_format: json_schema`).
+//! - `chat-sampled`, `chat-top-p`: `chat`'s prompts sampled at temperature 0.8 (and top_p 0.95).
+//!   No seed, as most clients send none: Gantry computes a seeded request's prompt afresh (no
+//!   prompt cache), so a seed would change what is measured.
+//! - `cache-scopes` (Gantry only): one shared system prompt and short questions spread over the
+//!   keys of 1 or 4 tenants whose `cache_scope` is `shared` or `tenant` (see `scopes.rs`).
+//!
+//! Every other workload is greedy at `--temperature` (0 by default).
 //!
 //! The pass number is part of every seed, so a repeated pass never hits a cache filled by the
 //! previous one (in particular the shared prefix is cold in every pass).
 
 use serde_json::{json, Value};
+
+use crate::scopes::Tenancy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -21,10 +30,27 @@ pub enum Kind {
     CodeEdit,
     Prose,
     Extract,
+    ChatSampled,
+    ChatTopP,
+    CacheScopes,
 }
 
+/// Temperature of the sampled workloads.
+pub const SAMPLED_TEMPERATURE: f64 = 0.8;
+/// top_p of `chat-top-p`.
+pub const SAMPLED_TOP_P: f64 = 0.95;
+
 impl Kind {
-    pub const ALL: [Kind; 5] = [Kind::Chat, Kind::SharedPrefix, Kind::CodeEdit, Kind::Prose, Kind::Extract];
+    pub const ALL: [Kind; 8] = [
+        Kind::Chat,
+        Kind::SharedPrefix,
+        Kind::CodeEdit,
+        Kind::Prose,
+        Kind::Extract,
+        Kind::ChatSampled,
+        Kind::ChatTopP,
+        Kind::CacheScopes,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -33,7 +59,24 @@ impl Kind {
             Kind::CodeEdit => "code-edit",
             Kind::Prose => "prose",
             Kind::Extract => "extract",
+            Kind::ChatSampled => "chat-sampled",
+            Kind::ChatTopP => "chat-top-p",
+            Kind::CacheScopes => "cache-scopes",
         }
+    }
+
+    /// The sampled workloads' temperature and top_p; `None` for the greedy ones.
+    pub fn sampling(self) -> Option<(f64, Option<f64>)> {
+        match self {
+            Kind::ChatSampled | Kind::CacheScopes => Some((SAMPLED_TEMPERATURE, None)),
+            Kind::ChatTopP => Some((SAMPLED_TEMPERATURE, Some(SAMPLED_TOP_P))),
+            _ => None,
+        }
+    }
+
+    /// Measured on Gantry alone: llama-server has no API keys nor tenants.
+    pub fn gantry_only(self) -> bool {
+        self == Kind::CacheScopes
     }
 
     pub fn parse(name: &str) -> Option<Kind> {
@@ -50,13 +93,28 @@ pub struct Workload {
     pub shared_prefix_tokens: usize,
     pub max_tokens: u32,
     pub seed: u64,
+    pub temperature: f64,
+    pub top_p: Option<f64>,
+    /// `cache-scopes` only: the tenants the requests are spread over and their keys' scope.
+    pub tenancy: Option<Tenancy>,
 }
 
-/// One request's body parts.
+/// One request's body parts, and which of the target's keys sends it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Request {
     pub messages: Value,
     pub response_format: Option<Value>,
+    pub temperature: f64,
+    pub top_p: Option<f64>,
+    /// Index (modulo their number) into the target's keys.
+    pub key_slot: usize,
+}
+
+impl Request {
+    /// A greedy request with one user message, sent with the target's first key.
+    pub fn greedy(messages: Value) -> Request {
+        Request { messages, response_format: None, temperature: 0.0, top_p: None, key_slot: 0 }
+    }
 }
 
 const WORDS: &[&str] = &[
@@ -185,13 +243,22 @@ pub fn extract_schema() -> Value {
 }
 
 impl Workload {
+    /// The name its results go under: the kind's, and for `cache-scopes` the tenancy's.
+    pub fn label(&self) -> String {
+        match self.tenancy {
+            Some(t) if self.kind == Kind::CacheScopes => t.label(),
+            _ => self.kind.name().to_string(),
+        }
+    }
+
     /// Request `i` of a level at `concurrency` in pass `pass`.
     pub fn request(&self, pass: usize, concurrency: usize, i: usize) -> Request {
         let pass_seed = self.seed ^ ((pass as u64) << 48);
         let mut rng = Rng::new(pass_seed ^ ((concurrency as u64) << 32) ^ i as u64);
         let user = |text: String| json!([{"role": "user", "content": text}]);
+        let mut key_slot = 0;
         let (messages, response_format) = match self.kind {
-            Kind::Chat => {
+            Kind::Chat | Kind::ChatSampled | Kind::ChatTopP => {
                 let lead = format!("{} {} {}", rng.word(), rng.word(), rng.word());
                 let text = format!(
                     "[{lead} #{i}] Write a long, detailed story that uses all of these words: {}",
@@ -211,6 +278,18 @@ impl Workload {
                     rng.word(),
                     rng.word()
                 );
+                (json!([{"role": "system", "content": system}, {"role": "user", "content": question}]), None)
+            }
+            Kind::CacheScopes => {
+                // One system prompt per tenancy and pass: no combination finds another's prefix.
+                let tenancy = self.tenancy.unwrap_or_default();
+                key_slot = i % tenancy.tenants.max(1);
+                let mut shared = Rng::new(pass_seed ^ tenancy.seed_bits());
+                let system = format!(
+                    "You are the support assistant of a travel company. Answer briefly, using these notes.\n\n{}",
+                    filler(&mut shared, self.shared_prefix_tokens)
+                );
+                let question = format!("Question {i}: what is a {} {}?", rng.word(), rng.word());
                 (json!([{"role": "system", "content": system}, {"role": "user", "content": question}]), None)
             }
             Kind::CodeEdit => {
@@ -262,7 +341,7 @@ impl Workload {
                 (user(text), Some(format))
             }
         };
-        Request { messages, response_format }
+        Request { messages, response_format, temperature: self.temperature, top_p: self.top_p, key_slot }
     }
 }
 
@@ -271,7 +350,8 @@ mod tests {
     use super::*;
 
     fn workload(kind: Kind) -> Workload {
-        Workload { kind, prompt_tokens: 128, shared_prefix_tokens: 1500, max_tokens: 8, seed: 1 }
+        let (temperature, top_p) = kind.sampling().unwrap_or((0.0, None));
+        Workload { kind, prompt_tokens: 128, shared_prefix_tokens: 1500, max_tokens: 8, seed: 1, temperature, top_p, tenancy: None }
     }
 
     fn text(r: &Request, msg: usize) -> &str {
@@ -326,6 +406,39 @@ mod tests {
         assert_eq!(schema["required"].as_array().unwrap().len(), keys);
         assert!(text(&r, 0).contains("@example.com"));
         assert_ne!(w.request(0, 1, 0), w.request(0, 1, 1));
+    }
+
+    #[test]
+    fn sampled_requests_carry_their_sampling_the_same_for_both_servers() {
+        let sampled = workload(Kind::ChatSampled);
+        let (a, b) = (sampled.request(0, 8, 3), sampled.request(0, 8, 3));
+        assert_eq!(a, b, "request i is the same whichever server it goes to");
+        assert_eq!((a.temperature, a.top_p), (0.8, None));
+        assert_eq!(a.messages, workload(Kind::Chat).request(0, 8, 3).messages, "chat's prompt");
+        let top_p = workload(Kind::ChatTopP).request(1, 8, 0);
+        assert_eq!((top_p.temperature, top_p.top_p), (0.8, Some(0.95)));
+        let greedy = workload(Kind::Chat).request(0, 8, 3);
+        assert_eq!((greedy.temperature, greedy.top_p), (0.0, None));
+        assert!(!Kind::ChatSampled.gantry_only() && Kind::Chat.sampling().is_none());
+    }
+
+    #[test]
+    fn cache_scopes_share_a_system_prompt_per_combination_and_spread_over_tenants() {
+        let [one, _, four_shared, four] = Tenancy::MEASURED;
+        let w = |t: Tenancy| Workload { tenancy: Some(t), shared_prefix_tokens: 1000, ..workload(Kind::CacheScopes) };
+        let (a, b) = (w(four).request(0, 2, 0), w(four).request(0, 2, 5));
+        assert_eq!(a.messages[0], b.messages[0], "one system prompt for every request of a level");
+        assert_ne!(a.messages[1], b.messages[1]);
+        assert_eq!((a.key_slot, b.key_slot, w(four).request(0, 2, 7).key_slot), (0, 1, 3));
+        assert_eq!(w(one).request(0, 2, 5).key_slot, 0);
+        assert_ne!(a.messages[0], w(four_shared).request(0, 2, 0).messages[0], "each combination starts cold");
+        assert_ne!(a.messages[0], w(four).request(1, 2, 0).messages[0], "each pass starts cold");
+        let sys_words = text(&a, 0).split_whitespace().count();
+        assert!((850..1050).contains(&sys_words), "{sys_words}");
+        assert!(text(&a, 1).split_whitespace().count() < 12, "a short question: {}", text(&a, 1));
+        assert_eq!(a.temperature, 0.8);
+        assert_eq!(w(four).label(), "cache-scopes/4/tenant");
+        assert_eq!(workload(Kind::ChatTopP).label(), "chat-top-p");
     }
 
     #[test]
