@@ -1,16 +1,24 @@
 """The CUDA build starts as built: `make build-gpu` leaves a target/cuda/release/ whose binary runs
-without LD_LIBRARY_PATH.
+without LD_LIBRARY_PATH, and scripts/install-cuda-toolkit.sh takes every NVIDIA wheel from the
+CUDA release of the nvcc asked for.
 
 The built tree itself is checked where a CUDA build exists (skipped, and said so, elsewhere;
 GANTRY_SHARED_TREE names another shared-library build to check instead). The scripts that make
-and check it are also run here on a small tree of the same shape, built with the C compiler.
+and check it are also run here on a small tree of the same shape, built with the C compiler, and
+the toolkit installer against a PyPI served from a temporary folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import http.server
+import json
 import os
 import shutil
+import stat
 import subprocess
+import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -138,3 +146,132 @@ def test_place_refuses_a_static_build(tmp_path):
     result = run(PLACE, release)
     assert result.returncode == 1
     assert "not a shared build?" in result.stderr
+
+
+# --- scripts/install-cuda-toolkit.sh against a PyPI in a folder ----------------------------------
+
+MAJOR = "13"
+# cuda-toolkit releases: the versions of their components (what NVIDIA released together).
+TOOLKITS = {
+    "13.0.1": {"nvidia-cuda-nvcc": "13.0.88", "nvidia-cuda-runtime": "13.0.88", "nvidia-cuda-crt": "13.0.88",
+               "nvidia-nvvm": "13.0.88", "nvidia-cublas": "13.0.2.14", "nvidia-cuda-cccl": "13.0.85"},
+    "13.0.3": {"nvidia-cuda-nvcc": "13.0.88", "nvidia-cuda-runtime": "13.0.96", "nvidia-cuda-crt": "13.0.88",
+               "nvidia-nvvm": "13.0.88", "nvidia-cublas": "13.1.1.3", "nvidia-cuda-cccl": "13.0.85"},
+    "13.5.0": {"nvidia-cuda-nvcc": "13.5.37", "nvidia-cuda-runtime": "13.5.37", "nvidia-cuda-crt": "13.5.37",
+               "nvidia-nvvm": "13.5.37", "nvidia-cublas": "13.10.0.20", "nvidia-cuda-cccl": "13.3.5.0.6"},
+}
+# The file of each component wheel that says which version it came from.
+MARKERS = {
+    "nvidia-cuda-nvcc": "bin/nvcc",
+    "nvidia-cuda-runtime": "lib/libcudart.so.13",
+    "nvidia-cuda-crt": "include/crt/version",
+    "nvidia-nvvm": "nvvm/version",
+    "nvidia-cublas": "lib/libcublas.so.13",
+    "nvidia-cuda-cccl": "include/cccl-version",
+}
+
+
+def wheel(path: Path, files: dict[str, tuple[str, int]]) -> dict:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, (text, mode) in files.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFREG | mode) << 16
+            archive.writestr(info, text)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"packagetype": "bdist_wheel", "filename": path.name, "url": f"../../packages/{path.name}",
+            "digests": {"sha256": digest}}
+
+
+def fake_pypi(root: Path) -> None:
+    packages = root / "packages"
+    packages.mkdir(parents=True)
+    releases: dict[str, dict[str, list]] = {"cuda-toolkit": {}}
+    for release, pins in TOOLKITS.items():
+        metadata = "Metadata-Version: 2.4\nName: cuda-toolkit\nVersion: %s\nProvides-Extra: all\n" % release
+        metadata += "".join(f"Requires-Dist: {n}=={v}.*; (sys_platform == 'linux') and extra == 'all'\n" for n, v in pins.items())
+        meta = wheel(packages / f"cuda_toolkit-{release}-py2.py3-none-any.whl",
+                     {f"cuda_toolkit-{release}.dist-info/METADATA": (metadata, 0o644)})
+        releases["cuda-toolkit"][release] = [meta]
+        for name, version in pins.items():
+            if version in releases.setdefault(name, {}):
+                continue
+            marker = MARKERS[name]
+            if name == "nvidia-cuda-nvcc":
+                content = (f"#!/bin/sh\necho 'Cuda compilation tools, release {MAJOR}, V{version}'\necho 'Build fake'\n", 0o755)
+            else:
+                content = (version, 0o644)
+            files = {f"nvidia/cu{MAJOR}/{marker}": content}
+            if name == "nvidia-cublas":
+                files[f"nvidia/cu{MAJOR}/lib/libcublasLt.so.13"] = (version, 0o644)
+            file = f"{name.replace('-', '_')}-{version}-py3-none-manylinux2014_x86_64.whl"
+            releases[name][version] = [wheel(packages / file, files)]
+    for name, by_version in releases.items():
+        index = root / "pypi" / name
+        index.mkdir(parents=True)
+        (index / "json").write_text(json.dumps({"releases": by_version}))
+
+
+@pytest.fixture()
+def pypi(tmp_path):
+    root = tmp_path / "pypi-root"
+    fake_pypi(root)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+def install(pypi: str, cache: Path, version: str, *args: str):
+    env = dict(os.environ, PYPI_URL=pypi, GANTRY_CACHE=str(cache), GANTRY_CUDA_FROM_PYPI="1", CUDA_WHEEL_VERSION=version)
+    return run(SCRIPTS / "install-cuda-toolkit.sh", *args, env=env)
+
+
+def test_toolkit_wheels_come_from_the_release_of_that_nvcc(pypi, tmp_path):
+    result = install(pypi, tmp_path / "cache", "13.0.88")
+    assert result.returncode == 0, result.stderr
+    toolkit = Path(result.stdout.strip().splitlines()[-1])
+    assert toolkit == tmp_path / "cache" / "cuda" / "13.0.88" / "nvidia" / f"cu{MAJOR}"
+    # The newest cuda-toolkit release with that nvcc (13.0.3), not the newest cuBLAS of CUDA 13.
+    expected = TOOLKITS["13.0.3"]
+    for name, marker in MARKERS.items():
+        if name != "nvidia-cuda-nvcc":
+            assert (toolkit / marker).read_text() == expected[name], name
+    assert (toolkit / "lib" / "libcublas.so").resolve() == (toolkit / "lib" / "libcublas.so.13")
+    complete = (toolkit.parents[1] / ".complete").read_text().split("\n")
+    assert "nvidia-cublas 13.1.1.3" in complete
+    resolved = install(pypi, tmp_path / "cache", "13.0.88", "--resolve")
+    assert resolved.returncode == 0, resolved.stderr
+    assert "nvidia-cublas 13.1.1.3 nvidia_cublas-13.1.1.3-py3-none-manylinux2014_x86_64.whl" in resolved.stdout
+    assert "cuda-toolkit 13.0.3 pins nvcc 13.0.88" in resolved.stderr
+
+
+def test_toolkit_of_an_older_form_is_redone(pypi, tmp_path):
+    cache = tmp_path / "cache"
+    stale = cache / "cuda" / "13.0.88" / "nvidia" / f"cu{MAJOR}"
+    (stale / "bin").mkdir(parents=True)
+    (stale / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (stale / "bin" / "nvcc").chmod(0o755)
+    (stale / "lib").mkdir()
+    (stale / "lib" / "libcublas.so.13").write_text("13.10.0.20")
+    (stale.parents[1] / ".complete").write_text("")
+    result = install(pypi, cache, "13.0.88")
+    assert result.returncode == 0, result.stderr
+    assert (stale / "lib" / "libcublas.so.13").read_text() == "13.1.1.3"
+
+
+def test_toolkit_for_an_nvcc_no_release_pins_fails_clearly(pypi, tmp_path):
+    result = install(pypi, tmp_path / "cache", "13.0.99")
+    assert result.returncode != 0
+    assert "no cuda-toolkit release" in result.stderr
+    assert "nvidia-cuda-nvcc==13.0.99" in result.stderr
+    assert "13.0.3: nvcc 13.0.88" in result.stderr
