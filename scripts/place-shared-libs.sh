@@ -29,7 +29,16 @@ placed=0
 for src in "$lib"/lib*.so.*; do
   name="$(basename "$src")"
   cp -P -p "$src" "$release/.$name.tmp"
-  mv -f "$release/.$name.tmp" "$release/$name"
+  mv -fT "$release/.$name.tmp" "$release/$name"
+  # The build script left the same links in deps/ and examples/; dangling, they make its next run
+  # fail (it hard-links there unless the name resolves: "File exists"). A link to the copy above
+  # resolves them.
+  for sub in deps examples; do
+    if [ -d "$release/$sub" ]; then
+      ln -sfn "../$name" "$release/$sub/.$name.tmp"
+      mv -fT "$release/$sub/.$name.tmp" "$release/$sub/$name"
+    fi
+  done
   placed=$((placed + 1))
 done
 echo "placed $placed versioned libraries from $lib in $release" >&2

@@ -77,6 +77,8 @@ def cargo_profile_dir(tmp: Path, origin: bool) -> Path:
     release = tmp / "release"
     lib = release / "build" / "llama-cpp-sys-2-0123456789abcdef" / "out" / "lib"
     lib.mkdir(parents=True)
+    (release / "deps").mkdir()
+    (release / "examples").mkdir()
     for name, (version, loads) in LIBS.items():
         src = tmp / f"{name}.c"
         src.write_text(f"int {name.replace('-', '_')}_answer(void) {{ return 42; }}\n")
@@ -89,8 +91,10 @@ def cargo_profile_dir(tmp: Path, origin: bool) -> Path:
         cc(*args)
         os.symlink(real, lib / f"lib{name}.so.0")
         os.symlink(f"lib{name}.so.0", lib / f"lib{name}.so")
-        # llama-cpp-sys-2's build script: std::fs::hard_link of the link itself.
+        # llama-cpp-sys-2's build script: std::fs::hard_link of the link itself, here and in deps/.
         os.link(lib / f"lib{name}.so", release / f"lib{name}.so", follow_symlinks=False)
+        for sub in ("deps", "examples"):
+            os.link(lib / f"lib{name}.so", release / sub / f"lib{name}.so", follow_symlinks=False)
     main = tmp / "main.c"
     main.write_text(
         '#include <stdio.h>\nint llama_answer(void);\n'
@@ -117,6 +121,9 @@ def test_placed_tree_runs_as_built(tmp_path):
     for name, (version, _) in LIBS.items():
         assert (release / f"lib{name}.so.{version}").is_file()
         assert os.readlink(release / f"lib{name}.so.0") == f"lib{name}.so.{version}"
+        # The build script's next run skips names that resolve; a dangling one makes it fail.
+        for sub in ("deps", "examples"):
+            assert (release / sub / f"lib{name}.so").resolve() == (release / f"lib{name}.so.{version}").resolve()
     result = run(CHECK, release)
     assert result.returncode == 0, result.stdout
     assert "ok: gantry 0.0.0-42 runs without LD_LIBRARY_PATH" in result.stdout
