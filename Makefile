@@ -43,17 +43,21 @@ VARIANTS_DIST := $(VARIANTS_DIR)/dist
 # toolkit is the one installed (nvcc on the PATH, or CUDA_PATH) or NVIDIA's wheels from PyPI
 # (scripts/install-cuda-toolkit.sh). CUDA_ARCHS: the GPU architectures compiled for (90 = Hopper,
 # 80 = Ampere); each one more roughly doubles the CUDA part of the build. llama.cpp is built as
-# shared libraries (the wheels hold no static cuBLAS), found next to the binary ($$ORIGIN) and in
-# the toolkit; without the driver's libcuda.so to link against (the wheels hold none), llama.cpp's
-# VMM memory pool is left out (GGML_CUDA_NO_VMM).
+# shared libraries (the wheels hold no static cuBLAS), which make build-gpu puts next to the
+# binary (scripts/place-shared-libs.sh). The binary and every library have $$ORIGIN and the
+# toolkit's library directory in their run path (RUSTFLAGS; CMAKE_INSTALL_RPATH for llama.cpp's
+# CMake install), so that it runs without LD_LIBRARY_PATH; scripts/check-gpu-tree.sh checks it.
+# Without the driver's libcuda.so to link against (the wheels hold none), llama.cpp's VMM memory
+# pool is left out (GGML_CUDA_NO_VMM).
 CUDA_ARCHS ?= 90;80
 GPU_DIR := target/cuda
 GPU_BIN := $(GPU_DIR)/release/gantry
 CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
+	cudalib="$$cuda/lib64" && if [ -e "$$cuda/lib/libcudart.so" ]; then cudalib="$$cuda/lib"; fi && \
 	if ls "$$cuda"/lib*/stubs/libcuda.so >/dev/null 2>&1; then no_vmm=OFF; else no_vmm=ON; fi && \
 	export CUDA_PATH="$$cuda" CUDACXX="$$cuda/bin/nvcc" PATH="$$cuda/bin:$$PATH" \
 	  CMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" GGML_CUDA_NO_VMM=$$no_vmm LLAMA_BUILD_SHARED_LIBS=1 \
-	  RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cuda/lib"
+	  CMAKE_INSTALL_RPATH="\$$ORIGIN;$$cudalib" RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cudalib"
 
 .PHONY: serve build deps test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
 	bench bench-cpu bench-gpu gpu-bench-bundle clean build-gpu serve-gpu check-cuda build-portable test-portable
@@ -85,15 +89,20 @@ serve: build
 # GPU machine it is carried to; scripts/gpu-bench-bundle.sh takes it there).
 build-gpu: deps
 	$(CUDA_ENV) && $(CARGO) build --release -p gantry-server -p gantry-bench --features gantry-server/cuda --target-dir $(GPU_DIR)
+	scripts/place-shared-libs.sh $(GPU_DIR)/release
+	scripts/check-gpu-tree.sh $(GPU_DIR)/release
 
 serve-gpu: build-gpu
 	$(GPU_BIN) models pull $(MODEL)
 	$(GPU_BIN) serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
-# That the `cuda` feature compiles (llama.cpp's CUDA kernels included: long on 2 cores). Run by
-# `make test` only with GANTRY_CHECK_CUDA=1.
+# That the `cuda` feature compiles (llama.cpp's CUDA kernels included: long on 2 cores), and, where
+# make build-gpu has built, that its tree runs as built (scripts/check-gpu-tree.sh). Run by `make
+# test` only with GANTRY_CHECK_CUDA=1.
 check-cuda: deps
 	$(CUDA_ENV) && $(CARGO) check -p gantry-server --features gantry-server/cuda --target-dir $(GPU_DIR)
+	@if [ -x $(GPU_BIN) ]; then scripts/check-gpu-tree.sh $(GPU_DIR)/release; \
+	else echo "check-gpu-tree skipped: no $(GPU_BIN) (make build-gpu builds it)"; fi
 
 # Builds the same package set as `cargo test --workspace`, so features unify once and llama.cpp
 # compiles once.
@@ -182,8 +191,7 @@ bench-cpu: build
 
 # The GPU form (BENCH_GPU=1): both built for CUDA_ARCHS with the same toolkit and the same VMM
 # pool setting, threads = nproc for both (gantry-bench's default), --parallel 64. The toolkit's
-# libraries go on LD_LIBRARY_PATH too: the run path make build-gpu sets names only its lib/, and
-# an installed toolkit keeps them in lib64/.
+# libraries go on LD_LIBRARY_PATH for the reference llama-server (Gantry's run path names them).
 bench-gpu: build-gpu
 	@$(CUDA_ENV) && \
 	export LD_LIBRARY_PATH="$$cuda/lib64:$$cuda/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" && \
