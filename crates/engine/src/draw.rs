@@ -263,21 +263,23 @@ fn max_of(values: &[f32]) -> f32 {
     max
 }
 
-/// `Σ exp((v - max) * inv_t)`, in eight lanes the compiler can vectorise.
+/// `Σ exp((v - max) * inv_t)` over at most `BLOCK` values: the exponentials in one loop the
+/// compiler vectorises (no reduction in it), then their sum in eight lanes.
 fn exp_sum(values: &[f32], max: f32, inv_t: f32) -> f32 {
+    let mut e = [0.0f32; BLOCK];
+    let e = &mut e[..values.len()];
+    for (o, &v) in e.iter_mut().zip(values) {
+        *o = exp_neg((v - max) * inv_t);
+    }
     let mut acc = [0.0f32; 8];
-    let chunks = values.chunks_exact(8);
+    let chunks = e.chunks_exact(8);
     let rest = chunks.remainder();
     for chunk in chunks {
         for k in 0..8 {
-            acc[k] += exp_neg((chunk[k] - max) * inv_t);
+            acc[k] += chunk[k];
         }
     }
-    let mut sum = acc.iter().sum::<f32>();
-    for &v in rest {
-        sum += exp_neg((v - max) * inv_t);
-    }
-    sum
+    acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
 /// `e^x` for `x ≤ 0` (or -inf) to about one f32 ulp: Cephes' `expf` (x = n·ln2 + f, with ln 2
