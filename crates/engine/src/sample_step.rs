@@ -52,7 +52,8 @@ pub(crate) fn sample_first_tokens(active: &mut [ActiveRequest], ctx: &LlamaConte
             for (i, c) in choices.iter_mut().enumerate() {
                 if let Some(idx) = c.batch_idx {
                     let logits = ctx.get_logits_ith(idx);
-                    mine.push(Work { request: r, choice: i, sampler: &mut c.sampler, logits, fault, produced, token: None });
+                    let sampler = &mut c.sampler;
+                    mine.push(Work { request: r, choice: i, sampler, logits, fault, produced, token: None });
                 }
             }
             mine

@@ -158,7 +158,8 @@ fn penalties_and_bias_shift_the_logits_before_temperature_and_top_p() {
     for &(t, b) in &p.logit_bias {
         unpenalised[t as usize] += f64::from(b);
     }
-    assert_misfits(&counts, &reference(&unpenalised, 0.9, 0.95).iter().map(|&p| p.max(1e-300)).collect::<Vec<_>>(), "penalties left out");
+    let unpenalised: Vec<f64> = reference(&unpenalised, 0.9, 0.95).iter().map(|&p| p.max(1e-300)).collect();
+    assert_misfits(&counts, &unpenalised, "penalties left out");
 }
 
 /// One likely token and a long flat tail whose mass the nucleus needs: the first candidates
@@ -192,8 +193,9 @@ fn a_grammar_mask_forbids_tokens_and_the_rest_keep_their_odds() {
         let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         counts[draw::draw(&adjusted, 0.8, 0.97, u, &mut scratch).unwrap() as usize] += 1;
     }
-    let masked: Vec<f64> =
-        logits.iter().enumerate().map(|(t, &l)| if allowed_token(t) { f64::from(l) } else { f64::NEG_INFINITY }).collect();
+    let masked =
+        logits.iter().enumerate().map(|(t, &l)| if allowed_token(t) { f64::from(l) } else { f64::NEG_INFINITY });
+    let masked: Vec<f64> = masked.collect();
     assert_fits(&counts, &reference(&masked, 0.8, 0.97), "masked");
 }
 
