@@ -19,6 +19,8 @@ mod grammar_cache_tests;
 #[cfg(test)]
 mod kv_layout_tests;
 #[cfg(test)]
+mod sampling_engine_tests;
+#[cfg(test)]
 mod speculation_tests;
 #[cfg(test)]
 mod typed_text_tests;
@@ -37,6 +39,8 @@ mod prepare;
 mod q5_as_q8;
 mod request;
 mod sampling;
+mod draw;
+mod sample_step;
 mod scheduler;
 mod sequence;
 mod shared_drafts;

@@ -1,18 +1,22 @@
-//! Per-sequence samplers built from OpenAI's sampling parameters, and logprobs.
+//! Per-choice samplers for OpenAI's sampling parameters, and logprobs. The draw itself is in
+//! `draw` (see docs/sampling.md): it reads the logits in place, never copying them into a
+//! candidate array nor sorting the vocabulary.
 
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::sampling::LlamaSampler;
-use llama_cpp_2::token::logit_bias::LlamaLogitBias;
-use llama_cpp_2::token::LlamaToken;
+use std::collections::{BTreeMap, VecDeque};
 
+use llguidance::Matcher;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use crate::draw::{self, Adjusted, Scratch};
 use crate::model::LoadedModel;
 use crate::request::{SamplingParams, TokenLogprob, TopLogprob};
 
-/// Derives a 32-bit llama.cpp seed; choice `i` of an `n > 1` request gets its own stream.
-pub fn seed_for_choice(seed: Option<u64>, choice: u32) -> u32 {
+/// The RNG seed of choice `choice`: `seed` when given (each choice of an `n > 1` request its
+/// own stream), else a random one.
+pub fn seed_for_choice(seed: Option<u64>, choice: u32) -> u64 {
     let base = seed.unwrap_or_else(rand_seed);
-    let mixed = base.wrapping_add(u64::from(choice).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    (mixed ^ (mixed >> 32)) as u32
+    base.wrapping_add(u64::from(choice).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 fn rand_seed() -> u64 {
@@ -22,75 +26,151 @@ fn rand_seed() -> u64 {
     h.finish()
 }
 
-/// A choice's sampler. Plain greedy decoding (temperature 0, nothing else in the chain) takes
-/// the first highest logit straight from llama.cpp's logits, as llama.cpp's greedy sampler does,
-/// without the chain copying all ~150k logits into a candidate array first: the scheduler
-/// samples every running choice between two decodes while llama.cpp's threads wait, so that
-/// copy sat on the critical path of every step.
+/// A choice's sampler, in OpenAI's order: logit bias and presence/frequency penalties are added
+/// to the logits, the grammar (if any) forbids tokens, the temperature divides, top-p keeps the
+/// nucleus of the *tempered* distribution, then one token is drawn. Temperature 0 is greedy: the
+/// first highest (adjusted) logit, fully deterministic.
 pub struct Sampler {
-    chain: LlamaSampler,
-    plain_greedy: bool,
+    temperature: f32,
+    top_p: f32,
+    /// Logit bias by token, sorted, each token once.
+    bias: Vec<(u32, f32)>,
+    penalties: Option<Penalties>,
+    grammar: Option<Matcher>,
+    rng: Xoshiro256PlusPlus,
+    /// This step's bias and penalties merged, by token.
+    deltas: Vec<(u32, f32)>,
+    scratch: Scratch,
+}
+
+/// Presence and frequency penalties over the last `window` sampled tokens.
+struct Penalties {
+    presence: f32,
+    frequency: f32,
+    window: usize,
+    recent: VecDeque<u32>,
+    counts: BTreeMap<u32, u32>,
+}
+
+impl Penalties {
+    fn push(&mut self, token: u32) {
+        if self.recent.len() == self.window {
+            if let Some(old) = self.recent.pop_front() {
+                if let Some(n) = self.counts.get_mut(&old) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+        self.recent.push_back(token);
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    fn delta(&self, count: u32) -> f32 {
+        -(count as f32 * self.frequency + self.presence)
+    }
 }
 
 impl Sampler {
-    pub fn sample(&mut self, ctx: &LlamaContext<'_>, idx: i32) -> LlamaToken {
-        if self.plain_greedy {
-            return LlamaToken(first_argmax(ctx.get_logits_ith(idx)));
+    /// Picks the next token from one position's logits (`n_vocab` of them) and records it.
+    pub fn sample(&mut self, logits: &[f32]) -> i32 {
+        if self.temperature <= 0.0 && self.bias.is_empty() && self.penalties.is_none() && self.grammar.is_none() {
+            return draw::first_argmax(logits) as i32;
         }
-        self.chain.sample(ctx, idx)
+        let token = self.pick(logits);
+        self.accept(token);
+        token as i32
+    }
+
+    /// The next token, not yet recorded in the penalties nor the grammar.
+    fn pick(&mut self, logits: &[f32]) -> u32 {
+        // As llama.cpp's llguidance sampler: a grammar in error masks nothing, a finished one
+        // allows only the end of generation.
+        let mask = self.grammar.as_mut().and_then(|g| g.compute_mask_or_eos().ok());
+        self.merge_deltas();
+        let adjusted = Adjusted { raw: logits, deltas: &self.deltas, allowed: mask.as_ref().map(|m| m.as_slice()) };
+        let drawn = if self.temperature > 0.0 {
+            let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            draw::draw(&adjusted, self.temperature, self.top_p, u, &mut self.scratch)
+        } else {
+            None
+        };
+        drawn.unwrap_or_else(|| draw::greedy(&adjusted, &mut self.scratch))
+    }
+
+    /// From now on tokens are sampled under `grammar`, whose state already holds the output so
+    /// far (a tool call the model started); the penalties keep counting what came before.
+    pub fn constrain(&mut self, grammar: Matcher) {
+        self.grammar = Some(grammar);
+    }
+
+    fn accept(&mut self, token: u32) {
+        if let Some(p) = self.penalties.as_mut() {
+            p.push(token);
+        }
+        if let Some(g) = self.grammar.as_mut() {
+            // A stopped matcher is poisoned by another token (as llama.cpp's sampler skips it).
+            if !g.is_stopped() {
+                let _ = g.consume_token(token);
+            }
+        }
+    }
+
+    fn merge_deltas(&mut self) {
+        self.deltas.clear();
+        let Some(p) = &self.penalties else {
+            self.deltas.extend_from_slice(&self.bias);
+            return;
+        };
+        let mut bias = self.bias.iter().copied().peekable();
+        for (&t, &n) in &p.counts {
+            while let Some(&(b, d)) = bias.peek() {
+                if b > t {
+                    break;
+                }
+                bias.next();
+                if b < t {
+                    self.deltas.push((b, d));
+                } else {
+                    self.deltas.push((t, d + p.delta(n)));
+                }
+            }
+            if self.deltas.last().is_none_or(|&(last, _)| last != t) {
+                self.deltas.push((t, p.delta(n)));
+            }
+        }
+        self.deltas.extend(bias);
     }
 }
 
-/// Index of the first maximum (llama.cpp's greedy sampler keeps the first of equal logits).
-fn first_argmax(logits: &[f32]) -> i32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate().skip(1) {
-        if l > logits[best] {
-            best = i;
+/// Builds choice `choice`'s sampler. `penalty_window` is how many recent sampled tokens the
+/// penalties count; `grammar`, when given, forbids every token it does not allow.
+pub fn build_sampler(params: &SamplingParams, choice: u32, penalty_window: i32, grammar: Option<Matcher>) -> Sampler {
+    let mut bias: BTreeMap<u32, f32> = BTreeMap::new();
+    for &(t, b) in &params.logit_bias {
+        if let Ok(t) = u32::try_from(t) {
+            *bias.entry(t).or_insert(0.0) += b;
         }
     }
-    best as i32
-}
-
-/// Builds the chain: logit bias → presence/frequency penalties → temperature → top-p → draw.
-/// Temperature comes before top-p because OpenAI applies nucleus sampling to the tempered
-/// distribution. Temperature 0 is greedy and fully deterministic.
-///
-/// A grammar sampler, when given, goes first: it masks every token the grammar forbids, and
-/// the rest of the chain picks among what is left.
-pub fn build_sampler(
-    n_vocab: i32,
-    params: &SamplingParams,
-    choice: u32,
-    penalty_window: i32,
-    grammar: Option<LlamaSampler>,
-) -> Sampler {
-    let mut chain: Vec<LlamaSampler> = grammar.into_iter().collect();
-    if !params.logit_bias.is_empty() {
-        let biases: Vec<LlamaLogitBias> =
-            params.logit_bias.iter().map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b)).collect();
-        chain.push(LlamaSampler::logit_bias(n_vocab, &biases));
+    let penalties = (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0).then(|| Penalties {
+        presence: params.presence_penalty,
+        frequency: params.frequency_penalty,
+        window: penalty_window.max(1) as usize,
+        recent: VecDeque::new(),
+        counts: BTreeMap::new(),
+    });
+    Sampler {
+        temperature: params.temperature,
+        top_p: params.top_p,
+        bias: bias.into_iter().collect(),
+        penalties,
+        grammar,
+        rng: Xoshiro256PlusPlus::seed_from_u64(seed_for_choice(params.seed, choice)),
+        deltas: Vec::new(),
+        scratch: Scratch::default(),
     }
-    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
-        chain.push(LlamaSampler::penalties(
-            n_vocab,
-            penalty_window.max(1),
-            1.0,
-            params.frequency_penalty,
-            params.presence_penalty,
-        ));
-    }
-    let plain_greedy = chain.is_empty() && params.temperature <= 0.0;
-    if params.temperature <= 0.0 {
-        chain.push(LlamaSampler::greedy());
-    } else {
-        chain.push(LlamaSampler::temp(params.temperature));
-        if params.top_p < 1.0 {
-            chain.push(LlamaSampler::top_p(params.top_p, 1));
-        }
-        chain.push(LlamaSampler::dist(seed_for_choice(params.seed, choice)));
-    }
-    Sampler { chain: LlamaSampler::chain_simple(chain), plain_greedy }
 }
 
 /// OpenAI reports logprobs of the model's distribution (before sampling settings).
@@ -121,21 +201,5 @@ pub fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top_n: u32
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn same_seed_same_choice_gives_same_llama_seed() {
-        assert_eq!(seed_for_choice(Some(42), 0), seed_for_choice(Some(42), 0));
-        assert_ne!(seed_for_choice(Some(42), 0), seed_for_choice(Some(42), 1));
-        assert_ne!(seed_for_choice(Some(42), 0), seed_for_choice(Some(43), 0));
-    }
-
-    #[test]
-    fn greedy_takes_the_first_of_equal_highest_logits() {
-        assert_eq!(first_argmax(&[0.5, 2.0, -1.0, 2.0, 1.9]), 1);
-        assert_eq!(first_argmax(&[3.0, 3.0]), 0);
-        assert_eq!(first_argmax(&[-5.0, f32::NEG_INFINITY, -4.0]), 2);
-        assert_eq!(first_argmax(&[1.0]), 0);
-    }
-}
+#[path = "sampling_tests.rs"]
+pub(crate) mod tests;

@@ -583,16 +583,22 @@ impl Scheduler {
     /// watching, producing its text) ends that request alone: see `end_panicked`.
     fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) {
         let mut panicked = Vec::new();
-        for r in 0..self.active.len() {
-            let sampled = std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, ctx)));
-            if let Err(payload) = sampled {
-                panicked.push((r, crate::panic_message(payload.as_ref())));
+        let first_tokens = crate::sample_step::sample_first_tokens(&mut self.active, ctx);
+        for (r, first) in first_tokens.into_iter().enumerate() {
+            let sampled = match first {
+                Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, ctx)))
+                    .map_err(|payload| crate::panic_message(payload.as_ref())),
+                Err(why) => Err(why),
+            };
+            if let Err(why) = sampled {
+                panicked.push((r, why));
             }
         }
         self.end_panicked(ctx, panicked);
     }
 
-    fn sample_request(&mut self, r: usize, ctx: &mut LlamaContext<'_>) {
+    /// Walks request `r`'s choices; `first` holds each one's token sampled at its first position.
+    fn sample_request(&mut self, r: usize, first: &[Option<i32>], ctx: &mut LlamaContext<'_>) {
         let model = &self.model;
         let ctx_size = self.cfg.ctx_size as i32;
         let req = &mut self.active[r];
@@ -607,8 +613,13 @@ impl Scheduler {
             let fed_pos = req.choices[i].pos - 1 - k as i32;
             let mut accepted = 0;
             for j in 0..=k {
-                req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);
-                let token = req.choices[i].sampler.sample(ctx, idx + j as i32).0;
+                let token = match (j, first[i]) {
+                    (0, Some(token)) => token,
+                    _ => {
+                        req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);
+                        req.choices[i].sampler.sample(ctx.get_logits_ith(idx + j as i32))
+                    }
+                };
                 req.choices[i].pos = fed_pos + 1 + j as i32;
                 if !req.produce(i, token, idx + j as i32, ctx, model, ctx_size) {
                     break;

@@ -4,13 +4,12 @@
 use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::generator::EngineError;
 use crate::model::LoadedModel;
 use crate::request::{
-    CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, SamplingParams, TokenLogprob, Usage,
+    CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage,
 };
 use crate::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::shared_drafts::DraftFamilies;
@@ -82,8 +81,6 @@ pub(crate) struct ActiveRequest {
     pub usage: Usage,
     events: mpsc::UnboundedSender<Event>,
     usage_tx: Option<oneshot::Sender<Usage>>,
-    sampling: SamplingParams,
-    penalty_window: i32,
     lazy_tools: Option<LazyTools>,
     /// Tests only: a panic planned in this request's step (see `faults`).
     pub fault: Fault,
@@ -103,7 +100,6 @@ impl ActiveRequest {
         ctx_size: u32,
         speculation: SpeculationConfig,
     ) -> Result<Self, (Job, String)> {
-        let n_vocab = model.info().n_vocab;
         // `prepare` compiled the grammar: each choice only instantiates a matcher from it.
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
@@ -139,11 +135,11 @@ impl ActiveRequest {
                 if let Some(marks) = &json {
                     drafter.draft_json_layout(marks.clone());
                 }
-                let grammar = grammar.map(|m| LlamaSampler::from(drafter.follow_grammar(m)));
+                let grammar = grammar.map(|m| drafter.follow_grammar(m));
                 Choice {
                     index: i as u32,
                     seq_id,
-                    sampler: build_sampler(n_vocab, &request.sampling, i as u32, window, grammar),
+                    sampler: build_sampler(&request.sampling, i as u32, window, grammar),
                     text: TextAssembler::new(request.stop.clone()),
                     generated: 0,
                     pos: 0,
@@ -177,8 +173,6 @@ impl ActiveRequest {
             usage: Usage { prompt_tokens, ..Usage::default() },
             events,
             usage_tx: Some(usage),
-            sampling: request.sampling,
-            penalty_window: window,
             lazy_tools: request.lazy_tools,
             fault,
             fairness_key: request.fairness_key,
@@ -238,9 +232,8 @@ impl ActiveRequest {
         };
         match matcher {
             Ok(matcher) => {
-                let grammar = LlamaSampler::from(self.choices[i].drafter.follow_grammar(matcher));
-                let n_vocab = model.info().n_vocab;
-                self.choices[i].sampler = build_sampler(n_vocab, &self.sampling, i as u32, self.penalty_window, Some(grammar));
+                let c = &mut self.choices[i];
+                c.sampler.constrain(c.drafter.follow_grammar(matcher));
                 self.choices[i].tool_watch = None;
                 self.choices[i].constrained = true;
             }
