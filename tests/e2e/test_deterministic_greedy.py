@@ -1,8 +1,8 @@
 """`--deterministic-greedy` on the real model: one temperature-0 request returns the same text and
 the same logprobs alone, after its prompt filled the cache, beside 7 other streams, and beside a
 stream that drafts (`--speculate always`). Without the flag the same checks fail on this model:
-"Name three fruits." came back with different logprobs once beside other streams (see
-docs/determinism.md)."""
+the same prompt came back with different logprobs from the prefix cache and beside 7 streams
+(see docs/determinism.md)."""
 
 from __future__ import annotations
 
