@@ -11,6 +11,8 @@ mod faults;
 #[cfg(test)]
 mod cache_scope_tests;
 #[cfg(test)]
+mod deterministic_tests;
+#[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
 mod isolation_tests;
@@ -32,6 +34,7 @@ mod host_cache;
 mod json_layout;
 mod keyed_hash;
 mod kv_layout;
+mod deterministic;
 mod kv_slots;
 mod memory;
 mod model;
@@ -119,6 +122,9 @@ pub struct EngineConfig {
     /// Client text that spells a control token (`<|im_end|>`) becomes that token, as the
     /// template's own markup does; off, it is tokenized as plain text (see `typed_text`).
     pub special_tokens_in_content: bool,
+    /// Temperature-0 requests return the same output whatever else runs, at a cost (see
+    /// `deterministic`).
+    pub deterministic_greedy: bool,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -153,6 +159,7 @@ impl EngineConfig {
             kv_layout: KvLayout::default(),
             max_running_per_key: None,
             special_tokens_in_content: false,
+            deterministic_greedy: false,
             #[cfg(test)]
             panic_after_tokens: None,
             #[cfg(test)]
@@ -228,6 +235,7 @@ impl Engine {
             decode_turns: config.decode_turns.clone(),
             layout: config.kv_layout,
             max_running_per_key: config.max_running_per_key,
+            deterministic_greedy: config.deterministic_greedy,
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
         };

@@ -15,6 +15,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use crate::admission::{FairQueue, Waiting};
 use crate::host_cache::{self, HostCache};
+use crate::deterministic;
 use crate::kv_layout::{self, KvLayout};
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
@@ -47,6 +48,8 @@ pub(crate) struct SchedulerConfig {
     pub layout: KvLayout,
     /// Most sequences one API key's requests may run at once (see `admission`).
     pub max_running_per_key: Option<u32>,
+    /// Greedy requests compute apart from everything else (see `deterministic`).
+    pub deterministic_greedy: bool,
     #[cfg(test)]
     pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
 }
@@ -263,12 +266,19 @@ impl Scheduler {
             // Compiling the request's grammar runs a third-party library on client input: a
             // panic there ends this request (its channels close, unanswered: the server reports
             // an error and bills nothing), not the engine.
-            let (model, ctx_size, speculation) = (&self.model, self.cfg.ctx_size, self.cfg.speculation);
+            let (model, ctx_size, mut speculation) = (&self.model, self.cfg.ctx_size, self.cfg.speculation);
+            let isolated = self.cfg.deterministic_greedy && job.request.sampling.temperature <= 0.0;
+            if isolated {
+                speculation.mode = Speculate::Off;
+            }
             let started = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 ActiveRequest::new(job, seqs.clone(), model, ctx_size, speculation)
             }));
             let mut req = match started {
-                Ok(Ok(req)) => req,
+                Ok(Ok(mut req)) => {
+                    req.isolated = isolated;
+                    req
+                }
                 Ok(Err((job, why))) => {
                     self.free_seqs.extend(seqs);
                     self.waiting.finished(fairness_key, n);
@@ -428,8 +438,18 @@ impl Scheduler {
         let weigh_drafts = self.cfg.speculation.mode == Speculate::Auto;
         // Positions this step computes logits for so far, counting every decoding choice's token.
         let mut outputs = decoding;
+        // The fixed prompt chunks of isolated requests are held back from drafts.
+        let chunk = deterministic::chunk_size(self.cfg.batch_size, self.cfg.parallel);
+        let reserved: usize = self
+            .active
+            .iter()
+            .filter(|r| r.isolated && r.is_prefilling() && r.share.is_none())
+            .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
+            .sum();
+        forced_budget = forced_budget.saturating_sub(reserved);
+        draft_budget = draft_budget.min(forced_budget);
         for req in &mut self.active {
-            let max_tokens = req.max_tokens;
+            let (max_tokens, isolated) = (req.max_tokens, req.isolated);
             for c in &mut req.choices {
                 if let Some(token) = c.next_token.take() {
                     // An index into `decode_rows` until the prompt chunks are in.
@@ -443,7 +463,7 @@ impl Scheduler {
                     // k + 1 tokens, and the last draft must sit inside the context.
                     let produce_left = max_tokens.saturating_sub(c.generated) as usize;
                     let room = (ctx_size - c.pos).max(0) as usize;
-                    let limit = produce_left.saturating_sub(1).min(room);
+                    let limit = if isolated { 0 } else { produce_left.saturating_sub(1).min(room) };
                     let mut chain = c.drafter.chain(
                         limit.min(forced_budget),
                         limit.min(draft_budget),
@@ -489,7 +509,14 @@ impl Scheduler {
                 continue;
             }
             // An image waits for `evaluate_image`.
-            let end = (req.prefilled + budget).min(req.text_end(req.prefilled));
+            let mut end = (req.prefilled + budget).min(req.text_end(req.prefilled));
+            if req.isolated {
+                // A whole chunk or none: its rows' sums depend on how many are computed at once.
+                end = deterministic::chunk_end(req.prefilled, chunk, req.text_end(req.prefilled));
+                if end - req.prefilled > budget {
+                    continue;
+                }
+            }
             if end == req.prefilled {
                 continue;
             }
@@ -518,7 +545,13 @@ impl Scheduler {
             .chain(self.decode_rows.iter().map(|&(token, pos, seq)| (token, pos, seq, true)))
             .collect();
         let seqs: Vec<i32> = planned.iter().map(|row| row.2).collect();
-        let order = kv_layout::batch_order(self.cfg.layout, &seqs);
+        let isolated: Vec<i32> =
+            self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
+        let order = if isolated.is_empty() {
+            kv_layout::batch_order(self.cfg.layout, &seqs)
+        } else {
+            deterministic::batch_order(self.cfg.layout, &seqs, |s| isolated.contains(&s))
+        };
         let mut rows = vec![(0, 0, 0, false); planned.len()];
         for (i, row) in planned.into_iter().enumerate() {
             rows[order[i]] = row;

@@ -77,6 +77,9 @@ pub(crate) struct ActiveRequest {
     pub max_tokens: u32,
     pub logprobs: Option<u32>,
     seeded: bool,
+    /// Greedy under `--deterministic-greedy`: computed apart from other sequences, in fixed
+    /// prompt chunks, reusing no cache and verifying no drafts (see `deterministic`).
+    pub isolated: bool,
     pub submitted_at: Instant,
     pub usage: Usage,
     events: mpsc::UnboundedSender<Event>,
@@ -169,6 +172,7 @@ impl ActiveRequest {
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,
             seeded: request.sampling.seed.is_some(),
+            isolated: false,
             submitted_at,
             usage: Usage { prompt_tokens, ..Usage::default() },
             events,
@@ -254,7 +258,7 @@ impl ActiveRequest {
     /// last bits from those of a prompt resumed from the cache, and at temperature > 0 that can
     /// change a sampled token. Same seed and same request must give the same output.
     pub fn reusable_len(&self) -> usize {
-        if self.seeded {
+        if self.seeded || self.isolated {
             return 0;
         }
         self.whole_images(self.prompt.len().saturating_sub(1))

@@ -139,6 +139,12 @@ pub struct ServeArgs {
     /// attention walks every sequence's cells (prompt steps ~20% slower at 8 streams here).
     #[arg(long)]
     pub kv_unified: bool,
+    /// Temperature-0 requests return the same text (and logprobs) for the same request, whatever
+    /// the prefix cache, drafts or other streams did: each greedy sequence is computed apart, in
+    /// fixed prompt chunks, without cache reuse or drafts (docs/determinism.md). Costs greedy
+    /// throughput under concurrency and prefix-cache hits.
+    #[arg(long, conflicts_with = "kv_unified")]
+    pub deterministic_greedy: bool,
     /// Text in messages, tool calls and tool definitions that spells a control token
     /// (`<|im_end|>`, `<|im_start|>`, `<tool_call>`) becomes that token, as in llama.cpp's server;
     /// by default only the chat template's own markup does, so a client cannot forge a turn. For

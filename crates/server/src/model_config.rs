@@ -121,6 +121,7 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
     config.kv_layout = if args.kv_unified { KvLayout::Unified } else { KvLayout::PerSequence };
     config.special_tokens_in_content = args.special_tokens_in_content;
+    config.deterministic_greedy = args.deterministic_greedy;
     config.offload = gantry_engine::Offload { gpu_layers: args.n_gpu_layers, main_gpu: args.main_gpu };
     config.speculation = gantry_engine::SpeculationConfig {
         mode: match args.speculate {

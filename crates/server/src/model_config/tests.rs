@@ -155,3 +155,18 @@ fn each_sequence_gets_its_own_kv_stream_unless_one_buffer_is_asked_for() {
     assert_eq!(layout(&[]), KvLayout::PerSequence);
     assert_eq!(layout(&["--kv-unified"]), KvLayout::Unified);
 }
+
+#[test]
+fn deterministic_greedy_is_asked_for_and_needs_a_kv_stream_per_sequence() {
+    let on = |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.deterministic_greedy;
+    assert!(!on(&[]));
+    assert!(on(&["--deterministic-greedy"]));
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    // One unified buffer puts every row in one ubatch: the isolation cannot be had there.
+    let both = Cli::try_parse_from(["gantry", "--deterministic-greedy", "--kv-unified"]);
+    assert!(both.is_err_and(|e| e.kind() == clap::error::ErrorKind::ArgumentConflict));
+}
