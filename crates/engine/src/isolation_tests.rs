@@ -100,7 +100,7 @@ fn ended(handle: &mut GenerationHandle) -> bool {
 #[tokio::test]
 async fn a_panic_in_one_requests_step_ends_that_request_alone() {
     let engine = start(3);
-    for point in ["sampling", "watching", "producing"] {
+    for point in ["sampling", "drafting", "watching", "producing"] {
         let mut faulty = long(&engine, &format!("gantry-fault:{point}@3 please"), 12);
         faulty.lazy_tools = Some(lazy_tools());
         let before = submit(&engine, long(&engine, "the first neighbour", 24), 1);

@@ -60,6 +60,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
 pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
+pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
 pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use kv_layout::KvLayout;
