@@ -393,14 +393,13 @@ impl Generator for Engine {
             grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param: *param, reason })?);
         }
         // The grammars a call started under `auto` would switch to are compiled now too, so a bad
-        // tool schema is a 400 before anything runs. The fenced form's grammar depends on the
-        // text before the fence: it is only checked here, and compiled when a fence opens.
+        // tool schema is a 400 before anything runs and the scheduler compiles none of them.
         if let Some(l) = &input.lazy_tools {
             let compile =
                 |c: &Constraint| model.compile_constraint(c, input.cache_scope).map_err(|reason| PrepareError::Grammar { param: "tools", reason });
             grammars.bare_call = Some(compile(&l.bare)?);
             grammars.tagged_call = Some(compile(&l.tagged)?);
-            compile(&Constraint::Lark(tools::fenced_grammar(&l.fenced_calls_rules, "")))?;
+            grammars.fenced_call = Some(compile(&Constraint::Lark(tools::fenced_call_grammar(&l.fenced_calls_rules)))?);
         }
         let mut request = input.into_request(prompt, max_tokens);
         request.grammars = grammars;
