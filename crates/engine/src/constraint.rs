@@ -145,6 +145,8 @@ pub struct PreparedGrammars {
     pub bare_call: Option<CompiledGrammar>,
     /// `LazyTools::tagged`, for a call after the model's `<tool_call>` tag.
     pub tagged_call: Option<CompiledGrammar>,
+    /// `tools::fenced_call_grammar` of `LazyTools::fenced_calls_rules`, for a ```json fence.
+    pub fenced_call: Option<CompiledGrammar>,
 }
 
 impl Clone for CompiledGrammar {

@@ -55,19 +55,34 @@ fn feed(req: &mut ActiveRequest, engine: &Engine, output: &[u8]) {
 }
 
 #[test]
-fn bytes_that_are_not_utf8_before_a_fenced_call_leave_it_unconstrained() {
+fn bytes_that_are_not_utf8_before_a_fenced_call_do_not_keep_it_from_its_grammar() {
     let engine = start(1);
     let call = b"```json\n{\"name\": \"get_weather\", \"arguments\": {";
-    // A lone lead byte, then the fence: the text before the call cannot be a grammar literal.
-    let mut req = admitted(&engine, ChatInput { lazy_tools: Some(lazy_tools()), ..chat("weather?", 8) });
-    feed(&mut req, &engine, &[b"caf\xC3 ", &call[..]].concat());
-    assert!(!req.choices[0].constrained, "no grammar can start with those bytes");
-    assert!(req.choices[0].tool_watch.is_some(), "later calls are still watched");
-    // The same call after text that is UTF-8 (a two-byte character) is held to its grammar.
-    let mut req = admitted(&engine, ChatInput { lazy_tools: Some(lazy_tools()), ..chat("weather?", 8) });
-    feed(&mut req, &engine, &[b"caf\xC3\xA9 ", &call[..]].concat());
-    assert!(req.choices[0].constrained, "the call after valid text is constrained");
-    assert!(req.choices[0].tool_watch.is_none());
+    // A lone lead byte, then the fence: the grammar starts at the fence's token, so what came
+    // before it, text or not, does not matter (it used to leave the call unconstrained).
+    for before in [&b"caf\xC3 "[..], &b"caf\xC3\xA9 "[..]] {
+        let mut req = admitted(&engine, ChatInput { lazy_tools: Some(lazy_tools()), ..chat("weather?", 8) });
+        feed(&mut req, &engine, &[before, &call[..]].concat());
+        assert!(req.choices[0].constrained, "{before:?}: the call is held to its grammar");
+        assert!(req.choices[0].tool_watch.is_none(), "{before:?}");
+    }
+    engine.shutdown();
+}
+
+/// The fenced call's grammar is compiled by `prepare`, whatever text comes before the fence: the
+/// scheduler only instantiates it when a fence opens (it used to compile one grammar per text
+/// before the fence there, stalling every other stream meanwhile).
+#[test]
+fn a_fenced_call_starts_its_grammar_without_compiling_on_the_scheduler() {
+    let engine = start(1);
+    let call = b"```json\n{\"name\": \"get_weather\", \"arguments\": {";
+    for before in ["", "Let me check the weather: ", "Code:\n```python\nprint(1)\n```\nThen:\n"] {
+        let mut req = admitted(&engine, ChatInput { lazy_tools: Some(lazy_tools()), ..chat("weather?", 8) });
+        let compiles = engine.model().grammar_compiles();
+        feed(&mut req, &engine, &[before.as_bytes(), &call[..]].concat());
+        assert!(req.choices[0].constrained, "{before:?}: the call is held to its grammar");
+        assert_eq!(engine.model().grammar_compiles(), compiles, "{before:?}: a grammar was compiled at the fence");
+    }
     engine.shutdown();
 }
 
@@ -100,7 +115,7 @@ fn ended(handle: &mut GenerationHandle) -> bool {
 #[tokio::test]
 async fn a_panic_in_one_requests_step_ends_that_request_alone() {
     let engine = start(3);
-    for point in ["sampling", "watching", "producing"] {
+    for point in ["sampling", "drafting", "watching", "producing"] {
         let mut faulty = long(&engine, &format!("gantry-fault:{point}@3 please"), 12);
         faulty.lazy_tools = Some(lazy_tools());
         let before = submit(&engine, long(&engine, "the first neighbour", 24), 1);

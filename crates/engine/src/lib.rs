@@ -67,6 +67,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
 pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
+pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
 pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use kv_layout::KvLayout;
@@ -404,14 +405,13 @@ impl Generator for Engine {
             grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param: *param, reason })?);
         }
         // The grammars a call started under `auto` would switch to are compiled now too, so a bad
-        // tool schema is a 400 before anything runs. The fenced form's grammar depends on the
-        // text before the fence: it is only checked here, and compiled when a fence opens.
+        // tool schema is a 400 before anything runs and the scheduler compiles none of them.
         if let Some(l) = &input.lazy_tools {
             let compile =
                 |c: &Constraint| model.compile_constraint(c, input.cache_scope).map_err(|reason| PrepareError::Grammar { param: "tools", reason });
             grammars.bare_call = Some(compile(&l.bare)?);
             grammars.tagged_call = Some(compile(&l.tagged)?);
-            compile(&Constraint::Lark(tools::fenced_grammar(&l.fenced_calls_rules, "")))?;
+            grammars.fenced_call = Some(compile(&Constraint::Lark(tools::fenced_call_grammar(&l.fenced_calls_rules)))?);
         }
         let mut request = input.into_request(prompt, max_tokens);
         request.grammars = grammars;

@@ -166,7 +166,7 @@ impl Scheduler {
         self.resolve_shares(ctx);
         self.offload_idle(ctx);
         self.evaluate_image(ctx);
-        let has_work = self.fill_batch();
+        let has_work = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
         if !has_work {
             return;
@@ -420,7 +420,7 @@ impl Scheduler {
     /// it. Decoding rows of different sequences in one query tile keep alive every KV tile any of
     /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
     /// tiles skip the other sequences' cells.
-    fn fill_batch(&mut self) -> bool {
+    fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
         self.batch.clear();
         self.batch_prompt_tokens = 0;
         self.decode_rows.clear();
@@ -448,16 +448,22 @@ impl Scheduler {
             .sum();
         forced_budget = forced_budget.saturating_sub(reserved);
         draft_budget = draft_budget.min(forced_budget);
-        for req in &mut self.active {
-            let (max_tokens, isolated) = (req.max_tokens, req.isolated);
-            for c in &mut req.choices {
-                if let Some(token) = c.next_token.take() {
+        // Planning a request's drafts runs its drafter (and grammar) on its own output: a panic
+        // there ends that request alone, its rows taken back out of the batch.
+        let mut panicked = Vec::new();
+        for (r, req) in self.active.iter_mut().enumerate() {
+            let before = (self.decode_rows.len(), budget, forced_budget, draft_budget, outputs);
+            let planned = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let (max_tokens, isolated) = (req.max_tokens, req.isolated);
+                for c in &mut req.choices {
+                    let Some(token) = c.next_token.take() else { continue };
                     // An index into `decode_rows` until the prompt chunks are in.
                     c.batch_idx = Some(self.decode_rows.len() as i32);
                     self.decode_rows.push((token, c.pos, c.seq_id));
                     self.slots.record(c.seq_id, c.pos as usize, token);
                     c.pos += 1;
                     budget -= 1;
+                    req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
                     // A draft longer than the tokens the choice may still produce, or reaching
                     // past its context, could never be used: verifying k drafts produces up to
                     // k + 1 tokens, and the last draft must sit inside the context.
@@ -498,8 +504,15 @@ impl Scheduler {
                     forced_budget -= fed;
                     draft_budget = draft_budget.saturating_sub(fed - c.drafts.forced_within(fed));
                 }
+            }));
+            if let Err(payload) = planned {
+                let rows;
+                (rows, budget, forced_budget, draft_budget, outputs) = before;
+                self.decode_rows.truncate(rows);
+                panicked.push((r, crate::panic_message(payload.as_ref())));
             }
         }
+        self.end_panicked(ctx, panicked);
         let mut prompt_done = Vec::new();
         for (r, req) in self.active.iter_mut().enumerate() {
             if budget == 0 {

@@ -18,7 +18,7 @@ use crate::text::TextAssembler;
 use crate::vision::PromptImage;
 use crate::constraint::{Constraint, PreparedGrammars};
 use crate::faults::{Fault, FaultPoint};
-use crate::tools::{fenced_grammar, CallStart, CallWatch};
+use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
 
 /// A request as queued for the scheduler.
 pub(crate) struct Job {
@@ -59,6 +59,8 @@ pub(crate) struct Choice {
 /// The output so far of a choice that may still start a tool call.
 pub(crate) struct ToolWatch {
     tokens: Vec<i32>,
+    /// Where each token's text ends in the output's bytes.
+    ends: Vec<usize>,
     calls: CallWatch,
 }
 
@@ -155,7 +157,7 @@ impl ActiveRequest {
                     tool_watch: request
                         .lazy_tools
                         .as_ref()
-                        .map(|_| ToolWatch { tokens: Vec::new(), calls: CallWatch::new() }),
+                        .map(|_| ToolWatch { tokens: Vec::new(), ends: Vec::new(), calls: CallWatch::new() }),
                     constrained: request.constraint.is_some(),
                 }
             })
@@ -195,8 +197,8 @@ impl ActiveRequest {
     /// the output is committed to a call: `{"name": "<offered function>", "arguments": {` (or that
     /// inside `[`). Up to there the model samples freely; from there the grammar still lets the
     /// object go on with other keys, and such an object is then read back as content. A fenced
-    /// call is constrained from its fence on, wherever it starts: what precedes the fence is the
-    /// grammar's literal start (see `tools::watch`).
+    /// call is constrained from its fence on, wherever it starts, by the grammar `prepare`
+    /// compiled (`tools::fenced_call_grammar`): nothing is compiled here.
     ///
     /// Returns where in `piece` (the offset of its `>`) the `<tool_call>` tag's text ends when
     /// plain-text tokens wrote it on a model whose tag is a token of its own: not a call, but
@@ -205,30 +207,23 @@ impl ActiveRequest {
         let lazy = self.lazy_tools.as_ref()?;
         let watch = self.choices[i].tool_watch.as_mut()?;
         watch.tokens.push(token);
+        watch.ends.push(watch.ends.last().copied().unwrap_or(0) + piece.len());
         self.fault.check(FaultPoint::Watching, self.usage.completion_tokens);
         let tag_token = model.tool_call_tag().map(|tag| tag == token);
         let Some(start) = watch.calls.push(piece, &lazy.names, tag_token) else {
             return watch.calls.tag_end_in_last(piece.len()).filter(|_| tag_token == Some(false));
         };
         let fenced;
-        let (constraint, consumed) = match start {
-            CallStart::Tagged => (&lazy.tagged, &[][..]),
-            CallStart::Bare => (&lazy.bare, watch.tokens.as_slice()),
+        let (constraint, consumed, compiled) = match start {
+            CallStart::Tagged => (&lazy.tagged, &[][..], self.grammars.tagged_call.as_ref()),
+            CallStart::Bare => (&lazy.bare, watch.tokens.as_slice(), self.grammars.bare_call.as_ref()),
             CallStart::Fenced { prefix } => {
-                let Some(before) = watch.calls.text_before(prefix) else {
-                    // Bytes that are not text before the fence: no grammar can repeat them, so
-                    // this call stays unconstrained (the parser still reads a well-formed one).
-                    watch.calls.rejected(&start);
-                    return None;
-                };
-                fenced = Constraint::Lark(fenced_grammar(&lazy.fenced_calls_rules, before));
-                (&fenced, watch.tokens.as_slice())
+                // From the token that holds the fence's first byte on; the grammar lets that
+                // token's text before the fence lead.
+                let first = watch.ends.partition_point(|&end| end <= prefix);
+                fenced = Constraint::Lark(fenced_call_grammar(&lazy.fenced_calls_rules));
+                (&fenced, &watch.tokens[first..], self.grammars.fenced_call.as_ref())
             }
-        };
-        let compiled = match start {
-            CallStart::Tagged => self.grammars.tagged_call.as_ref(),
-            CallStart::Bare => self.grammars.bare_call.as_ref(),
-            CallStart::Fenced { .. } => None,
         };
         let matcher = match compiled {
             Some(compiled) => compiled.matcher_after(consumed),

@@ -17,6 +17,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(token) = admin_token {
         crate::admin_guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
     }
+    warn_about_fault_injection();
     let mut specs = crate::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
 
@@ -272,5 +273,19 @@ mod tests {
     fn model_id_is_the_file_stem() {
         let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
         assert_eq!(super::model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
+    }
+}
+
+/// A test build (`fault-injection`) armed by `GANTRY_FAULTS` panics requests on purpose: said
+/// loudly at start, so no one mistakes it for a server to share. Set where the hook is not
+/// compiled in, the variable is said to do nothing.
+fn warn_about_fault_injection() {
+    let Ok(value) = std::env::var(gantry_engine::FAULTS_ENV) else { return };
+    if gantry_engine::fault_injection_armed() {
+        tracing::warn!("FAULT INJECTION ARMED ({}={value}): prompts with `gantry-fault:<point>@<tokens>` make their request panic; a test build, never to be shared", gantry_engine::FAULTS_ENV);
+    } else if !gantry_engine::fault_injection_compiled() {
+        tracing::warn!("{} is set, but this build has no fault injection (only test builds do): ignored", gantry_engine::FAULTS_ENV);
+    } else {
+        tracing::warn!("{}={value:?} is not `{}`: fault injection stays off", gantry_engine::FAULTS_ENV, gantry_engine::FAULTS_ARMED);
     }
 }

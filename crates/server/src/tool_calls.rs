@@ -300,7 +300,8 @@ mod tests {
         for extra in [json!({}), json!({"parallel_tool_calls": false})] {
             let lazy = ToolPlan::from_request(&chat(extra)).unwrap().unwrap().lazy.unwrap();
             let fenced = |prefix| Constraint::Lark(gantry_engine::tools::fenced_grammar(&lazy.fenced_calls_rules, prefix));
-            for c in [&lazy.bare, &lazy.tagged, &fenced(""), &fenced("Sure: \"x\"\n")] {
+            let from_fence = Constraint::Lark(gantry_engine::tools::fenced_call_grammar(&lazy.fenced_calls_rules));
+            for c in [&lazy.bare, &lazy.tagged, &from_fence, &fenced(""), &fenced("Sure: \"x\"\n")] {
                 model.check_constraint(c).unwrap_or_else(|e| panic!("{e}: {c:?}"));
             }
         }

@@ -36,7 +36,7 @@ pub use parse::parse_tool_calls;
 
 pub use prompt::with_generic_tool_prompt;
 pub use stream::{StreamPiece, ToolCallStreamer};
-pub use watch::{fenced_grammar, CallStart, CallWatch};
+pub use watch::{fenced_call_grammar, fenced_grammar, CallStart, CallWatch};
 
 /// One recognised call.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -130,6 +130,15 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// The grammar for a fenced call, compiled once per request in `prepare` (off the scheduler
+/// thread): `rules` define `fenced_calls` (see `LazyTools::fenced_calls_rules`). It runs over
+/// the output from the token holding the fence's first backtick, so it lets that token's text
+/// before the fence (`FENCE_LEAD`: no backtick, since the fence is the first one there) come
+/// first; what earlier tokens wrote is not the grammar's concern, text or not.
+pub fn fenced_call_grammar(rules: &str) -> String {
+    format!("start: fenced_calls | FENCE_LEAD fenced_calls\nFENCE_LEAD: /[^`]+/\n{rules}")
+}
+
 /// The grammar for a fenced call after `prefix`: `rules` define `fenced_calls` (see
 /// `LazyTools::fenced_calls_rules`); the text before the fence is repeated as a literal, so the
 /// grammar runs over the whole output and takes every token generated so far.
