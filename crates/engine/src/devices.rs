@@ -49,6 +49,13 @@ pub fn gpu_backend_compiled() -> bool {
     cfg!(feature = "cuda")
 }
 
+/// Whether layers may go to a GPU: this binary has a GPU backend, or the llama.cpp libraries
+/// it loaded have one (a CPU build run on libraries built with CUDA, as the GPU bench's light
+/// bundle does).
+pub fn gpu_backend_present() -> bool {
+    gpu_backend_compiled() || !accelerators().is_empty()
+}
+
 /// The accelerators llama.cpp found (none in a CPU build, or without a usable driver).
 pub fn accelerators() -> Vec<Accelerator> {
     crate::model::backend();

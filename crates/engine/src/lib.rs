@@ -7,6 +7,7 @@ pub mod constraint;
 mod cpu_backend;
 pub mod cpu_variants;
 mod devices;
+mod device_sampling;
 mod faults;
 #[cfg(test)]
 mod cache_scope_tests;
@@ -68,7 +69,8 @@ use llama_cpp_2::context::params::LlamaContextParams;
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
 pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
 pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
-pub use devices::{accelerators, gpu_backend_compiled, Accelerator, Offload};
+pub use device_sampling::DeviceSampling;
+pub use devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use kv_layout::KvLayout;
 pub use memory::{estimate_memory, MemoryEstimate};
@@ -126,6 +128,9 @@ pub struct EngineConfig {
     /// Temperature-0 requests return the same output whatever else runs, at a cost (see
     /// `deterministic`).
     pub deterministic_greedy: bool,
+    /// Where sampled choices are sampled: on the GPU that computed their logits, or on the
+    /// host (see `device_sampling`).
+    pub device_sampling: DeviceSampling,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -161,6 +166,7 @@ impl EngineConfig {
             max_running_per_key: None,
             special_tokens_in_content: false,
             deterministic_greedy: false,
+            device_sampling: DeviceSampling::Auto,
             #[cfg(test)]
             panic_after_tokens: None,
             #[cfg(test)]
@@ -237,6 +243,15 @@ impl Engine {
             layout: config.kv_layout,
             max_running_per_key: config.max_running_per_key,
             deterministic_greedy: config.deterministic_greedy,
+            device_sampling: match config.device_sampling {
+                DeviceSampling::On => true,
+                DeviceSampling::Off => false,
+                // The output layer is on a GPU when every layer is offloaded.
+                DeviceSampling::Auto => {
+                    !accelerators().is_empty()
+                        && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
+                }
+            },
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
         };

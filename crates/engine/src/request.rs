@@ -81,6 +81,20 @@ pub struct GenerateRequest {
     pub grammars: crate::constraint::PreparedGrammars,
 }
 
+impl GenerateRequest {
+    /// Whether its choices need the host's sampler whatever their sampling parameters: several
+    /// choices read one prompt's logits, logprobs read them all, a grammar masks them (from the
+    /// start, or once a tool call starts), and an image's rows are decoded apart.
+    pub(crate) fn needs_host_sampling(&self) -> bool {
+        self.n > 1
+            || self.logprobs.is_some()
+            || self.constraint.is_some()
+            || self.grammars.output.is_some()
+            || self.lazy_tools.is_some()
+            || !self.prompt.images.is_empty()
+    }
+}
+
 /// Grammars for a tool call the model starts on its own.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LazyTools {

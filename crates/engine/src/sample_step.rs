@@ -40,7 +40,18 @@ impl Work<'_> {
     }
 }
 
-/// Samples the first position of every choice with a `batch_idx`, on rayon's pool.
+/// The token the device sampled at batch row `idx` for a choice sampled there (see
+/// `device_sampling`). A row without one is a bug in how rows were given out; it panics, which
+/// ends that request alone.
+pub(crate) fn device_token(ctx: &LlamaContext<'_>, idx: i32) -> i32 {
+    match ctx.sampled_token_ith(idx) {
+        Some(token) => token.0,
+        None => panic!("no token sampled on the device at batch row {idx}"),
+    }
+}
+
+/// Samples the first position of every choice with a `batch_idx`, on rayon's pool; choices
+/// sampled on the device only read their token.
 pub(crate) fn sample_first_tokens(active: &mut [ActiveRequest], ctx: &LlamaContext<'_>) -> FirstTokens {
     let mut out: FirstTokens = active.iter().map(|req| Ok(vec![None; req.choices.len()])).collect();
     let mut work = Vec::new();
@@ -48,19 +59,32 @@ pub(crate) fn sample_first_tokens(active: &mut [ActiveRequest], ctx: &LlamaConte
         let ActiveRequest { choices, fault, usage, .. } = req;
         let produced = usage.completion_tokens;
         let gathered = std::panic::catch_unwind(AssertUnwindSafe(move || {
-            let (choices, mut mine) = (choices, Vec::new());
+            let (choices, mut mine, mut on_device) = (choices, Vec::new(), Vec::new());
             for (i, c) in choices.iter_mut().enumerate() {
-                if let Some(idx) = c.batch_idx {
-                    let logits = ctx.get_logits_ith(idx);
-                    let sampler = &mut c.sampler;
-                    mine.push(Work { request: r, choice: i, sampler, logits, fault, produced, token: None });
+                match c.batch_idx {
+                    Some(idx) if c.on_device => {
+                        fault.check(FaultPoint::Sampling, produced);
+                        on_device.push((i, device_token(ctx, idx)));
+                    }
+                    Some(idx) => {
+                        let logits = ctx.get_logits_ith(idx);
+                        let sampler = &mut c.sampler;
+                        mine.push(Work { request: r, choice: i, sampler, logits, fault, produced, token: None });
+                    }
+                    None => {}
                 }
             }
-            mine
+            (mine, on_device)
         }));
-        match gathered {
-            Ok(mine) => work.extend(mine),
-            Err(payload) => out[r] = Err(crate::panic_message(payload.as_ref())),
+        match (gathered, &mut out[r]) {
+            (Ok((mine, on_device)), Ok(tokens)) => {
+                work.extend(mine);
+                for (i, token) in on_device {
+                    tokens[i] = Some(token);
+                }
+            }
+            (Ok(_), Err(_)) => {}
+            (Err(payload), slot) => *slot = Err(crate::panic_message(payload.as_ref())),
         }
     }
     // One choice is sampled right here: handing it to the pool would only add a wake-up.

@@ -16,6 +16,7 @@ use llama_cpp_2::token::LlamaToken;
 use crate::admission::{FairQueue, Waiting};
 use crate::host_cache::{self, HostCache};
 use crate::deterministic;
+use crate::device_sampling::{ChainKey, DeviceSamplers};
 use crate::kv_layout::{self, KvLayout};
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
@@ -50,6 +51,9 @@ pub(crate) struct SchedulerConfig {
     pub max_running_per_key: Option<u32>,
     /// Greedy requests compute apart from everything else (see `deterministic`).
     pub deterministic_greedy: bool,
+    /// Sampled choices that only need temperature and top-p are sampled on the device (see
+    /// `device_sampling`).
+    pub device_sampling: bool,
     #[cfg(test)]
     pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
 }
@@ -85,6 +89,8 @@ pub(crate) struct Scheduler {
     spreading: Vec<usize>,
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
     host: HostCache<SeqState>,
+    /// Chains sampling on the device, made on the first step when `cfg.device_sampling`.
+    device: Option<DeviceSamplers>,
 }
 
 impl Scheduler {
@@ -129,11 +135,15 @@ impl Scheduler {
             prompt_rows: Vec::new(),
             spreading: Vec::new(),
             host,
+            device: None,
         }
     }
 
     /// Runs until every sender of `jobs` is gone and all work is finished.
     pub fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
+        if self.cfg.device_sampling && self.device.is_none() {
+            self.device = DeviceSamplers::new(ctx);
+        }
         loop {
             if self.active.is_empty() && self.waiting.is_empty() {
                 // Idle: the gauges would otherwise keep the last busy step's figures (a
@@ -271,6 +281,7 @@ impl Scheduler {
             if isolated {
                 speculation.mode = Speculate::Off;
             }
+            let on_device = ChainKey::for_request(&job.request.sampling, job.request.needs_host_sampling());
             let started = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 ActiveRequest::new(job, seqs.clone(), model, ctx_size, speculation)
             }));
@@ -296,6 +307,11 @@ impl Scheduler {
                     continue;
                 }
             };
+            if let Some(device) = self.device.as_mut() {
+                for c in &mut req.choices {
+                    c.on_device = device.assign(c.seq_id, on_device);
+                }
+            }
             let keep = req.whole_images(in_place.min(req.reusable_len()));
             for (i, c) in req.choices.iter().enumerate() {
                 let keep = if i == 0 { keep } else { 0 };
@@ -661,6 +677,7 @@ impl Scheduler {
             for j in 0..=k {
                 let token = match (j, first[i]) {
                     (0, Some(token)) => token,
+                    _ if req.choices[i].on_device => crate::sample_step::device_token(ctx, idx + j as i32),
                     _ => {
                         req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);
                         req.choices[i].sampler.sample(ctx.get_logits_ith(idx + j as i32))

@@ -54,6 +54,8 @@ pub(crate) struct Choice {
     /// Sampled under a grammar right now (`response_format`, a forced call, or a call the model
     /// started): stop strings do not apply, since cutting the text would break the JSON.
     pub constrained: bool,
+    /// Sampled by its sequence's chain on the device (see `device_sampling`), not `sampler`.
+    pub on_device: bool,
 }
 
 /// The output so far of a choice that may still start a tool call.
@@ -159,6 +161,7 @@ impl ActiveRequest {
                         .as_ref()
                         .map(|_| ToolWatch { tokens: Vec::new(), ends: Vec::new(), calls: CallWatch::new() }),
                     constrained: request.constraint.is_some(),
+                    on_device: false,
                 }
             })
             .collect();

@@ -118,6 +118,13 @@ pub struct ServeArgs {
     /// all of them].
     #[arg(long, env = "GANTRY_MAIN_GPU")]
     pub main_gpu: Option<u32>,
+    /// Where sampled requests (temperature and top-p only) are sampled: `auto` on the GPU that
+    /// computed their logits when every layer is offloaded, so only the token comes back; `on`
+    /// also on the CPU backend (llama.cpp's graph instead of Gantry's sampler; for tests); `off`
+    /// always by Gantry's sampler on the host. Logit bias, penalties, grammars, logprobs, seeds,
+    /// n > 1, tools and images always sample on the host.
+    #[arg(long, value_enum, env = "GANTRY_DEVICE_SAMPLING", default_value_t = DeviceSamplingArg::Auto)]
+    pub device_sampling: DeviceSamplingArg,
     /// Max tokens per decode step [default: 512, or fewer where a model would not fit
     /// --max-memory otherwise; a value given here is kept or the model refused].
     #[arg(long)]
@@ -271,6 +278,13 @@ fn parse_positive_seconds(s: &str) -> Result<f64, String> {
         Ok(x) if x.is_finite() && x > 0.0 && x <= 86_400.0 => Ok(x),
         _ => Err(format!("{s:?} is not a number of seconds above 0 and at most 86400")),
     }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSamplingArg {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

@@ -104,7 +104,7 @@ pub fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
 /// Where Q5_0 models get their Q8_0 twins (`gantry_engine`'s `q5_as_q8`): beside the models
 /// cache, unless turned off or layers may go to a GPU (whose kernels trade differently).
 fn q8_twin_dir(args: &ServeArgs, models_cache: &Path) -> Option<PathBuf> {
-    let cpu_only = !gantry_engine::gpu_backend_compiled() || args.n_gpu_layers == Some(0);
+    let cpu_only = !gantry_engine::gpu_backend_present() || args.n_gpu_layers == Some(0);
     (args.q5_as_q8 == crate::cli::Q5AsQ8Arg::Auto && cpu_only).then(|| models_cache.with_file_name("q8-twins"))
 }
 
@@ -122,6 +122,11 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.kv_layout = if args.kv_unified { KvLayout::Unified } else { KvLayout::PerSequence };
     config.special_tokens_in_content = args.special_tokens_in_content;
     config.deterministic_greedy = args.deterministic_greedy;
+    config.device_sampling = match args.device_sampling {
+        crate::cli::DeviceSamplingArg::Auto => gantry_engine::DeviceSampling::Auto,
+        crate::cli::DeviceSamplingArg::On => gantry_engine::DeviceSampling::On,
+        crate::cli::DeviceSamplingArg::Off => gantry_engine::DeviceSampling::Off,
+    };
     config.offload = gantry_engine::Offload { gpu_layers: args.n_gpu_layers, main_gpu: args.main_gpu };
     config.speculation = gantry_engine::SpeculationConfig {
         mode: match args.speculate {
