@@ -59,8 +59,16 @@ CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
 	  CMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" GGML_CUDA_NO_VMM=$$no_vmm LLAMA_BUILD_SHARED_LIBS=1 \
 	  CMAKE_INSTALL_RPATH="\$$ORIGIN;$$cudalib" RUSTFLAGS="-C link-arg=-Wl,-rpath,\$$ORIGIN:$$cudalib"
 
+# `make build-shared`: the CPU build with llama.cpp as shared libraries (libllama.so.0,
+# libggml*.so.0, libmtmd.so.0 beside the binary, found through $$ORIGIN in every run path) and
+# portable CPU code, like make build-gpu's but without the `cuda` feature: no CUDA is compiled.
+# The same binary runs on these libraries built elsewhere with CUDA from the same llama.cpp,
+# which is what make gpu-bench-bundle-light carries it to a GPU machine for.
+SHARED_DIR := target/shared
+
 .PHONY: serve build deps test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
-	bench bench-cpu bench-gpu gpu-bench-bundle clean build-gpu serve-gpu check-cuda build-portable test-portable
+	bench bench-cpu bench-gpu gpu-bench-bundle gpu-bench-bundle-light clean build-gpu build-shared serve-gpu check-cuda \
+	build-portable test-portable
 
 deps:
 	@scripts/install-build-deps.sh
@@ -91,6 +99,12 @@ build-gpu: deps
 	$(CUDA_ENV) && $(CARGO) build --release -p gantry-server -p gantry-bench --features gantry-server/cuda --target-dir $(GPU_DIR)
 	scripts/place-shared-libs.sh $(GPU_DIR)/release
 	scripts/check-gpu-tree.sh $(GPU_DIR)/release
+
+build-shared: deps
+	env -u CFLAGS -u CXXFLAGS LLAMA_BUILD_SHARED_LIBS=1 CMAKE_INSTALL_RPATH='$$ORIGIN' RUSTFLAGS='-C link-arg=-Wl,-rpath,$$ORIGIN' \
+	  $(CARGO) build --release -p gantry-server -p gantry-bench --target-dir $(SHARED_DIR)
+	scripts/place-shared-libs.sh $(SHARED_DIR)/release
+	scripts/check-gpu-tree.sh $(SHARED_DIR)/release
 
 serve-gpu: build-gpu
 	$(GPU_BIN) models pull $(MODEL)
@@ -209,6 +223,13 @@ gpu-bench-bundle: build-gpu
 	@$(CUDA_ENV) && \
 	GANTRY_GPU_BUILD="CUDA_ARCHS=$(CUDA_ARCHS), GGML_CUDA_NO_VMM=$$no_vmm, $$(nvcc --version | grep -m 1 release)" \
 	GGML_CUDA_NO_VMM=$$no_vmm CUDA_ARCHS="$(CUDA_ARCHS)" BENCH_MODEL=$(BENCH_MODEL) GPU_DIR=$(GPU_DIR) scripts/gpu-bench-bundle.sh
+
+# The light bundle: make build-shared's Gantry and gantry-bench without their libraries, which
+# the GPU machine builds with CUDA from the sdist along with the reference (CUDA_ARCHS there;
+# the VMM pool as its toolkit allows). Refused unless the headers of llama-cpp-sys-2's llama.cpp
+# are the sdist's. No CUDA toolkit is needed here.
+gpu-bench-bundle-light: build-shared
+	GANTRY_LIBS=remote CUDA_ARCHS="$(CUDA_ARCHS)" BENCH_MODEL=$(BENCH_MODEL) GPU_DIR=$(SHARED_DIR) scripts/gpu-bench-bundle.sh
 
 clean:
 	$(CARGO) clean

