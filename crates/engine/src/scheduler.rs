@@ -281,7 +281,15 @@ impl Scheduler {
             if isolated {
                 speculation.mode = Speculate::Off;
             }
-            let on_device = ChainKey::for_request(&job.request.sampling, job.request.needs_host_sampling());
+            let on_device = self
+                .device
+                .as_ref()
+                .and_then(|_| ChainKey::for_request(&job.request.sampling, job.request.needs_host_sampling()));
+            if on_device.is_some() {
+                // A sequence sampled on the device gets one output per step (llama-cpp-2 leaves
+                // llama.cpp's `n_outputs_max_per_seq` at 1): no drafts to verify.
+                speculation.mode = Speculate::Off;
+            }
             let started = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 ActiveRequest::new(job, seqs.clone(), model, ctx_size, speculation)
             }));
