@@ -118,11 +118,11 @@ pub struct ServeArgs {
     /// all of them].
     #[arg(long, env = "GANTRY_MAIN_GPU")]
     pub main_gpu: Option<u32>,
-    /// Where sampled requests (temperature and top-p only) are sampled: `auto` on the GPU that
-    /// computed their logits when every layer is offloaded, so only the token comes back; `on`
-    /// also on the CPU backend (llama.cpp's graph instead of Gantry's sampler; for tests); `off`
-    /// always by Gantry's sampler on the host. Logit bias, penalties, grammars, logprobs, seeds,
-    /// n > 1, tools and images always sample on the host.
+    /// Where requests that sample by a temperature alone draw their tokens: `auto` on the GPU
+    /// that computed their logits when every layer is offloaded, so only the token comes back;
+    /// `on` also on the CPU backend (llama.cpp's graph instead of Gantry's sampler; for tests);
+    /// `off` always by Gantry's sampler on the host. Top-p, logit bias, penalties, grammars,
+    /// logprobs, seeds, n > 1, tools and images always sample on the host.
     #[arg(long, value_enum, env = "GANTRY_DEVICE_SAMPLING", default_value_t = DeviceSamplingArg::Auto)]
     pub device_sampling: DeviceSamplingArg,
     /// Max tokens per decode step [default: 512, or fewer where a model would not fit
