@@ -113,8 +113,8 @@ async fn run_together(engine: &Engine, requests: Vec<crate::ChatInput>) -> Vec<(
     for handle in handles {
         let (events, usage) = drain(handle).await;
         assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
-        let text: String =
-            events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None }).collect();
+        let delta = |e: &Event| if let Event::Delta { text, .. } = e { Some(text.clone()) } else { None };
+        let text: String = events.iter().filter_map(delta).collect();
         out.push((text, usage.completion_tokens));
     }
     out
