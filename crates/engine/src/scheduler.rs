@@ -51,7 +51,7 @@ pub(crate) struct SchedulerConfig {
     pub max_running_per_key: Option<u32>,
     /// Greedy requests compute apart from everything else (see `deterministic`).
     pub deterministic_greedy: bool,
-    /// Sampled choices that only need temperature and top-p are sampled on the device (see
+    /// Sampled choices that only need a temperature are sampled on the device (see
     /// `device_sampling`).
     pub device_sampling: bool,
     #[cfg(test)]
