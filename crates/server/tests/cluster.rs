@@ -223,30 +223,50 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     let load = tokio::spawn(load(nginx.url("/v1/chat/completions"), secrets.clone(), model_id.clone(), 6, at(1.0)));
 
     // A long stream straight to the replica about to be killed (end of text banned on the tiny
-    // model), so the kill surely cuts one: its client sees the cut, and it is never billed.
-    let victim = {
-        let base = format!("http://{}", replicas[0].addr());
-        let bias = if std::env::var("GANTRY_CLUSTER_MODEL").is_ok() { json!({}) } else { common::ban_special_tokens_at(&base, &model_id, &secrets[2]).await };
-        // A real model (the long form) is asked for something long instead.
-        let ask = "Count from 1 to 5000, one number per line, and do not stop before 5000.";
-        let body = json!({"model": model_id, "messages": [{"role": "user", "content": ask}], "max_tokens": 4000, "stream": true, "logit_bias": bias});
-        let mut resp = reqwest::Client::builder().no_proxy().build().unwrap()
-            .post(format!("{base}/v1/chat/completions")).bearer_auth(&secrets[2]).header("x-request-id", "victim").json(&body).send().await.unwrap();
-        assert_eq!(resp.status(), 200);
-        resp.chunk().await.unwrap().expect("the victim stream starts");
-        tokio::spawn(async move {
-            loop {
-                match resp.chunk().await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => return "ended".to_string(),
-                    Err(e) => return format!("cut: {e}"),
-                }
-            }
-        })
+    // model; a real model, the long form, is asked for something long): its client sees the cut,
+    // and it is never billed. It starts when the kill is due and is struck once it is seen in
+    // flight (a chunk streamed, the stream still open): started earlier, a fast machine could
+    // finish it before the kill.
+    let victim_base = format!("http://{}", replicas[0].addr());
+    let bias = if std::env::var("GANTRY_CLUSTER_MODEL").is_ok() {
+        json!({})
+    } else {
+        common::ban_special_tokens_at(&victim_base, &model_id, &secrets[2]).await
     };
+    let ask = "Count from 1 to 5000, one number per line, and do not stop before 5000.";
+    let victim_body = json!({
+        "model": model_id, "messages": [{"role": "user", "content": ask}],
+        "max_tokens": 4000, "stream": true, "logit_bias": bias,
+    });
 
     // The faults, spread over the run.
     tokio::time::sleep_until(at(0.15).into()).await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut resp = client.post(format!("{victim_base}/v1/chat/completions")).bearer_auth(&secrets[2])
+        .header("x-request-id", "victim").json(&victim_body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.chunk().await.unwrap().expect("the victim stream starts");
+    let (in_flight_tx, in_flight) = tokio::sync::oneshot::channel();
+    let victim = tokio::spawn(async move {
+        // One more chunk: it is producing tokens, not only holding its first frame.
+        let outcome = match resp.chunk().await {
+            Ok(Some(_)) => None,
+            Ok(None) => Some("ended before the kill".to_string()),
+            Err(e) => Some(format!("failed before the kill: {e}")),
+        };
+        let _ = in_flight_tx.send(());
+        if let Some(outcome) = outcome {
+            return outcome;
+        }
+        loop {
+            match resp.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return "ended".to_string(),
+                Err(e) => return format!("cut: {e}"),
+            }
+        }
+    });
+    in_flight.await.unwrap();
     let killed_at = Instant::now();
     replicas[0].sigkill();
     let killed_addr = replicas[0].addr();
