@@ -95,7 +95,8 @@ impl Price {
     /// Cost in nano-dollars, rounded up so a non-zero price never rounds to free.
     pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
         // USD per million tokens = 1000 nano-dollars per token per dollar.
-        let nanos = prompt_tokens as f64 * self.input_per_mtok * 1000.0 + completion_tokens as f64 * self.output_per_mtok * 1000.0;
+        let nanos = prompt_tokens as f64 * self.input_per_mtok * 1000.0
+            + completion_tokens as f64 * self.output_per_mtok * 1000.0;
         nanos.ceil().min(i64::MAX as f64) as i64
     }
 }
@@ -238,10 +239,11 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
     .await?
     .rows_affected();
     if inserted == 0 {
-        let exists: Option<i64> = sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM usage_records WHERE request_id = $1")
-            .bind(&rec.request_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let exists: Option<i64> =
+            sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM usage_records WHERE request_id = $1")
+                .bind(&rec.request_id)
+                .fetch_optional(&mut *tx)
+                .await?;
         tx.rollback().await?;
         if exists.is_none() {
             return Err(AccountsError::NotFound(format!("API key {}", rec.key_id)));

@@ -7,8 +7,8 @@ use std::sync::Once;
 use std::time::Duration;
 
 use sqlx::any::AnyPoolOptions;
-use sqlx::AnyPool;
 use sqlx::migrate::Migrator;
+use sqlx::AnyPool;
 use sqlx::Executor;
 
 use crate::AccountsError;
@@ -51,7 +51,9 @@ fn install_drivers() {
 pub(crate) async fn open_data_dir(dir: &Path) -> Result<(AnyPool, Backend), AccountsError> {
     tokio::fs::create_dir_all(dir).await?;
     let file = dir.join(DB_FILE_NAME);
-    let path = file.to_str().ok_or_else(|| AccountsError::Invalid(format!("data directory {} is not UTF-8", dir.display())))?;
+    let path = file
+        .to_str()
+        .ok_or_else(|| AccountsError::Invalid(format!("data directory {} is not UTF-8", dir.display())))?;
     open_sqlite(&format!("sqlite://{path}?mode=rwc"), false).await
 }
 

@@ -118,10 +118,7 @@ pub struct CreatedKey {
 
 impl fmt::Debug for CreatedKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CreatedKey")
-            .field("key", &self.key)
-            .field("secret", &"<redacted>")
-            .finish()
+        f.debug_struct("CreatedKey").field("key", &self.key).field("secret", &"<redacted>").finish()
     }
 }
 
@@ -130,12 +127,7 @@ pub fn generate_secret() -> String {
     let mut rng = OsRng.unwrap_err();
     let mut s = String::with_capacity(SECRET_PREFIX.len() + SECRET_RANDOM_LEN);
     s.push_str(SECRET_PREFIX);
-    s.extend(
-        (&mut rng)
-            .sample_iter(Alphanumeric)
-            .take(SECRET_RANDOM_LEN)
-            .map(char::from),
-    );
+    s.extend((&mut rng).sample_iter(Alphanumeric).take(SECRET_RANDOM_LEN).map(char::from));
     s
 }
 
@@ -375,11 +367,7 @@ pub(crate) async fn find(pool: &AnyPool, id_or_name: &str) -> Result<KeyInfo, Ac
     resolve(pool, id_or_name.trim()).await
 }
 
-pub(crate) async fn ensure_key(
-    pool: &AnyPool,
-    secret: &str,
-    name: &str,
-) -> Result<KeyInfo, AccountsError> {
+pub(crate) async fn ensure_key(pool: &AnyPool, secret: &str, name: &str) -> Result<KeyInfo, AccountsError> {
     if !looks_like_key(secret) {
         return Err(AccountsError::Invalid(format!(
             "API key must be {MIN_KEY_LEN}..={MAX_KEY_LEN} printable ASCII characters without whitespace"
@@ -398,9 +386,8 @@ pub(crate) async fn ensure_key(
     .execute(pool)
     .await?
     .rows_affected();
-    let key = find_by_hash(pool, &hash)
-        .await?
-        .ok_or_else(|| AccountsError::NotFound("key vanished after insert".into()))?;
+    let key =
+        find_by_hash(pool, &hash).await?.ok_or_else(|| AccountsError::NotFound("key vanished after insert".into()))?;
     if !key.is_active() {
         return Err(AccountsError::KeyRevoked);
     }
@@ -411,51 +398,41 @@ pub(crate) async fn ensure_key(
 }
 
 async fn find_by_hash(pool: &AnyPool, hash: &str) -> Result<Option<KeyInfo>, AccountsError> {
-    let row: Option<KeyRow> = sqlx::query_as(&format!(
-        "SELECT {KEY_COLUMNS} FROM api_keys WHERE secret_hash = $1"
-    ))
-    .bind(hash)
-    .fetch_optional(pool)
-    .await?;
+    let row: Option<KeyRow> = sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE secret_hash = $1"))
+        .bind(hash)
+        .fetch_optional(pool)
+        .await?;
     Ok(row.map(to_info))
 }
 
 pub(crate) async fn list_keys(pool: &AnyPool) -> Result<Vec<KeyInfo>, AccountsError> {
     let rows: Vec<KeyRow> =
-        sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY id"))
-            .fetch_all(pool)
-            .await?;
+        sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY id")).fetch_all(pool).await?;
     Ok(rows.into_iter().map(to_info).collect())
 }
 
 pub(crate) async fn count_active_keys(pool: &AnyPool) -> Result<u64, AccountsError> {
-    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL")
-        .fetch_one(pool)
-        .await?;
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_keys WHERE revoked_at IS NULL").fetch_one(pool).await?;
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// The key a presented secret belongs to, unless unknown or revoked. Expired keys are returned
 /// (the caller tells the client why it is refused).
-pub(crate) async fn authenticate(
-    pool: &AnyPool,
-    secret: &str,
-) -> Result<Option<KeyInfo>, AccountsError> {
+pub(crate) async fn authenticate(pool: &AnyPool, secret: &str) -> Result<Option<KeyInfo>, AccountsError> {
     if !looks_like_key(secret) {
         return Ok(None);
     }
     let hash = hash_secret(secret);
-    let row: Option<(String, KeyRow)> = sqlx::query(&format!(
-        "SELECT secret_hash, {KEY_COLUMNS} FROM api_keys WHERE secret_hash = $1"
-    ))
-    .bind(&hash)
-    .fetch_optional(pool)
-    .await?
-    .map(|r| {
-        use sqlx::{FromRow, Row};
-        Ok::<_, sqlx::Error>((r.try_get::<String, _>("secret_hash")?, KeyRow::from_row(&r)?))
-    })
-    .transpose()?;
+    let row: Option<(String, KeyRow)> =
+        sqlx::query(&format!("SELECT secret_hash, {KEY_COLUMNS} FROM api_keys WHERE secret_hash = $1"))
+            .bind(&hash)
+            .fetch_optional(pool)
+            .await?
+            .map(|r| {
+                use sqlx::{FromRow, Row};
+                Ok::<_, sqlx::Error>((r.try_get::<String, _>("secret_hash")?, KeyRow::from_row(&r)?))
+            })
+            .transpose()?;
     let Some((stored_hash, row)) = row else {
         return Ok(None);
     };
@@ -469,10 +446,7 @@ pub(crate) async fn authenticate(
 /// Resolves `id_or_name` (numeric id, then name, then display prefix; a full `sk-gantry-`
 /// secret is matched by hash) and revokes that key.
 /// Revoking an already revoked key returns it unchanged.
-pub(crate) async fn revoke_key(
-    pool: &AnyPool,
-    id_or_name: &str,
-) -> Result<KeyInfo, AccountsError> {
+pub(crate) async fn revoke_key(pool: &AnyPool, id_or_name: &str) -> Result<KeyInfo, AccountsError> {
     let key = resolve(pool, id_or_name.trim()).await?;
     if key.is_active() {
         sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
@@ -494,11 +468,10 @@ async fn resolve(pool: &AnyPool, what: &str) -> Result<KeyInfo, AccountsError> {
         return Err(AccountsError::NotFound("empty key id or name".into()));
     }
     if let Ok(id) = what.parse::<i64>() {
-        let row: Option<KeyRow> =
-            sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
-                .bind(id)
-                .fetch_optional(pool)
-                .await?;
+        let row: Option<KeyRow> = sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
         if let Some(row) = row {
             return Ok(to_info(row));
         }
@@ -510,12 +483,11 @@ async fn resolve(pool: &AnyPool, what: &str) -> Result<KeyInfo, AccountsError> {
             .ok_or_else(|| AccountsError::NotFound("no API key matches that secret".into()));
     }
     for column in ["name", "prefix"] {
-        let rows: Vec<KeyRow> = sqlx::query_as(&format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys WHERE {column} = $1 ORDER BY id"
-        ))
-        .bind(what)
-        .fetch_all(pool)
-        .await?;
+        let rows: Vec<KeyRow> =
+            sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE {column} = $1 ORDER BY id"))
+                .bind(what)
+                .fetch_all(pool)
+                .await?;
         let mut keys: Vec<KeyInfo> = rows.into_iter().map(to_info).collect();
         // Prefer active keys: an old revoked key sharing a name must not block revoking the
         // current one.
@@ -525,14 +497,8 @@ async fn resolve(pool: &AnyPool, what: &str) -> Result<KeyInfo, AccountsError> {
         match keys.len() {
             0 => continue,
             1 => return Ok(keys.remove(0)),
-            n => {
-                return Err(AccountsError::Ambiguous(format!(
-                    "{n} keys have {column} {what:?}; use the numeric id"
-                )))
-            }
+            n => return Err(AccountsError::Ambiguous(format!("{n} keys have {column} {what:?}; use the numeric id"))),
         }
     }
-    Err(AccountsError::NotFound(format!(
-        "no API key with id, name or prefix {what:?}"
-    )))
+    Err(AccountsError::NotFound(format!("no API key with id, name or prefix {what:?}")))
 }

@@ -16,10 +16,10 @@ mod keys;
 mod metering;
 pub mod outbox;
 mod rate;
-mod unknown_keys;
-mod usage;
 #[doc(hidden)]
 pub mod testing;
+mod unknown_keys;
+mod usage;
 
 pub use budget::{Budget, BudgetPeriod, Price, Reservation, Spend, NANOS_PER_USD};
 pub use cache_scope::{CacheScopeSetting, SHARED_CACHE_SCOPE};

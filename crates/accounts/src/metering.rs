@@ -247,7 +247,11 @@ impl Meter {
                     // Do not hold the client's answer hostage to a failing disk.
                     on_disk.map(|tx| tx.send(()));
                     // The disk refused: write to the database directly, as long as it takes.
-                    tracing::error!(?failed, request_id = entry.request_id(), "could not write the usage outbox; writing to the database directly");
+                    tracing::error!(
+                        ?failed,
+                        request_id = entry.request_id(),
+                        "could not write the usage outbox; writing to the database directly"
+                    );
                     let mut backoff = Duration::from_millis(200);
                     while let Err(e) = apply(&inner.accounts, &entry).await {
                         if is_permanent(&e) {

@@ -168,7 +168,9 @@ fn read_entries(file: &mut File) -> io::Result<Vec<Entry>> {
         }
         match serde_json::from_slice::<Entry>(&line) {
             Ok(entry) => entries.push(entry),
-            Err(e) => tracing::error!(error = %e, line = %String::from_utf8_lossy(&line), "skipping a damaged outbox line"),
+            Err(e) => {
+                tracing::error!(error = %e, line = %String::from_utf8_lossy(&line), "skipping a damaged outbox line")
+            }
         }
     }
     Ok(entries)

@@ -35,9 +35,17 @@ pub struct RateStatus {
 /// Why a request was refused by a rate limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateRefusal {
-    Requests { limit: u64, retry_after: Duration },
+    Requests {
+        limit: u64,
+        retry_after: Duration,
+    },
     /// `requested > limit` means the request can never fit.
-    Tokens { limit: u64, used: u64, requested: u64, retry_after: Duration },
+    Tokens {
+        limit: u64,
+        used: u64,
+        requested: u64,
+        retry_after: Duration,
+    },
 }
 
 /// What one admission step counts against a key's window.
@@ -112,7 +120,11 @@ impl Window {
                 return (t + WINDOW).saturating_duration_since(now);
             }
         }
-        if sum + needed <= limit { Duration::ZERO } else { WINDOW }
+        if sum + needed <= limit {
+            Duration::ZERO
+        } else {
+            WINDOW
+        }
     }
 }
 
@@ -211,7 +223,9 @@ pub(crate) async fn admit_shared(
         return Ok((status, Ok(())));
     }
     let refusal = match rpm {
-        Some(limit) if request && w.requests + 1 > limit => RateRefusal::Requests { limit: limit as u64, retry_after: reset },
+        Some(limit) if request && w.requests + 1 > limit => {
+            RateRefusal::Requests { limit: limit as u64, retry_after: reset }
+        }
         _ => RateRefusal::Tokens {
             limit: tpm.unwrap_or(0) as u64,
             used: w.tokens.max(0) as u64,
@@ -300,7 +314,10 @@ mod tests {
         let (status, verdict) = rl.admit(1, Some(2), None, 10, t0 + Duration::from_secs(20));
         assert_eq!(verdict, Err(RateRefusal::Requests { limit: 2, retry_after: Duration::from_secs(40) }));
         assert_eq!(status.requests, Some(Allowance { limit: 2, remaining: 0, reset: Duration::from_secs(40) }));
-        assert!(rl.admit(1, Some(2), None, 10, t0 + Duration::from_secs(61)).1.is_ok(), "the oldest request left the window");
+        assert!(
+            rl.admit(1, Some(2), None, 10, t0 + Duration::from_secs(61)).1.is_ok(),
+            "the oldest request left the window"
+        );
     }
 
     #[test]

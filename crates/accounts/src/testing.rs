@@ -30,7 +30,8 @@ pub fn postgres_admin_url() -> Option<String> {
 /// Creates an empty database with a unique name and returns its URL, so every test starts
 /// from a clean schema.
 pub async fn fresh_postgres_database(admin_url: &str) -> Result<String, AccountsError> {
-    let name = format!("gantry_test_{}", &crate::generate_secret()[crate::SECRET_PREFIX.len()..][..16].to_ascii_lowercase());
+    let name =
+        format!("gantry_test_{}", &crate::generate_secret()[crate::SECRET_PREFIX.len()..][..16].to_ascii_lowercase());
     let mut conn = sqlx::PgConnection::connect(admin_url).await?;
     sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await?;
     conn.close().await?;

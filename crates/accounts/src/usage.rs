@@ -103,19 +103,21 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()
-        .map(|(request_id, client_request_id, key_name, tenant, model, p, c, o, nanos, outcome, started, finished)| RequestRow {
-            request_id,
-            client_request_id,
-            key_name,
-            tenant,
-            model,
-            prompt_tokens: to_u64(p),
-            cached_tokens: to_u64(c),
-            completion_tokens: to_u64(o),
-            cost: nanos as f64 / NANOS_PER_USD as f64,
-            outcome,
-            started_at_ms: started,
-            finished_at_ms: finished,
+        .map(|(request_id, client_request_id, key_name, tenant, model, p, c, o, nanos, outcome, started, finished)| {
+            RequestRow {
+                request_id,
+                client_request_id,
+                key_name,
+                tenant,
+                model,
+                prompt_tokens: to_u64(p),
+                cached_tokens: to_u64(c),
+                completion_tokens: to_u64(o),
+                cost: nanos as f64 / NANOS_PER_USD as f64,
+                outcome,
+                started_at_ms: started,
+                finished_at_ms: finished,
+            }
         })
         .collect())
 }

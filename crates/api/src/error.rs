@@ -100,10 +100,7 @@ impl ApiError {
     /// Wrong `Content-Type`: OpenAI answers 400 `invalid_request_error`.
     pub fn unsupported_media_type(got: Option<&str>) -> Self {
         let got = got.unwrap_or("none");
-        Self::invalid_request(
-            format!("Invalid Content-Type header ({got}); expected 'application/json'."),
-            None,
-        )
+        Self::invalid_request(format!("Invalid Content-Type header ({got}); expected 'application/json'."), None)
     }
 
     /// 429, type `requests`, code `rate_limit_exceeded`.
@@ -138,7 +135,8 @@ impl ApiError {
     /// server depends on (the accounts database) did not answer; the request may succeed if
     /// retried, here or on another replica.
     pub fn temporarily_unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message, None, Some("service_unavailable")).with_retry_after(1)
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message, None, Some("service_unavailable"))
+            .with_retry_after(1)
     }
 
     /// 500, type `server_error`.
@@ -197,7 +195,13 @@ mod tests {
         let cases: Vec<Case> = vec![
             (ApiError::invalid_request("x", Some("stop")), 400, INVALID_REQUEST, Some("stop"), None),
             (ApiError::invalid_value("n", "x"), 400, INVALID_REQUEST, Some("n"), None),
-            (ApiError::context_length_exceeded("x"), 400, INVALID_REQUEST, Some("messages"), Some("context_length_exceeded")),
+            (
+                ApiError::context_length_exceeded("x"),
+                400,
+                INVALID_REQUEST,
+                Some("messages"),
+                Some("context_length_exceeded"),
+            ),
             (ApiError::invalid_api_key("x"), 401, INVALID_REQUEST, None, Some("invalid_api_key")),
             (ApiError::model_not_found("m"), 404, INVALID_REQUEST, Some("model"), Some("model_not_found")),
             (ApiError::not_found("x"), 404, INVALID_REQUEST, None, Some("unknown_url")),

@@ -242,7 +242,9 @@ fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<O
     let type_param = format!("{pp}.type");
     let kind = match get(obj, "type") {
         Some(Value::String(s)) => s.as_str(),
-        None => return Err(ApiError::invalid_value(&type_param, format!("Missing required parameter: '{type_param}'."))),
+        None => {
+            return Err(ApiError::invalid_value(&type_param, format!("Missing required parameter: '{type_param}'.")))
+        }
         Some(other) => return Err(type_error(&type_param, "a string", other)),
     };
     let required_str = |key: &str| -> Result<String, ApiError> {
@@ -273,7 +275,10 @@ fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<O
                         };
                     }
                     opt_str(o, "url", &format!("{param}.url"))?.ok_or_else(|| {
-                        ApiError::invalid_value(&format!("{param}.url"), format!("Missing required parameter: '{param}.url'."))
+                        ApiError::invalid_value(
+                            &format!("{param}.url"),
+                            format!("Missing required parameter: '{param}.url'."),
+                        )
                     })?
                 }
                 None => return Err(ApiError::invalid_value(&param, format!("Missing required parameter: '{param}'."))),
@@ -290,10 +295,7 @@ fn parse_part(role: Role, pp: &str, part: &Value, text: &mut String) -> Result<O
             };
             return Err(ApiError::invalid_value(
                 &type_param,
-                format!(
-                    "Invalid value: '{kind}'. Supported values for {} messages are: {allowed}.",
-                    role.as_str()
-                ),
+                format!("Invalid value: '{kind}'. Supported values for {} messages are: {allowed}.", role.as_str()),
             ));
         }
     }

@@ -53,11 +53,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     }
     check_array_len("messages", messages_v, MAX_MESSAGES)?;
     let mut images = Vec::new();
-    let messages = messages_v
-        .iter()
-        .enumerate()
-        .map(|(i, m)| parse_message(i, m, &mut images))
-        .collect::<Result<Vec<_>, _>>()?;
+    let messages =
+        messages_v.iter().enumerate().map(|(i, m)| parse_message(i, m, &mut images)).collect::<Result<Vec<_>, _>>()?;
 
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
     let include_usage = match get(obj, "stream_options") {
@@ -178,7 +175,13 @@ fn opt_bool_at(obj: &Map<String, Value>, key: &str, param: &str) -> Result<Optio
     }
 }
 
-fn range_error(param: &str, kind: &str, above: bool, bound: impl std::fmt::Display, got: impl std::fmt::Display) -> ApiError {
+fn range_error(
+    param: &str,
+    kind: &str,
+    above: bool,
+    bound: impl std::fmt::Display,
+    got: impl std::fmt::Display,
+) -> ApiError {
     let (dir, op) = if above { ("above maximum", "<=") } else { ("below minimum", ">=") };
     ApiError::invalid_value(
         param,
@@ -223,7 +226,9 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
             check_array_len("stop", a, 4)?;
             a.iter()
                 .enumerate()
-                .map(|(i, s)| s.as_str().map(str::to_owned).ok_or_else(|| type_error(&format!("stop[{i}]"), "a string", s)))
+                .map(|(i, s)| {
+                    s.as_str().map(str::to_owned).ok_or_else(|| type_error(&format!("stop[{i}]"), "a string", s))
+                })
                 .collect::<Result<_, _>>()?
         }
         Some(other) => return Err(type_error("stop", "a string or array", other)),
@@ -280,7 +285,12 @@ fn parse_tools(v: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
                     format!("Invalid value: '{s}'. Supported values are: 'function'."),
                 ))
             }
-            None => return Err(ApiError::invalid_value(&format!("{p}.type"), format!("Missing required parameter: '{p}.type'."))),
+            None => {
+                return Err(ApiError::invalid_value(
+                    &format!("{p}.type"),
+                    format!("Missing required parameter: '{p}.type'."),
+                ))
+            }
             Some(other) => return Err(type_error(&format!("{p}.type"), "a string", other)),
         }
         let fp = format!("{p}.function");
@@ -307,8 +317,12 @@ fn parse_tools(v: Option<&Value>) -> Result<Option<Vec<Value>>, ApiError> {
 fn parse_tool_choice(v: Option<&Value>, tools: Option<&[Value]>) -> Result<Option<Value>, ApiError> {
     let Some(v) = v else { return Ok(None) };
     let have_tools = tools.is_some_and(|t| !t.is_empty());
-    let no_tools =
-        || ApiError::invalid_value("tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.");
+    let no_tools = || {
+        ApiError::invalid_value(
+            "tool_choice",
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+        )
+    };
     match v {
         Value::String(s) => match s.as_str() {
             "none" | "auto" => {}
@@ -323,17 +337,28 @@ fn parse_tool_choice(v: Option<&Value>, tools: Option<&[Value]>) -> Result<Optio
         },
         Value::Object(o) => {
             if get(o, "type").and_then(Value::as_str) != Some("function") {
-                return Err(ApiError::invalid_value("tool_choice.type", "Invalid value for 'tool_choice.type': expected 'function'."));
+                return Err(ApiError::invalid_value(
+                    "tool_choice.type",
+                    "Invalid value for 'tool_choice.type': expected 'function'.",
+                ));
             }
             let name = get(o, "function")
                 .and_then(Value::as_object)
                 .and_then(|f| get(f, "name"))
                 .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::invalid_value("tool_choice.function.name", "Missing required parameter: 'tool_choice.function.name'."))?;
+                .ok_or_else(|| {
+                    ApiError::invalid_value(
+                        "tool_choice.function.name",
+                        "Missing required parameter: 'tool_choice.function.name'.",
+                    )
+                })?;
             if !have_tools {
                 return Err(no_tools());
             }
-            let offered = tools.unwrap_or_default().iter().any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name));
+            let offered = tools
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name));
             if !offered {
                 return Err(ApiError::invalid_value(
                     "tool_choice",
@@ -386,11 +411,18 @@ fn parse_response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
             other => {
                 return Err(ApiError::invalid_value(
                     "response_format.type",
-                    format!("Invalid value: '{other}'. Supported values are: 'text', 'json_object', and 'json_schema'."),
+                    format!(
+                        "Invalid value: '{other}'. Supported values are: 'text', 'json_object', and 'json_schema'."
+                    ),
                 ))
             }
         },
-        None => return Err(ApiError::invalid_value("response_format.type", "Missing required parameter: 'response_format.type'.")),
+        None => {
+            return Err(ApiError::invalid_value(
+                "response_format.type",
+                "Missing required parameter: 'response_format.type'.",
+            ))
+        }
         Some(other) => return Err(type_error("response_format.type", "a string", other)),
     }
     Ok(Some(Value::Object(o.clone())))

@@ -29,9 +29,21 @@ fn msgs(m: Value) -> Vec<u8> {
 fn rejection_table() {
     // (body, expected param, substring of message)
     let cases: Vec<(Vec<u8>, Option<&str>, &str)> = vec![
-        (with(json!({"temperature": "1"})), Some("temperature"), "Invalid type for 'temperature': expected a number, but got a string instead."),
-        (with(json!({"temperature": 3})), Some("temperature"), "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 3 instead."),
-        (with(json!({"temperature": -0.5})), Some("temperature"), "below minimum value. Expected a value >= 0, but got -0.5"),
+        (
+            with(json!({"temperature": "1"})),
+            Some("temperature"),
+            "Invalid type for 'temperature': expected a number, but got a string instead.",
+        ),
+        (
+            with(json!({"temperature": 3})),
+            Some("temperature"),
+            "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 3 instead.",
+        ),
+        (
+            with(json!({"temperature": -0.5})),
+            Some("temperature"),
+            "below minimum value. Expected a value >= 0, but got -0.5",
+        ),
         (with(json!({"top_p": true})), Some("top_p"), "expected a number, but got a boolean"),
         (with(json!({"top_p": 1.5})), Some("top_p"), "Expected a value <= 1, but got 1.5"),
         (with(json!({"presence_penalty": "x"})), Some("presence_penalty"), "expected a number"),
@@ -50,13 +62,25 @@ fn rejection_table() {
         (with(json!({"logprobs": "yes"})), Some("logprobs"), "expected a boolean"),
         (with(json!({"stream": 1})), Some("stream"), "expected a boolean, but got an integer"),
         (with(json!({"stream_options": true})), Some("stream_options"), "expected an object"),
-        (with(json!({"stream_options": {"include_usage": true}})), Some("stream_options"), "only allowed when 'stream' is enabled"),
-        (with(json!({"stream": false, "stream_options": {}})), Some("stream_options"), "only allowed when 'stream' is enabled"),
+        (
+            with(json!({"stream_options": {"include_usage": true}})),
+            Some("stream_options"),
+            "only allowed when 'stream' is enabled",
+        ),
+        (
+            with(json!({"stream": false, "stream_options": {}})),
+            Some("stream_options"),
+            "only allowed when 'stream' is enabled",
+        ),
         (with(json!({"top_logprobs": 3})), Some("top_logprobs"), "'logprobs' must be set to true"),
         (with(json!({"top_logprobs": 3, "logprobs": false})), Some("top_logprobs"), "'logprobs' must be set to true"),
         (with(json!({"top_logprobs": 21, "logprobs": true})), Some("top_logprobs"), "<= 20"),
         (with(json!({"stop": 5})), Some("stop"), "expected a string or array, but got an integer"),
-        (with(json!({"stop": ["a", "b", "c", "d", "e"]})), Some("stop"), "maximum length 4, but got an array with length 5"),
+        (
+            with(json!({"stop": ["a", "b", "c", "d", "e"]})),
+            Some("stop"),
+            "maximum length 4, but got an array with length 5",
+        ),
         (with(json!({"stop": ["a", 1]})), Some("stop[1]"), "expected a string"),
         (with(json!({"logit_bias": [1]})), Some("logit_bias"), "expected an object"),
         (with(json!({"logit_bias": {"abc": 1}})), Some("logit_bias"), "Invalid key in 'logit_bias': abc"),
@@ -69,53 +93,136 @@ fn rejection_table() {
         (with(json!({"model": null})), None, "you must provide a model parameter"),
         (br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(), None, "you must provide a model parameter"),
         (br#"{"model":"m"}"#.to_vec(), Some("messages"), "Missing required parameter: 'messages'."),
-        (msgs(json!([])), Some("messages"), "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."),
+        (
+            msgs(json!([])),
+            Some("messages"),
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+        ),
         (msgs(json!("hi")), Some("messages"), "expected an array, but got a string"),
         (msgs(json!(["hi"])), Some("messages[0]"), "expected an object"),
         (msgs(json!([{"role": "wizard", "content": "x"}])), Some("messages[0].role"), "Invalid value: 'wizard'"),
         (msgs(json!([{"content": "x"}])), Some("messages[0].role"), "Missing required parameter"),
-        (msgs(json!([{"role": "user"}])), Some("messages[0].content"), "Missing required parameter: 'messages[0].content'."),
+        (
+            msgs(json!([{"role": "user"}])),
+            Some("messages[0].content"),
+            "Missing required parameter: 'messages[0].content'.",
+        ),
         (msgs(json!([{"role": "system", "content": null}])), Some("messages[0].content"), "Missing required"),
         (msgs(json!([{"role": "user", "content": 5}])), Some("messages[0].content"), "expected a string or array"),
         (msgs(json!([{"role": "user", "content": []}])), Some("messages[0].content"), "empty array"),
-        (msgs(json!([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "audio"}]}])),
-            Some("messages[1].content[1].type"), "Invalid value: 'audio'"),
-        (msgs(json!([{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}])),
-            Some("messages[0].content[0].type"), "Invalid value: 'image_url'"),
-        (msgs(json!([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}])), Some("messages[0].content[0].type"), "'refusal'"),
-        (msgs(json!([{"role": "user", "content": [{"type": "text"}]}])), Some("messages[0].content[0].text"), "Missing required"),
-        (msgs(json!([{"role": "user", "content": [{"type": "text", "text": 1}]}])), Some("messages[0].content[0].text"), "expected a string"),
-        (msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!!"}}]}])),
-            Some("messages[0].content[0].image_url"), "base64"),
-        (msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url("image/png", b"plain text")}}]}])),
-            Some("messages[0].content[0].image_url"), "not a valid image"),
-        (msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}])),
-            Some("messages[0].content[0].image_url"), "http(s)"),
-        (msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}])),
-            Some("messages[0].content[0].image_url"), "empty"),
-        (msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "max"}}]}])),
-            Some("messages[0].content[0].image_url.detail"), "'max'"),
-        (msgs(json!([{"role": "tool", "content": "42"}])), Some("messages[0].tool_call_id"), "Missing required parameter: 'messages[0].tool_call_id'."),
-        (msgs(json!([{"role": "tool", "content": "42", "tool_call_id": 3}])), Some("messages[0].tool_call_id"), "expected a string"),
-        (msgs(json!([{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}])),
-            Some("messages[0].tool_calls[0].function.arguments"), "Missing required"),
+        (
+            msgs(
+                json!([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "audio"}]}]),
+            ),
+            Some("messages[1].content[1].type"),
+            "Invalid value: 'audio'",
+        ),
+        (
+            msgs(
+                json!([{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]),
+            ),
+            Some("messages[0].content[0].type"),
+            "Invalid value: 'image_url'",
+        ),
+        (
+            msgs(json!([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}])),
+            Some("messages[0].content[0].type"),
+            "'refusal'",
+        ),
+        (
+            msgs(json!([{"role": "user", "content": [{"type": "text"}]}])),
+            Some("messages[0].content[0].text"),
+            "Missing required",
+        ),
+        (
+            msgs(json!([{"role": "user", "content": [{"type": "text", "text": 1}]}])),
+            Some("messages[0].content[0].text"),
+            "expected a string",
+        ),
+        (
+            msgs(
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!!"}}]}]),
+            ),
+            Some("messages[0].content[0].image_url"),
+            "base64",
+        ),
+        (
+            msgs(
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url("image/png", b"plain text")}}]}]),
+            ),
+            Some("messages[0].content[0].image_url"),
+            "not a valid image",
+        ),
+        (
+            msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "ftp://x/y.png"}}]}])),
+            Some("messages[0].content[0].image_url"),
+            "http(s)",
+        ),
+        (
+            msgs(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}])),
+            Some("messages[0].content[0].image_url"),
+            "empty",
+        ),
+        (
+            msgs(
+                json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "max"}}]}]),
+            ),
+            Some("messages[0].content[0].image_url.detail"),
+            "'max'",
+        ),
+        (
+            msgs(json!([{"role": "tool", "content": "42"}])),
+            Some("messages[0].tool_call_id"),
+            "Missing required parameter: 'messages[0].tool_call_id'.",
+        ),
+        (
+            msgs(json!([{"role": "tool", "content": "42", "tool_call_id": 3}])),
+            Some("messages[0].tool_call_id"),
+            "expected a string",
+        ),
+        (
+            msgs(
+                json!([{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}]),
+            ),
+            Some("messages[0].tool_calls[0].function.arguments"),
+            "Missing required",
+        ),
         (msgs(json!([{"role": "assistant", "tool_calls": {}}])), Some("messages[0].tool_calls"), "expected an array"),
         (msgs(json!([{"role": "user", "content": "x", "name": 1}])), Some("messages[0].name"), "expected a string"),
         (with(json!({"tools": {}})), Some("tools"), "expected an array"),
         (with(json!({"tools": [{"type": "retrieval"}]})), Some("tools[0].type"), "'retrieval'"),
-        (with(json!({"tools": [{"type": "function", "function": {}}]})), Some("tools[0].function.name"), "Missing required"),
+        (
+            with(json!({"tools": [{"type": "function", "function": {}}]})),
+            Some("tools[0].function.name"),
+            "Missing required",
+        ),
         (with(json!({"tool_choice": "sometimes"})), Some("tool_choice"), "'sometimes'"),
         (with(json!({"tool_choice": "required"})), Some("tool_choice"), "only allowed when 'tools'"),
-        (with(json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})),
-            Some("tool_choice"), "'g' is not one of the offered"),
+        (
+            with(
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            ),
+            Some("tool_choice"),
+            "'g' is not one of the offered",
+        ),
         (with(json!({"tool_choice": 3})), Some("tool_choice"), "expected a string or object"),
         (with(json!({"response_format": {"type": "xml"}})), Some("response_format.type"), "'xml'"),
         (with(json!({"response_format": "json"})), Some("response_format"), "expected an object"),
-        (with(json!({"response_format": {"type": "json_schema"}})), Some("response_format.json_schema"), "Missing required"),
-        (with(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})),
-            Some("response_format.json_schema.name"), "Missing required"),
-        (with(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "s"}}})),
-            Some("response_format.json_schema.schema"), "expected an object"),
+        (
+            with(json!({"response_format": {"type": "json_schema"}})),
+            Some("response_format.json_schema"),
+            "Missing required",
+        ),
+        (
+            with(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})),
+            Some("response_format.json_schema.name"),
+            "Missing required",
+        ),
+        (
+            with(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "s"}}})),
+            Some("response_format.json_schema.schema"),
+            "expected an object",
+        ),
         (b"{not json".to_vec(), None, "We could not parse the JSON body of your request."),
         (b"".to_vec(), None, "We could not parse the JSON body"),
         (b"[1,2]".to_vec(), None, "expected an object, but got an array"),
@@ -281,7 +388,8 @@ fn refused(body: Vec<u8>) -> ApiError {
 
 #[test]
 fn hostile_sizes_are_refused_naming_their_param() {
-    let tools = |n: usize| with(json!({"tools": (0..n).map(|i| tool(&format!("f{i}"), json!({}))).collect::<Vec<_>>()}));
+    let tools =
+        |n: usize| with(json!({"tools": (0..n).map(|i| tool(&format!("f{i}"), json!({}))).collect::<Vec<_>>()}));
     assert!(parse_chat_request(&tools(MAX_TOOLS)).is_ok());
     let e = refused(tools(MAX_TOOLS + 1));
     assert_eq!(e.param.as_deref(), Some("tools"));

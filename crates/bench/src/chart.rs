@@ -49,7 +49,9 @@ pub fn svg(runs: &[ServerRun], workload: &str) -> String {
                 let pts = levels
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, c)| find(runs, &r.name, &(workload.to_string(), *c)).as_ref().and_then(metric).map(|v| (i, v)))
+                    .filter_map(|(i, c)| {
+                        find(runs, &r.name, &(workload.to_string(), *c)).as_ref().and_then(metric).map(|v| (i, v))
+                    })
                     .collect();
                 (r.name.as_str(), pts)
             })
@@ -60,7 +62,13 @@ pub fn svg(runs: &[ServerRun], workload: &str) -> String {
             x0 + if levels.len() > 1 { pad + (pw - 2.0 * pad) * i as f64 / (levels.len() - 1) as f64 } else { pw / 2.0 }
         };
         let ypos = |v: f64| top + ph - ph * v / ymax;
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#, x0 + pw / 2.0, top - 20.0, esc(title));
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#,
+            x0 + pw / 2.0,
+            top - 20.0,
+            esc(title)
+        );
         for t in 0..=5 {
             let v = ymax * t as f64 / 5.0;
             let y = ypos(v);
@@ -71,12 +79,18 @@ pub fn svg(runs: &[ServerRun], workload: &str) -> String {
         for (i, c) in levels.iter().enumerate() {
             let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{c}</text>"#, xpos(i), top + ph + 18.0);
         }
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">concurrent requests</text>"#, x0 + pw / 2.0, top + ph + 38.0);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">concurrent requests</text>"#,
+            x0 + pw / 2.0,
+            top + ph + 38.0
+        );
         let _ = writeln!(s, r##"<rect x="{x0}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>"##);
         for (name, pts) in &series {
             let color = COLORS.iter().find(|c| c.0 == *name).map(|c| c.1).unwrap_or("#2ca02c");
             let path: Vec<String> = pts.iter().map(|(i, v)| format!("{:.1},{:.1}", xpos(*i), ypos(*v))).collect();
-            let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));
+            let _ =
+                writeln!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));
             for (i, v) in pts {
                 let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#, xpos(*i), ypos(*v));
             }

@@ -14,14 +14,32 @@ pub fn machine(gpus: bool) -> String {
     let processors = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let wanted = [
-        "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vbmi", "avx512_vnni",
-        "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx_vnni",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vbmi",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_tile",
+        "amx_int8",
+        "amx_bf16",
+        "neon",
+        "asimd",
     ];
     let all = field("flags").or_else(|| field("Features")).unwrap_or_default();
     let flags: Vec<&str> = all.split_whitespace().filter(|x| wanted.contains(x)).collect();
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
         .and_then(|kb| kb.parse::<f64>().ok())
         .map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0))
         .unwrap_or_else(|| "unknown".into());

@@ -61,7 +61,12 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 pub enum Chunk {
     Done,
     /// Visible text (content or reasoning) and the usage block when present.
-    Data { text: Option<String>, completion_tokens: Option<u64>, prompt_tokens: Option<u64>, cached_tokens: Option<u64> },
+    Data {
+        text: Option<String>,
+        completion_tokens: Option<u64>,
+        prompt_tokens: Option<u64>,
+        cached_tokens: Option<u64>,
+    },
     Error(String),
 }
 
@@ -171,7 +176,13 @@ async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mu
 
 /// Runs `requests` requests of `workload` (pass `pass`'s prompts), `concurrency` in flight at a
 /// time (closed loop).
-pub async fn run_level(target: &Target, workload: &Workload, pass: usize, concurrency: usize, requests: usize) -> LevelResult {
+pub async fn run_level(
+    target: &Target,
+    workload: &Workload,
+    pass: usize,
+    concurrency: usize,
+    requests: usize,
+) -> LevelResult {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -223,15 +234,30 @@ mod tests {
     fn chunks_parse_content_usage_and_errors() {
         let c = parse_chunk(r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#);
         let none = Chunk::Data { text: None, completion_tokens: None, prompt_tokens: None, cached_tokens: None };
-        assert_eq!(c, Chunk::Data { text: Some("Hi".into()), completion_tokens: None, prompt_tokens: None, cached_tokens: None });
+        assert_eq!(
+            c,
+            Chunk::Data { text: Some("Hi".into()), completion_tokens: None, prompt_tokens: None, cached_tokens: None }
+        );
         let role = parse_chunk(r#"{"choices":[{"delta":{"role":"assistant","content":""}}],"usage":null}"#);
         assert_eq!(role, none);
-        let usage = parse_chunk(r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":64,"total_tokens":76}}"#);
-        assert_eq!(usage, Chunk::Data { text: None, completion_tokens: Some(64), prompt_tokens: Some(12), cached_tokens: None });
+        let usage =
+            parse_chunk(r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":64,"total_tokens":76}}"#);
+        assert_eq!(
+            usage,
+            Chunk::Data { text: None, completion_tokens: Some(64), prompt_tokens: Some(12), cached_tokens: None }
+        );
         let cached = parse_chunk(
             r#"{"choices":[],"usage":{"prompt_tokens":1040,"completion_tokens":32,"prompt_tokens_details":{"cached_tokens":1024}}}"#,
         );
-        assert_eq!(cached, Chunk::Data { text: None, completion_tokens: Some(32), prompt_tokens: Some(1040), cached_tokens: Some(1024) });
+        assert_eq!(
+            cached,
+            Chunk::Data {
+                text: None,
+                completion_tokens: Some(32),
+                prompt_tokens: Some(1040),
+                cached_tokens: Some(1024)
+            }
+        );
         assert_eq!(parse_chunk(" [DONE]"), Chunk::Done);
         assert!(matches!(parse_chunk(r#"{"error":{"message":"boom"}}"#), Chunk::Error(_)));
         assert!(matches!(parse_chunk("not json"), Chunk::Error(_)));
@@ -241,7 +267,10 @@ mod tests {
     fn bodies_carry_the_requests_sampling_and_nothing_else_per_server() {
         let greedy = Request::greedy(serde_json::json!([{"role": "user", "content": "Hi"}]));
         let b = request_body("m", &greedy, 64);
-        assert_eq!((b["temperature"].as_f64(), b["max_tokens"].as_u64(), b["model"].as_str()), (Some(0.0), Some(64), Some("m")));
+        assert_eq!(
+            (b["temperature"].as_f64(), b["max_tokens"].as_u64(), b["model"].as_str()),
+            (Some(0.0), Some(64), Some("m"))
+        );
         assert!(b.get("top_p").is_none() && b.get("seed").is_none() && b.get("response_format").is_none(), "{b}");
         let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy.clone() };
         let b = request_body("m", &sampled, 128);

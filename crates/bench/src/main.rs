@@ -33,7 +33,7 @@ use serde_json::json;
 use host::{busy_share, loadavg, machine};
 use load::{run_level, stream_request, Target};
 use mode::Mode;
-use pairs::{pairs, BuildNotes, Bins, Pair};
+use pairs::{pairs, Bins, BuildNotes, Pair};
 use plan::Plan;
 use report::{Comparison, ServerRun};
 use servers::{Kind, Running, ServerSettings};
@@ -209,7 +209,8 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
         api_keys: running.api_key.iter().cloned().collect(),
         model: running.model_id.clone(),
     };
-    let hello = Request { temperature: cli.temperature, ..Request::greedy(json!([{"role": "user", "content": "Say hello."}])) };
+    let hello =
+        Request { temperature: cli.temperature, ..Request::greedy(json!([{"role": "user", "content": "Say hello."}])) };
     let warm = stream_request(&target, hello, 8).await;
     if let Some(e) = warm.error {
         let tail = running.log_tail();
@@ -250,11 +251,20 @@ async fn check_gpu_offload(running: &Running, model: &Path) -> Result<String> {
             running.log_tail()
         );
     }
-    eprintln!("[bench] warning: {label} may not run wholly on the GPU: {} (built with REFERENCE_CUDA=1?)", offload.describe());
+    eprintln!(
+        "[bench] warning: {label} may not run wholly on the GPU: {} (built with REFERENCE_CUDA=1?)",
+        offload.describe()
+    );
     Ok(format!("{}; NOT CONFIRMED on the GPU", offload.describe()))
 }
 
-async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &Plan, warnings: &mut Vec<String>) -> Result<Comparison> {
+async fn compare(
+    pair: &Pair,
+    cli: &Cli,
+    settings: &ServerSettings,
+    workloads: &Plan,
+    warnings: &mut Vec<String>,
+) -> Result<Comparison> {
     eprintln!("[bench] == {} ==", pair.title);
     let mut up: Vec<Up> = Vec::new();
     for name in &cli.servers {
@@ -296,7 +306,8 @@ async fn compare(pair: &Pair, cli: &Cli, settings: &ServerSettings, workloads: &
         for (workload, plan) in workloads {
             for &(concurrency, requests) in plan {
                 // A-B-B-A: the first server first on even passes, last on odd ones.
-                let order: Vec<usize> = if pass % 2 == 0 { (0..up.len()).collect() } else { (0..up.len()).rev().collect() };
+                let order: Vec<usize> =
+                    if pass % 2 == 0 { (0..up.len()).collect() } else { (0..up.len()).rev().collect() };
                 for i in order {
                     if workload.kind.gantry_only() && up[i].running.kind != Kind::Gantry {
                         continue;
@@ -392,7 +403,9 @@ async fn main() -> Result<()> {
     for (n, pair) in pairs.iter().enumerate() {
         // Gantry-only workloads describe Gantry, not a pair of builds: the first pair measures them.
         let pair_plan: Plan = plan.iter().filter(|(w, _)| n == 0 || !w.kind.gantry_only()).cloned().collect();
-        let c = compare(pair, &cli, &settings, &pair_plan, &mut warnings).await.with_context(|| format!("comparison {:?}", pair.title))?;
+        let c = compare(pair, &cli, &settings, &pair_plan, &mut warnings)
+            .await
+            .with_context(|| format!("comparison {:?}", pair.title))?;
         println!("\n## {}\n\n{}\n", c.title, c.kernels);
         for r in &c.runs {
             println!("{} CPU kernels: {}", r.name, r.cpu_features);
@@ -401,7 +414,10 @@ async fn main() -> Result<()> {
             }
         }
         println!("\nResults (means over {} passes)\n\n{}", cli.passes, report::results_table(&c.runs));
-        println!("Gantry / llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}", report::ratio_table(&c.runs));
+        println!(
+            "Gantry / llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}",
+            report::ratio_table(&c.runs)
+        );
         if let Some(t) = scopes::cache_scope_table(&c.runs) {
             println!("Cost of per-tenant cache scopes (Gantry only)\n\n{t}");
         }
@@ -410,7 +426,12 @@ async fn main() -> Result<()> {
     let machine = machine(mode == Mode::Gpu);
     println!("{machine}\n");
     if let Some(first) = comparisons.first() {
-        println!("Targets ({}, {})\n\n{}", mode.issue(), first.title, targets::targets_table(&first.runs, mode.targets()));
+        println!(
+            "Targets ({}, {})\n\n{}",
+            mode.issue(),
+            first.title,
+            targets::targets_table(&first.runs, mode.targets())
+        );
     }
     if cli.no_write {
         return Ok(());
@@ -430,7 +451,10 @@ async fn main() -> Result<()> {
         mode,
         date: report::utc_now(),
         machine,
-        bench_command: std::env::args().map(|a| if a.contains(' ') { format!("'{a}'") } else { a }).collect::<Vec<_>>().join(" "),
+        bench_command: std::env::args()
+            .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+            .collect::<Vec<_>>()
+            .join(" "),
         settings: plan::describe(&cli, &settings, model_size),
         chart_file: chart_ref,
         reference_builds,
@@ -475,7 +499,17 @@ mod tests {
 
     #[test]
     fn given_flags_win_over_the_modes_defaults() {
-        let c = parse(&["--gpu", "--concurrency", "1,32", "--requests", "8", "--out", "/tmp/r.md", "--chart", "/tmp/c.svg"]);
+        let c = parse(&[
+            "--gpu",
+            "--concurrency",
+            "1,32",
+            "--requests",
+            "8",
+            "--out",
+            "/tmp/r.md",
+            "--chart",
+            "/tmp/c.svg",
+        ]);
         assert_eq!(c.concurrency(), vec![1, 32]);
         assert_eq!(c.requests(), 8);
         assert_eq!(c.outputs(), (PathBuf::from("/tmp/r.md"), PathBuf::from("/tmp/c.svg")));

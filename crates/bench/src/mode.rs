@@ -159,8 +159,14 @@ mod tests {
         assert_eq!(Mode::Cpu.default_concurrency(), vec![1, 4, 8, 16]);
         assert_eq!(Mode::Gpu.default_requests(), 64);
         assert_eq!(Mode::Cpu.default_requests(), 16);
-        assert_eq!((Mode::Gpu.default_sampled_concurrency(), Mode::Gpu.default_top_p_concurrency()), (vec![1, 64], vec![64]));
-        assert_eq!((Mode::Cpu.default_sampled_concurrency(), Mode::Cpu.default_top_p_concurrency()), (vec![1, 8], vec![8]));
+        assert_eq!(
+            (Mode::Gpu.default_sampled_concurrency(), Mode::Gpu.default_top_p_concurrency()),
+            (vec![1, 64], vec![64])
+        );
+        assert_eq!(
+            (Mode::Cpu.default_sampled_concurrency(), Mode::Cpu.default_top_p_concurrency()),
+            (vec![1, 8], vec![8])
+        );
         let (md, svg) = Mode::Gpu.default_outputs();
         assert_eq!(md, PathBuf::from("docs/benchmarks-gpu.md"));
         assert_eq!(svg, PathBuf::from("docs/bench-chart-gpu.svg"));

@@ -116,9 +116,14 @@ mod tests {
     fn cpu_mode_compares_native_then_avx2() {
         let notes = BuildNotes { native_cflags: " -mno-amx-tile ".into(), gpu_build: String::new() };
         let p = pairs(Mode::Cpu, &bins(true), &notes);
-        assert_eq!(p.iter().map(|p| p.title.as_str()).collect::<Vec<_>>(), ["Both native for this CPU", "Both portable AVX2"]);
+        assert_eq!(
+            p.iter().map(|p| p.title.as_str()).collect::<Vec<_>>(),
+            ["Both native for this CPU", "Both portable AVX2"]
+        );
         assert!(p[0].kernels.contains("`-mno-amx-tile`"), "{}", p[0].kernels);
         assert_eq!(pairs(Mode::Cpu, &bins(false), &BuildNotes::default()).len(), 1);
-        assert!(pairs(Mode::Cpu, &bins(false), &BuildNotes::default())[0].kernels.contains("flags for both from `scripts/native-build-flags.sh`: none"));
+        assert!(pairs(Mode::Cpu, &bins(false), &BuildNotes::default())[0]
+            .kernels
+            .contains("flags for both from `scripts/native-build-flags.sh`: none"));
     }
 }

@@ -49,13 +49,20 @@ pub fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
                 let c = cli.shared_prefix_concurrency;
                 plan.push((w, vec![(c, cli.shared_prefix_requests.max(c))]));
             }
-            Kind::CodeEdit => plan.push((Workload { max_tokens: cli.code_edit_max_tokens, ..w }, vec![(1, cli.code_edit_requests.max(1))])),
-            Kind::Prose => plan.push((Workload { max_tokens: cli.prose_max_tokens, ..w }, vec![(1, cli.prose_requests.max(1))])),
-            Kind::Extract => plan.push((Workload { max_tokens: cli.extract_max_tokens, ..w }, vec![(1, cli.extract_requests.max(1))])),
-            Kind::ChatSampled => {
-                plan.push((Workload { max_tokens: cli.sampled_max_tokens, ..w }, chat_levels(cli.sampled_concurrency())))
+            Kind::CodeEdit => plan.push((
+                Workload { max_tokens: cli.code_edit_max_tokens, ..w },
+                vec![(1, cli.code_edit_requests.max(1))],
+            )),
+            Kind::Prose => {
+                plan.push((Workload { max_tokens: cli.prose_max_tokens, ..w }, vec![(1, cli.prose_requests.max(1))]))
             }
-            Kind::ChatTopP => plan.push((Workload { max_tokens: cli.sampled_max_tokens, ..w }, chat_levels(cli.top_p_concurrency()))),
+            Kind::Extract => plan
+                .push((Workload { max_tokens: cli.extract_max_tokens, ..w }, vec![(1, cli.extract_requests.max(1))])),
+            Kind::ChatSampled => plan
+                .push((Workload { max_tokens: cli.sampled_max_tokens, ..w }, chat_levels(cli.sampled_concurrency()))),
+            Kind::ChatTopP => {
+                plan.push((Workload { max_tokens: cli.sampled_max_tokens, ..w }, chat_levels(cli.top_p_concurrency())))
+            }
             Kind::CacheScopes => {
                 let c = cli.cache_scope_concurrency.max(1);
                 for tenancy in Tenancy::MEASURED {
@@ -179,9 +186,13 @@ mod tests {
         };
         let text = describe(&cli, &settings, 491.0);
         for needle in [
-            "`chat-sampled` and `chat-top-p`", "temperature 0.8 (`chat-top-p`: and top_p 0.95)", "max_tokens 128, concurrency [1, 64] and [64]",
-            "`cache-scopes` (Gantry only): one ~1000-token system prompt", "2 streams, 16 requests per level, max_tokens 32",
-            "greedy workloads at temperature 0", "GPU offload",
+            "`chat-sampled` and `chat-top-p`",
+            "temperature 0.8 (`chat-top-p`: and top_p 0.95)",
+            "max_tokens 128, concurrency [1, 64] and [64]",
+            "`cache-scopes` (Gantry only): one ~1000-token system prompt",
+            "2 streams, 16 requests per level, max_tokens 32",
+            "greedy workloads at temperature 0",
+            "GPU offload",
         ] {
             assert!(text.contains(needle), "{needle}: {text}");
         }
@@ -191,7 +202,10 @@ mod tests {
     fn cache_scopes_measure_four_combinations_at_2_streams() {
         let p = plan(&["--workloads", "cache-scopes"]);
         let labels: Vec<String> = p.iter().map(|(w, _)| w.label()).collect();
-        assert_eq!(labels, ["cache-scopes/1/shared", "cache-scopes/1/tenant", "cache-scopes/4/shared", "cache-scopes/4/tenant"]);
+        assert_eq!(
+            labels,
+            ["cache-scopes/1/shared", "cache-scopes/1/tenant", "cache-scopes/4/shared", "cache-scopes/4/tenant"]
+        );
         for (w, l) in &p {
             assert_eq!(l, &vec![(2, 16)]);
             assert_eq!((w.shared_prefix_tokens, w.temperature, w.max_tokens), (1000, 0.8, 32));

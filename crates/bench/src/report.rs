@@ -67,7 +67,8 @@ pub(crate) fn cells(runs: &[ServerRun]) -> Vec<(String, usize)> {
 /// Every pass's result of `server` for `key`, in pass order.
 fn passes<'a>(runs: &'a [ServerRun], server: &str, key: &(String, usize)) -> Vec<&'a LevelResult> {
     let Some(run) = runs.iter().find(|r| r.name == server) else { return Vec::new() };
-    let mut v: Vec<&LevelResult> = run.levels.iter().filter(|l| l.workload == key.0 && l.concurrency == key.1).collect();
+    let mut v: Vec<&LevelResult> =
+        run.levels.iter().filter(|l| l.workload == key.0 && l.concurrency == key.1).collect();
     v.sort_by_key(|l| l.pass);
     v
 }
@@ -110,7 +111,11 @@ pub(crate) fn find(runs: &[ServerRun], server: &str, key: &(String, usize)) -> O
 
 /// Gantry ÷ reference of `metric` for `key`: the ratio of the means over passes, and the lowest
 /// and highest ratio of a single pass (Gantry's pass p against the reference's pass p).
-pub fn pass_ratio(runs: &[ServerRun], key: &(String, usize), metric: fn(&LevelResult) -> Option<f64>) -> Option<(f64, f64, f64)> {
+pub fn pass_ratio(
+    runs: &[ServerRun],
+    key: &(String, usize),
+    metric: fn(&LevelResult) -> Option<f64>,
+) -> Option<(f64, f64, f64)> {
     let (g, r) = (passes(runs, GANTRY, key), passes(runs, REFERENCE, key));
     let overall = ratio(mean(g.iter().filter_map(|l| metric(l))), mean(r.iter().filter_map(|l| metric(l))))?;
     let per_pass: Vec<f64> = g
@@ -135,17 +140,24 @@ fn ratio_cells(v: Option<(f64, f64, f64)>) -> [String; 2] {
 /// The runs with each cell's passes merged (for the chart).
 pub fn merged_runs(runs: &[ServerRun]) -> Vec<ServerRun> {
     runs.iter()
-        .map(|r| ServerRun {
-            levels: cells(runs).iter().filter_map(|k| find(runs, &r.name, k)).collect(),
-            ..r.clone()
-        })
+        .map(|r| ServerRun { levels: cells(runs).iter().filter_map(|k| find(runs, &r.name, k)).collect(), ..r.clone() })
         .collect()
 }
 
 pub fn results_table(runs: &[ServerRun]) -> String {
     let headers = [
-        "workload", "conc", "server", "tok/s", "tok/s per pass", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms", "ITL p95 ms",
-        "ok/total", "prompt tok", "tok/req",
+        "workload",
+        "conc",
+        "server",
+        "tok/s",
+        "tok/s per pass",
+        "TTFT p50 ms",
+        "TTFT p95 ms",
+        "ITL p50 ms",
+        "ITL p95 ms",
+        "ok/total",
+        "prompt tok",
+        "tok/req",
     ];
     let mut rows = Vec::new();
     // Gantry-only cells have their own table (`scopes::cache_scope_table`).
@@ -246,7 +258,8 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
     for c in comparisons {
         let _ = writeln!(md, "## {}\n\n{}\n", c.title, c.kernels);
-        let _ = writeln!(md, "Gantry / llama-server: above 1 is better for tok/s; below 1 is better for TTFT and ITL.\n");
+        let _ =
+            writeln!(md, "Gantry / llama-server: above 1 is better for tok/s; below 1 is better for TTFT and ITL.\n");
         md += &ratio_table(&c.runs);
         let _ = writeln!(md, "\nResults (means over passes):\n");
         md += &results_table(&c.runs);
@@ -255,7 +268,9 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
             .iter()
             .flat_map(|r| r.levels.iter().map(move |l| (r, l)))
             .filter_map(|(r, l)| {
-                l.first_error.as_ref().map(|e| format!("- {} {} c={} pass {}: {e}", r.name, l.workload, l.concurrency, l.pass))
+                l.first_error
+                    .as_ref()
+                    .map(|e| format!("- {} {} c={} pass {}: {e}", r.name, l.workload, l.concurrency, l.pass))
             })
             .collect();
         if !errors.is_empty() {
@@ -268,7 +283,11 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
         let _ = writeln!(md);
         for r in &c.runs {
             let gpu = r.gpu_offload.as_ref().map(|g| format!(", GPU offload `{g}`")).unwrap_or_default();
-            let _ = writeln!(md, "{} ({}), CPU kernels `{}`{gpu}:\n\n```\n{}\n```\n", r.name, r.version, r.cpu_features, r.command);
+            let _ = writeln!(
+                md,
+                "{} ({}), CPU kernels `{}`{gpu}:\n\n```\n{}\n```\n",
+                r.name, r.version, r.cpu_features, r.command
+            );
         }
     }
     if let Some(t) = comparisons.first().and_then(|c| cache_scope_table(&c.runs)) {
@@ -318,7 +337,8 @@ pub(crate) mod tests {
     use crate::stats::{summarize, RequestSample};
 
     pub(crate) fn level(workload: &str, c: usize, pass: usize, tps: f64, ttft: f64) -> LevelResult {
-        let s = RequestSample { ttft: Some(ttft), itl: vec![0.05], completion_tokens: tps as u64, ..Default::default() };
+        let s =
+            RequestSample { ttft: Some(ttft), itl: vec![0.05], completion_tokens: tps as u64, ..Default::default() };
         LevelResult { pass, ..summarize(workload, c, std::slice::from_ref(&s), 1.0) }
     }
 
@@ -382,12 +402,22 @@ pub(crate) mod tests {
 
     #[test]
     fn markdown_has_every_comparison_and_the_machine() {
-        let runs = vec![run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2)]),
+            run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)]),
+        ];
         let c = |t: &str| Comparison { title: t.into(), kernels: "k".into(), runs: runs.clone() };
         let md = markdown(&[c("Both native"), c("Both portable AVX2")], &context(Mode::Cpu, "CPU: Test CPU"));
         for needle in [
-            "# Benchmarks: Gantry vs llama.cpp `llama-server`\n", "Generated by `make bench` (", "## Both native", "## Both portable AVX2", "CPU: Test CPU", "## Targets (issue #13",
-            "chat c=1 tok/s ≥ 1.05", "- busy", "CPU kernels `AVX2`:",
+            "# Benchmarks: Gantry vs llama.cpp `llama-server`\n",
+            "Generated by `make bench` (",
+            "## Both native",
+            "## Both portable AVX2",
+            "CPU: Test CPU",
+            "## Targets (issue #13",
+            "chat c=1 tok/s ≥ 1.05",
+            "- busy",
+            "CPU kernels `AVX2`:",
         ] {
             assert!(md.contains(needle), "{needle}: {md}");
         }
@@ -407,7 +437,8 @@ pub(crate) mod tests {
         assert!(results.lines().any(|l| l.contains("| Gantry ") && l.trim_end().ends_with("| 110     |")), "{results}");
         assert!(!ratio_table(&c.runs).contains("cache-scopes"));
         let md = markdown(&[c], &context(Mode::Cpu, "CPU: Test CPU"));
-        let section = md.split("## Cost of per-tenant cache scopes").nth(1).expect("the section").split("\n## ").next().unwrap();
+        let section =
+            md.split("## Cost of per-tenant cache scopes").nth(1).expect("the section").split("\n## ").next().unwrap();
         assert!(section.contains("| 4       | tenant") && section.contains("| 1500 "), "{section}");
         assert!(md.contains("chat-sampled c=8 tok/s ≥ 1.1"), "{md}");
     }
@@ -423,14 +454,19 @@ pub(crate) mod tests {
         let md = markdown(&[c], &context(Mode::Gpu, machine));
         for needle in [
             "# GPU benchmarks: Gantry vs llama.cpp `llama-server`, both on CUDA\n",
-            "Generated by `make bench BENCH_GPU=1`", "every layer and the KV cache offloaded", "GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB",
-            "## Targets (issue #18, Both CUDA on the GPU)", "GPU offload `NVIDIA H100 80GB HBM3 (CUDA0)`",
+            "Generated by `make bench BENCH_GPU=1`",
+            "every layer and the KV cache offloaded",
+            "GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB",
+            "## Targets (issue #18, Both CUDA on the GPU)",
+            "GPU offload `NVIDIA H100 80GB HBM3 (CUDA0)`",
             "GPU offload `offloaded 25/25 layers to GPU`",
         ] {
             assert!(md.contains(needle), "{needle}: {md}");
         }
         let targets = md.split("## Targets").nth(1).unwrap().split("\n## ").next().unwrap();
-        let line = |needle: &str| targets.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {targets}"));
+        let line = |needle: &str| {
+            targets.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {targets}"))
+        };
         assert!(line("chat c=1 tok/s ≥ 1 ").contains("| yes"), "{targets}");
         assert!(line("chat c=32 tok/s ≥ 1.1").contains("1.20") && line("chat c=32").contains("| yes"), "{targets}");
         assert!(!targets.contains("code-edit") && !targets.contains("c=16"), "only issue #18's targets: {targets}");

@@ -92,12 +92,17 @@ pub async fn create_keys(gantry: &Running, tenancy: Tenancy) -> Result<Vec<Strin
 /// Gantry's `cache-scopes` results, one row per combination (passes merged: token counts summed,
 /// TTFT mean and p50 averaged over passes); `None` when none was measured.
 pub fn cache_scope_table(runs: &[ServerRun]) -> Option<String> {
-    let headers = ["tenants", "cache_scope", "ok/total", "prompt tok", "cached tok", "hit rate", "TTFT mean ms", "TTFT p50 ms"];
+    let headers =
+        ["tenants", "cache_scope", "ok/total", "prompt tok", "cached tok", "hit rate", "TTFT mean ms", "TTFT p50 ms"];
     let mut rows = Vec::new();
     for key in cells(runs) {
         let Some(tenancy) = Tenancy::parse_label(&key.0) else { continue };
         let Some(l) = find(runs, GANTRY, &key) else { continue };
-        let hit_rate = if l.prompt_tokens > 0 { format!("{:.3}", l.cached_tokens as f64 / l.prompt_tokens as f64) } else { "n/a".into() };
+        let hit_rate = if l.prompt_tokens > 0 {
+            format!("{:.3}", l.cached_tokens as f64 / l.prompt_tokens as f64)
+        } else {
+            "n/a".into()
+        };
         let ms = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "n/a".into());
         rows.push(vec![
             tenancy.tenants.to_string(),
@@ -131,7 +136,8 @@ mod tests {
         }
         let bits: std::collections::HashSet<u64> = Tenancy::MEASURED.iter().map(|t| t.seed_bits()).collect();
         assert_eq!(bits.len(), 4, "every combination gets its own system prompt");
-        let names: std::collections::HashSet<String> = Tenancy::MEASURED.iter().flat_map(|t| t.tenant_names()).collect();
+        let names: std::collections::HashSet<String> =
+            Tenancy::MEASURED.iter().flat_map(|t| t.tenant_names()).collect();
         assert_eq!(names.len(), 10, "no tenant is shared between combinations: {names:?}");
     }
 
@@ -162,12 +168,20 @@ mod tests {
             ],
         );
         let t = cache_scope_table(&[gantry.clone(), run(REFERENCE, vec![])]).unwrap();
-        let row = |needle: &str| t.lines().find(|l| l.starts_with(needle)).unwrap_or_else(|| panic!("{needle}: {t}")).to_string();
+        let row = |needle: &str| {
+            t.lines().find(|l| l.starts_with(needle)).unwrap_or_else(|| panic!("{needle}: {t}")).to_string()
+        };
         let single = row("| 1       | shared");
         assert!(single.contains("| 0.750 ") && single.contains("| 650 ") && single.contains("| 200 "), "{t}");
         // 3960 of 8000 cached; means 1100 and 1400 ms → 1250; p50s 1100 and 1200 → 1150.
         let tenants = row("| 4       | tenant");
-        assert!(tenants.contains("| 8/8 ") && tenants.contains("| 0.495 ") && tenants.contains("| 1250 ") && tenants.contains("| 1150 "), "{t}");
+        assert!(
+            tenants.contains("| 8/8 ")
+                && tenants.contains("| 0.495 ")
+                && tenants.contains("| 1250 ")
+                && tenants.contains("| 1150 "),
+            "{t}"
+        );
         assert!(!t.contains("| 1       | tenant"), "unmeasured combinations are left out: {t}");
         assert_eq!(cache_scope_table(&[run(GANTRY, vec![crate::report::tests::level("chat", 1, 0, 10.0, 0.1)])]), None);
     }

@@ -84,16 +84,41 @@ fn server_args(kind: Kind, model: &str, port: u16, dir: &Path, s: &ServerSetting
         Kind::Gantry => {
             let key = format!("sk-gantry-bench-key-{port:05}");
             let a = [
-                "serve", "--model", model, "--port", &port.to_string(), "--host", "127.0.0.1", "--data-dir",
-                &dir.join("data").display().to_string(), "--api-key", &key, "--parallel",
-                &s.parallel.to_string(), "--ctx-size", &s.ctx_per_seq.to_string(), "--threads", &s.threads.to_string(),
+                "serve",
+                "--model",
+                model,
+                "--port",
+                &port.to_string(),
+                "--host",
+                "127.0.0.1",
+                "--data-dir",
+                &dir.join("data").display().to_string(),
+                "--api-key",
+                &key,
+                "--parallel",
+                &s.parallel.to_string(),
+                "--ctx-size",
+                &s.ctx_per_seq.to_string(),
+                "--threads",
+                &s.threads.to_string(),
             ];
             (a.iter().map(|x| x.to_string()).collect(), Some(key))
         }
         Kind::Reference => {
             let a = [
-                "-m", model, "--host", "127.0.0.1", "--port", &port.to_string(), "-t", &s.threads.to_string(),
-                "-np", &s.parallel.to_string(), "-c", &(s.ctx_per_seq * s.parallel).to_string(), "--cont-batching",
+                "-m",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "-t",
+                &s.threads.to_string(),
+                "-np",
+                &s.parallel.to_string(),
+                "-c",
+                &(s.ctx_per_seq * s.parallel).to_string(),
+                "--cont-batching",
             ];
             let mut a: Vec<String> = a.iter().map(|x| x.to_string()).collect();
             if s.gpu {
@@ -133,7 +158,9 @@ pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running
             while id.is_none() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(left, lines.next_line()).await {
-                    Err(_) => bail!("Gantry not ready after {:?}; log {}:\n{}", s.ready_timeout, log.display(), tail(&log)),
+                    Err(_) => {
+                        bail!("Gantry not ready after {:?}; log {}:\n{}", s.ready_timeout, log.display(), tail(&log))
+                    }
                     Ok(Ok(None)) | Ok(Err(_)) => bail!("Gantry exited before serving; log:\n{}", tail(&log)),
                     Ok(Ok(Some(line))) => id = parse_banner(&line),
                 }
@@ -204,7 +231,8 @@ impl Running {
             bail!("{} has no Gantry CLI", self.kind.label());
         }
         let data_dir = self.dir.path().join("data");
-        let out = Command::new(&self.bin).args(args).arg("--data-dir").arg(&data_dir).stdin(Stdio::null()).output().await?;
+        let out =
+            Command::new(&self.bin).args(args).arg("--data-dir").arg(&data_dir).stdin(Stdio::null()).output().await?;
         if !out.status.success() {
             bail!("gantry {} failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
@@ -253,7 +281,6 @@ impl Running {
     }
 }
 
-
 /// What a running server shows of its GPU offload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuOffload {
@@ -277,10 +304,11 @@ impl GpuOffload {
     }
 
     pub fn describe(&self) -> String {
-        let parts: Vec<String> = [self.stated.clone(), self.gpu_mib.map(|m| format!("{m} MiB on the GPU per nvidia-smi"))]
-            .into_iter()
-            .flatten()
-            .collect();
+        let parts: Vec<String> =
+            [self.stated.clone(), self.gpu_mib.map(|m| format!("{m} MiB on the GPU per nvidia-smi"))]
+                .into_iter()
+                .flatten()
+                .collect();
         if parts.is_empty() {
             "no GPU stated by the server nor seen by nvidia-smi".into()
         } else {
@@ -369,7 +397,8 @@ mod tests {
 
     #[test]
     fn cpu_features_from_both_servers() {
-        let metrics = "# TYPE gantry_cpu_backend_info gauge\ngantry_cpu_backend_info{features=\"SSE3 AVX AVX2 FMA\"} 1\n";
+        let metrics =
+            "# TYPE gantry_cpu_backend_info gauge\ngantry_cpu_backend_info{features=\"SSE3 AVX AVX2 FMA\"} 1\n";
         assert_eq!(gantry_features(metrics).as_deref(), Some("SSE3 AVX AVX2 FMA"));
         assert_eq!(gantry_features("gantry_queue_depth 0\n"), None);
         let log = "main: loading\nsystem_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 | AVX = 1 | \
@@ -406,7 +435,8 @@ mod tests {
 
     #[test]
     fn gpu_offload_from_both_servers_and_nvidia_smi() {
-        let metrics = "# TYPE gantry_gpu_info gauge\ngantry_gpu_info{device=\"CUDA0\",name=\"NVIDIA H100 80GB HBM3\"} 1\n\
+        let metrics =
+            "# TYPE gantry_gpu_info gauge\ngantry_gpu_info{device=\"CUDA0\",name=\"NVIDIA H100 80GB HBM3\"} 1\n\
                        gantry_gpu_memory_total_bytes{device=\"CUDA0\"} 85000000000\n";
         assert_eq!(gantry_gpus(metrics).as_deref(), Some("NVIDIA H100 80GB HBM3 (CUDA0)"));
         assert_eq!(gantry_gpus("gantry_cpu_backend_info{features=\"AVX2\"} 1\n"), None, "a CPU build has no GPU");
@@ -425,8 +455,14 @@ mod tests {
         assert!(both.complete(model));
         assert_eq!(both.describe(), "offloaded 25/25 layers to GPU; 1830 MiB on the GPU per nvidia-smi");
         assert!(!GpuOffload { stated: llama_server_offload(partial), gpu_mib: Some(900) }.complete(model));
-        assert!(GpuOffload { stated: None, gpu_mib: Some(900) }.complete(model), "a silent log, the weights' size on the GPU");
-        assert!(!GpuOffload { stated: None, gpu_mib: Some(300) }.complete(model), "less than the weights: not all on the GPU");
+        assert!(
+            GpuOffload { stated: None, gpu_mib: Some(900) }.complete(model),
+            "a silent log, the weights' size on the GPU"
+        );
+        assert!(
+            !GpuOffload { stated: None, gpu_mib: Some(300) }.complete(model),
+            "less than the weights: not all on the GPU"
+        );
         assert!(!GpuOffload { stated: None, gpu_mib: None }.complete(model));
         assert_eq!(GpuOffload::default().describe(), "no GPU stated by the server nor seen by nvidia-smi");
     }

@@ -140,7 +140,9 @@ mod tests {
         assert_eq!((r.prompt_tokens, r.cached_tokens), (200, 40), "the failed request's usage is left out");
         assert!((r.ttft_mean_ms.unwrap() - 200.0).abs() < 1e-9);
         let skewed = summarize("chat", 1, &[ok(0.1, 1), ok(0.1, 1), ok(1.0, 1)], 1.0);
-        assert!((skewed.ttft_mean_ms.unwrap() - 400.0).abs() < 1e-9 && (skewed.ttft_p50_ms.unwrap() - 100.0).abs() < 1e-9);
+        assert!(
+            (skewed.ttft_mean_ms.unwrap() - 400.0).abs() < 1e-9 && (skewed.ttft_p50_ms.unwrap() - 100.0).abs() < 1e-9
+        );
         assert_eq!(summarize("chat", 1, &[], 1.0).ttft_mean_ms, None);
         assert_eq!(r.first_error.as_deref(), Some("HTTP 503"));
     }

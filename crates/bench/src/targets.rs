@@ -48,7 +48,14 @@ pub fn targets_table(runs: &[ServerRun], targets: &[Target]) -> String {
         let Some((x, lo, hi)) = pass_ratio(runs, &key, metric) else { continue };
         let met = if t.at_least { x >= t.bound } else { x <= t.bound };
         rows.push(vec![
-            format!("{} c={} {} {} {}", t.workload, t.concurrency, t.metric, if t.at_least { "≥" } else { "≤" }, t.bound),
+            format!(
+                "{} c={} {} {} {}",
+                t.workload,
+                t.concurrency,
+                t.metric,
+                if t.at_least { "≥" } else { "≤" },
+                t.bound
+            ),
             format!("{x:.2}"),
             format!("{lo:.2}–{hi:.2}"),
             if met { "yes" } else { "NO" }.to_string(),
@@ -78,7 +85,10 @@ mod tests {
         let shared = t.lines().find(|l| l.contains("shared-prefix")).unwrap();
         assert!(shared.contains("0.25") && shared.contains("| yes"), "{t}");
         assert!(!t.contains("code-edit"), "unmeasured targets are left out: {t}");
-        let slow = vec![run(GANTRY, vec![level("chat", 1, 0, 19.0, 0.2)]), run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)])];
+        let slow = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 19.0, 0.2)]),
+            run(REFERENCE, vec![level("chat", 1, 0, 20.0, 0.2)]),
+        ];
         assert!(targets_table(&slow, &CPU_TARGETS).contains("| NO"));
     }
 
@@ -88,22 +98,37 @@ mod tests {
         let runs = vec![
             run(
                 GANTRY,
-                vec![level("chat-sampled", 1, 0, 106.0, 0.2), level("chat-sampled", 8, 0, 109.0, 0.2), level("chat-sampled", 64, 0, 210.0, 0.2)],
+                vec![
+                    level("chat-sampled", 1, 0, 106.0, 0.2),
+                    level("chat-sampled", 8, 0, 109.0, 0.2),
+                    level("chat-sampled", 64, 0, 210.0, 0.2),
+                ],
             ),
             run(
                 REFERENCE,
-                vec![level("chat-sampled", 1, 0, 100.0, 0.2), level("chat-sampled", 8, 0, 100.0, 0.2), level("chat-sampled", 64, 0, 100.0, 0.2)],
+                vec![
+                    level("chat-sampled", 1, 0, 100.0, 0.2),
+                    level("chat-sampled", 8, 0, 100.0, 0.2),
+                    level("chat-sampled", 64, 0, 100.0, 0.2),
+                ],
             ),
         ];
         let cpu = targets_table(&runs, &CPU_TARGETS);
-        let line = |t: &str, needle: &str| t.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {t}")).to_string();
+        let line = |t: &str, needle: &str| {
+            t.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {t}")).to_string()
+        };
         assert!(line(&cpu, "chat-sampled c=1 tok/s ≥ 1.05").contains("| yes"), "{cpu}");
         assert!(line(&cpu, "chat-sampled c=8 tok/s ≥ 1.1").contains("| NO"), "{cpu}");
         assert!(!cpu.contains("c=64"), "{cpu}");
         let gpu = targets_table(&runs, &GPU_TARGETS);
         assert!(line(&gpu, "chat-sampled c=1 tok/s ≥ 1.2").contains("| NO"), "{gpu}");
-        assert!(line(&gpu, "chat-sampled c=64 tok/s ≥ 2").contains("2.10") && line(&gpu, "c=64").contains("| yes"), "{gpu}");
-        for greedy in [("chat", 1, 1.05), ("chat", 8, 1.1), ("chat", 16, 1.0), ("code-edit", 1, 1.5), ("extract", 1, 1.3)] {
+        assert!(
+            line(&gpu, "chat-sampled c=64 tok/s ≥ 2").contains("2.10") && line(&gpu, "c=64").contains("| yes"),
+            "{gpu}"
+        );
+        for greedy in
+            [("chat", 1, 1.05), ("chat", 8, 1.1), ("chat", 16, 1.0), ("code-edit", 1, 1.5), ("extract", 1, 1.3)]
+        {
             assert!(CPU_TARGETS.iter().any(|t| (t.workload, t.concurrency, t.bound) == greedy), "{greedy:?} kept");
         }
     }
@@ -112,8 +137,22 @@ mod tests {
     fn gpu_targets_are_single_stream_parity_and_batching_at_32() {
         // c=1: 1.02 ≥ 1.0 met (it would miss the CPU's 1.05); c=32: 1.05 < 1.1 missed.
         let runs = vec![
-            run(GANTRY, vec![level("chat", 1, 0, 102.0, 0.2), level("chat", 32, 0, 1050.0, 0.2), level("chat", 8, 0, 10.0, 0.2)]),
-            run(REFERENCE, vec![level("chat", 1, 0, 100.0, 0.2), level("chat", 32, 0, 1000.0, 0.2), level("chat", 8, 0, 10.0, 0.2)]),
+            run(
+                GANTRY,
+                vec![
+                    level("chat", 1, 0, 102.0, 0.2),
+                    level("chat", 32, 0, 1050.0, 0.2),
+                    level("chat", 8, 0, 10.0, 0.2),
+                ],
+            ),
+            run(
+                REFERENCE,
+                vec![
+                    level("chat", 1, 0, 100.0, 0.2),
+                    level("chat", 32, 0, 1000.0, 0.2),
+                    level("chat", 8, 0, 10.0, 0.2),
+                ],
+            ),
         ];
         let t = targets_table(&runs, &GPU_TARGETS);
         let single = t.lines().find(|l| l.contains("chat c=1 ")).unwrap();

@@ -118,14 +118,14 @@ impl Request {
 }
 
 const WORDS: &[&str] = &[
-    "river", "mountain", "engine", "garden", "signal", "harbor", "lantern", "forest", "market", "bridge",
-    "winter", "copper", "library", "orbit", "valley", "thunder", "pencil", "island", "castle", "meadow",
-    "silver", "window", "compass", "desert", "anchor", "candle", "planet", "ribbon", "tunnel", "village",
-    "kernel", "socket", "buffer", "thread", "cache", "module", "packet", "vector", "matrix", "tensor",
-    "morning", "evening", "summer", "autumn", "spring", "ocean", "cloud", "stone", "glass", "paper",
-    "music", "story", "travel", "letter", "friend", "teacher", "doctor", "farmer", "painter", "sailor",
-    "quiet", "bright", "gentle", "ancient", "simple", "rapid", "careful", "golden", "hidden", "open",
-    "build", "carry", "measure", "follow", "gather", "listen", "repair", "launch", "travel", "explain",
+    "river", "mountain", "engine", "garden", "signal", "harbor", "lantern", "forest", "market", "bridge", "winter",
+    "copper", "library", "orbit", "valley", "thunder", "pencil", "island", "castle", "meadow", "silver", "window",
+    "compass", "desert", "anchor", "candle", "planet", "ribbon", "tunnel", "village", "kernel", "socket", "buffer",
+    "thread", "cache", "module", "packet", "vector", "matrix", "tensor", "morning", "evening", "summer", "autumn",
+    "spring", "ocean", "cloud", "stone", "glass", "paper", "music", "story", "travel", "letter", "friend", "teacher",
+    "doctor", "farmer", "painter", "sailor", "quiet", "bright", "gentle", "ancient", "simple", "rapid", "careful",
+    "golden", "hidden", "open", "build", "carry", "measure", "follow", "gather", "listen", "repair", "launch",
+    "travel", "explain",
 ];
 
 /// Deterministic splitmix64, so both servers get identical prompts.
@@ -213,12 +213,23 @@ const SOURCES: [SourceFile; 2] = [
     },
 ];
 
-const FIRST_NAMES: &[&str] = &["Maria", "James", "Aiko", "Tomasz", "Fatima", "Lucas", "Ingrid", "Kwame", "Priya", "Diego"];
-const LAST_NAMES: &[&str] = &["Okafor", "Lindqvist", "Tanaka", "Novak", "Haddad", "Moreau", "Silva", "Brennan", "Iyer", "Kowalski"];
-const CITIES: &[&str] = &["Lisbon", "Osaka", "Toronto", "Krakow", "Nairobi", "Valparaiso", "Bergen", "Pune", "Dublin", "Tucson"];
+const FIRST_NAMES: &[&str] =
+    &["Maria", "James", "Aiko", "Tomasz", "Fatima", "Lucas", "Ingrid", "Kwame", "Priya", "Diego"];
+const LAST_NAMES: &[&str] =
+    &["Okafor", "Lindqvist", "Tanaka", "Novak", "Haddad", "Moreau", "Silva", "Brennan", "Iyer", "Kowalski"];
+const CITIES: &[&str] =
+    &["Lisbon", "Osaka", "Toronto", "Krakow", "Nairobi", "Valparaiso", "Bergen", "Pune", "Dublin", "Tucson"];
 const PRODUCTS: &[&str] = &[
-    "walnut desk lamp", "stainless kettle", "wool travel blanket", "cast-iron skillet", "noise-cancelling headset",
-    "folding bicycle", "ceramic planter", "mechanical keyboard", "hiking backpack", "espresso grinder",
+    "walnut desk lamp",
+    "stainless kettle",
+    "wool travel blanket",
+    "cast-iron skillet",
+    "noise-cancelling headset",
+    "folding bicycle",
+    "ceramic planter",
+    "mechanical keyboard",
+    "hiking backpack",
+    "espresso grinder",
 ];
 
 /// The `extract` schema: 9 keys of four JSON types, all required.
@@ -351,7 +362,16 @@ mod tests {
 
     fn workload(kind: Kind) -> Workload {
         let (temperature, top_p) = kind.sampling().unwrap_or((0.0, None));
-        Workload { kind, prompt_tokens: 128, shared_prefix_tokens: 1500, max_tokens: 8, seed: 1, temperature, top_p, tenancy: None }
+        Workload {
+            kind,
+            prompt_tokens: 128,
+            shared_prefix_tokens: 1500,
+            max_tokens: 8,
+            seed: 1,
+            temperature,
+            top_p,
+            tenancy: None,
+        }
     }
 
     fn text(r: &Request, msg: usize) -> &str {

@@ -210,7 +210,12 @@ impl Grammars {
     /// cache scope, or why it does not compile (not cached: a broken schema costs its sender each
     /// time). Entries are apart by scope: a hit is faster than a compile, and another tenant must
     /// not learn from the timing which schemas were used recently.
-    pub fn compile(&self, model: &LoadedModel, constraint: &Constraint, scope: CacheScope) -> Result<CompiledGrammar, String> {
+    pub fn compile(
+        &self,
+        model: &LoadedModel,
+        constraint: &Constraint,
+        scope: CacheScope,
+    ) -> Result<CompiledGrammar, String> {
         let key = format!("{}:{}", scope.0, constraint.cache_key());
         if let Some(parser) = self.cached().get(&key) {
             return Ok(CompiledGrammar(parser.deep_clone()));

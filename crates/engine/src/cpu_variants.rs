@@ -45,7 +45,9 @@ pub fn variants_dir() -> Option<PathBuf> {
     let installed = llama_cpp_sys_2::BACKENDS_DIR.map(PathBuf::from);
     let has_variants = |dir: &PathBuf| {
         std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries.flatten().any(|e| e.file_name().to_str().is_some_and(|f| f.starts_with(PREFIX) && f.ends_with(SUFFIX)))
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_str().is_some_and(|f| f.starts_with(PREFIX) && f.ends_with(SUFFIX)))
         })
     };
     beside_binary.iter().chain(installed.iter()).find(|d| has_variants(d)).cloned().or(beside_binary)
@@ -79,12 +81,15 @@ pub fn loaded() -> Option<CpuVariant> {
 /// The variant with the highest score in `dir` (AMX ones only if `amx`); each library is opened to
 /// ask its `ggml_backend_score()` (0: this CPU lacks an instruction it needs) and closed again.
 fn choose(dir: &Path, amx: bool) -> Result<CpuVariant, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read the CPU backends in {}: {e}", dir.display()))?;
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read the CPU backends in {}: {e}", dir.display()))?;
     let mut best: Option<CpuVariant> = None;
     let mut seen = Vec::new();
     for entry in entries.flatten() {
         let file = entry.file_name();
-        let Some(name) = file.to_str().and_then(|f| f.strip_prefix(PREFIX)).and_then(|f| f.strip_suffix(SUFFIX)) else { continue };
+        let Some(name) = file.to_str().and_then(|f| f.strip_prefix(PREFIX)).and_then(|f| f.strip_suffix(SUFFIX)) else {
+            continue;
+        };
         seen.push(name.to_string());
         if AMX_VARIANTS.contains(&name) && !amx {
             continue;
@@ -95,7 +100,11 @@ fn choose(dir: &Path, amx: bool) -> Result<CpuVariant, String> {
         }
     }
     best.ok_or_else(|| {
-        format!("none of the CPU backends in {} runs on this CPU (found: {})", dir.display(), if seen.is_empty() { "none".into() } else { seen.join(", ") })
+        format!(
+            "none of the CPU backends in {} runs on this CPU (found: {})",
+            dir.display(),
+            if seen.is_empty() { "none".into() } else { seen.join(", ") }
+        )
     })
 }
 
@@ -107,7 +116,8 @@ fn score(path: &Path) -> Result<i32, String> {
         let handle = libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         if handle.is_null() {
             let err = libc::dlerror();
-            let why = if err.is_null() { "unknown error".into() } else { CStr::from_ptr(err).to_string_lossy().into_owned() };
+            let why =
+                if err.is_null() { "unknown error".into() } else { CStr::from_ptr(err).to_string_lossy().into_owned() };
             return Err(format!("cannot open the CPU backend {}: {why}", path.display()));
         }
         let sym = libc::dlsym(handle, c"ggml_backend_score".as_ptr());
@@ -172,7 +182,11 @@ mod tests {
     fn tempfile_dir() -> PathBuf {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!("gantry-variants-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "gantry-variants-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

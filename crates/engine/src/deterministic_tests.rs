@@ -117,9 +117,16 @@ async fn scenarios(deterministic_greedy: bool) -> Vec<(String, Trace)> {
         let (beside_drafts, _) = run(&engine, &[input(OTHERS[0], drafting, eos)]).await;
         // Once more after the others filled the cache and the draft statistics.
         let (after, _) = run(&engine, &[]).await;
-        traces.extend([("alone", alone), ("cached", again), ("beside 7", beside), ("beside drafts", beside_drafts), ("after", after)].map(
-            |(what, t)| (format!("{mode:?} {what}"), t),
-        ));
+        traces.extend(
+            [
+                ("alone", alone),
+                ("cached", again),
+                ("beside 7", beside),
+                ("beside drafts", beside_drafts),
+                ("after", after),
+            ]
+            .map(|(what, t)| (format!("{mode:?} {what}"), t)),
+        );
         if deterministic_greedy && mode == Speculate::Always {
             assert!(engine.speculation_stats().drafted() > 0, "the other stream drafted");
         }
@@ -134,6 +141,11 @@ async fn greedy_output_is_identical_whatever_the_cache_drafts_and_batch_did() {
     let (first, want) = &traces[0];
     for (what, got) in &traces[1..] {
         let at = want.iter().zip(got).position(|(a, b)| a != b);
-        assert!(at.is_none(), "{what} differs from {first} at token {at:?}: {:?} vs {:?}", want[at.unwrap()], got[at.unwrap()]);
+        assert!(
+            at.is_none(),
+            "{what} differs from {first} at token {at:?}: {:?} vs {:?}",
+            want[at.unwrap()],
+            got[at.unwrap()]
+        );
     }
 }

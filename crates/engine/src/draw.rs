@@ -297,8 +297,7 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
     let shifted = xc * LOG2E + ROUND;
     let n = shifted - ROUND;
     let f = xc - n * LN2_HI - n * LN2_LO;
-    let p = ((((1.987_569_1e-4 * f + 1.398_199_9e-3) * f + 8.333_452e-3) * f + 4.166_579_6e-2) * f
-        + 1.666_666_5e-1)
+    let p = ((((1.987_569_1e-4 * f + 1.398_199_9e-3) * f + 8.333_452e-3) * f + 4.166_579_6e-2) * f + 1.666_666_5e-1)
         * f
         + 5.000_000_1e-1;
     let e_f = p * f * f + f + 1.0;

@@ -7,9 +7,8 @@ use std::sync::OnceLock;
 use serde_json::json;
 
 use crate::{
-    Constraint,
-    ChatInput, Engine, EngineConfig, EngineError, Event, Generator, Health, Outcome, PrepareError, SamplingParams,
-    SubmitError, Usage,
+    ChatInput, Constraint, Engine, EngineConfig, EngineError, Event, Generator, Health, Outcome, PrepareError,
+    SamplingParams, SubmitError, Usage,
 };
 
 pub(crate) fn tiny_model() -> &'static PathBuf {
@@ -166,7 +165,8 @@ async fn a_conversation_pushed_out_of_the_kv_cache_comes_back_from_host_memory()
     let long = "a long first message that the second request does not share, long enough to matter";
     for (parallel, host_bytes) in [(1, 64 << 20), (2, 64 << 20), (1, 0)] {
         let mut config = EngineConfig::new(tiny_model());
-        (config.ctx_size, config.parallel, config.threads, config.host_cache_bytes) = (256, parallel, Some(1), host_bytes);
+        (config.ctx_size, config.parallel, config.threads, config.host_cache_bytes) =
+            (256, parallel, Some(1), host_bytes);
         let engine = Engine::start(config).unwrap();
         let (first, usage) = answer(&engine, say(long, 6)).await;
         assert_eq!(usage.cached_tokens, 0);
@@ -203,7 +203,9 @@ async fn a_call_fenced_after_prose_is_held_to_its_schema_from_the_fence_on() {
     let prefix = output.find("```").unwrap();
     assert_eq!(start, Some(CallStart::Fenced { prefix }));
     let grammar = Constraint::Lark(fenced_grammar(rules, &output[..prefix]));
-    let mut matcher = model.constraint_matcher(&grammar, crate::CacheScope::default(), &tokens).expect("the output so far fits the grammar");
+    let mut matcher = model
+        .constraint_matcher(&grammar, crate::CacheScope::default(), &tokens)
+        .expect("the output so far fits the grammar");
     let as_u32 = |s: &str| model.tokenize(s).into_iter().map(|t| t as u32).collect::<Vec<_>>();
     let metric = as_u32("\"unit\": \"metric\"");
     assert!(matcher.try_consume_tokens(&metric).unwrap() < metric.len(), "the grammar let \"metric\" through");

@@ -53,7 +53,11 @@ pub trait Generator: Send + Sync {
     /// Puts the request's images, fetched after admission, into its prompt: decodes them,
     /// tokenizes them for the model's projector and checks the context again, now exactly.
     /// Blocking (image decoding), so call it off the async runtime.
-    fn attach_images(&self, request: &mut GenerateRequest, images: Vec<crate::vision::ImageInput>) -> Result<(), PrepareError> {
+    fn attach_images(
+        &self,
+        request: &mut GenerateRequest,
+        images: Vec<crate::vision::ImageInput>,
+    ) -> Result<(), PrepareError> {
         let _ = (request, images);
         Err(PrepareError::Image(crate::vision::ImageError::NoVision))
     }

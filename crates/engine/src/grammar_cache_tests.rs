@@ -39,8 +39,10 @@ async fn a_schema_compiles_once_and_its_request_still_answers_valid_json() {
     let compiles = model.grammar_compiles();
     for request in [first, again] {
         let (events, _) = drain(engine.submit(request).unwrap()).await;
-        let text: String =
-            events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None }).collect();
+        let text: String = events
+            .iter()
+            .filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None })
+            .collect();
         let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         assert!(doc["ok"].is_boolean(), "{text}");
         assert_eq!(doc.as_object().unwrap().len(), 1, "{text}");

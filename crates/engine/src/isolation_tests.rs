@@ -192,7 +192,10 @@ async fn a_key_at_its_running_cap_waits_while_other_keys_run() {
     let (events, _) = drain(other).await;
     assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
     assert!(!ended(&mut first), "A's first request is still running");
-    assert!(matches!(second.events.try_recv(), Err(TryRecvError::Empty)), "A's second request started beside its first");
+    assert!(
+        matches!(second.events.try_recv(), Err(TryRecvError::Empty)),
+        "A's second request started beside its first"
+    );
     let (_, usage) = drain(first).await;
     assert_eq!(usage.completion_tokens, 200);
     let (events, usage) = drain(second).await;

@@ -3,64 +3,64 @@
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
 
 mod admission;
+#[cfg(test)]
+mod cache_scope_tests;
 pub mod constraint;
 mod cpu_backend;
 pub mod cpu_variants;
-mod devices;
-mod device_sampling;
-mod faults;
-#[cfg(test)]
-mod cache_scope_tests;
+mod deterministic;
 #[cfg(test)]
 mod deterministic_tests;
+mod device_sampling;
+mod devices;
+mod draw;
 #[cfg(test)]
 mod engine_tests;
-#[cfg(test)]
-mod isolation_tests;
-#[cfg(test)]
-mod grammar_cache_tests;
-#[cfg(test)]
-mod kv_layout_tests;
-#[cfg(test)]
-mod sampling_engine_tests;
-#[cfg(test)]
-mod speculation_tests;
-#[cfg(test)]
-mod typed_text_tests;
-#[cfg(test)]
-mod vision_tests;
+mod faults;
 mod generator;
 mod gguf_header;
+#[cfg(test)]
+mod grammar_cache_tests;
 mod host_cache;
+#[cfg(test)]
+mod isolation_tests;
 mod json_layout;
 mod keyed_hash;
 mod kv_layout;
-mod deterministic;
+#[cfg(test)]
+mod kv_layout_tests;
 mod kv_slots;
 mod memory;
 mod model;
 mod prepare;
 mod q5_as_q8;
 mod request;
-mod sampling;
-mod draw;
 mod sample_step;
+mod sampling;
+#[cfg(test)]
+mod sampling_engine_tests;
 mod scheduler;
 mod sequence;
 mod shared_drafts;
 mod speculation;
+#[cfg(test)]
+mod speculation_tests;
 mod step_cost;
 mod telemetry;
 pub mod template;
-mod vision;
 pub mod text;
 pub mod tools;
 mod typed_text;
+#[cfg(test)]
+mod typed_text_tests;
+mod vision;
+#[cfg(test)]
+mod vision_tests;
 
 use std::num::NonZeroU32;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -68,17 +68,17 @@ use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
 pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
-pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
 pub use device_sampling::DeviceSampling;
 pub use devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
+pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
 pub use generator::{EngineError, Generator, Health, SubmitError};
 pub use kv_layout::KvLayout;
 pub use memory::{estimate_memory, MemoryEstimate};
 pub use model::{LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
-    CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, Prompt, SamplingParams, TokenLogprob,
-    TopLogprob, LazyTools, Outcome, Usage,
+    CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Prompt, SamplingParams,
+    TokenLogprob, TopLogprob, Usage,
 };
 pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};
 pub use template::TemplateError;
@@ -218,8 +218,14 @@ impl Engine {
         config.ctx_size = config.ctx_size.max(16);
         // Every running sequence needs one slot in each batch, plus room for prompt chunks.
         config.batch_size = config.batch_size.max(config.parallel + 16);
-        if let Some(need) = model.vision.as_ref().and_then(|v| v.min_batch()).filter(|&n| n > config.batch_size as usize) {
-            tracing::warn!(batch_size = config.batch_size, image_tokens = need, "this projector decodes an image in one batch: raising --batch-size to hold one");
+        if let Some(need) =
+            model.vision.as_ref().and_then(|v| v.min_batch()).filter(|&n| n > config.batch_size as usize)
+        {
+            tracing::warn!(
+                batch_size = config.batch_size,
+                image_tokens = need,
+                "this projector decodes an image in one batch: raising --batch-size to hold one"
+            );
             config.batch_size = need as u32;
         }
 
@@ -248,8 +254,7 @@ impl Engine {
                 DeviceSampling::Off => false,
                 // The output layer is on a GPU when every layer is offloaded.
                 DeviceSampling::Auto => {
-                    !accelerators().is_empty()
-                        && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
+                    !accelerators().is_empty() && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
                 }
             },
             #[cfg(test)]
@@ -278,7 +283,8 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                let mut scheduler = Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort, thread_spec_stats);
+                let mut scheduler =
+                    Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort, thread_spec_stats);
                 // A panic must not leave requests hanging and budgets reserved: catch it, mark
                 // the engine failed (so `/health` turns 503 and the server exits for its
                 // supervisor to restart it), and answer everything it held. The scheduler's state
@@ -422,8 +428,11 @@ impl Generator for Engine {
         // The grammars a call started under `auto` would switch to are compiled now too, so a bad
         // tool schema is a 400 before anything runs and the scheduler compiles none of them.
         if let Some(l) = &input.lazy_tools {
-            let compile =
-                |c: &Constraint| model.compile_constraint(c, input.cache_scope).map_err(|reason| PrepareError::Grammar { param: "tools", reason });
+            let compile = |c: &Constraint| {
+                model
+                    .compile_constraint(c, input.cache_scope)
+                    .map_err(|reason| PrepareError::Grammar { param: "tools", reason })
+            };
             grammars.bare_call = Some(compile(&l.bare)?);
             grammars.tagged_call = Some(compile(&l.tagged)?);
             grammars.fenced_call = Some(compile(&Constraint::Lark(tools::fenced_call_grammar(&l.fenced_calls_rules)))?);

@@ -39,7 +39,12 @@ struct Shape {
 
 /// Estimates the memory of `model` (plus its projector, whole) served with `cells` KV cells in
 /// total (context per sequence × sequences) and ubatches of `batch` tokens.
-pub fn estimate_memory(model: &Path, projector: Option<&Path>, cells: u64, batch: u64) -> Result<MemoryEstimate, LoadError> {
+pub fn estimate_memory(
+    model: &Path,
+    projector: Option<&Path>,
+    cells: u64,
+    batch: u64,
+) -> Result<MemoryEstimate, LoadError> {
     let file_len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).map_err(|_| LoadError::Missing(p.to_path_buf()));
     let shape = read_shape(model)?;
     let weights = file_len(model)? + projector.map(file_len).transpose()?.unwrap_or(0);

@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use llama_cpp_2::llama_backend::LlamaBackend;
 use crate::devices::Offload;
+use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::token_type::LlamaTokenAttr;
@@ -24,9 +24,10 @@ use crate::vision::{image_token_ids, ImageError, ImageInput, PromptImage, Vision
 pub(crate) fn backend() -> &'static LlamaBackend {
     static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
     BACKEND.get_or_init(|| {
-        llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default().with_logs_enabled(
-            std::env::var("GANTRY_LLAMA_LOGS").is_ok_and(|v| v == "1"),
-        ));
+        llama_cpp_2::send_logs_to_tracing(
+            llama_cpp_2::LogOptions::default()
+                .with_logs_enabled(std::env::var("GANTRY_LLAMA_LOGS").is_ok_and(|v| v == "1")),
+        );
         // The portable build has no CPU backend linked in: one of its variants is loaded first.
         crate::cpu_backend::load_cpu_backend().unwrap_or_else(|e| panic!("{e}"));
         LlamaBackend::init().expect("llama.cpp backend initialises once")
@@ -106,9 +107,8 @@ impl LoadedModel {
         let llama = LlamaModel::load_from_file(backend(), weights, &offload.model_params())
             .map_err(|e| LoadError::Llama { path: weights.to_path_buf(), reason: e.to_string() })?;
         let llama = Arc::new(llama);
-        let chat_template = llama
-            .meta_val_str("tokenizer.chat_template")
-            .map_err(|_| LoadError::NoChatTemplate(path.to_path_buf()))?;
+        let chat_template =
+            llama.meta_val_str("tokenizer.chat_template").map_err(|_| LoadError::NoChatTemplate(path.to_path_buf()))?;
         let vocab = llama.vocab();
         let piece = |t: LlamaToken| {
             if t.0 < 0 {
@@ -164,7 +164,8 @@ impl LoadedModel {
         let (text, typed) = self.render(messages, tools)?;
         let marker = self.vision.as_ref().map(Vision::marker).filter(|m| text.contains(m));
         let reserve = self.vision.as_ref().map_or(0, Vision::reserve_tokens);
-        let Ok(tokens) = self.tokenize_marked::<Infallible>(&text, &typed, marker, |_, _| Ok(image_token_ids(0, reserve)));
+        let Ok(tokens) =
+            self.tokenize_marked::<Infallible>(&text, &typed, marker, |_, _| Ok(image_token_ids(0, reserve)));
         Ok(Prompt { text, tokens, images: Vec::new(), typed })
     }
 

@@ -14,20 +14,19 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::admission::{FairQueue, Waiting};
-use crate::host_cache::{self, HostCache};
 use crate::deterministic;
 use crate::device_sampling::{ChainKey, DeviceSamplers};
+use crate::faults::FaultPoint;
+use crate::generator::EngineError;
+use crate::host_cache::{self, HostCache};
 use crate::kv_layout::{self, KvLayout};
 use crate::kv_slots::{common_prefix, KvSlots};
 use crate::model::LoadedModel;
-use crate::faults::FaultPoint;
-use crate::generator::EngineError;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::sequence::{ActiveRequest, Job};
 use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{
-    self, Acceptance, DraftSource, Lookup, Speculate, SpeculationConfig, SpeculationStats,
-    MAX_DRAFTING_STREAMS,
+    self, Acceptance, DraftSource, Lookup, Speculate, SpeculationConfig, SpeculationStats, MAX_DRAFTING_STREAMS,
 };
 use crate::step_cost::StepCost;
 use crate::telemetry::{self, StepStats, Totals};
@@ -346,7 +345,8 @@ impl Scheduler {
             // Host memory may hold more of it than any sequence (see `host_cache`).
             let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
             let usable = &req.prompt[..req.reusable_len()];
-            let restored = host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], req.scope, usable, resident);
+            let restored =
+                host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], req.scope, usable, resident);
             if let Some(len) = restored {
                 share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], len);
                 self.active.push(req);
@@ -451,8 +451,7 @@ impl Scheduler {
         self.prompt_rows.clear();
         self.spreading.clear();
         let mut budget = self.cfg.batch_size as usize;
-        let decoding: usize =
-            self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
+        let decoding: usize = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
         // Drafts only use what is left once every decoding choice has its token. Forced drafts
         // (jump-forward) are always accepted, so they may use it at any load; lookup drafts only
         // while few streams decode.
@@ -502,17 +501,13 @@ impl Scheduler {
                     let forced = chain.forced_prefix();
                     if weigh_drafts && chain.tokens.len() > forced {
                         let acceptance = &mut self.acceptance;
-                        let chance = |l: &Lookup| {
-                            acceptance[acceptance_kind(l.source, c.constrained)].chance(l.matched)
-                        };
-                        let k =
-                            self.step_cost
-                                .best_draft(outputs, forced, chain.tokens.len(), |k| {
-                                    chain.expected_tokens(k, chance)
-                                });
+                        let chance =
+                            |l: &Lookup| acceptance[acceptance_kind(l.source, c.constrained)].chance(l.matched);
+                        let k = self
+                            .step_cost
+                            .best_draft(outputs, forced, chain.tokens.len(), |k| chain.expected_tokens(k, chance));
                         if let Some(first) = chain.lookups.first().filter(|l| l.start >= k) {
-                            acceptance[acceptance_kind(first.source, c.constrained)]
-                                .declined(first.matched);
+                            acceptance[acceptance_kind(first.source, c.constrained)].declined(first.matched);
                         }
                         chain.truncate(k);
                     }

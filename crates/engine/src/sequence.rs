@@ -6,19 +6,17 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::constraint::{Constraint, PreparedGrammars};
+use crate::faults::{Fault, FaultPoint};
 use crate::generator::EngineError;
 use crate::model::LoadedModel;
-use crate::request::{
-    CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage,
-};
+use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
 use crate::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::text::TextAssembler;
-use crate::vision::PromptImage;
-use crate::constraint::{Constraint, PreparedGrammars};
-use crate::faults::{Fault, FaultPoint};
 use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
+use crate::vision::PromptImage;
 
 /// A request as queued for the scheduler.
 pub(crate) struct Job {
@@ -156,10 +154,11 @@ impl ActiveRequest {
                     drafter,
                     finished: None,
                     last_token_at: None,
-                    tool_watch: request
-                        .lazy_tools
-                        .as_ref()
-                        .map(|_| ToolWatch { tokens: Vec::new(), ends: Vec::new(), calls: CallWatch::new() }),
+                    tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch {
+                        tokens: Vec::new(),
+                        ends: Vec::new(),
+                        calls: CallWatch::new(),
+                    }),
                     constrained: request.constraint.is_some(),
                     on_device: false,
                 }
@@ -323,7 +322,15 @@ impl ActiveRequest {
     /// stop strings, tool calls, `max_tokens` and the context end. `logits_idx` is where its
     /// logits are in the batch just decoded; `c.pos` must already be the position it would be
     /// fed at. Returns whether the choice goes on (the caller then feeds `token` next).
-    pub fn produce(&mut self, i: usize, token: i32, logits_idx: i32, ctx: &LlamaContext<'_>, model: &LoadedModel, ctx_size: i32) -> bool {
+    pub fn produce(
+        &mut self,
+        i: usize,
+        token: i32,
+        logits_idx: i32,
+        ctx: &LlamaContext<'_>,
+        model: &LoadedModel,
+        ctx_size: i32,
+    ) -> bool {
         let logprobs = match self.logprobs {
             Some(top) => vec![logprobs_for(model, ctx.get_logits_ith(logits_idx), token, top)],
             None => Vec::new(),

@@ -299,8 +299,7 @@ mod tests {
 
     #[test]
     fn another_scopes_answers_are_never_offered_as_drafts() {
-        let family =
-            |scope: u64, schema: Option<&&str>| DraftFamilies::family(CacheScope(scope), schema, None::<&()>);
+        let family = |scope: u64, schema: Option<&&str>| DraftFamilies::family(CacheScope(scope), schema, None::<&()>);
         assert_ne!(family(1, None), family(2, None), "free text");
         assert_ne!(family(1, Some(&"s")), family(2, Some(&"s")), "the same schema");
         let mut families = DraftFamilies::default();

@@ -152,7 +152,8 @@ impl SpeculationStats {
         self.forced.fetch_add(drafted as u64, Ordering::Relaxed);
         self.forced_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
         counter!("gantry_forced_tokens_total", "model" => crate::telemetry::model()).increment(drafted as u64);
-        counter!("gantry_forced_tokens_accepted_total", "model" => crate::telemetry::model()).increment(accepted as u64);
+        counter!("gantry_forced_tokens_accepted_total", "model" => crate::telemetry::model())
+            .increment(accepted as u64);
     }
 
     pub(crate) fn record(&self, drafted: usize, accepted: usize, source: DraftSource) {
@@ -163,7 +164,8 @@ impl SpeculationStats {
         if source == DraftSource::Shared {
             self.shared.fetch_add(drafted as u64, Ordering::Relaxed);
             self.shared_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-            counter!("gantry_draft_tokens_shared_total", "model" => crate::telemetry::model()).increment(drafted as u64);
+            counter!("gantry_draft_tokens_shared_total", "model" => crate::telemetry::model())
+                .increment(drafted as u64);
             counter!("gantry_draft_tokens_shared_accepted_total", "model" => crate::telemetry::model())
                 .increment(accepted as u64);
         }
@@ -374,7 +376,9 @@ impl Drafter {
             self.history[earlier] == token || self.unspaced.get(earlier).is_some_and(|&u| u == token)
         };
         let mut best = longest_match(&self.history, same)
-            .map(|(start, matched)| (start, matched, if quoted(start) { DraftSource::Quoted } else { DraftSource::Own }))
+            .map(|(start, matched)| {
+                (start, matched, if quoted(start) { DraftSource::Quoted } else { DraftSource::Own })
+            })
             .or_else(|| self.quote_start().map(|start| (start, 1, DraftSource::Quoted)))
             .and_then(|(start, matched, source)| {
                 // A quote ends with the prompt (the chat template's closing tokens, then output).
@@ -838,13 +842,20 @@ mod tests {
     #[test]
     fn a_quoted_string_ends_where_its_phrase_does_and_closes_as_the_last_one_did() {
         const VOCAB: &[&str] = &[
-            "{", "\"", "city", "\":", " \"", "Osaka", " Osaka", ".", " On", "\",\n", " in", " John", "John", " Had", "dad",
-            "name",
+            "{", "\"", "city", "\":", " \"", "Osaka", " Osaka", ".", " On", "\",\n", " in", " John", "John", " Had",
+            "dad", "name",
         ];
         let marks = JsonMarks::new(VOCAB.len(), |t| VOCAB[t as usize].as_bytes().to_vec());
         // "John Haddad. ... in Osaka. On"
         let prompt = [11, 13, 14, 7, 10, 6, 7, 8];
-        let unspaced: Vec<i32> = prompt.iter().map(|&t| match t { 11 => 12, 6 => 5, t => t }).collect();
+        let unspaced: Vec<i32> = prompt
+            .iter()
+            .map(|&t| match t {
+                11 => 12,
+                6 => 5,
+                t => t,
+            })
+            .collect();
         let drafter = |json: bool| {
             let mut d = Drafter::new(&prompt, auto(8));
             d.quote_unspaced(unspaced.clone());

@@ -5,7 +5,8 @@ use serde_json::json;
 
 use crate::engine_tests::{drain, eos, logprob_entries, tiny_model};
 use crate::{
-    ChatInput, Engine, EngineConfig, Event, FinishReason, Generator, SamplingParams, Speculate, SpeculationConfig, Usage,
+    ChatInput, Engine, EngineConfig, Event, FinishReason, Generator, SamplingParams, Speculate, SpeculationConfig,
+    Usage,
 };
 
 fn start(parallel: u32, mode: Speculate) -> Engine {
@@ -27,7 +28,10 @@ fn input(text: &str, max_tokens: u32, sampling: SamplingParams, stop: Vec<String
         max_tokens: Some(max_tokens),
         stop,
         // The end token is banned so every run is long enough to draft in.
-        sampling: SamplingParams { logit_bias: [vec![(eos, -100.0)], sampling.logit_bias.clone()].concat(), ..sampling },
+        sampling: SamplingParams {
+            logit_bias: [vec![(eos, -100.0)], sampling.logit_bias.clone()].concat(),
+            ..sampling
+        },
         logprobs: Some(1),
         constraint: None,
         lazy_tools: None,
@@ -136,7 +140,10 @@ async fn answers_are_drafted_from_earlier_answers_and_unchanged() {
         assert_eq!(&run(&engine, vec![i]).await[0], want);
     }
     let stats = engine.speculation_stats();
-    assert!(stats.shared_accepted() - first.1 >= 20, "copied from the earlier answers: {stats:?} (first run {first:?})");
+    assert!(
+        stats.shared_accepted() - first.1 >= 20,
+        "copied from the earlier answers: {stats:?} (first run {first:?})"
+    );
     assert!(stats.shared() <= stats.drafted() && stats.shared_accepted() <= stats.accepted(), "{stats:?}");
     engine.shutdown();
 }

@@ -56,8 +56,7 @@ impl StepCost {
 
     /// Whether a step of `positions` was measured, recently enough to go by.
     fn is_measured(&self, positions: usize) -> bool {
-        self.seconds.get(positions).is_some_and(|&t| t > 0.0)
-            && self.steps - self.measured_at[positions] <= STALE_STEPS
+        self.seconds.get(positions).is_some_and(|&t| t > 0.0) && self.steps - self.measured_at[positions] <= STALE_STEPS
     }
 
     /// Measured (or, never measured, guessed) seconds of a step with `positions` positions;

@@ -43,7 +43,11 @@ pub(crate) fn describe() {
     describe_gauge!("gantry_host_cache_bytes", Unit::Bytes, "Idle sequences' KV entries held in host memory.");
     describe_gauge!("gantry_host_cache_entries", Unit::Count, "Token lists whose KV entries host memory holds.");
     describe_histogram!("gantry_batch_tokens", Unit::Count, "Tokens per llama.cpp decode call.");
-    describe_counter!("gantry_image_tokens_total", Unit::Count, "Prompt positions of images evaluated (encoded and decoded).");
+    describe_counter!(
+        "gantry_image_tokens_total",
+        Unit::Count,
+        "Prompt positions of images evaluated (encoded and decoded)."
+    );
     describe_histogram!("gantry_image_eval_seconds", Unit::Seconds, "Encoding one image and decoding its embeddings.");
     describe_histogram!("gantry_time_to_first_token_seconds", Unit::Seconds, "From submission to the first token.");
     describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");

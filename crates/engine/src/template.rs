@@ -39,8 +39,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
-            .map_err(|e| TemplateError::Compile(describe(&e)))?;
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned()).map_err(|e| TemplateError::Compile(describe(&e)))?;
         let handles_tools = source.contains("tools");
         let mut template = Self {
             env,
@@ -70,7 +69,12 @@ impl ChatTemplate {
         self.render_as(messages, tools, self.typed_content)
     }
 
-    fn render_as(&self, messages: &[Json], tools: Option<&[Json]>, typed_content: bool) -> Result<String, TemplateError> {
+    fn render_as(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        typed_content: bool,
+    ) -> Result<String, TemplateError> {
         // A template without tool support would drop `tools` (and tool turns) silently.
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("template was added in new()");
         let rewritten;
@@ -115,7 +119,9 @@ fn normalise_message(m: &Json, typed_content: bool) -> Json {
     if let Some(calls) = m.get_mut("tool_calls").and_then(Json::as_array_mut) {
         for call in calls {
             if let Some(args) = call.pointer_mut("/function/arguments") {
-                if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok()).filter(Json::is_object) {
+                if let Some(parsed) =
+                    args.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok()).filter(Json::is_object)
+                {
                     *args = parsed;
                 }
             }
@@ -144,14 +150,22 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 
 /// `strftime_now(fmt)`, used by Llama 3 templates for the current date.
 fn strftime_now(format: String) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let (y, m, d) = civil_from_days(now.div_euclid(86_400));
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     format
         .replace("%Y", &y.to_string())
@@ -179,8 +193,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let json: Json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json: Json =
+        serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_python_json(&json, indent, 0, &mut out);
     Ok(Value::from_safe_string(out))
@@ -251,7 +265,10 @@ mod tests {
         let out = t
             .render(&[json!({"role":"system","content":"Be brief."}), json!({"role":"user","content":"Hi"})], None)
             .unwrap();
-        assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
@@ -274,9 +291,13 @@ mod tests {
     fn tojson_matches_python_json_dumps() {
         let src = "{% for t in tools %}{{ t | tojson }}{% endfor %}";
         let t = ChatTemplate::new(src, "", "").unwrap();
-        let tools = [json!({"type":"function","function":{"name":"get_weather","parameters":{"z":1,"a":["<b>", "é"]}}})];
+        let tools =
+            [json!({"type":"function","function":{"name":"get_weather","parameters":{"z":1,"a":["<b>", "é"]}}})];
         let out = t.render(&[], Some(&tools)).unwrap();
-        assert_eq!(out, r#"{"type": "function", "function": {"name": "get_weather", "parameters": {"z": 1, "a": ["<b>", "é"]}}}"#);
+        assert_eq!(
+            out,
+            r#"{"type": "function", "function": {"name": "get_weather", "parameters": {"z": 1, "a": ["<b>", "é"]}}}"#
+        );
     }
 
     #[test]
@@ -288,9 +309,11 @@ mod tests {
 
     #[test]
     fn loop_controls_and_trim_blocks() {
-        let src = "{% for m in messages %}\n{% if loop.index > 1 %}{% break %}{% endif %}\n{{ m.content }}\n{% endfor %}";
+        let src =
+            "{% for m in messages %}\n{% if loop.index > 1 %}{% break %}{% endif %}\n{{ m.content }}\n{% endfor %}";
         let t = ChatTemplate::new(src, "", "").unwrap();
-        let out = t.render(&[json!({"role":"user","content":"a"}), json!({"role":"user","content":"b"})], None).unwrap();
+        let out =
+            t.render(&[json!({"role":"user","content":"a"}), json!({"role":"user","content":"b"})], None).unwrap();
         assert_eq!(out, "a\n");
     }
 

@@ -119,7 +119,9 @@ impl Vision {
         let mut vision = Self { ctx: Mutex::new(ctx), marker, reserve_tokens: 0, non_causal };
         // A large image: projectors that tile use their most tiles for it.
         let probe = vec![128u8; 1024 * 1024 * 3];
-        let chunks = vision.tokenize_rgb(1024, 1024, &probe, 0).map_err(|e| format!("the projector cannot tokenize an image: {e}"))?;
+        let chunks = vision
+            .tokenize_rgb(1024, 1024, &probe, 0)
+            .map_err(|e| format!("the projector cannot tokenize an image: {e}"))?;
         vision.reserve_tokens = chunks.total_tokens();
         Ok(vision)
     }
@@ -143,7 +145,9 @@ impl Vision {
         let unreadable = |reason: String| ImageError::Unreadable { param: image.param.clone(), reason };
         let (nx, ny, rgb) = decode_rgb(&image.bytes, image.detail).map_err(unreadable)?;
         let id = image_identity(nx, ny, &rgb);
-        let chunks = self.tokenize_rgb(nx, ny, &rgb, id).map_err(|e| unreadable(format!("the model cannot read this image ({e}).")))?;
+        let chunks = self
+            .tokenize_rgb(nx, ny, &rgb, id)
+            .map_err(|e| unreadable(format!("the model cannot read this image ({e}).")))?;
         Ok((Arc::new(chunks), id))
     }
 
@@ -157,9 +161,18 @@ impl Vision {
 
     /// Encodes an image and writes its positions into `seq` from position `at` (one image
     /// encode; the caller's step waits for it).
-    pub fn evaluate(&self, ctx: &mut LlamaContext<'_>, image: &PromptImage, seq: i32, n_batch: i32) -> Result<(), String> {
+    pub fn evaluate(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        image: &PromptImage,
+        seq: i32,
+        n_batch: i32,
+    ) -> Result<(), String> {
         let mut mtmd = self.ctx.lock().expect("vision lock");
-        let end = image.chunks.eval_chunks(&mut mtmd, ctx, image.start as i32, seq, n_batch, false).map_err(|e| e.to_string())?;
+        let end = image
+            .chunks
+            .eval_chunks(&mut mtmd, ctx, image.start as i32, seq, n_batch, false)
+            .map_err(|e| e.to_string())?;
         if end as usize != image.start + image.len {
             return Err(format!("the image took {} positions, {} expected", end as usize - image.start, image.len));
         }
@@ -266,8 +279,12 @@ mod tests {
 
     #[test]
     fn every_accepted_format_decodes() {
-        let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(24, 16, |x, y| image::Rgb([x as u8 * 9, y as u8 * 9, 40])));
-        for format in [image::ImageFormat::Jpeg, image::ImageFormat::Gif, image::ImageFormat::WebP, image::ImageFormat::Bmp] {
+        let img = image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(24, 16, |x, y| {
+            image::Rgb([x as u8 * 9, y as u8 * 9, 40])
+        }));
+        for format in
+            [image::ImageFormat::Jpeg, image::ImageFormat::Gif, image::ImageFormat::WebP, image::ImageFormat::Bmp]
+        {
             let mut bytes = Vec::new();
             img.write_to(&mut Cursor::new(&mut bytes), format).unwrap();
             let (w, h, rgb) = decode_rgb(&bytes, Detail::Auto).unwrap_or_else(|e| panic!("{format:?}: {e}"));

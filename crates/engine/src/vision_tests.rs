@@ -8,7 +8,10 @@ use std::sync::OnceLock;
 use serde_json::json;
 
 use crate::engine_tests::{drain, tiny_model};
-use crate::{ChatInput, Engine, EngineConfig, Event, Generator, ImageDetail, ImageError, ImageInput, PrepareError, SamplingParams, Usage};
+use crate::{
+    ChatInput, Engine, EngineConfig, Event, Generator, ImageDetail, ImageError, ImageInput, PrepareError,
+    SamplingParams, Usage,
+};
 
 pub(crate) fn tiny_projector(kind: tiny_gguf::ProjectorKind) -> PathBuf {
     static LLAVA: OnceLock<PathBuf> = OnceLock::new();
@@ -41,7 +44,8 @@ fn start_with(parallel: u32, projector: Option<tiny_gguf::ProjectorKind>) -> Eng
 }
 
 pub(crate) fn png(seed: u8) -> Vec<u8> {
-    let img = image::RgbImage::from_fn(48, 40, |x, y| image::Rgb([(x as u8).wrapping_mul(seed), (y as u8) ^ seed, seed]));
+    let img =
+        image::RgbImage::from_fn(48, 40, |x, y| image::Rgb([(x as u8).wrapping_mul(seed), (y as u8) ^ seed, seed]));
     let mut out = Vec::new();
     image::DynamicImage::ImageRgb8(img).write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png).unwrap();
     out
@@ -147,7 +151,9 @@ async fn unreadable_images_and_models_without_a_projector_are_refused() {
     broken.truncate(50);
     let err = engine.attach_images(&mut request, vec![image(broken)]).unwrap_err();
     match &err {
-        PrepareError::Image(ImageError::Unreadable { param, .. }) => assert_eq!(param, "messages[0].content[1].image_url"),
+        PrepareError::Image(ImageError::Unreadable { param, .. }) => {
+            assert_eq!(param, "messages[0].content[1].image_url")
+        }
         other => panic!("{other:?}"),
     }
     assert!(err.to_string().contains("could not be decoded"), "{err}");
@@ -166,7 +172,8 @@ async fn unreadable_images_and_models_without_a_projector_are_refused() {
 async fn images_that_overflow_the_context_are_refused_once_their_size_is_known() {
     let engine = start(1, true);
     let mut fits = input(&engine, 1);
-    let text_tokens = engine.prepare(input(&engine, 1)).unwrap().prompt.tokens.iter().filter(|&&t| t >= 0).count() as u32;
+    let text_tokens =
+        engine.prepare(input(&engine, 1)).unwrap().prompt.tokens.iter().filter(|&&t| t >= 0).count() as u32;
     // Room for the text and the completion, but not for the image's 16 positions too.
     fits.max_tokens = Some(512 - text_tokens - 4);
     let mut request = engine.prepare(fits).expect("the text alone fits");
@@ -202,7 +209,10 @@ async fn a_gemma3_style_image_is_wrapped_decoded_non_causally_and_leaves_other_s
     assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
     assert_eq!(usage.prompt_tokens, prompt_len);
     let text_of = |events: &[Event]| -> String {
-        events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None }).collect()
+        events
+            .iter()
+            .filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None })
+            .collect()
     };
     assert_eq!(text_of(&beside), text_of(&alone), "the image decode did not disturb the other stream");
 

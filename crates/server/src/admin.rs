@@ -152,7 +152,11 @@ async fn show_key(State(state): State<AppState>, Path(key): Path<String>) -> Res
     Ok(Json(key_view(&k, Some(&spend))))
 }
 
-async fn update_key(State(state): State<AppState>, Path(key): Path<String>, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn update_key(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let update = parse_fields(&body)?.to_update().map_err(|m| ApiError::invalid_request(m, None))?;
     let k = state.accounts.update_key(&key, &update).await.map_err(accounts_error)?;
     Ok(Json(key_view(&k, None)))
@@ -203,14 +207,19 @@ impl UsageParams {
     }
 }
 
-async fn usage(State(state): State<AppState>, params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>) -> Result<Response, ApiError> {
+async fn usage(
+    State(state): State<AppState>,
+    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(params) = params.map_err(|e| ApiError::invalid_request(e.body_text(), None))?;
     let query = params.to_query().map_err(|m| ApiError::invalid_request(m, None))?;
     let rows = state.accounts.usage_report(&query).await.map_err(accounts_error)?;
     match params.format.as_deref() {
         None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
         Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], usage_csv(&rows)).into_response()),
-        Some(other) => Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format"))),
+        Some(other) => {
+            Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format")))
+        }
     }
 }
 
@@ -228,7 +237,9 @@ async fn usage_requests(
     match params.format.as_deref() {
         None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
         Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], requests_csv(&rows)).into_response()),
-        Some(other) => Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format"))),
+        Some(other) => {
+            Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format")))
+        }
     }
 }
 
@@ -259,7 +270,8 @@ pub fn requests_csv(rows: &[RequestRow]) -> String {
 
 /// CSV with a header row; the same text `gantry usage --format csv` prints.
 pub fn usage_csv(rows: &[UsageRow]) -> String {
-    let mut out = String::from("key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,cost\n");
+    let mut out =
+        String::from("key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,cost\n");
     for r in rows {
         out.push_str(&format!(
             "{},{},{},{},{},{},{},{},{:.9}\n",

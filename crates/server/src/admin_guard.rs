@@ -53,7 +53,8 @@ fn weakness(token: &str) -> Option<String> {
     if chars.len() < MIN_TOKEN_CHARS {
         return Some(format!("it has {} characters, fewer than {MIN_TOKEN_CHARS}", chars.len()));
     }
-    let normalized: String = token.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect();
+    let normalized: String =
+        token.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect();
     if let Some(marker) = PLACEHOLDER_MARKERS.iter().find(|m| normalized.contains(*m)) {
         return Some(format!("it contains the placeholder word {marker:?}"));
     }

@@ -90,7 +90,10 @@ async fn wrong_admin_tokens_lock_out_their_address_only() {
     let (status, text) = h.send(get("/admin/v1/keys", Some(ADMIN), "203.0.113.9:5001")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
     let error = &json(&text)["error"];
-    assert_eq!((error["code"].as_str(), error["type"].as_str()), (Some("admin_auth_throttled"), Some("invalid_request_error")));
+    assert_eq!(
+        (error["code"].as_str(), error["type"].as_str()),
+        (Some("admin_auth_throttled"), Some("invalid_request_error"))
+    );
     // Another address is not affected, and the API keeps serving the attacker's address.
     let (status, text) = h.send(get("/admin/v1/keys", Some(ADMIN), "198.51.100.4:6000")).await;
     assert_eq!(status, StatusCode::OK, "{text}");
@@ -104,7 +107,11 @@ async fn a_right_admin_token_resets_the_failure_count() {
     let client = "192.0.2.77:7000";
     for round in 0..3 {
         for _ in 1..MAX_FAILURES {
-            assert_eq!(h.send(get("/admin/v1/keys", Some("typo"), client)).await.0, StatusCode::UNAUTHORIZED, "round {round}");
+            assert_eq!(
+                h.send(get("/admin/v1/keys", Some("typo"), client)).await.0,
+                StatusCode::UNAUTHORIZED,
+                "round {round}"
+            );
         }
         assert_eq!(h.send(get("/admin/v1/keys", Some(ADMIN), client)).await.0, StatusCode::OK, "round {round}");
     }

@@ -39,8 +39,9 @@ async fn post(h: &Harness, raw: impl Into<Body>) -> (StatusCode, HeaderMap, Valu
 /// A body that is expensive to parse and would be refused by validation anyway: 40 tools with
 /// 10 KB names.
 fn hostile_body() -> String {
-    let tools: Vec<Value> =
-        (0..40).map(|i| json!({"type": "function", "function": {"name": format!("{i}{}", "n".repeat(10_000))}})).collect();
+    let tools: Vec<Value> = (0..40)
+        .map(|i| json!({"type": "function", "function": {"name": format!("{i}{}", "n".repeat(10_000))}}))
+        .collect();
     body(json!({"tools": tools})).to_string()
 }
 
@@ -115,7 +116,8 @@ async fn hostile_tools_get_a_400_without_loading_the_model() {
     let (status, _, error) = post(&h, hostile_body()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
     assert_eq!(error["error"]["param"], "tools[0].function.name", "{error}");
-    let many: Vec<Value> = (0..129).map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}})).collect();
+    let many: Vec<Value> =
+        (0..129).map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}})).collect();
     let (status, _, error) = post(&h, body(json!({"tools": many})).to_string()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
     assert_eq!(error["error"]["param"], "tools", "{error}");

@@ -108,7 +108,9 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
             crate::body_guard::guard_body,
         ))
         .layer(middleware::from_fn(errors_as_json))
-        .layer(CatchPanicLayer::custom(|_| ApiError::internal("The server had an error while processing your request.").into_response()))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::internal("The server had an error while processing your request.").into_response()
+        }))
         .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))
 }

@@ -45,7 +45,8 @@ impl AuthFailures {
         let mut buckets = self.buckets.lock().expect("auth failures lock");
         let bucket = buckets.get_mut(&bucket_key(ip))?;
         self.refill(bucket);
-        (bucket.tokens < 1.0).then(|| ((1.0 - bucket.tokens) * 60.0 / f64::from(self.per_minute)).ceil().max(1.0) as u64)
+        (bucket.tokens < 1.0)
+            .then(|| ((1.0 - bucket.tokens) * 60.0 / f64::from(self.per_minute)).ceil().max(1.0) as u64)
     }
 
     /// Counts one failed authentication from `ip`.

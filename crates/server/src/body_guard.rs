@@ -112,8 +112,11 @@ impl BodyGuard {
 pub async fn guard_body(State(guard): State<BodyGuard>, req: Request, next: Next) -> Response {
     let timeout = guard.timeout;
     let deadline = Instant::now() + timeout;
-    let length =
-        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let length = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
     let has_body = !req.body().is_end_stream()
         && (req.headers().contains_key(header::TRANSFER_ENCODING) || length.is_some_and(|n| n > 0));
     if !has_body {

@@ -12,13 +12,12 @@ use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_accounts::{Charge, KeyInfo, Pass, Settlement};
 use gantry_api::{
-    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ImageDetail, ResponseMessage, TokenLogprob as ApiTokenLogprob,
-    TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
+    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ImageDetail, ResponseMessage,
+    TokenLogprob as ApiTokenLogprob, TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
 };
 use gantry_engine::{
-    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome, SamplingParams,
-    TokenLogprob,
-    Usage,
+    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome,
+    SamplingParams, TokenLogprob, Usage,
 };
 
 use crate::app::AppState;
@@ -308,7 +307,11 @@ async fn collect_response(
             Some(Event::Finished { choice, reason }) => reasons[choice as usize] = reason,
             Some(Event::Done(usage)) => break usage,
             Some(Event::Error(error)) => return Err(error.into_api_error()),
-            None => return Err(EngineError::Crashed("the engine stopped before finishing the request".into()).into_api_error()),
+            None => {
+                return Err(
+                    EngineError::Crashed("the engine stopped before finishing the request".into()).into_api_error()
+                )
+            }
         }
     };
     let choices = texts
@@ -322,7 +325,8 @@ async fn collect_response(
                 _ => (Some(text), None),
             };
             // A call cut by max_tokens is returned, but the reason stays `length`, as OpenAI's.
-            let finish_reason = if tool_calls.is_some() && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
+            let finish_reason =
+                if tool_calls.is_some() && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
             Choice {
                 index: index as u32,
                 message: ResponseMessage { role: "assistant", content, tool_calls },
@@ -362,7 +366,8 @@ fn stream_response(
         }
         let frames = match events.recv().await {
             Some(event) => encoder.on_event(event),
-            None => encoder.on_event(Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))),
+            None => encoder
+                .on_event(Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))),
         };
         Some((stream::iter(frames), (events, encoder)))
     })
@@ -423,13 +428,11 @@ mod settlement_tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
         drop(tx);
         let settled = settlement_of(rx.await);
-        assert_eq!(
-            settled,
-            Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "error" }
-        );
+        assert_eq!(settled, Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "error" });
         // A report is booked as reported.
         let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
-        tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled }).unwrap();
+        tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled })
+            .unwrap();
         assert_eq!(settlement_of(rx.await).outcome, "cancelled");
     }
 }

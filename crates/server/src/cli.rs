@@ -5,7 +5,12 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "gantry", version, args_override_self = true, about = "OpenAI-compatible chat completions on llama.cpp, metered per API key")]
+#[command(
+    name = "gantry",
+    version,
+    args_override_self = true,
+    about = "OpenAI-compatible chat completions on llama.cpp, metered per API key"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -41,7 +46,9 @@ impl DataDirArg {
     pub async fn open(&self) -> anyhow::Result<gantry_accounts::Accounts> {
         use anyhow::Context;
         match &self.database_url {
-            Some(url) => gantry_accounts::Accounts::open_url(url).await.context("opening the accounts database (--database-url)"),
+            Some(url) => {
+                gantry_accounts::Accounts::open_url(url).await.context("opening the accounts database (--database-url)")
+            }
             None => {
                 let dir = self.resolve();
                 gantry_accounts::Accounts::open_data_dir(&dir)
@@ -304,12 +311,19 @@ fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
     let (model, prices) = s.split_once('=').ok_or("expected MODEL=INPUT,OUTPUT (USD per million tokens)")?;
     let (input, output) = prices.split_once(',').ok_or("expected MODEL=INPUT,OUTPUT (USD per million tokens)")?;
     let parse = |v: &str| {
-        v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| format!("{v:?} is not a price"))
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| format!("{v:?} is not a price"))
     };
     if model.trim().is_empty() {
         return Err("the model id is empty".into());
     }
-    Ok((model.trim().to_string(), gantry_accounts::Price { input_per_mtok: parse(input)?, output_per_mtok: parse(output)? }))
+    Ok((
+        model.trim().to_string(),
+        gantry_accounts::Price { input_per_mtok: parse(input)?, output_per_mtok: parse(output)? },
+    ))
 }
 
 /// Settings of `keys create` and `keys update`; the same fields the admin API takes.

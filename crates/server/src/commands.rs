@@ -25,7 +25,17 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             let keys = open(&data).await?.list_keys().await?;
             println!(
                 "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6}",
-                "ID", "NAME", "TENANT", "PREFIX", "STATUS", "RPM", "TPM", "BUDGET_TOK", "BUDGET_USD", "PERIOD", "EXPIRES",
+                "ID",
+                "NAME",
+                "TENANT",
+                "PREFIX",
+                "STATUS",
+                "RPM",
+                "TPM",
+                "BUDGET_TOK",
+                "BUDGET_USD",
+                "PERIOD",
+                "EXPIRES",
                 "CACHE"
             );
             let limit = |l: Option<i64>| l.map_or("-".to_string(), |n| n.to_string());
@@ -74,7 +84,10 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
         }
         KeysCommand::Rotate { key, data } => {
             let created = open(&data).await?.rotate_key(&key).await?;
-            eprintln!("Rotated key {} ({}); the old secret no longer works. The new one is shown only once:", created.key.id, created.key.name);
+            eprintln!(
+                "Rotated key {} ({}); the old secret no longer works. The new one is shown only once:",
+                created.key.id, created.key.name
+            );
             println!("{}", created.secret);
         }
         KeysCommand::Revoke { key, data } => {
@@ -106,7 +119,15 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         OutputFormat::Table => {
             println!(
                 "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>12}",
-                "KEY", "TENANT", "MODEL", "DAY", "REQUESTS", "PROMPT_TOKENS", "CACHED_TOKENS", "COMPLETION_TOKENS", "COST_USD"
+                "KEY",
+                "TENANT",
+                "MODEL",
+                "DAY",
+                "REQUESTS",
+                "PROMPT_TOKENS",
+                "CACHED_TOKENS",
+                "COMPLETION_TOKENS",
+                "COST_USD"
             );
             for r in rows {
                 println!(
@@ -136,7 +157,16 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
         OutputFormat::Table => {
             println!(
                 "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:<9} {:<20} {:>9}",
-                "REQUEST_ID", "CLIENT_REQUEST_ID", "KEY", "MODEL", "PROMPT", "CACHED", "COMPLETION", "OUTCOME", "STARTED", "MS"
+                "REQUEST_ID",
+                "CLIENT_REQUEST_ID",
+                "KEY",
+                "MODEL",
+                "PROMPT",
+                "CACHED",
+                "COMPLETION",
+                "OUTCOME",
+                "STARTED",
+                "MS"
             );
             for r in rows {
                 println!(
@@ -163,7 +193,10 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
     match cmd {
         ModelsCommand::Pull { name, source, quiet } => {
             let entry = models::find(&name).with_context(|| {
-                format!("unknown model `{name}`; known: {}", models::catalog().iter().map(|e| e.name).collect::<Vec<_>>().join(", "))
+                format!(
+                    "unknown model `{name}`; known: {}",
+                    models::catalog().iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+                )
             })?;
             let opts = models::PullOptions { source, quiet, ..Default::default() };
             let path = models::pull(entry, &cache, &opts).await?;

@@ -42,9 +42,8 @@ fn endless_body(head: &'static [u8]) -> (Body, Arc<AtomicBool>) {
 }
 
 fn post(path: &str, authorization: Option<&str>, body: Body, peer: &str) -> Request<Body> {
-    let mut request = Request::post(path)
-        .header("content-type", "application/json")
-        .header("content-length", (1 << 20).to_string());
+    let mut request =
+        Request::post(path).header("content-type", "application/json").header("content-length", (1 << 20).to_string());
     if let Some(authorization) = authorization {
         request = request.header("authorization", authorization);
     }
@@ -75,7 +74,8 @@ async fn refused_requests_are_answered_unread_with_connection_close() {
         ("/v1/no-such-route", None, "unknown_url"),
     ];
     for (path, authorization, code) in cases {
-        let authorization = authorization.map(|a| if a.starts_with("Bearer ") { a.to_string() } else { format!("Bearer {a}") });
+        let authorization =
+            authorization.map(|a| if a.starts_with("Bearer ") { a.to_string() } else { format!("Bearer {a}") });
         let (stream, polled) = endless_body(b"{\"model\":");
         let response = answer(&h, post(path, authorization.as_deref(), stream, "10.1.1.1:5000")).await;
         assert!(response.status().is_client_error(), "{path}: {}", response.status());
@@ -167,7 +167,8 @@ async fn a_spray_of_fake_keys_costs_a_bounded_number_of_lookups() {
     let other = h.app.clone().oneshot(fake_key_request(1000, "198.51.100.9:1")).await.unwrap();
     assert_eq!(other.status(), StatusCode::UNAUTHORIZED);
     // A real key from yet another address is served.
-    let mut real = Request::get("/v1/models").header("authorization", format!("Bearer {KEY}")).body(Body::empty()).unwrap();
+    let mut real =
+        Request::get("/v1/models").header("authorization", format!("Bearer {KEY}")).body(Body::empty()).unwrap();
     real.extensions_mut().insert(ConnectInfo("192.0.2.1:2".parse::<SocketAddr>().unwrap()));
     assert_eq!(h.app.clone().oneshot(real).await.unwrap().status(), StatusCode::OK);
 }

@@ -12,7 +12,8 @@ use gantry_api::ApiError;
 use crate::app::AppState;
 
 /// No inline scripts or styles, nothing from other origins, no framing.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+pub const CONTENT_SECURITY_POLICY: &str =
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
 connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 /// Every file under `crates/server/console/`, by its path there (a unit test keeps this list
@@ -88,9 +89,7 @@ async fn index(State(state): State<AppState>) -> Response {
 async fn asset(State(state): State<AppState>, Path(path): Path<String>) -> Response {
     match file(&path).filter(|_| state.admin_token.is_some() && path != "index.html") {
         Some(response) => secured(response),
-        None => secured(
-ApiError::not_found(format!("No console file {path:?}")).into_response(),
-        ),
+        None => secured(ApiError::not_found(format!("No console file {path:?}")).into_response()),
     }
 }
 

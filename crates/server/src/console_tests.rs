@@ -90,7 +90,9 @@ async fn stats_has_the_figures_the_overview_draws_and_they_move() {
     let grew = |v: &Value, field: &str| v["now"][field].as_u64().unwrap();
     assert!(grew(&after, "requests_total") >= grew(&before, "requests_total") + 2, "{after}");
     assert!(after["now"]["errors_total"]["401"].as_u64().unwrap() >= 1, "{after}");
-    for field in ["queue_depth", "running_sequences", "kv_cache_tokens", "kv_cache_capacity_tokens", "completion_tokens_total"] {
+    for field in
+        ["queue_depth", "running_sequences", "kv_cache_tokens", "kv_cache_capacity_tokens", "completion_tokens_total"]
+    {
         assert!(after["now"][field].is_number(), "now.{field}: {after}");
     }
     assert_eq!(after["sample_seconds"], 5);
@@ -100,7 +102,14 @@ async fn stats_has_the_figures_the_overview_draws_and_they_move() {
     let point = &series[0];
     assert!(point["requests_per_second"].as_f64().unwrap() > 0.0, "{point}");
     assert!(point["errors"]["401"].as_u64().unwrap() >= 1, "{point}");
-    for field in ["at_ms", "completion_tokens_per_second", "prompt_tokens_per_second", "queue_depth", "running_sequences", "kv_cache_tokens"] {
+    for field in [
+        "at_ms",
+        "completion_tokens_per_second",
+        "prompt_tokens_per_second",
+        "queue_depth",
+        "running_sequences",
+        "kv_cache_tokens",
+    ] {
         assert!(point[field].is_number(), "series[0].{field}: {point}");
     }
     assert!(point["completion_tokens_per_second_by_model"].is_object(), "{point}");
@@ -110,7 +119,10 @@ async fn stats_has_the_figures_the_overview_draws_and_they_move() {
     let window = &after["window"];
     assert!(window["requests"].as_u64().unwrap() >= 2, "{window}");
     for q in ["ttft_seconds", "inter_token_seconds"] {
-        assert!(window[q]["count"].is_u64() && window[q].get("p50").is_some() && window[q].get("p95").is_some(), "{window}");
+        assert!(
+            window[q]["count"].is_u64() && window[q].get("p50").is_some() && window[q].get("p95").is_some(),
+            "{window}"
+        );
     }
     assert!(after["models"].is_array());
 }
@@ -132,7 +144,10 @@ async fn listed_keys_carry_their_spend() {
 
 fn assert_locked_down(headers: &HeaderMap) {
     assert_eq!(headers[header::CONTENT_SECURITY_POLICY], CONTENT_SECURITY_POLICY);
-    assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self';") && CONTENT_SECURITY_POLICY.contains("frame-ancestors 'none'"));
+    assert!(
+        CONTENT_SECURITY_POLICY.contains("script-src 'self';")
+            && CONTENT_SECURITY_POLICY.contains("frame-ancestors 'none'")
+    );
     assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
     assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
 }

@@ -60,7 +60,11 @@ mod tests {
     #[test]
     fn prepare_errors_are_400s_naming_their_parameter() {
         let cases: Vec<(PrepareError, &str, Option<&str>)> = vec![
-            (PrepareError::ContextLength { limit: 10, prompt_tokens: 8, max_tokens: Some(5) }, "messages", Some("context_length_exceeded")),
+            (
+                PrepareError::ContextLength { limit: 10, prompt_tokens: 8, max_tokens: Some(5) },
+                "messages",
+                Some("context_length_exceeded"),
+            ),
             (PrepareError::TooManyChoices { n: 5, slots: 4 }, "n", None),
             (PrepareError::LogitBias { token: -1, n_vocab: 9 }, "logit_bias", None),
             (PrepareError::Grammar { param: "response_format", reason: "bad".into() }, "response_format", None),

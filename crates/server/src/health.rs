@@ -56,7 +56,10 @@ pub async fn ready(State(state): State<AppState>) -> Response {
             return unavailable("database_unreachable", None);
         }
         Err(_) => {
-            tracing::warn!(timeout_ms = DATABASE_PING_TIMEOUT.as_millis() as u64, "readiness: the accounts database does not answer in time");
+            tracing::warn!(
+                timeout_ms = DATABASE_PING_TIMEOUT.as_millis() as u64,
+                "readiness: the accounts database does not answer in time"
+            );
             return unavailable("database_unreachable", None);
         }
     }

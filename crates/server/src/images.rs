@@ -58,7 +58,10 @@ impl ImageFetcher {
     /// Resolves every image of a request into bytes, checking that each really is an image.
     /// Refuses a request with more than `max_images` images before fetching any, and stops as
     /// soon as the images' bytes together pass `max_total_bytes`.
-    pub async fn load_all<'a>(&self, images: impl IntoIterator<Item = &'a ImageRef>) -> Result<Vec<FetchedImage>, ApiError> {
+    pub async fn load_all<'a>(
+        &self,
+        images: impl IntoIterator<Item = &'a ImageRef>,
+    ) -> Result<Vec<FetchedImage>, ApiError> {
         let images: Vec<&ImageRef> = images.into_iter().collect();
         if images.len() > self.max_images {
             return Err(ApiError::invalid_value(
@@ -79,7 +82,10 @@ impl ImageFetcher {
                     if bytes.len() > left {
                         return Err(self.too_many_bytes(None));
                     }
-                    FetchedImage { mime: sniff_image_mime(bytes).unwrap_or("application/octet-stream"), bytes: bytes.clone() }
+                    FetchedImage {
+                        mime: sniff_image_mime(bytes).unwrap_or("application/octet-stream"),
+                        bytes: bytes.clone(),
+                    }
                 }
                 ImageRef::Remote { url, param } => self.fetch(url, param, left).await?,
             };
@@ -177,9 +183,8 @@ impl ImageFetcher {
                 }
                 bytes.extend_from_slice(&chunk);
             }
-            let mime = sniff_image_mime(&bytes).ok_or_else(|| {
-                bad("the URL does not point to a valid PNG, JPEG, GIF, WEBP or BMP image.".into())
-            })?;
+            let mime = sniff_image_mime(&bytes)
+                .ok_or_else(|| bad("the URL does not point to a valid PNG, JPEG, GIF, WEBP or BMP image.".into()))?;
             return Ok(FetchedImage { mime, bytes });
         }
         Err(bad(format!("the image URL redirected more than {MAX_REDIRECTS} times.")))
@@ -219,8 +224,9 @@ async fn resolve_public(url: &Url, allowed_private_hosts: &[String]) -> Result<S
     }
     let trusted = allowed_private_hosts.iter().any(|h| h.eq_ignore_ascii_case(host) || h.eq_ignore_ascii_case(bare));
     if !trusted && addrs.iter().any(|a| !is_public(a.ip())) {
-        return Err("image URLs must point to a public internet address, not a loopback, private or link-local one."
-            .into());
+        return Err(
+            "image URLs must point to a public internet address, not a loopback, private or link-local one.".into()
+        );
     }
     Ok(addrs[0])
 }
@@ -313,8 +319,21 @@ mod tests {
     #[test]
     fn private_and_special_addresses_are_refused() {
         for ip in [
-            "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "100.64.0.1",
-            "255.255.255.255", "224.0.0.1", "::1", "::", "fd00::1", "fe80::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1",
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "255.255.255.255",
+            "224.0.0.1",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
         ] {
             assert!(!is_public(ip.parse().unwrap()), "{ip} must not be public");
         }
@@ -326,20 +345,20 @@ mod tests {
     #[test]
     fn ipv6_forms_embedding_a_private_ipv4_address_are_refused() {
         for ip in [
-            "::127.0.0.1",          // IPv4-compatible loopback
-            "::10.0.0.1",           // IPv4-compatible private
-            "::169.254.169.254",    // IPv4-compatible link-local (cloud metadata)
-            "::ffff:192.168.0.1",   // IPv4-mapped private
-            "2002:7f00:1::",        // 6to4 of 127.0.0.1
-            "2002:a00:1::1",        // 6to4 of 10.0.0.1
-            "2002:a9fe:a9fe::",     // 6to4 of 169.254.169.254
+            "::127.0.0.1",                          // IPv4-compatible loopback
+            "::10.0.0.1",                           // IPv4-compatible private
+            "::169.254.169.254",                    // IPv4-compatible link-local (cloud metadata)
+            "::ffff:192.168.0.1",                   // IPv4-mapped private
+            "2002:7f00:1::",                        // 6to4 of 127.0.0.1
+            "2002:a00:1::1",                        // 6to4 of 10.0.0.1
+            "2002:a9fe:a9fe::",                     // 6to4 of 169.254.169.254
             "2001:0:4136:e378:8000:63bf:3fff:fdd2", // Teredo
-            "2001::1",              // Teredo prefix
-            "64:ff9b::7f00:1",      // NAT64 of 127.0.0.1
-            "64:ff9b::a00:1",       // NAT64 of 10.0.0.1
-            "64:ff9b:1::a00:1",     // local-use NAT64
-            "fec0::1",              // site-local
-            "100::1",               // discard-only
+            "2001::1",                              // Teredo prefix
+            "64:ff9b::7f00:1",                      // NAT64 of 127.0.0.1
+            "64:ff9b::a00:1",                       // NAT64 of 10.0.0.1
+            "64:ff9b:1::a00:1",                     // local-use NAT64
+            "fec0::1",                              // site-local
+            "100::1",                               // discard-only
         ] {
             assert!(!is_public(ip.parse().unwrap()), "{ip} must not be public");
         }
@@ -356,7 +375,9 @@ mod tests {
     #[tokio::test]
     async fn loopback_urls_are_refused_before_any_connection() {
         let fetcher = ImageFetcher::default();
-        for url in ["http://127.0.0.1:9/cat.png", "http://localhost/cat.png", "http://[::1]/x.png", "ftp://example.com/a"] {
+        for url in
+            ["http://127.0.0.1:9/cat.png", "http://localhost/cat.png", "http://[::1]/x.png", "ftp://example.com/a"]
+        {
             let err = fetcher.load_all(&[remote(url)]).await.unwrap_err();
             let body = err.to_json();
             assert_eq!(body["error"]["param"], "messages[0].content[0].image_url", "{url}");

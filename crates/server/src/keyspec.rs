@@ -95,7 +95,10 @@ pub fn parse_time(s: &str) -> Result<i64, String> {
 }
 
 pub fn format_time(unix: i64) -> String {
-    OffsetDateTime::from_unix_timestamp(unix).ok().and_then(|t| t.format(&Rfc3339).ok()).unwrap_or_else(|| unix.to_string())
+    OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| unix.to_string())
 }
 
 /// The JSON view of a key (never its secret), with its current spend when known.

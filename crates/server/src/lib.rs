@@ -1,37 +1,37 @@
-pub mod models;
-pub mod app;
 mod admin;
 mod admin_guard;
+#[cfg(test)]
+mod admin_listener_tests;
 mod admin_models;
-mod keyspec;
-mod model_config;
-pub mod pool;
+#[cfg(test)]
+mod admission_tests;
+pub mod app;
 mod auth;
 mod auth_failures;
 mod body_guard;
-pub mod connections;
 mod chat;
+pub mod cli;
+pub mod commands;
+#[cfg(test)]
+mod connection_tests;
+pub mod connections;
+mod console;
+#[cfg(test)]
+mod console_tests;
 mod engine_errors;
 mod health;
 mod images;
-pub mod cli;
-pub mod commands;
+mod keyspec;
+mod model_config;
+pub mod models;
+pub mod pool;
 pub mod prepare_gate;
 mod rate_limit;
-mod stats;
-mod console;
 mod request_id;
 #[cfg(test)]
 mod router_tests;
-#[cfg(test)]
-mod admission_tests;
-#[cfg(test)]
-mod console_tests;
-#[cfg(test)]
-mod admin_listener_tests;
-#[cfg(test)]
-mod connection_tests;
 pub mod serve;
+mod stats;
 mod stream;
 mod telemetry;
 mod tool_calls;

@@ -163,7 +163,8 @@ fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Resu
     let mut specs = Vec::new();
     for entry in parsed.model {
         let name = beside(&entry.model);
-        let path = models::resolve_model(&name, cache).with_context(|| format!("{}: model {:?}", file.display(), entry.model))?;
+        let path = models::resolve_model(&name, cache)
+            .with_context(|| format!("{}: model {:?}", file.display(), entry.model))?;
         let mmproj = match &entry.mmproj {
             Some(p) => Some(PathBuf::from(beside(&p.to_string_lossy()))),
             None => models::resolve_projector(&name, cache)?,
@@ -190,7 +191,8 @@ fn scan_dir(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Option<PathBuf>)>> {
         .filter(|p| p.is_file() && p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")))
         .collect();
     files.sort();
-    let is_projector = |p: &PathBuf| p.file_name().is_some_and(|n| n.to_string_lossy().to_ascii_lowercase().contains("mmproj"));
+    let is_projector =
+        |p: &PathBuf| p.file_name().is_some_and(|n| n.to_string_lossy().to_ascii_lowercase().contains("mmproj"));
     let (projectors, models): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(is_projector);
     let mut paired: Vec<(PathBuf, Option<PathBuf>)> = models.into_iter().map(|m| (m, None)).collect();
     for projector in projectors {
@@ -203,7 +205,9 @@ fn scan_dir(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Option<PathBuf>)>> {
             .max_by_key(|(shared, _, _)| *shared);
         match best {
             Some((_, _, slot)) if slot.is_none() => *slot = Some(projector),
-            _ => tracing::warn!(projector = %projector.display(), "no model in --models-dir to pair this projector with; ignored"),
+            _ => {
+                tracing::warn!(projector = %projector.display(), "no model in --models-dir to pair this projector with; ignored")
+            }
         }
     }
     if paired.is_empty() {
@@ -220,7 +224,9 @@ fn check_names(specs: &[ModelSpec]) -> anyhow::Result<()> {
             anyhow::bail!("a model id or alias is empty");
         }
         if !seen.insert(name.as_str()) {
-            anyhow::bail!("two models are served as `{name}`: give one of them another id (ID=MODEL, or id in the models file)");
+            anyhow::bail!(
+                "two models are served as `{name}`: give one of them another id (ID=MODEL, or id in the models file)"
+            );
         }
     }
     Ok(())
@@ -249,7 +255,9 @@ fn share_cores(specs: &mut [ModelSpec], threads: Option<u32>, cores: u32) {
 /// stays whole when the part before it looks like a path.
 fn split_model_arg(arg: &str) -> (Option<&str>, &str) {
     match arg.split_once('=') {
-        Some((id, model)) if !id.is_empty() && !id.contains('/') && !model.is_empty() => (Some(id.trim()), model.trim()),
+        Some((id, model)) if !id.is_empty() && !id.contains('/') && !model.is_empty() => {
+            (Some(id.trim()), model.trim())
+        }
         _ => (None, arg),
     }
 }

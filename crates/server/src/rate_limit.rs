@@ -105,8 +105,10 @@ mod tests {
             requests: Some(Allowance { limit: 2, remaining: 0, reset: Duration::from_secs(40) }),
             tokens: None,
         };
-        let refused =
-            Refused { rate, reason: Refusal::RateLimited(RateRefusal::Requests { limit: 2, retry_after: Duration::from_secs(40) }) };
+        let refused = Refused {
+            rate,
+            reason: Refusal::RateLimited(RateRefusal::Requests { limit: 2, retry_after: Duration::from_secs(40) }),
+        };
         let response = refusal_response(&key(), refused);
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "40");
@@ -114,7 +116,12 @@ mod tests {
         assert_eq!(response.headers()["x-ratelimit-reset-requests"], "40s");
         let too_big = to_api_error(
             &key(),
-            Refusal::RateLimited(RateRefusal::Tokens { limit: 100, used: 0, requested: 500, retry_after: Duration::from_secs(60) }),
+            Refusal::RateLimited(RateRefusal::Tokens {
+                limit: 100,
+                used: 0,
+                requested: 500,
+                retry_after: Duration::from_secs(60),
+            }),
         );
         assert!(too_big.message.contains("too large"), "{}", too_big.message);
         assert_eq!(too_big.error_type, "tokens");

@@ -24,7 +24,9 @@ pub async fn assign(mut req: Request, next: Next) -> Response {
         .headers()
         .get(HEADER)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        .filter(|v| {
+            !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
         .map(str::to_owned);
     let id = uuid::Uuid::new_v4().simple().to_string();
     let echoed = client.clone().unwrap_or_else(|| id.clone());

@@ -9,8 +9,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use gantry_accounts::Accounts;
 use gantry_engine::{
-    ChatInput, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Generator, Health, Limits, ModelInfo,
-    Outcome, PrepareError, Prompt, SubmitError, Usage,
+    ChatInput, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Generator, Health, Limits,
+    ModelInfo, Outcome, PrepareError, Prompt, SubmitError, Usage,
 };
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -73,7 +73,10 @@ impl Generator for ScriptedEngine {
             .map(|w| w.len() as i32)
             .collect();
         let max_tokens = self.limits.completion_budget(words.len() as u32, input.max_tokens)?;
-        Ok(input.into_request(Prompt { text: String::new(), tokens: words, images: Vec::new(), typed: Vec::new() }, max_tokens))
+        Ok(input.into_request(
+            Prompt { text: String::new(), tokens: words, images: Vec::new(), typed: Vec::new() },
+            max_tokens,
+        ))
     }
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
@@ -326,7 +329,8 @@ async fn a_prompt_beyond_the_context_is_a_400_context_length_exceeded() {
 #[tokio::test]
 async fn a_dead_engine_fails_its_requests_with_server_error_and_health_turns_503() {
     let crashed = EngineError::Crashed("scheduler panicked".into());
-    let mut engine = ScriptedEngine::new(vec![delta("Hi"), Event::Error(crashed)], Usage { outcome: Outcome::Error, ..usage(4) });
+    let mut engine =
+        ScriptedEngine::new(vec![delta("Hi"), Event::Error(crashed)], Usage { outcome: Outcome::Error, ..usage(4) });
     engine.fail_with = Some("scheduler panicked".into());
     let h = harness(Arc::new(engine)).await;
     assert_eq!(h.health().await.0, StatusCode::OK);
@@ -355,7 +359,8 @@ async fn readiness_turns_503_while_draining_or_without_the_database_and_liveness
     let h = harness(Arc::new(ScriptedEngine::new(
         vec![delta("Hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))],
         usage(1),
-    ))).await;
+    )))
+    .await;
     let (status, v) = h.get_json("/health/ready").await;
     assert_eq!((status, &v), (StatusCode::OK, &json!({"status": "ready", "loaded_models": []})));
     let (status, text) = h.chat(body(json!({}))).await;

@@ -61,8 +61,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let models = ModelPool::new(specs, Box::new(EngineLoader), PoolOptions { budget, wait_for_room: Duration::from_secs(30) });
-    let estimates = models.check_budget().map_err(|e| anyhow::anyhow!("{e}; raise --max-memory or serve a smaller model"))?;
+    let models =
+        ModelPool::new(specs, Box::new(EngineLoader), PoolOptions { budget, wait_for_room: Duration::from_secs(30) });
+    let estimates =
+        models.check_budget().map_err(|e| anyhow::anyhow!("{e}; raise --max-memory or serve a smaller model"))?;
     tracing::info!(budget, models = models.specs().len(), estimated = ?estimates, "memory budget for loaded models");
     // The first model and the pinned ones load now, so a model that cannot load stops the
     // server at start rather than failing its first request.
@@ -90,7 +92,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         stats: Default::default(),
         prepare_gate: {
             let total = args.prepare_concurrency.unwrap_or_else(crate::prepare_gate::default_total);
-            let per_key = args.prepare_concurrency_per_key.unwrap_or_else(|| crate::prepare_gate::default_per_key(total));
+            let per_key =
+                args.prepare_concurrency_per_key.unwrap_or_else(|| crate::prepare_gate::default_per_key(total));
             crate::prepare_gate::PrepareGate::new(total, per_key)
         },
     };
@@ -105,8 +108,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (app, admin) = match &args.admin_listen {
         None => (router(state, options()), None),
         Some(addr) => {
-            let listener =
-                tokio::net::TcpListener::bind(addr.as_str()).await.with_context(|| format!("binding --admin-listen {addr}"))?;
+            let listener = tokio::net::TcpListener::bind(addr.as_str())
+                .await
+                .with_context(|| format!("binding --admin-listen {addr}"))?;
             let admin_app = router(state.clone(), options());
             (routes(state, options(), Routes::Public), Some((listener, admin_app)))
         }
@@ -137,7 +141,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     print_banner(&addr.to_string(), &first_id, new_key.as_deref(), &store_flag);
     if models.specs().len() > 1 {
         let others: Vec<String> = models.specs()[1..].iter().map(|s| format!("`{}`", s.id)).collect();
-        println!("Also serving {} (each loads when a request first names it; memory budget {budget} bytes)", others.join(", "));
+        println!(
+            "Also serving {} (each loads when a request first names it; memory budget {budget} bytes)",
+            others.join(", ")
+        );
     }
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
@@ -284,8 +291,15 @@ fn warn_about_fault_injection() {
     if gantry_engine::fault_injection_armed() {
         tracing::warn!("FAULT INJECTION ARMED ({}={value}): prompts with `gantry-fault:<point>@<tokens>` make their request panic; a test build, never to be shared", gantry_engine::FAULTS_ENV);
     } else if !gantry_engine::fault_injection_compiled() {
-        tracing::warn!("{} is set, but this build has no fault injection (only test builds do): ignored", gantry_engine::FAULTS_ENV);
+        tracing::warn!(
+            "{} is set, but this build has no fault injection (only test builds do): ignored",
+            gantry_engine::FAULTS_ENV
+        );
     } else {
-        tracing::warn!("{}={value:?} is not `{}`: fault injection stays off", gantry_engine::FAULTS_ENV, gantry_engine::FAULTS_ARMED);
+        tracing::warn!(
+            "{}={value:?} is not `{}`: fault injection stays off",
+            gantry_engine::FAULTS_ENV,
+            gantry_engine::FAULTS_ARMED
+        );
     }
 }

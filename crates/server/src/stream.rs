@@ -57,7 +57,12 @@ impl ChunkEncoder {
     }
 
     /// Frames for pieces the tool streamer released (content, or whole calls).
-    fn piece_frames(&mut self, choice: u32, pieces: Vec<StreamPiece>, mut logprobs: Option<Vec<TokenLogprob>>) -> Vec<SseFrame> {
+    fn piece_frames(
+        &mut self,
+        choice: u32,
+        pieces: Vec<StreamPiece>,
+        mut logprobs: Option<Vec<TokenLogprob>>,
+    ) -> Vec<SseFrame> {
         let mut frames = Vec::new();
         for piece in pieces {
             match piece {
@@ -136,7 +141,8 @@ impl ChunkEncoder {
                 let reason = if called && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
                 let delta = Delta { role: None, content: None, tool_calls: None };
                 let finish_reason = Some(reason.to_string());
-                frames.push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None));
+                frames
+                    .push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None));
                 frames
             }
             Event::Done(usage) => {
@@ -177,7 +183,6 @@ impl ChunkEncoder {
         SseFrame::Data(value)
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -256,12 +261,17 @@ mod tests {
         let plan = ToolPlan::from_request(&chat).unwrap();
         let mut e = enc(false).with_tools(plan, 1);
         let mut frames = Vec::new();
-        for piece in ["<tool_", "call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"] {
+        for piece in
+            ["<tool_", "call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"]
+        {
             frames.extend(e.on_event(Event::Delta { choice: 0, text: piece.into(), logprobs: vec![] }));
         }
         frames.extend(e.on_event(Event::Finished { choice: 0, reason: FinishReason::Stop }));
         let values: Vec<&Value> = frames.iter().map(data).collect();
-        assert!(values.iter().all(|v| v["choices"][0]["delta"]["content"].as_str().unwrap_or("").is_empty()), "{values:?}");
+        assert!(
+            values.iter().all(|v| v["choices"][0]["delta"]["content"].as_str().unwrap_or("").is_empty()),
+            "{values:?}"
+        );
         let call = &values[0]["choices"][0]["delta"]["tool_calls"][0];
         assert_eq!(call["index"], 0);
         assert_eq!(call["function"]["name"], "get_weather");

@@ -37,10 +37,22 @@ pub fn install() {
         match handle {
             Ok(h) => {
                 describe_counter!("gantry_http_requests_total", Unit::Count, "HTTP requests by route and status.");
-                describe_histogram!("gantry_http_request_duration_seconds", Unit::Seconds, "HTTP request latency by route.");
-                describe_gauge!("gantry_model_loaded_bytes", Unit::Bytes, "Memory a loaded model takes (0 when unloaded), by model.");
+                describe_histogram!(
+                    "gantry_http_request_duration_seconds",
+                    Unit::Seconds,
+                    "HTTP request latency by route."
+                );
+                describe_gauge!(
+                    "gantry_model_loaded_bytes",
+                    Unit::Bytes,
+                    "Memory a loaded model takes (0 when unloaded), by model."
+                );
                 describe_counter!("gantry_model_loads_total", Unit::Count, "Model loads, by model.");
-                describe_counter!("gantry_model_evictions_total", Unit::Count, "Models unloaded to make room for another, by model.");
+                describe_counter!(
+                    "gantry_model_evictions_total",
+                    Unit::Count,
+                    "Models unloaded to make room for another, by model."
+                );
                 describe_histogram!("gantry_model_load_seconds", Unit::Seconds, "Time to load a model, by model.");
                 Some(h)
             }

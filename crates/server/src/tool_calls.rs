@@ -148,7 +148,8 @@ impl ToolPlan {
         let schemas: Vec<Value> = tools
             .iter()
             .map(|t| {
-                let mut schema = t.pointer("/function/parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                let mut schema =
+                    t.pointer("/function/parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
                 close_objects(&mut schema);
                 schema
             })
@@ -174,13 +175,22 @@ impl ToolPlan {
                 let i = names.iter().position(|n| n == name).ok_or_else(|| {
                     ApiError::invalid_value(
                         "tool_choice",
-                        format!("Invalid value for 'tool_choice': no function named '{name}' was specified in 'tools'."),
+                        format!(
+                            "Invalid value for 'tool_choice': no function named '{name}' was specified in 'tools'."
+                        ),
                     )
                 })?;
                 (true, Some(Constraint::JsonSchema(call_of(i))))
             }
         };
-        if forced.is_some() && chat.response_format.as_ref().and_then(|f| f.get("type")).and_then(Value::as_str).is_some_and(|t| t != "text") {
+        if forced.is_some()
+            && chat
+                .response_format
+                .as_ref()
+                .and_then(|f| f.get("type"))
+                .and_then(Value::as_str)
+                .is_some_and(|t| t != "text")
+        {
             return Err(ApiError::invalid_value(
                 "response_format",
                 "'response_format' cannot be combined with a 'tool_choice' that forces a tool call.",
@@ -188,7 +198,12 @@ impl ToolPlan {
         }
         let single = chat.parallel_tool_calls == Some(false);
         let calls: Vec<Value> = (0..names.len()).map(call_of).collect();
-        let has_format = chat.response_format.as_ref().and_then(|f| f.get("type")).and_then(Value::as_str).is_some_and(|t| t != "text");
+        let has_format = chat
+            .response_format
+            .as_ref()
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|t| t != "text");
         let auto = parse && forced.is_none();
         // With a response_format the output is JSON from its first token: `answer_or_call` decides
         // between answer and call, and there is no free text to watch.
@@ -238,7 +253,11 @@ impl ToolPlan {
         if !self.parse {
             return (Some(text), None);
         }
-        let parsed = if reason == FinishReason::Length { parse_cut_output(&text, &self.known()) } else { parse_tool_calls(&text, &self.known()) };
+        let parsed = if reason == FinishReason::Length {
+            parse_cut_output(&text, &self.known())
+        } else {
+            parse_tool_calls(&text, &self.known())
+        };
         if parsed.calls.is_empty() {
             return (Some(text), None);
         }
@@ -283,7 +302,8 @@ mod tests {
     fn auto_parses_without_forcing() {
         let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
         assert!(plan.parse && plan.forced.is_none());
-        let (content, calls) = plan.read(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.into(), FinishReason::Stop);
+        let (content, calls) =
+            plan.read(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.into(), FinishReason::Stop);
         assert_eq!(content, None);
         let calls = calls.unwrap();
         assert_eq!(calls[0]["function"]["name"], "get_weather");
@@ -299,7 +319,8 @@ mod tests {
         let model = gantry_engine::LoadedModel::load(&path, None, 1, &gantry_engine::Offload::default()).unwrap();
         for extra in [json!({}), json!({"parallel_tool_calls": false})] {
             let lazy = ToolPlan::from_request(&chat(extra)).unwrap().unwrap().lazy.unwrap();
-            let fenced = |prefix| Constraint::Lark(gantry_engine::tools::fenced_grammar(&lazy.fenced_calls_rules, prefix));
+            let fenced =
+                |prefix| Constraint::Lark(gantry_engine::tools::fenced_grammar(&lazy.fenced_calls_rules, prefix));
             let from_fence = Constraint::Lark(gantry_engine::tools::fenced_call_grammar(&lazy.fenced_calls_rules));
             for c in [&lazy.bare, &lazy.tagged, &from_fence, &fenced(""), &fenced("Sure: \"x\"\n")] {
                 model.check_constraint(c).unwrap_or_else(|e| panic!("{e}: {c:?}"));
@@ -347,11 +368,15 @@ mod tests {
 
     #[test]
     fn auto_with_a_response_format_is_answer_or_call_and_watches_nothing() {
-        let answer = json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}});
-        let format = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}});
+        let answer =
+            json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}});
+        let format =
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}});
         let plan = ToolPlan::from_request(&chat(format)).unwrap().unwrap();
         assert!(plan.lazy.is_none());
-        let Some(Constraint::JsonSchema(s)) = plan.constraint(Some(Constraint::JsonSchema(answer.clone()))) else { panic!() };
+        let Some(Constraint::JsonSchema(s)) = plan.constraint(Some(Constraint::JsonSchema(answer.clone()))) else {
+            panic!()
+        };
         assert_eq!(s["$defs"]["P"]["type"], "integer");
         let any = s["anyOf"].as_array().unwrap();
         assert_eq!(any.len(), 3);

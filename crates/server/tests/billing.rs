@@ -29,7 +29,10 @@ async fn a_budget_holds_under_a_burst_and_the_ledger_matches_the_clients() {
 
 #[tokio::test]
 async fn a_budget_holds_under_a_burst_on_postgres() {
-    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("a_budget_holds_under_a_burst_on_postgres") else { return };
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("a_budget_holds_under_a_burst_on_postgres")
+    else {
+        return;
+    };
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
     let s = TestServer::start(&["--max-queue", "200", "--database-url", &url]);
     budget_burst(&s, &|args| cli_db(&url, args)).await;
@@ -43,9 +46,8 @@ async fn budget_burst(s: &TestServer, cli: &dyn Fn(&[&str]) -> String) {
     let budget = 30 * (prompt + 4);
     let key = last_line(&cli(&["keys", "create", "--name", "burst", "--budget-tokens", &budget.to_string()]));
     let client = s.client();
-    let sends = (0..100).map(|_| {
-        client.post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&hello(&s.model_id, 4)).send()
-    });
+    let sends = (0..100)
+        .map(|_| client.post(s.url("/v1/chat/completions")).bearer_auth(&key).json(&hello(&s.model_id, 4)).send());
     let (mut ok, mut refused, mut billed) = (0, 0, 0);
     for resp in futures_util::future::join_all(sends).await {
         let resp = resp.unwrap();
@@ -95,15 +97,30 @@ async fn expired_keys_and_models_a_key_may_not_use() {
     assert!(v["error"]["message"].as_str().unwrap().contains("expired"));
 
     let narrow = last_line(&cli(&s, &["keys", "create", "--name", "narrow", "--models", "some-other-model"]));
-    let models: Value = s.client().get(s.url("/v1/models")).bearer_auth(&narrow).send().await.unwrap().json().await.unwrap();
+    let models: Value =
+        s.client().get(s.url("/v1/models")).bearer_auth(&narrow).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"], json!([]));
-    let resp = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&hello(&s.model_id, 2)).send().await.unwrap();
+    let resp = s
+        .client()
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(&narrow)
+        .json(&hello(&s.model_id, 2))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 404);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "model_not_found");
     // Allowing it again takes effect on the next request.
     cli(&s, &["keys", "update", "narrow", "--models", &format!("{},x", s.model_id)]);
-    let resp = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&hello(&s.model_id, 2)).send().await.unwrap();
+    let resp = s
+        .client()
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(&narrow)
+        .json(&hello(&s.model_id, 2))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
 }
 
@@ -142,18 +159,39 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
         .await
         .unwrap();
     assert_eq!((patched["rpm_limit"].clone(), patched["tpm_limit"].clone()), (Value::Null, json!(5000)));
-    let bad = c.patch(s.url(&format!("/admin/v1/keys/{id}"))).bearer_auth(ADMIN).json(&json!({"colour": 1})).send().await.unwrap();
+    let bad = c
+        .patch(s.url(&format!("/admin/v1/keys/{id}")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"colour": 1}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(bad.status(), 400);
 
-    let rotated: Value =
-        c.post(s.url(&format!("/admin/v1/keys/{id}/rotate"))).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let rotated: Value = c
+        .post(s.url(&format!("/admin/v1/keys/{id}/rotate")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let new_secret = rotated["secret"].as_str().unwrap().to_string();
     assert_eq!(chat(secret.clone()).await.unwrap().status(), 401);
     assert_eq!(chat(new_secret.clone()).await.unwrap().status(), 200);
 
     let mut usage = Value::Null;
     for _ in 0..50 {
-        usage = c.get(s.url("/admin/v1/usage?key_name=svc&group_by=day")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+        usage = c
+            .get(s.url("/admin/v1/usage?key_name=svc&group_by=day"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         if usage["data"][0]["requests"] == 2 {
             break;
         }
@@ -163,11 +201,21 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
     assert_eq!(usage["data"][0]["tenant"], "acme");
     assert!(usage["data"][0]["day"].as_str().unwrap().starts_with("20"));
     // One row per request, with the server's request id.
-    let per_request: Value =
-        c.get(s.url("/admin/v1/usage/requests?key_name=svc")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let per_request: Value = c
+        .get(s.url("/admin/v1/usage/requests?key_name=svc"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let rows = per_request["data"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{per_request}");
-    assert!(rows.iter().all(|r| r["request_id"].as_str().is_some_and(|id| id.len() == 32) && r["key_name"] == "svc"), "{per_request}");
+    assert!(
+        rows.iter().all(|r| r["request_id"].as_str().is_some_and(|id| id.len() == 32) && r["key_name"] == "svc"),
+        "{per_request}"
+    );
     let refused = c.get(s.url("/admin/v1/usage/requests?group_by=day")).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(refused.status(), 400);
     let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
@@ -243,7 +291,9 @@ fn cli_db(url: &str, args: &[&str]) -> String {
 
 #[tokio::test]
 async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
-    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for("two_replicas_on_postgres_share_limits_budgets_and_revocations") else {
+    let Some(admin) = gantry_accounts::testing::postgres_admin_url_for(
+        "two_replicas_on_postgres_share_limits_budgets_and_revocations",
+    ) else {
         return;
     };
     let url = gantry_accounts::testing::fresh_postgres_database(&admin).await.unwrap();
@@ -270,7 +320,8 @@ async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
     let probe: Value = a.chat(hello(&a.model_id, 4)).send().await.unwrap().json().await.unwrap();
     let per_request = probe["usage"]["prompt_tokens"].as_i64().unwrap() + 4;
     let budget = 3 * per_request;
-    let budgeted = last_line(&cli_db(&url, &["keys", "create", "--name", "budgeted", "--budget-tokens", &budget.to_string()]));
+    let budgeted =
+        last_line(&cli_db(&url, &["keys", "create", "--name", "budgeted", "--budget-tokens", &budget.to_string()]));
     let (mut billed, mut quota_refusals) = (0, 0);
     for i in 0..10 {
         let resp = send(replicas[i % 2], &budgeted, 4).await.unwrap();
@@ -288,7 +339,8 @@ async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
         tokio::time::sleep(std::time::Duration::from_millis(150)).await;
     }
     assert!(quota_refusals > 0 && billed <= budget, "billed {billed} of {budget}, {quota_refusals} refusals");
-    let rows: Vec<Value> = serde_json::from_str(&cli_db(&url, &["usage", "--format", "json", "--key-name", "budgeted"])).unwrap();
+    let rows: Vec<Value> =
+        serde_json::from_str(&cli_db(&url, &["usage", "--format", "json", "--key-name", "budgeted"])).unwrap();
     let ledger = rows[0]["prompt_tokens"].as_i64().unwrap() + rows[0]["completion_tokens"].as_i64().unwrap();
     assert_eq!(ledger, billed);
 

@@ -75,7 +75,14 @@ struct Sent {
     answer: Answer,
 }
 
-async fn send(client: &reqwest::Client, url: &str, secret: &str, kind: Kind, client_id: &str, model: &str) -> (String, Answer) {
+async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &str,
+    kind: Kind,
+    client_id: &str,
+    model: &str,
+) -> (String, Answer) {
     let stream = kind != Kind::Plain;
     let mut body = json!({"model": model, "messages": [{"role": "user", "content": format!("request {client_id}")}],
                           "max_tokens": kind.max_tokens(), "temperature": 1.0});
@@ -126,7 +133,10 @@ async fn send(client: &reqwest::Client, url: &str, secret: &str, kind: Kind, cli
     }
     let events = sse_data(&text);
     let answer = if events.last().map(String::as_str) == Some("[DONE]") {
-        let told = events.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find_map(|v| v["usage"]["total_tokens"].as_u64());
+        let told = events
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find_map(|v| v["usage"]["total_tokens"].as_u64());
         match told {
             Some(t) => Answer::Completed(t),
             None => Answer::Unexpected(format!("no usage in {text}")),
@@ -155,10 +165,20 @@ async fn load(url: String, secrets: Vec<String>, model: String, workers: usize, 
                 let (key, kind) = ((w + i) % secrets.len(), kinds[(w + i / 3) % kinds.len()]);
                 let client_id = format!("w{w}-{i}");
                 let started = Instant::now();
-                let answer = tokio::time::timeout(ANSWER_TIMEOUT, send(&client, &url, &secrets[key], kind, &client_id, &model)).await;
+                let answer =
+                    tokio::time::timeout(ANSWER_TIMEOUT, send(&client, &url, &secrets[key], kind, &client_id, &model))
+                        .await;
                 let (upstream, answer) = answer.unwrap_or((String::new(), Answer::Hung));
                 let refused = matches!(answer, Answer::Refused(..));
-                sent.lock().unwrap().push(Sent { client_id, key, kind, upstream, started, ended: Instant::now(), answer });
+                sent.lock().unwrap().push(Sent {
+                    client_id,
+                    key,
+                    kind,
+                    upstream,
+                    started,
+                    ended: Instant::now(),
+                    answer,
+                });
                 // As the SDKs do on 429/503, wait a little before the next request.
                 if refused {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -182,7 +202,10 @@ fn prerequisites(test: &str) -> Option<std::path::PathBuf> {
     gantry_accounts::testing::postgres_admin_url_for(test)?;
     let nginx = nginx_binary();
     if nginx.is_none() {
-        assert!(std::env::var("GANTRY_REQUIRE_NGINX").is_err(), "GANTRY_REQUIRE_NGINX is set but nginx is not installed");
+        assert!(
+            std::env::var("GANTRY_REQUIRE_NGINX").is_err(),
+            "GANTRY_REQUIRE_NGINX is set but nginx is not installed"
+        );
         eprintln!("SKIPPED (nginx): {test}: nginx is not installed (make test installs it)");
     }
     nginx
@@ -190,8 +213,9 @@ fn prerequisites(test: &str) -> Option<std::path::PathBuf> {
 
 #[tokio::test]
 async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash() {
-    let Some(nginx_bin) = prerequisites("replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash")
-    else {
+    let Some(nginx_bin) = prerequisites(
+        "replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_drains_and_a_database_crash",
+    ) else {
         return;
     };
     let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
@@ -211,11 +235,30 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     let names = ["budgeted", "limited", "plain"];
 
     let args = [
-        "--model", &model, "--database-url", &url, "--threads", "1", "--ctx-size", "4096", "--parallel", "4",
-        "--heartbeat-timeout", "2", "--drain-delay", "1", "--shutdown-grace", "10",
+        "--model",
+        &model,
+        "--database-url",
+        &url,
+        "--threads",
+        "1",
+        "--ctx-size",
+        "4096",
+        "--parallel",
+        "4",
+        "--heartbeat-timeout",
+        "2",
+        "--drain-delay",
+        "1",
+        "--shutdown-grace",
+        "10",
     ];
     let mut replicas = start_replicas(&["r1", "r2", "r3"], dir.path(), &args).await;
-    let nginx = Nginx::start(&nginx_bin, dir.path(), &replicas.iter().map(Replica::addr).collect::<Vec<_>>(), Balance::LeastConnections);
+    let nginx = Nginx::start(
+        &nginx_bin,
+        dir.path(),
+        &replicas.iter().map(Replica::addr).collect::<Vec<_>>(),
+        Balance::LeastConnections,
+    );
     let model_id = std::path::Path::new(&model).file_stem().unwrap().to_string_lossy().into_owned();
 
     let t0 = Instant::now();
@@ -242,8 +285,14 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     // The faults, spread over the run.
     tokio::time::sleep_until(at(0.15).into()).await;
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let mut resp = client.post(format!("{victim_base}/v1/chat/completions")).bearer_auth(&secrets[2])
-        .header("x-request-id", "victim").json(&victim_body).send().await.unwrap();
+    let mut resp = client
+        .post(format!("{victim_base}/v1/chat/completions"))
+        .bearer_auth(&secrets[2])
+        .header("x-request-id", "victim")
+        .json(&victim_body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     resp.chunk().await.unwrap().expect("the victim stream starts");
     let (in_flight_tx, in_flight) = tokio::sync::oneshot::channel();
@@ -299,12 +348,18 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
             Answer::Cancelled => "cancelled by the client".into(),
             Answer::Cut(_) => "cut by the SIGKILL".into(),
             Answer::Hung => panic!("{} hung: {s:?}", s.client_id),
-            Answer::Unexpected(what) => panic!("{} got an unexpected answer: {what}\nnginx: {}", s.client_id, nginx.error_log()),
+            Answer::Unexpected(what) => {
+                panic!("{} got an unexpected answer: {what}\nnginx: {}", s.client_id, nginx.error_log())
+            }
         };
         if let Answer::Cut(why) = &s.answer {
             let in_flight = s.started <= killed_at && s.ended >= killed_at;
             let on_killed = s.upstream.is_empty() || s.upstream.contains(&killed_addr);
-            assert!(in_flight && on_killed, "{} was cut ({why}) but was not in flight on the killed replica: {s:?}", s.client_id);
+            assert!(
+                in_flight && on_killed,
+                "{} was cut ({why}) but was not in flight on the killed replica: {s:?}",
+                s.client_id
+            );
         }
         *counts.entry(label).or_default() += 1;
     }
@@ -332,14 +387,21 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert_eq!(by_client.len(), rows.len(), "every request is billed once");
-    assert!(!by_client.contains_key("victim"), "the stream cut by the SIGKILL is billed nothing (its server never settled)");
+    assert!(
+        !by_client.contains_key("victim"),
+        "the stream cut by the SIGKILL is billed nothing (its server never settled)"
+    );
     let mut mismatched = Vec::new();
     for s in &sent {
         let row = by_client.get(&s.client_id);
         let billed = row.map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap());
         match &s.answer {
-            Answer::Completed(t) if billed != Some(*t) => mismatched.push(format!("{}: told {t}, billed {billed:?}", s.client_id)),
-            Answer::Refused(..) if row.is_some() => mismatched.push(format!("{}: refused, yet billed {row:?}", s.client_id)),
+            Answer::Completed(t) if billed != Some(*t) => {
+                mismatched.push(format!("{}: told {t}, billed {billed:?}", s.client_id))
+            }
+            Answer::Refused(..) if row.is_some() => {
+                mismatched.push(format!("{}: refused, yet billed {row:?}", s.client_id))
+            }
             Answer::Cut(_) | Answer::Cancelled | Answer::StreamError => {
                 if let Some(r) = row {
                     assert!(r["completion_tokens"].as_u64().unwrap() <= s.kind.max_tokens(), "{}: {r}", s.client_id);
@@ -349,7 +411,8 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
         }
     }
     assert!(mismatched.is_empty(), "the ledger differs from what clients were told: {mismatched:#?}");
-    let billed_total: u64 = rows.iter().map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap()).sum();
+    let billed_total: u64 =
+        rows.iter().map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap()).sum();
     let told_total: u64 = told.iter().map(|s| if let Answer::Completed(t) = s.answer { t } else { 0 }).sum();
 
     // 3. Budgets and the RPM limit held across replicas, and 4. no reservation is left.
@@ -358,7 +421,8 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     for _ in 0..120 {
         for (i, name) in names.iter().enumerate() {
             let v: Value = serde_json::from_str(&cli(&url, &["keys", "show", name, "--format", "json"])).unwrap();
-            (spent[i], reserved[i]) = (v["spend"]["tokens"].as_i64().unwrap(), v["spend"]["reserved_tokens"].as_i64().unwrap());
+            (spent[i], reserved[i]) =
+                (v["spend"]["tokens"].as_i64().unwrap(), v["spend"]["reserved_tokens"].as_i64().unwrap());
         }
         if reserved.iter().all(|&r| r == 0) {
             break;
@@ -373,7 +437,8 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
     }
     let busiest = per_minute.values().copied().max().unwrap_or(0);
     assert!(busiest <= RPM, "the limited key was admitted {busiest} times in one minute (limit {RPM}): {per_minute:?}");
-    let limited_refusals = sent.iter().filter(|s| s.key == 1 && s.answer == Answer::Refused(429, "rate_limit_exceeded".into())).count();
+    let limited_refusals =
+        sent.iter().filter(|s| s.key == 1 && s.answer == Answer::Refused(429, "rate_limit_exceeded".into())).count();
 
     eprintln!(
         "cluster run: {} requests in {seconds} s through nginx over 3 replicas (one SIGKILLed, one drained, PostgreSQL crashed once)\n\
@@ -395,7 +460,9 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
 /// lands on another replica and recomputes it.
 #[tokio::test]
 async fn a_session_header_hashed_by_the_load_balancer_brings_each_conversation_back_to_its_cache() {
-    let Some(nginx_bin) = prerequisites("a_session_header_hashed_by_the_load_balancer_brings_each_conversation_back_to_its_cache") else {
+    let Some(nginx_bin) =
+        prerequisites("a_session_header_hashed_by_the_load_balancer_brings_each_conversation_back_to_its_cache")
+    else {
         return;
     };
     let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;

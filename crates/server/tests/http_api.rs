@@ -32,7 +32,10 @@ async fn completion_usage_and_length_are_exact() {
     assert_eq!(v["model"], s.model_id.as_str());
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     let u = &v["usage"];
-    assert_eq!(u["total_tokens"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap());
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    );
     let reason = v["choices"][0]["finish_reason"].as_str().unwrap();
     if reason == "length" {
         assert_eq!(u["completion_tokens"], 8);
@@ -70,12 +73,11 @@ async fn greedy_is_deterministic_and_streaming_matches() {
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let id = chunks[0]["id"].clone();
     assert!(chunks.iter().all(|c| c["id"] == id));
-    let content: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"].get(0).and_then(|ch| ch["delta"]["content"].as_str()))
-        .collect();
+    let content: String =
+        chunks.iter().filter_map(|c| c["choices"].get(0).and_then(|ch| ch["delta"]["content"].as_str())).collect();
     assert_eq!(content, a["choices"][0]["message"]["content"].as_str().unwrap());
-    let finishes = chunks.iter().filter(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null())).count();
+    let finishes =
+        chunks.iter().filter(|c| c["choices"].get(0).is_some_and(|ch| !ch["finish_reason"].is_null())).count();
     assert_eq!(finishes, 1);
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"].as_array().unwrap().len(), 0);
@@ -123,7 +125,11 @@ async fn concurrent_requests_match_their_solo_answers() {
     let results = futures_util::future::join_all(futures).await;
     for (i, r) in results.into_iter().enumerate() {
         let v: Value = r.unwrap().json().await.unwrap();
-        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), solo[i], "prompt {i} differs under batching");
+        assert_eq!(
+            v["choices"][0]["message"]["content"].as_str().unwrap(),
+            solo[i],
+            "prompt {i} differs under batching"
+        );
     }
 }
 
@@ -166,11 +172,20 @@ async fn errors_are_openai_shaped() {
     let (st, body) = error_of(c.post(s.url("/v1/chat/completions")).body("{not json").send().await.unwrap()).await;
     assert_eq!(st, 401);
     assert_eq!(body["error"]["code"], "invalid_api_key");
-    let (st, body) = error_of(c.post(s.url("/v1/chat/completions")).bearer_auth("sk-gantry-wrong-key-000000000000000000").send().await.unwrap()).await;
+    let (st, body) = error_of(
+        c.post(s.url("/v1/chat/completions"))
+            .bearer_auth("sk-gantry-wrong-key-000000000000000000")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(st, 401);
     assert!(!body["error"]["message"].as_str().unwrap().contains("wrong-key-000000000000000000"));
 
-    let post = |b: &str, ct: &str| c.post(s.url("/v1/chat/completions")).bearer_auth(KEY).header("content-type", ct).body(b.to_string()).send();
+    let post = |b: &str, ct: &str| {
+        c.post(s.url("/v1/chat/completions")).bearer_auth(KEY).header("content-type", ct).body(b.to_string()).send()
+    };
     let (st, _) = error_of(post("{not json", "application/json").await.unwrap()).await;
     assert_eq!(st, 400);
     let (st, _) = error_of(post(&hello(&s.model_id).to_string(), "text/plain").await.unwrap()).await;
@@ -224,7 +239,15 @@ async fn models_and_health() {
     assert_eq!(list["object"], "list");
     assert_eq!(list["data"][0]["id"], s.model_id.as_str());
     assert_eq!(list["data"][0]["object"], "model");
-    let one: Value = c.get(s.url(&format!("/v1/models/{}", s.model_id))).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    let one: Value = c
+        .get(s.url(&format!("/v1/models/{}", s.model_id)))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(one["id"], s.model_id.as_str());
     let missing = c.get(s.url("/v1/models/nope")).bearer_auth(KEY).send().await.unwrap();
     assert_eq!(missing.status(), 404);
@@ -318,7 +341,10 @@ async fn response_format_constrains_even_a_random_model() {
                 };
                 assert!(doc.is_object() && content.starts_with('{') && content.ends_with('}'), "{content}");
                 if n == 3 {
-                    assert!(doc["name"].is_string() && (0..=150).contains(&doc["age"].as_i64().unwrap_or(-1)), "{content}");
+                    assert!(
+                        doc["name"].is_string() && (0..=150).contains(&doc["age"].as_i64().unwrap_or(-1)),
+                        "{content}"
+                    );
                     assert_eq!(doc.as_object().unwrap().len(), 2, "{content}");
                 }
             } else {
@@ -392,7 +418,9 @@ async fn a_refused_request_is_answered_unread_with_connection_close_and_the_next
             if let Some((head, rest)) = text.split_once("\r\n\r\n") {
                 let len: usize = head
                     .lines()
-                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                    .find_map(|l| {
+                        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
+                    })
                     .unwrap_or(0);
                 if rest.len() >= len {
                     break;

@@ -26,7 +26,8 @@ async fn first_start_prints_a_working_key() {
 #[tokio::test]
 async fn keys_created_by_the_cli_work_at_once_and_revocation_too() {
     let s = TestServer::start(&[]);
-    let out = gantry().args(["keys", "create", "--name", "ci"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+    let out =
+        gantry().args(["keys", "create", "--name", "ci"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let key = stdout.lines().last().unwrap().trim().to_string();
@@ -58,7 +59,8 @@ async fn usage_is_recorded_once_per_request_and_matches_the_response() {
     // Records are written just after the response; give the writer a moment.
     let mut rows = Vec::new();
     for _ in 0..50 {
-        let out = gantry().args(["usage", "--format", "json"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
+        let out =
+            gantry().args(["usage", "--format", "json"]).arg("--data-dir").arg(s.data_dir.path()).output().unwrap();
         assert!(out.status.success());
         rows = serde_json::from_slice::<Vec<Value>>(&out.stdout).unwrap();
         if rows.first().is_some_and(|r| r["requests"] == 3) {

@@ -176,7 +176,8 @@ async fn sigterm_cuts_a_running_stream_after_the_grace_period_and_bills_it() {
 
 #[tokio::test]
 async fn sigterm_drains_readiness_refuses_new_requests_and_lets_a_running_stream_finish() {
-    let mut s = TestServer::start(&["--parallel", "2", "--ctx-size", "8192", "--drain-delay", "2", "--shutdown-grace", "60"]);
+    let mut s =
+        TestServer::start(&["--parallel", "2", "--ctx-size", "8192", "--drain-delay", "2", "--shutdown-grace", "60"]);
     let ready = |s: &TestServer| {
         let (client, url) = (s.client(), s.url("/health/ready"));
         async move {
@@ -205,7 +206,8 @@ async fn sigterm_drains_readiness_refuses_new_requests_and_lets_a_running_stream
     assert_eq!((status, v["status"].as_str()), (503, Some("draining")), "{v}");
     let live = s.client().get(s.url("/health/live")).send().await.unwrap();
     assert_eq!(live.status(), 200);
-    let refused = s.chat(json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}]})).send().await.unwrap();
+    let refused =
+        s.chat(json!({"model": s.model_id, "messages": [{"role": "user", "content": "hi"}]})).send().await.unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
     let v: Value = refused.json().await.unwrap();
@@ -217,7 +219,10 @@ async fn sigterm_drains_readiness_refuses_new_requests_and_lets_a_running_stream
     }
     let events = sse_data(&text);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
-    let told = events.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find_map(|v| v["usage"]["completion_tokens"].as_u64());
+    let told = events
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| v["usage"]["completion_tokens"].as_u64());
     assert_eq!(told, Some(3000));
     let status = s.terminate();
     assert!(status.success(), "exit status {status:?}");

@@ -68,7 +68,8 @@ async fn one_client_request_id_on_many_requests_is_served_and_billed_each_time()
     let rows = ledger_until("--data-dir", &data, "11 requests", |rows| rows.len() == 11).await;
     let fixed: Vec<&Value> = rows.iter().filter(|r| r["client_request_id"] == "my-fixed-id").collect();
     assert_eq!(fixed.len(), 10, "{rows:#?}");
-    let billed: i64 = fixed.iter().map(|r| r["prompt_tokens"].as_i64().unwrap() + r["completion_tokens"].as_i64().unwrap()).sum();
+    let billed: i64 =
+        fixed.iter().map(|r| r["prompt_tokens"].as_i64().unwrap() + r["completion_tokens"].as_i64().unwrap()).sum();
     assert_eq!(billed, told);
     for r in &fixed {
         assert!(completion_ids.contains(&format!("chatcmpl-{}", r["request_id"].as_str().unwrap())), "{r}");
@@ -104,7 +105,12 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
     let data = s.data_dir.path().to_str().unwrap().to_string();
     let client = s.client();
     let post = |body: Value, id: &str| {
-        client.post(s.url("/v1/chat/completions")).bearer_auth(KEY).header("x-request-id", id.to_string()).json(&body).send()
+        client
+            .post(s.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .header("x-request-id", id.to_string())
+            .json(&body)
+            .send()
     };
     let long_prompt = "tell me a story about the sea ".repeat(60);
     // A seed skips the prefix cache, so the probe does not make the later prefill instant.
@@ -165,17 +171,24 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
     .await;
     let row = |id: &str| rows.iter().find(|r| r["client_request_id"] == id).unwrap().clone();
     let (decoding, queued, prefill) = (row("decoding"), row("queued"), row("prefill"));
-    eprintln!("cancelled while decoding: {decoding}\ncancelled while queued: {queued}\ncancelled early (prefill): {prefill}");
+    eprintln!(
+        "cancelled while decoding: {decoding}\ncancelled while queued: {queued}\ncancelled early (prefill): {prefill}"
+    );
     for r in [&decoding, &queued, &prefill] {
         assert_eq!(r["outcome"], "cancelled", "{r}");
     }
     // Queued: never reached a sequence, nothing billed.
-    assert_eq!((queued["prompt_tokens"].as_i64(), queued["completion_tokens"].as_i64()), (Some(0), Some(0)), "{queued}");
+    assert_eq!(
+        (queued["prompt_tokens"].as_i64(), queued["completion_tokens"].as_i64()),
+        (Some(0), Some(0)),
+        "{queued}"
+    );
     // Admitted: the whole prompt plus every token generated.
     assert_eq!(decoding["prompt_tokens"].as_i64().unwrap(), short_prompt_tokens, "{decoding}");
     let generated = decoding["completion_tokens"].as_i64().unwrap();
     assert!(generated >= read && generated < 1900, "{decoding}, {read} content deltas read");
-    let (prompt, completion) = (prefill["prompt_tokens"].as_i64().unwrap(), prefill["completion_tokens"].as_i64().unwrap());
+    let (prompt, completion) =
+        (prefill["prompt_tokens"].as_i64().unwrap(), prefill["completion_tokens"].as_i64().unwrap());
     if prompt == 0 {
         assert_eq!(completion, 0, "dropped while queued, nothing is billed: {prefill}");
     } else {
@@ -183,7 +196,9 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
         assert!(completion < 600, "{prefill}");
     }
     // Every reservation ended.
-    let shown: Value = serde_json::from_str(&cli("--data-dir", &data, &["keys", "show", "serve --api-key", "--format", "json"])).unwrap();
+    let shown: Value =
+        serde_json::from_str(&cli("--data-dir", &data, &["keys", "show", "serve --api-key", "--format", "json"]))
+            .unwrap();
     assert_eq!(shown["spend"]["reserved_tokens"], 0, "{shown}");
 }
 
@@ -203,11 +218,14 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
     // B rightly released the reservations of a server that looked dead.
     let args = ["--data-dir", data.as_str(), "--ctx-size", "2048", "--parallel", "1", "--heartbeat-timeout", "5"];
     let a = TestServer::start(&args);
-    let key = cli("--data-dir", &data, &["keys", "create", "--name", "held", "--budget-tokens", "100000000"]).trim().to_string();
+    let key = cli("--data-dir", &data, &["keys", "create", "--name", "held", "--budget-tokens", "100000000"])
+        .trim()
+        .to_string();
     // Special tokens banned: no request can end early, so A's reservations stay live throughout.
     let streams = open_streams(&a, &key, 30, 1900).await;
     let reserved = || {
-        let v: Value = serde_json::from_str(&cli("--data-dir", &data, &["keys", "show", "held", "--format", "json"])).unwrap();
+        let v: Value =
+            serde_json::from_str(&cli("--data-dir", &data, &["keys", "show", "held", "--format", "json"])).unwrap();
         v["spend"]["reserved_tokens"].as_i64().unwrap()
     };
     assert!(reserved() > 0, "A's requests hold reservations");
@@ -299,10 +317,23 @@ async fn database_outage(test: &str, kill_while_down: bool) {
     let data_path = data.path().to_str().unwrap().to_string();
     // One sequence and long answers: most requests are still queued or running when the
     // database stops, and settle while it is down.
-    let args = ["--database-url", url.as_str(), "--data-dir", data_path.as_str(), "--heartbeat-timeout", "2", "--ctx-size", "2048", "--parallel", "1"];
+    let args = [
+        "--database-url",
+        url.as_str(),
+        "--data-dir",
+        data_path.as_str(),
+        "--heartbeat-timeout",
+        "2",
+        "--ctx-size",
+        "2048",
+        "--parallel",
+        "1",
+    ];
     let key = cli("--database-url", &url, &["keys", "create", "--name", "loaded"]).trim().to_string();
     let ledger = || async {
-        let rows: Vec<Value> = serde_json::from_str(&cli("--database-url", &url, &["usage", "--format", "json", "--key-name", "loaded"])).unwrap();
+        let rows: Vec<Value> =
+            serde_json::from_str(&cli("--database-url", &url, &["usage", "--format", "json", "--key-name", "loaded"]))
+                .unwrap();
         rows.first().map_or(0, |r| r["prompt_tokens"].as_i64().unwrap() + r["completion_tokens"].as_i64().unwrap())
     };
 
@@ -323,7 +354,9 @@ async fn database_outage(test: &str, kill_while_down: bool) {
     }
     assert_eq!(billed, told, "the ledger equals what the clients were told");
     if !kill_while_down {
-        let v: Value = serde_json::from_str(&cli("--database-url", &url, &["keys", "show", "loaded", "--format", "json"])).unwrap();
+        let v: Value =
+            serde_json::from_str(&cli("--database-url", &url, &["keys", "show", "loaded", "--format", "json"]))
+                .unwrap();
         assert_eq!(v["spend"]["tokens"].as_i64().unwrap(), told, "{v}");
         assert_eq!(v["spend"]["reserved_tokens"], 0, "{v}");
         return;
@@ -351,10 +384,13 @@ async fn database_outage(test: &str, kill_while_down: bool) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(billed, told, "records journalled before the kill are replayed at the next start");
-    let shown: Value = serde_json::from_str(&cli("--database-url", &url, &["keys", "show", "loaded", "--format", "json"])).unwrap();
+    let shown: Value =
+        serde_json::from_str(&cli("--database-url", &url, &["keys", "show", "loaded", "--format", "json"])).unwrap();
     assert_eq!(shown["spend"]["tokens"].as_i64().unwrap(), told);
     for _ in 0..100 {
-        let v: Value = serde_json::from_str(&cli("--database-url", &url, &["keys", "show", "loaded", "--format", "json"])).unwrap();
+        let v: Value =
+            serde_json::from_str(&cli("--database-url", &url, &["keys", "show", "loaded", "--format", "json"]))
+                .unwrap();
         if v["spend"]["reserved_tokens"] == 0 {
             return;
         }

@@ -23,7 +23,9 @@ fn admin_base(s: &TestServer) -> String {
 
 #[test]
 fn a_weak_admin_token_stops_the_server_at_start() {
-    for (how, weak) in [("flag", "changeme"), ("env", "change-me-admin-token"), ("flag", "PLACEHOLDER-ADMIN-TOKEN-0123456789abcdef")] {
+    for (how, weak) in
+        [("flag", "changeme"), ("env", "change-me-admin-token"), ("flag", "PLACEHOLDER-ADMIN-TOKEN-0123456789abcdef")]
+    {
         let data = tempfile::tempdir().unwrap();
         let mut cmd = gantry();
         cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"])

@@ -51,7 +51,8 @@ fn start(budget: &str, extra: &[&str]) -> TestServer {
 }
 
 async fn ask(s: &TestServer, model: &str) -> (u16, Value) {
-    let body = json!({"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0});
+    let body =
+        json!({"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0});
     let resp = s.chat(body).send().await.unwrap();
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
@@ -69,7 +70,11 @@ async fn loaded_models(s: &TestServer) -> Vec<(String, f64)> {
 }
 
 fn ledger(s: &TestServer) -> Vec<Value> {
-    let out = gantry().args(["usage", "--requests", "--format", "json", "--data-dir"]).arg(s.data_dir.path()).output().unwrap();
+    let out = gantry()
+        .args(["usage", "--requests", "--format", "json", "--data-dir"])
+        .arg(s.data_dir.path())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -77,10 +82,15 @@ fn ledger(s: &TestServer) -> Vec<Value> {
 #[tokio::test]
 async fn two_models_take_turns_in_a_budget_that_holds_one_and_a_broken_one_fails_alone() {
     let s = start(&one_model_budget(), &[]);
-    let listed: Value = s.client().get(s.url("/v1/models")).bearer_auth(common::KEY).send().await.unwrap().json().await.unwrap();
+    let listed: Value =
+        s.client().get(s.url("/v1/models")).bearer_auth(common::KEY).send().await.unwrap().json().await.unwrap();
     let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [FIRST, "second", "broken"], "every model is listed, loaded or not");
-    assert_eq!(loaded_models(&s).await.into_iter().map(|(m, _)| m).collect::<Vec<_>>(), [FIRST], "only the first loads at start");
+    assert_eq!(
+        loaded_models(&s).await.into_iter().map(|(m, _)| m).collect::<Vec<_>>(),
+        [FIRST],
+        "only the first loads at start"
+    );
 
     let mut told = Vec::new();
     for model in ["second", FIRST, "second", FIRST] {
@@ -117,7 +127,11 @@ async fn two_models_take_turns_in_a_budget_that_holds_one_and_a_broken_one_fails
     }
     assert_eq!(rows.len(), told.len(), "{rows:?}");
     for model in [FIRST, "second"] {
-        let billed: i64 = rows.iter().filter(|r| r["model"] == model).map(|r| r["prompt_tokens"].as_i64().unwrap() + r["completion_tokens"].as_i64().unwrap()).sum();
+        let billed: i64 = rows
+            .iter()
+            .filter(|r| r["model"] == model)
+            .map(|r| r["prompt_tokens"].as_i64().unwrap() + r["completion_tokens"].as_i64().unwrap())
+            .sum();
         let answered: i64 = told.iter().filter(|(m, _)| *m == model).map(|(_, t)| t).sum();
         assert!(answered > 0);
         assert_eq!(billed, answered, "{model}");
@@ -149,11 +163,17 @@ async fn a_running_stream_keeps_its_model_while_a_request_for_another_waits() {
     let stream_ended = std::time::Instant::now();
     let data = sse_data(&text);
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "the stream was not cut");
-    let usage = data.iter().filter_map(|d| serde_json::from_str::<Value>(d).ok()).find_map(|v| v["usage"]["completion_tokens"].as_i64());
+    let usage = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| v["usage"]["completion_tokens"].as_i64());
     assert_eq!(usage, Some(480));
     let (status, answered_at) = waiting.await.unwrap();
     assert_eq!(status, 200);
-    assert!(answered_at >= stream_ended - std::time::Duration::from_millis(50), "the second model loaded only after the stream ended");
+    assert!(
+        answered_at >= stream_ended - std::time::Duration::from_millis(50),
+        "the second model loaded only after the stream ended"
+    );
 }
 
 #[tokio::test]
@@ -164,7 +184,9 @@ async fn pinned_models_load_at_start_and_a_model_larger_than_the_budget_stops_th
     assert_eq!(loaded, ["second", FIRST]);
     drop(s);
 
-    for (budget, extra, expected) in [("1MB", vec![], "raise --max-memory"), ("4GiB", vec!["--pin", "nope"], "--pin nope")] {
+    for (budget, extra, expected) in
+        [("1MB", vec![], "raise --max-memory"), ("4GiB", vec!["--pin", "nope"], "--pin nope")]
+    {
         let (second, _) = more_models();
         let out = gantry()
             .args(["serve", "--port", "0", "--ctx-size", "512", "--parallel", "4", "--threads", "1", "--model"])
@@ -188,9 +210,18 @@ async fn operators_see_and_load_and_unload_models_over_the_admin_api() {
     // Long streams (2000 tokens take the tiny model over a second), so the one below is still
     // running when the operator asks.
     let s = start("4GiB", &["--admin-token", "several-models-admin-5e0b8c3f7a1d9246b8e4", "--ctx-size", "2048"]);
-    let admin = |method: reqwest::Method, path: &str| s.client().request(method, s.url(&format!("/admin/v1{path}"))).bearer_auth("several-models-admin-5e0b8c3f7a1d9246b8e4");
+    let admin = |method: reqwest::Method, path: &str| {
+        s.client()
+            .request(method, s.url(&format!("/admin/v1{path}")))
+            .bearer_auth("several-models-admin-5e0b8c3f7a1d9246b8e4")
+    };
     let listed: Value = admin(reqwest::Method::GET, "/models").send().await.unwrap().json().await.unwrap();
-    let states: Vec<(&str, &str)> = listed["data"].as_array().unwrap().iter().map(|m| (m["id"].as_str().unwrap(), m["state"].as_str().unwrap())).collect();
+    let states: Vec<(&str, &str)> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["state"].as_str().unwrap()))
+        .collect();
     assert_eq!(states, [(FIRST, "loaded"), ("second", "unloaded"), ("broken", "unloaded")]);
     assert!(listed["data"][0]["bytes"].as_u64().unwrap() > 0);
 
@@ -230,11 +261,15 @@ async fn a_models_file_gives_aliases_and_idle_unloading() {
     let file = dir.path().join("models.toml");
     std::fs::write(
         &file,
-        format!("[[model]]\nmodel = \"{}\"\nid = \"second\"\naliases = [\"gpt-4o-mini\"]\nidle_unload_s = 1\n", second.display()),
+        format!(
+            "[[model]]\nmodel = \"{}\"\nid = \"second\"\naliases = [\"gpt-4o-mini\"]\nidle_unload_s = 1\n",
+            second.display()
+        ),
     )
     .unwrap();
     let s = TestServer::start(&["--models-config", file.to_str().unwrap()]);
-    let listed: Value = s.client().get(s.url("/v1/models")).bearer_auth(common::KEY).send().await.unwrap().json().await.unwrap();
+    let listed: Value =
+        s.client().get(s.url("/v1/models")).bearer_auth(common::KEY).send().await.unwrap().json().await.unwrap();
     let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [FIRST, "second", "gpt-4o-mini"]);
 
@@ -262,19 +297,29 @@ async fn a_models_file_gives_aliases_and_idle_unloading() {
 #[tokio::test]
 async fn a_keys_allow_list_and_prices_apply_per_model() {
     let s = start("4GiB", &["--price", "second=1000,2000"]);
-    let out = gantry().args(["keys", "create", "--name", "only-second", "--models", "second", "--data-dir"]).arg(s.data_dir.path()).output().unwrap();
+    let out = gantry()
+        .args(["keys", "create", "--name", "only-second", "--models", "second", "--data-dir"])
+        .arg(s.data_dir.path())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let narrow = String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim().to_string();
 
     // It sees and may use the one model it is allowed; the others are missing to it, as OpenAI
     // answers for a model a key may not use.
-    let listed: Value = s.client().get(s.url("/v1/models")).bearer_auth(&narrow).send().await.unwrap().json().await.unwrap();
-    assert_eq!(listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect::<Vec<_>>(), ["second"]);
+    let listed: Value =
+        s.client().get(s.url("/v1/models")).bearer_auth(&narrow).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect::<Vec<_>>(),
+        ["second"]
+    );
     for (model, status) in [(FIRST, 404), ("broken", 404), ("second", 200)] {
         let one = s.client().get(s.url(&format!("/v1/models/{model}"))).bearer_auth(&narrow).send().await.unwrap();
         assert_eq!(one.status().as_u16(), status, "GET /v1/models/{model}");
-        let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
-        let resp = s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&body).send().await.unwrap();
+        let body =
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
+        let resp =
+            s.client().post(s.url("/v1/chat/completions")).bearer_auth(&narrow).json(&body).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), status, "POST {model}");
         if status == 404 {
             let v: Value = resp.json().await.unwrap();

@@ -122,7 +122,9 @@ async fn a_call_cut_by_max_tokens_comes_back_as_a_partial_call() {
 async fn stop_strings_never_cut_constrained_json() {
     let s = TestServer::start(&["--ctx-size", "2048"]);
     let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"], "additionalProperties": false});
-    for format in [json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})] {
+    for format in
+        [json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})]
+    {
         // Every object with a key has `"` and `:`; before, the first one ended the output there.
         let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "a person"}], "max_tokens": 400,
                           "temperature": 1.0, "seed": 3, "n": 3, "stop": ["\"", ":", "}"], "response_format": format});
@@ -151,7 +153,9 @@ async fn tool_arguments_carry_only_declared_properties() {
     let v = post(&s, body).await;
     for choice in v["choices"].as_array().unwrap() {
         assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-        let args: Value = serde_json::from_str(choice["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        let args: Value =
+            serde_json::from_str(choice["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
+                .unwrap();
         assert!(args.as_object().unwrap().keys().all(|k| k == "word"), "undeclared key in {args}");
     }
 }

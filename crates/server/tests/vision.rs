@@ -30,7 +30,8 @@ fn vision_server() -> TestServer {
 }
 
 fn png_data_url(seed: u8) -> String {
-    let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([(x as u8).wrapping_mul(seed), (y as u8) ^ seed, seed]));
+    let img =
+        image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([(x as u8).wrapping_mul(seed), (y as u8) ^ seed, seed]));
     let mut png = Vec::new();
     image::DynamicImage::ImageRgb8(img).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
     format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png))
@@ -61,8 +62,11 @@ async fn completion(s: &TestServer, body: Value) -> Value {
 async fn an_image_is_answered_billed_by_its_positions_and_cached_by_content() {
     let s = vision_server();
     let image_tokens = u64::from(tiny_gguf::TinyProjectorSpec::default().image_tokens());
-    let text = completion(&s, json!({"model": s.model_id, "temperature": 0, "max_tokens": 6,
-        "messages": [{"role": "user", "content": "What is in this picture?"}]}))
+    let text = completion(
+        &s,
+        json!({"model": s.model_id, "temperature": 0, "max_tokens": 6,
+        "messages": [{"role": "user", "content": "What is in this picture?"}]}),
+    )
     .await;
     let first = completion(&s, ask(&s.model_id, &png_data_url(3), false)).await;
     assert!(first["usage"]["completion_tokens"].as_u64().unwrap() > 0);
@@ -100,7 +104,11 @@ async fn an_image_is_answered_billed_by_its_positions_and_cached_by_content() {
 
 #[tokio::test]
 async fn bad_images_and_limits_are_400s_and_a_text_model_still_refuses() {
-    let s = TestServer::start_with(&tiny_pair().0, true, &["--mmproj", tiny_pair().1.to_str().unwrap(), "--max-images", "1"]);
+    let s = TestServer::start_with(
+        &tiny_pair().0,
+        true,
+        &["--mmproj", tiny_pair().1.to_str().unwrap(), "--max-images", "1"],
+    );
     let broken = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB";
     for (body, param) in [
         (ask(&s.model_id, broken, false), "messages[0].content[1].image_url"),
@@ -113,7 +121,10 @@ async fn bad_images_and_limits_are_400s_and_a_text_model_still_refuses() {
         assert_eq!(v["error"]["type"], "invalid_request_error");
     }
     let mut two = ask(&s.model_id, &png_data_url(1), false);
-    two["messages"][0]["content"].as_array_mut().unwrap().push(json!({"type": "image_url", "image_url": {"url": png_data_url(2)}}));
+    two["messages"][0]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "image_url", "image_url": {"url": png_data_url(2)}}));
     let resp = s.chat(two).send().await.unwrap();
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
@@ -131,8 +142,11 @@ fn a_projector_that_does_not_fit_the_model_stops_the_server_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let wrong = dir.path().join("mmproj-32.gguf");
     // Its output is 32 wide; the tiny model's embeddings are 64.
-    tiny_gguf::write_tiny_projector(&wrong, &tiny_gguf::TinyProjectorSpec { text_n_embd: 32, ..Default::default() }).unwrap();
-    for (projector, why) in [(wrong.clone(), "could not load the projector"), (dir.path().join("missing.gguf"), "does not exist")] {
+    tiny_gguf::write_tiny_projector(&wrong, &tiny_gguf::TinyProjectorSpec { text_n_embd: 32, ..Default::default() })
+        .unwrap();
+    for (projector, why) in
+        [(wrong.clone(), "could not load the projector"), (dir.path().join("missing.gguf"), "does not exist")]
+    {
         let out = common::gantry()
             .args(["serve", "--host", "127.0.0.1", "--port", "0", "--api-key", common::KEY])
             .arg("--model")

@@ -65,29 +65,17 @@ impl Tensor {
     pub(crate) fn random(name: &str, shape: &[u64], scale: f32, rng: &mut SplitMix64) -> Self {
         let n: u64 = shape.iter().product();
         let data = (0..n).map(|_| rng.next_symmetric() * scale).collect();
-        Tensor {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            data,
-        }
+        Tensor { name: name.to_string(), shape: shape.to_vec(), data }
     }
 
     pub(crate) fn zeros(name: &str, shape: &[u64]) -> Self {
         let n: u64 = shape.iter().product();
-        Tensor {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            data: vec![0.0; n as usize],
-        }
+        Tensor { name: name.to_string(), shape: shape.to_vec(), data: vec![0.0; n as usize] }
     }
 
     pub(crate) fn ones(name: &str, shape: &[u64]) -> Self {
         let n: u64 = shape.iter().product();
-        Tensor {
-            name: name.to_string(),
-            shape: shape.to_vec(),
-            data: vec![1.0; n as usize],
-        }
+        Tensor { name: name.to_string(), shape: shape.to_vec(), data: vec![1.0; n as usize] }
     }
 }
 

@@ -183,65 +183,20 @@ pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     // ---- tensors ----
     let mut rng = SplitMix64::new(spec.seed);
     let mut tensors: Vec<Tensor> = Vec::new();
-    tensors.push(Tensor::random(
-        "token_embd.weight",
-        &[n_embd, n_vocab],
-        0.1,
-        &mut rng,
-    ));
+    tensors.push(Tensor::random("token_embd.weight", &[n_embd, n_vocab], 0.1, &mut rng));
     tensors.push(Tensor::ones("output_norm.weight", &[n_embd]));
-    tensors.push(Tensor::random(
-        "output.weight",
-        &[n_embd, n_vocab],
-        0.1,
-        &mut rng,
-    ));
+    tensors.push(Tensor::random("output.weight", &[n_embd, n_vocab], 0.1, &mut rng));
     for i in 0..spec.n_layer {
         let name = |t: &str| format!("blk.{i}.{t}.weight");
         tensors.push(Tensor::ones(&name("attn_norm"), &[n_embd]));
-        tensors.push(Tensor::random(
-            &name("attn_q"),
-            &[n_embd, n_embd],
-            0.08,
-            &mut rng,
-        ));
-        tensors.push(Tensor::random(
-            &name("attn_k"),
-            &[n_embd, n_embd_kv],
-            0.08,
-            &mut rng,
-        ));
-        tensors.push(Tensor::random(
-            &name("attn_v"),
-            &[n_embd, n_embd_kv],
-            0.08,
-            &mut rng,
-        ));
-        tensors.push(Tensor::random(
-            &name("attn_output"),
-            &[n_embd, n_embd],
-            0.08,
-            &mut rng,
-        ));
+        tensors.push(Tensor::random(&name("attn_q"), &[n_embd, n_embd], 0.08, &mut rng));
+        tensors.push(Tensor::random(&name("attn_k"), &[n_embd, n_embd_kv], 0.08, &mut rng));
+        tensors.push(Tensor::random(&name("attn_v"), &[n_embd, n_embd_kv], 0.08, &mut rng));
+        tensors.push(Tensor::random(&name("attn_output"), &[n_embd, n_embd], 0.08, &mut rng));
         tensors.push(Tensor::ones(&name("ffn_norm"), &[n_embd]));
-        tensors.push(Tensor::random(
-            &name("ffn_gate"),
-            &[n_embd, n_ff],
-            0.08,
-            &mut rng,
-        ));
-        tensors.push(Tensor::random(
-            &name("ffn_up"),
-            &[n_embd, n_ff],
-            0.08,
-            &mut rng,
-        ));
-        tensors.push(Tensor::random(
-            &name("ffn_down"),
-            &[n_ff, n_embd],
-            0.08,
-            &mut rng,
-        ));
+        tensors.push(Tensor::random(&name("ffn_gate"), &[n_embd, n_ff], 0.08, &mut rng));
+        tensors.push(Tensor::random(&name("ffn_up"), &[n_embd, n_ff], 0.08, &mut rng));
+        tensors.push(Tensor::random(&name("ffn_down"), &[n_ff, n_embd], 0.08, &mut rng));
     }
 
     Ok(assemble(&kv, &tensors))
@@ -283,18 +238,11 @@ impl Vocab {
     fn build(tool_call_tokens: bool) -> Self {
         let byte_map = bytes_to_unicode();
         let mut tokens: Vec<String> = byte_map.iter().map(|c| c.to_string()).collect();
-        let mut index: HashMap<String, usize> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i))
-            .collect();
+        let mut index: HashMap<String, usize> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i)).collect();
         let mut merges = Vec::new();
 
         for word in WORDS {
-            let encoded: Vec<String> = word
-                .bytes()
-                .map(|b| byte_map[b as usize].to_string())
-                .collect();
+            let encoded: Vec<String> = word.bytes().map(|b| byte_map[b as usize].to_string()).collect();
             let mut prefix = encoded[0].clone();
             for sym in &encoded[1..] {
                 let merged = format!("{prefix}{sym}");
@@ -320,22 +268,14 @@ impl Vocab {
             tokens.push(special.to_string());
             token_types.push(TOKEN_TYPE_CONTROL);
         }
-        Vocab {
-            tokens,
-            token_types,
-            merges,
-            endoftext,
-            im_end,
-        }
+        Vocab { tokens, token_types, merges, endoftext, im_end }
     }
 }
 
 /// GPT-2's reversible byte -> unicode character mapping (index = byte value).
 fn bytes_to_unicode() -> Vec<char> {
     let printable = |b: u32| {
-        (u32::from(b'!')..=u32::from(b'~')).contains(&b)
-            || (0xA1..=0xAC).contains(&b)
-            || (0xAE..=0xFF).contains(&b)
+        (u32::from(b'!')..=u32::from(b'~')).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
     };
     let mut n = 0;
     (0u32..256)
@@ -381,11 +321,7 @@ mod tests {
     fn deterministic_and_aligned() {
         let a = tiny_model_bytes(&TinyModelSpec::default()).unwrap();
         let b = tiny_model_bytes(&TinyModelSpec::default()).unwrap();
-        let c = tiny_model_bytes(&TinyModelSpec {
-            seed: 1,
-            ..Default::default()
-        })
-        .unwrap();
+        let c = tiny_model_bytes(&TinyModelSpec { seed: 1, ..Default::default() }).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(&a[..4], b"GGUF");
@@ -395,10 +331,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_shapes() {
-        let spec = TinyModelSpec {
-            n_head: 3,
-            ..Default::default()
-        };
+        let spec = TinyModelSpec { n_head: 3, ..Default::default() };
         assert!(tiny_model_bytes(&spec).is_err());
     }
 }

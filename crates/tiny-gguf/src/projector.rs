@@ -96,10 +96,13 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
     kv.string("general.architecture", "clip");
     kv.string("general.name", "gantry-tiny-random-mmproj");
     kv.u32("general.alignment", ALIGNMENT as u32);
-    kv.string("clip.projector_type", match spec.kind {
-        ProjectorKind::Llava => "mlp",
-        ProjectorKind::Gemma3 => "gemma3",
-    });
+    kv.string(
+        "clip.projector_type",
+        match spec.kind {
+            ProjectorKind::Llava => "mlp",
+            ProjectorKind::Gemma3 => "gemma3",
+        },
+    );
     if spec.kind == ProjectorKind::Gemma3 {
         kv.u32("clip.vision.projector.scale_factor", GEMMA3_MERGE);
     }
@@ -116,11 +119,7 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
     kv.f32_array("clip.vision.image_mean", &[0.5, 0.5, 0.5]);
     kv.f32_array("clip.vision.image_std", &[0.5, 0.5, 0.5]);
 
-    let (d, ff, text) = (
-        u64::from(spec.n_embd),
-        u64::from(spec.n_ff),
-        u64::from(spec.text_n_embd),
-    );
+    let (d, ff, text) = (u64::from(spec.n_embd), u64::from(spec.n_ff), u64::from(spec.text_n_embd));
     let p = u64::from(spec.patch_size);
     let mut rng = SplitMix64::new(spec.seed ^ 0x6d6d_7072_6f6a);
     let n_pos = u64::from(spec.patches());
@@ -134,36 +133,16 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
     for i in 0..spec.n_layer {
         let name = |what: &str| format!("v.blk.{i}.{what}");
         for proj in ["attn_q", "attn_k", "attn_v", "attn_out"] {
-            t.push(Tensor::random(
-                &name(&format!("{proj}.weight")),
-                &[d, d],
-                0.1,
-                &mut rng,
-            ));
-            t.push(Tensor::random(
-                &name(&format!("{proj}.bias")),
-                &[d],
-                0.02,
-                &mut rng,
-            ));
+            t.push(Tensor::random(&name(&format!("{proj}.weight")), &[d, d], 0.1, &mut rng));
+            t.push(Tensor::random(&name(&format!("{proj}.bias")), &[d], 0.02, &mut rng));
         }
         for norm in ["ln1", "ln2"] {
             t.push(Tensor::ones(&name(&format!("{norm}.weight")), &[d]));
             t.push(Tensor::zeros(&name(&format!("{norm}.bias")), &[d]));
         }
-        t.push(Tensor::random(
-            &name("ffn_up.weight"),
-            &[d, ff],
-            0.1,
-            &mut rng,
-        ));
+        t.push(Tensor::random(&name("ffn_up.weight"), &[d, ff], 0.1, &mut rng));
         t.push(Tensor::random(&name("ffn_up.bias"), &[ff], 0.02, &mut rng));
-        t.push(Tensor::random(
-            &name("ffn_down.weight"),
-            &[ff, d],
-            0.1,
-            &mut rng,
-        ));
+        t.push(Tensor::random(&name("ffn_down.weight"), &[ff, d], 0.1, &mut rng));
         t.push(Tensor::random(&name("ffn_down.bias"), &[d], 0.02, &mut rng));
     }
     match spec.kind {
@@ -186,15 +165,7 @@ pub fn tiny_projector_bytes(spec: &TinyProjectorSpec) -> io::Result<Vec<u8>> {
 
 fn validate(spec: &TinyProjectorSpec) -> io::Result<()> {
     let bad = |msg: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, msg.to_string()));
-    if [
-        spec.text_n_embd,
-        spec.image_size,
-        spec.patch_size,
-        spec.n_embd,
-        spec.n_head,
-        spec.n_ff,
-    ]
-    .contains(&0)
+    if [spec.text_n_embd, spec.image_size, spec.patch_size, spec.n_embd, spec.n_head, spec.n_ff].contains(&0)
         || spec.n_layer < 2
     {
         return bad("every size must be non-zero, and LLaVA needs at least 2 blocks (it reads the second-to-last)");
@@ -227,14 +198,7 @@ mod tests {
         let spec = TinyProjectorSpec::default();
         let a = tiny_projector_bytes(&spec).unwrap();
         assert_eq!(a, tiny_projector_bytes(&spec).unwrap());
-        assert_ne!(
-            a,
-            tiny_projector_bytes(&TinyProjectorSpec {
-                seed: 1,
-                ..spec.clone()
-            })
-            .unwrap()
-        );
+        assert_ne!(a, tiny_projector_bytes(&TinyProjectorSpec { seed: 1, ..spec.clone() }).unwrap());
         assert_eq!(&a[..4], b"GGUF");
         assert_eq!(u32::from_le_bytes(a[4..8].try_into().unwrap()), 3);
         // patch, positions, pre-norm (2), 16 per block, 4 projector tensors.
@@ -259,22 +223,10 @@ mod tests {
     #[test]
     fn rejects_shapes_llama_cpp_would_misread() {
         for bad in [
-            TinyProjectorSpec {
-                patch_size: 5,
-                ..Default::default()
-            },
-            TinyProjectorSpec {
-                n_layer: 1,
-                ..Default::default()
-            },
-            TinyProjectorSpec {
-                n_ff: 32,
-                ..Default::default()
-            },
-            TinyProjectorSpec {
-                n_head: 3,
-                ..Default::default()
-            },
+            TinyProjectorSpec { patch_size: 5, ..Default::default() },
+            TinyProjectorSpec { n_layer: 1, ..Default::default() },
+            TinyProjectorSpec { n_ff: 32, ..Default::default() },
+            TinyProjectorSpec { n_head: 3, ..Default::default() },
         ] {
             assert!(tiny_projector_bytes(&bad).is_err(), "{bad:?}");
         }

@@ -10,9 +10,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
-use tiny_gguf::{
-    write_tiny_model, TinyModelSpec, CHATML_TEMPLATE, ENDOFTEXT_TOKEN, IM_END_TOKEN, IM_START_TOKEN,
-};
+use tiny_gguf::{write_tiny_model, TinyModelSpec, CHATML_TEMPLATE, ENDOFTEXT_TOKEN, IM_END_TOKEN, IM_START_TOKEN};
 
 #[test]
 fn same_seed_is_byte_identical() {
@@ -20,25 +18,11 @@ fn same_seed_is_byte_identical() {
     let a = dir.path().join("a.gguf");
     let b = dir.path().join("b.gguf");
     let c = dir.path().join("c.gguf");
-    let spec = TinyModelSpec {
-        seed: 42,
-        ..Default::default()
-    };
+    let spec = TinyModelSpec { seed: 42, ..Default::default() };
     write_tiny_model(&a, &spec).unwrap();
     write_tiny_model(&b, &spec).unwrap();
-    write_tiny_model(
-        &c,
-        &TinyModelSpec {
-            seed: 43,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let (a, b, c) = (
-        std::fs::read(a).unwrap(),
-        std::fs::read(b).unwrap(),
-        std::fs::read(c).unwrap(),
-    );
+    write_tiny_model(&c, &TinyModelSpec { seed: 43, ..Default::default() }).unwrap();
+    let (a, b, c) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap(), std::fs::read(c).unwrap());
     assert_eq!(a, b);
     assert_ne!(a, c);
     assert!(a.len() < 2 * 1024 * 1024, "model is {} bytes", a.len());
@@ -59,10 +43,7 @@ fn argmax(logits: &[f32]) -> usize {
 fn llama_cpp_loads_tokenizes_and_generates() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
-    let spec = TinyModelSpec {
-        seed: 7,
-        ..Default::default()
-    };
+    let spec = TinyModelSpec { seed: 7, ..Default::default() };
     write_tiny_model(&path, &spec).unwrap();
 
     let backend = LlamaBackend::init().unwrap();
@@ -75,10 +56,7 @@ fn llama_cpp_loads_tokenizes_and_generates() {
     assert_eq!(model.n_head_kv(), spec.n_head_kv);
     assert_eq!(model.n_embd(), spec.n_embd as i32);
     assert_eq!(model.n_ctx_train(), spec.n_ctx_train);
-    assert_eq!(
-        model.meta_val_str("tokenizer.chat_template").unwrap(),
-        CHATML_TEMPLATE
-    );
+    assert_eq!(model.meta_val_str("tokenizer.chat_template").unwrap(), CHATML_TEMPLATE);
     assert_eq!(model.meta_val_str("general.architecture").unwrap(), "llama");
 
     let vocab = model.vocab();
@@ -124,15 +102,11 @@ fn llama_cpp_loads_tokenizes_and_generates() {
     let detok = vocab.detokenize(&toks, false, true);
     assert_eq!(String::from_utf8(detok).unwrap(), text);
     // without parse_special the marker is plain text (several tokens)
-    assert!(!vocab
-        .tokenize(text.as_bytes(), false, false)
-        .contains(&im_start));
+    assert!(!vocab.tokenize(text.as_bytes(), false, false).contains(&im_start));
 
     // arbitrary UTF-8 / control bytes round-trip too
-    for s in [
-        "\n\t\u{0}\u{7f} emoji: 🦀🎉, ÄÖÜß, ελληνικά, العربية",
-        "  leading  and trailing  ",
-    ] {
+    for s in ["\n\t\u{0}\u{7f} emoji: 🦀🎉, ÄÖÜß, ελληνικά, العربية", "  leading  and trailing  "]
+    {
         let toks = vocab.tokenize(s.as_bytes(), false, false);
         let mut bytes = Vec::new();
         for &t in &toks {

@@ -10,8 +10,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::mtmd::{
-    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType,
-    MtmdInputText,
+    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType, MtmdInputText,
 };
 use tiny_gguf::{write_tiny_model, write_tiny_projector, TinyModelSpec, TinyProjectorSpec};
 
@@ -20,15 +19,8 @@ fn mtmd_loads_projector_and_evaluates_an_image() {
     let dir = tempfile::tempdir().unwrap();
     let model_path = dir.path().join("tiny.gguf");
     let mmproj_path = dir.path().join("tiny-mmproj.gguf");
-    let model_spec = TinyModelSpec {
-        seed: 5,
-        ..Default::default()
-    };
-    let spec = TinyProjectorSpec {
-        text_n_embd: model_spec.n_embd,
-        seed: 5,
-        ..Default::default()
-    };
+    let model_spec = TinyModelSpec { seed: 5, ..Default::default() };
+    let spec = TinyProjectorSpec { text_n_embd: model_spec.n_embd, seed: 5, ..Default::default() };
     write_tiny_model(&model_path, &model_spec).unwrap();
     write_tiny_projector(&mmproj_path, &spec).unwrap();
 
@@ -51,27 +43,15 @@ fn mtmd_loads_projector_and_evaluates_an_image() {
 
     // A non-square gradient, so the resize-and-pad path runs too.
     let (nx, ny) = (48u32, 40u32);
-    let rgb: Vec<u8> = (0..ny)
-        .flat_map(|y| {
-            (0..nx).flat_map(move |x| [(x * 5) as u8, (y * 6) as u8, ((x + y) * 3) as u8])
-        })
-        .collect();
+    let rgb: Vec<u8> =
+        (0..ny).flat_map(|y| (0..nx).flat_map(move |x| [(x * 5) as u8, (y * 6) as u8, ((x + y) * 3) as u8])).collect();
     let bitmap = MtmdBitmap::from_image_data(nx, ny, &rgb).unwrap();
 
-    let text = MtmdInputText {
-        text: format!("{}describe", mtmd_default_marker()),
-        add_special: true,
-        parse_special: true,
-    };
-    let chunks = mtmd_ctx
-        .tokenize(text, &[&bitmap])
-        .expect("mtmd_tokenize failed");
-    let kinds: Vec<MtmdInputChunkType> = (0..chunks.len())
-        .map(|i| chunks.get(i).unwrap().chunk_type())
-        .collect();
-    let images: Vec<usize> = (0..chunks.len())
-        .filter(|&i| kinds[i] == MtmdInputChunkType::Image)
-        .collect();
+    let text =
+        MtmdInputText { text: format!("{}describe", mtmd_default_marker()), add_special: true, parse_special: true };
+    let chunks = mtmd_ctx.tokenize(text, &[&bitmap]).expect("mtmd_tokenize failed");
+    let kinds: Vec<MtmdInputChunkType> = (0..chunks.len()).map(|i| chunks.get(i).unwrap().chunk_type()).collect();
+    let images: Vec<usize> = (0..chunks.len()).filter(|&i| kinds[i] == MtmdInputChunkType::Image).collect();
     assert_eq!(images.len(), 1, "chunk kinds: {kinds:?}");
     let image = chunks.get(images[0]).unwrap();
     assert_eq!(image.n_tokens(), spec.image_tokens() as usize);
@@ -79,10 +59,7 @@ fn mtmd_loads_projector_and_evaluates_an_image() {
     // The `mlp` projector wraps no text around the image: image chunk, then the prompt text.
     assert_eq!(kinds, [MtmdInputChunkType::Image, MtmdInputChunkType::Text]);
     let text_tokens = chunks.get(1).unwrap().n_tokens();
-    assert_eq!(
-        chunks.total_tokens(),
-        spec.image_tokens() as usize + text_tokens
-    );
+    assert_eq!(chunks.total_tokens(), spec.image_tokens() as usize + text_tokens);
 
     let ctx_params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(512))
@@ -97,8 +74,5 @@ fn mtmd_loads_projector_and_evaluates_an_image() {
     assert_eq!(n_past, (spec.image_tokens() as usize + text_tokens) as i32);
     let logits = ctx.get_logits();
     assert_eq!(logits.len(), model.n_vocab() as usize);
-    assert!(
-        logits.iter().all(|l| l.is_finite()),
-        "non-finite logits after the image"
-    );
+    assert!(logits.iter().all(|l| l.is_finite()), "non-finite logits after the image");
 }

@@ -147,7 +147,10 @@ on_both!(keys_update_rotate_expire_and_restrict_models, |acc: Accounts| async mo
     assert_eq!(rotated.key.id, k.id);
     assert!(acc.authenticate(&created.secret).await.unwrap().is_none());
     assert_eq!(acc.authenticate(&rotated.secret).await.unwrap().unwrap().id, k.id);
-    assert!(matches!(acc.update_key("k", &KeyUpdate { rpm_limit: Some(Some(0)), ..Default::default() }).await, Err(AccountsError::Invalid(_))));
+    assert!(matches!(
+        acc.update_key("k", &KeyUpdate { rpm_limit: Some(Some(0)), ..Default::default() }).await,
+        Err(AccountsError::Invalid(_))
+    ));
 });
 
 on_both!(usage_report_filters_and_groups_by_day, |acc: Accounts| async move {
@@ -161,10 +164,8 @@ on_both!(usage_report_filters_and_groups_by_day, |acc: Accounts| async move {
     let by_day = acc.usage_report(&UsageQuery { by_day: true, ..Default::default() }).await.unwrap();
     assert_eq!(by_day.iter().map(|r| r.requests).collect::<Vec<_>>(), vec![1, 2]);
     assert!(by_day[0].day.as_deref().unwrap() < by_day[1].day.as_deref().unwrap());
-    let since = acc
-        .usage_report(&UsageQuery { since_ms: Some(1_800_000_000_000 + day), ..Default::default() })
-        .await
-        .unwrap();
+    let since =
+        acc.usage_report(&UsageQuery { since_ms: Some(1_800_000_000_000 + day), ..Default::default() }).await.unwrap();
     assert_eq!((since[0].requests, since[0].prompt_tokens), (2, 20));
     let none = acc.usage_report(&UsageQuery { key_name: Some("nobody".into()), ..Default::default() }).await.unwrap();
     assert!(none.is_empty());
@@ -193,7 +194,8 @@ on_both!(shared_windows_count_a_pre_admitted_request_once, |acc: Accounts| async
     let key = key_with_budget(&acc, None, None).await;
     let t0: i64 = 1_800_000_000_000; // a minute boundary
     let (rpm, tpm) = (Some(2), Some(100));
-    let (status, verdict) = crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Request, t0).await.unwrap();
+    let (status, verdict) =
+        crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Request, t0).await.unwrap();
     assert!(verdict.is_ok());
     assert_eq!(status.requests.unwrap().remaining, 1);
     let (status, verdict) =
@@ -201,7 +203,8 @@ on_both!(shared_windows_count_a_pre_admitted_request_once, |acc: Accounts| async
     assert!(verdict.is_ok());
     assert_eq!((status.requests.unwrap().remaining, status.tokens.unwrap().remaining), (1, 0));
     // No token left: refused before its size is known, and not counted.
-    let (status, verdict) = crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Request, t0 + 2).await.unwrap();
+    let (status, verdict) =
+        crate::rate::admit_shared(&acc.pool, key.id, rpm, tpm, crate::Count::Request, t0 + 2).await.unwrap();
     assert!(matches!(verdict, Err(crate::RateRefusal::Tokens { limit: 100, .. })), "{verdict:?}");
     assert_eq!(status.requests.unwrap().remaining, 1);
 });

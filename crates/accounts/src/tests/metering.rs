@@ -25,7 +25,8 @@ fn charge(id: &str, client: Option<&str>) -> Charge {
 }
 
 async fn budgeted(acc: &Accounts) -> KeyInfo {
-    let spec = NewKey { name: "k".into(), budget: Budget { tokens: Some(1_000), ..Default::default() }, ..Default::default() };
+    let spec =
+        NewKey { name: "k".into(), budget: Budget { tokens: Some(1_000), ..Default::default() }, ..Default::default() };
     acc.create_key_from(&spec).await.unwrap().key
 }
 
@@ -69,7 +70,8 @@ on_both!(a_dropped_ticket_releases_and_a_settled_one_books_once, |acc: Accounts|
     .await;
     assert_eq!(reserved(&acc, &key).await, 0);
     let rows = acc.usage_requests(&UsageQuery::default()).await.unwrap();
-    let ids: Vec<(&str, Option<&str>)> = rows.iter().map(|r| (r.request_id.as_str(), r.client_request_id.as_deref())).collect();
+    let ids: Vec<(&str, Option<&str>)> =
+        rows.iter().map(|r| (r.request_id.as_str(), r.client_request_id.as_deref())).collect();
     assert_eq!(ids, [("r2", Some("same")), ("r3", Some("same"))]);
     assert_eq!((rows[0].outcome.as_str(), rows[0].prompt_tokens, rows[0].completion_tokens), ("completed", 10, 5));
     meter.shutdown(Duration::from_secs(5)).await;
@@ -81,9 +83,12 @@ on_both!(outbox_entries_left_by_a_dead_process_are_replayed_at_start, |acc: Acco
     let dir = tempfile::tempdir().unwrap();
     let key = budgeted(&acc).await;
     // A process reserved, journalled its settlement, and died before the database took it.
-    acc.reserve(&key, &Reservation { request_id: "lost".into(), tokens: 100, nanos: 0, owner: "dead-1".into(), at_ms: chrono_now() })
-        .await
-        .unwrap();
+    acc.reserve(
+        &key,
+        &Reservation { request_id: "lost".into(), tokens: 100, nanos: 0, owner: "dead-1".into(), at_ms: chrono_now() },
+    )
+    .await
+    .unwrap();
     {
         let outbox = crate::outbox::Outbox::open(&dir.path().join("outbox"), "dead-1").unwrap();
         let record = UsageRecord {
@@ -122,9 +127,18 @@ on_both!(live_servers_keep_their_reservations_and_dead_ones_lose_them, |acc: Acc
     let key = budgeted(&acc).await;
     let held = a.admit(&key, charge("live", None)).await.unwrap();
     // A server that died holds a reservation too (no heartbeat row).
-    acc.reserve(&key, &Reservation { request_id: "ghost".into(), tokens: 50, nanos: 0, owner: "gone-1234".into(), at_ms: chrono_now() })
-        .await
-        .unwrap();
+    acc.reserve(
+        &key,
+        &Reservation {
+            request_id: "ghost".into(),
+            tokens: 50,
+            nanos: 0,
+            owner: "gone-1234".into(),
+            at_ms: chrono_now(),
+        },
+    )
+    .await
+    .unwrap();
     // The sweep runs every heartbeat period and may already have released the ghost's 50 here
     // (a fresh-clone `make test` saw 100): held 150, or 100 once swept; never less.
     let now = reserved(&acc, &key).await;
@@ -154,7 +168,8 @@ on_both!(a_caller_dropped_during_admission_leaves_no_reservation, |acc: Accounts
             .fetch_all(&acc.pool)
             .await
             .unwrap();
-        let held: Vec<(String,)> = sqlx::query_as("SELECT request_id FROM reservations").fetch_all(&acc.pool).await.unwrap();
+        let held: Vec<(String,)> =
+            sqlx::query_as("SELECT request_id FROM reservations").fetch_all(&acc.pool).await.unwrap();
         rows == [(0,)] && held.is_empty() && meter.pending() == 0
     })
     .await;

@@ -54,10 +54,7 @@ async fn create_then_authenticate() {
     assert!(created.key.prefix.starts_with(SECRET_PREFIX));
     assert!(created.key.created_at > 1_600_000_000);
     assert_eq!(created.key.revoked_at, None);
-    assert!(
-        !format!("{created:?}").contains(&created.secret),
-        "Debug leaks the secret"
-    );
+    assert!(!format!("{created:?}").contains(&created.secret), "Debug leaks the secret");
 
     let auth = acc.authenticate(&created.secret).await.unwrap();
     assert_eq!(auth, Some(created.key.clone()));
@@ -74,12 +71,7 @@ on_both!(wrong_secret_is_rejected, |acc: Accounts| async move {
     assert_eq!(acc.authenticate(&generate_secret()).await.unwrap(), None);
     assert_eq!(acc.authenticate("").await.unwrap(), None);
     assert_eq!(acc.authenticate(&created.key.prefix).await.unwrap(), None);
-    assert_eq!(
-        acc.authenticate(&format!("{} ", created.secret))
-            .await
-            .unwrap(),
-        None
-    );
+    assert_eq!(acc.authenticate(&format!("{} ", created.secret)).await.unwrap(), None);
     assert!(acc.authenticate(&created.secret).await.unwrap().is_some());
 });
 
@@ -96,10 +88,7 @@ on_both!(revoke_disables_key, |acc: Accounts| async move {
     assert_eq!(acc.count_active_keys().await.unwrap(), 2);
 
     // By numeric id and by display prefix.
-    assert_eq!(
-        acc.revoke_key(&b.key.id.to_string()).await.unwrap().id,
-        b.key.id
-    );
+    assert_eq!(acc.revoke_key(&b.key.id.to_string()).await.unwrap().id, b.key.id);
     assert_eq!(acc.revoke_key(&c.key.prefix).await.unwrap().id, c.key.id);
     assert_eq!(acc.authenticate(&b.secret).await.unwrap(), None);
     assert_eq!(acc.authenticate(&c.secret).await.unwrap(), None);
@@ -109,23 +98,14 @@ on_both!(revoke_disables_key, |acc: Accounts| async move {
     let again = acc.revoke_key("alice").await.unwrap();
     assert_eq!(again.revoked_at, revoked.revoked_at);
 
-    assert!(matches!(
-        acc.revoke_key("nobody").await,
-        Err(AccountsError::NotFound(_))
-    ));
-    assert!(matches!(
-        acc.revoke_key("999").await,
-        Err(AccountsError::NotFound(_))
-    ));
+    assert!(matches!(acc.revoke_key("nobody").await, Err(AccountsError::NotFound(_))));
+    assert!(matches!(acc.revoke_key("999").await, Err(AccountsError::NotFound(_))));
 });
 
 on_both!(revoke_by_name_requires_unique_active_name, |acc: Accounts| async move {
     let first = acc.create_key("ci").await.unwrap();
     let second = acc.create_key("ci").await.unwrap();
-    assert!(matches!(
-        acc.revoke_key("ci").await,
-        Err(AccountsError::Ambiguous(_))
-    ));
+    assert!(matches!(acc.revoke_key("ci").await, Err(AccountsError::Ambiguous(_))));
     assert_eq!(acc.count_active_keys().await.unwrap(), 2);
 
     acc.revoke_key(&first.key.id.to_string()).await.unwrap();
@@ -156,25 +136,12 @@ on_both!(ensure_key_is_idempotent, |acc: Accounts| async move {
     assert!(secret.starts_with(&first.prefix));
 
     acc.revoke_key(&first.id.to_string()).await.unwrap();
-    assert!(matches!(
-        acc.ensure_key(secret, "default").await,
-        Err(AccountsError::KeyRevoked)
-    ));
-    assert_eq!(
-        acc.authenticate(secret).await.unwrap(),
-        None,
-        "ensure_key must not reactivate"
-    );
+    assert!(matches!(acc.ensure_key(secret, "default").await, Err(AccountsError::KeyRevoked)));
+    assert_eq!(acc.authenticate(secret).await.unwrap(), None, "ensure_key must not reactivate");
     assert_eq!(acc.count_active_keys().await.unwrap(), 0);
 
-    assert!(matches!(
-        acc.ensure_key("short", "x").await,
-        Err(AccountsError::Invalid(_))
-    ));
-    assert!(matches!(
-        acc.ensure_key(&generate_secret(), "  ").await,
-        Err(AccountsError::Invalid(_))
-    ));
+    assert!(matches!(acc.ensure_key("short", "x").await, Err(AccountsError::Invalid(_))));
+    assert!(matches!(acc.ensure_key(&generate_secret(), "  ").await, Err(AccountsError::Invalid(_))));
     assert_eq!(acc.list_keys().await.unwrap().len(), 1);
 });
 
@@ -185,12 +152,11 @@ async fn secrets_are_stored_hashed() {
     let provided = "operator-key-abcdefghijklmnopqrstuvwxyz";
     acc.ensure_key(provided, "op").await.unwrap();
 
-    let rows: Vec<(i64, String, String, String, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT id, name, prefix, secret_hash, created_at, revoked_at FROM api_keys",
-    )
-    .fetch_all(&acc.pool)
-    .await
-    .unwrap();
+    let rows: Vec<(i64, String, String, String, i64, Option<i64>)> =
+        sqlx::query_as("SELECT id, name, prefix, secret_hash, created_at, revoked_at FROM api_keys")
+            .fetch_all(&acc.pool)
+            .await
+            .unwrap();
     assert_eq!(rows.len(), 2);
     for (_, _, prefix, hash, _, _) in &rows {
         assert_eq!(hash.len(), 64);
@@ -200,19 +166,14 @@ async fn secrets_are_stored_hashed() {
             assert!(!hash.contains(secret));
         }
     }
-    assert!(rows
-        .iter()
-        .any(|r| r.3 == keys::hash_secret(&created.secret)));
+    assert!(rows.iter().any(|r| r.3 == keys::hash_secret(&created.secret)));
 
     // Nothing on disk (main file or WAL) contains a plaintext secret.
     acc.close().await;
     for entry in std::fs::read_dir(dir.path()).unwrap() {
         let bytes = std::fs::read(entry.unwrap().path()).unwrap();
         for secret in [created.secret.as_bytes(), provided.as_bytes()] {
-            assert!(
-                !bytes.windows(secret.len()).any(|w| w == secret),
-                "plaintext on disk"
-            );
+            assert!(!bytes.windows(secret.len()).any(|w| w == secret), "plaintext on disk");
         }
     }
 }
@@ -226,10 +187,7 @@ async fn two_handles_on_one_data_dir_see_each_other() {
     // Warm the server's pool so it has open connections before the CLI writes.
     assert_eq!(server.count_active_keys().await.unwrap(), 0);
     let k = cli.create_key("from-cli").await.unwrap();
-    assert_eq!(
-        server.authenticate(&k.secret).await.unwrap(),
-        Some(k.key.clone())
-    );
+    assert_eq!(server.authenticate(&k.secret).await.unwrap(), Some(k.key.clone()));
     assert_eq!(server.count_active_keys().await.unwrap(), 1);
 
     let s = server.create_key("from-server").await.unwrap();
@@ -278,9 +236,7 @@ async fn concurrent_creates_succeed() {
     let mut tasks = Vec::new();
     for i in 0..32 {
         let acc = if i % 2 == 0 { a.clone() } else { b.clone() };
-        tasks.push(tokio::spawn(async move {
-            acc.create_key(&format!("k{i}")).await
-        }));
+        tasks.push(tokio::spawn(async move { acc.create_key(&format!("k{i}")).await }));
     }
     let mut ids = HashSet::new();
     let mut secrets = Vec::new();
@@ -328,32 +284,18 @@ async fn reopening_keeps_data_and_skips_applied_migrations() {
         s
     };
     let acc = Accounts::open_data_dir(dir.path()).await.unwrap();
-    assert_eq!(
-        acc.authenticate(&secret).await.unwrap().unwrap().name,
-        "persist"
-    );
+    assert_eq!(acc.authenticate(&secret).await.unwrap().unwrap().name, "persist");
 }
 
 #[tokio::test]
 async fn data_dir_uses_wal_and_busy_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let acc = Accounts::open_data_dir(&dir.path().join("a/b"))
-        .await
-        .unwrap();
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(&acc.pool)
-        .await
-        .unwrap();
+    let acc = Accounts::open_data_dir(&dir.path().join("a/b")).await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&acc.pool).await.unwrap();
     assert_eq!(mode.to_lowercase(), "wal");
-    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-        .fetch_one(&acc.pool)
-        .await
-        .unwrap();
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&acc.pool).await.unwrap();
     assert_eq!(busy, 5000);
-    let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
-        .fetch_one(&acc.pool)
-        .await
-        .unwrap();
+    let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys").fetch_one(&acc.pool).await.unwrap();
     assert_eq!(fk, 1);
     assert!(dir.path().join("a/b").join(DB_FILE_NAME).is_file());
 }

@@ -22,9 +22,7 @@ on_both!(usage_is_recorded_exactly_once, |acc: Accounts| async move {
     acc.record_usage(&rec).await.unwrap();
     acc.record_usage(&rec).await.unwrap();
     // Same id, different numbers: still ignored.
-    acc.record_usage(&usage("req-1", k.key.id, "tiny", 999, 0, 999))
-        .await
-        .unwrap();
+    acc.record_usage(&usage("req-1", k.key.id, "tiny", 999, 0, 999)).await.unwrap();
     let summary = acc.usage_summary().await.unwrap();
     assert_eq!(
         summary,
@@ -46,21 +44,11 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
     assert!(acc.usage_summary().await.unwrap().is_empty());
     let a = acc.create_key("alice").await.unwrap().key.id;
     let b = acc.create_key("bob").await.unwrap().key.id;
-    acc.record_usage(&usage("r1", a, "m1", 10, 1, 5))
-        .await
-        .unwrap();
-    acc.record_usage(&usage("r2", a, "m1", 20, 2, 6))
-        .await
-        .unwrap();
-    acc.record_usage(&usage("r3", a, "m2", 30, 0, 7))
-        .await
-        .unwrap();
-    acc.record_usage(&usage("r4", b, "m1", u32::MAX, u32::MAX, u32::MAX))
-        .await
-        .unwrap();
-    acc.record_usage(&usage("r5", b, "m1", u32::MAX, 0, 1))
-        .await
-        .unwrap();
+    acc.record_usage(&usage("r1", a, "m1", 10, 1, 5)).await.unwrap();
+    acc.record_usage(&usage("r2", a, "m1", 20, 2, 6)).await.unwrap();
+    acc.record_usage(&usage("r3", a, "m2", 30, 0, 7)).await.unwrap();
+    acc.record_usage(&usage("r4", b, "m1", u32::MAX, u32::MAX, u32::MAX)).await.unwrap();
+    acc.record_usage(&usage("r5", b, "m1", u32::MAX, 0, 1)).await.unwrap();
 
     let row = |k: &str, m: &str, r, p, c, o| UsageRow {
         key_name: k.into(),

@@ -43,12 +43,29 @@ const CALL_START: &[&[Part]] = &[&[OptArray, OptBrace], CALL_OBJECT];
 /// The same call inside OpenAI's wrapper, `{"type": "function", "function": {"name": …`, as
 /// models that echo the API's own format write it.
 const WRAPPED_CALL_START: &[&[Part]] = &[
-    &[OptArray, Lit("{"), Ws, Lit("\"type\""), Ws, Lit(":"), Ws, Lit("\"function\""), Ws, Lit(","), Ws, Lit("\"function\""), Ws, Lit(":"), Ws],
+    &[
+        OptArray,
+        Lit("{"),
+        Ws,
+        Lit("\"type\""),
+        Ws,
+        Lit(":"),
+        Ws,
+        Lit("\"function\""),
+        Ws,
+        Lit(","),
+        Ws,
+        Lit("\"function\""),
+        Ws,
+        Lit(":"),
+        Ws,
+    ],
     CALL_OBJECT,
 ];
 
 /// A single call object up to its arguments' value.
-const CALL_HEAD: &[Part] = &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
+const CALL_HEAD: &[Part] =
+    &[Lit("{"), Ws, Lit("\"name\""), Ws, Lit(":"), Ws, Name, Ws, Lit(","), Ws, Lit("\"arguments\""), Ws, Lit(":")];
 
 /// Whether `body` (the text from its first `{` or `[` on) commits to a call of one of `known`,
 /// plain or in OpenAI's `{"type": "function", "function": …}` wrapper.

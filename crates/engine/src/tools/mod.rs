@@ -20,9 +20,9 @@ mod parse;
 mod prompt;
 mod raw;
 mod stream;
-mod watch;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -173,7 +173,9 @@ fn call_from_object(raw: &str, m: &Map<String, Value>, known: &[&str]) -> Option
     if let Some(Value::Object(inner)) = m.get("function") {
         let wrapper_only = m.keys().all(|k| matches!(k.as_str(), "function" | "type" | "id"));
         let typed = m.get("type").is_none_or(|t| t == "function");
-        return (wrapper_only && typed).then(|| call_from_object(raw::member(raw, "function")?, inner, known)).flatten();
+        return (wrapper_only && typed)
+            .then(|| call_from_object(raw::member(raw, "function")?, inner, known))
+            .flatten();
     }
     let args_key = if m.contains_key("arguments") { "arguments" } else { "parameters" };
     if m.len() != 2 {

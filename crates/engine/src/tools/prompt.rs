@@ -8,10 +8,8 @@ use serde_json::{json, Value as Json};
 
 /// Rewrites `messages` so a template that ignores `tools` still shows them to the model.
 pub fn with_generic_tool_prompt(messages: &[Json], tools: &[Json]) -> Vec<Json> {
-    let functions: Vec<String> = tools
-        .iter()
-        .map(|t| serde_json::to_string(t.get("function").unwrap_or(t)).unwrap_or_default())
-        .collect();
+    let functions: Vec<String> =
+        tools.iter().map(|t| serde_json::to_string(t.get("function").unwrap_or(t)).unwrap_or_default()).collect();
     let instructions = format!(
         "You can call these functions:\n{}\n\nTo call a function, reply with only a JSON object \
          {{\"name\": <function name>, \"arguments\": <arguments object>}} (a JSON array of such \
@@ -52,14 +50,19 @@ pub fn with_generic_tool_prompt(messages: &[Json], tools: &[Json]) -> Vec<Json> 
             }
             "tool" => {
                 let id = m.get("tool_call_id").and_then(Json::as_str).unwrap_or("");
-                let name = m.get("name").and_then(Json::as_str).map(str::to_string).or_else(|| names_by_id.get(id).cloned());
+                let name =
+                    m.get("name").and_then(Json::as_str).map(str::to_string).or_else(|| names_by_id.get(id).cloned());
                 let label = name.unwrap_or_else(|| id.to_string());
                 out.push(json!({"role": "user", "content": format!("Result of {label}: {}", content_text(m))}));
             }
             _ => out.push(m.clone()),
         }
     }
-    let has_system = messages.first().and_then(|m| m.get("role")).and_then(Json::as_str).is_some_and(|r| r == "system" || r == "developer");
+    let has_system = messages
+        .first()
+        .and_then(|m| m.get("role"))
+        .and_then(Json::as_str)
+        .is_some_and(|r| r == "system" || r == "developer");
     if !has_system {
         out.insert(0, json!({"role": "system", "content": instructions}));
     }
@@ -70,7 +73,9 @@ pub fn with_generic_tool_prompt(messages: &[Json], tools: &[Json]) -> Vec<Json> 
 fn content_text(m: &Json) -> String {
     match m.get("content") {
         Some(Json::String(s)) => s.clone(),
-        Some(Json::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Json::as_str)).collect::<Vec<_>>().join(""),
+        Some(Json::Array(parts)) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(Json::as_str)).collect::<Vec<_>>().join("")
+        }
         _ => String::new(),
     }
 }
@@ -80,12 +85,17 @@ mod tests {
     use super::*;
 
     fn tools() -> Vec<Json> {
-        vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})]
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+        ]
     }
 
     #[test]
     fn tools_join_the_system_message_or_make_one() {
-        let with_system = with_generic_tool_prompt(&[json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "Hi"})], &tools());
+        let with_system = with_generic_tool_prompt(
+            &[json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "Hi"})],
+            &tools(),
+        );
         assert_eq!(with_system.len(), 2);
         let sys = with_system[0]["content"].as_str().unwrap();
         assert!(sys.starts_with("Be brief.") && sys.contains("\"name\":\"get_weather\""), "{sys}");

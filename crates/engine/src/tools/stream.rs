@@ -28,10 +28,16 @@ pub enum StreamPiece {
         arguments: String,
     },
     /// The start of a call whose arguments follow as [`StreamPiece::CallArguments`].
-    CallStart { index: usize, name: String },
+    CallStart {
+        index: usize,
+        name: String,
+    },
     /// The next part of the arguments of call `index`; all parts concatenate to what
     /// [`super::parse_tool_calls`] returns as its `arguments`.
-    CallArguments { index: usize, fragment: String },
+    CallArguments {
+        index: usize,
+        fragment: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -207,8 +207,19 @@ fn tagged_calls_stream_before_the_text_ends() {
 }
 
 /// Fixtures whose every `<tool_call>` holds a well-formed call: what the call grammar lets through.
-const CONSTRAINED_TAGGED: &[&str] =
-    &["qwen_single", "qwen_multiple", "qwen_text_before", "qwen_text_after", "qwen_missing_close_at_end", "qwen_missing_close_between", "qwen_extra_brace", "nested_braces_in_strings", "unicode", "plain", "tag_only"];
+const CONSTRAINED_TAGGED: &[&str] = &[
+    "qwen_single",
+    "qwen_multiple",
+    "qwen_text_before",
+    "qwen_text_after",
+    "qwen_missing_close_at_end",
+    "qwen_missing_close_between",
+    "qwen_extra_brace",
+    "nested_braces_in_strings",
+    "unicode",
+    "plain",
+    "tag_only",
+];
 
 #[test]
 fn tagged_call_arguments_stream_as_written_and_add_up_to_the_parse() {
@@ -219,7 +230,13 @@ fn tagged_call_arguments_stream_as_written_and_add_up_to_the_parse() {
             assert_eq!(got, whole, "fixture {} in chunks of {size}", fixture.0);
             if size == 1 && !whole.calls.is_empty() {
                 // Name first, then the arguments a few characters at a time, not in one piece.
-                assert!(matches!(pieces.iter().find(|p| !matches!(p, StreamPiece::Content(_))), Some(StreamPiece::CallStart { .. })), "{pieces:?}");
+                assert!(
+                    matches!(
+                        pieces.iter().find(|p| !matches!(p, StreamPiece::Content(_))),
+                        Some(StreamPiece::CallStart { .. })
+                    ),
+                    "{pieces:?}"
+                );
                 let fragments = pieces.iter().filter(|p| matches!(p, StreamPiece::CallArguments { .. })).count();
                 assert!(fragments >= 5, "fixture {}: {fragments} fragments", fixture.0);
             }
@@ -239,7 +256,10 @@ fn forced_call_arguments_stream_and_a_cut_call_keeps_what_was_written() {
     let mut streamer = ToolCallStreamer::new(KNOWN).stream_arguments(true);
     let mut pieces = streamer.push(cut);
     pieces.extend(streamer.finish_cut());
-    let expected = ParsedOutput { content: None, calls: vec![ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"São "#.into() }] };
+    let expected = ParsedOutput {
+        content: None,
+        calls: vec![ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"São "#.into() }],
+    };
     assert_eq!(parse_cut_output(cut, KNOWN), expected);
     let mut args = String::new();
     for piece in &pieces {

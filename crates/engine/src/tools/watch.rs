@@ -198,7 +198,8 @@ mod tests {
         let pieces = ["Let's check.\n\n", "``", "`json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": ", "{"];
         assert_eq!(watch(&pieces), Some((3, CallStart::Fenced { prefix: 14 })));
         // A code fence that is not a call is skipped; a later one that is, counts.
-        let pieces = ["Code:\n```python\nprint(1)\n```\nThen:\n```json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
+        let pieces =
+            ["Code:\n```python\nprint(1)\n```\nThen:\n```json\n", "{\"name\": \"get_weather\", \"arguments\": {"];
         let prefix = "Code:\n```python\nprint(1)\n```\nThen:\n".len();
         assert_eq!(watch(&pieces), Some((1, CallStart::Fenced { prefix })));
     }
@@ -213,7 +214,8 @@ mod tests {
     #[test]
     fn the_text_before_a_fence_is_read_from_the_models_bytes() {
         let call = b"```json\n{\"name\": \"get_weather\", \"arguments\": {";
-        for (before, text) in [(&b"caf\xC3\xA9 "[..], Some("caf\u{e9} ")), (b"caf\xC3", None), (b"\xFF\xFE ok ", None)] {
+        for (before, text) in [(&b"caf\xC3\xA9 "[..], Some("caf\u{e9} ")), (b"caf\xC3", None), (b"\xFF\xFE ok ", None)]
+        {
             let mut w = CallWatch::new();
             assert_eq!(w.push(before, &names(), None), None);
             assert_eq!(w.push(call, &names(), None), Some(CallStart::Fenced { prefix: before.len() }), "{before:?}");

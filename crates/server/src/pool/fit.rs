@@ -39,7 +39,11 @@ pub struct Refit {
 /// both ways needs the whole image in one batch. Returns what changed, or `None` when it already
 /// fitted or cannot fit (then the settings are the smallest tried, and the budget check refuses
 /// the model with its need).
-pub fn fit_to_budget(config: &mut EngineConfig, shrinkable: Shrinkable, budget: u64) -> Result<Option<Refit>, LoadError> {
+pub fn fit_to_budget(
+    config: &mut EngineConfig,
+    shrinkable: Shrinkable,
+    budget: u64,
+) -> Result<Option<Refit>, LoadError> {
     let before = (config.parallel, config.batch_size);
     let mut need = config.estimate_memory()?.total();
     let keep_batch = config.mmproj_path.is_some() || !shrinkable.batch;
@@ -139,7 +143,8 @@ mod given_settings {
         let budget = at_32.estimate_memory().unwrap().total();
         // --parallel given: only the batch may shrink, and that is enough here.
         let mut c = config.clone();
-        let refit = fit_to_budget(&mut c, Shrinkable { parallel: false, batch: true }, budget).unwrap().expect("refitted");
+        let refit =
+            fit_to_budget(&mut c, Shrinkable { parallel: false, batch: true }, budget).unwrap().expect("refitted");
         assert_eq!(refit.after, (4, 32));
         // Both given: nothing changes, and the budget check refuses the model.
         let mut c = config.clone();

@@ -5,7 +5,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let bytes = match s.parse::<u64>() {
         Ok(n) => n,
-        Err(_) => s.parse::<bytesize::ByteSize>().map_err(|e| format!("{s:?} is not a size like 700MB or 4GiB: {e}"))?.as_u64(),
+        Err(_) => s
+            .parse::<bytesize::ByteSize>()
+            .map_err(|e| format!("{s:?} is not a size like 700MB or 4GiB: {e}"))?
+            .as_u64(),
     };
     if bytes == 0 {
         return Err("the memory budget must be more than 0 bytes".into());

@@ -64,11 +64,19 @@ impl PoolError {
         let message = self.to_string();
         match self {
             PoolError::NotFound(id) => ApiError::model_not_found(&id),
-            PoolError::Busy { .. } => ApiError::overloaded(format!("{message}. Please retry after a short wait.")).with_retry_after(5),
-            PoolError::LoadFailed { .. } | PoolError::TooLarge { .. } => ApiError::overloaded(message).with_retry_after(30),
-            PoolError::InUse { .. } => {
-                ApiError::new(axum::http::StatusCode::CONFLICT, "invalid_request_error", message, None, Some("model_in_use"))
+            PoolError::Busy { .. } => {
+                ApiError::overloaded(format!("{message}. Please retry after a short wait.")).with_retry_after(5)
             }
+            PoolError::LoadFailed { .. } | PoolError::TooLarge { .. } => {
+                ApiError::overloaded(message).with_retry_after(30)
+            }
+            PoolError::InUse { .. } => ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "invalid_request_error",
+                message,
+                None,
+                Some("model_in_use"),
+            ),
         }
     }
 }
@@ -264,7 +272,9 @@ impl ModelPool {
         state.clock += 1;
         let now = state.clock;
         let idle_since = std::time::Instant::now();
-        state.loaded.insert(index, Loaded { model: model.clone(), bytes, measured, leases: 1, last_used: now, idle_since });
+        state
+            .loaded
+            .insert(index, Loaded { model: model.clone(), bytes, measured, leases: 1, last_used: now, idle_since });
         Ok(Lease { inner: self.inner.clone(), index, model })
     }
 
@@ -448,7 +458,8 @@ impl ModelPool {
 
     /// Stops every loaded model (blocking: each finishes what it has).
     pub fn shutdown(&self) {
-        let models: Vec<_> = self.inner.state.lock().expect("pool state").loaded.drain().map(|(_, l)| l.model).collect();
+        let models: Vec<_> =
+            self.inner.state.lock().expect("pool state").loaded.drain().map(|(_, l)| l.model).collect();
         for model in models {
             model.shutdown();
         }

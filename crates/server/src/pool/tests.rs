@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_engine::{ChatInput, EngineConfig, GenerateRequest, GenerationHandle, Generator, Health, ModelInfo, PrepareError, SubmitError};
+use gantry_engine::{
+    ChatInput, EngineConfig, GenerateRequest, GenerationHandle, Generator, Health, ModelInfo, PrepareError, SubmitError,
+};
 
 use super::*;
 
@@ -75,7 +77,15 @@ impl ModelLoader for FakeLoader {
 fn spec(id: &str, bytes: u32, pin: bool) -> ModelSpec {
     let mut config = EngineConfig::new(PathBuf::from(format!("/models/{id}")));
     config.ctx_size = bytes;
-    ModelSpec { id: id.into(), aliases: Vec::new(), config, pin, idle_unload: None, created: 0, shrinkable: Shrinkable::ALL }
+    ModelSpec {
+        id: id.into(),
+        aliases: Vec::new(),
+        config,
+        pin,
+        idle_unload: None,
+        created: 0,
+        shrinkable: Shrinkable::ALL,
+    }
 }
 
 fn pool(specs: Vec<ModelSpec>, loader: &FakeLoader, budget: u64) -> ModelPool {

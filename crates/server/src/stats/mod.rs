@@ -126,9 +126,10 @@ impl Point {
             at_ms,
             seconds,
             requests: after.chat_requests.saturating_sub(before.chat_requests),
-            prompt_tokens: (after.sum(|m| m.prompt_tokens as f64) - before.sum(|m| m.prompt_tokens as f64)).max(0.0) as u64,
-            completion_tokens: (after.sum(|m| m.completion_tokens as f64) - before.sum(|m| m.completion_tokens as f64)).max(0.0)
+            prompt_tokens: (after.sum(|m| m.prompt_tokens as f64) - before.sum(|m| m.prompt_tokens as f64)).max(0.0)
                 as u64,
+            completion_tokens: (after.sum(|m| m.completion_tokens as f64) - before.sum(|m| m.completion_tokens as f64))
+                .max(0.0) as u64,
             errors,
             queue_depth: after.sum(|m| m.queue_depth),
             running_sequences: after.sum(|m| m.running_sequences),

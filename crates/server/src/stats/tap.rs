@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 
 use super::histogram::AtomicHistogram;
 
@@ -108,7 +110,8 @@ impl CounterFn for TeeCounter {
 impl GaugeFn for TeeGauge {
     fn increment(&self, value: f64) {
         self.0.increment(value);
-        let _ = self.1.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((f64::from_bits(b) + value).to_bits()));
+        let _ =
+            self.1.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((f64::from_bits(b) + value).to_bits()));
     }
     fn decrement(&self, value: f64) {
         self.increment(-value);

@@ -81,7 +81,11 @@ impl Replica {
         let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().unwrap();
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let ok = client.get(format!("http://{}/health/ready", self.addr())).send().await.is_ok_and(|r| r.status() == 200);
+            let ok = client
+                .get(format!("http://{}/health/ready", self.addr()))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200);
             if ok {
                 return;
             }
@@ -210,7 +214,11 @@ impl Nginx {
             .expect("spawn nginx");
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nginx did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not start: {}",
+                std::fs::read_to_string(dir.join("error.log")).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Self { child, port, dir }

@@ -47,15 +47,27 @@ impl TestServer {
         // One llama.cpp thread: the suite runs two tests at once on two cores, and ggml's OpenMP
         // threads spin at every barrier, so two 2-thread servers sharing two cores ran 25 times
         // slower (the database outage tests took 300 s instead of 12, and timed out in CI).
-        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--ctx-size", "512", "--parallel", "4", "--threads", "1"])
-            .arg("--model")
-            .arg(model)
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .args(extra)
-            .env_remove("GANTRY_API_KEY")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ctx-size",
+            "512",
+            "--parallel",
+            "4",
+            "--threads",
+            "1",
+        ])
+        .arg("--model")
+        .arg(model)
+        .arg("--data-dir")
+        .arg(data_dir.path())
+        .args(extra)
+        .env_remove("GANTRY_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
         if with_key {
             cmd.args(["--api-key", KEY]);
         }
@@ -128,7 +140,8 @@ impl Drop for TestServer {
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter_map(|event| {
-            let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).collect();
+            let data: Vec<&str> =
+                event.lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).collect();
             (!data.is_empty()).then(|| data.join("\n"))
         })
         .collect()
@@ -155,7 +168,7 @@ pub async fn ban_special_tokens_at(base: &str, model: &str, key: &str) -> serde_
         .await
         .unwrap();
     let message = refused["error"]["message"].as_str().unwrap();
-    let n_vocab: i64 = message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
+    let n_vocab: i64 =
+        message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
     serde_json::json!({(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100})
 }
-

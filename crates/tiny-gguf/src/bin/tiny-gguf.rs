@@ -34,19 +34,13 @@ fn parse_args() -> Result<Args, String> {
             }
             "--seed" => {
                 let v = args.next().ok_or("--seed needs a value")?;
-                seed = v
-                    .parse()
-                    .map_err(|e| format!("invalid --seed {v:?}: {e}"))?;
+                seed = v.parse().map_err(|e| format!("invalid --seed {v:?}: {e}"))?;
             }
             s if s.starts_with("--seed=") => {
                 let v = &s["--seed=".len()..];
-                seed = v
-                    .parse()
-                    .map_err(|e| format!("invalid --seed {v:?}: {e}"))?;
+                seed = v.parse().map_err(|e| format!("invalid --seed {v:?}: {e}"))?;
             }
-            s if s.starts_with('-') && s.len() > 1 => {
-                return Err(format!("unknown option {s}\n{USAGE}"))
-            }
+            s if s.starts_with('-') && s.len() > 1 => return Err(format!("unknown option {s}\n{USAGE}")),
             s => {
                 if out.replace(PathBuf::from(s)).is_some() {
                     return Err(format!("more than one output path\n{USAGE}"));
@@ -66,20 +60,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let spec = TinyModelSpec {
-        seed,
-        ..TinyModelSpec::default()
-    };
+    let spec = TinyModelSpec { seed, ..TinyModelSpec::default() };
     if let Err(e) = write_tiny_model(&out, &spec) {
         eprintln!("tiny-gguf: failed to write {}: {e}", out.display());
         return ExitCode::FAILURE;
     }
     if let Some(path) = mmproj {
-        let projector = TinyProjectorSpec {
-            text_n_embd: spec.n_embd,
-            seed,
-            ..TinyProjectorSpec::default()
-        };
+        let projector = TinyProjectorSpec { text_n_embd: spec.n_embd, seed, ..TinyProjectorSpec::default() };
         if let Err(e) = write_tiny_projector(&path, &projector) {
             eprintln!("tiny-gguf: failed to write {}: {e}", path.display());
             return ExitCode::FAILURE;
