@@ -67,8 +67,8 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
 
 ENTRYPOINT ["gantry"]
 # --drain-delay: on SIGTERM stay up, unready and refusing new chats, long enough for a load
-# balancer probing every 10 s to notice, before the listener closes (see README, "Behind a load
-# balancer"). `serve` does not download: pull the model into /models first (`gantry models pull
+# balancer probing every 10 s to notice, before the listener closes (see docs/replicas.md, "Behind a
+# load balancer"). `serve` does not download: pull the model into /models first (`gantry models pull
 # NAME`, as compose.yaml's model-pull service and the Kubernetes init container do); GANTRY_MODEL
 # picks another one (default: qwen2.5-coder-0.5b).
 CMD ["serve", "--host", "0.0.0.0", "--port", "8080", "--drain-delay", "12", "--shutdown-grace", "30"]

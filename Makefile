@@ -178,7 +178,7 @@ test-container:
 	scripts/test-container.sh
 
 # Runs the console's browser tests and copies their screenshots to docs/console-*.png (the
-# README's); every run also leaves them in target/console-screenshots/.
+# ones docs/keys-and-billing.md shows); every run also leaves them in target/console-screenshots/.
 console-screenshots: models-e2e
 	@scripts/install-browser.sh
 	@scripts/python-venv.sh >/dev/null
@@ -218,7 +218,8 @@ bench-gpu: build-gpu
 
 # For a GPU machine without Rust (a lent one, which may reach no network): packs make build-gpu's
 # Gantry and gantry-bench, the reference's sdist and BENCH_MODEL into .gpu-bench/part-NN (at most
-# GPU_BENCH_PART_MIB MiB each) for scripts/gpu-bench-remote.sh there. See the README's GPU section.
+# GPU_BENCH_PART_MIB MiB each) for scripts/gpu-bench-remote.sh there. See docs/gpu.md, "Benchmark on
+# a GPU".
 gpu-bench-bundle: build-gpu
 	@$(CUDA_ENV) && \
 	GANTRY_GPU_BUILD="CUDA_ARCHS=$(CUDA_ARCHS), GGML_CUDA_NO_VMM=$$no_vmm, $$(nvcc --version | grep -m 1 release)" \

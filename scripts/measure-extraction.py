@@ -3,7 +3,8 @@
 
 Usage: measure-extraction.py BASE_URL API_KEY MODEL_ID
 Ten short paragraphs, each with four facts; temperature 0; prints the per-field hit count and the
-total out of 40. Used for the whitespace change in crates/engine/src/constraint.rs (see README).
+total out of 40. Used for the whitespace change in crates/engine/src/constraint.rs (see
+docs/tools-and-structured-output.md, "Structured output").
 """
 
 import json

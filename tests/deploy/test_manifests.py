@@ -2,7 +2,8 @@
 validated against Kubernetes' own schemas), compose.yaml, nginx.conf and the Dockerfile.
 
 Nothing here starts a container or a cluster; it proves the files are well-formed and say what
-README's "Run several replicas" promises (probes, drain timing, non-root, model pull, autoscaling).
+docs/replicas.md's "Run several replicas" promises (probes, drain timing, non-root, model pull,
+autoscaling).
 """
 
 from __future__ import annotations

@@ -201,7 +201,8 @@ AGENT_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 @pytest.fixture(scope="session")
 def agent_server() -> Server:
     """A second server on qwen2.5-coder-1.5b, the smallest catalogue model that finishes agent
-    loops (see README); the 0.5B default is measured against it, not held to it."""
+    loops (see docs/tools-and-structured-output.md, "Agents"); the 0.5B default is measured against
+    it, not held to it."""
     path = os.environ.get("GANTRY_E2E_AGENT_MODEL") or str(_cache_dir() / "models" / AGENT_MODEL)
     srv, tmp = _start(path)
     try:

@@ -103,7 +103,8 @@ def test_default_model_makes_the_first_call_right(client, server):
     """The 0.5B default calls the tool right, but after the result it writes the very same call
     again (measured: every loop repeats it until the turn limit, also with `tool_choice: "none"`
     it writes the call as text), so it cannot finish agent loops: a limit of the model, stated in
-    the README. What it can do is asserted: the first turn is the right call."""
+    docs/tools-and-structured-output.md, "Agents". What it can do is asserted: the first turn is
+    the right call."""
     for a, b in PROBLEMS:
         messages = [
             {"role": "system", "content": "You are a calculator assistant. Use the add tool for sums, then state the result."},

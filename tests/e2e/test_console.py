@@ -3,7 +3,7 @@ key in the UI, use it through the openai SDK, see the request in the usage chart
 its CSV, the same as `gantry usage --by-day --format csv`) and in the overview's counters, chat in
 the playground, rotate and revoke the key in the UI and watch the old secrets get 401. Every page
 is screenshotted into target/console-screenshots/ (GANTRY_UPDATE_DOCS=1 also copies them to
-docs/console-*.png for the README), and any browser console error fails the test."""
+docs/console-*.png for docs/keys-and-billing.md), and any browser console error fails the test."""
 
 from __future__ import annotations
 

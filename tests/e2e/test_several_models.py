@@ -19,7 +19,7 @@ from conftest import _models, serving
 # The issue's own command, at the server's own defaults (4096 tokens per sequence, 4 slots,
 # 512-token batches): 700MB holds one of them, not both. The coder would need ~1.07 GB, so the
 # server fits it with one slot and 128-token batches (~660 MB); SmolLM2-135M needs ~610 MB (see
-# README, Several models).
+# docs/several-models.md, and docs/benchmarks-other.md, "Several models in a small budget").
 SETTINGS = ("--model", "small=smollm2-135m", "--max-memory", "700MB")
 
 

@@ -166,7 +166,7 @@ def test_unchanged_beside_other_requests(server, plain_server):
     # wide margin. Prose beside it is load only: on the real model, prose decoded with and
     # without drafts drifted apart after a few dozen tokens (the KV values of a multi-token
     # verification batch differ in their last bits from one-token decoding, and prose has
-    # near-ties); see README, "Speculative decoding".
+    # near-ties); see docs/scheduling-and-speculation.md, "Speculative decoding".
     want = _ask(plain_server, CODE_EDIT, 400, temperature=0)
     before = _accepted(server)
     # Two at once (both may draft), then three (drafting pauses while the batch is that full).

@@ -97,8 +97,8 @@ def test_streamed_json_schema_reassembles_to_a_valid_document(client, server):
     # The same document, not the same text: the second request finds the prompt in the prefix
     # cache and the first answer in the drafts of earlier answers, and llama.cpp's multi-token
     # batches round differently from one-token steps, so where two next tokens nearly tie the
-    # temperature-0 text may differ (README, "Speculative decoding"; a fresh-clone make test saw
-    # one list item flip). What streaming must get right is the document it reassembles to.
+    # temperature-0 text may differ (docs/scheduling-and-speculation.md, "Speculative decoding"; a
+    # fresh-clone make test saw one list item flip). What streaming must get right is the document it reassembles to.
     streamed, whole = json.loads(s.content(0)), json.loads(r.choices[0].message.content)
     jsonschema.validate(whole, PERSON)
     assert streamed.keys() == whole.keys()
