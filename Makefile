@@ -66,7 +66,7 @@ CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
 # which is what make gpu-bench-bundle-light carries it to a GPU machine for.
 SHARED_DIR := target/shared
 
-.PHONY: serve build deps test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
+.PHONY: serve build deps lint test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
 	bench bench-cpu bench-gpu gpu-bench-bundle gpu-bench-bundle-light clean build-gpu build-shared serve-gpu check-cuda \
 	build-portable test-portable
 
@@ -124,8 +124,17 @@ test: deps
 	$(MAKE) test-deploy
 	@if [ "$(GANTRY_CHECK_CUDA)" = 1 ]; then $(MAKE) check-cuda; else echo "check-cuda skipped (GANTRY_CHECK_CUDA=1 runs it)"; fi
 	$(CARGO) build --workspace --all-targets
+	$(MAKE) lint
 	$(MAKE) test-rust
 	$(MAKE) test-e2e
+
+# Format and lints (rustfmt.toml; [workspace.lints] in Cargo.toml): any warning fails. Clippy's
+# check build keeps its own copy of llama.cpp's build beside the test build's (cargo runs the
+# build script again for a check), so the first run in a fresh clone compiles llama.cpp twice.
+lint:
+	@if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # The accounts suite and the replica tests also run against a throwaway PostgreSQL on loopback
 # (installed from Debian's packages when missing), and the cluster test behind nginx (likewise).

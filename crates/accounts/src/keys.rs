@@ -18,14 +18,14 @@ use crate::AccountsError;
 /// Every generated secret starts with this.
 pub const SECRET_PREFIX: &str = "sk-gantry-";
 /// Number of random base62 characters after [`SECRET_PREFIX`] (40 * log2(62) ≈ 238 bits).
-pub const SECRET_RANDOM_LEN: usize = 40;
+pub(crate) const SECRET_RANDOM_LEN: usize = 40;
 /// Length of the display prefix for generated keys, e.g. `sk-gantry-AbCd`.
 pub const DISPLAY_PREFIX_LEN: usize = 14;
 /// Shortest and longest strings [`looks_like_key`] accepts.
 pub const MIN_KEY_LEN: usize = 20;
 pub const MAX_KEY_LEN: usize = 200;
 /// Longest accepted key name.
-pub const MAX_NAME_LEN: usize = 200;
+pub(crate) const MAX_NAME_LEN: usize = 200;
 
 /// A stored API key, safe to display.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

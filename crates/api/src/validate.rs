@@ -7,16 +7,16 @@ use crate::ApiError;
 
 /// Most `tools` one request may offer (OpenAI's limit): each is rendered into the prompt and
 /// compiled into the call grammar, so their number bounds what one request costs to prepare.
-pub const MAX_TOOLS: usize = 128;
+pub(crate) const MAX_TOOLS: usize = 128;
 /// Most bytes the `tools` array may take once serialized: 128 tools of 4 KiB each.
-pub const MAX_TOOLS_BYTES: usize = 512 * 1024;
+pub(crate) const MAX_TOOLS_BYTES: usize = 512 * 1024;
 /// Most entries in `messages`: each is rendered by the chat template before tokenization.
-pub const MAX_MESSAGES: usize = 2048;
+pub(crate) const MAX_MESSAGES: usize = 2048;
 /// Most bytes one JSON schema (`response_format.json_schema.schema`, a tool's `parameters`)
 /// may take once serialized: compiling a schema into a grammar grows with its size.
-pub const MAX_SCHEMA_BYTES: usize = 128 * 1024;
+pub(crate) const MAX_SCHEMA_BYTES: usize = 128 * 1024;
 /// Longest function name, as OpenAI allows: `^[a-zA-Z0-9_-]{1,64}$`.
-pub const MAX_FUNCTION_NAME_LEN: usize = 64;
+pub(crate) const MAX_FUNCTION_NAME_LEN: usize = 64;
 
 const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
 

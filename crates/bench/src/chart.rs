@@ -21,7 +21,7 @@ fn esc(s: &str) -> String {
 }
 
 /// Two panels (tokens/s and TTFT p50 against concurrency) for `workload`, one line per server.
-pub fn svg(runs: &[ServerRun], workload: &str) -> String {
+pub(crate) fn svg(runs: &[ServerRun], workload: &str) -> String {
     let levels: Vec<usize> = {
         let mut c: Vec<usize> = cells(runs).into_iter().filter(|k| k.0 == workload).map(|k| k.1).collect();
         c.sort_unstable();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::mode::gpu_summary;
 
 /// CPU, memory, kernel, and with `gpus` what nvidia-smi says of the GPUs.
-pub fn machine(gpus: bool) -> String {
+pub(crate) fn machine(gpus: bool) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| {
         cpuinfo.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string())
@@ -56,7 +56,7 @@ pub fn machine(gpus: bool) -> String {
     )
 }
 
-pub fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
@@ -72,7 +72,7 @@ fn cpu_jiffies() -> Option<(u64, u64)> {
 
 /// Share of the machine's CPU time that was busy over `window` while both servers sit idle:
 /// anything above a few percent is other work competing with the measurement.
-pub async fn busy_share(window: Duration) -> Option<f64> {
+pub(crate) async fn busy_share(window: Duration) -> Option<f64> {
     let (b0, t0) = cpu_jiffies()?;
     tokio::time::sleep(window).await;
     let (b1, t1) = cpu_jiffies()?;

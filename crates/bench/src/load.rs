@@ -12,7 +12,7 @@ use crate::workloads::{Request, Workload};
 
 /// Where and how to send requests.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub client: reqwest::Client,
     pub base_url: String,
     /// The keys requests are sent with (none: no `Authorization`); a request's `key_slot` picks one.
@@ -23,12 +23,12 @@ pub struct Target {
 /// Incremental Server-Sent-Events decoder: feed raw bytes, get the `data:` payloads of complete
 /// events. Bytes are buffered until a blank line so multi-byte UTF-8 split across reads survives.
 #[derive(Default)]
-pub struct SseParser {
+pub(crate) struct SseParser {
     buf: Vec<u8>,
 }
 
 impl SseParser {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Vec<String> {
         self.buf.extend_from_slice(bytes);
         let mut events = Vec::new();
         while let Some((end, sep)) = find_event_end(&self.buf) {
@@ -58,7 +58,7 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 
 /// What one `data:` payload of a chat-completions stream carries.
 #[derive(Debug, PartialEq)]
-pub enum Chunk {
+pub(crate) enum Chunk {
     Done,
     /// Visible text (content or reasoning) and the usage block when present.
     Data {
@@ -70,7 +70,7 @@ pub enum Chunk {
     Error(String),
 }
 
-pub fn parse_chunk(data: &str) -> Chunk {
+pub(crate) fn parse_chunk(data: &str) -> Chunk {
     if data.trim() == "[DONE]" {
         return Chunk::Done;
     }
@@ -97,7 +97,7 @@ pub fn parse_chunk(data: &str) -> Chunk {
 }
 
 /// Sends one streaming request and times it. Never fails: errors land in the sample.
-pub async fn stream_request(target: &Target, request: Request, max_tokens: u32) -> RequestSample {
+pub(crate) async fn stream_request(target: &Target, request: Request, max_tokens: u32) -> RequestSample {
     let mut sample = RequestSample::default();
     if let Err(e) = stream_inner(target, request, max_tokens, &mut sample).await {
         sample.error = Some(format!("{e:#}"));
@@ -106,7 +106,7 @@ pub async fn stream_request(target: &Target, request: Request, max_tokens: u32) 
 }
 
 /// The JSON body of `request`, the same for both servers: only the model id differs.
-pub fn request_body(model: &str, request: &Request, max_tokens: u32) -> Value {
+pub(crate) fn request_body(model: &str, request: &Request, max_tokens: u32) -> Value {
     let mut body = json!({
         "model": model,
         "messages": request.messages,
@@ -176,7 +176,7 @@ async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mu
 
 /// Runs `requests` requests of `workload` (pass `pass`'s prompts), `concurrency` in flight at a
 /// time (closed loop).
-pub async fn run_level(
+pub(crate) async fn run_level(
     target: &Target,
     workload: &Workload,
     pass: usize,
@@ -272,7 +272,7 @@ mod tests {
             (Some(0.0), Some(64), Some("m"))
         );
         assert!(b.get("top_p").is_none() && b.get("seed").is_none() && b.get("response_format").is_none(), "{b}");
-        let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy.clone() };
+        let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy };
         let b = request_body("m", &sampled, 128);
         assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.8), Some(0.95)));
         assert!(b.get("seed").is_none(), "no seed: Gantry would skip its prompt cache for it");

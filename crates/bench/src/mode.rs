@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use crate::targets::{Target, CPU_TARGETS, GPU_TARGETS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Both servers built native for this CPU (and optionally both portable AVX2).
     Cpu,
     /// Both servers built with llama.cpp's CUDA backend, every layer offloaded to the GPU.
@@ -17,7 +17,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn new(gpu: bool) -> Mode {
+    pub(crate) fn new(gpu: bool) -> Mode {
         if gpu {
             Mode::Gpu
         } else {
@@ -28,7 +28,7 @@ impl Mode {
     /// Chat concurrency levels when `--concurrency` is not given. A GPU decodes a batch of 64
     /// sequences in little more time than one, so its levels go past the CPU's 16, where
     /// batching and scheduling are what tell the servers apart.
-    pub fn default_concurrency(self) -> Vec<usize> {
+    pub(crate) fn default_concurrency(self) -> Vec<usize> {
         match self {
             Mode::Cpu => vec![1, 4, 8, 16],
             Mode::Gpu => vec![1, 4, 8, 16, 32, 64],
@@ -38,7 +38,7 @@ impl Mode {
     /// Chat requests per level when `--requests` is not given (each level sends at least one per
     /// stream). On a GPU a level of 16 requests lasts a second or two: 64 makes the low levels
     /// long enough to measure and gives c=32 two requests per stream.
-    pub fn default_requests(self) -> usize {
+    pub(crate) fn default_requests(self) -> usize {
         match self {
             Mode::Cpu => 16,
             Mode::Gpu => 64,
@@ -46,7 +46,7 @@ impl Mode {
     }
 
     /// Levels of `chat-sampled` (issue #34): one stream, and the level where batching counts.
-    pub fn default_sampled_concurrency(self) -> Vec<usize> {
+    pub(crate) fn default_sampled_concurrency(self) -> Vec<usize> {
         match self {
             Mode::Cpu => vec![1, 8],
             Mode::Gpu => vec![1, 64],
@@ -54,14 +54,14 @@ impl Mode {
     }
 
     /// Levels of `chat-top-p`: the batched one of `chat-sampled`.
-    pub fn default_top_p_concurrency(self) -> Vec<usize> {
+    pub(crate) fn default_top_p_concurrency(self) -> Vec<usize> {
         match self {
             Mode::Cpu => vec![8],
             Mode::Gpu => vec![64],
         }
     }
 
-    pub fn targets(self) -> &'static [Target] {
+    pub(crate) fn targets(self) -> &'static [Target] {
         match self {
             Mode::Cpu => &CPU_TARGETS,
             Mode::Gpu => &GPU_TARGETS,
@@ -69,7 +69,7 @@ impl Mode {
     }
 
     /// The issue whose targets the report checks.
-    pub fn issue(self) -> &'static str {
+    pub(crate) fn issue(self) -> &'static str {
         match self {
             Mode::Cpu => "issue #13",
             Mode::Gpu => "issue #18",
@@ -77,7 +77,7 @@ impl Mode {
     }
 
     /// The report's title.
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Mode::Cpu => "Benchmarks: Gantry vs llama.cpp `llama-server`",
             Mode::Gpu => "GPU benchmarks: Gantry vs llama.cpp `llama-server`, both on CUDA",
@@ -85,7 +85,7 @@ impl Mode {
     }
 
     /// The command that regenerates the report, for its first line.
-    pub fn make_command(self) -> &'static str {
+    pub(crate) fn make_command(self) -> &'static str {
         match self {
             Mode::Cpu => "make bench",
             Mode::Gpu => "make bench BENCH_GPU=1",
@@ -94,7 +94,7 @@ impl Mode {
 
     /// Report and chart paths when `--out` / `--chart` are not given: the GPU report sits
     /// beside the CPU one and never overwrites it.
-    pub fn default_outputs(self) -> (PathBuf, PathBuf) {
+    pub(crate) fn default_outputs(self) -> (PathBuf, PathBuf) {
         match self {
             Mode::Cpu => ("docs/benchmarks.md".into(), "docs/bench-chart.svg".into()),
             Mode::Gpu => ("docs/benchmarks-gpu.md".into(), "docs/bench-chart-gpu.svg".into()),
@@ -103,7 +103,7 @@ impl Mode {
 
     /// Rejects flags that make no sense in this mode, rather than silently measuring something
     /// else than asked.
-    pub fn check(self, avx2_bins_given: bool) -> Result<()> {
+    pub(crate) fn check(self, avx2_bins_given: bool) -> Result<()> {
         if self == Mode::Gpu && avx2_bins_given {
             bail!("--gantry-avx2-bin / --reference-avx2-bin compare CPU builds; leave them out with --gpu");
         }
@@ -113,7 +113,7 @@ impl Mode {
 
 /// One line per GPU from `nvidia-smi --query-gpu=name,memory.total,driver_version
 /// --format=csv,noheader`, e.g. `GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB, driver 580.159.04`.
-pub fn describe_gpus(nvidia_smi_csv: &str) -> Vec<String> {
+pub(crate) fn describe_gpus(nvidia_smi_csv: &str) -> Vec<String> {
     nvidia_smi_csv
         .lines()
         .map(str::trim)
@@ -130,7 +130,7 @@ pub fn describe_gpus(nvidia_smi_csv: &str) -> Vec<String> {
 }
 
 /// The machine's GPUs as nvidia-smi names them, for the report; says so when it cannot.
-pub fn gpu_summary() -> String {
+pub(crate) fn gpu_summary() -> String {
     let out = std::process::Command::new("nvidia-smi")
         .args(["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
         .output();

@@ -7,7 +7,7 @@ use crate::mode::Mode;
 use crate::servers::REFERENCE_ALL_LAYERS;
 
 /// A pair of binaries to compare.
-pub struct Pair {
+pub(crate) struct Pair {
     pub title: String,
     /// How the two were built, for the report.
     pub kernels: String,
@@ -16,7 +16,7 @@ pub struct Pair {
 }
 
 /// The binaries given on the command line.
-pub struct Bins {
+pub(crate) struct Bins {
     pub gantry: PathBuf,
     pub reference: Option<PathBuf>,
     pub gantry_avx2: Option<PathBuf>,
@@ -27,13 +27,13 @@ pub struct Bins {
 /// environment: `GANTRY_NATIVE_CFLAGS` (the extra CPU flags of `make build`) and
 /// `GANTRY_GPU_BUILD` (the CUDA architectures and toolkit of `make build-gpu`).
 #[derive(Default)]
-pub struct BuildNotes {
+pub(crate) struct BuildNotes {
     pub native_cflags: String,
     pub gpu_build: String,
 }
 
 impl BuildNotes {
-    pub fn from_env() -> BuildNotes {
+    pub(crate) fn from_env() -> BuildNotes {
         BuildNotes {
             native_cflags: std::env::var("GANTRY_NATIVE_CFLAGS").unwrap_or_default(),
             gpu_build: std::env::var("GANTRY_GPU_BUILD").unwrap_or_default(),
@@ -41,7 +41,7 @@ impl BuildNotes {
     }
 }
 
-pub fn pairs(mode: Mode, bins: &Bins, notes: &BuildNotes) -> Vec<Pair> {
+pub(crate) fn pairs(mode: Mode, bins: &Bins, notes: &BuildNotes) -> Vec<Pair> {
     if mode == Mode::Gpu {
         let gantry_build = notes.gpu_build.trim();
         return vec![Pair {

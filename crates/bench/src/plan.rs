@@ -7,7 +7,7 @@ use crate::workloads::{Kind, Workload};
 use crate::Cli;
 
 /// Each workload with its (concurrency, requests) levels, in the order they are measured.
-pub type Plan = Vec<(Workload, Vec<(usize, usize)>)>;
+pub(crate) type Plan = Vec<(Workload, Vec<(usize, usize)>)>;
 
 impl Cli {
     fn sampled_concurrency(&self) -> Vec<usize> {
@@ -27,7 +27,7 @@ impl Cli {
     }
 }
 
-pub fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
+pub(crate) fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
     let requests = cli.requests();
     let chat_levels = |levels: Vec<usize>| levels.into_iter().map(|c| (c, requests.max(c))).collect::<Vec<_>>();
     let mut plan = Plan::new();
@@ -81,13 +81,13 @@ pub fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
 }
 
 /// The parallel sequences both servers need: the highest concurrency of any level.
-pub fn max_concurrency(plan: &Plan) -> usize {
+pub(crate) fn max_concurrency(plan: &Plan) -> usize {
     plan.iter().flat_map(|(_, levels)| levels.iter().map(|l| l.0)).max().unwrap_or(1)
 }
 
 /// The report's settings section: the servers' settings and every workload's.
 #[rustfmt::skip]
-pub fn describe(cli: &Cli, settings: &ServerSettings, model_size: f64) -> String {
+pub(crate) fn describe(cli: &Cli, settings: &ServerSettings, model_size: f64) -> String {
 format!(
         "- Model: `{}` ({model_size:.0} MB)\n- Threads: {}, parallel sequences/slots: {}, context per sequence: {} (llama-server `-c {}`)\n\
          - Passes: {} (server order flipped every pass), greedy workloads at temperature {}\n\

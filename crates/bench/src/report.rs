@@ -11,7 +11,7 @@ use crate::stats::{ratio, LevelResult};
 use crate::targets::targets_table;
 
 #[derive(Debug, Clone, Serialize)]
-pub struct ServerRun {
+pub(crate) struct ServerRun {
     pub name: String,
     pub version: String,
     pub command: String,
@@ -25,15 +25,15 @@ pub struct ServerRun {
     pub levels: Vec<LevelResult>,
 }
 
-pub const GANTRY: &str = "Gantry";
-pub const REFERENCE: &str = "llama-server";
+pub(crate) const GANTRY: &str = "Gantry";
+pub(crate) const REFERENCE: &str = "llama-server";
 
 fn f(v: Option<f64>, digits: usize) -> String {
     v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "n/a".into())
 }
 
 /// A pipe table, padded so it also reads well in a terminal.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -111,7 +111,7 @@ pub(crate) fn find(runs: &[ServerRun], server: &str, key: &(String, usize)) -> O
 
 /// Gantry ÷ reference of `metric` for `key`: the ratio of the means over passes, and the lowest
 /// and highest ratio of a single pass (Gantry's pass p against the reference's pass p).
-pub fn pass_ratio(
+pub(crate) fn pass_ratio(
     runs: &[ServerRun],
     key: &(String, usize),
     metric: fn(&LevelResult) -> Option<f64>,
@@ -138,13 +138,13 @@ fn ratio_cells(v: Option<(f64, f64, f64)>) -> [String; 2] {
 }
 
 /// The runs with each cell's passes merged (for the chart).
-pub fn merged_runs(runs: &[ServerRun]) -> Vec<ServerRun> {
+pub(crate) fn merged_runs(runs: &[ServerRun]) -> Vec<ServerRun> {
     runs.iter()
         .map(|r| ServerRun { levels: cells(runs).iter().filter_map(|k| find(runs, &r.name, k)).collect(), ..r.clone() })
         .collect()
 }
 
-pub fn results_table(runs: &[ServerRun]) -> String {
+pub(crate) fn results_table(runs: &[ServerRun]) -> String {
     let headers = [
         "workload",
         "conc",
@@ -188,7 +188,7 @@ pub fn results_table(runs: &[ServerRun]) -> String {
 
 /// Gantry ÷ reference: above 1 is better for throughput, below 1 for latency. Each ratio is of
 /// the means over passes; the spread is the lowest–highest ratio of a single pass.
-pub fn ratio_table(runs: &[ServerRun]) -> String {
+pub(crate) fn ratio_table(runs: &[ServerRun]) -> String {
     let headers = ["workload", "conc", "tok/s ×", "spread", "TTFT p50 ×", "spread", "ITL p50 ×", "spread"];
     let mut rows = Vec::new();
     for key in cells(runs) {
@@ -207,7 +207,7 @@ pub fn ratio_table(runs: &[ServerRun]) -> String {
 
 /// One side-by-side comparison (its own pair of binaries), e.g. both native, or both AVX2.
 #[derive(Debug, Clone, Serialize)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     pub title: String,
     /// How the two binaries were built.
     pub kernels: String,
@@ -215,7 +215,7 @@ pub struct Comparison {
 }
 
 /// Everything docs/benchmarks.md needs besides the results.
-pub struct Context {
+pub(crate) struct Context {
     pub mode: Mode,
     pub date: String,
     pub machine: String,
@@ -228,7 +228,7 @@ pub struct Context {
     pub quiet_warnings: Vec<String>,
 }
 
-pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
+pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# {}\n", ctx.mode.title());
     let gpu_note = match ctx.mode {
@@ -316,7 +316,7 @@ pub fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
 }
 
 /// `YYYY-MM-DD HH:MM UTC` from the system clock (Howard Hinnant's civil-from-days).
-pub fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;

@@ -12,14 +12,14 @@ use crate::servers::Running;
 
 /// A key's `cache_scope` as the benchmark sets it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CacheScope {
+pub(crate) enum CacheScope {
     #[default]
     Shared,
     Tenant,
 }
 
 impl CacheScope {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CacheScope::Shared => "shared",
             CacheScope::Tenant => "tenant",
@@ -29,7 +29,7 @@ impl CacheScope {
 
 /// One combination: how many tenants the requests are spread over, and their keys' scope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tenancy {
+pub(crate) struct Tenancy {
     pub tenants: usize,
     pub scope: CacheScope,
 }
@@ -44,7 +44,7 @@ const LABEL_PREFIX: &str = "cache-scopes/";
 
 impl Tenancy {
     /// The four combinations the report compares.
-    pub const MEASURED: [Tenancy; 4] = [
+    pub(crate) const MEASURED: [Tenancy; 4] = [
         Tenancy { tenants: 1, scope: CacheScope::Shared },
         Tenancy { tenants: 1, scope: CacheScope::Tenant },
         Tenancy { tenants: 4, scope: CacheScope::Shared },
@@ -52,23 +52,23 @@ impl Tenancy {
     ];
 
     /// The workload name its results go under, e.g. `cache-scopes/4/tenant`.
-    pub fn label(self) -> String {
+    pub(crate) fn label(self) -> String {
         format!("{LABEL_PREFIX}{}/{}", self.tenants, self.scope.as_str())
     }
 
-    pub fn parse_label(label: &str) -> Option<Tenancy> {
+    pub(crate) fn parse_label(label: &str) -> Option<Tenancy> {
         let (tenants, scope) = label.strip_prefix(LABEL_PREFIX)?.split_once('/')?;
         let scope = [CacheScope::Shared, CacheScope::Tenant].into_iter().find(|s| s.as_str() == scope)?;
         Some(Tenancy { tenants: tenants.parse().ok().filter(|&n| n > 0)?, scope })
     }
 
     /// Mixed into the system prompt's seed, so every combination starts with a cold cache.
-    pub fn seed_bits(self) -> u64 {
+    pub(crate) fn seed_bits(self) -> u64 {
         ((self.tenants as u64) << 40) ^ ((self.scope as u64 + 1) << 56)
     }
 
     /// Tenant names of this combination: its own, so no other combination shares their scope.
-    pub fn tenant_names(self) -> Vec<String> {
+    pub(crate) fn tenant_names(self) -> Vec<String> {
         (0..self.tenants).map(|j| format!("bench-{}t-{}-{j}", self.tenants, self.scope.as_str())).collect()
     }
 }
@@ -76,12 +76,12 @@ impl Tenancy {
 /// Creates one key per tenant of `tenancy` on the running Gantry through `gantry keys create`
 /// (its data directory; the server reads keys from the database on every request), in tenant
 /// order, so request `i` goes to tenant `i % tenants`.
-pub async fn create_keys(gantry: &Running, tenancy: Tenancy) -> Result<Vec<String>> {
+pub(crate) async fn create_keys(gantry: &Running, tenancy: Tenancy) -> Result<Vec<String>> {
     let mut keys = Vec::new();
     for tenant in tenancy.tenant_names() {
         let args = ["keys", "create", "--name", &tenant, "--tenant", &tenant, "--cache-scope", tenancy.scope.as_str()];
         let out = gantry.run_cli(&args).await?;
-        let Some(secret) = out.lines().map(str::trim).filter(|l| !l.is_empty()).last() else {
+        let Some(secret) = out.lines().map(str::trim).rfind(|l| !l.is_empty()) else {
             bail!("`gantry keys create` printed no key for tenant {tenant}");
         };
         keys.push(secret.to_string());
@@ -91,7 +91,7 @@ pub async fn create_keys(gantry: &Running, tenancy: Tenancy) -> Result<Vec<Strin
 
 /// Gantry's `cache-scopes` results, one row per combination (passes merged: token counts summed,
 /// TTFT mean and p50 averaged over passes); `None` when none was measured.
-pub fn cache_scope_table(runs: &[ServerRun]) -> Option<String> {
+pub(crate) fn cache_scope_table(runs: &[ServerRun]) -> Option<String> {
     let headers =
         ["tenants", "cache_scope", "ok/total", "prompt tok", "cached tok", "hit rate", "TTFT mean ms", "TTFT p50 ms"];
     let mut rows = Vec::new();
@@ -167,7 +167,7 @@ mod tests {
                 level(four, 1, &[(3.0, 1000, 0), (2.0, 1000, 0), (0.4, 1000, 990), (0.2, 1000, 990)]),
             ],
         );
-        let t = cache_scope_table(&[gantry.clone(), run(REFERENCE, vec![])]).unwrap();
+        let t = cache_scope_table(&[gantry, run(REFERENCE, vec![])]).unwrap();
         let row = |needle: &str| {
             t.lines().find(|l| l.starts_with(needle)).unwrap_or_else(|| panic!("{needle}: {t}")).to_string()
         };

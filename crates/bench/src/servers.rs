@@ -1,4 +1,5 @@
 //! Starting and stopping the two servers under test, one at a time.
+#![allow(unsafe_code, reason = "kill(2) of the bench's own child server through libc")]
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -10,7 +11,7 @@ use tokio::process::{Child, Command};
 
 /// Settings both servers get.
 #[derive(Clone, Debug)]
-pub struct ServerSettings {
+pub(crate) struct ServerSettings {
     pub model: PathBuf,
     pub threads: u32,
     pub parallel: u32,
@@ -24,13 +25,13 @@ pub struct ServerSettings {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Gantry,
     Reference,
 }
 
 impl Kind {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Kind::Gantry => "Gantry",
             Kind::Reference => "llama-server",
@@ -38,7 +39,7 @@ impl Kind {
     }
 }
 
-pub struct Running {
+pub(crate) struct Running {
     pub kind: Kind,
     pub base_url: String,
     pub model_id: String,
@@ -53,7 +54,7 @@ pub struct Running {
 }
 
 /// llama-server's "every layer on the GPU": more layers than any model has.
-pub const REFERENCE_ALL_LAYERS: [&str; 2] = ["-ngl", "999"];
+pub(crate) const REFERENCE_ALL_LAYERS: [&str; 2] = ["-ngl", "999"];
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -67,7 +68,7 @@ fn quote(args: &[String]) -> String {
 }
 
 /// First line of `<bin> --version` (stdout or stderr), for the report.
-pub async fn version_of(bin: &Path) -> String {
+pub(crate) async fn version_of(bin: &Path) -> String {
     match Command::new(bin).arg("--version").output().await {
         Ok(out) => {
             let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -129,7 +130,7 @@ fn server_args(kind: Kind, model: &str, port: u16, dir: &Path, s: &ServerSetting
     }
 }
 
-pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running> {
+pub(crate) async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running> {
     let dir = tempfile::Builder::new().prefix("gantry-bench-").tempdir()?;
     let port = free_port()?;
     let log = dir.path().join("server.log");
@@ -199,7 +200,7 @@ pub async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<Running
 }
 
 /// `Gantry is serving `ID` at http://…/v1` → `ID`.
-pub fn parse_banner(line: &str) -> Option<String> {
+pub(crate) fn parse_banner(line: &str) -> Option<String> {
     let rest = line.split("Gantry is serving `").nth(1)?;
     Some(rest.split('`').next()?.to_string())
 }
@@ -212,7 +213,7 @@ fn tail(path: &Path) -> String {
 
 impl Running {
     /// SIGTERM, then SIGKILL after a grace period; waits for the exit.
-    pub async fn stop(mut self) -> Result<()> {
+    pub(crate) async fn stop(mut self) -> Result<()> {
         if let Some(pid) = self.child.id() {
             // SAFETY: plain kill(2) on our own child's pid.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
@@ -226,7 +227,7 @@ impl Running {
 
     /// Runs `<gantry> ARGS --data-dir <this server's data dir>` (e.g. `keys create`) and returns
     /// its stdout. Gantry only.
-    pub async fn run_cli(&self, args: &[&str]) -> Result<String> {
+    pub(crate) async fn run_cli(&self, args: &[&str]) -> Result<String> {
         if self.kind != Kind::Gantry {
             bail!("{} has no Gantry CLI", self.kind.label());
         }
@@ -242,7 +243,7 @@ impl Running {
     /// Where the server put the model, as far as can be told: what it says itself (Gantry's
     /// `gantry_gpu_info` gauge, llama-server's `offloaded N/M layers to GPU` log line) and the GPU
     /// memory nvidia-smi counts for its process.
-    pub async fn gpu_offload(&self) -> GpuOffload {
+    pub(crate) async fn gpu_offload(&self) -> GpuOffload {
         let stated = match self.kind {
             Kind::Gantry => match reqwest::get(format!("{}/metrics", self.base_url)).await {
                 Ok(r) => gantry_gpus(&r.text().await.unwrap_or_default()),
@@ -261,13 +262,13 @@ impl Running {
         GpuOffload { stated, gpu_mib }
     }
 
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         tail(&self.log)
     }
 
     /// The CPU features the server's ggml was built with: Gantry's `gantry_cpu_backend_info`
     /// gauge, llama-server's `system_info` log line. `None` when neither says.
-    pub async fn cpu_features(&self) -> Option<String> {
+    pub(crate) async fn cpu_features(&self) -> Option<String> {
         match self.kind {
             Kind::Gantry => {
                 let metrics = reqwest::get(format!("{}/metrics", self.base_url)).await.ok()?.text().await.ok()?;
@@ -283,7 +284,7 @@ impl Running {
 
 /// What a running server shows of its GPU offload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GpuOffload {
+pub(crate) struct GpuOffload {
     /// What the server says: Gantry's GPUs, llama-server's offloaded layer count.
     pub stated: Option<String>,
     /// Its process's GPU memory per nvidia-smi (where nvidia-smi lists processes).
@@ -296,14 +297,14 @@ impl GpuOffload {
     /// unset); llama-server counts the layers. Where its log is silent (its default verbosity
     /// may hide llama.cpp's lines), by nvidia-smi: a process holding at least the model file's
     /// size in GPU memory holds the weights there.
-    pub fn complete(&self, model_bytes: u64) -> bool {
+    pub(crate) fn complete(&self, model_bytes: u64) -> bool {
         match self.stated.as_deref() {
             Some(s) => !s.contains("NOT ALL"),
             None => self.gpu_mib.is_some_and(|mib| mib * 1024 * 1024 >= model_bytes && model_bytes > 0),
         }
     }
 
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let parts: Vec<String> =
             [self.stated.clone(), self.gpu_mib.map(|m| format!("{m} MiB on the GPU per nvidia-smi"))]
                 .into_iter()
@@ -319,7 +320,7 @@ impl GpuOffload {
 
 /// `gantry_gpu_info{device="CUDA0",name="NVIDIA H100 80GB HBM3"} 1` → `NVIDIA H100 80GB HBM3
 /// (CUDA0)`, every GPU joined by `, `; `None` without one (a CPU build, or no usable driver).
-pub fn gantry_gpus(metrics: &str) -> Option<String> {
+pub(crate) fn gantry_gpus(metrics: &str) -> Option<String> {
     let label = |line: &str, name: &str| -> Option<String> {
         let rest = line.split_once(&format!("{name}=\""))?.1;
         Some(rest.split_once('"')?.0.to_string())
@@ -337,7 +338,7 @@ pub fn gantry_gpus(metrics: &str) -> Option<String> {
 
 /// llama.cpp's `load_tensors: offloaded 25/25 layers to GPU` → `offloaded 25/25 layers to GPU`,
 /// with ` (NOT ALL)` added when fewer than all went.
-pub fn llama_server_offload(log: &str) -> Option<String> {
+pub(crate) fn llama_server_offload(log: &str) -> Option<String> {
     let line = log.lines().find(|l| l.contains("layers to GPU") && l.contains("offloaded "))?;
     let text = line[line.find("offloaded ")?..].trim().to_string();
     let counts = text.strip_prefix("offloaded ")?.split_whitespace().next()?;
@@ -348,7 +349,7 @@ pub fn llama_server_offload(log: &str) -> Option<String> {
 
 /// The GPU memory (MiB) of process `pid` in `nvidia-smi --query-compute-apps=pid,used_memory
 /// --format=csv,noheader,nounits`.
-pub fn gpu_memory_mib(csv: &str, pid: u32) -> Option<u64> {
+pub(crate) fn gpu_memory_mib(csv: &str, pid: u32) -> Option<u64> {
     csv.lines().find_map(|l| {
         let (p, mib) = l.split_once(',')?;
         (p.trim().parse::<u32>().ok()? == pid).then(|| mib.trim().parse().ok()).flatten()
@@ -356,21 +357,21 @@ pub fn gpu_memory_mib(csv: &str, pid: u32) -> Option<u64> {
 }
 
 /// `gantry_cpu_backend_info{features="SSE3 AVX AVX2"} 1` → `SSE3 AVX AVX2`.
-pub fn gantry_features(metrics: &str) -> Option<String> {
+pub(crate) fn gantry_features(metrics: &str) -> Option<String> {
     let line = metrics.lines().find(|l| l.starts_with("gantry_cpu_backend_info{"))?;
     let rest = line.split_once("features=\"")?.1;
     Some(rest.split_once('"')?.0.to_string())
 }
 
 /// BUILD_INFO's `cpu features: AVX AVX2 …` line (scripts/build-reference-llama-server.sh).
-pub fn build_info_features(info: &str) -> Option<String> {
+pub(crate) fn build_info_features(info: &str) -> Option<String> {
     let features = info.lines().find_map(|l| l.strip_prefix("cpu features:"))?.trim();
     (!features.is_empty()).then(|| format!("{features} (from BUILD_INFO)"))
 }
 
 /// `system_info: n_threads = 2 … | CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | … |` → `SSE3 AVX …`
 /// (the features that are on).
-pub fn llama_server_features(log: &str) -> Option<String> {
+pub(crate) fn llama_server_features(log: &str) -> Option<String> {
     let line = log.lines().find(|l| l.contains("CPU : "))?;
     let cpu = line.split_once("CPU : ")?.1;
     let on: Vec<&str> = cpu

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// What one streamed request measured. Times are seconds.
 #[derive(Debug, Clone, Default)]
-pub struct RequestSample {
+pub(crate) struct RequestSample {
     /// Send to first non-empty content delta.
     pub ttft: Option<f64>,
     /// Gaps between consecutive content deltas.
@@ -18,7 +18,7 @@ pub struct RequestSample {
 
 /// One (server, workload, concurrency) cell of the results. Latencies are milliseconds.
 #[derive(Debug, Clone, Serialize)]
-pub struct LevelResult {
+pub(crate) struct LevelResult {
     pub workload: String,
     pub concurrency: usize,
     /// Which pass of the A-B-B-A alternation measured it (0-based).
@@ -42,7 +42,7 @@ pub struct LevelResult {
 }
 
 /// Linear-interpolated percentile (`p` in 0..=100) of unsorted data; `None` when empty.
-pub fn percentile(data: &[f64], p: f64) -> Option<f64> {
+pub(crate) fn percentile(data: &[f64], p: f64) -> Option<f64> {
     let mut v: Vec<f64> = data.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return None;
@@ -55,7 +55,7 @@ pub fn percentile(data: &[f64], p: f64) -> Option<f64> {
 }
 
 /// Aggregates the samples of one level that took `wall_s` seconds end to end.
-pub fn summarize(workload: &str, concurrency: usize, samples: &[RequestSample], wall_s: f64) -> LevelResult {
+pub(crate) fn summarize(workload: &str, concurrency: usize, samples: &[RequestSample], wall_s: f64) -> LevelResult {
     let ok: Vec<&RequestSample> = samples.iter().filter(|s| s.error.is_none()).collect();
     let completion_tokens: u64 = ok.iter().map(|s| s.completion_tokens).sum();
     let ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft).collect();
@@ -86,7 +86,7 @@ pub fn summarize(workload: &str, concurrency: usize, samples: &[RequestSample], 
 }
 
 /// `a / b` when both are present and `b` is non-zero.
-pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b != 0.0 => Some(a / b),
         _ => None,

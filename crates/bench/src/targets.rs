@@ -5,7 +5,7 @@ use crate::report::{pass_ratio, table, ServerRun};
 use crate::stats::LevelResult;
 
 /// One target: Gantry ÷ llama-server of `metric` for a workload cell.
-pub struct Target {
+pub(crate) struct Target {
     pub workload: &'static str,
     pub concurrency: usize,
     pub metric: &'static str,
@@ -15,7 +15,7 @@ pub struct Target {
 }
 
 /// Issue #13: both servers native for the CPU; the sampled ones from issue #34.
-pub const CPU_TARGETS: [Target; 9] = [
+pub(crate) const CPU_TARGETS: [Target; 9] = [
     Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.05 },
     Target { workload: "chat", concurrency: 8, metric: "tok/s", at_least: true, bound: 1.1 },
     Target { workload: "chat", concurrency: 16, metric: "tok/s", at_least: true, bound: 1.0 },
@@ -30,7 +30,7 @@ pub const CPU_TARGETS: [Target; 9] = [
 /// Issue #18: both servers on the GPU with every layer offloaded. A lone stream must not be
 /// slower, and batching 32 streams must pay off. Issue #34: sampled chat (temperature 0.8) must
 /// beat llama-server by more, alone and at 64 streams.
-pub const GPU_TARGETS: [Target; 4] = [
+pub(crate) const GPU_TARGETS: [Target; 4] = [
     Target { workload: "chat", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.0 },
     Target { workload: "chat", concurrency: 32, metric: "tok/s", at_least: true, bound: 1.1 },
     Target { workload: "chat-sampled", concurrency: 1, metric: "tok/s", at_least: true, bound: 1.2 },
@@ -38,7 +38,7 @@ pub const GPU_TARGETS: [Target; 4] = [
 ];
 
 /// `targets` against the measured ratios (cells not measured are left out).
-pub fn targets_table(runs: &[ServerRun], targets: &[Target]) -> String {
+pub(crate) fn targets_table(runs: &[ServerRun], targets: &[Target]) -> String {
     let headers = ["target", "ratio", "spread", "met"];
     let mut rows = Vec::new();
     for t in targets {

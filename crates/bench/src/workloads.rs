@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use crate::scopes::Tenancy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Chat,
     SharedPrefix,
     CodeEdit,
@@ -36,12 +36,12 @@ pub enum Kind {
 }
 
 /// Temperature of the sampled workloads.
-pub const SAMPLED_TEMPERATURE: f64 = 0.8;
+pub(crate) const SAMPLED_TEMPERATURE: f64 = 0.8;
 /// top_p of `chat-top-p`.
-pub const SAMPLED_TOP_P: f64 = 0.95;
+pub(crate) const SAMPLED_TOP_P: f64 = 0.95;
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub(crate) const ALL: [Kind; 8] = [
         Kind::Chat,
         Kind::SharedPrefix,
         Kind::CodeEdit,
@@ -52,7 +52,7 @@ impl Kind {
         Kind::CacheScopes,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Chat => "chat",
             Kind::SharedPrefix => "shared-prefix",
@@ -66,7 +66,7 @@ impl Kind {
     }
 
     /// The sampled workloads' temperature and top_p; `None` for the greedy ones.
-    pub fn sampling(self) -> Option<(f64, Option<f64>)> {
+    pub(crate) fn sampling(self) -> Option<(f64, Option<f64>)> {
         match self {
             Kind::ChatSampled | Kind::CacheScopes => Some((SAMPLED_TEMPERATURE, None)),
             Kind::ChatTopP => Some((SAMPLED_TEMPERATURE, Some(SAMPLED_TOP_P))),
@@ -75,17 +75,17 @@ impl Kind {
     }
 
     /// Measured on Gantry alone: llama-server has no API keys nor tenants.
-    pub fn gantry_only(self) -> bool {
+    pub(crate) fn gantry_only(self) -> bool {
         self == Kind::CacheScopes
     }
 
-    pub fn parse(name: &str) -> Option<Kind> {
+    pub(crate) fn parse(name: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 
 #[derive(Clone, Debug)]
-pub struct Workload {
+pub(crate) struct Workload {
     pub kind: Kind,
     /// `chat` only: approximate prompt length in tokens.
     pub prompt_tokens: usize,
@@ -101,7 +101,7 @@ pub struct Workload {
 
 /// One request's body parts, and which of the target's keys sends it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Request {
+pub(crate) struct Request {
     pub messages: Value,
     pub response_format: Option<Value>,
     pub temperature: f64,
@@ -112,7 +112,7 @@ pub struct Request {
 
 impl Request {
     /// A greedy request with one user message, sent with the target's first key.
-    pub fn greedy(messages: Value) -> Request {
+    pub(crate) fn greedy(messages: Value) -> Request {
         Request { messages, response_format: None, temperature: 0.0, top_p: None, key_slot: 0 }
     }
 }
@@ -129,13 +129,13 @@ const WORDS: &[&str] = &[
 ];
 
 /// Deterministic splitmix64, so both servers get identical prompts.
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -155,7 +155,7 @@ impl Rng {
 
 /// Roughly `tokens` tokens of sentences (one common English word is about one token; a sentence of
 /// ~10 words adds a full stop).
-pub fn filler(rng: &mut Rng, tokens: usize) -> String {
+pub(crate) fn filler(rng: &mut Rng, tokens: usize) -> String {
     let words = tokens * 10 / 11;
     let mut out = String::with_capacity(words * 8);
     let mut in_sentence = 0;
@@ -233,7 +233,7 @@ const PRODUCTS: &[&str] = &[
 ];
 
 /// The `extract` schema: 9 keys of four JSON types, all required.
-pub fn extract_schema() -> Value {
+pub(crate) fn extract_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
@@ -255,7 +255,7 @@ pub fn extract_schema() -> Value {
 
 impl Workload {
     /// The name its results go under: the kind's, and for `cache-scopes` the tenancy's.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self.tenancy {
             Some(t) if self.kind == Kind::CacheScopes => t.label(),
             _ => self.kind.name().to_string(),
@@ -263,7 +263,7 @@ impl Workload {
     }
 
     /// Request `i` of a level at `concurrency` in pass `pass`.
-    pub fn request(&self, pass: usize, concurrency: usize, i: usize) -> Request {
+    pub(crate) fn request(&self, pass: usize, concurrency: usize, i: usize) -> Request {
         let pass_seed = self.seed ^ ((pass as u64) << 48);
         let mut rng = Rng::new(pass_seed ^ ((concurrency as u64) << 32) ^ i as u64);
         let user = |text: String| json!([{"role": "user", "content": text}]);

@@ -40,7 +40,7 @@ struct KeyQueue<J> {
 }
 
 impl<J: Waiting> FairQueue<J> {
-    pub fn new(max_running_per_key: Option<usize>) -> Self {
+    pub(crate) fn new(max_running_per_key: Option<usize>) -> Self {
         Self {
             keys: VecDeque::new(),
             running: HashMap::new(),
@@ -51,16 +51,16 @@ impl<J: Waiting> FairQueue<J> {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Queues `job` behind its key's earlier ones; a key new to the queue takes the last turn.
-    pub fn push(&mut self, job: J) {
+    pub(crate) fn push(&mut self, job: J) {
         let key = job.fairness_key();
         self.len += 1;
         match self.keys.iter_mut().find(|q| q.key == key) {
@@ -71,7 +71,7 @@ impl<J: Waiting> FairQueue<J> {
 
     /// The next request to start with `free` sequences free, counted as running from now on
     /// (until [`FairQueue::finished`]); `None` when none may start now.
-    pub fn pop(&mut self, free: usize) -> Option<J> {
+    pub(crate) fn pop(&mut self, free: usize) -> Option<J> {
         if let Some(key) = self.reserved_for {
             match self.keys.iter().position(|q| q.key == key) {
                 Some(i) if self.keys[i].jobs[0].sequences() > free => return None,
@@ -100,7 +100,7 @@ impl<J: Waiting> FairQueue<J> {
     }
 
     /// A request of `key` started by [`FairQueue::pop`] gave back its `sequences`.
-    pub fn finished(&mut self, key: u64, sequences: usize) {
+    pub(crate) fn finished(&mut self, key: u64, sequences: usize) {
         if let Some(n) = self.running.get_mut(&key) {
             *n = n.saturating_sub(sequences);
             if *n == 0 {
@@ -110,7 +110,7 @@ impl<J: Waiting> FairQueue<J> {
     }
 
     /// Takes every waiting request for which `gone` holds (their clients went away).
-    pub fn remove_where(&mut self, mut gone: impl FnMut(&J) -> bool) -> Vec<J> {
+    pub(crate) fn remove_where(&mut self, mut gone: impl FnMut(&J) -> bool) -> Vec<J> {
         let mut removed = Vec::new();
         for q in &mut self.keys {
             let (out, kept): (Vec<J>, Vec<J>) = std::mem::take(&mut q.jobs).into_iter().partition(&mut gone);
@@ -123,7 +123,7 @@ impl<J: Waiting> FairQueue<J> {
     }
 
     /// Every waiting request, in turn order.
-    pub fn drain(&mut self) -> Vec<J> {
+    pub(crate) fn drain(&mut self) -> Vec<J> {
         self.len = 0;
         self.reserved_for = None;
         std::mem::take(&mut self.keys).into_iter().flat_map(|q| q.jobs).collect()

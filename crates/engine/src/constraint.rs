@@ -172,7 +172,7 @@ pub(crate) struct Grammars {
 }
 
 impl Grammars {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let entries = NonZeroUsize::new(GRAMMAR_CACHE_ENTRIES).expect("the grammar cache holds some entries");
         Self { factory: OnceLock::new(), compiled: Mutex::new(LruCache::new(entries)), compiles: AtomicUsize::new(0) }
     }
@@ -190,13 +190,13 @@ impl Grammars {
     }
 
     /// Builds the parser factory now (it takes a while), compiling no grammar.
-    pub fn warm(&self, model: &LoadedModel) {
+    pub(crate) fn warm(&self, model: &LoadedModel) {
         let _ = self.factory(model);
     }
 
     /// A matcher enforcing `constraint` on output that already began with `tokens` (a tool call
     /// the model started on its own); fails if those tokens do not fit the grammar.
-    pub fn matcher_after(
+    pub(crate) fn matcher_after(
         &self,
         model: &LoadedModel,
         constraint: &Constraint,
@@ -210,7 +210,7 @@ impl Grammars {
     /// cache scope, or why it does not compile (not cached: a broken schema costs its sender each
     /// time). Entries are apart by scope: a hit is faster than a compile, and another tenant must
     /// not learn from the timing which schemas were used recently.
-    pub fn compile(
+    pub(crate) fn compile(
         &self,
         model: &LoadedModel,
         constraint: &Constraint,
@@ -234,7 +234,7 @@ impl Grammars {
     }
 
     /// Grammars compiled since the model loaded: cache misses.
-    pub fn compiles(&self) -> usize {
+    pub(crate) fn compiles(&self) -> usize {
         self.compiles.load(Ordering::Relaxed)
     }
 }

@@ -1,6 +1,7 @@
 //! Which CPU kernels this binary runs: the features ggml's CPU backend was compiled with (AVX2,
 //! AVX512_VNNI, AMX_INT8, …), as llama.cpp's `llama_print_system_info()` reports them. ggml picks
 //! its kernels from these at compile time, so they name the variant that serves requests.
+#![allow(unsafe_code, reason = "llama_print_system_info is a C call")]
 
 use std::ffi::CStr;
 

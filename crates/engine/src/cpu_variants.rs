@@ -8,7 +8,7 @@
 //! scores the variants itself, skips AMX ones unless the kernel grants AMX (asked, as the AMX code
 //! must, with `arch_prctl(ARCH_REQ_XCOMP_PERM)`), loads the winner, and remembers its name for the
 //! log and `/metrics`.
-
+#![allow(unsafe_code, reason = "loading ggml's CPU backend libraries (dlopen) and arch_prctl are C calls")]
 // Built in every build so `make test` checks the choice; only the portable build loads a variant.
 #![cfg_attr(not(feature = "cpu-variants"), allow(dead_code))]
 

@@ -15,6 +15,7 @@
 //! sampler gets no logits.
 //!
 //! Thread rule: every method runs on the scheduler thread, which owns the context.
+#![allow(unsafe_code, reason = "llama.cpp's backend-sampling API has no safe wrapper in llama-cpp-2")]
 
 use std::collections::HashMap;
 use std::ptr::NonNull;

@@ -93,7 +93,7 @@ pub(crate) fn greedy(logits: &Adjusted<'_>, scratch: &mut Scratch) -> u32 {
             (best, best_value) = (b * BLOCK + i, values[i]);
         }
     }
-    best as u32
+    crate::units::count_u32(best)
 }
 
 /// Draws a token from `softmax(logits / temperature)`, restricted to its top-`top_p` nucleus
@@ -158,7 +158,7 @@ fn draw_in_block(logits: &Adjusted<'_>, b: usize, target: f64, max: f32, inv_t: 
             }
         }
     }
-    (b * BLOCK + last) as u32
+    crate::units::count_u32(b * BLOCK + last)
 }
 
 /// Gaps below the maximum, in tempered units, within which candidates for the nucleus are first
@@ -176,15 +176,15 @@ fn draw_nucleus(logits: &Adjusted<'_>, temperature: f32, need: f64, max: f32, u:
         candidates.clear();
         let threshold = max - gap * temperature;
         let mut mass = 0.0;
-        for b in 0..logits.n_blocks() {
-            if block_max[b] < threshold || block_max[b] == f32::NEG_INFINITY {
+        for (b, &block_max) in block_max.iter().enumerate().take(logits.n_blocks()) {
+            if block_max < threshold || block_max == f32::NEG_INFINITY {
                 continue;
             }
             for (k, &v) in logits.block(b, buf).iter().enumerate() {
                 if v >= threshold {
                     let e = exp_neg((v - max) * inv_t);
                     if e > 0.0 {
-                        candidates.push((e, (b * BLOCK + k) as u32));
+                        candidates.push((e, crate::units::count_u32(b * BLOCK + k)));
                         mass += f64::from(e);
                     }
                 }
@@ -299,7 +299,7 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
     let f = xc - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * f + 1.398_199_9e-3) * f + 8.333_452e-3) * f + 4.166_579_6e-2) * f + 1.666_666_5e-1)
         * f
-        + 5.000_000_1e-1;
+        + 5e-1;
     let e_f = p * f * f + f + 1.0;
     // 2^n from n's bits: n sits in the low mantissa bits of `shifted`.
     let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);

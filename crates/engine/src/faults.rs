@@ -60,7 +60,7 @@ fn armed_by_env() -> bool {
 
 impl Fault {
     #[cfg(any(test, feature = "fault-injection"))]
-    pub fn from_prompt(text: &str) -> Self {
+    pub(crate) fn from_prompt(text: &str) -> Self {
         if !fault_injection_armed() {
             return Self::default();
         }
@@ -86,7 +86,7 @@ impl Fault {
 
     /// Panics if this request planned a fault at `point` and has produced enough tokens.
     #[cfg(any(test, feature = "fault-injection"))]
-    pub fn check(&self, point: FaultPoint, produced: u32) {
+    pub(crate) fn check(&self, point: FaultPoint, produced: u32) {
         if let Some((at, after)) = self.planned {
             if at == point && produced >= after {
                 panic!("injected fault: {point:?} after {produced} tokens");

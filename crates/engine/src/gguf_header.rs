@@ -1,4 +1,5 @@
 //! A GGUF file's header (metadata and tensor table) read through ggml's own `gguf` API.
+#![allow(unsafe_code, reason = "ggml's gguf API is C; this module is its safe wrapper")]
 
 use std::path::Path;
 
@@ -34,6 +35,7 @@ impl Header {
         let idx = self.find(key, llama_cpp_sys_2::GGUF_TYPE_STRING)?;
         // SAFETY: `find` checked the type; ggml owns the string while the context lives.
         let ptr = unsafe { llama_cpp_sys_2::gguf_get_val_str(self.0.as_ptr(), idx) };
+        // SAFETY: not null, and a NUL-terminated string ggml keeps while the context lives.
         (!ptr.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(ptr) }.to_string_lossy().into_owned())
     }
 
@@ -52,6 +54,7 @@ impl Header {
     pub(crate) fn tensor_name(&self, id: i64) -> String {
         // SAFETY: ids come from `0..n_tensors()`; ggml owns the name while the context lives.
         let ptr = unsafe { llama_cpp_sys_2::gguf_get_tensor_name(self.0.as_ptr(), id) };
+        // SAFETY: ggml returns a NUL-terminated name for every id in range.
         unsafe { std::ffi::CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
     }
 

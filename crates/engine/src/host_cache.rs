@@ -42,33 +42,33 @@ pub(crate) struct HostCache<S> {
 
 impl<S> HostCache<S> {
     /// A cache holding at most `capacity` bytes of state; 0 disables it.
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self { entries: Vec::new(), bytes: 0, capacity, clock: 0 }
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.capacity > 0
     }
 
     /// Bytes of state held.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Whether an entry of `scope` already starts with `tokens` (keeping them again would add
     /// nothing).
-    pub fn covers(&self, scope: CacheScope, tokens: &[i32]) -> bool {
+    pub(crate) fn covers(&self, scope: CacheScope, tokens: &[i32]) -> bool {
         self.entries.iter().any(|e| e.scope == scope && e.tokens.starts_with(tokens))
     }
 
     /// Keeps `state`, the KV entries of `tokens` (positions 0..len) computed under `scope`.
     /// Returns false when it was not kept: nothing to keep, larger than the whole cache, or
     /// already covered by an entry of the scope that starts with the same tokens.
-    pub fn insert(&mut self, scope: CacheScope, tokens: Vec<i32>, state: S, bytes: usize) -> bool {
+    pub(crate) fn insert(&mut self, scope: CacheScope, tokens: Vec<i32>, state: S, bytes: usize) -> bool {
         if tokens.is_empty() || bytes > self.capacity {
             return false;
         }
@@ -97,7 +97,7 @@ impl<S> HostCache<S> {
 
     /// The entry of `scope` sharing the longest prefix with `prompt`, if longer than `at_least`:
     /// its tokens, its state and the shared length. Marks it used.
-    pub fn best(&mut self, scope: CacheScope, prompt: &[i32], at_least: usize) -> Option<(&[i32], &S, usize)> {
+    pub(crate) fn best(&mut self, scope: CacheScope, prompt: &[i32], at_least: usize) -> Option<(&[i32], &S, usize)> {
         let (i, len) = self
             .entries
             .iter()
@@ -115,7 +115,7 @@ impl<S> HostCache<S> {
     }
 
     /// Drops the entry of `scope` holding exactly `tokens` (its state could not be restored).
-    pub fn remove(&mut self, scope: CacheScope, tokens: &[i32]) {
+    pub(crate) fn remove(&mut self, scope: CacheScope, tokens: &[i32]) {
         if let Some(i) = self.entries.iter().position(|e| e.scope == scope && e.tokens == tokens) {
             self.bytes -= self.entries.swap_remove(i).bytes;
         }
@@ -166,7 +166,7 @@ pub(crate) fn restore(
         cache.remove(scope, &tokens);
         return None;
     }
-    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(len as u32), None);
+    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(crate::units::count_u32(len)), None);
     slots.set(seq, scope, &tokens[..len]);
     Some(len)
 }

@@ -38,8 +38,8 @@ pub(crate) struct JsonMarks(Arc<[u8]>);
 
 impl JsonMarks {
     /// Marks for a vocabulary whose token `i` writes `piece(i)`.
-    pub fn new(n_vocab: usize, piece: impl Fn(i32) -> Vec<u8>) -> Self {
-        Self((0..n_vocab).map(|t| mark(&piece(t as i32))).collect())
+    pub(crate) fn new(n_vocab: usize, piece: impl Fn(i32) -> Vec<u8>) -> Self {
+        Self((0..n_vocab).map(|t| mark(&piece(crate::units::token_id(t)))).collect())
     }
 
     fn of(&self, token: i32) -> u8 {
@@ -52,7 +52,7 @@ impl JsonMarks {
 
     /// The value an answer's `output` ends inside, if it ends inside one (opened, not closed
     /// yet, at least one token written).
-    pub fn value_at_end(&self, output: &[i32]) -> Option<Value> {
+    pub(crate) fn value_at_end(&self, output: &[i32]) -> Option<Value> {
         let (&last, _) = output.split_last()?;
         if self.of(last) != 0 {
             return None;
@@ -78,12 +78,12 @@ impl JsonMarks {
     }
 
     /// Whether the prompt token `token` ends a phrase (see `ENDS_PHRASE`).
-    pub fn ends_phrase(&self, token: i32) -> bool {
+    pub(crate) fn ends_phrase(&self, token: i32) -> bool {
         self.flags(token) & ENDS_PHRASE != 0
     }
 
     /// The newest token in `output` that closed a value of this kind, to guess the next close.
-    pub fn last_closer(&self, output: &[i32], value: Value) -> Option<i32> {
+    pub(crate) fn last_closer(&self, output: &[i32], value: Value) -> Option<i32> {
         let flag = match value {
             Value::String => CLOSES_STRING,
             Value::Other => CLOSES_OTHER,
@@ -93,7 +93,7 @@ impl JsonMarks {
 
     /// How many of `draft`'s tokens, written after `history`, come before a JSON value starts:
     /// the first token after a `:` that is not spacing begins the value.
-    pub fn before_value(&self, history: &[i32], draft: &[i32]) -> usize {
+    pub(crate) fn before_value(&self, history: &[i32], draft: &[i32]) -> usize {
         // Whether the history already ends at a value's start (`"city":` or `"city": "`).
         let mut opened = false;
         for &t in history.iter().rev() {

@@ -60,7 +60,7 @@ impl KvLayout {
         }
         let copied = match self {
             KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
-                ctx.copy_kv_cache_seq(src, dst, Some(0), Some(len as u32)).map_err(|e| e.to_string())
+                ctx.copy_kv_cache_seq(src, dst, Some(0), Some(crate::units::count_u32(len))).map_err(|e| e.to_string())
             }),
             // llama.cpp copies between streams only whole buffers, and only at the next decode; a
             // state copy is immediate and moves only the cells in use.
@@ -68,7 +68,7 @@ impl KvLayout {
                 ctx.state_seq_get(src, LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
                     dsts.iter().try_for_each(|&dst| {
                         ctx.state_seq_set(&state, dst).map_err(|e| e.to_string())?;
-                        let _ = ctx.clear_kv_cache_seq(Some(dst as u32), Some(len as u32), None);
+                        let _ = ctx.clear_kv_cache_seq(Some(dst as u32), Some(crate::units::count_u32(len)), None);
                         Ok(())
                     })
                 })

@@ -34,7 +34,7 @@ pub(crate) fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 }
 
 impl KvSlots {
-    pub fn new(n_seqs: usize, lowest_first: bool) -> Self {
+    pub(crate) fn new(n_seqs: usize, lowest_first: bool) -> Self {
         Self {
             tokens: vec![Vec::new(); n_seqs],
             scopes: vec![CacheScope::default(); n_seqs],
@@ -45,18 +45,18 @@ impl KvSlots {
     }
 
     /// Tokens whose KV entries sequence `seq` holds, positions 0..len.
-    pub fn tokens(&self, seq: i32) -> &[i32] {
+    pub(crate) fn tokens(&self, seq: i32) -> &[i32] {
         &self.tokens[seq as usize]
     }
 
     /// The scope of what `seq` holds.
-    pub fn scope(&self, seq: i32) -> CacheScope {
+    pub(crate) fn scope(&self, seq: i32) -> CacheScope {
         self.scopes[seq as usize]
     }
 
     /// `seq` now belongs to a request of `scope`: what it keeps of its tokens must have been
     /// matched under that scope (or be nothing).
-    pub fn claim(&mut self, seq: i32, scope: CacheScope) {
+    pub(crate) fn claim(&mut self, seq: i32, scope: CacheScope) {
         debug_assert!(self.scopes[seq as usize] == scope || self.tokens[seq as usize].is_empty());
         self.scopes[seq as usize] = scope;
     }
@@ -71,7 +71,7 @@ impl KvSlots {
     }
 
     /// Token `token` was decoded at `pos` of `seq`.
-    pub fn record(&mut self, seq: i32, pos: usize, token: i32) {
+    pub(crate) fn record(&mut self, seq: i32, pos: usize, token: i32) {
         let t = &mut self.tokens[seq as usize];
         t.truncate(pos);
         debug_assert_eq!(t.len(), pos, "positions are fed in order");
@@ -79,33 +79,33 @@ impl KvSlots {
     }
 
     /// `seq` now holds `tokens`, cached under `scope` (restored from host memory).
-    pub fn set(&mut self, seq: i32, scope: CacheScope, tokens: &[i32]) {
+    pub(crate) fn set(&mut self, seq: i32, scope: CacheScope, tokens: &[i32]) {
         self.tokens[seq as usize] = tokens.to_vec();
         self.scopes[seq as usize] = scope;
     }
 
-    pub fn truncate(&mut self, seq: i32, len: usize) {
+    pub(crate) fn truncate(&mut self, seq: i32, len: usize) {
         self.tokens[seq as usize].truncate(len);
     }
 
     /// `dst` now holds the first `len` entries of `src`.
-    pub fn copy_prefix(&mut self, src: i32, dst: i32, len: usize) {
+    pub(crate) fn copy_prefix(&mut self, src: i32, dst: i32, len: usize) {
         let prefix = self.tokens[src as usize][..len].to_vec();
         self.tokens[dst as usize] = prefix;
         self.scopes[dst as usize] = self.scopes[src as usize];
     }
 
     /// Tokens held, summed over sequences.
-    pub fn total_tokens(&self) -> usize {
+    pub(crate) fn total_tokens(&self) -> usize {
         self.tokens.iter().map(Vec::len).sum()
     }
 
-    pub fn clear_all(&mut self) {
+    pub(crate) fn clear_all(&mut self) {
         self.tokens.iter_mut().for_each(Vec::clear);
     }
 
     /// Marks `seq` as just used, for least-recently-used eviction.
-    pub fn touch(&mut self, seq: i32) {
+    pub(crate) fn touch(&mut self, seq: i32) {
         self.clock += 1;
         self.last_used[seq as usize] = self.clock;
     }
@@ -113,7 +113,7 @@ impl KvSlots {
     /// Which idle sequence a prompt of `scope` should take: the one already holding the longest
     /// prefix of it under that scope, else the least recently used (or the lowest, see
     /// `lowest_first`). Returns its index in `free` and the reusable length.
-    pub fn pick_free(&self, free: &[i32], scope: CacheScope, prompt: &[i32]) -> Option<(usize, usize)> {
+    pub(crate) fn pick_free(&self, free: &[i32], scope: CacheScope, prompt: &[i32]) -> Option<(usize, usize)> {
         let rank = |seq: i32| if self.lowest_first { seq as u64 } else { self.last_used[seq as usize] };
         free.iter()
             .enumerate()
@@ -124,8 +124,8 @@ impl KvSlots {
     }
 
     /// The sequence (other than `exclude`) holding the longest prefix of `prompt` under `scope`.
-    pub fn best_source(&self, scope: CacheScope, prompt: &[i32], exclude: &[i32]) -> Option<(i32, usize)> {
-        (0..self.tokens.len() as i32)
+    pub(crate) fn best_source(&self, scope: CacheScope, prompt: &[i32], exclude: &[i32]) -> Option<(i32, usize)> {
+        (0..crate::units::llama_pos(self.tokens.len()))
             .filter(|s| !exclude.contains(s))
             .map(|s| (s, common_prefix(self.tokens_in(s, scope), prompt)))
             .filter(|&(_, len)| len > 0)

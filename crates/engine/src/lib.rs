@@ -1,6 +1,8 @@
 //! Gantry's inference engine: llama.cpp through `llama-cpp-2`, a continuous-batching scheduler on
 //! its own thread, chat templates, sampling and stop strings. The server talks to it through
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
+// Token ids, positions and sizes cross into llama.cpp's C types here: a cast that can truncate says why.
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation))]
 
 mod admission;
 #[cfg(test)]
@@ -53,6 +55,7 @@ pub mod tools;
 mod typed_text;
 #[cfg(test)]
 mod typed_text_tests;
+mod units;
 mod vision;
 #[cfg(test)]
 mod vision_tests;
@@ -177,7 +180,7 @@ impl EngineConfig {
 
 /// llama.cpp threads when none are configured: the physical cores.
 pub fn default_threads() -> u32 {
-    num_cpus::get_physical().max(1) as u32
+    u32::try_from(num_cpus::get_physical().max(1)).unwrap_or(u32::MAX)
 }
 
 /// Handle to the running engine; cheap to clone.
@@ -226,7 +229,7 @@ impl Engine {
                 image_tokens = need,
                 "this projector decodes an image in one batch: raising --batch-size to hold one"
             );
-            config.batch_size = need as u32;
+            config.batch_size = u32::try_from(need).unwrap_or(u32::MAX);
         }
 
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
@@ -418,12 +421,13 @@ impl Generator for Engine {
         // no compile. Images not yet fetched count as admission's reservation in `tokens`, but
         // the context is checked without them here and exactly once they are attached.
         let unplaced = prompt.tokens.iter().filter(|&&t| t < 0).count();
-        let max_tokens = limits.completion_budget((prompt.tokens.len() - unplaced) as u32, input.max_tokens)?;
+        let max_tokens =
+            limits.completion_budget(units::count_u32(prompt.tokens.len() - unplaced), input.max_tokens)?;
         // Grammars compile here, off the scheduler thread, and travel with the request.
         let mut grammars = PreparedGrammars::default();
         if let Some((constraint, param)) = &input.constraint {
             let compiled = model.compile_constraint(constraint, input.cache_scope);
-            grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param: *param, reason })?);
+            grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param, reason })?);
         }
         // The grammars a call started under `auto` would switch to are compiled now too, so a bad
         // tool schema is a 400 before anything runs and the scheduler compiles none of them.
@@ -444,7 +448,7 @@ impl Generator for Engine {
 
     fn attach_images(&self, request: &mut GenerateRequest, images: Vec<ImageInput>) -> Result<(), PrepareError> {
         self.inner.model.attach_images(&mut request.prompt, &images)?;
-        let prompt_tokens = request.prompt.tokens.len() as u32;
+        let prompt_tokens = units::count_u32(request.prompt.tokens.len());
         request.max_tokens = self.limits().completion_budget(prompt_tokens, request.requested_max_tokens)?;
         Ok(())
     }

@@ -41,7 +41,9 @@ fn plan_for(header: &Header) -> Plan {
     let tied_output = !names.iter().any(|n| n == "output.weight");
     let tensors: Vec<i64> = (0..header.n_tensors())
         .filter(|&id| header.tensor_type(id) == GGML_TYPE_Q5_0)
-        .filter(|&id| tied_output || names[id as usize] != "token_embd.weight")
+        .filter(|&id| {
+            tied_output || names[usize::try_from(id).expect("tensor ids count from 0")] != "token_embd.weight"
+        })
         .collect();
     let extra_bytes =
         tensors.iter().map(|&id| header.tensor_span(id).1 / Q5_0_BLOCK as u64 * (Q8_0_BLOCK - Q5_0_BLOCK) as u64).sum();
@@ -65,7 +67,7 @@ fn twin_path(model: &Path, dir: &Path) -> std::io::Result<PathBuf> {
 /// The file to load for `model`: its Q8_0 twin in `dir` (written now if it is not there yet), or
 /// `model` itself when it has nothing to convert or the twin cannot be written (logged; the model
 /// is then served as it is, only slower).
-pub fn weights_to_load(model: &Path, dir: &Path) -> PathBuf {
+pub(crate) fn weights_to_load(model: &Path, dir: &Path) -> PathBuf {
     // One read of the header serves the plan and, where the twin is missing, the conversion.
     let Some(header) = Header::open(model) else { return model.to_path_buf() };
     let plan = plan_for(&header);
@@ -134,7 +136,7 @@ fn convert(model: &Path, mut header: Header, out: &Path, plan: &Plan) -> std::io
     let mut written = meta.len() as u64;
     let mut buf = Vec::new();
     for id in 0..n {
-        let (start, len) = sources[id as usize];
+        let (start, len) = sources[usize::try_from(id).expect("tensor ids count from 0")];
         let (offset, target_len) = header.tensor_in_data(id);
         let target = meta.len() as u64 + offset;
         if target < written {
@@ -142,7 +144,7 @@ fn convert(model: &Path, mut header: Header, out: &Path, plan: &Plan) -> std::io
         }
         std::io::copy(&mut std::io::repeat(0).take(target - written), &mut dst)?;
         src.seek(SeekFrom::Start(start))?;
-        buf.resize(len as usize, 0);
+        buf.resize(usize::try_from(len).expect("a tensor fits in memory"), 0);
         src.read_exact(&mut buf)?;
         if plan.tensors.contains(&id) {
             if len % Q5_0_BLOCK as u64 != 0 || len / Q5_0_BLOCK as u64 * Q8_0_BLOCK as u64 != target_len {
@@ -166,7 +168,7 @@ fn q5_0_to_q8_0(block: &[u8; Q5_0_BLOCK]) -> [u8; Q8_0_BLOCK] {
     out[..2].copy_from_slice(&block[..2]);
     let high = u32::from_le_bytes(block[2..6].try_into().expect("four bytes"));
     for (j, &low) in block[6..].iter().enumerate() {
-        let bit = |k: usize| (((high >> k) & 1) << 4) as u8;
+        let bit = |k: usize| u8::from((high >> k) & 1 == 1) << 4;
         out[2 + j] = ((low & 0x0f) | bit(j)).wrapping_sub(16);
         out[2 + j + 16] = ((low >> 4) | bit(j + 16)).wrapping_sub(16);
     }

@@ -1,3 +1,4 @@
+#![allow(unsafe_code, reason = "ggml's quantisation functions and model loader are C")]
 use super::*;
 use llama_cpp_sys_2 as sys;
 

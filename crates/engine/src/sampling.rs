@@ -14,7 +14,7 @@ use crate::request::{SamplingParams, TokenLogprob, TopLogprob};
 
 /// The RNG seed of choice `choice`: `seed` when given (each choice of an `n > 1` request its
 /// own stream), else a random one.
-pub fn seed_for_choice(seed: Option<u64>, choice: u32) -> u64 {
+pub(crate) fn seed_for_choice(seed: Option<u64>, choice: u32) -> u64 {
     let base = seed.unwrap_or_else(rand_seed);
     base.wrapping_add(u64::from(choice).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
@@ -30,7 +30,7 @@ fn rand_seed() -> u64 {
 /// to the logits, the grammar (if any) forbids tokens, the temperature divides, top-p keeps the
 /// nucleus of the *tempered* distribution, then one token is drawn. Temperature 0 is greedy: the
 /// first highest (adjusted) logit, fully deterministic.
-pub struct Sampler {
+pub(crate) struct Sampler {
     temperature: f32,
     top_p: f32,
     /// Logit bias by token, sorted, each token once.
@@ -75,9 +75,9 @@ impl Penalties {
 
 impl Sampler {
     /// Picks the next token from one position's logits (`n_vocab` of them) and records it.
-    pub fn sample(&mut self, logits: &[f32]) -> i32 {
+    pub(crate) fn sample(&mut self, logits: &[f32]) -> i32 {
         if self.temperature <= 0.0 && self.bias.is_empty() && self.penalties.is_none() && self.grammar.is_none() {
-            return draw::first_argmax(logits) as i32;
+            return crate::units::token_id(draw::first_argmax(logits));
         }
         let token = self.pick(logits);
         self.accept(token);
@@ -102,7 +102,7 @@ impl Sampler {
 
     /// From now on tokens are sampled under `grammar`, whose state already holds the output so
     /// far (a tool call the model started); the penalties keep counting what came before.
-    pub fn constrain(&mut self, grammar: Matcher) {
+    pub(crate) fn constrain(&mut self, grammar: Matcher) {
         self.grammar = Some(grammar);
     }
 
@@ -147,7 +147,12 @@ impl Sampler {
 
 /// Builds choice `choice`'s sampler. `penalty_window` is how many recent sampled tokens the
 /// penalties count; `grammar`, when given, forbids every token it does not allow.
-pub fn build_sampler(params: &SamplingParams, choice: u32, penalty_window: i32, grammar: Option<Matcher>) -> Sampler {
+pub(crate) fn build_sampler(
+    params: &SamplingParams,
+    choice: u32,
+    penalty_window: i32,
+    grammar: Option<Matcher>,
+) -> Sampler {
     let mut bias: BTreeMap<u32, f32> = BTreeMap::new();
     for &(t, b) in &params.logit_bias {
         if let Ok(t) = u32::try_from(t) {
@@ -174,7 +179,7 @@ pub fn build_sampler(params: &SamplingParams, choice: u32, penalty_window: i32, 
 }
 
 /// OpenAI reports logprobs of the model's distribution (before sampling settings).
-pub fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top_n: u32) -> TokenLogprob {
+pub(crate) fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top_n: u32) -> TokenLogprob {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_sum = logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln() + max;
     let entry = |id: i32| {
@@ -183,7 +188,7 @@ pub fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top_n: u32
     };
     let mut top = Vec::new();
     if top_n > 0 {
-        let mut ids: Vec<i32> = (0..logits.len() as i32).collect();
+        let mut ids: Vec<i32> = (0..crate::units::token_id(logits.len())).collect();
         let k = (top_n as usize).min(ids.len());
         ids.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
         ids.truncate(k);

@@ -1,6 +1,7 @@
 //! The sampler's draws against the distribution OpenAI's parameters define, computed in f64 from
 //! the same logits: chi-square goodness of fit over many draws with fixed seeds (deterministic,
 //! so they cannot flake), and the edge cases of top-p.
+#![allow(unsafe_code, reason = "clock_gettime(2) for this thread's CPU time through libc")]
 
 use std::collections::HashMap;
 
@@ -180,7 +181,7 @@ fn candidates_grow_until_they_hold_the_nucleus() {
 fn a_grammar_mask_forbids_tokens_and_the_rest_keep_their_odds() {
     let logits = synthetic_logits(2500, 4);
     let top = draw::first_argmax(&logits);
-    let allowed_token = |t: usize| t % 3 == 0 && t != top;
+    let allowed_token = |t: usize| t.is_multiple_of(3) && t != top;
     let mut bits = vec![0u32; 2500usize.div_ceil(32)];
     for t in (0..2500).filter(|&t| allowed_token(t)) {
         bits[t / 32] |= 1 << (t % 32);

@@ -93,7 +93,7 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(
+    pub(crate) fn new(
         model: Arc<LoadedModel>,
         cfg: SchedulerConfig,
         queued: Arc<AtomicUsize>,
@@ -139,7 +139,7 @@ impl Scheduler {
     }
 
     /// Runs until every sender of `jobs` is gone and all work is finished.
-    pub fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
+    pub(crate) fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
         if self.cfg.device_sampling && self.device.is_none() {
             self.device = DeviceSamplers::new(ctx);
         }
@@ -297,7 +297,8 @@ impl Scheduler {
                     req.isolated = isolated;
                     req
                 }
-                Ok(Err((job, why))) => {
+                Ok(Err(rejected)) => {
+                    let (job, why) = *rejected;
                     self.free_seqs.extend(seqs);
                     self.waiting.finished(fairness_key, n);
                     let why = format!("the response format cannot be enforced: {why}");
@@ -326,7 +327,7 @@ impl Scheduler {
                 if self.slots.tokens(c.seq_id).len() > keep {
                     host_cache::save(&mut self.host, &self.slots, ctx, c.seq_id);
                 }
-                let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(keep as u32), None);
+                let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(crate::units::count_u32(keep)), None);
                 self.slots.truncate(c.seq_id, keep);
                 self.slots.claim(c.seq_id, req.scope);
                 self.slots.touch(c.seq_id);
@@ -424,7 +425,7 @@ impl Scheduler {
             }
             Err(e) => {
                 tracing::error!(error = %e, "an image could not be evaluated");
-                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(start as u32), None);
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(crate::units::count_u32(start)), None);
                 let req = self.active.swap_remove(i);
                 self.release(&req);
                 let usage = req.complete(Some(EngineError::Decode(format!("the image could not be encoded: {e}"))));
@@ -481,7 +482,7 @@ impl Scheduler {
                 for c in &mut req.choices {
                     let Some(token) = c.next_token.take() else { continue };
                     // An index into `decode_rows` until the prompt chunks are in.
-                    c.batch_idx = Some(self.decode_rows.len() as i32);
+                    c.batch_idx = Some(crate::units::llama_pos(self.decode_rows.len()));
                     self.decode_rows.push((token, c.pos, c.seq_id));
                     self.slots.record(c.seq_id, c.pos as usize, token);
                     c.pos += 1;
@@ -557,7 +558,7 @@ impl Scheduler {
             let seq = req.choices[0].seq_id;
             for pos in req.prefilled..end {
                 let last = pos + 1 == req.prompt.len();
-                self.prompt_rows.push((req.prompt[pos], pos as i32, seq, last));
+                self.prompt_rows.push((req.prompt[pos], crate::units::llama_pos(pos), seq, last));
                 self.slots.record(seq, pos, req.prompt[pos]);
             }
             budget -= end - req.prefilled;
@@ -594,15 +595,15 @@ impl Scheduler {
         let first_decode_row = self.prompt_rows.len();
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
             if let Some(row) = &mut c.batch_idx {
-                *row = order[first_decode_row + *row as usize] as i32;
+                *row = crate::units::llama_pos(order[first_decode_row + *row as usize]);
             }
         }
         // A prompt read to its end has its first token's logits at its last row.
         for (r, idx) in prompt_done {
             let req = &mut self.active[r];
             for c in &mut req.choices {
-                c.batch_idx = Some(order[idx] as i32);
-                c.pos = req.prompt.len() as i32;
+                c.batch_idx = Some(crate::units::llama_pos(order[idx]));
+                c.pos = crate::units::llama_pos(req.prompt.len());
             }
         }
         self.batch.n_tokens() > 0
@@ -675,22 +676,24 @@ impl Scheduler {
             let drafts = &chain.tokens;
             let k = drafts.len();
             // Position of the token fed at `idx`; drafts follow it.
-            let fed_pos = req.choices[i].pos - 1 - k as i32;
+            let fed_pos = req.choices[i].pos - 1 - crate::units::llama_pos(k);
             let mut accepted = 0;
             for j in 0..=k {
-                let token = match (j, first[i]) {
+                let token = match (j, first.get(i).copied().flatten()) {
                     (0, Some(token)) => token,
-                    _ if req.choices[i].on_device => crate::sample_step::device_token(ctx, idx + j as i32),
+                    _ if req.choices[i].on_device => {
+                        crate::sample_step::device_token(ctx, idx + crate::units::llama_pos(j))
+                    }
                     _ => {
                         req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);
-                        req.choices[i].sampler.sample(ctx.get_logits_ith(idx + j as i32))
+                        req.choices[i].sampler.sample(ctx.get_logits_ith(idx + crate::units::llama_pos(j)))
                     }
                 };
-                req.choices[i].pos = fed_pos + 1 + j as i32;
-                if !req.produce(i, token, idx + j as i32, ctx, model, ctx_size) {
+                req.choices[i].pos = fed_pos + 1 + crate::units::llama_pos(j);
+                if !req.produce(i, token, idx + crate::units::llama_pos(j), ctx, model, ctx_size) {
                     break;
                 }
-                if j < k && drafts[j] == token {
+                if drafts.get(j) == Some(&token) {
                     accepted += 1;
                     continue;
                 }
@@ -720,7 +723,7 @@ impl Scheduler {
             // The choice's position is where its next token goes: positions from there on
             // hold draft tokens that were not produced.
             let kept = req.choices[i].pos;
-            if kept <= fed_pos + k as i32 {
+            if kept <= fed_pos + crate::units::llama_pos(k) {
                 let seq = req.choices[i].seq_id;
                 let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);
                 self.slots.truncate(seq, kept as usize);
@@ -805,7 +808,7 @@ impl Scheduler {
     /// After a panic in `run`: every running request ends with `error` and reports the tokens
     /// it generated; waiting and still-queued jobs are answered. Touches neither the llama.cpp
     /// context nor the slot bookkeeping, which the panic may have left half-updated.
-    pub fn fail_after_panic(&mut self, error: &EngineError, jobs: &Receiver<Job>) {
+    pub(crate) fn fail_after_panic(&mut self, error: &EngineError, jobs: &Receiver<Job>) {
         for req in std::mem::take(&mut self.active) {
             req.complete(Some(error.clone()));
         }
@@ -848,7 +851,7 @@ fn share_prefix(
     if first == src {
         // Its own sequence (a restore from host memory) keeps nothing past the prefix.
         if slots.tokens(src).len() > len {
-            let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(len as u32), None);
+            let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(crate::units::count_u32(len)), None);
             slots.truncate(src, len);
         }
     } else {
@@ -859,7 +862,7 @@ fn share_prefix(
         slots.copy_prefix(src, first, len);
     }
     req.prefilled = len;
-    req.usage.cached_tokens = len as u32;
+    req.usage.cached_tokens = crate::units::count_u32(len);
     req.share = None;
 }
 

@@ -98,13 +98,13 @@ pub(crate) struct ActiveRequest {
 impl ActiveRequest {
     /// Fails (handing the job back with the reason) only if the request's grammar does not
     /// compile, which the server checks before queueing.
-    pub fn new(
+    pub(crate) fn new(
         job: Job,
         seq_ids: Vec<i32>,
         model: &LoadedModel,
         ctx_size: u32,
         speculation: SpeculationConfig,
-    ) -> Result<Self, (Job, String)> {
+    ) -> Result<Self, Box<(Job, String)>> {
         // `prepare` compiled the grammar: each choice only instantiates a matcher from it.
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
@@ -115,7 +115,7 @@ impl ActiveRequest {
             };
             match matcher.transpose() {
                 Ok(g) => grammars.push(g),
-                Err(e) => return Err((job, e)),
+                Err(e) => return Err(Box::new((job, e))),
             }
         }
         let Job { request, events, usage, submitted_at } = job;
@@ -142,9 +142,9 @@ impl ActiveRequest {
                 }
                 let grammar = grammar.map(|m| drafter.follow_grammar(m));
                 Choice {
-                    index: i as u32,
+                    index: crate::units::count_u32(i),
                     seq_id,
-                    sampler: build_sampler(&request.sampling, i as u32, window, grammar),
+                    sampler: build_sampler(&request.sampling, crate::units::count_u32(i), window, grammar),
                     text: TextAssembler::new(request.stop.clone()),
                     generated: 0,
                     pos: 0,
@@ -164,7 +164,7 @@ impl ActiveRequest {
                 }
             })
             .collect();
-        let prompt_tokens = request.prompt.tokens.len() as u32;
+        let prompt_tokens = crate::units::count_u32(request.prompt.tokens.len());
         let fault = Fault::from_prompt(&request.prompt.text);
         Ok(Self {
             prompt: request.prompt.tokens,
@@ -205,7 +205,13 @@ impl ActiveRequest {
     /// Returns where in `piece` (the offset of its `>`) the `<tool_call>` tag's text ends when
     /// plain-text tokens wrote it on a model whose tag is a token of its own: not a call, but
     /// text the model copied (a client's).
-    pub fn watch_for_tool_call(&mut self, i: usize, token: i32, piece: &[u8], model: &LoadedModel) -> Option<usize> {
+    pub(crate) fn watch_for_tool_call(
+        &mut self,
+        i: usize,
+        token: i32,
+        piece: &[u8],
+        model: &LoadedModel,
+    ) -> Option<usize> {
         let lazy = self.lazy_tools.as_ref()?;
         let watch = self.choices[i].tool_watch.as_mut()?;
         watch.tokens.push(token);
@@ -254,7 +260,7 @@ impl ActiveRequest {
     /// A seeded request reuses nothing: logits of a prompt computed in one piece differ in the
     /// last bits from those of a prompt resumed from the cache, and at temperature > 0 that can
     /// change a sampled token. Same seed and same request must give the same output.
-    pub fn reusable_len(&self) -> usize {
+    pub(crate) fn reusable_len(&self) -> usize {
         if self.seeded || self.isolated {
             return 0;
         }
@@ -263,7 +269,7 @@ impl ActiveRequest {
 
     /// The longest prefix of the first `len` prompt positions that holds no part of an image:
     /// an image's cells are only ever computed, shared or kept together.
-    pub fn whole_images(&self, len: usize) -> usize {
+    pub(crate) fn whole_images(&self, len: usize) -> usize {
         match self.images.iter().find(|im| im.start < len && len < im.start + im.len) {
             Some(im) => im.start,
             None => len,
@@ -271,38 +277,38 @@ impl ActiveRequest {
     }
 
     /// The image starting at prompt position `pos`, if one does.
-    pub fn image_at(&self, pos: usize) -> Option<&PromptImage> {
+    pub(crate) fn image_at(&self, pos: usize) -> Option<&PromptImage> {
         self.images.iter().find(|im| im.start == pos)
     }
 
     /// Where prompt text from `pos` on ends: at the next image, or the prompt's end.
-    pub fn text_end(&self, pos: usize) -> usize {
+    pub(crate) fn text_end(&self, pos: usize) -> usize {
         self.images.iter().map(|im| im.start).find(|&s| s >= pos).unwrap_or(self.prompt.len())
     }
 
-    pub fn seq_ids(&self) -> Vec<i32> {
+    pub(crate) fn seq_ids(&self) -> Vec<i32> {
         self.choices.iter().map(|c| c.seq_id).collect()
     }
 
-    pub fn is_prefilling(&self) -> bool {
+    pub(crate) fn is_prefilling(&self) -> bool {
         self.prefilled < self.prompt.len()
     }
 
-    pub fn client_gone(&self) -> bool {
+    pub(crate) fn client_gone(&self) -> bool {
         self.events.is_closed()
     }
 
-    pub fn all_finished(&self) -> bool {
+    pub(crate) fn all_finished(&self) -> bool {
         self.choices.iter().all(|c| c.finished.is_some())
     }
 
-    pub fn send_delta(&self, choice: u32, text: String, logprobs: Vec<TokenLogprob>) {
+    pub(crate) fn send_delta(&self, choice: u32, text: String, logprobs: Vec<TokenLogprob>) {
         if !text.is_empty() || !logprobs.is_empty() {
             let _ = self.events.send(Event::Delta { choice, text, logprobs });
         }
     }
 
-    pub fn finish_choice(&mut self, i: usize, reason: FinishReason) {
+    pub(crate) fn finish_choice(&mut self, i: usize, reason: FinishReason) {
         let c = &mut self.choices[i];
         if c.finished.is_some() {
             return;
@@ -322,7 +328,7 @@ impl ActiveRequest {
     /// stop strings, tool calls, `max_tokens` and the context end. `logits_idx` is where its
     /// logits are in the batch just decoded; `c.pos` must already be the position it would be
     /// fed at. Returns whether the choice goes on (the caller then feeds `token` next).
-    pub fn produce(
+    pub(crate) fn produce(
         &mut self,
         i: usize,
         token: i32,
@@ -374,7 +380,7 @@ impl ActiveRequest {
     }
 
     /// Records latency metrics for a token choice `i` just produced.
-    pub fn token_produced(&mut self, i: usize) {
+    pub(crate) fn token_produced(&mut self, i: usize) {
         let now = Instant::now();
         match self.choices[i].last_token_at.replace(now) {
             None => crate::telemetry::first_token(now - self.submitted_at),
@@ -383,7 +389,7 @@ impl ActiveRequest {
     }
 
     /// Ends the request: the owner gets `Done` (or the error) and the usage report.
-    pub fn complete(mut self, error: Option<EngineError>) -> Usage {
+    pub(crate) fn complete(mut self, error: Option<EngineError>) -> Usage {
         let reasons = || self.choices.iter().filter_map(|c| c.finished);
         self.usage.outcome = if error.is_some() {
             Outcome::Error

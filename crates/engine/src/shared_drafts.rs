@@ -47,7 +47,7 @@ impl DraftFamilies {
     /// The family of answers to requests of cache scope `scope` under `constraint`, with `tools`
     /// for the model to call (each as its `Debug` form). Answers are drafts for later requests
     /// of their own scope only: another tenant's answers must not shape (or time) this one's.
-    pub fn family(
+    pub(crate) fn family(
         scope: CacheScope,
         constraint: Option<&impl std::fmt::Debug>,
         tools: Option<&impl std::fmt::Debug>,
@@ -57,13 +57,13 @@ impl DraftFamilies {
     }
 
     /// The answers of `family` (none yet: an empty store).
-    pub fn of(&self, family: u64) -> &SharedDrafts {
+    pub(crate) fn of(&self, family: u64) -> &SharedDrafts {
         static EMPTY: std::sync::OnceLock<SharedDrafts> = std::sync::OnceLock::new();
         self.families.get(&family).map_or_else(|| EMPTY.get_or_init(SharedDrafts::default), |(d, _)| d)
     }
 
     /// Keeps an answer of `family` (`SharedDrafts::record`).
-    pub fn record(&mut self, family: u64, tokens: &[i32]) {
+    pub(crate) fn record(&mut self, family: u64, tokens: &[i32]) {
         self.clock += 1;
         if !self.families.contains_key(&family) && self.families.len() >= MAX_FAMILIES {
             if let Some(oldest) = self.families.iter().min_by_key(|(_, (_, at))| *at).map(|(&f, _)| f) {
@@ -102,7 +102,7 @@ pub(crate) struct SharedDrafts {
 
 impl SharedDrafts {
     /// Keeps `tokens` (an answer with a few tokens of its prompt before it) to draft from.
-    pub fn record(&mut self, tokens: &[i32]) {
+    pub(crate) fn record(&mut self, tokens: &[i32]) {
         let tokens = &tokens[tokens.len().saturating_sub(MAX_ANSWER)..];
         if tokens.len() < 2 {
             return;
@@ -115,7 +115,7 @@ impl SharedDrafts {
                 continue;
             }
             let seen = self.index.entry(t).or_default();
-            seen.push_back((id, pos as u32));
+            seen.push_back((id, crate::units::count_u32(pos)));
             if seen.len() > PER_TOKEN {
                 seen.pop_front();
             }
@@ -148,13 +148,18 @@ impl SharedDrafts {
     /// Earlier continuations of `history`'s last tokens that follow at least `min_match` of
     /// them, longest match first (the most recent among equals), one per distinct
     /// continuation.
-    pub fn candidates(&self, history: &[i32], min_match: usize) -> Vec<Candidate<'_>> {
+    pub(crate) fn candidates(&self, history: &[i32], min_match: usize) -> Vec<Candidate<'_>> {
         let Some(&last) = history.last() else { return Vec::new() };
         let Some(seen) = self.index.get(&last) else { return Vec::new() };
         let n = history.len();
         let mut occurrences: Vec<(usize, &[i32])> = Vec::new();
         for &(id, pos) in seen.iter().rev() {
-            let Some(answer) = self.answers.get((id - self.first_id) as usize) else { continue };
+            let Some(answer) = self
+                .answers
+                .get(usize::try_from(id - self.first_id).expect("answer ids are within this process's count"))
+            else {
+                continue;
+            };
             let pos = pos as usize;
             let matched =
                 (1..=MAX_MATCH.min(pos + 1).min(n)).take_while(|&d| answer[pos + 1 - d] == history[n - d]).count();

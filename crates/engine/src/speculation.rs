@@ -243,7 +243,7 @@ pub(crate) struct Drafter {
 }
 
 impl Drafter {
-    pub fn new(prompt: &[i32], config: SpeculationConfig) -> Self {
+    pub(crate) fn new(prompt: &[i32], config: SpeculationConfig) -> Self {
         let max = match config.mode {
             Speculate::Auto | Speculate::Always => config.draft_max as usize,
             Speculate::Off => 0,
@@ -263,18 +263,18 @@ impl Drafter {
     }
 
     /// The choice drafts from, and joins, the earlier answers of `family`.
-    pub fn join_family(&mut self, family: u64) {
+    pub(crate) fn join_family(&mut self, family: u64) {
         self.family = family;
     }
 
-    pub fn family(&self) -> u64 {
+    pub(crate) fn family(&self) -> u64 {
         self.family
     }
 
     /// The choice answers under a grammar: runs copied from its prompt are quoted values
     /// (`DraftSource::Quoted`), drafted from their first token on (`quote_start`) with the
     /// prompt's tokens written without their leading space (`LoadedModel::unspaced`).
-    pub fn quote_unspaced(&mut self, unspaced: Vec<i32>) {
+    pub(crate) fn quote_unspaced(&mut self, unspaced: Vec<i32>) {
         if self.max > 0 {
             self.unspaced = unspaced;
         }
@@ -283,7 +283,7 @@ impl Drafter {
     /// The choice answers in JSON: a draft copied from the output (its own or an earlier
     /// answer's) stops where a value starts, since that value is another one's (see
     /// `json_layout`); quotes from the prompt do not.
-    pub fn draft_json_layout(&mut self, marks: JsonMarks) {
+    pub(crate) fn draft_json_layout(&mut self, marks: JsonMarks) {
         if self.max > 0 {
             self.json = Some(marks);
         }
@@ -325,13 +325,13 @@ impl Drafter {
 
     /// The choice is sampled under `matcher`'s grammar from now on (its state already holds the
     /// output so far); returns the matcher for the sampler, keeping a copy to draft from.
-    pub fn follow_grammar(&mut self, matcher: Matcher) -> Matcher {
+    pub(crate) fn follow_grammar(&mut self, matcher: Matcher) -> Matcher {
         self.grammar = (self.max > 0).then(|| matcher.deep_clone());
         matcher
     }
 
     /// A token the choice produced.
-    pub fn push(&mut self, token: i32) {
+    pub(crate) fn push(&mut self, token: i32) {
         if self.max > 0 {
             self.history.push(token);
         }
@@ -347,7 +347,7 @@ impl Drafter {
     /// `":`, the rest of an enum value), as the model's tokenizer writes them: the choice's
     /// sampler can then pick nothing else, so verifying them never wastes a position. Unlike
     /// lookup drafts they pay at any load: each saves a whole decode step of this stream.
-    pub fn forced(&mut self, limit: usize) -> Vec<i32> {
+    pub(crate) fn forced(&mut self, limit: usize) -> Vec<i32> {
         let Some(g) = self.grammar.as_mut() else { return Vec::new() };
         if limit == 0 || g.is_stopped() {
             return Vec::new();
@@ -363,7 +363,7 @@ impl Drafter {
     /// where an earlier answer in `shared` follows more of the output's last tokens, from that
     /// answer. How many of them are worth verifying is the scheduler's call (`Acceptance`,
     /// `StepCost`).
-    pub fn propose(&mut self, limit: usize, shared: &SharedDrafts) -> Vec<i32> {
+    pub(crate) fn propose(&mut self, limit: usize, shared: &SharedDrafts) -> Vec<i32> {
         let limit = limit.min(self.max);
         if limit == 0 {
             return Vec::new();
@@ -483,7 +483,7 @@ impl Drafter {
     /// every earlier answer wrote after it, and the value's first token, where one kind of
     /// draft alone would stop at the first token the other one knows. Each lookup run records
     /// the match it continues and its source.
-    pub fn chain(&mut self, limit: usize, lookup_limit: usize, shared: &SharedDrafts) -> Chain {
+    pub(crate) fn chain(&mut self, limit: usize, lookup_limit: usize, shared: &SharedDrafts) -> Chain {
         let mut chain = Chain::default();
         let base = self.history.len();
         let mut lookups = 0;
@@ -553,19 +553,19 @@ impl Drafter {
 
     /// Length of the earlier match the last proposal continues.
     #[cfg(test)]
-    pub fn matched(&self) -> usize {
+    pub(crate) fn matched(&self) -> usize {
         self.matched
     }
 
     /// Where the last proposal was copied from.
     #[cfg(test)]
-    pub fn source(&self) -> DraftSource {
+    pub(crate) fn source(&self) -> DraftSource {
         self.source
     }
 
     /// What this choice leaves for other requests to draft from (`SharedDrafts::record`): its
     /// output, after the last few prompt tokens (the template's opening of an answer).
-    pub fn answer(&self) -> &[i32] {
+    pub(crate) fn answer(&self) -> &[i32] {
         &self.history[self.prompt_len.saturating_sub(ANSWER_CONTEXT).min(self.history.len())..]
     }
 }
@@ -603,14 +603,14 @@ impl Chain {
     }
 
     /// Leading tokens that are forced: they are fed whatever lookups are worth.
-    pub fn forced_prefix(&self) -> usize {
+    pub(crate) fn forced_prefix(&self) -> usize {
         self.forced.iter().take_while(|&&f| f).count()
     }
 
     /// Tokens a choice is expected to produce from its token plus the first `k` drafts, when
     /// each token of a lookup run is accepted with the run's `chance` and forced ones always
     /// are (acceptance ends at the first miss).
-    pub fn expected_tokens(&self, k: usize, chance: impl Fn(&Lookup) -> f64) -> f64 {
+    pub(crate) fn expected_tokens(&self, k: usize, chance: impl Fn(&Lookup) -> f64) -> f64 {
         let mut run = 1.0;
         let mut total = 1.0;
         let mut lookups = self.lookups.iter().peekable();
@@ -627,11 +627,11 @@ impl Chain {
     }
 
     /// Of the first `k` drafts, how many were forced.
-    pub fn forced_within(&self, k: usize) -> usize {
+    pub(crate) fn forced_within(&self, k: usize) -> usize {
         self.forced[..k].iter().filter(|&&f| f).count()
     }
 
-    pub fn truncate(&mut self, k: usize) {
+    pub(crate) fn truncate(&mut self, k: usize) {
         self.tokens.truncate(k);
         self.forced.truncate(k);
         self.lookups.retain(|l| l.start < k);
@@ -667,7 +667,7 @@ impl Acceptance {
     /// For drafts that several earlier answers agree on (`Candidate::agreed`): under a grammar
     /// that is a schema's layout, right nearly every time however short the match. With the
     /// short-match prior of free text (a coin flip) they would never be fed, so never learned.
-    pub fn agreed() -> Self {
+    pub(crate) fn agreed() -> Self {
         Self { prior: [AGREED_PRIOR; MATCH_CLASSES.len()], ..Self::default() }
     }
 
@@ -676,7 +676,7 @@ impl Acceptance {
     /// goes on as the text does once it matches (from its first token, `Drafter::quote_start`),
     /// where a short match in free text is a coin flip. Under the free-text prior they were
     /// declined, one decode step per token.
-    pub fn quoted() -> Self {
+    pub(crate) fn quoted() -> Self {
         Self { prior: [QUOTED_PRIOR; MATCH_CLASSES.len()], ..Self::default() }
     }
 }
@@ -687,7 +687,7 @@ impl Acceptance {
     }
 
     /// Chance that one draft token continuing a `matched`-token match is accepted.
-    pub fn chance(&self, matched: usize) -> f64 {
+    pub(crate) fn chance(&self, matched: usize) -> f64 {
         let c = Self::class(matched);
         let prior = self.prior[c];
         (self.accepted[c] + PRIOR_WEIGHT * prior) / (self.accepted[c] + self.rejected[c] + PRIOR_WEIGHT)
@@ -696,13 +696,13 @@ impl Acceptance {
     /// Tokens a choice is expected to produce in one step from its token plus `k` drafts that
     /// continue a `matched`-token match.
     #[cfg(test)]
-    pub fn expected_tokens(&self, matched: usize, k: usize) -> f64 {
+    pub(crate) fn expected_tokens(&self, matched: usize, k: usize) -> f64 {
         let p = self.chance(matched);
-        (0..=k).map(|j| p.powi(j as i32)).sum()
+        (0..=k).map(|j| p.powi(i32::try_from(j).unwrap_or(i32::MAX))).sum()
     }
 
     /// A draft of `drafted` tokens continuing a `matched`-token match had `accepted` taken.
-    pub fn verified(&mut self, matched: usize, drafted: usize, accepted: usize) {
+    pub(crate) fn verified(&mut self, matched: usize, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
@@ -712,7 +712,7 @@ impl Acceptance {
     }
 
     /// A draft continuing a `matched`-token match was not worth feeding.
-    pub fn declined(&mut self, matched: usize) {
+    pub(crate) fn declined(&mut self, matched: usize) {
         let c = Self::class(matched);
         self.accepted[c] *= DECLINED_MEMORY;
         self.rejected[c] *= DECLINED_MEMORY;

@@ -38,7 +38,7 @@ pub(crate) struct StepCost {
 
 impl StepCost {
     /// A step that computed logits at all of its `positions` took `took`.
-    pub fn observe(&mut self, positions: usize, took: Duration) {
+    pub(crate) fn observe(&mut self, positions: usize, took: Duration) {
         if positions == 0 {
             return;
         }
@@ -61,7 +61,7 @@ impl StepCost {
 
     /// Measured (or, never measured, guessed) seconds of a step with `positions` positions;
     /// `None` before any measurement.
-    pub fn predict(&self, positions: usize) -> Option<f64> {
+    pub(crate) fn predict(&self, positions: usize) -> Option<f64> {
         if self.is_measured(positions) {
             return Some(self.seconds[positions]);
         }
@@ -78,7 +78,7 @@ impl StepCost {
     /// the step the most produced tokens per second, where `expected(k)` is how many tokens the
     /// choice produces from its token plus `k` drafts; `at_least` (drafts fed regardless, such as
     /// tokens a grammar forces) when no longer draft beats that.
-    pub fn best_draft(
+    pub(crate) fn best_draft(
         &self,
         positions: usize,
         at_least: usize,
@@ -108,7 +108,7 @@ mod tests {
 
     /// Expected tokens from a draft of `k` whose tokens are each accepted with probability `p`.
     fn geometric(p: f64) -> impl Fn(usize) -> f64 {
-        move |k| (0..=k).map(|j| p.powi(j as i32)).sum()
+        move |k| (0..=k).map(|j| p.powi(i32::try_from(j).unwrap_or(i32::MAX))).sum()
     }
 
     /// The EPYC shape: four rows at a time, leftover rows one by one.
@@ -167,7 +167,9 @@ mod tests {
         // Forced drafts are fed anyway; lookups after them only where they pay from there.
         let forced_then = |forced: usize, p: f64| {
             move |k: usize| {
-                1.0 + (0..k).map(|j| if j < forced { 1.0 } else { p.powi((j + 1 - forced) as i32) }).sum::<f64>()
+                1.0 + (0..k)
+                    .map(|j| if j < forced { 1.0 } else { p.powi(i32::try_from(j + 1 - forced).unwrap_or(i32::MAX)) })
+                    .sum::<f64>()
             }
         };
         // 2 forced (3 positions, 125 ms): one likely lookup fills the step to 4 (115 ms).

@@ -83,7 +83,7 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    pub fn request_done(&mut self, usage: &Usage) {
+    pub(crate) fn request_done(&mut self, usage: &Usage) {
         counter!("gantry_requests_total", "model" => model(), "outcome" => usage.outcome.as_str()).increment(1);
         counter!("gantry_prompt_tokens_total", "model" => model()).increment(usage.prompt_tokens as u64);
         counter!("gantry_cached_prompt_tokens_total", "model" => model()).increment(usage.cached_tokens as u64);
@@ -105,7 +105,7 @@ pub(crate) fn inter_token(latency: Duration) {
 }
 
 /// One image's encode and decode, done by the scheduler.
-pub fn image_evaluated(positions: usize, took: Duration) {
+pub(crate) fn image_evaluated(positions: usize, took: Duration) {
     counter!("gantry_image_tokens_total", "model" => model()).increment(positions as u64);
     histogram!("gantry_image_eval_seconds", "model" => model()).record(took.as_secs_f64());
 }

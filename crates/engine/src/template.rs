@@ -183,8 +183,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).expect("a day of the month");
+    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).expect("a month");
     (if m <= 2 { era * 400 + yoe + 1 } else { era * 400 + yoe }, m, d)
 }
 

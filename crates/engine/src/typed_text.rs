@@ -27,7 +27,7 @@ pub(crate) struct ControlTexts {
 }
 
 impl ControlTexts {
-    pub fn new(texts: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn new(texts: impl IntoIterator<Item = String>) -> Self {
         let texts: Vec<String> = texts.into_iter().filter(|t| !t.is_empty()).collect();
         let matcher = (!texts.is_empty()).then(|| {
             AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&texts).expect("literal patterns build")
@@ -44,7 +44,7 @@ impl ControlTexts {
     }
 
     /// Whether any string (or object key) in `value` contains a control text.
-    pub fn any_in(&self, value: &Json) -> bool {
+    pub(crate) fn any_in(&self, value: &Json) -> bool {
         match value {
             Json::String(s) => self.has(s),
             Json::Array(items) => items.iter().any(|v| self.any_in(v)),
@@ -55,7 +55,7 @@ impl ControlTexts {
 
     /// `value` with every control text inside its strings replaced by a sentinel; the replaced
     /// texts are pushed to `literals`, a sentinel's index counting into it.
-    pub fn with_sentinels(&self, value: &Json, literals: &mut Vec<String>) -> Json {
+    pub(crate) fn with_sentinels(&self, value: &Json, literals: &mut Vec<String>) -> Json {
         walk_strings(value, &mut |s| {
             self.rewrite(s, |lit| {
                 literals.push(lit.to_owned());
@@ -65,7 +65,7 @@ impl ControlTexts {
     }
 
     /// `value` with a word joiner written into every control text inside its strings.
-    pub fn escaped(&self, value: &Json) -> Json {
+    pub(crate) fn escaped(&self, value: &Json) -> Json {
         walk_strings(value, &mut |s| {
             self.rewrite(s, |lit| {
                 let first = lit.chars().next().map_or(0, char::len_utf8);

@@ -66,7 +66,7 @@ pub enum ImageError {
 }
 
 /// The projector and what the rest of the engine needs to know about it.
-pub struct Vision {
+pub(crate) struct Vision {
     /// Encoding and evaluation need it exclusively; tokenizing (the server's threads) only
     /// briefly.
     ctx: Mutex<MtmdContext>,
@@ -85,7 +85,7 @@ impl std::fmt::Debug for Vision {
 }
 
 impl Vision {
-    pub fn load(path: &Path, model: &LlamaModel, threads: i32) -> Result<Self, String> {
+    pub(crate) fn load(path: &Path, model: &LlamaModel, threads: i32) -> Result<Self, String> {
         if !path.is_file() {
             return Err(format!("projector file {} does not exist", path.display()));
         }
@@ -127,21 +127,21 @@ impl Vision {
     }
 
     /// Text the prompt holds where an image goes.
-    pub fn marker(&self) -> &str {
+    pub(crate) fn marker(&self) -> &str {
         &self.marker
     }
 
-    pub fn reserve_tokens(&self) -> usize {
+    pub(crate) fn reserve_tokens(&self) -> usize {
         self.reserve_tokens
     }
 
     /// The smallest decode batch that holds one image when the model needs it whole, if it does.
-    pub fn min_batch(&self) -> Option<usize> {
+    pub(crate) fn min_batch(&self) -> Option<usize> {
         self.non_causal.then_some(self.reserve_tokens)
     }
 
     /// Decodes one image and tokenizes it: its chunks and the hash identifying it.
-    pub fn prepare(&self, image: &ImageInput) -> Result<(Arc<MtmdInputChunks>, u64), ImageError> {
+    pub(crate) fn prepare(&self, image: &ImageInput) -> Result<(Arc<MtmdInputChunks>, u64), ImageError> {
         let unreadable = |reason: String| ImageError::Unreadable { param: image.param.clone(), reason };
         let (nx, ny, rgb) = decode_rgb(&image.bytes, image.detail).map_err(unreadable)?;
         let id = image_identity(nx, ny, &rgb);
@@ -161,7 +161,7 @@ impl Vision {
 
     /// Encodes an image and writes its positions into `seq` from position `at` (one image
     /// encode; the caller's step waits for it).
-    pub fn evaluate(
+    pub(crate) fn evaluate(
         &self,
         ctx: &mut LlamaContext<'_>,
         image: &PromptImage,
@@ -171,7 +171,7 @@ impl Vision {
         let mut mtmd = self.ctx.lock().expect("vision lock");
         let end = image
             .chunks
-            .eval_chunks(&mut mtmd, ctx, image.start as i32, seq, n_batch, false)
+            .eval_chunks(&mut mtmd, ctx, crate::units::llama_pos(image.start), seq, n_batch, false)
             .map_err(|e| e.to_string())?;
         if end as usize != image.start + image.len {
             return Err(format!("the image took {} positions, {} expected", end as usize - image.start, image.len));
@@ -196,7 +196,7 @@ pub(crate) fn image_token_ids(id: u64, len: usize) -> Vec<i32> {
             h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             h ^= h >> 31;
-            -1 - (h % i32::MAX as u64) as i32
+            -1 - i32::try_from(h % i32::MAX as u64).expect("below i32::MAX")
         })
         .collect()
 }

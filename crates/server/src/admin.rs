@@ -22,7 +22,7 @@ use crate::admin_guard::FailureThrottle;
 use crate::app::AppState;
 use crate::keyspec::{key_view, parse_time, KeyFields};
 
-pub fn router(state: AppState) -> Router<AppState> {
+pub(crate) fn router(state: AppState) -> Router<AppState> {
     // One throttle per router: the admin API is served by one listener at a time.
     let gate = AdminGate { state, throttle: Arc::new(FailureThrottle::default()) };
     Router::new()
@@ -176,7 +176,7 @@ async fn rotate_key(State(state): State<AppState>, Path(key): Path<String>) -> R
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UsageParams {
+pub(crate) struct UsageParams {
     pub key_name: Option<String>,
     pub tenant: Option<String>,
     pub model: Option<String>,
@@ -190,7 +190,7 @@ pub struct UsageParams {
 }
 
 impl UsageParams {
-    pub fn to_query(&self) -> Result<UsageQuery, String> {
+    pub(crate) fn to_query(&self) -> Result<UsageQuery, String> {
         let by_day = match self.group_by.as_deref() {
             None | Some("") | Some("key") => false,
             Some("day") => true,
@@ -244,7 +244,7 @@ async fn usage_requests(
 }
 
 /// CSV of the per-request listing; the same text `gantry usage --requests --format csv` prints.
-pub fn requests_csv(rows: &[RequestRow]) -> String {
+pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
     let mut out = String::from(
         "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,cost,outcome,started_at_ms,finished_at_ms\n",
     );
@@ -269,7 +269,7 @@ pub fn requests_csv(rows: &[RequestRow]) -> String {
 }
 
 /// CSV with a header row; the same text `gantry usage --format csv` prints.
-pub fn usage_csv(rows: &[UsageRow]) -> String {
+pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
     let mut out =
         String::from("key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,cost\n");
     for r in rows {

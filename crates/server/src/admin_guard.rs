@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// Shortest admin token accepted: 32 random hex characters are 128 bits.
-pub const MIN_TOKEN_CHARS: usize = 32;
+pub(crate) const MIN_TOKEN_CHARS: usize = 32;
 
 /// Fewest different characters a token must use; placeholders made by repeating a word or a
 /// character (`adminadmin…`, `xxxx…`) have far fewer.
@@ -37,7 +37,7 @@ const PLACEHOLDER_MARKERS: &[&str] = &[
 
 /// Why `gantry serve` refuses an admin token; the message names the flag and how to make a good
 /// token, never the token itself (it would end up in logs).
-pub fn check_token_strength(token: &str) -> Result<(), String> {
+pub(crate) fn check_token_strength(token: &str) -> Result<(), String> {
     let why = weakness(token);
     match why {
         None => Ok(()),
@@ -75,18 +75,18 @@ fn weakness(token: &str) -> Option<String> {
 
 /// Compares a presented token with the configured one in time that depends on neither: both are
 /// hashed first, so even their lengths do not show in how long the comparison takes.
-pub fn token_matches(presented: &str, configured: &str) -> bool {
+pub(crate) fn token_matches(presented: &str, configured: &str) -> bool {
     let (a, b) = (Sha256::digest(presented.as_bytes()), Sha256::digest(configured.as_bytes()));
     a.ct_eq(&b).into()
 }
 
 /// Wrong admin tokens one client address may present within [`FAILURE_WINDOW`] before it is
 /// locked out.
-pub const MAX_FAILURES: u32 = 5;
+pub(crate) const MAX_FAILURES: u32 = 5;
 /// How far back failures count towards [`MAX_FAILURES`].
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// How long a locked-out address gets 429 on every admin request, right token or not.
-pub const LOCKOUT: Duration = Duration::from_secs(300);
+pub(crate) const LOCKOUT: Duration = Duration::from_secs(300);
 /// Addresses remembered at once; beyond that the one whose last failure is oldest is forgotten,
 /// so an attacker with many addresses cannot grow this table without bound.
 const MAX_TRACKED: usize = 4096;
@@ -102,20 +102,20 @@ struct Failures {
 /// Failed admin authentications by client address (IPv6 by /64, what one host usually holds).
 /// Times are passed in, so tests can step a clock of their own.
 #[derive(Default)]
-pub struct FailureThrottle {
+pub(crate) struct FailureThrottle {
     by_addr: Mutex<HashMap<IpAddr, Failures>>,
 }
 
 impl FailureThrottle {
     /// `Some(wait)` while `addr` is locked out.
-    pub fn locked_for(&self, addr: IpAddr, now: Instant) -> Option<Duration> {
+    pub(crate) fn locked_for(&self, addr: IpAddr, now: Instant) -> Option<Duration> {
         let table = self.by_addr.lock().unwrap();
         let until = table.get(&bucket(addr))?.locked_until?;
         (until > now).then(|| until - now)
     }
 
     /// Counts a wrong token; returns the lockout it started, if this one was one too many.
-    pub fn failed(&self, addr: IpAddr, now: Instant) -> Option<Duration> {
+    pub(crate) fn failed(&self, addr: IpAddr, now: Instant) -> Option<Duration> {
         let mut table = self.by_addr.lock().unwrap();
         let key = bucket(addr);
         if !table.contains_key(&key) && table.len() >= MAX_TRACKED {
@@ -138,7 +138,7 @@ impl FailureThrottle {
     }
 
     /// A right token clears the address's failures.
-    pub fn succeeded(&self, addr: IpAddr) {
+    pub(crate) fn succeeded(&self, addr: IpAddr) {
         self.by_addr.lock().unwrap().remove(&bucket(addr));
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::app::AppState;
 use crate::pool::ModelStatus;
 
-pub fn router() -> Router<AppState> {
+pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/models", get(list))
         .route("/models/{id}/load", post(load))

@@ -14,12 +14,12 @@ use crate::auth_failures::AuthFailures;
 /// What [`require_api_key`] needs: the accounts behind the app state and the per-address
 /// budget of failed authentications.
 #[derive(Clone)]
-pub struct KeyAuth {
+pub(crate) struct KeyAuth {
     pub state: AppState,
     pub failures: AuthFailures,
 }
 
-pub async fn require_api_key(State(auth): State<KeyAuth>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Request, next: Next) -> Response {
     let state = &auth.state;
     // Set by the accept loop; absent only for requests built in-process (tests).
     let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const MAX_TRACKED: usize = 65_536;
 
 #[derive(Clone, Debug)]
-pub struct AuthFailures {
+pub(crate) struct AuthFailures {
     /// Failures an address may have in a burst, refilled at this many per minute; 0 disables.
     per_minute: u32,
     buckets: Arc<Mutex<HashMap<IpAddr, Bucket>>>,
@@ -30,15 +30,15 @@ impl Default for AuthFailures {
     }
 }
 
-pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
+pub(crate) const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
 
 impl AuthFailures {
-    pub fn new(per_minute: u32) -> Self {
+    pub(crate) fn new(per_minute: u32) -> Self {
         Self { per_minute, buckets: Arc::default() }
     }
 
     /// Seconds until `ip` may try again, if it has used up its failures.
-    pub fn blocked_for(&self, ip: IpAddr) -> Option<u64> {
+    pub(crate) fn blocked_for(&self, ip: IpAddr) -> Option<u64> {
         if self.per_minute == 0 {
             return None;
         }
@@ -50,7 +50,7 @@ impl AuthFailures {
     }
 
     /// Counts one failed authentication from `ip`.
-    pub fn record(&self, ip: IpAddr) {
+    pub(crate) fn record(&self, ip: IpAddr) {
         if self.per_minute == 0 {
             return;
         }

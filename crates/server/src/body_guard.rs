@@ -32,9 +32,9 @@ use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
 /// Largest unread body drained (read and discarded) so its connection can be kept.
-pub const MAX_DRAINED_BODY: u64 = 64 * 1024;
+pub(crate) const MAX_DRAINED_BODY: u64 = 64 * 1024;
 /// Most unread bodies drained at once; beyond that, refusals close their connection.
-pub const MAX_DRAINING: usize = 64;
+pub(crate) const MAX_DRAINING: usize = 64;
 
 #[derive(Default)]
 struct BodyProgress {
@@ -97,19 +97,19 @@ impl HttpBody for GuardedBody {
 
 /// The body read timeout and the drains under way, shared by every request.
 #[derive(Clone)]
-pub struct BodyGuard {
+pub(crate) struct BodyGuard {
     timeout: Duration,
     draining: Arc<Semaphore>,
 }
 
 impl BodyGuard {
-    pub fn new(timeout: Duration) -> Self {
+    pub(crate) fn new(timeout: Duration) -> Self {
         Self { timeout, draining: Arc::new(Semaphore::new(MAX_DRAINING)) }
     }
 }
 
 /// Wraps every request body (see the module comment).
-pub async fn guard_body(State(guard): State<BodyGuard>, req: Request, next: Next) -> Response {
+pub(crate) async fn guard_body(State(guard): State<BodyGuard>, req: Request, next: Next) -> Response {
     let timeout = guard.timeout;
     let deadline = Instant::now() + timeout;
     let length = req

@@ -27,7 +27,7 @@ use crate::request_id::{ClientRequestId, RequestId};
 use crate::stream::{ChunkEncoder, SseFrame};
 use crate::tool_calls::ToolPlan;
 
-pub async fn chat_completions(
+pub(crate) async fn chat_completions(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
     Extension(RequestId(request_id)): Extension<RequestId>,

@@ -1,4 +1,4 @@
-//! The `gantry` command line. Flags are a contract scripts depend on (see README).
+//! The `gantry` command line. Flags are a contract scripts depend on (see docs/configuration.md).
 
 use std::path::PathBuf;
 
@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the OpenAI API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),

@@ -12,7 +12,7 @@ use gantry_api::ApiError;
 use crate::app::AppState;
 
 /// No inline scripts or styles, nothing from other origins, no framing.
-pub const CONTENT_SECURITY_POLICY: &str =
+pub(crate) const CONTENT_SECURITY_POLICY: &str =
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
 connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
@@ -44,7 +44,7 @@ const DISABLED_PAGE: &str = "<!doctype html>
 </body></html>
 ";
 
-pub fn router() -> Router<AppState> {
+pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/console", get(index))
         .route("/console/", get(index))

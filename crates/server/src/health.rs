@@ -40,7 +40,7 @@ impl Draining {
 /// `GET /health/ready`: 200 when this replica should get requests; 503 with the reason while it
 /// drains, after its engine failed, or while the accounts database does not answer (why is
 /// logged, not shown).
-pub async fn ready(State(state): State<AppState>) -> Response {
+pub(crate) async fn ready(State(state): State<AppState>) -> Response {
     if state.draining.is_draining() {
         return unavailable("draining", None);
     }

@@ -29,11 +29,11 @@ pub struct ImageFetcher {
     pub max_pixels: u64,
 }
 
-pub const DEFAULT_MAX_IMAGES: usize = 8;
-pub const DEFAULT_MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_IMAGES: usize = 8;
+pub(crate) const DEFAULT_MAX_IMAGE_BYTES: usize = 20 * 1024 * 1024;
 /// 4096 × 4096: a 12-megapixel phone photo passes; projectors see far fewer pixels anyway
 /// (they scale or tile to a few hundred thousand), and one decoded image stays under 64 MiB.
-pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
+pub(crate) const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
 
 impl Default for ImageFetcher {
     fn default() -> Self {
@@ -235,7 +235,7 @@ async fn resolve_public(url: &Url, allowed_private_hosts: &[String]) -> Result<S
 /// IPv6 forms that carry an IPv4 address (mapped, compatible, 6to4, NAT64) are judged by the
 /// IPv4 address they reach, so `::127.0.0.1` or `2002:7f00:1::` cannot smuggle a loopback or
 /// private target past the guard; Teredo tunnels are refused outright.
-pub fn is_public(ip: IpAddr) -> bool {
+pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => {

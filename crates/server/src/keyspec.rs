@@ -76,7 +76,7 @@ fn clean_models(models: Vec<String>) -> Vec<String> {
     models.into_iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect()
 }
 
-pub fn usd_to_nanos(usd: f64) -> Result<i64, String> {
+pub(crate) fn usd_to_nanos(usd: f64) -> Result<i64, String> {
     if !usd.is_finite() || usd <= 0.0 || usd > 1e9 {
         return Err(format!("a money budget must be a positive number of USD, not {usd}"));
     }
@@ -84,7 +84,7 @@ pub fn usd_to_nanos(usd: f64) -> Result<i64, String> {
 }
 
 /// RFC 3339 (`2027-01-01T00:00:00Z`) or a bare date (`2027-01-01`, midnight UTC) → unix seconds.
-pub fn parse_time(s: &str) -> Result<i64, String> {
+pub(crate) fn parse_time(s: &str) -> Result<i64, String> {
     let s = s.trim();
     if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
         return Ok(t.unix_timestamp());
@@ -94,7 +94,7 @@ pub fn parse_time(s: &str) -> Result<i64, String> {
     Ok(date.midnight().assume_utc().unix_timestamp())
 }
 
-pub fn format_time(unix: i64) -> String {
+pub(crate) fn format_time(unix: i64) -> String {
     OffsetDateTime::from_unix_timestamp(unix)
         .ok()
         .and_then(|t| t.format(&Rfc3339).ok())
@@ -102,7 +102,7 @@ pub fn format_time(unix: i64) -> String {
 }
 
 /// The JSON view of a key (never its secret), with its current spend when known.
-pub fn key_view(k: &KeyInfo, spend: Option<&Spend>) -> Value {
+pub(crate) fn key_view(k: &KeyInfo, spend: Option<&Spend>) -> Value {
     let status = if !k.is_active() {
         "revoked"
     } else if k.is_expired() {
@@ -139,7 +139,7 @@ pub fn key_view(k: &KeyInfo, spend: Option<&Spend>) -> Value {
     v
 }
 
-pub fn nanos_to_usd(n: i64) -> f64 {
+pub(crate) fn nanos_to_usd(n: i64) -> f64 {
     n as f64 / NANOS_PER_USD as f64
 }
 

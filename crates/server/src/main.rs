@@ -11,7 +11,7 @@ fn main() -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Keys(cmd) => commands::keys(cmd).await,
             Command::Usage(args) => commands::usage(args).await,
             Command::Models(cmd) => commands::models_cmd(cmd).await,

@@ -29,9 +29,9 @@ use crate::pool::{ModelSpec, Shrinkable};
 use crate::serve::model_id_from_path;
 
 /// `--parallel` when not given.
-pub const DEFAULT_PARALLEL: u32 = 4;
+pub(crate) const DEFAULT_PARALLEL: u32 = 4;
 /// `--batch-size` when not given.
-pub const DEFAULT_BATCH_SIZE: u32 = 512;
+pub(crate) const DEFAULT_BATCH_SIZE: u32 = 512;
 
 /// A models file.
 #[derive(Debug, Deserialize)]
@@ -58,7 +58,7 @@ struct FileEntry {
 }
 
 /// Every model the flags, the models directory and the models file name, resolved to files.
-pub fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
+pub(crate) fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
     let cache = models::default_cache_dir();
     let mut specs: Vec<ModelSpec> = Vec::new();
     let mut flags = args.models.clone();

@@ -9,7 +9,7 @@ use gantry_accounts::{KeyInfo, RateRefusal, RateStatus, Refusal, Refused};
 use gantry_api::ApiError;
 
 /// Sets `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` for the limits the key has.
-pub fn apply(status: &RateStatus, headers: &mut HeaderMap) {
+pub(crate) fn apply(status: &RateStatus, headers: &mut HeaderMap) {
     for (kind, entry) in [("requests", status.requests), ("tokens", status.tokens)] {
         if let Some(a) = entry {
             let mut put = |name: String, value: String| {
@@ -25,7 +25,7 @@ pub fn apply(status: &RateStatus, headers: &mut HeaderMap) {
 }
 
 /// OpenAI's reset format: `1s`, `6m0s`, `250ms`.
-pub fn format_reset(d: Duration) -> String {
+pub(crate) fn format_reset(d: Duration) -> String {
     let ms = d.as_millis() as u64;
     if ms < 1000 {
         format!("{ms}ms")
@@ -38,7 +38,7 @@ pub fn format_reset(d: Duration) -> String {
 }
 
 /// The answer to a refused admission, with the rate-limit headers.
-pub fn refusal_response(key: &KeyInfo, refused: Refused) -> Response {
+pub(crate) fn refusal_response(key: &KeyInfo, refused: Refused) -> Response {
     let mut response = to_api_error(key, refused.reason).into_response();
     apply(&refused.rate, response.headers_mut());
     response

@@ -9,17 +9,17 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
 
-pub const HEADER: &str = "x-request-id";
+pub(crate) const HEADER: &str = "x-request-id";
 
 /// The server's id of this request, unique.
 #[derive(Clone, Debug)]
-pub struct RequestId(pub String);
+pub(crate) struct RequestId(pub String);
 
 /// The client's own `x-request-id`, when it sent a sane one (≤ 128 of `A-Za-z0-9-_.`).
 #[derive(Clone, Debug)]
-pub struct ClientRequestId(pub Option<String>);
+pub(crate) struct ClientRequestId(pub Option<String>);
 
-pub async fn assign(mut req: Request, next: Next) -> Response {
+pub(crate) async fn assign(mut req: Request, next: Next) -> Response {
     let client = req
         .headers()
         .get(HEADER)

@@ -274,15 +274,6 @@ async fn shutdown_signal() {
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn model_id_is_the_file_stem() {
-        let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-        assert_eq!(super::model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
-    }
-}
-
 /// A test build (`fault-injection`) armed by `GANTRY_FAULTS` panics requests on purpose: said
 /// loudly at start, so no one mistakes it for a server to share. Set where the hook is not
 /// compiled in, the variable is said to do nothing.
@@ -301,5 +292,14 @@ fn warn_about_fault_injection() {
             gantry_engine::FAULTS_ENV,
             gantry_engine::FAULTS_ARMED
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn model_id_is_the_file_stem() {
+        let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+        assert_eq!(super::model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
     }
 }

@@ -11,14 +11,14 @@ use crate::tool_calls::{call_json, ToolPlan};
 
 /// What the SSE writer sends next.
 #[derive(Debug, PartialEq)]
-pub enum SseFrame {
+pub(crate) enum SseFrame {
     /// A `data: {json}` event.
     Data(Value),
     /// The terminating `data: [DONE]`.
     Done,
 }
 
-pub struct ChunkEncoder {
+pub(crate) struct ChunkEncoder {
     id: String,
     created: u64,
     model: String,
@@ -37,11 +37,11 @@ struct StreamingTools {
 }
 
 impl ChunkEncoder {
-    pub fn new(id: String, created: u64, model: String, include_usage: bool, with_logprobs: bool) -> Self {
+    pub(crate) fn new(id: String, created: u64, model: String, include_usage: bool, with_logprobs: bool) -> Self {
         Self { id, created, model, include_usage, with_logprobs, finished: false, tools: None }
     }
 
-    pub fn with_tools(mut self, plan: Option<ToolPlan>, n: u32) -> Self {
+    pub(crate) fn with_tools(mut self, plan: Option<ToolPlan>, n: u32) -> Self {
         self.tools = plan.map(|plan| StreamingTools {
             streamers: (0..n).map(|_| Some(plan.streamer())).collect(),
             calls: vec![0; n as usize],
@@ -108,7 +108,7 @@ impl ChunkEncoder {
     }
 
     /// The first chunk of every choice: `delta: {role: "assistant", content: ""}`.
-    pub fn opening(&self, n: u32) -> Vec<SseFrame> {
+    pub(crate) fn opening(&self, n: u32) -> Vec<SseFrame> {
         (0..n)
             .map(|index| {
                 let delta = Delta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
@@ -118,7 +118,7 @@ impl ChunkEncoder {
     }
 
     /// Frames for one engine event; empty once the stream has ended.
-    pub fn on_event(&mut self, event: Event) -> Vec<SseFrame> {
+    pub(crate) fn on_event(&mut self, event: Event) -> Vec<SseFrame> {
         if self.finished {
             return Vec::new();
         }
@@ -161,7 +161,7 @@ impl ChunkEncoder {
         }
     }
 
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.finished
     }
 

@@ -18,7 +18,7 @@ use crate::stats::tap::TeeRecorder;
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the recorder (once per process; later calls reuse it).
-pub fn install() {
+pub(crate) fn install() {
     HANDLE.get_or_init(|| {
         let latency = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
         let batch = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
@@ -68,7 +68,7 @@ pub fn install() {
 /// for this CPU at start in the portable build, `built-in` otherwise: native to the build host for
 /// `make build`, portable AVX2 in `make test`'s debug build) and its features, logged and exported
 /// as `gantry_cpu_backend_info{variant="…", features="…"} 1`.
-pub fn report_cpu_backend() -> anyhow::Result<()> {
+pub(crate) fn report_cpu_backend() -> anyhow::Result<()> {
     gantry_engine::load_cpu_backend().map_err(|e| anyhow::anyhow!("loading llama.cpp's CPU backend: {e}"))?;
     let variant = gantry_engine::cpu_backend_variant();
     let features = gantry_engine::cpu_backend_features().join(" ");
@@ -85,7 +85,7 @@ pub fn report_cpu_backend() -> anyhow::Result<()> {
 /// `gantry_gpu_memory_total_bytes` / `gantry_gpu_memory_free_bytes{device}` (free memory as at
 /// start; a model loaded since uses some of it). A CPU build has none; one built with `cuda`
 /// and started without a usable GPU says so.
-pub fn report_accelerators(gpu_layers_asked: bool) {
+pub(crate) fn report_accelerators(gpu_layers_asked: bool) {
     let found = gantry_engine::accelerators();
     if found.is_empty() {
         if gantry_engine::gpu_backend_compiled() {
@@ -108,7 +108,7 @@ pub fn report_accelerators(gpu_layers_asked: bool) {
 
 /// A model finished loading: `gantry_model_loaded_bytes{model}`, `gantry_model_loads_total{model}`
 /// and the load's duration.
-pub fn model_loaded(model: &str, bytes: u64, took: std::time::Duration) {
+pub(crate) fn model_loaded(model: &str, bytes: u64, took: std::time::Duration) {
     gauge!("gantry_model_loaded_bytes", "model" => model.to_string()).set(bytes as f64);
     counter!("gantry_model_loads_total", "model" => model.to_string()).increment(1);
     histogram!("gantry_model_load_seconds", "model" => model.to_string()).record(took.as_secs_f64());
@@ -116,14 +116,14 @@ pub fn model_loaded(model: &str, bytes: u64, took: std::time::Duration) {
 
 /// A model was unloaded: evicted to make room for another (`gantry_model_evictions_total{model}`)
 /// or by an operator.
-pub fn model_unloaded(model: &str, evicted: bool) {
+pub(crate) fn model_unloaded(model: &str, evicted: bool) {
     gauge!("gantry_model_loaded_bytes", "model" => model.to_string()).set(0.0);
     if evicted {
         counter!("gantry_model_evictions_total", "model" => model.to_string()).increment(1);
     }
 }
 
-pub async fn render() -> Response {
+pub(crate) async fn render() -> Response {
     let body = HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
@@ -142,7 +142,7 @@ fn route_label(path: &str) -> &'static str {
     }
 }
 
-pub async fn track_http(req: Request, next: Next) -> Response {
+pub(crate) async fn track_http(req: Request, next: Next) -> Response {
     let route = route_label(req.uri().path());
     let started = Instant::now();
     let response = next.run(req).await;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 /// The tool set-up of one request.
 #[derive(Debug, Clone)]
-pub struct ToolPlan {
+pub(crate) struct ToolPlan {
     /// The `tools` array, handed to the chat template.
     pub tools: Vec<Value>,
     /// Function names the output may call.
@@ -136,7 +136,7 @@ fn close_objects(schema: &mut Value) {
 }
 
 impl ToolPlan {
-    pub fn from_request(chat: &ValidatedChat) -> Result<Option<Self>, ApiError> {
+    pub(crate) fn from_request(chat: &ValidatedChat) -> Result<Option<Self>, ApiError> {
         let tools = match &chat.tools {
             Some(t) if !t.is_empty() => t.clone(),
             _ => return Ok(None),
@@ -214,13 +214,13 @@ impl ToolPlan {
 
     /// Whether the whole output's grammar comes from the tools (a forced call, or the
     /// answer-or-call union), so its schema errors name `tools`.
-    pub fn shapes_output(&self) -> bool {
+    pub(crate) fn shapes_output(&self) -> bool {
         self.forced.is_some() || !self.answer_calls.is_empty()
     }
 
     /// The grammar of the whole output, given the `response_format`'s: a forced call's, the
     /// answer-or-call union under `auto`, or the `response_format`'s own.
-    pub fn constraint(&self, response_format: Option<Constraint>) -> Option<Constraint> {
+    pub(crate) fn constraint(&self, response_format: Option<Constraint>) -> Option<Constraint> {
         if let Some(forced) = &self.forced {
             return Some(forced.clone());
         }
@@ -232,7 +232,7 @@ impl ToolPlan {
 
     /// The incremental reader of this request's output: calls the engine samples under the
     /// strict call grammar (forced, or after `<tool_call>`) stream their arguments as written.
-    pub fn streamer(&self) -> ToolCallStreamer {
+    pub(crate) fn streamer(&self) -> ToolCallStreamer {
         let streamer = ToolCallStreamer::new(&self.known());
         if self.forced.is_some() {
             streamer.stream_arguments(true)
@@ -243,13 +243,13 @@ impl ToolPlan {
         }
     }
 
-    pub fn known(&self) -> Vec<&str> {
+    pub(crate) fn known(&self) -> Vec<&str> {
         self.names.iter().map(String::as_str).collect()
     }
 
     /// Reads a finished choice: `(content, tool_calls)`. Output cut by `max_tokens` inside a
     /// call returns the call with the arguments written so far.
-    pub fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<Value>>) {
+    pub(crate) fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<Value>>) {
         if !self.parse {
             return (Some(text), None);
         }
@@ -267,7 +267,7 @@ impl ToolPlan {
 }
 
 /// OpenAI's `tool_calls` entry; streamed deltas also carry their `index`.
-pub fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
+pub(crate) fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
     let mut v = json!({
         "id": new_call_id(),
         "type": "function",
@@ -374,9 +374,7 @@ mod tests {
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}});
         let plan = ToolPlan::from_request(&chat(format)).unwrap().unwrap();
         assert!(plan.lazy.is_none());
-        let Some(Constraint::JsonSchema(s)) = plan.constraint(Some(Constraint::JsonSchema(answer.clone()))) else {
-            panic!()
-        };
+        let Some(Constraint::JsonSchema(s)) = plan.constraint(Some(Constraint::JsonSchema(answer))) else { panic!() };
         assert_eq!(s["$defs"]["P"]["type"], "integer");
         let any = s["anyOf"].as_array().unwrap();
         assert_eq!(any.len(), 3);

@@ -158,7 +158,7 @@ async fn a_running_stream_keeps_its_model_while_a_request_for_another_waits() {
         }
     });
     while let Some(chunk) = stream.chunk().await.unwrap() {
-        text.push_str(&String::from_utf8(chunk.to_vec()).unwrap());
+        text.push_str(core::str::from_utf8(&chunk).unwrap());
     }
     let stream_ended = std::time::Instant::now();
     let data = sse_data(&text);
@@ -245,7 +245,7 @@ async fn operators_see_and_load_and_unload_models_over_the_admin_api() {
     let v: Value = forced.json().await.unwrap();
     assert_eq!(v["state"], "unloaded");
     while let Some(chunk) = stream.chunk().await.unwrap() {
-        text.push_str(&String::from_utf8(chunk.to_vec()).unwrap());
+        text.push_str(core::str::from_utf8(&chunk).unwrap());
     }
     assert!(sse_data(&text).iter().any(|d| d.contains("\"error\"")), "the cut stream says so: {text}");
     // Asked for again, it loads again.

@@ -145,7 +145,7 @@ fn a_projector_that_does_not_fit_the_model_stops_the_server_with_the_reason() {
     tiny_gguf::write_tiny_projector(&wrong, &tiny_gguf::TinyProjectorSpec { text_n_embd: 32, ..Default::default() })
         .unwrap();
     for (projector, why) in
-        [(wrong.clone(), "could not load the projector"), (dir.path().join("missing.gguf"), "does not exist")]
+        [(wrong, "could not load the projector"), (dir.path().join("missing.gguf"), "does not exist")]
     {
         let out = common::gantry()
             .args(["serve", "--host", "127.0.0.1", "--port", "0", "--api-key", common::KEY])

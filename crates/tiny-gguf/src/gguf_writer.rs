@@ -12,7 +12,7 @@ pub(crate) const GGUF_TYPE_ARRAY: u32 = 9;
 pub(crate) const GGML_TYPE_F32: u32 = 0;
 
 /// Tensor data alignment (`general.alignment`).
-pub const ALIGNMENT: usize = 32;
+pub(crate) const ALIGNMENT: usize = 32;
 
 /// The whole file: header, metadata, tensor infos, aligned tensor data.
 pub(crate) fn assemble(kv: &KvWriter, tensors: &[Tensor]) -> Vec<u8> {

@@ -198,7 +198,7 @@ mod tests {
         let spec = TinyProjectorSpec::default();
         let a = tiny_projector_bytes(&spec).unwrap();
         assert_eq!(a, tiny_projector_bytes(&spec).unwrap());
-        assert_ne!(a, tiny_projector_bytes(&TinyProjectorSpec { seed: 1, ..spec.clone() }).unwrap());
+        assert_ne!(a, tiny_projector_bytes(&TinyProjectorSpec { seed: 1, ..spec }).unwrap());
         assert_eq!(&a[..4], b"GGUF");
         assert_eq!(u32::from_le_bytes(a[4..8].try_into().unwrap()), 3);
         // patch, positions, pre-norm (2), 16 per block, 4 projector tensors.

@@ -53,7 +53,7 @@ pub(super) fn elements(raw: &str) -> Option<Vec<&str>> {
 /// Removes whitespace outside strings, incrementally: feed text in any split, the output
 /// concatenates to the same.
 #[derive(Debug, Clone, Default)]
-pub struct Minifier {
+pub(super) struct Minifier {
     in_string: bool,
     escaped: bool,
     /// Open `{`/`[` minus closed ones.
@@ -62,7 +62,7 @@ pub struct Minifier {
 
 impl Minifier {
     /// Minifies `c` into `out`; returns whether it closed the outermost value.
-    pub fn push(&mut self, c: char, out: &mut String) -> bool {
+    pub(super) fn push(&mut self, c: char, out: &mut String) -> bool {
         if self.in_string {
             out.push(c);
             if self.escaped {
@@ -91,7 +91,7 @@ impl Minifier {
 }
 
 /// `raw` without whitespace outside strings.
-pub fn minify(raw: &str) -> String {
+pub(super) fn minify(raw: &str) -> String {
     let mut m = Minifier::default();
     let mut out = String::with_capacity(raw.len());
     raw.chars().for_each(|c| {

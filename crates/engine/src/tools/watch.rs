@@ -112,7 +112,7 @@ impl CallWatch {
     fn fence(&mut self, names: &[String]) -> Option<CallStart> {
         while let Some(at) = find(&self.text[self.fences_from..], FENCE).map(|i| i + self.fences_from) {
             let after = &self.text[at + FENCE.len()..];
-            let Some(line_end) = after.iter().position(|&b| b == b'\n') else { return None };
+            let line_end = after.iter().position(|&b| b == b'\n')?;
             let body = String::from_utf8_lossy(&after[line_end + 1..]);
             match call_commitment(body.trim_start(), names) {
                 Commitment::Committed => return Some(CallStart::Fenced { prefix: at }),

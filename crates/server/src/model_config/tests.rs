@@ -160,7 +160,7 @@ fn q5_0_models_get_q8_0_twins_beside_the_models_cache_unless_turned_off() {
     let cache = Path::new("/cache/gantry/models");
     let twins = Some(PathBuf::from("/cache/gantry/q8-twins"));
     let cpu_build = !gantry_engine::gpu_backend_present();
-    assert_eq!(q8_twin_dir(&serve_args(&[]), cache), if cpu_build { twins.clone() } else { None });
+    assert_eq!(q8_twin_dir(&serve_args(&[]), cache).as_ref(), if cpu_build { twins.as_ref() } else { None });
     assert_eq!(q8_twin_dir(&serve_args(&["--n-gpu-layers", "0"]), cache), twins, "nothing offloaded");
     assert_eq!(q8_twin_dir(&serve_args(&["--q5-as-q8", "off"]), cache), None);
     assert_eq!(q8_twin_dir(&serve_args(&["--q5-as-q8", "off", "--n-gpu-layers", "0"]), cache), None);

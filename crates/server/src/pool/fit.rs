@@ -147,7 +147,7 @@ mod given_settings {
             fit_to_budget(&mut c, Shrinkable { parallel: false, batch: true }, budget).unwrap().expect("refitted");
         assert_eq!(refit.after, (4, 32));
         // Both given: nothing changes, and the budget check refuses the model.
-        let mut c = config.clone();
+        let mut c = config;
         assert_eq!(fit_to_budget(&mut c, Shrinkable { parallel: false, batch: false }, budget - 1).unwrap(), None);
         assert_eq!((c.parallel, c.batch_size), (4, 512));
     }

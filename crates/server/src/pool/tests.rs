@@ -172,7 +172,7 @@ async fn a_failed_load_is_an_error_for_its_request_and_the_pool_goes_on() {
 async fn a_model_larger_than_the_whole_budget_is_refused_up_front() {
     let loader = FakeLoader::default();
     let pool = pool(vec![spec("small", 10, false), spec("huge", 500, false)], &loader, 100);
-    let err = pool.check_budget().err().expect("huge does not fit");
+    let err = pool.check_budget().expect_err("huge does not fit");
     assert!(matches!(&err, PoolError::TooLarge { id, need: 500, budget: 100 } if id == "huge"), "{err:?}");
     assert!(matches!(pool.acquire("huge").await, Err(PoolError::TooLarge { .. })));
     assert_eq!(loader.loads.load(Ordering::SeqCst), 0);

@@ -9,10 +9,10 @@ const FIRST_BOUND: f64 = 0.000_5;
 /// Buckets per doubling.
 const PER_OCTAVE: f64 = 8.0;
 /// 0.5 ms · 2^(150/8) ≈ 220 s; anything slower lands in the last bucket.
-pub const BUCKETS: usize = 151;
+pub(crate) const BUCKETS: usize = 151;
 
 /// The bucket a value in seconds falls in: the first whose upper bound is ≥ it.
-pub fn bucket_of(seconds: f64) -> usize {
+pub(crate) fn bucket_of(seconds: f64) -> usize {
     if seconds.is_nan() || seconds <= FIRST_BOUND {
         return 0;
     }
@@ -20,12 +20,12 @@ pub fn bucket_of(seconds: f64) -> usize {
     (i as usize).min(BUCKETS - 1)
 }
 
-pub fn upper_bound(bucket: usize) -> f64 {
+pub(crate) fn upper_bound(bucket: usize) -> f64 {
     FIRST_BOUND * 2f64.powf(bucket as f64 / PER_OCTAVE)
 }
 
 /// Cumulative counts per bucket, written by the recorder from any thread.
-pub struct AtomicHistogram {
+pub(crate) struct AtomicHistogram {
     counts: Vec<AtomicU64>,
 }
 
@@ -36,11 +36,11 @@ impl Default for AtomicHistogram {
 }
 
 impl AtomicHistogram {
-    pub fn record(&self, seconds: f64) {
+    pub(crate) fn record(&self, seconds: f64) {
         self.counts[bucket_of(seconds)].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> Vec<u64> {
+    pub(crate) fn snapshot(&self) -> Vec<u64> {
         self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
     }
 }
@@ -48,11 +48,11 @@ impl AtomicHistogram {
 /// Counts per bucket observed over some span (differences of snapshots), kept sparse since
 /// latencies cluster in a few buckets.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Counts(pub Vec<(u16, u64)>);
+pub(crate) struct Counts(pub Vec<(u16, u64)>);
 
 impl Counts {
     /// What was observed between two cumulative snapshots.
-    pub fn between(before: &[u64], after: &[u64]) -> Self {
+    pub(crate) fn between(before: &[u64], after: &[u64]) -> Self {
         let mut out = Vec::new();
         for (i, (b, a)) in before.iter().zip(after).enumerate() {
             if a > b {
@@ -62,7 +62,7 @@ impl Counts {
         Self(out)
     }
 
-    pub fn add(&mut self, other: &Counts) {
+    pub(crate) fn add(&mut self, other: &Counts) {
         let mut dense = [0u64; BUCKETS];
         for &(i, n) in self.0.iter().chain(&other.0) {
             dense[i as usize] += n;
@@ -70,12 +70,12 @@ impl Counts {
         self.0 = dense.iter().enumerate().filter(|(_, n)| **n > 0).map(|(i, n)| (i as u16, *n)).collect();
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.0.iter().map(|(_, n)| n).sum()
     }
 
     /// The `q`-quantile (0..1) as its bucket's upper bound, or `None` with no observations.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.total();
         if total == 0 {
             return None;

@@ -2,8 +2,8 @@
 //! `/metrics` exports (see [`tap`]), with a 15-minute history in memory: a background task
 //! samples the series every few seconds into a ring buffer of [`Point`]s.
 
-pub mod histogram;
-pub mod tap;
+pub(crate) mod histogram;
+pub(crate) mod tap;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -18,9 +18,9 @@ use self::tap::{label, TAP};
 use crate::app::AppState;
 
 /// How often the sampler records a point.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// How much history is kept: 15 minutes.
-pub const WINDOW: Duration = Duration::from_secs(15 * 60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(15 * 60);
 /// The span per-model throughput is averaged over.
 const RECENT: Duration = Duration::from_secs(60);
 
@@ -316,6 +316,6 @@ fn models_view(now: &Totals, points: &[&Point]) -> Value {
 }
 
 /// `GET /admin/v1/stats`.
-pub async fn stats(State(state): State<AppState>) -> Json<Value> {
+pub(crate) async fn stats(State(state): State<AppState>) -> Json<Value> {
     Json(state.stats.view())
 }

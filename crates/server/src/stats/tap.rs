@@ -14,7 +14,7 @@ use metrics::{
 use super::histogram::AtomicHistogram;
 
 /// Counters the console reads, each kept per label set.
-pub const COUNTERS: &[&str] = &[
+pub(crate) const COUNTERS: &[&str] = &[
     "gantry_http_requests_total",
     "gantry_requests_total",
     "gantry_prompt_tokens_total",
@@ -22,14 +22,14 @@ pub const COUNTERS: &[&str] = &[
     "gantry_completion_tokens_total",
 ];
 /// Gauges the console reads, each kept per label set.
-pub const GAUGES: &[&str] =
+pub(crate) const GAUGES: &[&str] =
     &["gantry_queue_depth", "gantry_running_sequences", "gantry_kv_cache_tokens", "gantry_kv_cache_capacity_tokens"];
 /// Histograms the console reads, summed over labels (models).
-pub const HISTOGRAMS: &[&str] = &["gantry_time_to_first_token_seconds", "gantry_inter_token_latency_seconds"];
+pub(crate) const HISTOGRAMS: &[&str] = &["gantry_time_to_first_token_seconds", "gantry_inter_token_latency_seconds"];
 
 /// The console's series: written through the recorder, read by the sampler.
 #[derive(Default)]
-pub struct Tap {
+pub(crate) struct Tap {
     counters: Mutex<HashMap<Key, Arc<AtomicU64>>>,
     /// f64 bits.
     gauges: Mutex<HashMap<Key, Arc<AtomicU64>>>,
@@ -37,15 +37,15 @@ pub struct Tap {
 }
 
 /// The one tap of this process (empty until [`TeeRecorder`] is installed, as in router tests).
-pub static TAP: LazyLock<Tap> = LazyLock::new(Tap::default);
+pub(crate) static TAP: LazyLock<Tap> = LazyLock::new(Tap::default);
 
 /// A series' label value, e.g. `label(key, "model")`.
-pub fn label<'a>(labels: &'a [(String, String)], name: &str) -> &'a str {
+pub(crate) fn label<'a>(labels: &'a [(String, String)], name: &str) -> &'a str {
     labels.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).unwrap_or("")
 }
 
 /// One series as read: its name, labels and current value.
-pub struct Reading {
+pub(crate) struct Reading {
     pub name: String,
     pub labels: Vec<(String, String)>,
     pub value: f64,
@@ -63,16 +63,16 @@ fn readings(map: &Mutex<HashMap<Key, Arc<AtomicU64>>>, decode: impl Fn(u64) -> f
 }
 
 impl Tap {
-    pub fn counters(&self) -> Vec<Reading> {
+    pub(crate) fn counters(&self) -> Vec<Reading> {
         readings(&self.counters, |v| v as f64)
     }
 
-    pub fn gauges(&self) -> Vec<Reading> {
+    pub(crate) fn gauges(&self) -> Vec<Reading> {
         readings(&self.gauges, f64::from_bits)
     }
 
     /// Cumulative bucket counts of a histogram (all zero before its first observation).
-    pub fn histogram(&self, name: &str) -> Vec<u64> {
+    pub(crate) fn histogram(&self, name: &str) -> Vec<u64> {
         self.histogram_cell(name).snapshot()
     }
 
@@ -88,7 +88,7 @@ impl Tap {
 }
 
 /// Sends every metric to Prometheus and the console's series to [`TAP`] as well.
-pub struct TeeRecorder<R> {
+pub(crate) struct TeeRecorder<R> {
     pub inner: R,
 }
 

@@ -1,5 +1,6 @@
 //! Pieces of a small cluster on loopback: `gantry serve` replicas that can be killed and
 //! restarted on the same port and data directory, and nginx in front of them.
+#![allow(unsafe_code, reason = "kill(2) of the test's own child replicas through libc")]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use super::gantry;
 /// listener cannot bind it then: PostgreSQL failed to start that way. Each call in a process gets
 /// another port; processes start from their pid, so concurrent test binaries rarely meet, and a
 /// port something listens on is skipped.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let low = ephemeral_range_start().saturating_sub(1).max(20_001);
@@ -38,7 +39,7 @@ fn ephemeral_range_start() -> u32 {
 
 /// One `gantry serve` process with a fixed name, port and data directory, so a restart is the
 /// same replica again (its outbox replays, its instance id's reservations are its own).
-pub struct Replica {
+pub(crate) struct Replica {
     pub name: String,
     pub port: u16,
     data_dir: PathBuf,
@@ -48,18 +49,18 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn new(name: &str, dir: &Path, args: &[String]) -> Self {
+    pub(crate) fn new(name: &str, dir: &Path, args: &[String]) -> Self {
         let data_dir = dir.join(name);
         std::fs::create_dir_all(&data_dir).unwrap();
         let log = dir.join(format!("{name}.log"));
         Self { name: name.into(), port: free_port(), data_dir, log, args: args.to_vec(), child: None }
     }
 
-    pub fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    pub fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         assert!(self.child.is_none(), "{} is running", self.name);
         let log = File::options().create(true).append(true).open(&self.log).unwrap();
         let child = gantry()
@@ -77,7 +78,7 @@ impl Replica {
     }
 
     /// Waits until `/health/ready` answers 200.
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().unwrap();
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
@@ -94,20 +95,21 @@ impl Replica {
         }
     }
 
-    pub fn sigkill(&mut self) {
+    pub(crate) fn sigkill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    pub fn sigterm(&self) {
+    pub(crate) fn sigterm(&self) {
         let child = self.child.as_ref().expect("running");
+        // SAFETY: kill(2) on the pid of a child this value owns and has not waited for.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     }
 
     /// Waits for the process to exit (after [`Self::sigterm`]) and returns its status.
-    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+    pub(crate) async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.as_mut().expect("running").try_wait().unwrap() {
@@ -119,7 +121,7 @@ impl Replica {
         }
     }
 
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
@@ -127,7 +129,7 @@ impl Replica {
 }
 
 /// Starts one replica per name with the same `args`, all at once, and waits until each is ready.
-pub async fn start_replicas(names: &[&str], dir: &Path, args: &[&str]) -> Vec<Replica> {
+pub(crate) async fn start_replicas(names: &[&str], dir: &Path, args: &[&str]) -> Vec<Replica> {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let mut replicas: Vec<Replica> = names.iter().map(|n| Replica::new(n, dir, &args)).collect();
     for r in &mut replicas {
@@ -146,7 +148,7 @@ impl Drop for Replica {
 }
 
 /// nginx from the system's packages, when installed.
-pub fn nginx_binary() -> Option<PathBuf> {
+pub(crate) fn nginx_binary() -> Option<PathBuf> {
     ["/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"].iter().map(PathBuf::from).find(|p| p.is_file())
 }
 
@@ -158,7 +160,7 @@ pub fn nginx_binary() -> Option<PathBuf> {
 /// while the database restarts would otherwise take every replica out at once ("no live
 /// upstreams"); a dead one costs a refused connection per try. Each answer names the replica in
 /// `X-Gantry-Upstream`.
-pub struct Nginx {
+pub(crate) struct Nginx {
     child: Child,
     pub port: u16,
     dir: PathBuf,
@@ -166,7 +168,7 @@ pub struct Nginx {
 
 /// How nginx picks a replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Balance {
+pub(crate) enum Balance {
     LeastConnections,
     /// Consistent hashing of the `x-session-id` header, so one conversation keeps going to the
     /// replica that holds its prefix in its KV cache; requests without one are spread by their
@@ -175,7 +177,7 @@ pub enum Balance {
 }
 
 impl Nginx {
-    pub fn start(binary: &Path, dir: &Path, upstreams: &[String], balance: Balance) -> Self {
+    pub(crate) fn start(binary: &Path, dir: &Path, upstreams: &[String], balance: Balance) -> Self {
         let port = free_port();
         let dir = dir.join(format!("nginx-{port}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -224,17 +226,18 @@ impl Nginx {
         Self { child, port, dir }
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    pub fn error_log(&self) -> String {
+    pub(crate) fn error_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
     }
 }
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child this value owns and has not waited for.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGQUIT) };
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {

@@ -1,8 +1,9 @@
 //! Starts the real `gantry` binary on a free port with a tiny random-weight model.
 #![allow(dead_code)]
+#![allow(unsafe_code, reason = "kill(2) of the test's own child server through libc")]
 
-pub mod cluster;
-pub mod postgres;
+pub(crate) mod cluster;
+pub(crate) mod postgres;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -10,10 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const KEY: &str = "sk-gantry-test-0123456789abcdefghijklmnop";
+pub(crate) const KEY: &str = "sk-gantry-test-0123456789abcdefghijklmnop";
 
 /// One tiny model file shared by every test in the binary.
-pub fn tiny_model() -> &'static Path {
+pub(crate) fn tiny_model() -> &'static Path {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
     MODEL.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("gantry-tiny-{}", std::process::id()));
@@ -24,11 +25,11 @@ pub fn tiny_model() -> &'static Path {
     })
 }
 
-pub fn gantry() -> Command {
+pub(crate) fn gantry() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gantry"))
 }
 
-pub struct TestServer {
+pub(crate) struct TestServer {
     child: Child,
     pub base: String,
     pub model_id: String,
@@ -37,11 +38,11 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    pub fn start(extra: &[&str]) -> Self {
+    pub(crate) fn start(extra: &[&str]) -> Self {
         Self::start_with(tiny_model(), true, extra)
     }
 
-    pub fn start_with(model: &Path, with_key: bool, extra: &[&str]) -> Self {
+    pub(crate) fn start_with(model: &Path, with_key: bool, extra: &[&str]) -> Self {
         let data_dir = tempfile::tempdir().unwrap();
         let mut cmd = gantry();
         // One llama.cpp thread: the suite runs two tests at once on two cores, and ggml's OpenMP
@@ -85,7 +86,11 @@ impl TestServer {
         let mut lines = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("gantry did not start; stdout: {lines:?}"));
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("gantry did not start; stdout: {lines:?}");
+            };
             lines.push(line.clone());
             if let Some(rest) = line.strip_prefix("Gantry is serving `") {
                 let (model_id, tail) = rest.split_once('`').unwrap();
@@ -99,24 +104,25 @@ impl TestServer {
         }
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
 
-    pub fn client(&self) -> reqwest::Client {
+    pub(crate) fn client(&self) -> reqwest::Client {
         reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
     }
 
-    pub fn chat(&self, body: serde_json::Value) -> reqwest::RequestBuilder {
+    pub(crate) fn chat(&self, body: serde_json::Value) -> reqwest::RequestBuilder {
         self.client().post(self.url("/v1/chat/completions")).bearer_auth(KEY).json(&body)
     }
 
     /// Sends SIGTERM and returns at once.
-    pub fn send_sigterm(&self) {
+    pub(crate) fn send_sigterm(&self) {
+        // SAFETY: kill(2) on the pid of a child this value owns and has not waited for.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
     }
 
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn terminate(&mut self) -> std::process::ExitStatus {
         self.send_sigterm();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -137,7 +143,7 @@ impl Drop for TestServer {
 }
 
 /// Parses an SSE body into its `data:` payloads.
-pub fn sse_data(body: &str) -> Vec<String> {
+pub(crate) fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter_map(|event| {
             let data: Vec<&str> =
@@ -150,12 +156,12 @@ pub fn sse_data(body: &str) -> Vec<String> {
 /// A `logit_bias` banning the tiny model's special tokens (end of text, turn start, turn end: the
 /// last three of its vocabulary), so a request generates until `max_tokens` or cancellation. The
 /// vocabulary size is read from the out-of-range error.
-pub async fn ban_special_tokens(s: &TestServer, key: &str) -> serde_json::Value {
+pub(crate) async fn ban_special_tokens(s: &TestServer, key: &str) -> serde_json::Value {
     ban_special_tokens_at(&s.base, &s.model_id, key).await
 }
 
 /// [`ban_special_tokens`] for a server at `base` (`http://host:port`).
-pub async fn ban_special_tokens_at(base: &str, model: &str, key: &str) -> serde_json::Value {
+pub(crate) async fn ban_special_tokens_at(base: &str, model: &str, key: &str) -> serde_json::Value {
     let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "go"}], "logit_bias": {"99999999": 1}});
     let refused: serde_json::Value = reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))

@@ -1,27 +1,28 @@
 //! A throwaway PostgreSQL cluster of a test's own, so the test can stop and start it.
+#![allow(unsafe_code, reason = "geteuid(2) through libc, to run PostgreSQL as another user when root")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Stopped (immediately, as a crash) and removed when dropped.
-pub struct OwnPostgres {
+pub(crate) struct OwnPostgres {
     dir: PathBuf,
     port: u16,
 }
 
 impl OwnPostgres {
-    pub fn script() -> PathBuf {
+    pub(crate) fn script() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-postgres.sh")
     }
 
-    pub fn start(dir: &Path, port: u16) -> Self {
+    pub(crate) fn start(dir: &Path, port: u16) -> Self {
         let pg = Self { dir: dir.to_path_buf(), port };
         pg.run();
         pg
     }
 
     /// Starts the cluster (initialising it the first time).
-    pub fn run(&self) {
+    pub(crate) fn run(&self) {
         let out = Command::new(Self::script())
             .env("GANTRY_TEST_PG_PORT", self.port.to_string())
             .env("GANTRY_TEST_PG_DIR", &self.dir)
@@ -38,21 +39,22 @@ impl OwnPostgres {
         );
     }
 
-    pub fn admin_url(&self) -> String {
+    pub(crate) fn admin_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let out = self.pg_ctl_stop();
         assert!(out.status.success(), "stopping PostgreSQL: {}", String::from_utf8_lossy(&out.stderr));
     }
 
-    pub fn pg_ctl_stop(&self) -> std::process::Output {
+    pub(crate) fn pg_ctl_stop(&self) -> std::process::Output {
         let pg_ctl = std::fs::read_dir("/usr/lib/postgresql")
             .unwrap()
             .map(|e| e.unwrap().path().join("bin/pg_ctl"))
             .find(|p| p.is_file())
             .expect("pg_ctl");
+        // SAFETY: geteuid(2) takes nothing and cannot fail.
         let mut cmd = if unsafe { libc::geteuid() } == 0 {
             let mut c = Command::new("runuser");
             c.args(["-u", "postgres", "--"]).arg(&pg_ctl);
