@@ -6,100 +6,13 @@
 //! its budget. Settlement writes the ledger row and moves the reservation to `spent` in one
 //! transaction, keyed on the request id, so a retried settlement never counts twice.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use sqlx::AnyPool;
 
 use crate::keys::KeyInfo;
+use crate::money::{BudgetPeriod, NANOS_PER_USD};
 use crate::usage::UsageRecord;
 use crate::AccountsError;
-
-/// Nano-dollars per US dollar: money is stored as integers.
-pub const NANOS_PER_USD: i64 = 1_000_000_000;
-
-/// A key's spending limit: tokens (prompt + completion), money, or both, over a period.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Budget {
-    #[serde(default)]
-    pub tokens: Option<i64>,
-    /// USD × 1e9.
-    #[serde(default)]
-    pub nanos: Option<i64>,
-    #[serde(default)]
-    pub period: BudgetPeriod,
-}
-
-impl Budget {
-    pub fn is_limited(&self) -> bool {
-        self.tokens.is_some() || self.nanos.is_some()
-    }
-}
-
-/// `total`: one budget for the key's lifetime. `month`: resets at each UTC calendar month.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BudgetPeriod {
-    #[default]
-    Total,
-    Month,
-}
-
-impl BudgetPeriod {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BudgetPeriod::Total => "total",
-            BudgetPeriod::Month => "month",
-        }
-    }
-
-    /// The spend bucket a moment falls in: `total`, or `YYYY-MM` (UTC).
-    pub fn bucket(self, unix_ms: i64) -> String {
-        match self {
-            BudgetPeriod::Total => "total".into(),
-            BudgetPeriod::Month => {
-                let t = time::OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000))
-                    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-                format!("{:04}-{:02}", t.year(), u8::from(t.month()))
-            }
-        }
-    }
-}
-
-impl fmt::Display for BudgetPeriod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for BudgetPeriod {
-    type Err = AccountsError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "total" => Ok(BudgetPeriod::Total),
-            "month" => Ok(BudgetPeriod::Month),
-            other => Err(AccountsError::Invalid(format!("budget period must be `total` or `month`, not {other:?}"))),
-        }
-    }
-}
-
-/// Price of a model in USD per million tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Price {
-    pub input_per_mtok: f64,
-    pub output_per_mtok: f64,
-}
-
-impl Price {
-    /// Cost in nano-dollars, rounded up so a non-zero price never rounds to free.
-    pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
-        // USD per million tokens = 1000 nano-dollars per token per dollar.
-        let nanos = prompt_tokens as f64 * self.input_per_mtok * 1000.0
-            + completion_tokens as f64 * self.output_per_mtok * 1000.0;
-        nanos.ceil().min(i64::MAX as f64) as i64
-    }
-}
 
 /// What a request may spend at most: held against the key's budget while it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,6 +14,7 @@ mod db;
 mod instances;
 mod keys;
 mod metering;
+mod money;
 pub mod outbox;
 mod rate;
 #[doc(hidden)]
@@ -21,7 +22,8 @@ pub mod testing;
 mod unknown_keys;
 mod usage;
 
-pub use budget::{Budget, BudgetPeriod, Price, Reservation, Spend, NANOS_PER_USD};
+pub use budget::{Reservation, Spend};
+pub use money::{Budget, BudgetPeriod, Price, NANOS_PER_USD};
 pub use cache_scope::{CacheScopeSetting, SHARED_CACHE_SCOPE};
 
 pub use db::{Backend, BUSY_TIMEOUT, DB_FILE_NAME};

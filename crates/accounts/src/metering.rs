@@ -21,7 +21,8 @@ use rand::Rng;
 use tokio::sync::{oneshot, Notify};
 use tokio_util::task::TaskTracker;
 
-use crate::budget::{Price, Reservation};
+use crate::budget::Reservation;
+use crate::money::Price;
 use crate::keys::KeyInfo;
 use crate::outbox::{Entry, Outbox};
 use crate::rate::{Count, LocalWindows, RateRefusal, RateStatus};

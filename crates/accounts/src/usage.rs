@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use sqlx::AnyPool;
 
-use crate::budget::NANOS_PER_USD;
+use crate::money::NANOS_PER_USD;
 use crate::db::Backend;
 use crate::AccountsError;
 

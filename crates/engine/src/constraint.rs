@@ -13,8 +13,7 @@ use llguidance::{Matcher, ParserFactory, TokenParser};
 use lru::LruCache;
 use serde_json::{json, Value};
 
-use crate::model::LoadedModel;
-use crate::request::CacheScope;
+use crate::kv::scope::CacheScope;
 
 /// What a completion must conform to.
 #[derive(Debug, Clone, PartialEq)]
@@ -177,10 +176,10 @@ impl Grammars {
         Self { factory: OnceLock::new(), compiled: Mutex::new(LruCache::new(entries)), compiles: AtomicUsize::new(0) }
     }
 
-    fn factory(&self, model: &LoadedModel) -> Result<&ParserFactory, String> {
+    fn factory(&self, model: &Arc<LlamaModel>) -> Result<&ParserFactory, String> {
         self.factory
             .get_or_init(|| {
-                let mut factory = ParserFactory::new_simple(&tok_env(&model.llama)).map_err(|e| e.to_string())?;
+                let mut factory = ParserFactory::new_simple(&tok_env(model)).map_err(|e| e.to_string())?;
                 // Schema errors are returned to the client, not printed on the server's stderr.
                 factory.set_stderr_log_level(0);
                 Ok(factory)
@@ -190,7 +189,7 @@ impl Grammars {
     }
 
     /// Builds the parser factory now (it takes a while), compiling no grammar.
-    pub(crate) fn warm(&self, model: &LoadedModel) {
+    pub(crate) fn warm(&self, model: &Arc<LlamaModel>) {
         let _ = self.factory(model);
     }
 
@@ -198,7 +197,7 @@ impl Grammars {
     /// the model started on its own); fails if those tokens do not fit the grammar.
     pub(crate) fn matcher_after(
         &self,
-        model: &LoadedModel,
+        model: &Arc<LlamaModel>,
         constraint: &Constraint,
         scope: CacheScope,
         tokens: &[i32],
@@ -212,7 +211,7 @@ impl Grammars {
     /// not learn from the timing which schemas were used recently.
     pub(crate) fn compile(
         &self,
-        model: &LoadedModel,
+        model: &Arc<LlamaModel>,
         constraint: &Constraint,
         scope: CacheScope,
     ) -> Result<CompiledGrammar, String> {

@@ -1,38 +1,10 @@
 //! What the HTTP layer needs from an engine, as a trait: the real [`crate::Engine`] implements
 //! it, and the server's router tests drive the same handlers with a scripted one.
 
+use crate::error::SubmitError;
 use crate::model::ModelInfo;
 use crate::prepare::{ChatInput, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle};
-
-/// Why an admitted request failed inside the engine: never the client's fault.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EngineError {
-    #[error("The model failed to decode: {0}")]
-    Decode(String),
-    #[error("The server is shutting down; the request was cut.")]
-    ShuttingDown,
-    /// The scheduler thread panicked; the server stops so its supervisor restarts it.
-    #[error("The inference engine failed ({0}); the server is restarting. Please retry.")]
-    Crashed(String),
-    /// Processing this one request panicked (a bug); it was ended and its sequences cleared,
-    /// while every other request went on.
-    #[error("The engine failed while generating this request ({0}); other requests were not affected. Please retry.")]
-    RequestFailed(String),
-    /// A request `prepare` should have refused reached the scheduler anyway.
-    #[error("The engine could not run this request: {0}")]
-    Rejected(String),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    #[error("the engine has stopped")]
-    Stopped,
-    #[error("{0} requests are already waiting; try again shortly")]
-    QueueFull(usize),
-    #[error("the inference engine failed ({0})")]
-    Failed(String),
-}
 
 /// Whether the engine can take work.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,10 +28,10 @@ pub trait Generator: Send + Sync {
     fn attach_images(
         &self,
         request: &mut GenerateRequest,
-        images: Vec<crate::vision::ImageInput>,
+        images: Vec<crate::model::vision::ImageInput>,
     ) -> Result<(), PrepareError> {
         let _ = (request, images);
-        Err(PrepareError::Image(crate::vision::ImageError::NoVision))
+        Err(PrepareError::Image(crate::model::vision::ImageError::NoVision))
     }
 
     /// Queues a prepared request. Events stream on the handle; dropping it cancels the request.

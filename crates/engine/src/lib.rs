@@ -1,486 +1,60 @@
 //! Gantry's inference engine: llama.cpp through `llama-cpp-2`, a continuous-batching scheduler on
 //! its own thread, chat templates, sampling and stop strings. The server talks to it through
 //! [`Engine::submit`], which returns channels; dropping the event receiver cancels the request.
+//!
+//! The crate's map (docs/architecture.md walks one request through it):
+//! - `engine`: the [`Engine`] handle, its config, and the scheduler thread's start and end;
+//! - `generator`: the [`Generator`] trait, what the HTTP side sees of an engine;
+//! - `request`, `prepare`, `error`: a request as the scheduler takes it, how a chat becomes
+//!   one (template, tokens, grammar, limits), and how one fails;
+//! - `model`: loading a GGUF model and what it brings (backends, devices, chat template, vision
+//!   projector, memory estimate, Q5_0 → Q8_0 twins);
+//! - `scheduler`: the loop that admits, batches, decodes and samples, with the active request's
+//!   state, the samplers and stop strings;
+//! - `kv`: what each sequence's KV cells hold (the mirror of llama.cpp's cells), the host cache of
+//!   idle sequences, and the layout of the KV streams;
+//! - `speculation`: drafts without a draft model, their verification cost and shared drafts;
+//! - `tools`: finding, parsing and streaming tool calls in a model's output;
+//! - `constraint`: grammars (JSON schema, tool calls) compiled for a model and cached;
+//! - `telemetry`, `faults`, `units`: metrics, test-build fault injection, C integer types.
 // Token ids, positions and sizes cross into llama.cpp's C types here: a cast that can truncate says why.
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation))]
 
-mod admission;
-#[cfg(test)]
-mod cache_scope_tests;
 pub mod constraint;
-mod cpu_backend;
-pub mod cpu_variants;
-mod deterministic;
-#[cfg(test)]
-mod deterministic_tests;
-mod device_sampling;
-mod devices;
-mod draw;
-#[cfg(test)]
-mod engine_tests;
+mod engine;
+mod error;
 mod faults;
 mod generator;
-mod gguf_header;
-#[cfg(test)]
-mod grammar_cache_tests;
-mod host_cache;
-#[cfg(test)]
-mod isolation_tests;
-mod json_layout;
 mod keyed_hash;
-mod kv_layout;
-#[cfg(test)]
-mod kv_layout_tests;
-mod kv_slots;
-mod memory;
+mod kv;
 mod model;
 mod prepare;
-mod q5_as_q8;
 mod request;
-mod sample_step;
-mod sampling;
-#[cfg(test)]
-mod sampling_engine_tests;
 mod scheduler;
-mod sequence;
-mod shared_drafts;
 mod speculation;
-#[cfg(test)]
-mod speculation_tests;
-mod step_cost;
 mod telemetry;
-pub mod template;
-pub mod text;
+#[cfg(test)]
+mod tests;
 pub mod tools;
-mod typed_text;
-#[cfg(test)]
-mod typed_text_tests;
 mod units;
-mod vision;
-#[cfg(test)]
-mod vision_tests;
-
-use std::num::NonZeroU32;
-use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
-
-use llama_cpp_2::context::params::LlamaContextParams;
 
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
-pub use cpu_backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
-pub use device_sampling::DeviceSampling;
-pub use devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
+pub use engine::{default_threads, Engine, EngineConfig, DEFAULT_HOST_CACHE_MIB};
+pub use error::{EngineError, SubmitError};
 pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
-pub use generator::{EngineError, Generator, Health, SubmitError};
-pub use kv_layout::KvLayout;
-pub use memory::{estimate_memory, MemoryEstimate};
-pub use model::{LoadError, LoadedModel, ModelInfo};
+pub use generator::{Generator, Health};
+pub use kv::layout::KvLayout;
+pub use model::backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
+pub use model::devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
+pub use model::memory::{estimate_memory, MemoryEstimate};
+pub use model::template::TemplateError;
+pub use model::vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAIL_SIDE};
+pub use model::{cpu_variants, template, LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
     CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Prompt, SamplingParams,
     TokenLogprob, TopLogprob, Usage,
 };
+pub use scheduler::device_sampling::DeviceSampling;
+pub use scheduler::text;
 pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};
-pub use template::TemplateError;
-pub use vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAIL_SIDE};
-
-use scheduler::{Scheduler, SchedulerConfig};
-use sequence::Job;
-
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub model_path: PathBuf,
-    /// Multimodal projector GGUF: with it the model reads images (see `vision`).
-    pub mmproj_path: Option<PathBuf>,
-    /// Max tokens of one sequence, prompt plus completion.
-    pub ctx_size: u32,
-    /// Sequences decoded together (slots); KV memory is `ctx_size * parallel` tokens.
-    pub parallel: u32,
-    /// CPU threads for llama.cpp; `None` = physical cores.
-    pub threads: Option<u32>,
-    /// Max tokens per decode call (prompt chunks plus one token per running sequence).
-    pub batch_size: u32,
-    /// Requests allowed to wait for a slot; beyond that `submit` refuses (backpressure).
-    pub max_queue: usize,
-    /// Prompt-lookup speculative decoding (see `speculation`).
-    pub speculation: SpeculationConfig,
-    /// GPU offload (see `devices`); nothing is offloaded in a CPU build.
-    pub offload: Offload,
-    /// Host memory for idle sequences' KV entries (see `host_cache`); 0 keeps them in their
-    /// slots instead.
-    pub host_cache_bytes: usize,
-    /// Shared by engines serving different models in one process: each decode step (and
-    /// image encode) holds it, so the engines' steps take turns on the cores instead of all
-    /// their threads spinning at once.
-    pub decode_turns: Option<Arc<Mutex<()>>>,
-    /// The `model` label of this engine's metrics (default: the file stem).
-    pub metrics_label: String,
-    /// Where Q5_0 models get their Q8_0 twin (see `q5_as_q8`); `None` serves files as they are.
-    pub q8_twin_dir: Option<PathBuf>,
-    /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
-    pub kv_layout: KvLayout,
-    /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
-    /// once, so one key cannot take every slot; `None` is no limit (see `admission`).
-    pub max_running_per_key: Option<u32>,
-    /// Client text that spells a control token (`<|im_end|>`) becomes that token, as the
-    /// template's own markup does; off, it is tokenized as plain text (see `typed_text`).
-    pub special_tokens_in_content: bool,
-    /// Temperature-0 requests return the same output whatever else runs, at a cost (see
-    /// `deterministic`).
-    pub deterministic_greedy: bool,
-    /// Where sampled choices are sampled: on the GPU that computed their logits, or on the
-    /// host (see `device_sampling`).
-    pub device_sampling: DeviceSampling,
-    /// Tests only: the scheduler panics once this many tokens were generated, to exercise
-    /// engine death.
-    #[cfg(test)]
-    pub(crate) panic_after_tokens: Option<u32>,
-    /// Tests only: the scheduler appends each admitted request's `fairness_key` here, in order.
-    #[cfg(test)]
-    pub(crate) admission_log: Option<Arc<Mutex<Vec<u64>>>>,
-}
-
-/// Default `host_cache_bytes`, in MiB: about 340k tokens of the 0.5B's KV entries, 150k of the
-/// 1.5B's.
-pub const DEFAULT_HOST_CACHE_MIB: usize = 4096;
-
-impl EngineConfig {
-    pub fn new(model_path: impl Into<PathBuf>) -> Self {
-        let model_path: PathBuf = model_path.into();
-        let metrics_label = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        Self {
-            model_path,
-            mmproj_path: None,
-            ctx_size: 4096,
-            parallel: 4,
-            threads: None,
-            batch_size: 512,
-            max_queue: 64,
-            speculation: SpeculationConfig::default(),
-            offload: Offload::default(),
-            host_cache_bytes: DEFAULT_HOST_CACHE_MIB << 20,
-            decode_turns: None,
-            metrics_label,
-            q8_twin_dir: None,
-            kv_layout: KvLayout::default(),
-            max_running_per_key: None,
-            special_tokens_in_content: false,
-            deterministic_greedy: false,
-            device_sampling: DeviceSampling::Auto,
-            #[cfg(test)]
-            panic_after_tokens: None,
-            #[cfg(test)]
-            admission_log: None,
-        }
-    }
-}
-
-/// llama.cpp threads when none are configured: the physical cores.
-pub fn default_threads() -> u32 {
-    u32::try_from(num_cpus::get_physical().max(1)).unwrap_or(u32::MAX)
-}
-
-/// Handle to the running engine; cheap to clone.
-#[derive(Clone)]
-pub struct Engine {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    model: Arc<LoadedModel>,
-    config: EngineConfig,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    queued: Arc<AtomicUsize>,
-    abort: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    health: Arc<tokio::sync::watch::Sender<Health>>,
-    spec_stats: Arc<SpeculationStats>,
-}
-
-impl Engine {
-    /// Loads the model and starts the scheduler thread; returns once the context exists.
-    pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
-        let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
-        let weights = match &config.q8_twin_dir {
-            Some(dir) => q5_as_q8::weights_to_load(&config.model_path, dir),
-            None => config.model_path.clone(),
-        };
-        let mmproj = config.mmproj_path.as_deref();
-        let model = LoadedModel::load_weights(
-            &config.model_path,
-            &weights,
-            mmproj,
-            threads,
-            &config.offload,
-            config.special_tokens_in_content,
-        )?;
-        config.parallel = config.parallel.max(1);
-        config.ctx_size = config.ctx_size.max(16);
-        // Every running sequence needs one slot in each batch, plus room for prompt chunks.
-        config.batch_size = config.batch_size.max(config.parallel + 16);
-        if let Some(need) =
-            model.vision.as_ref().and_then(|v| v.min_batch()).filter(|&n| n > config.batch_size as usize)
-        {
-            tracing::warn!(
-                batch_size = config.batch_size,
-                image_tokens = need,
-                "this projector decodes an image in one batch: raising --batch-size to hold one"
-            );
-            config.batch_size = u32::try_from(need).unwrap_or(u32::MAX);
-        }
-
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
-        let thread_model = model.clone();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let thread_queued = queued.clone();
-        let abort = Arc::new(AtomicBool::new(false));
-        let thread_abort = abort.clone();
-        let health = Arc::new(tokio::sync::watch::Sender::new(Health::Ready));
-        let thread_health = health.clone();
-        let sched_cfg = SchedulerConfig {
-            ctx_size: config.ctx_size,
-            parallel: config.parallel,
-            batch_size: config.batch_size,
-            panic_after_tokens: test_panic_hook(&config),
-            speculation: config.speculation,
-            host_cache_bytes: config.host_cache_bytes,
-            decode_turns: config.decode_turns.clone(),
-            layout: config.kv_layout,
-            max_running_per_key: config.max_running_per_key,
-            deterministic_greedy: config.deterministic_greedy,
-            device_sampling: match config.device_sampling {
-                DeviceSampling::On => true,
-                DeviceSampling::Off => false,
-                // The output layer is on a GPU when every layer is offloaded.
-                DeviceSampling::Auto => {
-                    !accelerators().is_empty() && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
-                }
-            },
-            #[cfg(test)]
-            admission_log: config.admission_log.clone(),
-        };
-        let spec_stats = Arc::new(SpeculationStats::default());
-        let thread_spec_stats = spec_stats.clone();
-        let ctx_params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(config.ctx_size * config.parallel))
-            .with_n_batch(config.batch_size)
-            .with_n_ubatch(config.batch_size)
-            .with_n_seq_max(config.parallel)
-            .with_kv_unified(config.kv_layout.is_unified())
-            .with_n_threads(threads)
-            .with_n_threads_batch(threads);
-        let metrics_label = config.metrics_label.clone();
-        let thread = std::thread::Builder::new()
-            .name("gantry-scheduler".into())
-            .spawn(move || {
-                telemetry::set_model(&metrics_label);
-                let mut ctx = match thread_model.llama.new_context(model::backend(), ctx_params) {
-                    Ok(ctx) => ctx,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                let mut scheduler =
-                    Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort, thread_spec_stats);
-                // A panic must not leave requests hanging and budgets reserved: catch it, mark
-                // the engine failed (so `/health` turns 503 and the server exits for its
-                // supervisor to restart it), and answer everything it held. The scheduler's state
-                // may be half-updated, so after this only its request channels are used.
-                let ran = std::panic::catch_unwind(AssertUnwindSafe(|| scheduler.run(&mut ctx, &jobs_rx)));
-                if let Err(payload) = ran {
-                    let why = panic_message(payload.as_ref());
-                    tracing::error!(reason = %why, "the scheduler thread panicked; failing every request");
-                    thread_health.send_replace(Health::Failed(why.clone()));
-                    scheduler.fail_after_panic(&EngineError::Crashed(why), &jobs_rx);
-                }
-            })
-            .map_err(|e| LoadError::Context(e.to_string()))?;
-        // The grammar engine's view of the vocabulary takes a while to build; build it now, in
-        // the background, rather than on the first request that asks for JSON.
-        let warm = model.clone();
-        let _ = std::thread::Builder::new().name("gantry-grammar-warmup".into()).spawn(move || {
-            warm.warm_grammars();
-        });
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(LoadError::Context(e)),
-            Err(_) => return Err(LoadError::Context("scheduler thread exited".into())),
-        }
-        tracing::info!(
-            model = %config.model_path.display(),
-            ctx_size = config.ctx_size,
-            parallel = config.parallel,
-            threads,
-            speculation = ?config.speculation,
-            kv_layout = ?config.kv_layout,
-            "engine ready"
-        );
-        Ok(Self {
-            inner: Arc::new(Inner {
-                model,
-                config,
-                jobs: Mutex::new(Some(jobs_tx)),
-                queued,
-                abort,
-                thread: Mutex::new(Some(thread)),
-                health,
-                spec_stats,
-            }),
-        })
-    }
-
-    pub fn model(&self) -> &Arc<LoadedModel> {
-        &self.inner.model
-    }
-
-    /// Draft tokens verified and accepted since start (speculative decoding).
-    pub fn speculation_stats(&self) -> &SpeculationStats {
-        &self.inner.spec_stats
-    }
-
-    /// Requests submitted and still waiting for a slot.
-    pub fn queued(&self) -> usize {
-        self.inner.queued.load(Ordering::Relaxed)
-    }
-
-    pub fn config(&self) -> &EngineConfig {
-        &self.inner.config
-    }
-
-    /// Queues a request. Events stream on the returned handle; dropping it cancels the request.
-    pub fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
-        let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
-        let job = Job { request, events: events_tx, usage: usage_tx, submitted_at: std::time::Instant::now() };
-        let guard = self.inner.jobs.lock().expect("jobs lock");
-        if let Health::Failed(why) = self.health() {
-            return Err(SubmitError::Failed(why));
-        }
-        let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
-        // Checked and counted under the lock, so concurrent submits cannot overshoot the limit.
-        let queued = self.inner.queued.load(Ordering::Relaxed);
-        if queued >= self.inner.config.max_queue {
-            return Err(SubmitError::QueueFull(queued));
-        }
-        // Counted before sending: the scheduler decrements once it takes the job.
-        self.inner.queued.fetch_add(1, Ordering::Relaxed);
-        if sender.send(job).is_err() {
-            self.inner.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(SubmitError::Stopped);
-        }
-        Ok(GenerationHandle { events: events_rx, usage: usage_rx })
-    }
-
-    /// Watches the engine's health: the server exits once it turns `Failed`.
-    pub fn watch_health(&self) -> tokio::sync::watch::Receiver<Health> {
-        self.inner.health.subscribe()
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            ctx_size: self.inner.config.ctx_size,
-            slots: self.inner.config.parallel,
-            n_vocab: self.inner.model.info().n_vocab,
-        }
-    }
-
-    /// Cuts every running and waiting request: each ends with an error event and reports the
-    /// tokens it generated. Used when shutdown's grace period runs out.
-    pub fn abort_all(&self) {
-        // An idle scheduler blocked on its queue has nothing to cut; a busy one sees the flag
-        // at its next step.
-        self.inner.abort.store(true, Ordering::Relaxed);
-    }
-
-    /// Stops accepting work, lets the scheduler finish what it has, and joins its thread.
-    pub fn shutdown(&self) {
-        self.inner.jobs.lock().expect("jobs lock").take();
-        if let Some(t) = self.inner.thread.lock().expect("thread lock").take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Generator for Engine {
-    fn model_info(&self) -> &ModelInfo {
-        self.inner.model.info()
-    }
-
-    fn prepare(&self, input: ChatInput) -> Result<GenerateRequest, PrepareError> {
-        let limits = self.limits();
-        limits.check_request(&input)?;
-        let model = &self.inner.model;
-        let prompt = model.prepare(&input.messages, input.tools.as_deref())?;
-        // The context is checked before any grammar is compiled: a prompt that cannot fit costs
-        // no compile. Images not yet fetched count as admission's reservation in `tokens`, but
-        // the context is checked without them here and exactly once they are attached.
-        let unplaced = prompt.tokens.iter().filter(|&&t| t < 0).count();
-        let max_tokens =
-            limits.completion_budget(units::count_u32(prompt.tokens.len() - unplaced), input.max_tokens)?;
-        // Grammars compile here, off the scheduler thread, and travel with the request.
-        let mut grammars = PreparedGrammars::default();
-        if let Some((constraint, param)) = &input.constraint {
-            let compiled = model.compile_constraint(constraint, input.cache_scope);
-            grammars.output = Some(compiled.map_err(|reason| PrepareError::Grammar { param, reason })?);
-        }
-        // The grammars a call started under `auto` would switch to are compiled now too, so a bad
-        // tool schema is a 400 before anything runs and the scheduler compiles none of them.
-        if let Some(l) = &input.lazy_tools {
-            let compile = |c: &Constraint| {
-                model
-                    .compile_constraint(c, input.cache_scope)
-                    .map_err(|reason| PrepareError::Grammar { param: "tools", reason })
-            };
-            grammars.bare_call = Some(compile(&l.bare)?);
-            grammars.tagged_call = Some(compile(&l.tagged)?);
-            grammars.fenced_call = Some(compile(&Constraint::Lark(tools::fenced_call_grammar(&l.fenced_calls_rules)))?);
-        }
-        let mut request = input.into_request(prompt, max_tokens);
-        request.grammars = grammars;
-        Ok(request)
-    }
-
-    fn attach_images(&self, request: &mut GenerateRequest, images: Vec<ImageInput>) -> Result<(), PrepareError> {
-        self.inner.model.attach_images(&mut request.prompt, &images)?;
-        let prompt_tokens = units::count_u32(request.prompt.tokens.len());
-        request.max_tokens = self.limits().completion_budget(prompt_tokens, request.requested_max_tokens)?;
-        Ok(())
-    }
-
-    fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
-        Engine::submit(self, request)
-    }
-
-    fn health(&self) -> Health {
-        self.inner.health.borrow().clone()
-    }
-}
-
-/// The engine-death test hook: `GANTRY_TEST_PANIC_AFTER_TOKENS=N` makes the scheduler thread
-/// panic once its running requests have generated N tokens, so the failure path (errors to every
-/// request, usage billed, `/health` 503, exit status 1) can be tested against the real binary.
-/// Read once at start; unset, which it always is outside tests, it does nothing.
-fn test_panic_hook(config: &EngineConfig) -> Option<u32> {
-    #[cfg(test)]
-    if config.panic_after_tokens.is_some() {
-        return config.panic_after_tokens;
-    }
-    let _ = config;
-    let hook = std::env::var("GANTRY_TEST_PANIC_AFTER_TOKENS").ok()?.parse().ok()?;
-    tracing::warn!(after_tokens = hook, "GANTRY_TEST_PANIC_AFTER_TOKENS is set: the engine will panic on purpose");
-    Some(hook)
-}
-
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic".to_string())
-}

@@ -6,8 +6,8 @@
 use serde_json::Value as Json;
 
 use crate::constraint::Constraint;
+use crate::model::template::TemplateError;
 use crate::request::{CacheScope, GenerateRequest, LazyTools, Prompt, SamplingParams};
-use crate::template::TemplateError;
 
 /// A chat request as the engine needs it: the API layer has validated the shapes and ranges.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ pub enum PrepareError {
     #[error("The chat template rejected these messages: {0}")]
     Template(#[from] TemplateError),
     #[error("{0}")]
-    Image(#[from] crate::vision::ImageError),
+    Image(#[from] crate::model::vision::ImageError),
 }
 
 fn context_message(limit: &u32, prompt_tokens: &u32, max_tokens: &Option<u32>) -> String {

@@ -37,20 +37,13 @@ pub struct Prompt {
     /// `vision`).
     pub tokens: Vec<i32>,
     /// The images, in order, each over its positions in `tokens`.
-    pub images: Vec<crate::vision::PromptImage>,
+    pub images: Vec<crate::model::vision::PromptImage>,
     /// Byte ranges of `text` where a client's string spelled a control token: tokenized as plain
     /// text (see `typed_text`).
     pub typed: Vec<std::ops::Range<usize>>,
 }
 
-/// Which requests may reuse one another's cached prompt prefixes (KV entries in slots or host
-/// memory, a prompt being prefilled, answers offered as drafts). Reuse is visible to the client
-/// (`cached_tokens`, time to first token), so a prefix cached under one scope is never matched
-/// from another: a tenant cannot probe another tenant's prompts. The server derives the id from
-/// the API key's setting (tenant, key or shared); the default is the one scope of a
-/// single-tenant embedding.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct CacheScope(pub u64);
+pub use crate::kv::scope::CacheScope;
 
 /// One generation job: `n` completions of the same prompt.
 #[derive(Debug)]
@@ -191,7 +184,7 @@ pub enum Event {
     /// All choices ended. Always the last event unless an error occurred.
     Done(Usage),
     /// Generation failed; the last event. The usage channel still reports what was generated.
-    Error(crate::generator::EngineError),
+    Error(crate::error::EngineError),
 }
 
 /// The receiving side of a submitted request. Dropping `events` cancels the request at the

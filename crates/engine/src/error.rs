@@ -1,0 +1,39 @@
+//! How a request fails inside the engine once admitted, and why the engine refuses to queue one.
+
+/// Why an admitted request failed inside the engine: never the client's fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("The model failed to decode: {0}")]
+    Decode(String),
+    #[error("The server is shutting down; the request was cut.")]
+    ShuttingDown,
+    /// The scheduler thread panicked; the server stops so its supervisor restarts it.
+    #[error("The inference engine failed ({0}); the server is restarting. Please retry.")]
+    Crashed(String),
+    /// Processing this one request panicked (a bug); it was ended and its sequences cleared,
+    /// while every other request went on.
+    #[error("The engine failed while generating this request ({0}); other requests were not affected. Please retry.")]
+    RequestFailed(String),
+    /// A request `prepare` should have refused reached the scheduler anyway.
+    #[error("The engine could not run this request: {0}")]
+    Rejected(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("{0} requests are already waiting; try again shortly")]
+    QueueFull(usize),
+    #[error("the inference engine failed ({0})")]
+    Failed(String),
+}
+
+/// The text a caught panic carried, for the error its request ends with.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
+}

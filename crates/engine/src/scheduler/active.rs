@@ -1,0 +1,425 @@
+//! State of one admitted request inside the scheduler: its prompt, its choices (one llama.cpp
+//! sequence each) and the channels back to its owner.
+
+use std::time::Instant;
+
+use llama_cpp_2::context::LlamaContext;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::constraint::{Constraint, PreparedGrammars};
+use crate::error::EngineError;
+use crate::faults::{Fault, FaultPoint};
+use crate::model::vision::PromptImage;
+use crate::model::LoadedModel;
+use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
+use crate::scheduler::sampling::{build_sampler, logprobs_for, Sampler};
+use crate::scheduler::text::TextAssembler;
+use crate::speculation::shared_drafts::DraftFamilies;
+use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
+use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
+
+/// A request as queued for the scheduler.
+pub(crate) struct Job {
+    pub request: GenerateRequest,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub usage: oneshot::Sender<Usage>,
+    pub submitted_at: Instant,
+}
+
+pub(crate) struct Choice {
+    pub index: u32,
+    pub seq_id: i32,
+    pub sampler: Sampler,
+    pub text: TextAssembler,
+    pub generated: u32,
+    /// Position the next fed token takes in this sequence.
+    pub pos: i32,
+    /// Token to feed at the next step, once decoding.
+    pub next_token: Option<i32>,
+    /// Index in the current batch whose logits this choice samples from (the fed token's; the
+    /// draft tokens' logits follow at the next indices).
+    pub batch_idx: Option<i32>,
+    /// Draft tokens fed after `next_token` in the current batch, to be verified, each marked
+    /// forced by the grammar (jump-forward) or looked up.
+    pub drafts: Chain,
+    pub drafter: Drafter,
+    pub finished: Option<FinishReason>,
+    /// When this choice last produced a token, for latency metrics.
+    pub last_token_at: Option<Instant>,
+    /// Watching for a tool call to constrain (`tool_choice: "auto"`); `None` once it started
+    /// or when the request has no tools.
+    pub tool_watch: Option<ToolWatch>,
+    /// Sampled under a grammar right now (`response_format`, a forced call, or a call the model
+    /// started): stop strings do not apply, since cutting the text would break the JSON.
+    pub constrained: bool,
+    /// Sampled by its sequence's chain on the device (see `device_sampling`), not `sampler`.
+    pub on_device: bool,
+}
+
+/// The output so far of a choice that may still start a tool call.
+pub(crate) struct ToolWatch {
+    tokens: Vec<i32>,
+    /// Where each token's text ends in the output's bytes.
+    ends: Vec<usize>,
+    calls: CallWatch,
+}
+
+pub(crate) struct ActiveRequest {
+    pub prompt: Vec<i32>,
+    /// The prompt's images, in order: each is evaluated in one piece (see `vision`).
+    pub images: Vec<PromptImage>,
+    /// How many prompt tokens are in the KV cache so far (reused prefix plus chunked prefill).
+    pub prefilled: usize,
+    /// A longer prefix of the prompt that another sequence holds or is computing right now:
+    /// `(sequence, length)`. Prefill waits for it and copies it instead of recomputing it.
+    pub share: Option<(i32, usize)>,
+    /// Only prefixes and answers cached under this scope are reused (see `CacheScope`).
+    pub scope: CacheScope,
+    pub choices: Vec<Choice>,
+    pub max_tokens: u32,
+    pub logprobs: Option<u32>,
+    seeded: bool,
+    /// Greedy under `--deterministic-greedy`: computed apart from other sequences, in fixed
+    /// prompt chunks, reusing no cache and verifying no drafts (see `deterministic`).
+    pub isolated: bool,
+    pub submitted_at: Instant,
+    pub usage: Usage,
+    events: mpsc::UnboundedSender<Event>,
+    usage_tx: Option<oneshot::Sender<Usage>>,
+    lazy_tools: Option<LazyTools>,
+    /// Tests only: a panic planned in this request's step (see `faults`).
+    pub fault: Fault,
+    /// Whose request it is, for fair admission (see `admission`).
+    pub fairness_key: u64,
+    /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
+    grammars: PreparedGrammars,
+}
+
+impl ActiveRequest {
+    /// Fails (handing the job back with the reason) only if the request's grammar does not
+    /// compile, which the server checks before queueing.
+    pub(crate) fn new(
+        job: Job,
+        seq_ids: Vec<i32>,
+        model: &LoadedModel,
+        ctx_size: u32,
+        speculation: SpeculationConfig,
+    ) -> Result<Self, Box<(Job, String)>> {
+        // `prepare` compiled the grammar: each choice only instantiates a matcher from it.
+        let mut grammars = Vec::with_capacity(seq_ids.len());
+        for _ in &seq_ids {
+            let matcher = match (&job.request.grammars.output, &job.request.constraint) {
+                (Some(compiled), _) => Some(compiled.matcher()),
+                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, job.request.cache_scope, &[])),
+                (None, None) => None,
+            };
+            match matcher.transpose() {
+                Ok(g) => grammars.push(g),
+                Err(e) => return Err(Box::new((job, e))),
+            }
+        }
+        let Job { request, events, usage, submitted_at } = job;
+        let window = request.max_tokens.min(ctx_size) as i32;
+        let speculation = speculation.for_request(&request.sampling);
+        let family =
+            DraftFamilies::family(request.cache_scope, request.constraint.as_ref(), request.lazy_tools.as_ref());
+        // Under a grammar the drafter quotes values from the prompt from their first token on.
+        let unspaced = (request.constraint.is_some() && speculation.mode != Speculate::Off)
+            .then(|| model.unspaced(&request.prompt.tokens));
+        let json = unspaced.is_some().then(|| model.json_marks());
+        let choices = seq_ids
+            .into_iter()
+            .zip(grammars)
+            .enumerate()
+            .map(|(i, (seq_id, grammar))| {
+                let mut drafter = Drafter::new(&request.prompt.tokens, speculation);
+                drafter.join_family(family);
+                if let Some(unspaced) = &unspaced {
+                    drafter.quote_unspaced(unspaced.clone());
+                }
+                if let Some(marks) = &json {
+                    drafter.draft_json_layout(marks.clone());
+                }
+                let grammar = grammar.map(|m| drafter.follow_grammar(m));
+                Choice {
+                    index: crate::units::count_u32(i),
+                    seq_id,
+                    sampler: build_sampler(&request.sampling, crate::units::count_u32(i), window, grammar),
+                    text: TextAssembler::new(request.stop.clone()),
+                    generated: 0,
+                    pos: 0,
+                    next_token: None,
+                    batch_idx: None,
+                    drafts: Chain::default(),
+                    drafter,
+                    finished: None,
+                    last_token_at: None,
+                    tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch {
+                        tokens: Vec::new(),
+                        ends: Vec::new(),
+                        calls: CallWatch::new(),
+                    }),
+                    constrained: request.constraint.is_some(),
+                    on_device: false,
+                }
+            })
+            .collect();
+        let prompt_tokens = crate::units::count_u32(request.prompt.tokens.len());
+        let fault = Fault::from_prompt(&request.prompt.text);
+        Ok(Self {
+            prompt: request.prompt.tokens,
+            images: request.prompt.images,
+            prefilled: 0,
+            share: None,
+            scope: request.cache_scope,
+            choices,
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+            seeded: request.sampling.seed.is_some(),
+            isolated: false,
+            submitted_at,
+            usage: Usage { prompt_tokens, ..Usage::default() },
+            events,
+            usage_tx: Some(usage),
+            lazy_tools: request.lazy_tools,
+            fault,
+            fairness_key: request.fairness_key,
+            grammars: PreparedGrammars { output: None, ..request.grammars },
+        })
+    }
+
+    /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool
+    /// call, the rest of the call is sampled under a grammar, so it parses and its arguments match
+    /// the schema. Called after every token that does not end the generation.
+    /// `piece` is the token's text, as the scheduler already decoded it.
+    ///
+    /// The model's native syntax (`<tool_call>`) switches to the call grammar at once. The fallback
+    /// forms (bare JSON, a ```json fence) are also how models write answers — after a tool result,
+    /// Qwen echoes the call with a `"result"` key as its answer — so they are only constrained once
+    /// the output is committed to a call: `{"name": "<offered function>", "arguments": {` (or that
+    /// inside `[`). Up to there the model samples freely; from there the grammar still lets the
+    /// object go on with other keys, and such an object is then read back as content. A fenced
+    /// call is constrained from its fence on, wherever it starts, by the grammar `prepare`
+    /// compiled (`tools::fenced_call_grammar`): nothing is compiled here.
+    ///
+    /// Returns where in `piece` (the offset of its `>`) the `<tool_call>` tag's text ends when
+    /// plain-text tokens wrote it on a model whose tag is a token of its own: not a call, but
+    /// text the model copied (a client's).
+    pub(crate) fn watch_for_tool_call(
+        &mut self,
+        i: usize,
+        token: i32,
+        piece: &[u8],
+        model: &LoadedModel,
+    ) -> Option<usize> {
+        let lazy = self.lazy_tools.as_ref()?;
+        let watch = self.choices[i].tool_watch.as_mut()?;
+        watch.tokens.push(token);
+        watch.ends.push(watch.ends.last().copied().unwrap_or(0) + piece.len());
+        self.fault.check(FaultPoint::Watching, self.usage.completion_tokens);
+        let tag_token = model.tool_call_tag().map(|tag| tag == token);
+        let Some(start) = watch.calls.push(piece, &lazy.names, tag_token) else {
+            return watch.calls.tag_end_in_last(piece.len()).filter(|_| tag_token == Some(false));
+        };
+        let fenced;
+        let (constraint, consumed, compiled) = match start {
+            CallStart::Tagged => (&lazy.tagged, &[][..], self.grammars.tagged_call.as_ref()),
+            CallStart::Bare => (&lazy.bare, watch.tokens.as_slice(), self.grammars.bare_call.as_ref()),
+            CallStart::Fenced { prefix } => {
+                // From the token that holds the fence's first byte on; the grammar lets that
+                // token's text before the fence lead.
+                let first = watch.ends.partition_point(|&end| end <= prefix);
+                fenced = Constraint::Lark(fenced_call_grammar(&lazy.fenced_calls_rules));
+                (&fenced, &watch.tokens[first..], self.grammars.fenced_call.as_ref())
+            }
+        };
+        let matcher = match compiled {
+            Some(compiled) => compiled.matcher_after(consumed),
+            None => model.constraint_matcher(constraint, self.scope, consumed),
+        };
+        match matcher {
+            Ok(matcher) => {
+                let c = &mut self.choices[i];
+                c.sampler.constrain(c.drafter.follow_grammar(matcher));
+                self.choices[i].tool_watch = None;
+                self.choices[i].constrained = true;
+            }
+            Err(e) => {
+                // The model's own layout does not fit the grammar: leave this call unconstrained
+                // (the parser still reads a well-formed call) and watch for later ones.
+                tracing::debug!(error = %e, ?start, "output does not start a tool call the grammar accepts");
+                watch.calls.rejected(&start);
+            }
+        }
+        None
+    }
+
+    /// Most prompt tokens that may come from the cache: the last one is always decoded, since
+    /// its logits start the completion.
+    ///
+    /// A seeded request reuses nothing: logits of a prompt computed in one piece differ in the
+    /// last bits from those of a prompt resumed from the cache, and at temperature > 0 that can
+    /// change a sampled token. Same seed and same request must give the same output.
+    pub(crate) fn reusable_len(&self) -> usize {
+        if self.seeded || self.isolated {
+            return 0;
+        }
+        self.whole_images(self.prompt.len().saturating_sub(1))
+    }
+
+    /// The longest prefix of the first `len` prompt positions that holds no part of an image:
+    /// an image's cells are only ever computed, shared or kept together.
+    pub(crate) fn whole_images(&self, len: usize) -> usize {
+        match self.images.iter().find(|im| im.start < len && len < im.start + im.len) {
+            Some(im) => im.start,
+            None => len,
+        }
+    }
+
+    /// The image starting at prompt position `pos`, if one does.
+    pub(crate) fn image_at(&self, pos: usize) -> Option<&PromptImage> {
+        self.images.iter().find(|im| im.start == pos)
+    }
+
+    /// Where prompt text from `pos` on ends: at the next image, or the prompt's end.
+    pub(crate) fn text_end(&self, pos: usize) -> usize {
+        self.images.iter().map(|im| im.start).find(|&s| s >= pos).unwrap_or(self.prompt.len())
+    }
+
+    pub(crate) fn seq_ids(&self) -> Vec<i32> {
+        self.choices.iter().map(|c| c.seq_id).collect()
+    }
+
+    pub(crate) fn is_prefilling(&self) -> bool {
+        self.prefilled < self.prompt.len()
+    }
+
+    pub(crate) fn client_gone(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    pub(crate) fn all_finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finished.is_some())
+    }
+
+    pub(crate) fn send_delta(&self, choice: u32, text: String, logprobs: Vec<TokenLogprob>) {
+        if !text.is_empty() || !logprobs.is_empty() {
+            let _ = self.events.send(Event::Delta { choice, text, logprobs });
+        }
+    }
+
+    pub(crate) fn finish_choice(&mut self, i: usize, reason: FinishReason) {
+        let c = &mut self.choices[i];
+        if c.finished.is_some() {
+            return;
+        }
+        c.finished = Some(reason);
+        c.next_token = None;
+        c.batch_idx = None;
+        c.drafts = Chain::default();
+        let index = c.index;
+        if reason != FinishReason::Cancelled {
+            let _ = self.events.send(Event::Finished { choice: index, reason });
+        }
+    }
+
+    /// Everything one produced token does, whether it was sampled alone or verified a draft
+    /// token: it is billed, streamed with its logprobs, checked against the end of generation,
+    /// stop strings, tool calls, `max_tokens` and the context end. `logits_idx` is where its
+    /// logits are in the batch just decoded; `c.pos` must already be the position it would be
+    /// fed at. Returns whether the choice goes on (the caller then feeds `token` next).
+    pub(crate) fn produce(
+        &mut self,
+        i: usize,
+        token: i32,
+        logits_idx: i32,
+        ctx: &LlamaContext<'_>,
+        model: &LoadedModel,
+        ctx_size: i32,
+    ) -> bool {
+        let logprobs = match self.logprobs {
+            Some(top) => vec![logprobs_for(model, ctx.get_logits_ith(logits_idx), token, top)],
+            None => Vec::new(),
+        };
+        self.usage.completion_tokens += 1;
+        self.token_produced(i);
+        self.choices[i].generated += 1;
+        self.choices[i].drafter.push(token);
+        let index = self.choices[i].index;
+        if model.is_end_of_generation(token) {
+            // The end-of-generation token is billed like every sampled token, so it gets its
+            // logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
+            let tail = self.choices[i].text.finish();
+            self.send_delta(index, tail.emit, logprobs);
+            self.finish_choice(i, FinishReason::Stop);
+            return false;
+        }
+        let mut piece = model.piece(token);
+        if let Some(at) = self.watch_for_tool_call(i, token, &piece, model) {
+            // A word joiner before the tag's `>`: the text reads the same, but neither the
+            // server's call parser nor a later prompt takes it for the tag.
+            piece.splice(at..at, "\u{2060}".bytes());
+        }
+        self.fault.check(FaultPoint::Producing, self.usage.completion_tokens);
+        let c = &mut self.choices[i];
+        let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
+        if scan.stopped {
+            self.send_delta(index, scan.emit, logprobs);
+            self.finish_choice(i, FinishReason::Stop);
+            false
+        } else if c.generated >= self.max_tokens || c.pos >= ctx_size {
+            let tail = c.text.finish();
+            let reason = if tail.stopped { FinishReason::Stop } else { FinishReason::Length };
+            self.send_delta(index, scan.emit + &tail.emit, logprobs);
+            self.finish_choice(i, reason);
+            false
+        } else {
+            self.send_delta(index, scan.emit, logprobs);
+            true
+        }
+    }
+
+    /// Records latency metrics for a token choice `i` just produced.
+    pub(crate) fn token_produced(&mut self, i: usize) {
+        let now = Instant::now();
+        match self.choices[i].last_token_at.replace(now) {
+            None => crate::telemetry::first_token(now - self.submitted_at),
+            Some(prev) => crate::telemetry::inter_token(now - prev),
+        }
+    }
+
+    /// Ends the request: the owner gets `Done` (or the error) and the usage report.
+    pub(crate) fn complete(mut self, error: Option<EngineError>) -> Usage {
+        let reasons = || self.choices.iter().filter_map(|c| c.finished);
+        self.usage.outcome = if error.is_some() {
+            Outcome::Error
+        } else if reasons().any(|r| r == FinishReason::Cancelled) {
+            Outcome::Cancelled
+        } else if reasons().any(|r| r == FinishReason::Length) {
+            Outcome::Length
+        } else {
+            Outcome::Completed
+        };
+        let event = match error {
+            Some(e) => Event::Error(e),
+            None => Event::Done(self.usage),
+        };
+        let _ = self.events.send(event);
+        if let Some(tx) = self.usage_tx.take() {
+            let _ = tx.send(self.usage);
+        }
+        self.usage
+    }
+}
+
+impl Drop for ActiveRequest {
+    /// A request dropped without `complete` (a panic unwound past the step holding it) still
+    /// ends its stream and reports the tokens it generated, so they are billed.
+    fn drop(&mut self) {
+        if let Some(tx) = self.usage_tx.take() {
+            self.usage.outcome = Outcome::Error;
+            let _ = self.events.send(Event::Error(EngineError::Crashed("the request was lost mid-step".into())));
+            let _ = tx.send(self.usage);
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Taking waiting requests into free sequences: the cached prefix each reuses (from its slot,
+//! another slot or host memory), choices sharing one prompt, idle sequences offloaded to make
+//! room, and images evaluated into the KV cache.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use llama_cpp_2::context::LlamaContext;
+
+use crate::error::EngineError;
+use crate::kv::host_cache;
+use crate::kv::layout::KvLayout;
+use crate::kv::slots::{common_prefix, KvSlots};
+use crate::request::{Event, Outcome, Usage};
+use crate::scheduler::active::ActiveRequest;
+use crate::scheduler::device_sampling::ChainKey;
+use crate::speculation::Speculate;
+use crate::telemetry;
+
+use super::Scheduler;
+
+impl Scheduler {
+    /// Starts waiting jobs on free sequences, in the order `admission` picks.
+    pub(super) fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
+        while let Some(job) = self.waiting.pop(self.free_seqs.len()) {
+            let n = job.request.n as usize;
+            let fairness_key = job.request.fairness_key;
+            let events = job.events.clone();
+            #[cfg(test)]
+            if let Some(log) = &self.cfg.admission_log {
+                log.lock().unwrap().push(fairness_key);
+            }
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let (scope, prompt) = (job.request.cache_scope, &job.request.prompt.tokens);
+            // The first choice takes the idle slot already holding most of the prompt (under its
+            // scope); the others take the least recently used ones.
+            let mut seqs = Vec::with_capacity(n);
+            let (first, in_place) = self.slots.pick_free(&self.free_seqs, scope, prompt).expect("free slot checked");
+            seqs.push(self.free_seqs.swap_remove(first));
+            while seqs.len() < n {
+                let (i, _) = self.slots.pick_free(&self.free_seqs, scope, &[]).expect("free slot checked");
+                seqs.push(self.free_seqs.swap_remove(i));
+            }
+            // Compiling the request's grammar runs a third-party library on client input: a
+            // panic there ends this request (its channels close, unanswered: the server reports
+            // an error and bills nothing), not the engine.
+            let (model, ctx_size, mut speculation) = (&self.model, self.cfg.ctx_size, self.cfg.speculation);
+            let isolated = self.cfg.deterministic_greedy && job.request.sampling.temperature <= 0.0;
+            if isolated {
+                speculation.mode = Speculate::Off;
+            }
+            let on_device = self
+                .device
+                .as_ref()
+                .and_then(|_| ChainKey::for_request(&job.request.sampling, job.request.needs_host_sampling()));
+            if on_device.is_some() {
+                // A sequence sampled on the device gets one output per step (llama-cpp-2 leaves
+                // llama.cpp's `n_outputs_max_per_seq` at 1): no drafts to verify.
+                speculation.mode = Speculate::Off;
+            }
+            let started = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                ActiveRequest::new(job, seqs.clone(), model, ctx_size, speculation)
+            }));
+            let mut req = match started {
+                Ok(Ok(mut req)) => {
+                    req.isolated = isolated;
+                    req
+                }
+                Ok(Err(rejected)) => {
+                    let (job, why) = *rejected;
+                    self.free_seqs.extend(seqs);
+                    self.waiting.finished(fairness_key, n);
+                    let why = format!("the response format cannot be enforced: {why}");
+                    let _ = job.events.send(Event::Error(EngineError::Rejected(why)));
+                    let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
+                    continue;
+                }
+                Err(payload) => {
+                    let why = crate::error::panic_message(payload.as_ref());
+                    tracing::error!(reason = %why, "a request panicked at admission; ending it alone");
+                    let _ = events.send(Event::Error(EngineError::RequestFailed(why)));
+                    self.free_seqs.extend(seqs);
+                    self.waiting.finished(fairness_key, n);
+                    continue;
+                }
+            };
+            if let Some(device) = self.device.as_mut() {
+                for c in &mut req.choices {
+                    c.on_device = device.assign(c.seq_id, on_device);
+                }
+            }
+            let keep = req.whole_images(in_place.min(req.reusable_len()));
+            for (i, c) in req.choices.iter().enumerate() {
+                let keep = if i == 0 { keep } else { 0 };
+                // What the slot held beyond the part reused goes to host memory first.
+                if self.slots.tokens(c.seq_id).len() > keep {
+                    host_cache::save(&mut self.host, &self.slots, ctx, c.seq_id);
+                }
+                let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(crate::units::count_u32(keep)), None);
+                self.slots.truncate(c.seq_id, keep);
+                self.slots.claim(c.seq_id, req.scope);
+                self.slots.touch(c.seq_id);
+            }
+            req.prefilled = keep;
+            // A longer prefix elsewhere: in another slot, or being prefilled right now by a
+            // request admitted earlier (a burst sharing one system prompt computes it once).
+            let own = req.seq_ids();
+            let mut best = self.slots.best_source(req.scope, &req.prompt, &own);
+            for other in self.active.iter().filter(|r| r.is_prefilling() && r.scope == req.scope) {
+                let len = common_prefix(&other.prompt, &req.prompt);
+                if best.is_none_or(|(_, l)| len > l) {
+                    best = Some((other.choices[0].seq_id, len));
+                }
+            }
+            // Host memory may hold more of it than any sequence (see `host_cache`).
+            let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
+            let usable = &req.prompt[..req.reusable_len()];
+            let restored =
+                host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], req.scope, usable, resident);
+            if let Some(len) = restored {
+                share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], len);
+                self.active.push(req);
+                continue;
+            }
+            match best {
+                Some((src, len)) if len.min(req.reusable_len()) > keep => req.share = Some((src, len)),
+                _ => share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], keep),
+            }
+            self.active.push(req);
+        }
+    }
+
+    /// Requests waiting on a prefix from another sequence take it once it is computed, or as
+    /// much of it as exists once its computation stopped (its request finished or was cut).
+    pub(super) fn resolve_shares(&mut self, ctx: &mut LlamaContext<'_>) {
+        let still_prefilling: Vec<i32> =
+            self.active.iter().filter(|r| r.is_prefilling()).map(|r| r.choices[0].seq_id).collect();
+        for req in &mut self.active {
+            let Some((src, want)) = req.share else { continue };
+            // The source was picked under the request's scope; should the slot have been taken
+            // by another scope since, it has nothing for this request.
+            let same_scope = self.slots.scope(src) == req.scope;
+            let have = if same_scope { self.slots.tokens(src) } else { &[] };
+            if same_scope && have.len() < want && still_prefilling.contains(&src) {
+                continue;
+            }
+            let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
+            let len = len.max(req.prefilled);
+            let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
+            share_prefix(self.cfg.layout, &mut self.slots, ctx, req, from, len);
+        }
+    }
+
+    /// Idle sequences still holding KV entries move them to host memory before the next decode,
+    /// unless a request waits to copy from them. A request admitted in the same step has already
+    /// taken the one it continues in place.
+    pub(super) fn offload_idle(&mut self, ctx: &mut LlamaContext<'_>) {
+        if !self.host.enabled() {
+            return;
+        }
+        for seq in self.free_seqs.clone() {
+            let awaited = self.active.iter().any(|r| r.share.is_some_and(|(src, _)| src == seq));
+            if !awaited && !self.slots.tokens(seq).is_empty() {
+                host_cache::offload(&mut self.host, &mut self.slots, ctx, seq);
+            }
+        }
+    }
+
+    /// Evaluates the next image of one prefilling request: the vision encoder runs, then its
+    /// embeddings are decoded into the request's first sequence (the others get the whole
+    /// prompt once it is read: `spread_prompts`).
+    /// One image per step, so running streams wait for at most one encode. A failure ends that
+    /// request alone.
+    pub(super) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) {
+        let Some(vision) = self.model.vision.as_ref() else { return };
+        let Some(i) = self.active.iter().position(|r| r.share.is_none() && r.image_at(r.prefilled).is_some()) else {
+            return;
+        };
+        let req = &mut self.active[i];
+        let image = req.image_at(req.prefilled).expect("found above").clone();
+        let seq = req.choices[0].seq_id;
+        let (start, end) = (image.start, image.start + image.len);
+        let started = Instant::now();
+        let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let evaluated = vision.evaluate(ctx, &image, seq, self.cfg.batch_size as i32);
+        drop(turn);
+        match evaluated {
+            Ok(()) => {
+                telemetry::image_evaluated(image.len, started.elapsed());
+                for pos in start..end {
+                    self.slots.record(seq, pos, req.prompt[pos]);
+                }
+                req.prefilled = end;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "an image could not be evaluated");
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(crate::units::count_u32(start)), None);
+                let req = self.active.swap_remove(i);
+                self.release(&req);
+                let usage = req.complete(Some(EngineError::Decode(format!("the image could not be encoded: {e}"))));
+                self.totals.request_done(&usage);
+            }
+        }
+    }
+}
+
+/// Copies the first `len` cached tokens of `src` into the request's first sequence (fewer if
+/// `len` would cut an image: see `ActiveRequest::whole_images`; none if the copy fails). The
+/// other choices get the whole prompt once it is read (`spread_prompts`).
+fn share_prefix(
+    layout: KvLayout,
+    slots: &mut KvSlots,
+    ctx: &mut LlamaContext<'_>,
+    req: &mut ActiveRequest,
+    src: i32,
+    len: usize,
+) {
+    let mut len = req.whole_images(len);
+    let first = req.choices[0].seq_id;
+    if first == src {
+        // Its own sequence (a restore from host memory) keeps nothing past the prefix.
+        if slots.tokens(src).len() > len {
+            let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(crate::units::count_u32(len)), None);
+            slots.truncate(src, len);
+        }
+    } else {
+        if let Err(e) = layout.copy_prefix(ctx, src, &[first], len) {
+            tracing::warn!(error = %e, src, dst = first, len, "could not copy a shared prefix; computing it instead");
+            len = 0;
+        }
+        slots.copy_prefix(src, first, len);
+    }
+    req.prefilled = len;
+    req.usage.cached_tokens = crate::units::count_u32(len);
+    req.share = None;
+}

@@ -1,0 +1,362 @@
+//! The scheduler: one thread owns the llama.cpp context. Every step it builds ONE batch holding
+//! the next token of every decoding sequence plus a chunk of pending prompt tokens (continuous
+//! batching with chunked prefill), decodes it, samples every sequence and streams the text out.
+//!
+//! A step, by file: [`admit`] takes waiting requests into free sequences; [`plan`] fills the
+//! batch; `step` here decodes it; [`verify`] samples every choice and walks its drafts; finished
+//! requests retire. [`active`] is one running request's state, [`admission`] the fair queue
+//! between API keys, [`sampling`], [`draw`], [`sample_step`] and [`device_sampling`] the samplers,
+//! [`text`] stop strings and UTF-8, [`deterministic`] the batch-invariant greedy path.
+
+pub(crate) mod active;
+pub(crate) mod admission;
+mod admit;
+pub(crate) mod deterministic;
+pub(crate) mod device_sampling;
+pub(crate) mod draw;
+mod plan;
+pub(crate) mod sample_step;
+pub(crate) mod sampling;
+pub mod text;
+mod verify;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use llama_cpp_2::context::session::SeqState;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+
+use crate::error::EngineError;
+use crate::kv::host_cache::HostCache;
+use crate::kv::layout::KvLayout;
+use crate::kv::slots::KvSlots;
+use crate::model::LoadedModel;
+use crate::request::{Event, FinishReason, Outcome, Usage};
+use crate::scheduler::active::{ActiveRequest, Job};
+use crate::scheduler::admission::{FairQueue, Waiting};
+use crate::scheduler::device_sampling::DeviceSamplers;
+use crate::speculation::shared_drafts::DraftFamilies;
+use crate::speculation::step_cost::StepCost;
+use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
+use crate::telemetry::{self, StepStats, Totals};
+
+pub(crate) struct SchedulerConfig {
+    /// Max tokens of one sequence (prompt + completion).
+    pub ctx_size: u32,
+    /// Number of llama.cpp sequences (slots).
+    pub parallel: u32,
+    /// Max tokens per decode call.
+    pub batch_size: u32,
+    /// Test hook: panic once the running requests generated this many tokens (see
+    /// `test_panic_hook`); `None` outside tests.
+    pub panic_after_tokens: Option<u32>,
+    pub speculation: SpeculationConfig,
+    pub host_cache_bytes: usize,
+    /// Held through each decode step when other engines share the cores (see `EngineConfig`).
+    pub decode_turns: Option<std::sync::Arc<std::sync::Mutex<()>>>,
+    pub layout: KvLayout,
+    /// Most sequences one API key's requests may run at once (see `admission`).
+    pub max_running_per_key: Option<u32>,
+    /// Greedy requests compute apart from everything else (see `deterministic`).
+    pub deterministic_greedy: bool,
+    /// Sampled choices that only need a temperature are sampled on the device (see
+    /// `device_sampling`).
+    pub device_sampling: bool,
+    #[cfg(test)]
+    pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
+}
+
+pub(crate) struct Scheduler {
+    model: Arc<LoadedModel>,
+    cfg: SchedulerConfig,
+    waiting: FairQueue<Job>,
+    active: Vec<ActiveRequest>,
+    free_seqs: Vec<i32>,
+    slots: KvSlots,
+    batch: LlamaBatch<'static>,
+    /// Jobs submitted but not yet admitted (shared with `Engine::submit` for backpressure).
+    queued: Arc<AtomicUsize>,
+    /// Set when shutdown's grace period ran out: cut everything, cleanly.
+    abort: Arc<AtomicBool>,
+    totals: Totals,
+    spec_stats: Arc<SpeculationStats>,
+    step_cost: StepCost,
+    /// Acceptance of lookup drafts, learned apart by where they were copied from and whether a
+    /// grammar picked them (see `AcceptanceKind`).
+    acceptance: AcceptanceByKind,
+    /// Recent answers, for drafts across requests, apart by schema or tools.
+    shared: DraftFamilies,
+    /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
+    batch_prompt_tokens: usize,
+    /// This step's decoding rows (token, position, sequence) and prompt rows (token, position,
+    /// sequence, logits wanted), put in the batch in the layout's order (see `fill_batch`).
+    decode_rows: Vec<(i32, i32, i32)>,
+    prompt_rows: Vec<(i32, i32, i32, bool)>,
+    /// Requests with several choices whose prompt this step reads to its end: the other choices
+    /// get a copy once it is decoded (see `spread_prompts`).
+    spreading: Vec<usize>,
+    /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
+    host: HostCache<SeqState>,
+    /// Chains sampling on the device, made on the first step when `cfg.device_sampling`.
+    device: Option<DeviceSamplers>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        model: Arc<LoadedModel>,
+        cfg: SchedulerConfig,
+        queued: Arc<AtomicUsize>,
+        abort: Arc<AtomicBool>,
+        spec_stats: Arc<SpeculationStats>,
+    ) -> Self {
+        let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
+        let free_seqs = (0..cfg.parallel as i32).rev().collect();
+        // Per sequence, the lowest free sequence keeps running ones in one ubatch (`kv_layout`).
+        let slots = KvSlots::new(cfg.parallel as usize, cfg.layout == KvLayout::PerSequence);
+        let host = HostCache::new(cfg.host_cache_bytes);
+        let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
+        telemetry::describe();
+        speculation::describe();
+        Self {
+            model,
+            cfg,
+            waiting,
+            active: Vec::new(),
+            free_seqs,
+            slots,
+            batch,
+            queued,
+            abort,
+            totals: Totals::default(),
+            spec_stats,
+            step_cost: StepCost::default(),
+            acceptance: AcceptanceByKind::default(),
+            shared: DraftFamilies::default(),
+            batch_prompt_tokens: 0,
+            decode_rows: Vec::new(),
+            prompt_rows: Vec::new(),
+            spreading: Vec::new(),
+            host,
+            device: None,
+        }
+    }
+
+    /// Runs until every sender of `jobs` is gone and all work is finished.
+    pub(crate) fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
+        if self.cfg.device_sampling && self.device.is_none() {
+            self.device = DeviceSamplers::new(ctx);
+        }
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                // Idle: the gauges would otherwise keep the last busy step's figures (a
+                // sequence still "running") until the next request.
+                telemetry::step(&self.step_stats(0));
+                match jobs.recv() {
+                    Ok(job) => self.enqueue(job),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match jobs.try_recv() {
+                    Ok(job) => self.enqueue(job),
+                    Err(TryRecvError::Empty) => break,
+                    // Keep draining the work already accepted, then stop.
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            self.step(ctx);
+        }
+    }
+
+    fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+        if self.abort.load(Ordering::Relaxed) {
+            self.abort_everything(ctx);
+            return;
+        }
+        self.drop_cancelled();
+        self.admit(ctx);
+        self.resolve_shares(ctx);
+        self.offload_idle(ctx);
+        self.evaluate_image(ctx);
+        let has_work = self.fill_batch(ctx);
+        telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
+        if !has_work {
+            return;
+        }
+        let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let started = Instant::now();
+        let decoded = ctx.decode(&mut self.batch);
+        drop(turn);
+        if let Err(e) = decoded {
+            tracing::error!(error = %e, "llama.cpp decode failed");
+            self.fail_all(ctx, &EngineError::Decode(e.to_string()));
+            return;
+        }
+        self.spread_prompts(ctx);
+        self.sample_all(ctx);
+        if self.batch_prompt_tokens == 0 {
+            self.step_cost.observe(self.batch.n_tokens() as usize, started.elapsed());
+        }
+        self.panic_if_asked();
+        self.retire_finished();
+    }
+
+    /// The gauges' figures now; `batch_tokens` is 0 when idle (the batch still holds the last
+    /// step's tokens, which must not be recorded twice).
+    fn step_stats(&self, batch_tokens: usize) -> StepStats {
+        StepStats {
+            batch_tokens,
+            running: self.active.iter().map(|r| r.choices.len()).sum(),
+            waiting: self.queued.load(Ordering::Relaxed),
+            kv_tokens: self.slots.total_tokens(),
+            kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
+            host_cache_bytes: self.host.bytes(),
+            host_cache_entries: self.host.len(),
+        }
+    }
+
+    fn panic_if_asked(&self) {
+        let Some(limit) = self.cfg.panic_after_tokens else { return };
+        let generated: u32 = self.active.iter().map(|r| r.usage.completion_tokens).sum();
+        if generated >= limit {
+            panic!("test-only panic after {generated} generated tokens");
+        }
+    }
+
+    /// Client disconnects cancel their sequences before any more compute is spent on them.
+    fn drop_cancelled(&mut self) {
+        for req in &mut self.active {
+            if req.client_gone() {
+                for i in 0..req.choices.len() {
+                    req.finish_choice(i, FinishReason::Cancelled);
+                }
+            }
+        }
+        // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
+        for job in self.waiting.remove_where(|job| job.events.is_closed()) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = job.usage.send(Usage { outcome: Outcome::Cancelled, ..Usage::default() });
+        }
+        self.retire_finished();
+    }
+
+    /// Queues a job for admission; one that could never run (more choices than sequences,
+    /// which `prepare` refuses) is answered at once rather than held.
+    fn enqueue(&mut self, job: Job) {
+        let n = job.request.n as usize;
+        if n == 0 || n > self.cfg.parallel as usize {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let msg = format!("n={n} must be between 1 and the server's {} parallel sequences", self.cfg.parallel);
+            let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
+            let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
+            return;
+        }
+        self.waiting.push(job);
+    }
+
+    /// Ends the requests whose processing panicked (`(index in active, why)`): each gets an
+    /// error and reports the tokens it produced, which are billed; its sequences are emptied,
+    /// since the panic may have left them half-updated, and freed. Other requests go on.
+    fn end_panicked(&mut self, ctx: &mut LlamaContext<'_>, mut panicked: Vec<(usize, String)>) {
+        // Highest index first, so each `swap_remove` leaves the lower ones in place.
+        panicked.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
+        for (r, why) in panicked {
+            tracing::error!(reason = %why, "a request panicked; ending it alone");
+            let req = self.active.swap_remove(r);
+            for seq in req.seq_ids() {
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(0), None);
+                self.slots.truncate(seq, 0);
+            }
+            self.release(&req);
+            let usage = req.complete(Some(EngineError::RequestFailed(why)));
+            self.totals.request_done(&usage);
+        }
+    }
+
+    /// Frees the KV cells of finished requests and reports their usage.
+    fn retire_finished(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].all_finished() {
+                let req = self.active.swap_remove(i);
+                self.release(&req);
+                let usage = req.complete(None);
+                self.totals.request_done(&usage);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Returns the request's sequences to the idle pool. Their KV entries stay: the next
+    /// prompt with the same prefix reuses them (see `KvSlots`).
+    fn release(&mut self, req: &ActiveRequest) {
+        self.waiting.finished(req.fairness_key, req.choices.len());
+        for c in &req.choices {
+            self.slots.touch(c.seq_id);
+            self.free_seqs.push(c.seq_id);
+            // Whole answers only: one cut short says little about how answers go on.
+            if matches!(c.finished, Some(FinishReason::Stop | FinishReason::Length)) {
+                self.shared.record(c.drafter.family(), c.drafter.answer());
+            }
+        }
+    }
+
+    /// Ends every running and waiting request with an error; what was generated is billed.
+    fn abort_everything(&mut self, ctx: &mut LlamaContext<'_>) {
+        self.answer_waiting(&EngineError::ShuttingDown);
+        if !self.active.is_empty() {
+            self.fail_all(ctx, &EngineError::ShuttingDown);
+        }
+    }
+
+    /// Jobs that never reached the model: nothing was computed, nothing is billed.
+    fn answer_waiting(&mut self, error: &EngineError) {
+        for job in self.waiting.drain() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            answer_unstarted(job, error);
+        }
+    }
+
+    fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, error: &EngineError) {
+        for req in std::mem::take(&mut self.active) {
+            self.release(&req);
+            let usage = req.complete(Some(error.clone()));
+            self.totals.request_done(&usage);
+        }
+        ctx.clear_kv_cache();
+        self.slots.clear_all();
+    }
+
+    /// After a panic in `run`: every running request ends with `error` and reports the tokens
+    /// it generated; waiting and still-queued jobs are answered. Touches neither the llama.cpp
+    /// context nor the slot bookkeeping, which the panic may have left half-updated.
+    pub(crate) fn fail_after_panic(&mut self, error: &EngineError, jobs: &Receiver<Job>) {
+        for req in std::mem::take(&mut self.active) {
+            req.complete(Some(error.clone()));
+        }
+        self.answer_waiting(error);
+        while let Ok(job) = jobs.try_recv() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            answer_unstarted(job, error);
+        }
+    }
+}
+
+impl Waiting for Job {
+    fn fairness_key(&self) -> u64 {
+        self.request.fairness_key
+    }
+
+    fn sequences(&self) -> usize {
+        self.request.n as usize
+    }
+}
+
+fn answer_unstarted(job: Job, error: &EngineError) {
+    let _ = job.events.send(Event::Error(error.clone()));
+    let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
+}

@@ -1,0 +1,210 @@
+//! Per-choice samplers for OpenAI's sampling parameters, and logprobs. The draw itself is in
+//! `draw` (see docs/sampling.md): it reads the logits in place, never copying them into a
+//! candidate array nor sorting the vocabulary.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use llguidance::Matcher;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+
+use crate::model::LoadedModel;
+use crate::request::{SamplingParams, TokenLogprob, TopLogprob};
+use crate::scheduler::draw::{self, Adjusted, Scratch};
+
+/// The RNG seed of choice `choice`: `seed` when given (each choice of an `n > 1` request its
+/// own stream), else a random one.
+pub(crate) fn seed_for_choice(seed: Option<u64>, choice: u32) -> u64 {
+    let base = seed.unwrap_or_else(rand_seed);
+    base.wrapping_add(u64::from(choice).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}
+
+/// A choice's sampler, in OpenAI's order: logit bias and presence/frequency penalties are added
+/// to the logits, the grammar (if any) forbids tokens, the temperature divides, top-p keeps the
+/// nucleus of the *tempered* distribution, then one token is drawn. Temperature 0 is greedy: the
+/// first highest (adjusted) logit, fully deterministic.
+pub(crate) struct Sampler {
+    temperature: f32,
+    top_p: f32,
+    /// Logit bias by token, sorted, each token once.
+    bias: Vec<(u32, f32)>,
+    penalties: Option<Penalties>,
+    grammar: Option<Matcher>,
+    rng: Xoshiro256PlusPlus,
+    /// This step's bias and penalties merged, by token.
+    deltas: Vec<(u32, f32)>,
+    scratch: Scratch,
+}
+
+/// Presence and frequency penalties over the last `window` sampled tokens.
+struct Penalties {
+    presence: f32,
+    frequency: f32,
+    window: usize,
+    recent: VecDeque<u32>,
+    counts: BTreeMap<u32, u32>,
+}
+
+impl Penalties {
+    fn push(&mut self, token: u32) {
+        if self.recent.len() == self.window {
+            if let Some(old) = self.recent.pop_front() {
+                if let Some(n) = self.counts.get_mut(&old) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+        self.recent.push_back(token);
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    fn delta(&self, count: u32) -> f32 {
+        -(count as f32 * self.frequency + self.presence)
+    }
+}
+
+impl Sampler {
+    /// Picks the next token from one position's logits (`n_vocab` of them) and records it.
+    pub(crate) fn sample(&mut self, logits: &[f32]) -> i32 {
+        if self.temperature <= 0.0 && self.bias.is_empty() && self.penalties.is_none() && self.grammar.is_none() {
+            return crate::units::token_id(draw::first_argmax(logits));
+        }
+        let token = self.pick(logits);
+        self.accept(token);
+        token as i32
+    }
+
+    /// The next token, not yet recorded in the penalties nor the grammar.
+    fn pick(&mut self, logits: &[f32]) -> u32 {
+        // As llama.cpp's llguidance sampler: a grammar in error masks nothing, a finished one
+        // allows only the end of generation.
+        let mask = self.grammar.as_mut().and_then(|g| g.compute_mask_or_eos().ok());
+        self.merge_deltas();
+        let adjusted = Adjusted { raw: logits, deltas: &self.deltas, allowed: mask.as_ref().map(|m| m.as_slice()) };
+        let drawn = if self.temperature > 0.0 {
+            let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+            draw::draw(&adjusted, self.temperature, self.top_p, u, &mut self.scratch)
+        } else {
+            None
+        };
+        drawn.unwrap_or_else(|| draw::greedy(&adjusted, &mut self.scratch))
+    }
+
+    /// From now on tokens are sampled under `grammar`, whose state already holds the output so
+    /// far (a tool call the model started); the penalties keep counting what came before.
+    pub(crate) fn constrain(&mut self, grammar: Matcher) {
+        self.grammar = Some(grammar);
+    }
+
+    fn accept(&mut self, token: u32) {
+        if let Some(p) = self.penalties.as_mut() {
+            p.push(token);
+        }
+        if let Some(g) = self.grammar.as_mut() {
+            // A stopped matcher is poisoned by another token (as llama.cpp's sampler skips it).
+            if !g.is_stopped() {
+                let _ = g.consume_token(token);
+            }
+        }
+    }
+
+    fn merge_deltas(&mut self) {
+        self.deltas.clear();
+        let Some(p) = &self.penalties else {
+            self.deltas.extend_from_slice(&self.bias);
+            return;
+        };
+        let mut bias = self.bias.iter().copied().peekable();
+        for (&t, &n) in &p.counts {
+            while let Some(&(b, d)) = bias.peek() {
+                if b > t {
+                    break;
+                }
+                bias.next();
+                if b < t {
+                    self.deltas.push((b, d));
+                } else {
+                    self.deltas.push((t, d + p.delta(n)));
+                }
+            }
+            if self.deltas.last().is_none_or(|&(last, _)| last != t) {
+                self.deltas.push((t, p.delta(n)));
+            }
+        }
+        self.deltas.extend(bias);
+    }
+}
+
+/// Builds choice `choice`'s sampler. `penalty_window` is how many recent sampled tokens the
+/// penalties count; `grammar`, when given, forbids every token it does not allow.
+pub(crate) fn build_sampler(
+    params: &SamplingParams,
+    choice: u32,
+    penalty_window: i32,
+    grammar: Option<Matcher>,
+) -> Sampler {
+    let mut bias: BTreeMap<u32, f32> = BTreeMap::new();
+    for &(t, b) in &params.logit_bias {
+        if let Ok(t) = u32::try_from(t) {
+            *bias.entry(t).or_insert(0.0) += b;
+        }
+    }
+    let penalties = (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0).then(|| Penalties {
+        presence: params.presence_penalty,
+        frequency: params.frequency_penalty,
+        window: penalty_window.max(1) as usize,
+        recent: VecDeque::new(),
+        counts: BTreeMap::new(),
+    });
+    Sampler {
+        temperature: params.temperature,
+        top_p: params.top_p,
+        bias: bias.into_iter().collect(),
+        penalties,
+        grammar,
+        rng: Xoshiro256PlusPlus::seed_from_u64(seed_for_choice(params.seed, choice)),
+        deltas: Vec::new(),
+        scratch: Scratch::default(),
+    }
+}
+
+/// OpenAI reports logprobs of the model's distribution (before sampling settings).
+pub(crate) fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top_n: u32) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln() + max;
+    let entry = |id: i32| {
+        let bytes = model.piece(id);
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes, logits[id as usize] - log_sum)
+    };
+    let mut top = Vec::new();
+    if top_n > 0 {
+        let mut ids: Vec<i32> = (0..crate::units::token_id(logits.len())).collect();
+        let k = (top_n as usize).min(ids.len());
+        ids.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        ids.truncate(k);
+        ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        top = ids
+            .into_iter()
+            .map(|id| {
+                let (token, bytes, logprob) = entry(id);
+                TopLogprob { token, bytes, logprob }
+            })
+            .collect();
+    }
+    let (token, bytes, logprob) = entry(chosen);
+    TokenLogprob { token, bytes, logprob, top }
+}
+
+#[cfg(test)]
+#[path = "sampling_tests.rs"]
+pub(crate) mod tests;

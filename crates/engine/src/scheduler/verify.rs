@@ -1,0 +1,105 @@
+//! After a decode: sampling every choice at the rows it was given, walking its drafts and keeping
+//! those its sampler agrees with, and learning how often each kind of draft is accepted.
+
+use std::panic::AssertUnwindSafe;
+
+use llama_cpp_2::context::LlamaContext;
+
+use crate::faults::FaultPoint;
+use crate::speculation::AcceptanceKind;
+
+use super::Scheduler;
+
+impl Scheduler {
+    /// Samples every choice that had logits computed. A choice that fed draft tokens walks them:
+    /// at each position it samples as usual and goes on only while the sampled token is the
+    /// draft token already fed after it (see `speculation`). The first token that differs, or a
+    /// bonus token after a fully accepted draft, is fed next step; the rejected draft tokens
+    /// leave the KV cache and the slot bookkeeping, and were never billed nor streamed.
+    ///
+    /// A panic while one request is sampled (its sampler or grammar, stop strings, tool-call
+    /// watching, producing its text) ends that request alone: see `end_panicked`.
+    pub(super) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) {
+        let mut panicked = Vec::new();
+        let first_tokens = crate::scheduler::sample_step::sample_first_tokens(&mut self.active, ctx);
+        for (r, first) in first_tokens.into_iter().enumerate() {
+            let sampled = match first {
+                Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, ctx)))
+                    .map_err(|payload| crate::error::panic_message(payload.as_ref())),
+                Err(why) => Err(why),
+            };
+            if let Err(why) = sampled {
+                panicked.push((r, why));
+            }
+        }
+        self.end_panicked(ctx, panicked);
+    }
+
+    /// Walks request `r`'s choices; `first` holds each one's token sampled at its first position.
+    pub(super) fn sample_request(&mut self, r: usize, first: &[Option<i32>], ctx: &mut LlamaContext<'_>) {
+        let model = &self.model;
+        let ctx_size = self.cfg.ctx_size as i32;
+        let req = &mut self.active[r];
+        for i in 0..req.choices.len() {
+            let Some(idx) = req.choices[i].batch_idx.take() else {
+                continue;
+            };
+            let chain = std::mem::take(&mut req.choices[i].drafts);
+            let drafts = &chain.tokens;
+            let k = drafts.len();
+            // Position of the token fed at `idx`; drafts follow it.
+            let fed_pos = req.choices[i].pos - 1 - crate::units::llama_pos(k);
+            let mut accepted = 0;
+            for j in 0..=k {
+                let token = match (j, first.get(i).copied().flatten()) {
+                    (0, Some(token)) => token,
+                    _ if req.choices[i].on_device => {
+                        crate::scheduler::sample_step::device_token(ctx, idx + crate::units::llama_pos(j))
+                    }
+                    _ => {
+                        req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);
+                        req.choices[i].sampler.sample(ctx.get_logits_ith(idx + crate::units::llama_pos(j)))
+                    }
+                };
+                req.choices[i].pos = fed_pos + 1 + crate::units::llama_pos(j);
+                if !req.produce(i, token, idx + crate::units::llama_pos(j), ctx, model, ctx_size) {
+                    break;
+                }
+                if drafts.get(j) == Some(&token) {
+                    accepted += 1;
+                    continue;
+                }
+                req.choices[i].next_token = Some(token);
+                break;
+            }
+            if k > 0 && tracing::enabled!(tracing::Level::TRACE) {
+                let text: Vec<_> =
+                    drafts.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect();
+                let sources: Vec<_> = chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect();
+                let (seq, forced) = (req.choices[i].seq_id, chain.forced_prefix());
+                tracing::trace!(seq, drafts = ?text, accepted, forced, ?sources, "verified");
+            }
+            // Forced tokens after a rejected lookup were never verified: only those reached
+            // count (and are taken, unless the choice ended first).
+            let forced = chain.forced_within((accepted + 1).min(k));
+            if forced > 0 {
+                self.spec_stats.record_forced(forced, chain.forced_within(accepted));
+            }
+            // A run after the first rejected draft was never tested.
+            for l in chain.lookups.iter().filter(|l| l.start <= accepted) {
+                let taken = (accepted - l.start).min(l.len);
+                self.acceptance[AcceptanceKind::of(l.source, req.choices[i].constrained)]
+                    .verified(l.matched, l.len, taken);
+                self.spec_stats.record(l.len, taken, l.source);
+            }
+            // The choice's position is where its next token goes: positions from there on
+            // hold draft tokens that were not produced.
+            let kept = req.choices[i].pos;
+            if kept <= fed_pos + crate::units::llama_pos(k) {
+                let seq = req.choices[i].seq_id;
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);
+                self.slots.truncate(seq, kept as usize);
+            }
+        }
+    }
+}

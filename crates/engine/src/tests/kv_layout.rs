@@ -1,0 +1,94 @@
+//! Both KV layouts (see `kv_layout`) end to end on the tiny model: what one sequence computed
+//! reaches the others, by copy (per sequence) or by shared cells (unified).
+
+use serde_json::json;
+
+use crate::tests::engine::{drain, tiny_model};
+use crate::{ChatInput, Engine, EngineConfig, Event, Generator, KvLayout, Outcome, SamplingParams, Usage};
+
+const LAYOUTS: [KvLayout; 2] = [KvLayout::PerSequence, KvLayout::Unified];
+
+fn start(layout: KvLayout, parallel: u32) -> Engine {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads, config.kv_layout) = (512, parallel, Some(1), layout);
+    Engine::start(config).unwrap()
+}
+
+pub(crate) fn greedy(text: &str, n: u32, max_tokens: u32) -> ChatInput {
+    ChatInput {
+        messages: vec![json!({"role": "user", "content": text})],
+        tools: None,
+        n,
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        logprobs: None,
+        constraint: None,
+        lazy_tools: None,
+        cache_scope: crate::CacheScope::default(),
+    }
+}
+
+/// Each choice's text, by index.
+fn texts(events: &[Event], n: usize) -> Vec<String> {
+    let mut out = vec![String::new(); n];
+    for e in events {
+        if let Event::Delta { choice, text, .. } = e {
+            out[*choice as usize].push_str(text);
+        }
+    }
+    out
+}
+
+async fn run(engine: &Engine, input: ChatInput) -> (Vec<String>, Usage) {
+    let n = input.n as usize;
+    let (events, usage) = drain(engine.submit(engine.prepare(input).unwrap()).unwrap()).await;
+    assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");
+    (texts(&events, n), usage)
+}
+
+/// The prompt is computed in the first choice's sequence and copied to the others once read:
+/// every greedy choice then decodes from the same KV entries and writes the same text, whether
+/// the prompt was computed from scratch or partly found in the cache.
+#[tokio::test]
+async fn every_choice_continues_the_prompt_computed_once() {
+    for layout in LAYOUTS {
+        let engine = start(layout, 4);
+        for text in ["several choices of one prompt, computed from scratch", "count the stars"] {
+            let (choices, usage) = run(&engine, greedy(text, 3, 12)).await;
+            assert!(!choices[0].is_empty(), "{layout:?}: {choices:?}");
+            assert!(choices.iter().all(|c| c == &choices[0]), "{layout:?} {text}: {choices:?}");
+            assert_eq!(usage.completion_tokens % 3, 0, "{layout:?}: {usage:?}");
+            assert!(usage.completion_tokens >= 3);
+        }
+        // The same prompt again: all of it but the last token comes from the cache.
+        let (choices, usage) = run(&engine, greedy("count the stars", 2, 12)).await;
+        assert_eq!(usage.cached_tokens, usage.prompt_tokens - 1, "{layout:?}");
+        assert_eq!(choices[0], choices[1], "{layout:?}");
+        engine.shutdown();
+    }
+}
+
+/// Requests arriving together with one long prompt: the first computes it, the others wait and
+/// copy it (per sequence: a state copy between streams). Copied entries must be the computed
+/// ones at the same positions, so the greedy answers are the same text.
+#[tokio::test]
+async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
+    let long = "the same long opening for every request of the burst, ".repeat(8);
+    for layout in LAYOUTS {
+        let engine = start(layout, 4);
+        let handles: Vec<_> =
+            (0..3).map(|_| engine.submit(engine.prepare(greedy(&long, 1, 10)).unwrap()).unwrap()).collect();
+        let mut answers = Vec::new();
+        for h in handles {
+            let (events, usage) = drain(h).await;
+            assert!(matches!(usage.outcome, Outcome::Completed | Outcome::Length), "{layout:?}: {usage:?}");
+            answers.push((texts(&events, 1).remove(0), usage));
+        }
+        let copied = answers.iter().filter(|(_, u)| u.cached_tokens >= u.prompt_tokens / 2).count();
+        assert!(copied >= 2, "{layout:?}: {:?}", answers.iter().map(|a| &a.1).collect::<Vec<_>>());
+        assert!(!answers[0].0.is_empty(), "{layout:?}");
+        assert!(answers.iter().all(|(t, _)| t == &answers[0].0), "{layout:?}: {answers:?}");
+        engine.shutdown();
+    }
+}

@@ -1,0 +1,13 @@
+//! The engine's tests that run a real (tiny, random-weight) model through the scheduler; unit
+//! tests of one module live in that module.
+
+mod cache_scope;
+mod deterministic;
+pub(crate) mod engine;
+mod grammar_cache;
+mod isolation;
+mod kv_layout;
+mod sampling_engine;
+mod speculation;
+mod typed_text;
+mod vision;
