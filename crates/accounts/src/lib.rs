@@ -23,8 +23,8 @@ mod unknown_keys;
 mod usage;
 
 pub use budget::{Reservation, Spend};
-pub use money::{Budget, BudgetPeriod, Price, NANOS_PER_USD};
 pub use cache_scope::{CacheScopeSetting, SHARED_CACHE_SCOPE};
+pub use money::{Budget, BudgetPeriod, Price, NANOS_PER_USD};
 
 pub use db::{Backend, BUSY_TIMEOUT, DB_FILE_NAME};
 pub use keys::{

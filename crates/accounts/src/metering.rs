@@ -22,8 +22,8 @@ use tokio::sync::{oneshot, Notify};
 use tokio_util::task::TaskTracker;
 
 use crate::budget::Reservation;
-use crate::money::Price;
 use crate::keys::KeyInfo;
+use crate::money::Price;
 use crate::outbox::{Entry, Outbox};
 use crate::rate::{Count, LocalWindows, RateRefusal, RateStatus};
 use crate::usage::UsageRecord;

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 use sqlx::AnyPool;
 
-use crate::money::NANOS_PER_USD;
 use crate::db::Backend;
+use crate::money::NANOS_PER_USD;
 use crate::AccountsError;
 
 /// Token usage of one finished (or failed) request.

@@ -9,8 +9,8 @@ use rand::{Rng, TryRngCore};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::money::{Budget, BudgetPeriod};
 use crate::cache_scope::CacheScopeSetting;
+use crate::money::{Budget, BudgetPeriod};
 
 /// Every generated secret starts with this.
 pub const SECRET_PREFIX: &str = "sk-gantry-";

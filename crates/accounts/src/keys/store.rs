@@ -5,8 +5,8 @@ use sqlx::AnyPool;
 use subtle::ConstantTimeEq;
 
 use super::*;
-use crate::money::{Budget, BudgetPeriod};
 use crate::cache_scope::CacheScopeSetting;
+use crate::money::{Budget, BudgetPeriod};
 use crate::AccountsError;
 
 fn validate_name(name: &str) -> Result<&str, AccountsError> {

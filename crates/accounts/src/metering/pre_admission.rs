@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use super::{now_ms, Meter, Refusal, Refused, Ticket};
 use crate::budget::Spend;
-use crate::money::BudgetPeriod;
 use crate::keys::KeyInfo;
+use crate::money::BudgetPeriod;
 use crate::rate::{Count, RateStatus};
 use crate::{Backend, Charge};
 
