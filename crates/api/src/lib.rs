@@ -2,6 +2,7 @@
 //! No I/O.
 
 mod error;
+mod fields;
 mod image;
 mod request;
 mod response;

@@ -6,8 +6,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::fields::{get, opt_str, type_error};
 use crate::image::{parse_image_url, ImageRef};
-use crate::validate::{get, opt_str, type_error};
 use crate::ApiError;
 
 /// A message author.
