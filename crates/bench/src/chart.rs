@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{cells, find, ServerRun, GANTRY, REFERENCE};
+use crate::runs::{cells, find, ServerRun, GANTRY, REFERENCE};
 use crate::stats::LevelResult;
 
 const COLORS: [(&str, &str); 2] = [(GANTRY, "#1f77b4"), (REFERENCE, "#ff7f0e")];

@@ -17,6 +17,7 @@ mod mode;
 mod pairs;
 mod plan;
 mod report;
+mod runs;
 mod scopes;
 mod servers;
 mod stats;
@@ -35,7 +36,8 @@ use load::{run_level, stream_request, Target};
 use mode::Mode;
 use pairs::{pairs, Bins, BuildNotes, Pair};
 use plan::Plan;
-use report::{Comparison, ServerRun};
+use report::Comparison;
+use runs::ServerRun;
 use servers::{Kind, Running, ServerSettings};
 use workloads::Request;
 

@@ -7,7 +7,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::report::{cells, find, table, ServerRun, GANTRY};
+use crate::runs::{cells, find, table, ServerRun, GANTRY};
 use crate::servers::Running;
 
 /// A key's `cache_scope` as the benchmark sets it.
@@ -121,8 +121,8 @@ pub(crate) fn cache_scope_table(runs: &[ServerRun]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::run;
-    use crate::report::REFERENCE;
+    use crate::runs::testing::run;
+    use crate::runs::REFERENCE;
     use crate::stats::{summarize, RequestSample};
 
     #[test]
@@ -183,6 +183,6 @@ mod tests {
             "{t}"
         );
         assert!(!t.contains("| 1       | tenant"), "unmeasured combinations are left out: {t}");
-        assert_eq!(cache_scope_table(&[run(GANTRY, vec![crate::report::tests::level("chat", 1, 0, 10.0, 0.1)])]), None);
+        assert_eq!(cache_scope_table(&[run(GANTRY, vec![crate::runs::testing::level("chat", 1, 0, 10.0, 0.1)])]), None);
     }
 }

@@ -1,7 +1,7 @@
 //! The issues' targets: Gantry ÷ llama-server ratios a benchmark must reach, checked against
 //! the measured cells (issue #13 on the CPU, issue #18 on the GPU).
 
-use crate::report::{pass_ratio, table, ServerRun};
+use crate::runs::{pass_ratio, table, ServerRun};
 use crate::stats::LevelResult;
 
 /// One target: Gantry ÷ llama-server of `metric` for a workload cell.
@@ -70,8 +70,8 @@ pub(crate) fn targets_table(runs: &[ServerRun], targets: &[Target]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{level, run};
-    use crate::report::{GANTRY, REFERENCE};
+    use crate::runs::testing::{level, run};
+    use crate::runs::{GANTRY, REFERENCE};
 
     #[test]
     fn targets_say_met_or_not() {
