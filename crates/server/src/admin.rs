@@ -19,8 +19,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::admin_guard::FailureThrottle;
-use crate::app::AppState;
 use crate::keyspec::{key_view, parse_time, KeyFields};
+use crate::state::AppState;
 
 pub(crate) fn router(state: AppState) -> Router<AppState> {
     // One throttle per router: the admin API is served by one listener at a time.
@@ -31,7 +31,7 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
         .route("/keys/{key}/rotate", post(rotate_key))
         .route("/usage", get(usage))
         .route("/usage/requests", get(usage_requests))
-        .route("/stats", get(crate::stats::stats))
+        .route("/stats", get(stats))
         .merge(crate::admin_models::router())
         .route_layer(middleware::from_fn_with_state(gate, require_admin))
 }
@@ -100,6 +100,11 @@ fn too_many_failures(wait: Duration) -> Response {
     .into_response()
 }
 
+/// `GET /admin/v1/stats`: the live figures and their 15-minute history.
+async fn stats(State(state): State<AppState>) -> Json<Value> {
+    Json(state.stats.view())
+}
+
 fn accounts_error(e: AccountsError) -> ApiError {
     match e {
         AccountsError::NotFound(m) => ApiError::not_found(m),
@@ -129,7 +134,7 @@ fn parse_fields(body: &Bytes) -> Result<KeyFields, ApiError> {
 /// Every key with its spend this budget period (the console draws it against the budget).
 async fn list_keys(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let keys = state.accounts.list_keys().await.map_err(accounts_error)?;
-    let now = crate::chat::now_ms();
+    let now = crate::clock::now_ms();
     let mut data = Vec::with_capacity(keys.len());
     for k in &keys {
         let spend = state.accounts.spend(k, now).await.map_err(accounts_error)?;
@@ -148,7 +153,7 @@ async fn create_key(State(state): State<AppState>, body: Bytes) -> Result<Respon
 
 async fn show_key(State(state): State<AppState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
     let k = state.accounts.find_key(&key).await.map_err(accounts_error)?;
-    let spend = state.accounts.spend(&k, crate::chat::now_ms()).await.map_err(accounts_error)?;
+    let spend = state.accounts.spend(&k, crate::clock::now_ms()).await.map_err(accounts_error)?;
     Ok(Json(key_view(&k, Some(&spend))))
 }
 

@@ -7,8 +7,8 @@ use gantry_api::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::pool::ModelStatus;
+use crate::state::AppState;
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()

@@ -8,8 +8,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gantry_api::ApiError;
 
-use crate::app::AppState;
 use crate::auth_failures::AuthFailures;
+use crate::state::AppState;
 
 /// What [`require_api_key`] needs: the accounts behind the app state and the per-address
 /// budget of failed authentications.

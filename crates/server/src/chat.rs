@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions`: validate → prepare the prompt → submit → stream or collect.
 
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -11,19 +11,19 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_accounts::{Charge, KeyInfo, Pass, Settlement};
-use gantry_api::{
-    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ImageDetail, ResponseMessage,
-    TokenLogprob as ApiTokenLogprob, TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
-};
+use gantry_api::{ApiError, ChatCompletionResponse, Choice, ImageDetail, ResponseMessage, ValidatedChat};
 use gantry_engine::{
     ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome,
     SamplingParams, TokenLogprob, Usage,
 };
 
-use crate::app::AppState;
+use crate::clock::now_secs;
+use crate::convert::{to_api_logprobs, to_api_usage};
 use crate::engine_errors::IntoApiError;
+use crate::model_routes::key_allows;
 use crate::pool::{Lease, PoolError};
 use crate::request_id::{ClientRequestId, RequestId};
+use crate::state::AppState;
 use crate::stream::{ChunkEncoder, SseFrame};
 use crate::tool_calls::ToolPlan;
 
@@ -69,7 +69,7 @@ async fn admitted(
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
     // A model the key may not use is reported as missing, as OpenAI does.
-    if !state.models.resolve(&chat.model).is_some_and(|spec| crate::app::key_allows(&key, &chat.model, spec)) {
+    if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(&key, &chat.model, spec)) {
         return Err(ApiError::model_not_found(&chat.model));
     }
     let tools = ToolPlan::from_request(&chat)?;
@@ -381,41 +381,6 @@ fn to_sse(frame: SseFrame) -> SseEvent {
         SseFrame::Data(v) => SseEvent::default().data(v.to_string()),
         SseFrame::Done => SseEvent::default().data("[DONE]"),
     }
-}
-
-pub(crate) fn to_api_usage(u: Usage) -> ApiUsage {
-    ApiUsage {
-        prompt_tokens: u.prompt_tokens,
-        completion_tokens: u.completion_tokens,
-        total_tokens: u.prompt_tokens + u.completion_tokens,
-        prompt_tokens_details: Some(gantry_api::PromptTokensDetails { cached_tokens: u.cached_tokens }),
-    }
-}
-
-pub(crate) fn to_api_logprobs(lp: Vec<TokenLogprob>) -> ChoiceLogprobs {
-    ChoiceLogprobs {
-        content: lp
-            .into_iter()
-            .map(|t| ApiTokenLogprob {
-                token: t.token,
-                logprob: t.logprob,
-                bytes: t.bytes,
-                top_logprobs: t
-                    .top
-                    .into_iter()
-                    .map(|a| ApiTopLogprob { token: a.token, logprob: a.logprob, bytes: a.bytes })
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]

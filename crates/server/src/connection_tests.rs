@@ -17,7 +17,7 @@ use tower::ServiceExt;
 
 use gantry_engine::{Event, FinishReason};
 
-use crate::app::RouterOptions;
+use crate::router::RouterOptions;
 use crate::router_tests::{body, delta, harness_with_options, usage, Harness, ScriptedEngine, KEY};
 
 /// Longer than any of these tests needs; reaching it means the server waited for a body that
@@ -27,7 +27,7 @@ const STUCK: Duration = Duration::from_secs(20);
 async fn harness(options: RouterOptions) -> Harness {
     let events = vec![delta("hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))];
     let engine = Arc::new(ScriptedEngine::new(events, usage(1)));
-    harness_with_options(engine, Some("admin-token-for-connection-tests"), options, crate::app::Routes::All).await
+    harness_with_options(engine, Some("admin-token-for-connection-tests"), options, crate::router::Routes::All).await
 }
 
 /// A body that sends `head` and then never ends, noting whether anything polled it.

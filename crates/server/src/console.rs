@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use gantry_api::ApiError;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// No inline scripts or styles, nothing from other origins, no framing.
 pub(crate) const CONTENT_SECURITY_POLICY: &str =

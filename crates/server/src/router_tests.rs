@@ -16,8 +16,9 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use crate::app::{routes, AppState, RouterOptions, Routes};
 use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions, ServedModel};
+use crate::router::{routes, RouterOptions, Routes};
+use crate::state::AppState;
 
 pub(crate) const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
 
@@ -127,7 +128,7 @@ impl ModelLoader for ScriptedLoader {
 
 pub(crate) struct Harness {
     pub app: axum::Router,
-    draining: crate::health::Draining,
+    draining: crate::state::Draining,
     pub accounts: Accounts,
     meter: gantry_accounts::Meter,
     pub stats: crate::stats::StatsHistory,

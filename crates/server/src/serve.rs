@@ -1,16 +1,15 @@
 //! `gantry serve`: load the model, open the accounts database, bind, serve until a signal.
 
-use std::path::Path;
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use anyhow::Context;
 use gantry_accounts::{Accounts, Meter, MeterConfig};
 
-use crate::app::{router, routes, AppState, RouterOptions, Routes};
 use crate::cli::ServeArgs;
 use crate::pool::{self, EngineLoader, ModelPool, PoolOptions};
+use crate::router::{router, routes, RouterOptions, Routes};
+use crate::state::AppState;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let admin_token = args.admin_token.as_deref().filter(|t| !t.is_empty());
@@ -232,10 +231,6 @@ fn hostname() -> String {
 }
 
 /// `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` → `qwen2.5-coder-0.5b-instruct-q4_k_m`.
-pub fn model_id_from_path(path: &Path) -> String {
-    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
-}
-
 fn print_banner(addr: &str, model_id: &str, new_key: Option<&str>, store_flag: &str) {
     let base = format!("http://{addr}/v1");
     println!("Gantry is serving `{model_id}` at {base}");
@@ -292,14 +287,5 @@ fn warn_about_fault_injection() {
             gantry_engine::FAULTS_ENV,
             gantry_engine::FAULTS_ARMED
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn model_id_is_the_file_stem() {
-        let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-        assert_eq!(super::model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
     }
 }

@@ -6,7 +6,7 @@ use gantry_engine::tools::{ParsedCall, StreamPiece, ToolCallStreamer};
 use gantry_engine::{Event, FinishReason, TokenLogprob, Usage};
 use serde_json::Value;
 
-use crate::chat::{to_api_logprobs, to_api_usage};
+use crate::convert::{to_api_logprobs, to_api_usage};
 use crate::tool_calls::{call_json, ToolPlan};
 
 /// What the SSE writer sends next.

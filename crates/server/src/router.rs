@@ -1,48 +1,17 @@
-//! Router, shared state, and the layers that turn every failure into OpenAI's error JSON.
+//! The router, and the layers that turn every failure into OpenAI's error JSON.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
-use gantry_accounts::{Accounts, KeyInfo, Meter, Price};
-use gantry_api::{ApiError, ModelList, ModelObject};
-use serde_json::json;
+use axum::Router;
+use gantry_api::ApiError;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::auth_failures::AuthFailures;
-use crate::{admin, auth, chat, console, request_id, telemetry};
-
-#[derive(Clone)]
-pub struct AppState {
-    /// The models this server serves, loaded on demand; behind a loader trait so router tests
-    /// can script their engines.
-    pub models: crate::pool::ModelPool,
-    pub accounts: Accounts,
-    pub images: crate::images::ImageFetcher,
-    /// Admission (rate limits, budget reservations) and settlement into the usage ledger.
-    pub meter: Meter,
-    /// USD per million tokens, by model id; models without an entry cost nothing.
-    pub prices: Arc<HashMap<String, Price>>,
-    /// Guards `/admin/v1`; `None` disables the admin API.
-    pub admin_token: Option<Arc<str>>,
-    /// Set by a shutdown signal: readiness turns 503 and new chat requests are refused.
-    pub draining: crate::health::Draining,
-    /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
-    pub stats: crate::stats::StatsHistory,
-    /// Bounds the requests being prepared at once, overall and per key.
-    pub prepare_gate: crate::prepare_gate::PrepareGate,
-}
-
-impl AppState {
-    pub fn price_of(&self, model: &str) -> Price {
-        self.prices.get(model).copied().unwrap_or_default()
-    }
-}
+use crate::state::AppState;
+use crate::{admin, auth, chat, console, health, model_routes, request_id, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -84,15 +53,15 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{*id}", get(get_model))
+        .route("/v1/models", get(model_routes::list_models))
+        .route("/v1/models/{*id}", get(model_routes::get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
     let mut app = Router::new()
-        .route("/health", get(health))
+        .route("/health", get(health::live))
         // Liveness is what /health always said: restart only once the engine failed.
-        .route("/health/live", get(health))
-        .route("/health/ready", get(crate::health::ready))
+        .route("/health/live", get(health::live))
+        .route("/health/ready", get(health::ready))
         .merge(authed);
     if which == Routes::All {
         app = app
@@ -113,53 +82,6 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         }))
         .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))
-}
-
-/// 503 once an engine failed: load balancers stop sending traffic while the process exits.
-async fn health(State(state): State<AppState>) -> Response {
-    let models: Vec<&str> = state.models.specs().iter().map(|s| s.id.as_str()).collect();
-    // `model` is the first (with one model, the only) one, as before several were served.
-    let model = models.first().copied().unwrap_or_default();
-    match state.models.failure() {
-        None => Json(json!({"status": "ok", "model": model, "models": models})).into_response(),
-        Some(why) => {
-            let body = json!({"status": "failed", "model": model, "models": models, "error": why});
-            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
-        }
-    }
-}
-
-fn model_object(name: &str, spec: &crate::pool::ModelSpec) -> ModelObject {
-    ModelObject { id: name.to_string(), object: "model", created: spec.created, owned_by: "gantry".into() }
-}
-
-/// Whether `key` may use the model reached as `name` (allowed by that name or by its id).
-pub fn key_allows(key: &KeyInfo, name: &str, spec: &crate::pool::ModelSpec) -> bool {
-    key.allows_model(name) || key.allows_model(&spec.id)
-}
-
-/// Every model the key may use, loaded or not, under its id and each of its aliases.
-async fn list_models(State(state): State<AppState>, Extension(key): Extension<KeyInfo>) -> Json<ModelList> {
-    let data = state
-        .models
-        .specs()
-        .iter()
-        .flat_map(|s| std::iter::once(&s.id).chain(&s.aliases).map(move |name| (name, s)))
-        .filter(|(name, s)| key_allows(&key, name, s))
-        .map(|(name, s)| model_object(name, s))
-        .collect();
-    Json(ModelList { object: "list", data })
-}
-
-async fn get_model(
-    State(state): State<AppState>,
-    Extension(key): Extension<KeyInfo>,
-    Path(id): Path<String>,
-) -> Result<Json<ModelObject>, ApiError> {
-    match state.models.resolve(&id) {
-        Some(spec) if key_allows(&key, &id, spec) => Ok(Json(model_object(&id, spec))),
-        _ => Err(ApiError::model_not_found(&id)),
-    }
 }
 
 async fn not_found(req: Request) -> ApiError {
