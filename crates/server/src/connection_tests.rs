@@ -176,7 +176,7 @@ async fn a_spray_of_fake_keys_costs_a_bounded_number_of_lookups() {
 #[tokio::test]
 async fn an_image_bomb_is_refused_by_its_header_naming_its_part() {
     let h = harness(RouterOptions::default()).await;
-    let png = crate::images::blank_png(16_384);
+    let png = crate::openai::images::blank_png(16_384);
     let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&png));
     let (status, text) = h
         .chat(body(json!({"messages": [{"role": "user", "content": [

@@ -9,9 +9,11 @@ use axum::Router;
 use gantry_api::ApiError;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::auth_failures::AuthFailures;
+use crate::admin::{self, console};
+use crate::openai::auth_failures::AuthFailures;
+use crate::openai::{auth, chat, models};
 use crate::state::AppState;
-use crate::{admin, auth, chat, console, health, model_routes, request_id, telemetry};
+use crate::{health, request_id, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -27,7 +29,7 @@ impl Default for RouterOptions {
         Self {
             body_limit: 4 * 1024 * 1024,
             body_read_timeout: std::time::Duration::from_secs(crate::connections::DEFAULT_BODY_READ_TIMEOUT_SECS),
-            auth_failures_per_minute: crate::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE,
+            auth_failures_per_minute: crate::openai::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE,
         }
     }
 }
@@ -53,8 +55,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/models", get(model_routes::list_models))
-        .route("/v1/models/{*id}", get(model_routes::get_model))
+        .route("/v1/models", get(models::list_models))
+        .route("/v1/models/{*id}", get(models::get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
     let mut app = Router::new()

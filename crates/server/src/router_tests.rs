@@ -131,7 +131,7 @@ pub(crate) struct Harness {
     draining: crate::state::Draining,
     pub accounts: Accounts,
     meter: gantry_accounts::Meter,
-    pub stats: crate::stats::StatsHistory,
+    pub stats: crate::admin::stats::StatsHistory,
     /// How many times the pool loaded the model.
     pub loads: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
@@ -191,8 +191,8 @@ pub(crate) async fn harness_with_options(
         prices: Default::default(),
         admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
-        stats: crate::stats::StatsHistory::default(),
-        prepare_gate: crate::prepare_gate::PrepareGate::new(4, 2),
+        stats: crate::admin::stats::StatsHistory::default(),
+        prepare_gate: crate::openai::prepare_gate::PrepareGate::new(4, 2),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
     Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, loads, _dir: dir }

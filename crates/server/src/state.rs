@@ -13,7 +13,7 @@ pub struct AppState {
     /// can script their engines.
     pub models: crate::pool::ModelPool,
     pub accounts: Accounts,
-    pub images: crate::images::ImageFetcher,
+    pub images: crate::openai::images::ImageFetcher,
     /// Admission (rate limits, budget reservations) and settlement into the usage ledger.
     pub meter: Meter,
     /// USD per million tokens, by model id; models without an entry cost nothing.
@@ -23,9 +23,9 @@ pub struct AppState {
     /// Set by a shutdown signal: readiness turns 503 and new chat requests are refused.
     pub draining: Draining,
     /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
-    pub stats: crate::stats::StatsHistory,
+    pub stats: crate::admin::stats::StatsHistory,
     /// Bounds the requests being prepared at once, overall and per key.
-    pub prepare_gate: crate::prepare_gate::PrepareGate,
+    pub prepare_gate: crate::openai::prepare_gate::PrepareGate,
 }
 
 impl AppState {

@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gantry_api::ApiError;
 
-use crate::auth_failures::AuthFailures;
+use crate::openai::auth_failures::AuthFailures;
 use crate::state::AppState;
 
 /// What [`require_api_key`] needs: the accounts behind the app state and the per-address

@@ -10,7 +10,7 @@ use axum::http::{Request, StatusCode};
 use gantry_engine::{Event, FinishReason};
 use serde_json::Value;
 
-use crate::admin_guard::MAX_FAILURES;
+use crate::admin::guard::MAX_FAILURES;
 use crate::router::Routes;
 use crate::router_tests::{body, delta, harness_serving, usage, Harness, ScriptedEngine, KEY};
 

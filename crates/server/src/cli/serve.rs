@@ -14,10 +14,10 @@ use crate::state::AppState;
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let admin_token = args.admin_token.as_deref().filter(|t| !t.is_empty());
     if let Some(token) = admin_token {
-        crate::admin_guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
+        crate::admin::guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
     }
     warn_about_fault_injection();
-    let mut specs = crate::model_config::model_specs(&args)?;
+    let mut specs = crate::cli::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
 
     let data_dir = args.data.resolve();
@@ -77,7 +77,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         models: models.clone(),
         accounts: accounts.clone(),
-        images: crate::images::ImageFetcher {
+        images: crate::openai::images::ImageFetcher {
             max_images: args.max_images,
             max_total_bytes: args.max_image_bytes,
             allowed_private_hosts: args.allow_image_hosts.clone(),
@@ -90,10 +90,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         draining: Default::default(),
         stats: Default::default(),
         prepare_gate: {
-            let total = args.prepare_concurrency.unwrap_or_else(crate::prepare_gate::default_total);
+            let total = args.prepare_concurrency.unwrap_or_else(crate::openai::prepare_gate::default_total);
             let per_key =
-                args.prepare_concurrency_per_key.unwrap_or_else(|| crate::prepare_gate::default_per_key(total));
-            crate::prepare_gate::PrepareGate::new(total, per_key)
+                args.prepare_concurrency_per_key.unwrap_or_else(|| crate::openai::prepare_gate::default_per_key(total));
+            crate::openai::prepare_gate::PrepareGate::new(total, per_key)
         },
     };
     state.stats.start_sampling();

@@ -18,14 +18,14 @@ use gantry_engine::{
 };
 
 use crate::clock::now_secs;
-use crate::convert::{to_api_logprobs, to_api_usage};
 use crate::engine_errors::IntoApiError;
-use crate::model_routes::key_allows;
+use crate::openai::convert::{to_api_logprobs, to_api_usage};
+use crate::openai::models::key_allows;
+use crate::openai::stream::{ChunkEncoder, SseFrame};
+use crate::openai::tool_calls::ToolPlan;
 use crate::pool::{Lease, PoolError};
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
-use crate::stream::{ChunkEncoder, SseFrame};
-use crate::tool_calls::ToolPlan;
 
 pub(crate) async fn chat_completions(
     State(state): State<AppState>,
@@ -42,7 +42,7 @@ pub(crate) async fn chat_completions(
     // costs no parsing, templating, tokenizing, grammar compiling or model loading.
     let pass = match state.meter.pre_admit(&key).await {
         Ok(pass) => pass,
-        Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
+        Err(refused) => return Ok(crate::openai::rate_limit::refusal_response(&key, refused)),
     };
     let rate = pass.rate();
     let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body).await {
@@ -51,7 +51,7 @@ pub(crate) async fn chat_completions(
     };
     // Answers before the full admission (a bad body) report the pre-admission's count.
     if !response.headers().contains_key("x-ratelimit-limit-requests") {
-        crate::rate_limit::apply(&rate, response.headers_mut());
+        crate::openai::rate_limit::apply(&rate, response.headers_mut());
     }
     Ok(response)
 }
@@ -101,7 +101,7 @@ async fn admitted(
     };
     let ticket = match state.meter.admit_passed(pass, &key, charge).await {
         Ok(ticket) => ticket,
-        Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
+        Err(refused) => return Ok(crate::openai::rate_limit::refusal_response(&key, refused)),
     };
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
@@ -110,7 +110,7 @@ async fn admitted(
         Ok(generate) => generate,
         Err(e) => {
             let mut response = e.into_response();
-            crate::rate_limit::apply(&rate, response.headers_mut());
+            crate::openai::rate_limit::apply(&rate, response.headers_mut());
             return Ok(response);
         }
     };
@@ -126,7 +126,7 @@ async fn admitted(
         let response = collect_response(id, created, model_id, &chat, tools.as_ref(), n, events).await?;
         Json(response).into_response()
     };
-    crate::rate_limit::apply(&rate, response.headers_mut());
+    crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
 }
 

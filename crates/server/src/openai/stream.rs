@@ -6,8 +6,8 @@ use gantry_engine::tools::{ParsedCall, StreamPiece, ToolCallStreamer};
 use gantry_engine::{Event, FinishReason, TokenLogprob, Usage};
 use serde_json::Value;
 
-use crate::convert::{to_api_logprobs, to_api_usage};
-use crate::tool_calls::{call_json, ToolPlan};
+use crate::openai::convert::{to_api_logprobs, to_api_usage};
+use crate::openai::tool_calls::{call_json, ToolPlan};
 
 /// What the SSE writer sends next.
 #[derive(Debug, PartialEq)]

@@ -1,0 +1,121 @@
+//! The operator's side: `/admin/v1` (keys, usage, models, live stats) and the web console.
+//! Guarded by the admin token (`--admin-token`), never by an ordinary API key; without a token
+//! configured the admin API is off.
+
+pub(crate) mod console;
+#[cfg(test)]
+mod console_tests;
+/// The admin token's strength check, comparison and per-address throttle.
+pub(crate) mod guard;
+mod keys;
+/// Key settings as people write them, shared with `gantry keys`.
+pub(crate) mod keyspec;
+#[cfg(test)]
+mod listener_tests;
+mod models;
+/// The live figures behind `/admin/v1/stats` and the console's overview.
+pub(crate) mod stats;
+mod usage;
+
+pub(crate) use usage::{requests_csv, usage_csv, UsageParams};
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use gantry_api::ApiError;
+use serde_json::Value;
+
+use crate::admin::guard::FailureThrottle;
+use crate::admin::keys::{create_key, list_keys, revoke_key, rotate_key, show_key, update_key};
+use crate::admin::usage::{usage, usage_requests};
+use crate::state::AppState;
+
+pub(crate) fn router(state: AppState) -> Router<AppState> {
+    // One throttle per router: the admin API is served by one listener at a time.
+    let gate = AdminGate { state, throttle: Arc::new(FailureThrottle::default()) };
+    Router::new()
+        .route("/keys", get(list_keys).post(create_key))
+        .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
+        .route("/keys/{key}/rotate", post(rotate_key))
+        .route("/usage", get(usage))
+        .route("/usage/requests", get(usage_requests))
+        .route("/stats", get(stats))
+        .merge(models::router())
+        .route_layer(middleware::from_fn_with_state(gate, require_admin))
+}
+
+#[derive(Clone)]
+struct AdminGate {
+    state: AppState,
+    throttle: Arc<FailureThrottle>,
+}
+
+async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) -> Response {
+    let Some(token) = gate.state.admin_token.as_deref() else {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "The admin API is disabled; start the server with --admin-token (or GANTRY_ADMIN_TOKEN) to enable it.",
+            None,
+            Some("admin_api_disabled"),
+        )
+        .into_response();
+    };
+    // Without a peer address (a router driven in-process) every caller shares one bucket.
+    let client = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(addr)| addr.ip());
+    let now = Instant::now();
+    if let Some(wait) = gate.throttle.locked_for(client, now) {
+        return too_many_failures(wait);
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    if !crate::admin::guard::token_matches(presented, token) {
+        if let Some(wait) = gate.throttle.failed(client, now) {
+            tracing::warn!(%client, lockout_seconds = wait.as_secs(), "too many wrong admin tokens: address locked out");
+            return too_many_failures(wait);
+        }
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "The admin API needs the admin token (Authorization: Bearer <admin token>); API keys are not accepted here.",
+            None,
+            Some("invalid_admin_token"),
+        )
+        .into_response();
+    }
+    gate.throttle.succeeded(client);
+    next.run(req).await
+}
+
+fn too_many_failures(wait: Duration) -> Response {
+    let seconds = wait.as_secs().max(1);
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "invalid_request_error",
+        format!("Too many wrong admin tokens from this address; try again in {seconds} s."),
+        None,
+        Some("admin_auth_throttled"),
+    )
+    .with_retry_after(seconds)
+    .into_response()
+}
+
+/// `GET /admin/v1/stats`: the live figures and their 15-minute history.
+async fn stats(State(state): State<AppState>) -> Json<Value> {
+    Json(state.stats.view())
+}

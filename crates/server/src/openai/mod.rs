@@ -1,0 +1,21 @@
+//! The OpenAI-compatible API (`/v1`): key authentication, chat completions (streamed or
+//! collected), tool calls, images, rate-limit headers and the model list.
+
+#[cfg(test)]
+mod admission_tests;
+/// Bearer-key authentication, before any body is read.
+pub(crate) mod auth;
+/// The per-address budget of failed authentications.
+pub(crate) mod auth_failures;
+/// `POST /v1/chat/completions`.
+pub(crate) mod chat;
+mod convert;
+/// Fetching and bounding `image_url` parts.
+pub(crate) mod images;
+/// `GET /v1/models` and `GET /v1/models/{id}`.
+pub(crate) mod models;
+pub mod prepare_gate;
+/// OpenAI's `x-ratelimit-*` headers.
+pub(crate) mod rate_limit;
+mod stream;
+mod tool_calls;
