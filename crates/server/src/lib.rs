@@ -14,8 +14,8 @@ mod clock;
 mod connection_tests;
 /// The accept loop: header read timeout, connection cap, peer addresses.
 pub mod connections;
-/// The engine's typed errors as OpenAI errors.
-mod engine_errors;
+/// Which status and OpenAI error every failure gets, in one place.
+mod errors;
 /// Liveness and readiness probes.
 mod health;
 /// The model catalogue and its downloader (`gantry models pull`).

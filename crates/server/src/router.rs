@@ -1,19 +1,17 @@
-//! The router, and the layers that turn every failure into OpenAI's error JSON.
+//! The router: which routes each listener serves, behind the layers every listener shares.
 
-use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use gantry_api::ApiError;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
 use crate::openai::{auth, chat, models};
 use crate::state::AppState;
-use crate::{health, request_id, telemetry};
+use crate::{errors, health, request_id, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -71,51 +69,15 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
             .nest("/admin/v1", admin::router(state.clone()))
             .merge(console::router());
     }
-    app.fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+    app.fallback(errors::unknown_route)
+        .method_not_allowed_fallback(errors::method_not_allowed)
         .with_state(state)
         .layer(middleware::from_fn_with_state(
             crate::body_guard::BodyGuard::new(opts.body_read_timeout),
             crate::body_guard::guard_body,
         ))
-        .layer(middleware::from_fn(errors_as_json))
-        .layer(CatchPanicLayer::custom(|_| {
-            ApiError::internal("The server had an error while processing your request.").into_response()
-        }))
+        .layer(middleware::from_fn(errors::errors_as_json))
+        .layer(CatchPanicLayer::custom(|_| errors::internal_error().into_response()))
         .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))
-}
-
-async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(format!("Invalid URL ({} {})", req.method(), req.uri().path()))
-}
-
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::method_not_allowed(format!("Method {} is not allowed for {}", req.method(), req.uri().path()))
-}
-
-/// axum's own rejections (body too large, …) are plain text; rewrite any non-JSON error body
-/// into OpenAI's shape so clients always get `{"error": …}`.
-async fn errors_as_json(req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
-    let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return response;
-    }
-    let is_json = response
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if is_json {
-        return response;
-    }
-    let err = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(0),
-        s if s.is_server_error() => ApiError::internal("The server had an error while processing your request."),
-        s => ApiError::invalid_request(s.canonical_reason().unwrap_or("Bad request").to_string(), None),
-    };
-    let mut rewritten = err.into_response();
-    *rewritten.status_mut() = status;
-    rewritten
 }

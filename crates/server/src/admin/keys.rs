@@ -5,24 +5,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use gantry_accounts::AccountsError;
 use gantry_api::ApiError;
 use serde_json::{json, Value};
 
 use crate::admin::keyspec::{key_view, KeyFields};
+use crate::errors::IntoApiError;
 use crate::state::AppState;
-
-pub(super) fn accounts_error(e: AccountsError) -> ApiError {
-    match e {
-        AccountsError::NotFound(m) => ApiError::not_found(m),
-        AccountsError::Ambiguous(m) | AccountsError::Invalid(m) => ApiError::invalid_request(m, None),
-        AccountsError::KeyRevoked => ApiError::invalid_request("That key is revoked.", None),
-        other => {
-            tracing::error!(error = %other, "admin API accounts error");
-            ApiError::internal("The accounts database failed; see the server log.")
-        }
-    }
-}
 
 fn parse_fields(body: &Bytes) -> Result<KeyFields, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
@@ -40,11 +28,11 @@ fn parse_fields(body: &Bytes) -> Result<KeyFields, ApiError> {
 
 /// Every key with its spend this budget period (the console draws it against the budget).
 pub(super) async fn list_keys(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let keys = state.accounts.list_keys().await.map_err(accounts_error)?;
+    let keys = state.accounts.list_keys().await.map_err(IntoApiError::into_api_error)?;
     let now = crate::clock::now_ms();
     let mut data = Vec::with_capacity(keys.len());
     for k in &keys {
-        let spend = state.accounts.spend(k, now).await.map_err(accounts_error)?;
+        let spend = state.accounts.spend(k, now).await.map_err(IntoApiError::into_api_error)?;
         data.push(key_view(k, Some(&spend)));
     }
     Ok(Json(json!({"object": "list", "data": data})))
@@ -52,15 +40,15 @@ pub(super) async fn list_keys(State(state): State<AppState>) -> Result<Json<Valu
 
 pub(super) async fn create_key(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let spec = parse_fields(&body)?.to_new_key().map_err(|m| ApiError::invalid_request(m, None))?;
-    let created = state.accounts.create_key_from(&spec).await.map_err(accounts_error)?;
+    let created = state.accounts.create_key_from(&spec).await.map_err(IntoApiError::into_api_error)?;
     let mut v = key_view(&created.key, None);
     v["secret"] = Value::String(created.secret);
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
 pub(super) async fn show_key(State(state): State<AppState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
-    let k = state.accounts.find_key(&key).await.map_err(accounts_error)?;
-    let spend = state.accounts.spend(&k, crate::clock::now_ms()).await.map_err(accounts_error)?;
+    let k = state.accounts.find_key(&key).await.map_err(IntoApiError::into_api_error)?;
+    let spend = state.accounts.spend(&k, crate::clock::now_ms()).await.map_err(IntoApiError::into_api_error)?;
     Ok(Json(key_view(&k, Some(&spend))))
 }
 
@@ -70,7 +58,7 @@ pub(super) async fn update_key(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let update = parse_fields(&body)?.to_update().map_err(|m| ApiError::invalid_request(m, None))?;
-    let k = state.accounts.update_key(&key, &update).await.map_err(accounts_error)?;
+    let k = state.accounts.update_key(&key, &update).await.map_err(IntoApiError::into_api_error)?;
     Ok(Json(key_view(&k, None)))
 }
 
@@ -78,7 +66,7 @@ pub(super) async fn revoke_key(
     State(state): State<AppState>,
     Path(key): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let k = state.accounts.revoke_key(&key).await.map_err(accounts_error)?;
+    let k = state.accounts.revoke_key(&key).await.map_err(IntoApiError::into_api_error)?;
     Ok(Json(key_view(&k, None)))
 }
 
@@ -86,7 +74,7 @@ pub(super) async fn rotate_key(
     State(state): State<AppState>,
     Path(key): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let created = state.accounts.rotate_key(&key).await.map_err(accounts_error)?;
+    let created = state.accounts.rotate_key(&key).await.map_err(IntoApiError::into_api_error)?;
     let mut v = key_view(&created.key, None);
     v["secret"] = Value::String(created.secret);
     Ok(Json(v))

@@ -21,20 +21,20 @@ pub(crate) use usage::{requests_csv, usage_csv, UsageParams};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use gantry_api::ApiError;
 use serde_json::Value;
 
 use crate::admin::guard::FailureThrottle;
 use crate::admin::keys::{create_key, list_keys, revoke_key, rotate_key, show_key, update_key};
 use crate::admin::usage::{usage, usage_requests};
+use crate::errors::{AdminRefusal, IntoApiError};
 use crate::state::AppState;
 
 pub(crate) fn router(state: AppState) -> Router<AppState> {
@@ -59,14 +59,7 @@ struct AdminGate {
 
 async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) -> Response {
     let Some(token) = gate.state.admin_token.as_deref() else {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "invalid_request_error",
-            "The admin API is disabled; start the server with --admin-token (or GANTRY_ADMIN_TOKEN) to enable it.",
-            None,
-            Some("admin_api_disabled"),
-        )
-        .into_response();
+        return AdminRefusal::Disabled.into_api_error().into_response();
     };
     // Without a peer address (a router driven in-process) every caller shares one bucket.
     let client = req
@@ -75,7 +68,7 @@ async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) 
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(addr)| addr.ip());
     let now = Instant::now();
     if let Some(wait) = gate.throttle.locked_for(client, now) {
-        return too_many_failures(wait);
+        return AdminRefusal::Throttled { wait }.into_api_error().into_response();
     }
     let presented = req
         .headers()
@@ -87,32 +80,12 @@ async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) 
     if !crate::admin::guard::token_matches(presented, token) {
         if let Some(wait) = gate.throttle.failed(client, now) {
             tracing::warn!(%client, lockout_seconds = wait.as_secs(), "too many wrong admin tokens: address locked out");
-            return too_many_failures(wait);
+            return AdminRefusal::Throttled { wait }.into_api_error().into_response();
         }
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "The admin API needs the admin token (Authorization: Bearer <admin token>); API keys are not accepted here.",
-            None,
-            Some("invalid_admin_token"),
-        )
-        .into_response();
+        return AdminRefusal::WrongToken.into_api_error().into_response();
     }
     gate.throttle.succeeded(client);
     next.run(req).await
-}
-
-fn too_many_failures(wait: Duration) -> Response {
-    let seconds = wait.as_secs().max(1);
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "invalid_request_error",
-        format!("Too many wrong admin tokens from this address; try again in {seconds} s."),
-        None,
-        Some("admin_auth_throttled"),
-    )
-    .with_retry_after(seconds)
-    .into_response()
 }
 
 /// `GET /admin/v1/stats`: the live figures and their 15-minute history.

@@ -7,6 +7,7 @@ use gantry_api::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::errors::IntoApiError;
 use crate::pool::ModelStatus;
 use crate::state::AppState;
 

@@ -10,8 +10,8 @@ use gantry_api::ApiError;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::admin::keys::accounts_error;
 use crate::admin::keyspec::parse_time;
+use crate::errors::IntoApiError;
 use crate::state::AppState;
 
 #[derive(Debug, Default, Deserialize)]
@@ -53,7 +53,7 @@ pub(super) async fn usage(
 ) -> Result<Response, ApiError> {
     let Query(params) = params.map_err(|e| ApiError::invalid_request(e.body_text(), None))?;
     let query = params.to_query().map_err(|m| ApiError::invalid_request(m, None))?;
-    let rows = state.accounts.usage_report(&query).await.map_err(accounts_error)?;
+    let rows = state.accounts.usage_report(&query).await.map_err(IntoApiError::into_api_error)?;
     match params.format.as_deref() {
         None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
         Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], usage_csv(&rows)).into_response()),
@@ -73,7 +73,7 @@ pub(super) async fn usage_requests(
         return Err(ApiError::invalid_request("group_by does not apply to the per-request listing", Some("group_by")));
     }
     let query = params.to_query().map_err(|m| ApiError::invalid_request(m, None))?;
-    let rows = state.accounts.usage_requests(&query).await.map_err(accounts_error)?;
+    let rows = state.accounts.usage_requests(&query).await.map_err(IntoApiError::into_api_error)?;
     match params.format.as_deref() {
         None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
         Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], requests_csv(&rows)).into_response()),

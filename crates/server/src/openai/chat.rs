@@ -18,12 +18,12 @@ use gantry_engine::{
 };
 
 use crate::clock::now_secs;
-use crate::engine_errors::IntoApiError;
+use crate::errors::{refusal_response, task_failed, IntoApiError};
 use crate::openai::convert::{to_api_logprobs, to_api_usage};
 use crate::openai::models::key_allows;
 use crate::openai::stream::{ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
-use crate::pool::{Lease, PoolError};
+use crate::pool::Lease;
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
 
@@ -42,7 +42,7 @@ pub(crate) async fn chat_completions(
     // costs no parsing, templating, tokenizing, grammar compiling or model loading.
     let pass = match state.meter.pre_admit(&key).await {
         Ok(pass) => pass,
-        Err(refused) => return Ok(crate::openai::rate_limit::refusal_response(&key, refused)),
+        Err(refused) => return Ok(refusal_response(&key, refused)),
     };
     let rate = pass.rate();
     let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body).await {
@@ -74,7 +74,7 @@ async fn admitted(
     }
     let tools = ToolPlan::from_request(&chat)?;
     // Held until the request's last event: the model is not unloaded under it.
-    let model = state.models.acquire(&chat.model).await.map_err(PoolError::into_api_error)?;
+    let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
     let model_id = model.id().to_string();
     // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
     // model's.
@@ -101,7 +101,7 @@ async fn admitted(
     };
     let ticket = match state.meter.admit_passed(pass, &key, charge).await {
         Ok(ticket) => ticket,
-        Err(refused) => return Ok(crate::openai::rate_limit::refusal_response(&key, refused)),
+        Err(refused) => return Ok(refusal_response(&key, refused)),
     };
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
@@ -166,7 +166,7 @@ async fn attach_images(
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.attach_images(&mut generate, images).map(|()| generate))
         .await
-        .map_err(|e| ApiError::internal(format!("image preparation failed: {e}")))?
+        .map_err(|e| task_failed("image preparation", e))?
         .map_err(IntoApiError::into_api_error)
 }
 
@@ -226,7 +226,7 @@ async fn prepare(
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input))
         .await
-        .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?
+        .map_err(|e| task_failed("prompt preparation", e))?
         .map_err(IntoApiError::into_api_error)
 }
 

@@ -156,7 +156,7 @@ impl ChunkEncoder {
             }
             Event::Error(error) => {
                 self.finished = true;
-                vec![SseFrame::Data(crate::engine_errors::IntoApiError::into_api_error(error).to_json())]
+                vec![SseFrame::Data(crate::errors::IntoApiError::into_api_error(error).to_json())]
             }
         }
     }

@@ -150,7 +150,7 @@ impl ImageFetcher {
                 .resolve(&host, addr)
                 .timeout(self.timeout)
                 .build()
-                .map_err(|e| ApiError::internal(format!("image client: {e}")))?;
+                .map_err(crate::errors::image_client_failed)?;
             let response = tokio::time::timeout_at(deadline, client.get(url.clone()).send())
                 .await
                 .map_err(|_| bad("timed out fetching the image.".into()))?
