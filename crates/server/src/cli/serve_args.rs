@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 
-use crate::cli::DataDirArg;
+use crate::cli::data_dir::DataDirArg;
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {

