@@ -2,19 +2,23 @@
 //! Guarded by the admin token (`--admin-token`), never by an ordinary API key; without a token
 //! configured the admin API is off.
 
+/// `GET /console`: the web console's static files.
 pub(crate) mod console;
 #[cfg(test)]
 mod console_tests;
 /// The admin token's strength check, comparison and per-address throttle.
 pub(crate) mod guard;
+/// `/admin/v1/keys`.
 mod keys;
 /// Key settings as people write them, shared with `gantry keys`.
 pub(crate) mod keyspec;
 #[cfg(test)]
 mod listener_tests;
+/// `/admin/v1/models`: model states, loading and unloading by hand.
 mod models;
 /// The live figures behind `/admin/v1/stats` and the console's overview.
 pub(crate) mod stats;
+/// `/admin/v1/usage`: the ledger as JSON or CSV.
 mod usage;
 
 pub(crate) use usage::{requests_csv, usage_csv, UsageParams};
