@@ -1,17 +1,16 @@
-//! A resumable HTTP download into a `.part` file: the `Source::Url` source, and how the PyPI
-//! source fetches each wheel.
+//! The `Source::Url` source: a resumable HTTP download into a `.part` file, resumed with
+//! `Range` after an interruption. The PyPI source fetches each wheel with it too.
 
-use std::io::IsTerminal;
 use std::path::Path;
 
 use futures_util::StreamExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::header::{HeaderMap, CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
 use tokio::io::AsyncWriteExt;
 
-use super::error::{http_err, io_err};
-use super::{say, PullError, BUF_SIZE};
+use super::error::{http_err, io_err, PullError};
+use super::progress::{progress_bar, say};
+use super::verify::{remove_if_exists, BUF_SIZE};
 
 /// Parse `Content-Range: bytes START-END/TOTAL` (or `bytes */TOTAL`) into (START, TOTAL).
 fn content_range(headers: &HeaderMap) -> (Option<u64>, Option<u64>) {
@@ -130,28 +129,4 @@ pub(super) async fn download_resumable(
         }
         return Ok(written);
     }
-}
-
-pub(super) async fn remove_if_exists(path: &Path) -> Result<(), PullError> {
-    match tokio::fs::remove_file(path).await {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(format!("removing {}", path.display()))(e)),
-        _ => Ok(()),
-    }
-}
-
-fn progress_bar(total: Option<u64>, label: &str, quiet: bool) -> ProgressBar {
-    if quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let (bar, template) = match total {
-        Some(total) => {
-            (ProgressBar::new(total), "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}")
-        }
-        None => (ProgressBar::new_spinner(), "{msg} {spinner} {bytes} {binary_bytes_per_sec}"),
-    };
-    if let Ok(style) = ProgressStyle::with_template(template) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(label.to_string());
-    bar
 }

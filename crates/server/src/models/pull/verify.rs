@@ -1,12 +1,30 @@
-//! The sha256 check every download passes before it is renamed into place.
+//! The `.part` file every source writes, and the sha256 check it passes before it is renamed
+//! into place.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::error::io_err;
-use super::{PullError, BUF_SIZE};
+use super::error::{io_err, PullError};
+
+/// The buffer for writing, hashing and extracting downloads.
+pub(super) const BUF_SIZE: usize = 1 << 20;
+
+/// `path` with `suffix` appended (`model.gguf` → `model.gguf.part`).
+pub(super) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Removes `path`; a file that is not there is no error.
+pub(super) async fn remove_if_exists(path: &Path) -> Result<(), PullError> {
+    match tokio::fs::remove_file(path).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(format!("removing {}", path.display()))(e)),
+        _ => Ok(()),
+    }
+}
 
 /// Hex sha256 of a file.
 pub(super) async fn sha256_file(path: &Path) -> Result<String, PullError> {
