@@ -22,10 +22,9 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use gantry_api::ApiError;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
@@ -128,14 +127,7 @@ pub(crate) async fn guard_body(State(guard): State<BodyGuard>, req: Request, nex
         GuardedBody { inner: body, deadline: Box::pin(tokio::time::sleep_until(deadline)), progress: progress.clone() };
     let mut response = next.run(Request::from_parts(parts, Body::new(guarded))).await;
     if progress.timed_out.load(Ordering::Relaxed) {
-        response = ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            format!("The request body did not arrive within {} seconds.", timeout.as_secs_f64()),
-            None,
-            Some("request_timeout"),
-        )
-        .into_response();
+        response = crate::errors::body_timed_out(timeout).into_response();
     }
     if !progress.finished.load(Ordering::Relaxed) {
         let unread = progress.unread.lock().expect("unread body lock").take();

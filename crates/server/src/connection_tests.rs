@@ -17,7 +17,7 @@ use tower::ServiceExt;
 
 use gantry_engine::{Event, FinishReason};
 
-use crate::app::RouterOptions;
+use crate::router::RouterOptions;
 use crate::router_tests::{body, delta, harness_with_options, usage, Harness, ScriptedEngine, KEY};
 
 /// Longer than any of these tests needs; reaching it means the server waited for a body that
@@ -27,7 +27,7 @@ const STUCK: Duration = Duration::from_secs(20);
 async fn harness(options: RouterOptions) -> Harness {
     let events = vec![delta("hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))];
     let engine = Arc::new(ScriptedEngine::new(events, usage(1)));
-    harness_with_options(engine, Some("admin-token-for-connection-tests"), options, crate::app::Routes::All).await
+    harness_with_options(engine, Some("admin-token-for-connection-tests"), options, crate::router::Routes::All).await
 }
 
 /// A body that sends `head` and then never ends, noting whether anything polled it.
@@ -176,7 +176,7 @@ async fn a_spray_of_fake_keys_costs_a_bounded_number_of_lookups() {
 #[tokio::test]
 async fn an_image_bomb_is_refused_by_its_header_naming_its_part() {
     let h = harness(RouterOptions::default()).await;
-    let png = crate::images::blank_png(16_384);
+    let png = crate::openai::images::blank_png(16_384);
     let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&png));
     let (status, text) = h
         .chat(body(json!({"messages": [{"role": "user", "content": [

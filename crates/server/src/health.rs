@@ -1,13 +1,11 @@
-//! Readiness, as load balancers and Kubernetes probe it, and the draining state a SIGTERM starts.
-//! Liveness is `/health` itself (503 once the engine failed), also routed as `/health/live`.
+//! Liveness (`/health`, also routed as `/health/live`: 503 once the engine failed) and
+//! readiness (`/health/ready`), as load balancers and Kubernetes probe them.
 //!
 //! Liveness says whether the process should be restarted (its engine failed); readiness says
 //! whether it should get traffic (not draining, engine healthy, accounts database reachable).
 //! They differ on purpose: a replica whose database is briefly unreachable is taken out of the
 //! load balancer, not killed, and comes back when the database does.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -16,26 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// How long readiness waits for the database before calling it unreachable: probes have
 /// timeouts of their own (Kubernetes' default is 1 s), so answer within them.
 const DATABASE_PING_TIMEOUT: Duration = Duration::from_millis(800);
-
-/// Set once, when a shutdown signal arrives: from then on readiness answers 503 and new chat
-/// requests are refused, while running ones finish.
-#[derive(Clone, Default)]
-pub struct Draining(Arc<AtomicBool>);
-
-impl Draining {
-    pub fn start(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// `GET /health/ready`: 200 when this replica should get requests; 503 with the reason while it
 /// drains, after its engine failed, or while the accounts database does not answer (why is
@@ -65,6 +48,20 @@ pub(crate) async fn ready(State(state): State<AppState>) -> Response {
     }
     let loaded: Vec<String> = state.models.status().into_iter().filter(|m| m.loaded).map(|m| m.id).collect();
     Json(json!({"status": "ready", "loaded_models": loaded})).into_response()
+}
+
+/// 503 once an engine failed: load balancers stop sending traffic while the process exits.
+pub(crate) async fn live(State(state): State<AppState>) -> Response {
+    let models: Vec<&str> = state.models.specs().iter().map(|s| s.id.as_str()).collect();
+    // `model` is the first (with one model, the only) one, for clients that expect one model.
+    let model = models.first().copied().unwrap_or_default();
+    match state.models.failure() {
+        None => Json(json!({"status": "ok", "model": model, "models": models})).into_response(),
+        Some(why) => {
+            let body = json!({"status": "failed", "model": model, "models": models, "error": why});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
 }
 
 fn unavailable(status: &str, error: Option<String>) -> Response {

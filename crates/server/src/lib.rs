@@ -1,37 +1,36 @@
+//! Gantry's server: the `gantry` binary's HTTP API, its operator side and its command line.
+//! The engine (`gantry-engine`), the accounts (`gantry-accounts`) and the API types
+//! (`gantry-api`) meet here, and only here.
+
+/// The operator's side: `/admin/v1` (keys, usage, models, stats) and the web console.
 mod admin;
-mod admin_guard;
-#[cfg(test)]
-mod admin_listener_tests;
-mod admin_models;
-#[cfg(test)]
-mod admission_tests;
-pub mod app;
-mod auth;
-mod auth_failures;
+/// Request bodies read only after authentication, and within a deadline.
 mod body_guard;
-mod chat;
+/// The `gantry` command line: flags, `gantry serve`, and the keys, usage and models commands.
 pub mod cli;
-pub mod commands;
+/// Wall-clock time as the API and the ledger write it.
+mod clock;
 #[cfg(test)]
 mod connection_tests;
+/// The accept loop: header read timeout, connection cap, peer addresses.
 pub mod connections;
-mod console;
-#[cfg(test)]
-mod console_tests;
-mod engine_errors;
+/// Which status and OpenAI error every failure gets, in one place.
+mod errors;
+/// Liveness and readiness probes.
 mod health;
-mod images;
-mod keyspec;
-mod model_config;
+/// The model catalogue and its downloader (`gantry models pull`).
 pub mod models;
+/// The OpenAI-compatible API (`/v1`): authentication, chat, tool calls, images, the model list.
+pub mod openai;
+/// The models served, loaded on demand within a memory budget.
 pub mod pool;
-pub mod prepare_gate;
-mod rate_limit;
+/// The server's id for every request, and the client's `x-request-id`.
 mod request_id;
+/// The router: which routes each listener serves, behind the layers they share.
+pub mod router;
 #[cfg(test)]
 mod router_tests;
-pub mod serve;
-mod stats;
-mod stream;
+/// The state every handler shares ([`state::AppState`]).
+pub mod state;
+/// `/metrics` (Prometheus) and the per-route request counters.
 mod telemetry;
-mod tool_calls;

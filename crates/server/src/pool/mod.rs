@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_api::ApiError;
 use gantry_engine::{EngineConfig, Health};
 use tokio::sync::{watch, Notify};
 
@@ -57,28 +56,6 @@ pub enum PoolError {
     Busy { id: String },
     #[error("The model `{id}` has {running} requests running or queued; unload it with ?force=true to cut them (they are billed for what they generated)")]
     InUse { id: String, running: usize },
-}
-
-impl PoolError {
-    pub fn into_api_error(self) -> ApiError {
-        let message = self.to_string();
-        match self {
-            PoolError::NotFound(id) => ApiError::model_not_found(&id),
-            PoolError::Busy { .. } => {
-                ApiError::overloaded(format!("{message}. Please retry after a short wait.")).with_retry_after(5)
-            }
-            PoolError::LoadFailed { .. } | PoolError::TooLarge { .. } => {
-                ApiError::overloaded(message).with_retry_after(30)
-            }
-            PoolError::InUse { .. } => ApiError::new(
-                axum::http::StatusCode::CONFLICT,
-                "invalid_request_error",
-                message,
-                None,
-                Some("model_in_use"),
-            ),
-        }
-    }
 }
 
 /// What `/admin` and `/metrics` show of one model.

@@ -6,8 +6,8 @@ use gantry_engine::tools::{ParsedCall, StreamPiece, ToolCallStreamer};
 use gantry_engine::{Event, FinishReason, TokenLogprob, Usage};
 use serde_json::Value;
 
-use crate::chat::{to_api_logprobs, to_api_usage};
-use crate::tool_calls::{call_json, ToolPlan};
+use crate::openai::convert::{to_api_logprobs, to_api_usage};
+use crate::openai::tool_calls::{call_json, ToolPlan};
 
 /// What the SSE writer sends next.
 #[derive(Debug, PartialEq)]
@@ -156,7 +156,7 @@ impl ChunkEncoder {
             }
             Event::Error(error) => {
                 self.finished = true;
-                vec![SseFrame::Data(crate::engine_errors::IntoApiError::into_api_error(error).to_json())]
+                vec![SseFrame::Data(crate::errors::IntoApiError::into_api_error(error).to_json())]
             }
         }
     }

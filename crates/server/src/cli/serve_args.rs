@@ -1,73 +1,8 @@
-//! The `gantry` command line. Flags are a contract scripts depend on (see docs/configuration.md).
+//! `gantry serve`'s flags, with their defaults and parsers.
 
-use std::path::PathBuf;
+use clap::{Args, ValueEnum};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "gantry",
-    version,
-    args_override_self = true,
-    about = "OpenAI-compatible chat completions on llama.cpp, metered per API key"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Serve the OpenAI API.
-    Serve(Box<ServeArgs>),
-    /// Manage API keys.
-    #[command(subcommand)]
-    Keys(KeysCommand),
-    /// Report token usage per key and model.
-    Usage(UsageArgs),
-    /// Fetch and list models.
-    #[command(subcommand)]
-    Models(ModelsCommand),
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct DataDirArg {
-    /// Where keys and the usage ledger live (SQLite).
-    #[arg(long, env = "GANTRY_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// A database instead of the data directory's SQLite file: `postgres://…` lets several
-    /// replicas share keys, budgets, rate limits and the ledger.
-    #[arg(long, env = "GANTRY_DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
-}
-
-impl DataDirArg {
-    /// Opens the database these flags name.
-    pub async fn open(&self) -> anyhow::Result<gantry_accounts::Accounts> {
-        use anyhow::Context;
-        match &self.database_url {
-            Some(url) => {
-                gantry_accounts::Accounts::open_url(url).await.context("opening the accounts database (--database-url)")
-            }
-            None => {
-                let dir = self.resolve();
-                gantry_accounts::Accounts::open_data_dir(&dir)
-                    .await
-                    .with_context(|| format!("opening the accounts database in {}", dir.display()))
-            }
-        }
-    }
-
-    pub fn resolve(&self) -> PathBuf {
-        self.data_dir.clone().unwrap_or_else(|| {
-            let base = std::env::var_os("XDG_DATA_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-                .unwrap_or_else(|| PathBuf::from("."));
-            base.join("gantry")
-        })
-    }
-}
+use crate::cli::data_dir::DataDirArg;
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -211,11 +146,11 @@ pub struct ServeArgs {
     /// Requests with unknown API keys one client address (an IPv6 /64) may make per minute;
     /// beyond that, 429 without a key lookup. 0 disables the limit (behind a proxy every client
     /// shares its address).
-    #[arg(long, default_value_t = crate::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE)]
+    #[arg(long, default_value_t = crate::openai::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE)]
     pub auth_failures_per_minute: u32,
     /// Largest image (width × height, read from its header before decoding) a request may
     /// carry; beyond that, 400.
-    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS)]
+    #[arg(long, default_value_t = crate::openai::images::DEFAULT_MAX_IMAGE_PIXELS)]
     pub max_image_pixels: u64,
     /// Most requests prepared at once (chat template, tokenization, grammar compile) across
     /// all keys; more wait their turn. Default: one per CPU core.
@@ -226,10 +161,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub prepare_concurrency_per_key: Option<usize>,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
-    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGES)]
+    #[arg(long, default_value_t = crate::openai::images::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,
     /// Most image bytes one request may carry, inline and fetched together; beyond that, 400.
-    #[arg(long, default_value_t = crate::images::DEFAULT_MAX_IMAGE_BYTES)]
+    #[arg(long, default_value_t = crate::openai::images::DEFAULT_MAX_IMAGE_BYTES)]
     pub max_image_bytes: usize,
     /// A host `image_url` URLs may name even though it resolves to a loopback, private or
     /// link-local address (an intranet image store); repeat for several. Every other host must
@@ -324,199 +259,4 @@ fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
         model.trim().to_string(),
         gantry_accounts::Price { input_per_mtok: parse(input)?, output_per_mtok: parse(output)? },
     ))
-}
-
-/// Settings of `keys create` and `keys update`; the same fields the admin API takes.
-#[derive(Args, Debug, Clone, Default)]
-pub struct KeyFlags {
-    /// Project or customer the key belongs to (default `default`).
-    #[arg(long)]
-    pub tenant: Option<String>,
-    /// Requests per minute (`none` = unlimited).
-    #[arg(long, value_parser = parse_limit)]
-    pub rpm: Option<Setting<i64>>,
-    /// Tokens per minute, counted as prompt plus max_tokens (`none` = unlimited).
-    #[arg(long, value_parser = parse_limit)]
-    pub tpm: Option<Setting<i64>>,
-    /// Token budget: prompt plus completion tokens (`none` = unlimited).
-    #[arg(long, value_parser = parse_limit)]
-    pub budget_tokens: Option<Setting<i64>>,
-    /// Money budget in USD at the prices given to `serve --price` (`none` = unlimited).
-    #[arg(long, value_parser = parse_usd)]
-    pub budget_usd: Option<Setting<f64>>,
-    /// Whether budgets cover the key's lifetime or each calendar month (UTC).
-    #[arg(long, value_enum)]
-    pub budget_period: Option<BudgetPeriodArg>,
-    /// Comma-separated model ids the key may use (`all` = every model).
-    #[arg(long, value_parser = parse_models)]
-    pub models: Option<Setting<Vec<String>>>,
-    /// When the key stops working: RFC 3339 time or a date (`never` = no expiry).
-    #[arg(long)]
-    pub expires: Option<String>,
-    /// Whose cached prompt prefixes the key's requests reuse: `tenant` (every key of its tenant,
-    /// the default), `key` (this key alone) or `shared` (every `shared` key).
-    #[arg(long, value_parser = str::parse::<gantry_accounts::CacheScopeSetting>)]
-    pub cache_scope: Option<gantry_accounts::CacheScopeSetting>,
-}
-
-impl KeyFlags {
-    pub fn to_fields(&self, name: Option<String>) -> crate::keyspec::KeyFields {
-        crate::keyspec::KeyFields {
-            name,
-            tenant: self.tenant.clone(),
-            rpm_limit: self.rpm.clone().map(|s| s.0),
-            tpm_limit: self.tpm.clone().map(|s| s.0),
-            budget_tokens: self.budget_tokens.clone().map(|s| s.0),
-            budget_usd: self.budget_usd.clone().map(|s| s.0),
-            budget_period: self.budget_period.map(|p| match p {
-                BudgetPeriodArg::Total => gantry_accounts::BudgetPeriod::Total,
-                BudgetPeriodArg::Month => gantry_accounts::BudgetPeriod::Month,
-            }),
-            models: self.models.clone().map(|s| s.0),
-            expires_at: self.expires.as_ref().map(|e| (e != "never").then(|| e.clone())),
-            cache_scope: self.cache_scope,
-        }
-    }
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy)]
-pub enum BudgetPeriodArg {
-    Total,
-    Month,
-}
-
-/// A flag value that may also clear the setting (`none`, `all`, `never`).
-#[derive(Debug, Clone, Default)]
-pub struct Setting<T>(pub Option<T>);
-
-fn parse_limit(s: &str) -> Result<Setting<i64>, String> {
-    if matches!(s, "none" | "unlimited") {
-        return Ok(Setting(None));
-    }
-    match s.parse::<i64>() {
-        Ok(n) if n > 0 => Ok(Setting(Some(n))),
-        _ => Err(format!("{s:?} is not a positive whole number (or `none`)")),
-    }
-}
-
-fn parse_usd(s: &str) -> Result<Setting<f64>, String> {
-    if matches!(s, "none" | "unlimited") {
-        return Ok(Setting(None));
-    }
-    match s.trim_start_matches('$').parse::<f64>() {
-        Ok(x) if x.is_finite() && x > 0.0 => Ok(Setting(Some(x))),
-        _ => Err(format!("{s:?} is not a positive amount of USD (or `none`)")),
-    }
-}
-
-fn parse_models(s: &str) -> Result<Setting<Vec<String>>, String> {
-    if s == "all" {
-        return Ok(Setting(None));
-    }
-    let models: Vec<String> = s.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-    if models.is_empty() {
-        return Err("give at least one model id (or `all`)".into());
-    }
-    Ok(Setting(Some(models)))
-}
-
-#[derive(Subcommand, Debug)]
-pub enum KeysCommand {
-    /// Create a key; the secret is printed once, as the last line.
-    Create {
-        #[arg(long)]
-        name: String,
-        #[command(flatten)]
-        settings: KeyFlags,
-        #[command(flatten)]
-        data: DataDirArg,
-    },
-    /// Show one key (by id, name or prefix) with its current spend.
-    Show {
-        key: String,
-        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-        format: OutputFormat,
-        #[command(flatten)]
-        data: DataDirArg,
-    },
-    /// Change a key's settings; flags not given stay as they are.
-    Update {
-        key: String,
-        /// New name.
-        #[arg(long)]
-        name: Option<String>,
-        #[command(flatten)]
-        settings: KeyFlags,
-        #[command(flatten)]
-        data: DataDirArg,
-    },
-    /// Give a key a new secret (printed once, as the last line); the old one stops working.
-    Rotate {
-        key: String,
-        #[command(flatten)]
-        data: DataDirArg,
-    },
-    /// List keys (never their secrets).
-    List {
-        #[command(flatten)]
-        data: DataDirArg,
-    },
-    /// Revoke a key by id, name or displayed prefix.
-    Revoke {
-        key: String,
-        #[command(flatten)]
-        data: DataDirArg,
-    },
-}
-
-#[derive(Args, Debug)]
-pub struct UsageArgs {
-    #[command(flatten)]
-    pub data: DataDirArg,
-    /// Only this key.
-    #[arg(long)]
-    pub key_name: Option<String>,
-    /// Only this tenant.
-    #[arg(long)]
-    pub tenant: Option<String>,
-    /// Only this model.
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Requests started at or after this RFC 3339 time or date.
-    #[arg(long)]
-    pub since: Option<String>,
-    /// Requests started before this RFC 3339 time or date.
-    #[arg(long)]
-    pub until: Option<String>,
-    /// One row per UTC day as well.
-    #[arg(long, conflicts_with = "requests")]
-    pub by_day: bool,
-    /// One row per request (server and client request ids, tokens, outcome, times) instead of totals.
-    #[arg(long)]
-    pub requests: bool,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub format: OutputFormat,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy)]
-pub enum OutputFormat {
-    Table,
-    Json,
-    Csv,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum ModelsCommand {
-    /// Download a catalogue model into the cache, verified by sha256.
-    Pull {
-        #[arg(default_value = crate::models::DEFAULT_MODEL)]
-        name: String,
-        /// Download from this URL instead of the catalogue's sources.
-        #[arg(long)]
-        source: Option<String>,
-        #[arg(long)]
-        quiet: bool,
-    },
-    /// Show the catalogue and what is cached.
-    List,
 }

@@ -9,13 +9,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::Json;
 use serde_json::{json, Map, Value};
 
 use self::histogram::Counts;
 use self::tap::{label, TAP};
-use crate::app::AppState;
+use crate::clock::now_ms;
 
 /// How often the sampler records a point.
 pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
@@ -172,7 +170,7 @@ impl StatsHistory {
         let totals = Totals::read();
         let mut h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((at, before)) = &h.last {
-            let point = Point::between(before, &totals, now.duration_since(*at).as_secs_f64(), crate::chat::now_ms());
+            let point = Point::between(before, &totals, now.duration_since(*at).as_secs_f64(), now_ms());
             h.points.push_back(point);
             let keep = (WINDOW.as_secs() / SAMPLE_EVERY.as_secs()) as usize;
             while h.points.len() > keep {
@@ -195,7 +193,7 @@ impl StatsHistory {
         });
     }
 
-    fn view(&self) -> Value {
+    pub(crate) fn view(&self) -> Value {
         let now = Totals::read();
         let h = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let points: Vec<&Point> = h.points.iter().collect();
@@ -313,9 +311,4 @@ fn models_view(now: &Totals, points: &[&Point]) -> Value {
         })
         .collect();
     Value::Array(data)
-}
-
-/// `GET /admin/v1/stats`.
-pub(crate) async fn stats(State(state): State<AppState>) -> Json<Value> {
-    Json(state.stats.view())
 }

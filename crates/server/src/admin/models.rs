@@ -7,8 +7,9 @@ use gantry_api::ApiError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
+use crate::errors::IntoApiError;
 use crate::pool::ModelStatus;
+use crate::state::AppState;
 
 pub(crate) fn router() -> Router<AppState> {
     Router::new()

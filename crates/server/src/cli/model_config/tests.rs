@@ -188,3 +188,9 @@ fn deterministic_greedy_is_asked_for_and_needs_a_kv_stream_per_sequence() {
     let both = Cli::try_parse_from(["gantry", "--deterministic-greedy", "--kv-unified"]);
     assert!(both.is_err_and(|e| e.kind() == clap::error::ErrorKind::ArgumentConflict));
 }
+
+#[test]
+fn model_id_is_the_file_stem() {
+    let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert_eq!(model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
+}

@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use gantry_api::ApiError;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// No inline scripts or styles, nothing from other origins, no framing.
 pub(crate) const CONTENT_SECURITY_POLICY: &str =
@@ -19,20 +19,20 @@ connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 /// Every file under `crates/server/console/`, by its path there (a unit test keeps this list
 /// and the folder in step).
 pub(crate) const ASSETS: &[(&str, &[u8])] = &[
-    ("index.html", include_bytes!("../console/index.html")),
-    ("console.css", include_bytes!("../console/console.css")),
-    ("app.js", include_bytes!("../console/app.js")),
-    ("api.js", include_bytes!("../console/api.js")),
-    ("charts.js", include_bytes!("../console/charts.js")),
-    ("dom.js", include_bytes!("../console/dom.js")),
-    ("format.js", include_bytes!("../console/format.js")),
-    ("pages/overview.js", include_bytes!("../console/pages/overview.js")),
-    ("pages/keys.js", include_bytes!("../console/pages/keys.js")),
-    ("pages/key_form.js", include_bytes!("../console/pages/key_form.js")),
-    ("pages/usage.js", include_bytes!("../console/pages/usage.js")),
-    ("pages/models.js", include_bytes!("../console/pages/models.js")),
-    ("pages/playground.js", include_bytes!("../console/pages/playground.js")),
-    ("favicon.svg", include_bytes!("../console/favicon.svg")),
+    ("index.html", include_bytes!("../../console/index.html")),
+    ("console.css", include_bytes!("../../console/console.css")),
+    ("app.js", include_bytes!("../../console/app.js")),
+    ("api.js", include_bytes!("../../console/api.js")),
+    ("charts.js", include_bytes!("../../console/charts.js")),
+    ("dom.js", include_bytes!("../../console/dom.js")),
+    ("format.js", include_bytes!("../../console/format.js")),
+    ("pages/overview.js", include_bytes!("../../console/pages/overview.js")),
+    ("pages/keys.js", include_bytes!("../../console/pages/keys.js")),
+    ("pages/key_form.js", include_bytes!("../../console/pages/key_form.js")),
+    ("pages/usage.js", include_bytes!("../../console/pages/usage.js")),
+    ("pages/models.js", include_bytes!("../../console/pages/models.js")),
+    ("pages/playground.js", include_bytes!("../../console/pages/playground.js")),
+    ("favicon.svg", include_bytes!("../../console/favicon.svg")),
 ];
 
 const DISABLED_PAGE: &str = "<!doctype html>

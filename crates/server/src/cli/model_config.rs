@@ -26,7 +26,6 @@ use serde::Deserialize;
 use crate::cli::ServeArgs;
 use crate::models;
 use crate::pool::{ModelSpec, Shrinkable};
-use crate::serve::model_id_from_path;
 
 /// `--parallel` when not given.
 pub(crate) const DEFAULT_PARALLEL: u32 = 4;
@@ -260,6 +259,11 @@ fn split_model_arg(arg: &str) -> (Option<&str>, &str) {
         }
         _ => (None, arg),
     }
+}
+
+/// A model's id when none is given: its file name without the extension.
+pub(crate) fn model_id_from_path(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }
 
 #[cfg(test)]

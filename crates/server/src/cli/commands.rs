@@ -3,10 +3,10 @@
 use anyhow::Context;
 use gantry_accounts::Accounts;
 
+use crate::admin::keyspec::{format_time, key_view, nanos_to_usd};
 use crate::admin::{requests_csv, usage_csv, UsageParams};
-use crate::chat::now_ms;
 use crate::cli::{DataDirArg, KeysCommand, ModelsCommand, OutputFormat, UsageArgs};
-use crate::keyspec::{format_time, key_view, nanos_to_usd};
+use crate::clock::now_ms;
 use crate::models;
 
 async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {

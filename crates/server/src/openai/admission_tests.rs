@@ -69,7 +69,7 @@ async fn a_key_out_of_budget_is_refused_before_its_body_is_read() {
     let h = harness(engine()).await;
     limit(&h, KeyUpdate { budget_tokens: Some(Some(30)), ..Default::default() }).await;
     let key = h.accounts.find_key("router-test").await.unwrap();
-    let now = crate::chat::now_ms();
+    let now = crate::clock::now_ms();
     let spent = UsageRecord {
         request_id: "earlier".into(),
         client_request_id: None,

@@ -6,10 +6,10 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use gantry_api::ApiError;
 
-use crate::app::AppState;
-use crate::auth_failures::AuthFailures;
+use crate::errors::{IntoApiError, KeyRefusal};
+use crate::openai::auth_failures::AuthFailures;
+use crate::state::AppState;
 
 /// What [`require_api_key`] needs: the accounts behind the app state and the per-address
 /// budget of failed authentications.
@@ -30,24 +30,17 @@ pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Reques
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
     let Some(secret) = presented.filter(|s| !s.is_empty()) else {
-        return ApiError::invalid_api_key(
-            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-        )
-        .into_response();
+        return KeyRefusal::Missing.into_api_error().into_response();
     };
     if !gantry_accounts::looks_like_key(secret) {
-        return ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response();
+        return KeyRefusal::Incorrect { redacted: redact(secret) }.into_api_error().into_response();
     }
     if let Some(wait) = peer.and_then(|ip| auth.failures.blocked_for(ip)) {
-        return ApiError::rate_limited(
-            "Too many requests with invalid API keys from your address; check your key and retry later.",
-        )
-        .with_retry_after(wait)
-        .into_response();
+        return KeyRefusal::Throttled { retry_after: wait }.into_api_error().into_response();
     }
     match state.accounts.authenticate(secret).await {
         Ok(Some(key)) if key.is_expired() => {
-            ApiError::invalid_api_key(format!("The API key {}… has expired.", key.prefix)).into_response()
+            KeyRefusal::Expired { prefix: key.prefix }.into_api_error().into_response()
         }
         Ok(Some(key)) => {
             req.extensions_mut().insert(key);
@@ -57,11 +50,11 @@ pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Reques
             if let Some(ip) = peer {
                 auth.failures.record(ip);
             }
-            ApiError::invalid_api_key(format!("Incorrect API key provided: {}.", redact(secret))).into_response()
+            KeyRefusal::Incorrect { redacted: redact(secret) }.into_api_error().into_response()
         }
         Err(e) => {
             tracing::error!(error = %e, "key lookup failed");
-            ApiError::temporarily_unavailable("The server could not check your API key; please retry.").into_response()
+            KeyRefusal::LookupFailed.into_api_error().into_response()
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions`: validate → prepare the prompt → submit → stream or collect.
 
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -11,21 +11,21 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_accounts::{Charge, KeyInfo, Pass, Settlement};
-use gantry_api::{
-    ApiError, ChatCompletionResponse, Choice, ChoiceLogprobs, ImageDetail, ResponseMessage,
-    TokenLogprob as ApiTokenLogprob, TopLogprob as ApiTopLogprob, Usage as ApiUsage, ValidatedChat,
-};
+use gantry_api::{ApiError, ChatCompletionResponse, Choice, ImageDetail, ResponseMessage, ValidatedChat};
 use gantry_engine::{
     ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome,
     SamplingParams, TokenLogprob, Usage,
 };
 
-use crate::app::AppState;
-use crate::engine_errors::IntoApiError;
-use crate::pool::{Lease, PoolError};
+use crate::clock::now_secs;
+use crate::errors::{refusal_response, task_failed, IntoApiError};
+use crate::openai::convert::{to_api_logprobs, to_api_usage};
+use crate::openai::models::key_allows;
+use crate::openai::stream::{ChunkEncoder, SseFrame};
+use crate::openai::tool_calls::ToolPlan;
+use crate::pool::Lease;
 use crate::request_id::{ClientRequestId, RequestId};
-use crate::stream::{ChunkEncoder, SseFrame};
-use crate::tool_calls::ToolPlan;
+use crate::state::AppState;
 
 pub(crate) async fn chat_completions(
     State(state): State<AppState>,
@@ -42,7 +42,7 @@ pub(crate) async fn chat_completions(
     // costs no parsing, templating, tokenizing, grammar compiling or model loading.
     let pass = match state.meter.pre_admit(&key).await {
         Ok(pass) => pass,
-        Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
+        Err(refused) => return Ok(refusal_response(&key, refused)),
     };
     let rate = pass.rate();
     let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body).await {
@@ -51,7 +51,7 @@ pub(crate) async fn chat_completions(
     };
     // Answers before the full admission (a bad body) report the pre-admission's count.
     if !response.headers().contains_key("x-ratelimit-limit-requests") {
-        crate::rate_limit::apply(&rate, response.headers_mut());
+        crate::openai::rate_limit::apply(&rate, response.headers_mut());
     }
     Ok(response)
 }
@@ -69,12 +69,12 @@ async fn admitted(
     require_json_content_type(&headers)?;
     let chat = gantry_api::parse_chat_request(&body)?;
     // A model the key may not use is reported as missing, as OpenAI does.
-    if !state.models.resolve(&chat.model).is_some_and(|spec| crate::app::key_allows(&key, &chat.model, spec)) {
+    if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(&key, &chat.model, spec)) {
         return Err(ApiError::model_not_found(&chat.model));
     }
     let tools = ToolPlan::from_request(&chat)?;
     // Held until the request's last event: the model is not unloaded under it.
-    let model = state.models.acquire(&chat.model).await.map_err(PoolError::into_api_error)?;
+    let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
     let model_id = model.id().to_string();
     // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
     // model's.
@@ -101,7 +101,7 @@ async fn admitted(
     };
     let ticket = match state.meter.admit_passed(pass, &key, charge).await {
         Ok(ticket) => ticket,
-        Err(refused) => return Ok(crate::rate_limit::refusal_response(&key, refused)),
+        Err(refused) => return Ok(refusal_response(&key, refused)),
     };
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
@@ -110,7 +110,7 @@ async fn admitted(
         Ok(generate) => generate,
         Err(e) => {
             let mut response = e.into_response();
-            crate::rate_limit::apply(&rate, response.headers_mut());
+            crate::openai::rate_limit::apply(&rate, response.headers_mut());
             return Ok(response);
         }
     };
@@ -126,7 +126,7 @@ async fn admitted(
         let response = collect_response(id, created, model_id, &chat, tools.as_ref(), n, events).await?;
         Json(response).into_response()
     };
-    crate::rate_limit::apply(&rate, response.headers_mut());
+    crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
 }
 
@@ -166,7 +166,7 @@ async fn attach_images(
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.attach_images(&mut generate, images).map(|()| generate))
         .await
-        .map_err(|e| ApiError::internal(format!("image preparation failed: {e}")))?
+        .map_err(|e| task_failed("image preparation", e))?
         .map_err(IntoApiError::into_api_error)
 }
 
@@ -226,7 +226,7 @@ async fn prepare(
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input))
         .await
-        .map_err(|e| ApiError::internal(format!("prompt preparation failed: {e}")))?
+        .map_err(|e| task_failed("prompt preparation", e))?
         .map_err(IntoApiError::into_api_error)
 }
 
@@ -381,41 +381,6 @@ fn to_sse(frame: SseFrame) -> SseEvent {
         SseFrame::Data(v) => SseEvent::default().data(v.to_string()),
         SseFrame::Done => SseEvent::default().data("[DONE]"),
     }
-}
-
-pub(crate) fn to_api_usage(u: Usage) -> ApiUsage {
-    ApiUsage {
-        prompt_tokens: u.prompt_tokens,
-        completion_tokens: u.completion_tokens,
-        total_tokens: u.prompt_tokens + u.completion_tokens,
-        prompt_tokens_details: Some(gantry_api::PromptTokensDetails { cached_tokens: u.cached_tokens }),
-    }
-}
-
-pub(crate) fn to_api_logprobs(lp: Vec<TokenLogprob>) -> ChoiceLogprobs {
-    ChoiceLogprobs {
-        content: lp
-            .into_iter()
-            .map(|t| ApiTokenLogprob {
-                token: t.token,
-                logprob: t.logprob,
-                bytes: t.bytes,
-                top_logprobs: t
-                    .top
-                    .into_iter()
-                    .map(|a| ApiTopLogprob { token: a.token, logprob: a.logprob, bytes: a.bytes })
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use axum::http::{Request, StatusCode};
 use gantry_engine::{Event, FinishReason};
 use serde_json::Value;
 
-use crate::admin_guard::MAX_FAILURES;
-use crate::app::Routes;
+use crate::admin::guard::MAX_FAILURES;
+use crate::router::Routes;
 use crate::router_tests::{body, delta, harness_serving, usage, Harness, ScriptedEngine, KEY};
 
 const ADMIN: &str = "listener-test-admin-8d2f6a0c4e9b1735";

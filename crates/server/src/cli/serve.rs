@@ -1,24 +1,23 @@
 //! `gantry serve`: load the model, open the accounts database, bind, serve until a signal.
 
-use std::path::Path;
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use anyhow::Context;
 use gantry_accounts::{Accounts, Meter, MeterConfig};
 
-use crate::app::{router, routes, AppState, RouterOptions, Routes};
 use crate::cli::ServeArgs;
 use crate::pool::{self, EngineLoader, ModelPool, PoolOptions};
+use crate::router::{router, routes, RouterOptions, Routes};
+use crate::state::AppState;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let admin_token = args.admin_token.as_deref().filter(|t| !t.is_empty());
     if let Some(token) = admin_token {
-        crate::admin_guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
+        crate::admin::guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
     }
     warn_about_fault_injection();
-    let mut specs = crate::model_config::model_specs(&args)?;
+    let mut specs = crate::cli::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
 
     let data_dir = args.data.resolve();
@@ -78,7 +77,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         models: models.clone(),
         accounts: accounts.clone(),
-        images: crate::images::ImageFetcher {
+        images: crate::openai::images::ImageFetcher {
             max_images: args.max_images,
             max_total_bytes: args.max_image_bytes,
             allowed_private_hosts: args.allow_image_hosts.clone(),
@@ -91,10 +90,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         draining: Default::default(),
         stats: Default::default(),
         prepare_gate: {
-            let total = args.prepare_concurrency.unwrap_or_else(crate::prepare_gate::default_total);
+            let total = args.prepare_concurrency.unwrap_or_else(crate::openai::prepare_gate::default_total);
             let per_key =
-                args.prepare_concurrency_per_key.unwrap_or_else(|| crate::prepare_gate::default_per_key(total));
-            crate::prepare_gate::PrepareGate::new(total, per_key)
+                args.prepare_concurrency_per_key.unwrap_or_else(|| crate::openai::prepare_gate::default_per_key(total));
+            crate::openai::prepare_gate::PrepareGate::new(total, per_key)
         },
     };
     state.stats.start_sampling();
@@ -232,10 +231,6 @@ fn hostname() -> String {
 }
 
 /// `qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` → `qwen2.5-coder-0.5b-instruct-q4_k_m`.
-pub fn model_id_from_path(path: &Path) -> String {
-    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
-}
-
 fn print_banner(addr: &str, model_id: &str, new_key: Option<&str>, store_flag: &str) {
     let base = format!("http://{addr}/v1");
     println!("Gantry is serving `{model_id}` at {base}");
@@ -292,14 +287,5 @@ fn warn_about_fault_injection() {
             gantry_engine::FAULTS_ENV,
             gantry_engine::FAULTS_ARMED
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn model_id_is_the_file_stem() {
-        let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-        assert_eq!(super::model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
     }
 }

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use crate::console::CONTENT_SECURITY_POLICY;
+use crate::admin::console::CONTENT_SECURITY_POLICY;
 use crate::router_tests::{body, delta, harness_with_admin, usage, Harness, ScriptedEngine, KEY};
 
 const ADMIN: &str = "console-test-admin-token";
@@ -191,7 +191,7 @@ async fn the_console_is_served_with_a_strict_policy() {
 /// The policy forbids inline script and style; a page that used them would break in the browser.
 #[test]
 fn console_files_use_no_inline_script_or_style_or_html_injection() {
-    for (path, bytes) in crate::console::ASSETS {
+    for (path, bytes) in crate::admin::console::ASSETS {
         let text = std::str::from_utf8(bytes).unwrap();
         if path.ends_with(".html") {
             assert!(!text.contains(" style="), "{path} has an inline style attribute");

@@ -1,0 +1,98 @@
+//! The operator's side: `/admin/v1` (keys, usage, models, live stats) and the web console.
+//! Guarded by the admin token (`--admin-token`), never by an ordinary API key; without a token
+//! configured the admin API is off.
+
+/// `GET /console`: the web console's static files.
+pub(crate) mod console;
+#[cfg(test)]
+mod console_tests;
+/// The admin token's strength check, comparison and per-address throttle.
+pub(crate) mod guard;
+/// `/admin/v1/keys`.
+mod keys;
+/// Key settings as people write them, shared with `gantry keys`.
+pub(crate) mod keyspec;
+#[cfg(test)]
+mod listener_tests;
+/// `/admin/v1/models`: model states, loading and unloading by hand.
+mod models;
+/// The live figures behind `/admin/v1/stats` and the console's overview.
+pub(crate) mod stats;
+/// `/admin/v1/usage`: the ledger as JSON or CSV.
+mod usage;
+
+pub(crate) use usage::{requests_csv, usage_csv, UsageParams};
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::Value;
+
+use crate::admin::guard::FailureThrottle;
+use crate::admin::keys::{create_key, list_keys, revoke_key, rotate_key, show_key, update_key};
+use crate::admin::usage::{usage, usage_requests};
+use crate::errors::{AdminRefusal, IntoApiError};
+use crate::state::AppState;
+
+pub(crate) fn router(state: AppState) -> Router<AppState> {
+    // One throttle per router: the admin API is served by one listener at a time.
+    let gate = AdminGate { state, throttle: Arc::new(FailureThrottle::default()) };
+    Router::new()
+        .route("/keys", get(list_keys).post(create_key))
+        .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
+        .route("/keys/{key}/rotate", post(rotate_key))
+        .route("/usage", get(usage))
+        .route("/usage/requests", get(usage_requests))
+        .route("/stats", get(stats))
+        .merge(models::router())
+        .route_layer(middleware::from_fn_with_state(gate, require_admin))
+}
+
+#[derive(Clone)]
+struct AdminGate {
+    state: AppState,
+    throttle: Arc<FailureThrottle>,
+}
+
+async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) -> Response {
+    let Some(token) = gate.state.admin_token.as_deref() else {
+        return AdminRefusal::Disabled.into_api_error().into_response();
+    };
+    // Without a peer address (a router driven in-process) every caller shares one bucket.
+    let client = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(addr)| addr.ip());
+    let now = Instant::now();
+    if let Some(wait) = gate.throttle.locked_for(client, now) {
+        return AdminRefusal::Throttled { wait }.into_api_error().into_response();
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    if !crate::admin::guard::token_matches(presented, token) {
+        if let Some(wait) = gate.throttle.failed(client, now) {
+            tracing::warn!(%client, lockout_seconds = wait.as_secs(), "too many wrong admin tokens: address locked out");
+            return AdminRefusal::Throttled { wait }.into_api_error().into_response();
+        }
+        return AdminRefusal::WrongToken.into_api_error().into_response();
+    }
+    gate.throttle.succeeded(client);
+    next.run(req).await
+}
+
+/// `GET /admin/v1/stats`: the live figures and their 15-minute history.
+async fn stats(State(state): State<AppState>) -> Json<Value> {
+    Json(state.stats.view())
+}

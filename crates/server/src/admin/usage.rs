@@ -1,0 +1,138 @@
+//! `/admin/v1/usage` and `/admin/v1/usage/requests`: the usage ledger, grouped or per request,
+//! as JSON or CSV (the same CSV `gantry usage --format csv` prints).
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use gantry_accounts::{RequestRow, UsageQuery, UsageRow};
+use gantry_api::ApiError;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::admin::keyspec::parse_time;
+use crate::errors::IntoApiError;
+use crate::state::AppState;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UsageParams {
+    pub key_name: Option<String>,
+    pub tenant: Option<String>,
+    pub model: Option<String>,
+    /// RFC 3339 time or a date.
+    pub since: Option<String>,
+    pub until: Option<String>,
+    /// `day` adds one row per UTC day.
+    pub group_by: Option<String>,
+    /// `json` (default) or `csv`.
+    pub format: Option<String>,
+}
+
+impl UsageParams {
+    pub(crate) fn to_query(&self) -> Result<UsageQuery, String> {
+        let by_day = match self.group_by.as_deref() {
+            None | Some("") | Some("key") => false,
+            Some("day") => true,
+            Some(other) => return Err(format!("group_by must be `day`, not {other:?}")),
+        };
+        Ok(UsageQuery {
+            key_name: self.key_name.clone(),
+            tenant: self.tenant.clone(),
+            model: self.model.clone(),
+            since_ms: self.since.as_deref().map(parse_time).transpose()?.map(|s| s * 1000),
+            until_ms: self.until.as_deref().map(parse_time).transpose()?.map(|s| s * 1000),
+            by_day,
+        })
+    }
+}
+
+pub(super) async fn usage(
+    State(state): State<AppState>,
+    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::invalid_request(e.body_text(), None))?;
+    let query = params.to_query().map_err(|m| ApiError::invalid_request(m, None))?;
+    let rows = state.accounts.usage_report(&query).await.map_err(IntoApiError::into_api_error)?;
+    match params.format.as_deref() {
+        None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
+        Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], usage_csv(&rows)).into_response()),
+        Some(other) => {
+            Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format")))
+        }
+    }
+}
+
+/// One row per request: `GET /admin/v1/usage/requests` with the filters of `/usage`.
+pub(super) async fn usage_requests(
+    State(state): State<AppState>,
+    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::invalid_request(e.body_text(), None))?;
+    if params.group_by.is_some() {
+        return Err(ApiError::invalid_request("group_by does not apply to the per-request listing", Some("group_by")));
+    }
+    let query = params.to_query().map_err(|m| ApiError::invalid_request(m, None))?;
+    let rows = state.accounts.usage_requests(&query).await.map_err(IntoApiError::into_api_error)?;
+    match params.format.as_deref() {
+        None | Some("json") => Ok(Json(json!({"object": "list", "data": rows})).into_response()),
+        Some("csv") => Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], requests_csv(&rows)).into_response()),
+        Some(other) => {
+            Err(ApiError::invalid_request(format!("format must be `json` or `csv`, not {other:?}"), Some("format")))
+        }
+    }
+}
+
+/// CSV of the per-request listing; the same text `gantry usage --requests --format csv` prints.
+pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
+    let mut out = String::from(
+        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,cost,outcome,started_at_ms,finished_at_ms\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{:.9},{},{},{}\n",
+            r.request_id,
+            r.client_request_id.as_deref().unwrap_or(""),
+            csv_field(&r.key_name),
+            csv_field(&r.tenant),
+            csv_field(&r.model),
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.completion_tokens,
+            r.cost,
+            r.outcome,
+            r.started_at_ms,
+            r.finished_at_ms
+        ));
+    }
+    out
+}
+
+/// CSV with a header row; the same text `gantry usage --format csv` prints.
+pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
+    let mut out =
+        String::from("key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,cost\n");
+    for r in rows {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{:.9}\n",
+            csv_field(&r.key_name),
+            csv_field(&r.tenant),
+            csv_field(&r.model),
+            r.day.as_deref().unwrap_or(""),
+            r.requests,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.completion_tokens,
+            r.cost
+        ));
+    }
+    out
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}

@@ -1,0 +1,25 @@
+//! The OpenAI-compatible API (`/v1`): key authentication, chat completions (streamed or
+//! collected), tool calls, images, rate-limit headers and the model list.
+
+#[cfg(test)]
+mod admission_tests;
+/// Bearer-key authentication, before any body is read.
+pub(crate) mod auth;
+/// The per-address budget of failed authentications.
+pub(crate) mod auth_failures;
+/// `POST /v1/chat/completions`.
+pub(crate) mod chat;
+/// The engine's usage and logprobs as the API's types.
+mod convert;
+/// Fetching and bounding `image_url` parts.
+pub(crate) mod images;
+/// `GET /v1/models` and `GET /v1/models/{id}`.
+pub(crate) mod models;
+/// Bounds how many requests are prepared at once, overall and per key.
+pub mod prepare_gate;
+/// OpenAI's `x-ratelimit-*` headers.
+pub(crate) mod rate_limit;
+/// The engine's events as SSE chunks.
+mod stream;
+/// `tools` and `tool_choice`: the grammar and the parsing of tool calls.
+mod tool_calls;

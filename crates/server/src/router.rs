@@ -1,0 +1,83 @@
+//! The router: which routes each listener serves, behind the layers every listener shares.
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::admin::{self, console};
+use crate::openai::auth_failures::AuthFailures;
+use crate::openai::{auth, chat, models};
+use crate::state::AppState;
+use crate::{errors, health, request_id, telemetry};
+
+pub struct RouterOptions {
+    pub body_limit: usize,
+    /// The whole request body must arrive within this long of the request head (else 408).
+    pub body_read_timeout: std::time::Duration,
+    /// Failed authentications an address may make per minute before it gets 429 without a
+    /// key lookup; 0 disables the limit.
+    pub auth_failures_per_minute: u32,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        Self {
+            body_limit: 4 * 1024 * 1024,
+            body_read_timeout: std::time::Duration::from_secs(crate::connections::DEFAULT_BODY_READ_TIMEOUT_SECS),
+            auth_failures_per_minute: crate::openai::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE,
+        }
+    }
+}
+
+/// Which routes a listener serves; health answers on every listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routes {
+    /// The API and the operator's routes (admin API, console, metrics): the one listener without
+    /// `--admin-listen`, and the admin listener with it (the console's playground calls the API
+    /// on its own origin).
+    All,
+    /// The API only: the public listener with `--admin-listen`.
+    Public,
+}
+
+/// Everything on one listener: what `gantry serve` does without `--admin-listen`.
+pub fn router(state: AppState, opts: RouterOptions) -> Router {
+    routes(state, opts, Routes::All)
+}
+
+/// The routes `which` names, behind the layers every listener shares.
+pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
+    let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
+    let authed = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(models::list_models))
+        .route("/v1/models/{*id}", get(models::get_model))
+        .layer(DefaultBodyLimit::max(opts.body_limit))
+        .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
+    let mut app = Router::new()
+        .route("/health", get(health::live))
+        // Liveness is what /health always said: restart only once the engine failed.
+        .route("/health/live", get(health::live))
+        .route("/health/ready", get(health::ready))
+        .merge(authed);
+    if which == Routes::All {
+        app = app
+            .route("/metrics", get(telemetry::render))
+            .nest("/admin/v1", admin::router(state.clone()))
+            .merge(console::router());
+    }
+    app.fallback(errors::unknown_route)
+        .method_not_allowed_fallback(errors::method_not_allowed)
+        .with_state(state)
+        .layer(middleware::from_fn_with_state(
+            crate::body_guard::BodyGuard::new(opts.body_read_timeout),
+            crate::body_guard::guard_body,
+        ))
+        .layer(middleware::from_fn(errors::errors_as_json))
+        .layer(CatchPanicLayer::custom(|_| errors::internal_error().into_response()))
+        .layer(middleware::from_fn(telemetry::track_http))
+        .layer(middleware::from_fn(request_id::assign))
+}

@@ -1,0 +1,50 @@
+//! The state every handler shares: the model pool, the accounts, the meter, the admin token and
+//! the draining flag. It imports no handler, so every handler may import it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use gantry_accounts::{Accounts, Meter, Price};
+
+#[derive(Clone)]
+pub struct AppState {
+    /// The models this server serves, loaded on demand; behind a loader trait so router tests
+    /// can script their engines.
+    pub models: crate::pool::ModelPool,
+    pub accounts: Accounts,
+    pub images: crate::openai::images::ImageFetcher,
+    /// Admission (rate limits, budget reservations) and settlement into the usage ledger.
+    pub meter: Meter,
+    /// USD per million tokens, by model id; models without an entry cost nothing.
+    pub prices: Arc<HashMap<String, Price>>,
+    /// Guards `/admin/v1`; `None` disables the admin API.
+    pub admin_token: Option<Arc<str>>,
+    /// Set by a shutdown signal: readiness turns 503 and new chat requests are refused.
+    pub draining: Draining,
+    /// The live figures' 15-minute history behind `/admin/v1/stats` (the console's overview).
+    pub stats: crate::admin::stats::StatsHistory,
+    /// Bounds the requests being prepared at once, overall and per key.
+    pub prepare_gate: crate::openai::prepare_gate::PrepareGate,
+}
+
+impl AppState {
+    pub fn price_of(&self, model: &str) -> Price {
+        self.prices.get(model).copied().unwrap_or_default()
+    }
+}
+
+/// Set once, when a shutdown signal arrives: from then on readiness answers 503 and new chat
+/// requests are refused, while running ones finish.
+#[derive(Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
