@@ -2,7 +2,7 @@
 # Gathers the portable build (`make build-portable`) into one directory that runs anywhere on
 # x86-64 Linux: the `gantry` binary, llama.cpp's shared libraries (found through the binary's
 # $ORIGIN rpath) and ggml's CPU backend variants (libggml-cpu-<variant>.so, one per x86 level; the
-# binary loads the best one for the CPU at start, see crates/engine/src/cpu_variants.rs).
+# binary loads the best one for the CPU at start, see crates/engine/src/model/cpu_variants.rs).
 #
 # Usage: scripts/collect-portable.sh RELEASE_DIR OUT_DIR
 #   RELEASE_DIR  cargo's profile directory of that build (target/variants/release)
