@@ -3,6 +3,7 @@
 #![allow(unsafe_code, reason = "kill(2) of the test's own child server through libc")]
 
 pub(crate) mod cluster;
+pub(crate) mod cluster_load;
 pub(crate) mod postgres;
 
 use std::io::{BufRead, BufReader};
