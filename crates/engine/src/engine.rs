@@ -398,6 +398,18 @@ impl Generator for Engine {
     fn health(&self) -> Health {
         self.inner.health.borrow().clone()
     }
+
+    fn watch_health(&self) -> Option<tokio::sync::watch::Receiver<Health>> {
+        Some(Engine::watch_health(self))
+    }
+
+    fn abort_all(&self) {
+        Engine::abort_all(self);
+    }
+
+    fn shutdown(&self) {
+        Engine::shutdown(self);
+    }
 }
 
 /// The engine-death test hook: `GANTRY_TEST_PANIC_AFTER_TOKENS=N` makes the scheduler thread

@@ -14,7 +14,9 @@ pub enum Health {
     Failed(String),
 }
 
-/// Engine submission as the server sees it.
+/// An engine as the server sees it: requests go in through `prepare` and `submit`; the rest is
+/// for health, unloading and shutdown. The real [`crate::Engine`] implements it, and the
+/// server's tests drive the same code with scripted ones.
 pub trait Generator: Send + Sync {
     fn model_info(&self) -> &ModelInfo;
 
@@ -38,4 +40,16 @@ pub trait Generator: Send + Sync {
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError>;
 
     fn health(&self) -> Health;
+
+    /// Its health as it changes, for engines that can fail (the server stops serving a model
+    /// whose engine turns `Failed`); `None` for one that cannot.
+    fn watch_health(&self) -> Option<tokio::sync::watch::Receiver<Health>> {
+        None
+    }
+
+    /// Cuts every running request (shutdown's grace period ran out).
+    fn abort_all(&self) {}
+
+    /// Finishes what it has and stops. Blocking.
+    fn shutdown(&self) {}
 }

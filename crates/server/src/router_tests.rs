@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions, ServedModel};
+use crate::pool::{ModelLoader, ModelPool, ModelSpec, PoolOptions};
 use crate::router::{routes, RouterOptions, Routes};
 use crate::state::AppState;
 
@@ -104,9 +104,7 @@ impl Generator for ScriptedEngine {
     fn health(&self) -> Health {
         self.health.borrow().clone()
     }
-}
 
-impl ServedModel for ScriptedEngine {
     fn watch_health(&self) -> Option<tokio::sync::watch::Receiver<Health>> {
         Some(self.health.subscribe())
     }
@@ -119,9 +117,9 @@ impl ModelLoader for ScriptedLoader {
     fn estimate(&self, _: &ModelSpec) -> anyhow::Result<u64> {
         Ok(1)
     }
-    fn load(&self, _: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)> {
+    fn load(&self, _: &ModelSpec) -> anyhow::Result<(Arc<dyn Generator>, u64)> {
         self.1.fetch_add(1, Ordering::SeqCst);
-        let model: Arc<dyn ServedModel> = self.0.clone();
+        let model: Arc<dyn Generator> = self.0.clone();
         Ok((model, 0))
     }
 }

@@ -18,11 +18,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_engine::{EngineConfig, Health};
+use gantry_engine::{EngineConfig, Generator, Health};
 use tokio::sync::{watch, Notify};
 
 pub use fit::{fit_to_budget, Refit, Shrinkable};
-pub use loader::{EngineLoader, ModelLoader, ServedModel};
+pub use loader::{EngineLoader, ModelLoader};
 pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
 
 /// A model the server can serve, loaded or not.
@@ -104,7 +104,7 @@ struct State {
 }
 
 struct Loaded {
-    model: Arc<dyn ServedModel>,
+    model: Arc<dyn Generator>,
     /// Budgeted: the estimate.
     bytes: u64,
     /// What the process grew by while it loaded.
@@ -119,7 +119,7 @@ struct Loaded {
 pub struct Lease {
     inner: Arc<Inner>,
     index: usize,
-    model: Arc<dyn ServedModel>,
+    model: Arc<dyn Generator>,
 }
 
 impl Lease {
@@ -129,13 +129,13 @@ impl Lease {
     }
 
     /// The model's engine, for work that runs off the async runtime.
-    pub fn generator(&self) -> Arc<dyn ServedModel> {
+    pub fn generator(&self) -> Arc<dyn Generator> {
         self.model.clone()
     }
 }
 
 impl std::ops::Deref for Lease {
-    type Target = dyn ServedModel;
+    type Target = dyn Generator;
     fn deref(&self) -> &Self::Target {
         &*self.model
     }
@@ -380,7 +380,7 @@ impl ModelPool {
     }
 
     /// Forwards an engine's failure to [`ModelPool::failure`].
-    fn watch_failure(&self, id: &str, model: &dyn ServedModel) {
+    fn watch_failure(&self, id: &str, model: &dyn Generator) {
         let Some(mut health) = model.watch_health() else { return };
         let (failed, id) = (self.inner.failed.clone(), id.to_string());
         tokio::spawn(async move {

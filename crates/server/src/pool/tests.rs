@@ -31,9 +31,6 @@ impl Generator for Fake {
     fn health(&self) -> Health {
         Health::Ready
     }
-}
-
-impl ServedModel for Fake {
     fn shutdown(&self) {
         self.stopped.lock().unwrap().push(self.name.clone());
     }
@@ -53,7 +50,7 @@ impl ModelLoader for FakeLoader {
     fn estimate(&self, spec: &ModelSpec) -> anyhow::Result<u64> {
         Ok(u64::from(spec.config.ctx_size))
     }
-    fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn ServedModel>, u64)> {
+    fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn Generator>, u64)> {
         std::thread::sleep(self.load_time);
         if spec.config.model_path.ends_with("broken") {
             anyhow::bail!("not a GGUF file");
@@ -69,7 +66,7 @@ impl ModelLoader for FakeLoader {
             image_marker: None,
             chat_template: String::new(),
         };
-        let model: Arc<dyn ServedModel> = Arc::new(Fake { info, stopped: self.stopped.clone(), name: spec.id.clone() });
+        let model: Arc<dyn Generator> = Arc::new(Fake { info, stopped: self.stopped.clone(), name: spec.id.clone() });
         Ok((model, 0))
     }
 }
