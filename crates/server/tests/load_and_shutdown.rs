@@ -177,7 +177,7 @@ async fn sigterm_cuts_a_running_stream_after_the_grace_period_and_bills_it() {
 #[tokio::test]
 async fn sigterm_drains_readiness_refuses_new_requests_and_lets_a_running_stream_finish() {
     let mut s =
-        TestServer::start(&["--parallel", "2", "--ctx-size", "8192", "--drain-delay", "2", "--shutdown-grace", "60"]);
+        TestServer::start(&["--parallel", "2", "--ctx-size", "8192", "--drain-delay", "5", "--shutdown-grace", "60"]);
     let ready = |s: &TestServer| {
         let (client, url) = (s.client(), s.url("/health/ready"));
         async move {
@@ -200,9 +200,16 @@ async fn sigterm_drains_readiness_refuses_new_requests_and_lets_a_running_stream
     let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
     s.send_sigterm();
 
-    // Within the drain delay the listener is open: not ready, and new work is turned away.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, v) = ready(&s).await;
+    // Within the drain delay the listener is open: not ready (once the signal is handled), and
+    // new work is turned away.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (status, v) = loop {
+        let (status, v) = ready(&s).await;
+        if status == 503 || std::time::Instant::now() > deadline {
+            break (status, v);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!((status, v["status"].as_str()), (503, Some("draining")), "{v}");
     let live = s.client().get(s.url("/health/live")).send().await.unwrap();
     assert_eq!(live.status(), 200);

@@ -143,8 +143,12 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
     assert_eq!(queued.status(), 200);
     let _opening = queued.chunk().await.unwrap();
     drop(queued);
-    // Let the scheduler see the queued request go before the running one frees the slot.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The scheduler must see the queued request go before the running one frees the slot:
+    // its ledger row (written once the scheduler answers it) says it has.
+    ledger_until("--data-dir", &data, "the queued cancellation", |rows| {
+        rows.iter().any(|r| r["client_request_id"] == "queued")
+    })
+    .await;
     drop(running);
     // Prefill: once the slot is free again, a long prompt cancelled as soon as the response
     // opens. With the tiny model, prompt processing takes a few milliseconds, so the request
