@@ -1,7 +1,7 @@
 //! The one step that turns a chat request into a [`GenerateRequest`], checking everything only
 //! the engine knows: its slots, the model's vocabulary and context, the chat template and the
 //! grammars. Each refusal is a typed [`PrepareError`] the server maps to an OpenAI 400, so a
-//! client mistake is never discovered later inside the scheduler (where it used to become a 500).
+//! client mistake is never discovered later inside the scheduler, where it could only be a 500.
 
 use serde_json::Value as Json;
 

@@ -59,7 +59,7 @@ fn bytes_that_are_not_utf8_before_a_fenced_call_do_not_keep_it_from_its_grammar(
     let engine = start(1);
     let call = b"```json\n{\"name\": \"get_weather\", \"arguments\": {";
     // A lone lead byte, then the fence: the grammar starts at the fence's token, so what came
-    // before it, text or not, does not matter (it used to leave the call unconstrained).
+    // before it, text or not, does not matter.
     for before in [&b"caf\xC3 "[..], &b"caf\xC3\xA9 "[..]] {
         let mut req = admitted(&engine, ChatInput { lazy_tools: Some(lazy_tools()), ..chat("weather?", 8) });
         feed(&mut req, &engine, &[before, &call[..]].concat());
@@ -70,8 +70,8 @@ fn bytes_that_are_not_utf8_before_a_fenced_call_do_not_keep_it_from_its_grammar(
 }
 
 /// The fenced call's grammar is compiled by `prepare`, whatever text comes before the fence: the
-/// scheduler only instantiates it when a fence opens (it used to compile one grammar per text
-/// before the fence there, stalling every other stream meanwhile).
+/// scheduler only instantiates it when a fence opens (a compile on the scheduler thread would
+/// stall every other stream meanwhile).
 #[test]
 fn a_fenced_call_starts_its_grammar_without_compiling_on_the_scheduler() {
     let engine = start(1);

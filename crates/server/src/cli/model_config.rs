@@ -233,10 +233,8 @@ fn check_names(specs: &[ModelSpec]) -> anyhow::Result<()> {
 
 /// Loaded models share the cores. Unless `--threads` says otherwise each gets its share of
 /// them, so two busy models run side by side; where their threads still outnumber the cores,
-/// their decode steps take turns. Measured on 2 cores with one stream on the 0.5B coder and one
-/// on SmolLM2-135M at once: a core each 110 tokens/s together; both cores each, taking turns 61;
-/// both cores each at once 34 (spinning OpenMP threads collapse). Alone on one core instead of
-/// two, the coder decodes 3% slower and SmolLM2 10%.
+/// their decode steps take turns: spinning OpenMP threads of two models on the same cores
+/// collapse, and a model alone on its share loses little (docs/several-models.md has the figures).
 fn share_cores(specs: &mut [ModelSpec], threads: Option<u32>, cores: u32) {
     let n = specs.len() as u32;
     if n < 2 {

@@ -78,14 +78,14 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = SpeculateArg::Auto)]
     pub speculate: SpeculateArg,
     /// Q5_0 matrices served as Q8_0: the same values in a layout ggml's CPU kernels multiply
-    /// faster (decode 8-16% faster on the default model here), read from a copy written once into
+    /// faster (docs/scheduling-and-speculation.md has the figures), read from a copy written once into
     /// the cache's `q8-twins` folder (a fifth larger than the model). `auto` does so where nothing
     /// is offloaded to a GPU; `off` serves the file as it is.
     #[arg(long, value_enum, default_value_t = Q5AsQ8Arg::Auto)]
     pub q5_as_q8: Q5AsQ8Arg,
     /// One KV buffer shared by all sequences instead of one stream per sequence (llama.cpp's
     /// `--kv-unified`): a shared prefix is then tagged instead of copied, but every token's
-    /// attention walks every sequence's cells (prompt steps ~20% slower at 8 streams here).
+    /// attention walks every sequence's cells (slower prompt steps with several streams).
     #[arg(long)]
     pub kv_unified: bool,
     /// Temperature-0 requests return the same text (and logprobs) for the same request, whatever
