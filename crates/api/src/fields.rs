@@ -92,3 +92,80 @@ pub(crate) fn opt_int(obj: &Map<String, Value>, key: &str, min: i64, max: i64) -
     }
     Ok(Some(x))
 }
+
+/// Most bytes one JSON schema (`response_format.json_schema.schema`, a tool's `parameters`)
+/// may take once serialized: compiling a schema into a grammar grows with its size.
+pub(crate) const MAX_SCHEMA_BYTES: usize = 128 * 1024;
+/// Longest function name, as OpenAI allows: `^[a-zA-Z0-9_-]{1,64}$`.
+pub(crate) const MAX_FUNCTION_NAME_LEN: usize = 64;
+
+/// "Invalid 'param': array too long.", OpenAI's wording and code.
+pub(crate) fn check_array_len(param: &str, arr: &[Value], max: usize) -> Result<(), ApiError> {
+    if arr.len() <= max {
+        return Ok(());
+    }
+    Err(above_max_length(param, "array", max, arr.len()))
+}
+
+/// OpenAI's refusal of an array or string over its maximum length: "Invalid 'param': array too
+/// long. …" with the code `array_above_max_length` (`string_…` for a string).
+pub(crate) fn above_max_length(param: &str, kind: &str, max: usize, len: usize) -> ApiError {
+    let mut e = ApiError::invalid_value(
+        param,
+        format!(
+            "Invalid '{param}': {kind} too long. Expected {article} {kind} with maximum length {max}, but got {article} {kind} with length {len} instead.",
+            article = if kind == "array" { "an" } else { "a" },
+        ),
+    );
+    e.code = Some(format!("{kind}_above_max_length"));
+    e
+}
+
+/// OpenAI's rule for function names: 1 to 64 letters, digits, underscores or dashes.
+pub(crate) fn check_function_name(param: &str, name: &str) -> Result<(), ApiError> {
+    if name.len() > MAX_FUNCTION_NAME_LEN {
+        return Err(above_max_length(param, "string", MAX_FUNCTION_NAME_LEN, name.len()));
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        let mut e = ApiError::invalid_value(
+            param,
+            format!("Invalid '{param}': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'."),
+        );
+        e.code = Some("invalid_value".into());
+        return Err(e);
+    }
+    Ok(())
+}
+
+pub(crate) fn check_schema_size(param: &str, schema: &Value) -> Result<(), ApiError> {
+    let size = serialized_len(schema);
+    if size > MAX_SCHEMA_BYTES {
+        return Err(too_large(param, size, MAX_SCHEMA_BYTES));
+    }
+    Ok(())
+}
+
+pub(crate) fn too_large(param: &str, size: usize, max: usize) -> ApiError {
+    ApiError::invalid_value(
+        param,
+        format!("Invalid '{param}': {size} bytes as JSON, more than this server's limit of {max} bytes. Send a smaller one."),
+    )
+}
+
+/// Bytes of `v` as compact JSON, counted without building the string.
+pub(crate) fn serialized_len(v: &impl serde::Serialize) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing to a counter cannot fail; a `Value` always serializes.
+    let _ = serde_json::to_writer(&mut counter, v);
+    counter.0
+}

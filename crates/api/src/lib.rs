@@ -6,6 +6,7 @@ mod fields;
 mod image;
 mod request;
 mod response;
+mod tools;
 mod validate;
 
 pub use error::ApiError;
@@ -15,4 +16,5 @@ pub use response::{
     ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, Delta, ModelList, ModelObject,
     PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,
 };
+pub use tools::{ResponseFormat, Tool, ToolChoice};
 pub use validate::parse_chat_request;

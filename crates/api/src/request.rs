@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::fields::{get, opt_str, type_error};
 use crate::image::{parse_image_url, ImageRef};
+use crate::tools::{ResponseFormat, Tool, ToolChoice};
 use crate::ApiError;
 
 /// A message author.
@@ -141,9 +142,9 @@ pub struct ValidatedChat {
     pub top_logprobs: u32,
     /// (token id, bias) in request order; token ids are non-negative.
     pub logit_bias: Vec<(i32, f32)>,
-    pub tools: Option<Vec<Value>>,
-    pub tool_choice: Option<Value>,
-    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub response_format: Option<ResponseFormat>,
     pub parallel_tool_calls: Option<bool>,
     pub user: Option<String>,
     /// Every `image_url` part of every message, in order.

@@ -1,7 +1,9 @@
 use serde_json::{json, Value};
 
 use super::*;
+use crate::fields::MAX_SCHEMA_BYTES;
 use crate::image::tests::{data_url, PNG};
+use crate::tools::{MAX_TOOLS, MAX_TOOLS_BYTES};
 use crate::{ImageDetail, ImagePart, ImageRef, Role};
 
 fn base() -> Value {
@@ -368,9 +370,15 @@ fn tool_messages_and_tools() {
     let t = c.messages[1].to_template_value();
     assert_eq!(t["tool_calls"][0]["function"]["arguments"], json!({"a": 1}));
     assert_eq!(c.tools.as_ref().map(Vec::len), Some(1));
-    assert_eq!(c.tool_choice.as_ref().unwrap()["function"]["name"], "add");
-    assert_eq!(c.response_format.as_ref().unwrap()["type"], "json_schema");
-    assert_eq!(ok(json!({"tool_choice": "none"})).tool_choice, Some(json!("none")));
+    assert_eq!(c.tools.as_ref().unwrap()[0].name, "add");
+    assert_eq!(c.tools.as_ref().unwrap()[0].parameters, Some(json!({"type": "object"})));
+    assert_eq!(c.tools.as_ref().unwrap()[0].definition["function"]["name"], "add");
+    assert_eq!(c.tool_choice, Some(crate::ToolChoice::Function("add".into())));
+    assert_eq!(
+        c.response_format,
+        Some(crate::ResponseFormat::JsonSchema { name: "r".into(), schema: json!({"type": "object"}) })
+    );
+    assert_eq!(ok(json!({"tool_choice": "none"})).tool_choice, Some(crate::ToolChoice::None));
 }
 
 fn tool(name: &str, parameters: Value) -> Value {

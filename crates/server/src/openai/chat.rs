@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_accounts::{Charge, KeyInfo, Pass, Settlement};
-use gantry_api::{ApiError, ChatCompletionResponse, Choice, ImageDetail, ResponseMessage, ValidatedChat};
+use gantry_api::{
+    ApiError, ChatCompletionResponse, Choice, ImageDetail, ResponseFormat, ResponseMessage, ValidatedChat,
+};
 use gantry_engine::{
     ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome,
     SamplingParams, TokenLogprob, Usage,
@@ -230,13 +232,12 @@ async fn prepare(
         .map_err(IntoApiError::into_api_error)
 }
 
-/// `response_format` as a grammar; the API layer has already checked its shape.
+/// `response_format` as a grammar.
 fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
-    let format = chat.response_format.as_ref()?;
-    match format.get("type").and_then(|t| t.as_str())? {
-        "json_object" => Some(Constraint::JsonObject),
-        "json_schema" => format.pointer("/json_schema/schema").cloned().map(Constraint::JsonSchema),
-        _ => None,
+    match chat.response_format.as_ref()? {
+        ResponseFormat::JsonObject => Some(Constraint::JsonObject),
+        ResponseFormat::JsonSchema { schema, .. } => Some(Constraint::JsonSchema(schema.clone())),
+        ResponseFormat::Text => None,
     }
 }
 

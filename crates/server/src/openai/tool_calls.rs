@@ -1,7 +1,7 @@
 //! `tools` and `tool_choice`: which functions the model may call, how its output is read back as
 //! `tool_calls`, and when the call is forced with a grammar.
 
-use gantry_api::{ApiError, ValidatedChat};
+use gantry_api::{ApiError, ResponseFormat, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{new_call_id, parse_cut_output, parse_tool_calls, ParsedCall, ToolCallStreamer};
 use gantry_engine::{Constraint, FinishReason, LazyTools};
 use serde_json::{json, Value};
@@ -137,19 +137,16 @@ fn close_objects(schema: &mut Value) {
 
 impl ToolPlan {
     pub(crate) fn from_request(chat: &ValidatedChat) -> Result<Option<Self>, ApiError> {
-        let tools = match &chat.tools {
-            Some(t) if !t.is_empty() => t.clone(),
+        let offered = match &chat.tools {
+            Some(t) if !t.is_empty() => t,
             _ => return Ok(None),
         };
-        let names: Vec<String> = tools
-            .iter()
-            .map(|t| t.pointer("/function/name").and_then(Value::as_str).unwrap_or_default().to_string())
-            .collect();
-        let schemas: Vec<Value> = tools
+        let tools: Vec<Value> = offered.iter().map(|t| t.definition.clone()).collect();
+        let names: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
+        let schemas: Vec<Value> = offered
             .iter()
             .map(|t| {
-                let mut schema =
-                    t.pointer("/function/parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                let mut schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
                 close_objects(&mut schema);
                 schema
             })
@@ -163,15 +160,15 @@ impl ToolPlan {
             })
         };
         let (parse, forced) = match &chat.tool_choice {
-            None => (true, None),
-            Some(Value::String(s)) if s == "auto" => (true, None),
-            Some(Value::String(s)) if s == "none" => (false, None),
-            Some(Value::String(s)) if s == "required" => {
+            None | Some(ToolChoice::Auto) => (true, None),
+            Some(ToolChoice::None) => (false, None),
+            Some(ToolChoice::Required) => {
                 let any: Vec<Value> = (0..names.len()).map(call_of).collect();
                 (true, Some(Constraint::JsonSchema(json!({"anyOf": any}))))
             }
-            Some(choice) => {
-                let name = choice.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+            Some(ToolChoice::Function(name)) => {
+                // The API layer refused a name that is not offered; this holds for a request
+                // built in code too.
                 let i = names.iter().position(|n| n == name).ok_or_else(|| {
                     ApiError::invalid_value(
                         "tool_choice",
@@ -183,14 +180,8 @@ impl ToolPlan {
                 (true, Some(Constraint::JsonSchema(call_of(i))))
             }
         };
-        if forced.is_some()
-            && chat
-                .response_format
-                .as_ref()
-                .and_then(|f| f.get("type"))
-                .and_then(Value::as_str)
-                .is_some_and(|t| t != "text")
-        {
+        let has_format = chat.response_format.as_ref().is_some_and(ResponseFormat::is_json);
+        if forced.is_some() && has_format {
             return Err(ApiError::invalid_value(
                 "response_format",
                 "'response_format' cannot be combined with a 'tool_choice' that forces a tool call.",
@@ -198,12 +189,6 @@ impl ToolPlan {
         }
         let single = chat.parallel_tool_calls == Some(false);
         let calls: Vec<Value> = (0..names.len()).map(call_of).collect();
-        let has_format = chat
-            .response_format
-            .as_ref()
-            .and_then(|f| f.get("type"))
-            .and_then(Value::as_str)
-            .is_some_and(|t| t != "text");
         let auto = parse && forced.is_none();
         // With a response_format the output is JSON from its first token: `answer_or_call` decides
         // between answer and call, and there is no free text to watch.
