@@ -32,7 +32,8 @@ pub use keys::{
     MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
 };
 pub use metering::{
-    Charge, DefaultLimits, Meter, MeterConfig, Pass, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM, UNLIMITED_TPM,
+    Charge, DefaultLimits, Meter, MeterConfig, Outcome, Pass, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM,
+    UNLIMITED_TPM,
 };
 pub use rate::{Allowance, Count, LocalWindows, RateRefusal, RateStatus, RateWindow};
 pub use unknown_keys::{UNKNOWN_KEY_CAPACITY, UNKNOWN_KEY_TTL};

@@ -103,8 +103,29 @@ pub struct Settlement {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub completion_tokens: u32,
-    /// `completed`, `length`, `cancelled` or `error`.
-    pub outcome: &'static str,
+    pub outcome: Outcome,
+}
+
+/// How a request ended, as the ledger records it (its `outcome` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    /// Stopped at its token limit.
+    Length,
+    /// The client went away.
+    Cancelled,
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Length => "length",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Error => "error",
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -310,7 +331,7 @@ impl Ticket {
             cached_tokens: used.cached_tokens,
             completion_tokens: used.completion_tokens,
             cost_nanos: c.price.cost_nanos(u64::from(used.prompt_tokens), u64::from(used.completion_tokens)),
-            outcome: used.outcome.to_string(),
+            outcome: used.outcome.as_str().to_string(),
             started_at_ms: self.started_at_ms,
             finished_at_ms: now_ms(),
         };

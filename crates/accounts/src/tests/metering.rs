@@ -62,7 +62,7 @@ on_both!(a_dropped_ticket_releases_and_a_settled_one_books_once, |acc: Accounts|
     // Two requests carrying the same client id are two ledger rows.
     for id in ["r2", "r3"] {
         let t = meter.admit(&key, charge(id, Some("same"))).await.unwrap();
-        t.settle(Settlement { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 5, outcome: "completed" });
+        t.settle(Settlement { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 5, outcome: Outcome::Completed });
     }
     eventually("both settlements are stored", || async {
         acc.spend(&key, chrono_now()).await.unwrap().spent_tokens == 30
@@ -147,7 +147,7 @@ on_both!(live_servers_keep_their_reservations_and_dead_ones_lose_them, |acc: Acc
     // Several heartbeat periods later, the live server's reservation is still held.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(reserved(&acc, &key).await, 100);
-    held.settle(Settlement { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 1, outcome: "completed" });
+    held.settle(Settlement { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 1, outcome: Outcome::Completed });
     eventually("settled", || async { reserved(&acc, &key).await == 0 }).await;
     a.shutdown(Duration::from_secs(5)).await;
     b.shutdown(Duration::from_secs(5)).await;
@@ -190,7 +190,7 @@ on_both!(requests_cancelled_before_they_start_still_count_against_the_rpm_limit,
     // with nothing used (the engine's report), or dropped unsettled (the handler went away).
     for id in ["q1", "q2"] {
         let t = meter.admit(&key, charge(id, None)).await.unwrap();
-        t.settle(Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "cancelled" });
+        t.settle(Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: Outcome::Cancelled });
     }
     drop(meter.admit(&key, charge("q3", None)).await.unwrap());
     eventually("the cancelled requests hold no budget", || async { reserved(&acc, &key).await == 0 }).await;

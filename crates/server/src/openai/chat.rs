@@ -10,7 +10,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_accounts::{Charge, KeyInfo, Pass, Settlement};
+use gantry_accounts::{Charge, KeyInfo, Outcome as Settled, Pass, Settlement};
 use gantry_api::{
     ApiError, ChatCompletionResponse, Choice, ImageDetail, ResponseFormat, ResponseMessage, ValidatedChat,
 };
@@ -283,7 +283,12 @@ fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -
         prompt_tokens: usage.prompt_tokens,
         cached_tokens: usage.cached_tokens,
         completion_tokens: usage.completion_tokens,
-        outcome: usage.outcome.as_str(),
+        outcome: match usage.outcome {
+            Outcome::Completed => Settled::Completed,
+            Outcome::Length => Settled::Length,
+            Outcome::Cancelled => Settled::Cancelled,
+            Outcome::Error => Settled::Error,
+        },
     }
 }
 
@@ -394,11 +399,14 @@ mod settlement_tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
         drop(tx);
         let settled = settlement_of(rx.await);
-        assert_eq!(settled, Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: "error" });
+        assert_eq!(
+            settled,
+            Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: Settled::Error }
+        );
         // A report is booked as reported.
         let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
         tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled })
             .unwrap();
-        assert_eq!(settlement_of(rx.await).outcome, "cancelled");
+        assert_eq!(settlement_of(rx.await).outcome, Settled::Cancelled);
     }
 }
