@@ -16,6 +16,7 @@
 //! - Content is the text outside the calls, concatenated and trimmed.
 
 mod commit;
+mod grammar;
 mod parse;
 mod prompt;
 mod raw;
@@ -32,6 +33,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 pub use commit::{call_commitment, truncated_call, Commitment};
+pub use grammar::{answer_or_call, call_schema, close_objects, lazy_grammars};
 pub use parse::parse_tool_calls;
 
 pub use prompt::with_generic_tool_prompt;
