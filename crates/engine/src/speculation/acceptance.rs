@@ -1,7 +1,8 @@
 //! How likely drafts are to be accepted, learned per kind of draft and length of match, and how
 //! many tokens a step is expected to produce from them.
 
-use super::drafter::{DraftSource, MAX_MATCH};
+use super::chain::DraftSource;
+use super::drafter::MAX_MATCH;
 
 /// Weight left to earlier verifications in an acceptance estimate after each newer one.
 const ACCEPTANCE_MEMORY: f64 = 0.98;

@@ -1,6 +1,19 @@
 //! The drafts a choice feeds in one step, and where each run of them came from.
 
-use super::drafter::DraftSource;
+/// Where a lookup draft was copied from: acceptance is learned apart for each, since a match in
+/// the choice's own context and one in another request's answer are not equally telling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DraftSource {
+    /// The choice's own prompt and output.
+    Own,
+    /// Under a grammar, the choice's own output where it repeated itself (`Drafter::own_layout`).
+    Agreed,
+    /// Recent answers to other requests (`SharedDrafts`).
+    Shared,
+    /// Under a grammar, the choice's own prompt: a value quoted from the input (an extraction
+    /// copies names, numbers and addresses from the text it was given).
+    Quoted,
+}
 
 /// The drafts of one step (`Drafter::chain`), each forced by the grammar (the sampler can pick
 /// nothing else there) or part of a lookup.

@@ -6,7 +6,7 @@ use metrics::counter;
 
 use crate::request::SamplingParams;
 
-use super::drafter::DraftSource;
+use super::chain::DraftSource;
 
 /// Whether the engine drafts tokens; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use llguidance::Matcher;
 use crate::speculation::json_layout::{JsonMarks, Value};
 use crate::speculation::shared_drafts::{common_prefix, SharedDrafts};
 
-use super::chain::Chain;
+use super::chain::{Chain, DraftSource};
 use super::config::{Speculate, SpeculationConfig};
 
 /// Shortest match (in tokens) of the output's tail that is trusted to predict what follows.
@@ -16,21 +16,6 @@ const MIN_MATCH: usize = 2;
 pub(super) const MAX_MATCH: usize = 32;
 /// Prompt tokens recorded before an answer for other requests to draft from.
 const ANSWER_CONTEXT: usize = 4;
-/// Where a lookup draft was copied from: acceptance is learned apart for each, since a match in
-/// the choice's own context and one in another request's answer are not equally telling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DraftSource {
-    /// The choice's own prompt and output.
-    Own,
-    /// Under a grammar, the choice's own output where it repeated itself (`Drafter::own_layout`).
-    Agreed,
-    /// Recent answers to other requests (`SharedDrafts`).
-    Shared,
-    /// Under a grammar, the choice's own prompt: a value quoted from the input (an extraction
-    /// copies names, numbers and addresses from the text it was given).
-    Quoted,
-}
-
 /// One choice's drafter: the tokens it may copy from (prompt and output so far) and how well
 /// its drafts have been doing.
 pub(crate) struct Drafter {
