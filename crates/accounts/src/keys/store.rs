@@ -4,7 +4,10 @@
 use sqlx::AnyPool;
 use subtle::ConstantTimeEq;
 
-use super::*;
+use super::{
+    display_prefix, generate_secret, hash_secret, looks_like_key, now_unix, CreatedKey, KeyInfo, KeyLimits, KeyUpdate,
+    NewKey, DISPLAY_PREFIX_LEN, MAX_KEY_LEN, MAX_NAME_LEN, MIN_KEY_LEN, SECRET_PREFIX,
+};
 use crate::cache_scope::CacheScopeSetting;
 use crate::money::{Budget, BudgetPeriod};
 use crate::AccountsError;
