@@ -16,5 +16,5 @@ pub use response::{
     ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, Delta, ModelList, ModelObject,
     PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,
 };
-pub use tools::{ResponseFormat, Tool, ToolChoice};
+pub use tools::{tool_choice_not_offered, ResponseFormat, Tool, ToolChoice};
 pub use validate::parse_chat_request;

@@ -48,6 +48,14 @@ impl ResponseFormat {
     }
 }
 
+/// The refusal of a `tool_choice` that names a function the request does not offer.
+pub fn tool_choice_not_offered(name: &str) -> ApiError {
+    ApiError::invalid_value(
+        "tool_choice",
+        format!("Invalid value for 'tool_choice': function '{name}' is not one of the offered 'tools'."),
+    )
+}
+
 pub(crate) fn parse_tools(v: Option<&Value>) -> Result<Option<Vec<Tool>>, ApiError> {
     let arr = match v {
         None => return Ok(None),
@@ -149,10 +157,7 @@ pub(crate) fn parse_tool_choice(v: Option<&Value>, tools: Option<&[Tool]>) -> Re
             }
             let offered = tools.unwrap_or_default().iter().any(|t| t.name == name);
             if !offered {
-                return Err(ApiError::invalid_value(
-                    "tool_choice",
-                    format!("Invalid value for 'tool_choice': function '{name}' is not one of the offered 'tools'."),
-                ));
+                return Err(tool_choice_not_offered(name));
             }
             ToolChoice::Function(name.to_string())
         }

@@ -1,7 +1,7 @@
 //! `tools` and `tool_choice`: which functions the model may call, how its output is read back as
 //! `tool_calls`, and when the call is forced with a grammar.
 
-use gantry_api::{ApiError, ResponseFormat, ToolChoice, ValidatedChat};
+use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{
     answer_or_call, call_schema, close_objects, lazy_grammars, new_call_id, parse_cut_output, parse_tool_calls,
     ParsedCall, ToolCallStreamer,
@@ -53,16 +53,9 @@ impl ToolPlan {
                 (true, Some(Constraint::JsonSchema(json!({"anyOf": any}))))
             }
             Some(ToolChoice::Function(name)) => {
-                // The API layer refused a name that is not offered; this holds for a request
-                // built in code too.
-                let i = names.iter().position(|n| n == name).ok_or_else(|| {
-                    ApiError::invalid_value(
-                        "tool_choice",
-                        format!(
-                            "Invalid value for 'tool_choice': no function named '{name}' was specified in 'tools'."
-                        ),
-                    )
-                })?;
+                // Parsing refuses a name that is not offered; a request built in code gets the
+                // same refusal.
+                let i = names.iter().position(|n| n == name).ok_or_else(|| tool_choice_not_offered(name))?;
                 (true, Some(Constraint::JsonSchema(call_of(i))))
             }
         };
