@@ -21,6 +21,7 @@ mod runs;
 mod scopes;
 mod servers;
 mod stats;
+mod step_profile;
 mod targets;
 mod workloads;
 
@@ -39,6 +40,7 @@ use plan::Plan;
 use report::Comparison;
 use runs::ServerRun;
 use servers::{Kind, Running, ServerSettings};
+use step_profile::StepProfile;
 use workloads::Request;
 
 #[derive(Parser, Debug)]
@@ -332,7 +334,11 @@ async fn compare(
                         }
                     }
                     eprintln!("[bench] pass {pass} {label} {} c={concurrency} n={requests} ...", workload.label());
+                    let steps_before = gantry_steps(&up[i].running).await;
                     let r = run_level(&target, workload, pass, concurrency, requests).await;
+                    if let (Some(before), Some(after)) = (steps_before, gantry_steps(&up[i].running).await) {
+                        eprintln!("[bench]   Gantry's steps: {}", after.since(&before).describe());
+                    }
                     eprintln!(
                         "[bench]   {:.1} tok/s ({} tokens; {} of {} prompt tokens cached), TTFT p50 {} ms, ITL p50 {} ms, {} failed{}",
                         r.tokens_per_s,
@@ -475,6 +481,15 @@ async fn main() -> Result<()> {
     }
     eprintln!("[bench] wrote {} and {}", out.display(), chart.display());
     Ok(())
+}
+
+/// Gantry's step counters now (see `step_profile`); `None` for llama-server.
+async fn gantry_steps(server: &Running) -> Option<StepProfile> {
+    if server.kind != Kind::Gantry {
+        return None;
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.base_url)).await.ok()?.text().await.ok()?;
+    StepProfile::parse(&metrics)
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ impl Fault {
     }
 
     #[cfg(not(any(test, feature = "fault-injection")))]
-    pub fn from_prompt(_text: &str) -> Self {
+    pub(crate) fn from_prompt(_text: &str) -> Self {
         Self {}
     }
 
@@ -96,5 +96,5 @@ impl Fault {
 
     #[cfg(not(any(test, feature = "fault-injection")))]
     #[inline(always)]
-    pub fn check(&self, _point: FaultPoint, _produced: u32) {}
+    pub(crate) fn check(&self, _point: FaultPoint, _produced: u32) {}
 }

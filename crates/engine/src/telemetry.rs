@@ -51,6 +51,15 @@ pub(crate) fn describe() {
     describe_histogram!("gantry_image_eval_seconds", Unit::Seconds, "Encoding one image and decoding its embeddings.");
     describe_histogram!("gantry_time_to_first_token_seconds", Unit::Seconds, "From submission to the first token.");
     describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");
+    describe_counter!("gantry_decode_steps_total", Unit::Count, "Scheduler steps that decoded a batch.");
+    describe_counter!(
+        "gantry_step_phase_microseconds_total",
+        Unit::Microseconds,
+        "Time of decoding steps by phase: plan (admission, cache moves, the batch), decode (llama.cpp's \
+         decode call: building the graph and, on a CPU, computing it), sync (waiting for the device to \
+         finish it), sample (reading logits or device tokens, sampling, stop strings, streaming), finish \
+         (retiring finished requests)."
+    );
 }
 
 pub(crate) struct StepStats {
@@ -73,6 +82,26 @@ pub(crate) fn step(s: &StepStats) {
     gauge!("gantry_kv_cache_capacity_tokens", "model" => model()).set(s.kv_capacity as f64);
     gauge!("gantry_host_cache_bytes", "model" => model()).set(s.host_cache_bytes as f64);
     gauge!("gantry_host_cache_entries", "model" => model()).set(s.host_cache_entries as f64);
+}
+
+/// Where one decoding step's time went (see `gantry_step_phase_microseconds_total`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct StepPhases {
+    pub plan: Duration,
+    pub decode: Duration,
+    pub sync: Duration,
+    pub sample: Duration,
+    pub finish: Duration,
+}
+
+pub(crate) fn step_phases(p: &StepPhases) {
+    counter!("gantry_decode_steps_total", "model" => model()).increment(1);
+    let phases = [("plan", p.plan), ("decode", p.decode), ("sync", p.sync), ("sample", p.sample), ("finish", p.finish)];
+    for (phase, took) in phases {
+        // The facade's counters are integers: microseconds keep a step's phases apart.
+        counter!("gantry_step_phase_microseconds_total", "model" => model(), "phase" => phase)
+            .increment(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
 }
 
 /// Totals since start, for the hit ratio gauge.

@@ -83,6 +83,7 @@ async fn metrics_are_exposed_in_prometheus_format() {
         "gantry_kv_cache_tokens",
         "gantry_host_cache_bytes",
         "gantry_host_cache_entries",
+        "gantry_decode_steps_total",
     ] {
         let needle = format!("{name}{label}");
         assert!(text.contains(&needle), "metrics lack {needle:?}:\n{text}");
@@ -96,6 +97,14 @@ async fn metrics_are_exposed_in_prometheus_format() {
     ] {
         assert!(text.contains(needle), "metrics lack {needle:?}:\n{text}");
     }
+    // Every phase of a decoding step is counted, and the two requests took some time in all.
+    let phase_total = |phase: &str| -> u64 {
+        let prefix = "gantry_step_phase_microseconds_total{";
+        let line = text.lines().find(|l| l.starts_with(prefix) && l.contains(&format!("phase=\"{phase}\"")));
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("no {phase} phase:\n{text}"))
+    };
+    let phases = ["plan", "decode", "sync", "sample", "finish"].map(phase_total);
+    assert!(phases[1] > 0, "decoding took time: {phases:?}");
     // Both requests ended (at their length, or their end of text).
     let finished: f64 = text
         .lines()

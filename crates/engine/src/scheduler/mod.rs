@@ -41,7 +41,7 @@ use crate::scheduler::device_sampling::DeviceSamplers;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
-use crate::telemetry::{self, StepStats, Totals};
+use crate::telemetry::{self, StepPhases, StepStats, Totals};
 
 pub(crate) struct SchedulerConfig {
     /// Max tokens of one sequence (prompt + completion).
@@ -176,6 +176,7 @@ impl Scheduler {
             self.abort_everything(ctx);
             return;
         }
+        let step_started = Instant::now();
         self.drop_cancelled();
         self.admit(ctx);
         self.resolve_shares(ctx);
@@ -189,7 +190,12 @@ impl Scheduler {
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let started = Instant::now();
         let decoded = ctx.decode(&mut self.batch);
+        let launched = Instant::now();
+        // Reading the first logits would wait for the device anyway; waiting here first tells
+        // the device's share of the step apart from the host's (`gantry_step_phase_*`).
+        ctx.synchronize();
         drop(turn);
+        let synced = Instant::now();
         if let Err(e) = decoded {
             tracing::error!(error = %e, "llama.cpp decode failed");
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
@@ -197,11 +203,19 @@ impl Scheduler {
         }
         self.spread_prompts(ctx);
         self.sample_all(ctx);
+        let sampled = Instant::now();
         if self.batch_prompt_tokens == 0 {
             self.step_cost.observe(self.batch.n_tokens() as usize, started.elapsed());
         }
         self.panic_if_asked();
         self.retire_finished();
+        telemetry::step_phases(&StepPhases {
+            plan: started - step_started,
+            decode: launched - started,
+            sync: synced - launched,
+            sample: sampled - synced,
+            finish: sampled.elapsed(),
+        });
     }
 
     /// The gauges' figures now; `batch_tokens` is 0 when idle (the batch still holds the last

@@ -1,0 +1,91 @@
+//! Where Gantry's scheduler spent a level's steps, from its `/metrics` before and after the level
+//! (`gantry_decode_steps_total`, `gantry_step_phase_microseconds_total{phase}`): how much of a
+//! step is the host planning, launching and sampling, and how much is waiting for the device.
+
+/// The phases the engine reports, in step order.
+const PHASES: [&str; 5] = ["plan", "decode", "sync", "sample", "finish"];
+
+/// Totals since Gantry started, summed over its models.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepProfile {
+    steps: u64,
+    micros: [u64; 5],
+}
+
+impl StepProfile {
+    /// The totals in a Prometheus text exposition; `None` when it has no step counter (a
+    /// Gantry from before the counters, or llama-server).
+    pub(crate) fn parse(metrics: &str) -> Option<Self> {
+        let mut profile = Self::default();
+        let mut seen = false;
+        for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let value = value as u64;
+            if series.starts_with("gantry_decode_steps_total") {
+                profile.steps += value;
+                seen = true;
+            } else if series.starts_with("gantry_step_phase_microseconds_total{") {
+                let phase = PHASES.iter().position(|p| series.contains(&format!("phase=\"{p}\"")));
+                if let Some(i) = phase {
+                    profile.micros[i] += value;
+                }
+            }
+        }
+        seen.then_some(profile)
+    }
+
+    /// What happened between `before` and `self`.
+    pub(crate) fn since(&self, before: &Self) -> Self {
+        let mut micros = [0; 5];
+        for (i, m) in micros.iter_mut().enumerate() {
+            *m = self.micros[i].saturating_sub(before.micros[i]);
+        }
+        Self { steps: self.steps.saturating_sub(before.steps), micros }
+    }
+
+    /// One line: steps, milliseconds per step and each phase's share.
+    pub(crate) fn describe(&self) -> String {
+        if self.steps == 0 {
+            return "no decoding steps".into();
+        }
+        let total: u64 = self.micros.iter().sum();
+        let per_step = total as f64 / self.steps as f64 / 1000.0;
+        let shares: Vec<String> = PHASES
+            .iter()
+            .zip(self.micros)
+            .map(|(p, m)| format!("{p} {:.0}%", 100.0 * m as f64 / total.max(1) as f64))
+            .collect();
+        format!("{} steps, {per_step:.2} ms a step: {}", self.steps, shares.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = "# TYPE gantry_decode_steps_total counter\n\
+        gantry_decode_steps_total{model=\"a\"} 10\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"plan\"} 100\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"sync\"} 1000\n\
+        gantry_batch_tokens_count{model=\"a\"} 99\n";
+    const AFTER: &str = "gantry_decode_steps_total{model=\"a\"} 20\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"plan\"} 1100\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"decode\"} 2000\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"sync\"} 5000\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"sample\"} 2000\n\
+        gantry_step_phase_microseconds_total{model=\"a\",phase=\"finish\"} 0\n";
+
+    #[test]
+    fn a_levels_steps_are_the_difference_of_two_scrapes() {
+        let level = StepProfile::parse(AFTER).unwrap().since(&StepProfile::parse(BEFORE).unwrap());
+        assert_eq!(level, StepProfile { steps: 10, micros: [1000, 2000, 4000, 2000, 0] });
+        assert_eq!(level.describe(), "10 steps, 0.90 ms a step: plan 11%, decode 22%, sync 44%, sample 22%, finish 0%");
+    }
+
+    #[test]
+    fn a_server_without_the_counters_has_no_profile() {
+        assert_eq!(StepProfile::parse("llamacpp:tokens_predicted_total 5\n"), None);
+        assert_eq!(StepProfile::default().describe(), "no decoding steps");
+    }
+}
