@@ -18,10 +18,7 @@
 //! Entries keep the cache scope they were computed under (`CacheScope`): a prompt is matched,
 //! and an entry covered or replaced, only by entries of its own scope.
 
-use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
-use llama_cpp_2::context::LlamaContext;
-
-use crate::kv::slots::{common_prefix, KvSlots};
+use crate::kv::slots::common_prefix;
 use crate::request::CacheScope;
 
 /// One cached token list and its KV state.
@@ -120,55 +117,6 @@ impl<S> HostCache<S> {
             self.bytes -= self.entries.swap_remove(i).bytes;
         }
     }
-}
-
-/// Copies sequence `seq`'s KV entries into `cache` (unless it holds them already).
-pub(crate) fn save(cache: &mut HostCache<SeqState>, slots: &KvSlots, ctx: &LlamaContext<'_>, seq: i32) {
-    let (scope, tokens) = (slots.scope(seq), slots.tokens(seq));
-    if !cache.enabled() || tokens.is_empty() || cache.covers(scope, tokens) {
-        return;
-    }
-    match ctx.state_seq_get(seq, LlamaStateSeqFlags::empty()) {
-        Ok(state) => {
-            let bytes = state.byte_len();
-            cache.insert(scope, tokens.to_vec(), state, bytes);
-        }
-        Err(e) => tracing::warn!(error = %e, seq, "could not copy a sequence's KV entries to host memory"),
-    }
-}
-
-/// Moves idle sequence `seq`'s KV entries into `cache` and frees its cells.
-pub(crate) fn offload(cache: &mut HostCache<SeqState>, slots: &mut KvSlots, ctx: &mut LlamaContext<'_>, seq: i32) {
-    save(cache, slots, ctx, seq);
-    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-    slots.truncate(seq, 0);
-}
-
-/// Copies into `seq` the entry cached under `scope` sharing the longest prefix with `prompt`, if
-/// that beats `at_least` tokens, and cuts it to the shared part. Returns the positions `seq` now
-/// holds.
-pub(crate) fn restore(
-    cache: &mut HostCache<SeqState>,
-    slots: &mut KvSlots,
-    ctx: &mut LlamaContext<'_>,
-    seq: i32,
-    scope: CacheScope,
-    prompt: &[i32],
-    at_least: usize,
-) -> Option<usize> {
-    let (tokens, state, len) = cache.best(scope, prompt, at_least)?;
-    let tokens = tokens.to_vec();
-    if let Err(e) = ctx.state_seq_set(state, seq) {
-        // Not enough free cells, or a state this context cannot read: recompute instead.
-        tracing::warn!(error = %e, seq, tokens = tokens.len(), "could not restore cached KV entries");
-        let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-        slots.truncate(seq, 0);
-        cache.remove(scope, &tokens);
-        return None;
-    }
-    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(crate::units::count_u32(len)), None);
-    slots.set(seq, scope, &tokens[..len]);
-    Some(len)
 }
 
 #[cfg(test)]

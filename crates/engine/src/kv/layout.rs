@@ -22,9 +22,6 @@
 //! **Unified** (`--kv-unified`): one buffer; sharing a prefix only tags cells. Rows keep the order
 //! that suits the tiled kernel there: prompt chunks first, decoding rows last (`fill_batch`).
 
-use llama_cpp_2::context::session::LlamaStateSeqFlags;
-use llama_cpp_2::context::LlamaContext;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvLayout {
     /// One KV stream per sequence.
@@ -37,47 +34,6 @@ pub enum KvLayout {
 impl KvLayout {
     pub fn is_unified(self) -> bool {
         self == KvLayout::Unified
-    }
-
-    /// Makes every sequence of `dsts` hold the first `len` KV entries of `src`, and nothing else.
-    /// On failure (which leaves them empty) says why.
-    pub(crate) fn copy_prefix(
-        self,
-        ctx: &mut LlamaContext<'_>,
-        src: i32,
-        dsts: &[i32],
-        len: usize,
-    ) -> Result<(), String> {
-        let dsts: Vec<i32> = dsts.iter().copied().filter(|&d| d != src).collect();
-        let clear = |ctx: &mut LlamaContext<'_>| {
-            for &dst in &dsts {
-                let _ = ctx.clear_kv_cache_seq(Some(dst as u32), None, None);
-            }
-        };
-        clear(ctx);
-        if len == 0 {
-            return Ok(());
-        }
-        let copied = match self {
-            KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
-                ctx.copy_kv_cache_seq(src, dst, Some(0), Some(crate::units::count_u32(len))).map_err(|e| e.to_string())
-            }),
-            // llama.cpp copies between streams only whole buffers, and only at the next decode; a
-            // state copy is immediate and moves only the cells in use.
-            KvLayout::PerSequence => {
-                ctx.state_seq_get(src, LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
-                    dsts.iter().try_for_each(|&dst| {
-                        ctx.state_seq_set(&state, dst).map_err(|e| e.to_string())?;
-                        let _ = ctx.clear_kv_cache_seq(Some(dst as u32), Some(crate::units::count_u32(len)), None);
-                        Ok(())
-                    })
-                })
-            }
-        };
-        if copied.is_err() {
-            clear(ctx);
-        }
-        copied
     }
 }
 

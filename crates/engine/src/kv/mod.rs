@@ -1,8 +1,9 @@
-//! The KV cache: which tokens each sequence's cells hold ([`slots`], the mirror of llama.cpp's
-//! cells that prefix reuse reads), idle sequences kept in host memory ([`host_cache`]), the layout
-//! of the KV streams ([`layout`]) and the scope within which cached entries may be shared
-//! ([`scope`]).
+//! The KV cache: [`cache`] is its one owner, which every change to llama.cpp's cells goes
+//! through; [`slots`] mirrors which tokens each sequence's cells hold (what prefix reuse reads),
+//! [`host_cache`] keeps idle sequences in host memory, [`layout`] says how the KV streams lie, and
+//! [`scope`] within which cached entries may be shared.
 
+pub(crate) mod cache;
 pub(crate) mod host_cache;
 pub(crate) mod layout;
 pub(crate) mod scope;

@@ -9,9 +9,8 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
-use crate::kv::host_cache;
-use crate::kv::layout::KvLayout;
-use crate::kv::slots::{common_prefix, KvSlots};
+use crate::kv::cache::KvCache;
+use crate::kv::slots::common_prefix;
 use crate::request::{Event, Outcome, Usage};
 use crate::scheduler::active::ActiveRequest;
 use crate::scheduler::device_sampling::ChainKey;
@@ -36,10 +35,11 @@ impl Scheduler {
             // The first choice takes the idle slot already holding most of the prompt (under its
             // scope); the others take the least recently used ones.
             let mut seqs = Vec::with_capacity(n);
-            let (first, in_place) = self.slots.pick_free(&self.free_seqs, scope, prompt).expect("free slot checked");
+            let (first, in_place) =
+                self.kv.slots().pick_free(&self.free_seqs, scope, prompt).expect("free slot checked");
             seqs.push(self.free_seqs.swap_remove(first));
             while seqs.len() < n {
-                let (i, _) = self.slots.pick_free(&self.free_seqs, scope, &[]).expect("free slot checked");
+                let (i, _) = self.kv.slots().pick_free(&self.free_seqs, scope, &[]).expect("free slot checked");
                 seqs.push(self.free_seqs.swap_remove(i));
             }
             // Compiling the request's grammar runs a third-party library on client input: a
@@ -94,19 +94,13 @@ impl Scheduler {
             for (i, c) in req.choices.iter().enumerate() {
                 let keep = if i == 0 { keep } else { 0 };
                 // What the slot held beyond the part reused goes to host memory first.
-                if self.slots.tokens(c.seq_id).len() > keep {
-                    host_cache::save(&mut self.host, &self.slots, ctx, c.seq_id);
-                }
-                let _ = ctx.clear_kv_cache_seq(Some(c.seq_id as u32), Some(crate::units::count_u32(keep)), None);
-                self.slots.truncate(c.seq_id, keep);
-                self.slots.claim(c.seq_id, req.scope);
-                self.slots.touch(c.seq_id);
+                self.kv.take(ctx, c.seq_id, req.scope, keep);
             }
             req.prefilled = keep;
             // A longer prefix elsewhere: in another slot, or being prefilled right now by a
             // request admitted earlier (a burst sharing one system prompt computes it once).
             let own = req.seq_ids();
-            let mut best = self.slots.best_source(req.scope, &req.prompt, &own);
+            let mut best = self.kv.slots().best_source(req.scope, &req.prompt, &own);
             for other in self.active.iter().filter(|r| r.is_prefilling() && r.scope == req.scope) {
                 let len = common_prefix(&other.prompt, &req.prompt);
                 if best.is_none_or(|(_, l)| len > l) {
@@ -116,16 +110,14 @@ impl Scheduler {
             // Host memory may hold more of it than any sequence (see `host_cache`).
             let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
             let usable = &req.prompt[..req.reusable_len()];
-            let restored =
-                host_cache::restore(&mut self.host, &mut self.slots, ctx, own[0], req.scope, usable, resident);
-            if let Some(len) = restored {
-                share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], len);
+            if let Some(len) = self.kv.restore(ctx, own[0], req.scope, usable, resident) {
+                share_prefix(&mut self.kv, ctx, &mut req, own[0], len);
                 self.active.push(req);
                 continue;
             }
             match best {
                 Some((src, len)) if len.min(req.reusable_len()) > keep => req.share = Some((src, len)),
-                _ => share_prefix(self.cfg.layout, &mut self.slots, ctx, &mut req, own[0], keep),
+                _ => share_prefix(&mut self.kv, ctx, &mut req, own[0], keep),
             }
             self.active.push(req);
         }
@@ -140,15 +132,15 @@ impl Scheduler {
             let Some((src, want)) = req.share else { continue };
             // The source was picked under the request's scope; should the slot have been taken
             // by another scope since, it has nothing for this request.
-            let same_scope = self.slots.scope(src) == req.scope;
-            let have = if same_scope { self.slots.tokens(src) } else { &[] };
+            let same_scope = self.kv.slots().scope(src) == req.scope;
+            let have = if same_scope { self.kv.slots().tokens(src) } else { &[] };
             if same_scope && have.len() < want && still_prefilling.contains(&src) {
                 continue;
             }
             let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
             let len = len.max(req.prefilled);
             let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
-            share_prefix(self.cfg.layout, &mut self.slots, ctx, req, from, len);
+            share_prefix(&mut self.kv, ctx, req, from, len);
         }
     }
 
@@ -156,13 +148,13 @@ impl Scheduler {
     /// unless a request waits to copy from them. A request admitted in the same step has already
     /// taken the one it continues in place.
     pub(super) fn offload_idle(&mut self, ctx: &mut LlamaContext<'_>) {
-        if !self.host.enabled() {
+        if !self.kv.host_enabled() {
             return;
         }
         for seq in self.free_seqs.clone() {
             let awaited = self.active.iter().any(|r| r.share.is_some_and(|(src, _)| src == seq));
-            if !awaited && !self.slots.tokens(seq).is_empty() {
-                host_cache::offload(&mut self.host, &mut self.slots, ctx, seq);
+            if !awaited && !self.kv.slots().tokens(seq).is_empty() {
+                self.kv.offload(ctx, seq);
             }
         }
     }
@@ -189,13 +181,13 @@ impl Scheduler {
             Ok(()) => {
                 telemetry::image_evaluated(image.len, started.elapsed());
                 for pos in start..end {
-                    self.slots.record(seq, pos, req.prompt[pos]);
+                    self.kv.record(seq, pos, req.prompt[pos]);
                 }
                 req.prefilled = end;
             }
             Err(e) => {
                 tracing::error!(error = %e, "an image could not be evaluated");
-                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(crate::units::count_u32(start)), None);
+                self.kv.cut(ctx, seq, start);
                 let req = self.active.swap_remove(i);
                 self.release(&req);
                 let usage = req.complete(Some(EngineError::Decode(format!("the image could not be encoded: {e}"))));
@@ -208,28 +200,15 @@ impl Scheduler {
 /// Copies the first `len` cached tokens of `src` into the request's first sequence (fewer if
 /// `len` would cut an image: see `ActiveRequest::whole_images`; none if the copy fails). The
 /// other choices get the whole prompt once it is read (`spread_prompts`).
-fn share_prefix(
-    layout: KvLayout,
-    slots: &mut KvSlots,
-    ctx: &mut LlamaContext<'_>,
-    req: &mut ActiveRequest,
-    src: i32,
-    len: usize,
-) {
+fn share_prefix(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, req: &mut ActiveRequest, src: i32, len: usize) {
     let mut len = req.whole_images(len);
     let first = req.choices[0].seq_id;
     if first == src {
         // Its own sequence (a restore from host memory) keeps nothing past the prefix.
-        if slots.tokens(src).len() > len {
-            let _ = ctx.clear_kv_cache_seq(Some(src as u32), Some(crate::units::count_u32(len)), None);
-            slots.truncate(src, len);
-        }
-    } else {
-        if let Err(e) = layout.copy_prefix(ctx, src, &[first], len) {
-            tracing::warn!(error = %e, src, dst = first, len, "could not copy a shared prefix; computing it instead");
-            len = 0;
-        }
-        slots.copy_prefix(src, first, len);
+        kv.cut(ctx, src, len);
+    } else if let Err(e) = kv.share(ctx, src, &[first], len) {
+        tracing::warn!(error = %e, src, dst = first, len, "could not copy a shared prefix; computing it instead");
+        len = 0;
     }
     req.prefilled = len;
     req.usage.cached_tokens = crate::units::count_u32(len);

@@ -25,14 +25,12 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use llama_cpp_2::context::session::SeqState;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 
 use crate::error::EngineError;
-use crate::kv::host_cache::HostCache;
+use crate::kv::cache::KvCache;
 use crate::kv::layout::KvLayout;
-use crate::kv::slots::KvSlots;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::scheduler::active::{ActiveRequest, Job};
@@ -75,7 +73,8 @@ pub(crate) struct Scheduler {
     waiting: FairQueue<Job>,
     active: Vec<ActiveRequest>,
     free_seqs: Vec<i32>,
-    slots: KvSlots,
+    /// The KV cache's cells, their mirror and host memory: every change to them goes through it.
+    kv: KvCache,
     batch: LlamaBatch<'static>,
     /// Jobs submitted but not yet admitted (shared with `Engine::submit` for backpressure).
     queued: Arc<AtomicUsize>,
@@ -98,8 +97,6 @@ pub(crate) struct Scheduler {
     /// Requests with several choices whose prompt this step reads to its end: the other choices
     /// get a copy once it is decoded (see `spread_prompts`).
     spreading: Vec<usize>,
-    /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
-    host: HostCache<SeqState>,
     /// Chains sampling on the device, made on the first step when `cfg.device_sampling`.
     device: Option<DeviceSamplers>,
 }
@@ -114,9 +111,7 @@ impl Scheduler {
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as i32).rev().collect();
-        // Per sequence, the lowest free sequence keeps running ones in one ubatch (`kv_layout`).
-        let slots = KvSlots::new(cfg.parallel as usize, cfg.layout == KvLayout::PerSequence);
-        let host = HostCache::new(cfg.host_cache_bytes);
+        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes);
         let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();
         speculation::describe();
@@ -126,7 +121,7 @@ impl Scheduler {
             waiting,
             active: Vec::new(),
             free_seqs,
-            slots,
+            kv,
             batch,
             queued,
             abort,
@@ -139,7 +134,6 @@ impl Scheduler {
             decode_rows: Vec::new(),
             prompt_rows: Vec::new(),
             spreading: Vec::new(),
-            host,
             device: None,
         }
     }
@@ -225,10 +219,10 @@ impl Scheduler {
             batch_tokens,
             running: self.active.iter().map(|r| r.choices.len()).sum(),
             waiting: self.queued.load(Ordering::Relaxed),
-            kv_tokens: self.slots.total_tokens(),
+            kv_tokens: self.kv.slots().total_tokens(),
             kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
-            host_cache_bytes: self.host.bytes(),
-            host_cache_entries: self.host.len(),
+            host_cache_bytes: self.kv.host_usage().0,
+            host_cache_entries: self.kv.host_usage().1,
         }
     }
 
@@ -281,8 +275,7 @@ impl Scheduler {
             tracing::error!(reason = %why, "a request panicked; ending it alone");
             let req = self.active.swap_remove(r);
             for seq in req.seq_ids() {
-                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(0), None);
-                self.slots.truncate(seq, 0);
+                self.kv.cut(ctx, seq, 0);
             }
             self.release(&req);
             let usage = req.complete(Some(EngineError::RequestFailed(why)));
@@ -310,7 +303,7 @@ impl Scheduler {
     fn release(&mut self, req: &ActiveRequest) {
         self.waiting.finished(req.fairness_key, req.choices.len());
         for c in &req.choices {
-            self.slots.touch(c.seq_id);
+            self.kv.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);
             // Whole answers only: one cut short says little about how answers go on.
             if matches!(c.finished, Some(FinishReason::Stop | FinishReason::Length)) {
@@ -341,8 +334,7 @@ impl Scheduler {
             let usage = req.complete(Some(error.clone()));
             self.totals.request_done(&usage);
         }
-        ctx.clear_kv_cache();
-        self.slots.clear_all();
+        self.kv.clear_all(ctx);
     }
 
     /// After a panic in `run`: every running request ends with `error` and reports the tokens

@@ -64,7 +64,7 @@ impl Scheduler {
                     // An index into `decode_rows` until the prompt chunks are in.
                     c.batch_idx = Some(crate::units::llama_pos(self.decode_rows.len()));
                     self.decode_rows.push((token, c.pos, c.seq_id));
-                    self.slots.record(c.seq_id, c.pos as usize, token);
+                    self.kv.record(c.seq_id, c.pos as usize, token);
                     c.pos += 1;
                     budget -= 1;
                     req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
@@ -96,7 +96,7 @@ impl Scheduler {
                     outputs += c.drafts.tokens.len();
                     for &draft in &c.drafts.tokens {
                         self.decode_rows.push((draft, c.pos, c.seq_id));
-                        self.slots.record(c.seq_id, c.pos as usize, draft);
+                        self.kv.record(c.seq_id, c.pos as usize, draft);
                         c.pos += 1;
                     }
                     let fed = c.drafts.tokens.len();
@@ -139,7 +139,7 @@ impl Scheduler {
             for pos in req.prefilled..end {
                 let last = pos + 1 == req.prompt.len();
                 self.prompt_rows.push((req.prompt[pos], crate::units::llama_pos(pos), seq, last));
-                self.slots.record(seq, pos, req.prompt[pos]);
+                self.kv.record(seq, pos, req.prompt[pos]);
             }
             budget -= end - req.prefilled;
             self.batch_prompt_tokens += end - req.prefilled;
@@ -198,12 +198,8 @@ impl Scheduler {
             let req = &self.active[r];
             let seqs = req.seq_ids();
             let len = req.prompt.len();
-            match self.cfg.layout.copy_prefix(ctx, seqs[0], &seqs[1..], len) {
-                Ok(()) => seqs[1..].iter().for_each(|&s| self.slots.copy_prefix(seqs[0], s, len)),
-                Err(e) => {
-                    seqs[1..].iter().for_each(|&s| self.slots.truncate(s, 0));
-                    failed.push((r, e));
-                }
+            if let Err(e) = self.kv.share(ctx, seqs[0], &seqs[1..], len) {
+                failed.push((r, e));
             }
         }
         self.spreading.clear();

@@ -96,9 +96,7 @@ impl Scheduler {
             // hold draft tokens that were not produced.
             let kept = req.choices[i].pos;
             if kept <= fed_pos + crate::units::llama_pos(k) {
-                let seq = req.choices[i].seq_id;
-                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), Some(kept as u32), None);
-                self.slots.truncate(seq, kept as usize);
+                self.kv.cut(ctx, req.choices[i].seq_id, kept as usize);
             }
         }
     }

@@ -1,0 +1,209 @@
+//! The one owner of the KV cache: every change to llama.cpp's cells outside a decode (clear, copy,
+//! state get and set) goes through a method here, which changes the mirror of what each sequence
+//! holds (`KvSlots`) in the same call. A decode (or an image's evaluation) writes cells itself;
+//! the scheduler tells the mirror with [`KvCache::record`] as it plans each row.
+//!
+//! Invariant: for every sequence, the cells hold positions `0..len` and the mirror holds `len`
+//! tokens ([`KvCache::check_mirror`] in the tests; `kv/cache_tests.rs` checks it after every
+//! method on the tiny model, in both layouts).
+//!
+//! Thread rule: the scheduler thread, which owns the context, calls every method.
+
+use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
+use llama_cpp_2::context::LlamaContext;
+
+use crate::kv::host_cache::HostCache;
+use crate::kv::layout::KvLayout;
+use crate::kv::slots::KvSlots;
+use crate::request::CacheScope;
+use crate::units::count_u32;
+
+pub(crate) struct KvCache {
+    slots: KvSlots,
+    /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
+    host: HostCache<SeqState>,
+    layout: KvLayout,
+}
+
+impl KvCache {
+    pub(crate) fn new(n_seqs: usize, layout: KvLayout, host_bytes: usize) -> Self {
+        // Per sequence, the lowest free sequence keeps running ones in one ubatch (`layout`).
+        let slots = KvSlots::new(n_seqs, layout == KvLayout::PerSequence);
+        Self { slots, host: HostCache::new(host_bytes), layout }
+    }
+
+    /// What each sequence holds, and which idle one a prompt should take.
+    pub(crate) fn slots(&self) -> &KvSlots {
+        &self.slots
+    }
+
+    pub(crate) fn host_enabled(&self) -> bool {
+        self.host.enabled()
+    }
+
+    /// Bytes and entries held in host memory.
+    pub(crate) fn host_usage(&self) -> (usize, usize) {
+        (self.host.bytes(), self.host.len())
+    }
+
+    /// A decode (or an image) wrote `token` at `pos` of `seq`.
+    pub(crate) fn record(&mut self, seq: i32, pos: usize, token: i32) {
+        self.slots.record(seq, pos, token);
+    }
+
+    /// Marks `seq` as just used, for least-recently-used eviction.
+    pub(crate) fn touch(&mut self, seq: i32) {
+        self.slots.touch(seq);
+    }
+
+    /// A request of `scope` takes `seq` and reuses its first `keep` entries: what it held beyond
+    /// them goes to host memory first, then its cells from `keep` on are freed.
+    pub(crate) fn take(&mut self, ctx: &mut LlamaContext<'_>, seq: i32, scope: CacheScope, keep: usize) {
+        if self.slots.tokens(seq).len() > keep {
+            self.save(ctx, seq);
+        }
+        self.cut(ctx, seq, keep);
+        self.slots.claim(seq, scope);
+        self.slots.touch(seq);
+    }
+
+    /// Drops the entries of `seq` from position `len` on: drafts that were not accepted, an
+    /// image that failed half-way, a request that ended in a panic (`len` 0).
+    pub(crate) fn cut(&mut self, ctx: &mut LlamaContext<'_>, seq: i32, len: usize) {
+        if self.slots.tokens(seq).len() > len {
+            let _ = ctx.clear_kv_cache_seq(Some(seq_u32(seq)), Some(count_u32(len)), None);
+            self.slots.truncate(seq, len);
+        }
+    }
+
+    /// Every sequence empty (after a failed decode, whose cells llama.cpp may have left in any
+    /// state).
+    pub(crate) fn clear_all(&mut self, ctx: &mut LlamaContext<'_>) {
+        ctx.clear_kv_cache();
+        self.slots.clear_all();
+    }
+
+    /// Makes every sequence of `dsts` hold the first `len` entries of `src`, and nothing else:
+    /// a shared prefix, or a prompt spread to a request's other choices. On failure (which
+    /// leaves them empty) says why.
+    pub(crate) fn share(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        src: i32,
+        dsts: &[i32],
+        len: usize,
+    ) -> Result<(), String> {
+        let dsts: Vec<i32> = dsts.iter().copied().filter(|&d| d != src).collect();
+        let copied = self.copy_cells(ctx, src, &dsts, len);
+        for &dst in &dsts {
+            match copied {
+                Ok(()) => self.slots.copy_prefix(src, dst, len),
+                Err(_) => self.slots.truncate(dst, 0),
+            }
+        }
+        copied
+    }
+
+    fn copy_cells(&self, ctx: &mut LlamaContext<'_>, src: i32, dsts: &[i32], len: usize) -> Result<(), String> {
+        let clear = |ctx: &mut LlamaContext<'_>| {
+            for &dst in dsts {
+                let _ = ctx.clear_kv_cache_seq(Some(seq_u32(dst)), None, None);
+            }
+        };
+        clear(ctx);
+        if len == 0 || dsts.is_empty() {
+            return Ok(());
+        }
+        let copied = match self.layout {
+            KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
+                ctx.copy_kv_cache_seq(src, dst, Some(0), Some(count_u32(len))).map_err(|e| e.to_string())
+            }),
+            // llama.cpp copies between streams only whole buffers, and only at the next decode; a
+            // state copy is immediate and moves only the cells in use.
+            KvLayout::PerSequence => {
+                ctx.state_seq_get(src, LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
+                    dsts.iter().try_for_each(|&dst| {
+                        ctx.state_seq_set(&state, dst).map_err(|e| e.to_string())?;
+                        let _ = ctx.clear_kv_cache_seq(Some(seq_u32(dst)), Some(count_u32(len)), None);
+                        Ok(())
+                    })
+                })
+            }
+        };
+        if copied.is_err() {
+            clear(ctx);
+        }
+        copied
+    }
+
+    /// Moves idle sequence `seq`'s entries to host memory and frees its cells.
+    pub(crate) fn offload(&mut self, ctx: &mut LlamaContext<'_>, seq: i32) {
+        self.save(ctx, seq);
+        self.cut(ctx, seq, 0);
+    }
+
+    /// Copies into `seq` the host entry of `scope` sharing the longest prefix with `prompt`, if
+    /// that beats `at_least` tokens, cut to the shared part. Returns the positions `seq` now
+    /// holds; on failure `seq` is empty and the entry dropped.
+    pub(crate) fn restore(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        seq: i32,
+        scope: CacheScope,
+        prompt: &[i32],
+        at_least: usize,
+    ) -> Option<usize> {
+        let (tokens, state, len) = self.host.best(scope, prompt, at_least)?;
+        let tokens = tokens.to_vec();
+        if let Err(e) = ctx.state_seq_set(state, seq) {
+            // Not enough free cells, or a state this context cannot read: recompute instead.
+            tracing::warn!(error = %e, seq, tokens = tokens.len(), "could not restore cached KV entries");
+            let _ = ctx.clear_kv_cache_seq(Some(seq_u32(seq)), None, None);
+            self.slots.truncate(seq, 0);
+            self.host.remove(scope, &tokens);
+            return None;
+        }
+        let _ = ctx.clear_kv_cache_seq(Some(seq_u32(seq)), Some(count_u32(len)), None);
+        self.slots.set(seq, scope, &tokens[..len]);
+        Some(len)
+    }
+
+    /// Copies `seq`'s entries into host memory (unless an entry there holds them already).
+    fn save(&mut self, ctx: &LlamaContext<'_>, seq: i32) {
+        let (scope, tokens) = (self.slots.scope(seq), self.slots.tokens(seq));
+        if !self.host.enabled() || tokens.is_empty() || self.host.covers(scope, tokens) {
+            return;
+        }
+        match ctx.state_seq_get(seq, LlamaStateSeqFlags::empty()) {
+            Ok(state) => {
+                let bytes = state.byte_len();
+                self.host.insert(scope, tokens.to_vec(), state, bytes);
+            }
+            Err(e) => tracing::warn!(error = %e, seq, "could not copy a sequence's KV entries to host memory"),
+        }
+    }
+
+    /// Whether llama.cpp's cells and the mirror agree for every sequence: the cells of a
+    /// sequence holding `len` tokens span positions `0..len` (none when empty).
+    #[cfg(test)]
+    pub(crate) fn check_mirror(&self, ctx: &LlamaContext<'_>, n_seqs: i32) -> Result<(), String> {
+        for seq in 0..n_seqs {
+            let len = crate::units::llama_pos(self.slots.tokens(seq).len());
+            let (min, max) = (ctx.kv_cache_seq_pos_min(seq), ctx.kv_cache_seq_pos_max(seq));
+            let expected = if len == 0 { (-1, -1) } else { (0, len - 1) };
+            if (min, max) != expected {
+                return Err(format!("seq {seq}: cells span {min}..={max}, the mirror holds {len} tokens"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// llama-cpp-2 takes sequence ids as `u32` in its clear calls; ids are `0..parallel`.
+fn seq_u32(seq: i32) -> u32 {
+    u32::try_from(seq).expect("sequence ids are never negative")
+}
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod tests;
