@@ -17,6 +17,7 @@ pub(crate) mod draw;
 mod plan;
 pub(crate) mod sample_step;
 pub(crate) mod sampling;
+pub(crate) mod step_plan;
 pub mod text;
 mod verify;
 
@@ -36,6 +37,7 @@ use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::scheduler::active::{ActiveRequest, Job};
 use crate::scheduler::admission::{FairQueue, Waiting};
 use crate::scheduler::device_sampling::DeviceSamplers;
+use crate::scheduler::step_plan::StepPlan;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
@@ -90,10 +92,8 @@ pub(crate) struct Scheduler {
     shared: DraftFamilies,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
-    /// This step's decoding rows (token, position, sequence) and prompt rows (token, position,
-    /// sequence, logits wanted), put in the batch in the layout's order (see `fill_batch`).
-    decode_rows: Vec<(i32, i32, i32)>,
-    prompt_rows: Vec<(i32, i32, i32, bool)>,
+    /// This step's rows (see `step_plan`), put in the batch in the layout's order.
+    plan: StepPlan,
     /// Requests with several choices whose prompt this step reads to its end: the other choices
     /// get a copy once it is decoded (see `spread_prompts`).
     spreading: Vec<usize>,
@@ -131,8 +131,7 @@ impl Scheduler {
             acceptance: AcceptanceByKind::default(),
             shared: DraftFamilies::default(),
             batch_prompt_tokens: 0,
-            decode_rows: Vec::new(),
-            prompt_rows: Vec::new(),
+            plan: StepPlan::default(),
             spreading: Vec::new(),
             device: None,
         }

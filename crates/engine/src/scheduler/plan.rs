@@ -4,13 +4,12 @@
 use std::panic::AssertUnwindSafe;
 
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::token::LlamaToken;
 
 use crate::error::EngineError;
 use crate::faults::FaultPoint;
-use crate::kv::layout;
 use crate::speculation::{AcceptanceKind, Lookup, Speculate, MAX_DRAFTING_STREAMS};
 
+use super::step_plan::{prompt_chunk_end, write_batch, Budget, PendingPrompt, RowKind};
 use super::{deterministic, Scheduler};
 
 impl Scheduler {
@@ -26,22 +25,10 @@ impl Scheduler {
     /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
     /// tiles skip the other sequences' cells.
     pub(super) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
-        self.batch.clear();
+        self.plan.clear();
         self.batch_prompt_tokens = 0;
-        self.decode_rows.clear();
-        self.prompt_rows.clear();
         self.spreading.clear();
-        let mut budget = self.cfg.batch_size as usize;
         let decoding: usize = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
-        // Drafts only use what is left once every decoding choice has its token. Forced drafts
-        // (jump-forward) are always accepted, so they may use it at any load; lookup drafts only
-        // while few streams decode.
-        let mut forced_budget = budget.saturating_sub(decoding);
-        let mut draft_budget = if decoding <= MAX_DRAFTING_STREAMS { forced_budget } else { 0 };
-        let ctx_size = self.cfg.ctx_size as i32;
-        let weigh_drafts = self.cfg.speculation.mode == Speculate::Auto;
-        // Positions this step computes logits for so far, counting every decoding choice's token.
-        let mut outputs = decoding;
         // The fixed prompt chunks of isolated requests are held back from drafts.
         let chunk = deterministic::chunk_size(self.cfg.batch_size, self.cfg.parallel);
         let reserved: usize = self
@@ -50,23 +37,27 @@ impl Scheduler {
             .filter(|r| r.isolated && r.is_prefilling() && r.share.is_none())
             .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
             .sum();
-        forced_budget = forced_budget.saturating_sub(reserved);
-        draft_budget = draft_budget.min(forced_budget);
+        let mut budget =
+            Budget::new(self.cfg.batch_size as usize, decoding, reserved, decoding <= MAX_DRAFTING_STREAMS);
+        let ctx_size = self.cfg.ctx_size as i32;
+        let weigh_drafts = self.cfg.speculation.mode == Speculate::Auto;
+        // Positions this step computes logits for so far, counting every decoding choice's token.
+        let mut outputs = decoding;
         // Planning a request's drafts runs its drafter (and grammar) on its own output: a panic
-        // there ends that request alone, its rows taken back out of the batch.
+        // there ends that request alone, its rows taken back out of the plan.
         let mut panicked = Vec::new();
         for (r, req) in self.active.iter_mut().enumerate() {
-            let before = (self.decode_rows.len(), budget, forced_budget, draft_budget, outputs);
+            let before = (self.plan.decode.len(), budget, outputs);
             let planned = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let (max_tokens, isolated) = (req.max_tokens, req.isolated);
                 for c in &mut req.choices {
                     let Some(token) = c.next_token.take() else { continue };
-                    // An index into `decode_rows` until the prompt chunks are in.
-                    c.batch_idx = Some(crate::units::llama_pos(self.decode_rows.len()));
-                    self.decode_rows.push((token, c.pos, c.seq_id));
+                    // An index into the decoding rows until the batch is ordered.
+                    let row = self.plan.push_decode(token, c.pos, c.seq_id, RowKind::Token);
+                    c.batch_idx = Some(crate::units::llama_pos(row));
                     self.kv.record(c.seq_id, c.pos as usize, token);
                     c.pos += 1;
-                    budget -= 1;
+                    budget.take_token();
                     req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
                     // A draft longer than the tokens the choice may still produce, or reaching
                     // past its context, could never be used: verifying k drafts produces up to
@@ -74,11 +65,8 @@ impl Scheduler {
                     let produce_left = max_tokens.saturating_sub(c.generated) as usize;
                     let room = (ctx_size - c.pos).max(0) as usize;
                     let limit = if isolated { 0 } else { produce_left.saturating_sub(1).min(room) };
-                    let mut chain = c.drafter.chain(
-                        limit.min(forced_budget),
-                        limit.min(draft_budget),
-                        self.shared.of(c.drafter.family()),
-                    );
+                    let (forced_room, lookup_room) = budget.draft_room(limit);
+                    let mut chain = c.drafter.chain(forced_room, lookup_room, self.shared.of(c.drafter.family()));
                     let forced = chain.forced_prefix();
                     if weigh_drafts && chain.tokens.len() > forced {
                         let acceptance = &mut self.acceptance;
@@ -95,94 +83,69 @@ impl Scheduler {
                     c.drafts = chain;
                     outputs += c.drafts.tokens.len();
                     for &draft in &c.drafts.tokens {
-                        self.decode_rows.push((draft, c.pos, c.seq_id));
+                        self.plan.push_decode(draft, c.pos, c.seq_id, RowKind::Draft);
                         self.kv.record(c.seq_id, c.pos as usize, draft);
                         c.pos += 1;
                     }
                     let fed = c.drafts.tokens.len();
-                    budget -= fed;
-                    forced_budget -= fed;
-                    draft_budget = draft_budget.saturating_sub(fed - c.drafts.forced_within(fed));
+                    budget.take_drafts(fed, c.drafts.forced_within(fed));
                 }
             }));
             if let Err(payload) = planned {
                 let rows;
-                (rows, budget, forced_budget, draft_budget, outputs) = before;
-                self.decode_rows.truncate(rows);
+                (rows, budget, outputs) = before;
+                self.plan.decode.truncate(rows);
                 panicked.push((r, crate::error::panic_message(payload.as_ref())));
             }
         }
         self.end_panicked(ctx, panicked);
         let mut prompt_done = Vec::new();
         for (r, req) in self.active.iter_mut().enumerate() {
-            if budget == 0 {
+            if budget.left() == 0 {
                 break;
             }
             if !req.is_prefilling() || req.share.is_some() {
                 continue;
             }
-            // An image waits for `evaluate_image`.
-            let mut end = (req.prefilled + budget).min(req.text_end(req.prefilled));
-            if req.isolated {
-                // A whole chunk or none: its rows' sums depend on how many are computed at once.
-                end = deterministic::chunk_end(req.prefilled, chunk, req.text_end(req.prefilled));
-                if end - req.prefilled > budget {
-                    continue;
-                }
-            }
-            if end == req.prefilled {
-                continue;
-            }
+            let pending = PendingPrompt {
+                prefilled: req.prefilled,
+                text_end: req.text_end(req.prefilled),
+                isolated: req.isolated,
+            };
+            let Some(end) = prompt_chunk_end(pending, budget.left(), chunk) else { continue };
             // The prompt goes into the first choice's sequence; the others get a copy once it
             // is read (`spread_prompts`).
             let seq = req.choices[0].seq_id;
             for pos in req.prefilled..end {
                 let last = pos + 1 == req.prompt.len();
-                self.prompt_rows.push((req.prompt[pos], crate::units::llama_pos(pos), seq, last));
+                self.plan.push_prompt(req.prompt[pos], crate::units::llama_pos(pos), seq, last);
                 self.kv.record(seq, pos, req.prompt[pos]);
             }
-            budget -= end - req.prefilled;
+            budget.take_prompt(end - req.prefilled);
             self.batch_prompt_tokens += end - req.prefilled;
             req.prefilled = end;
             if !req.is_prefilling() {
-                prompt_done.push((r, self.prompt_rows.len() - 1));
+                prompt_done.push((r, self.plan.prompt.len() - 1));
                 if req.choices.len() > 1 {
                     self.spreading.push(r);
                 }
             }
         }
-        let planned: Vec<(i32, i32, i32, bool)> = self
-            .prompt_rows
-            .iter()
-            .copied()
-            .chain(self.decode_rows.iter().map(|&(token, pos, seq)| (token, pos, seq, true)))
-            .collect();
-        let seqs: Vec<i32> = planned.iter().map(|row| row.2).collect();
         let isolated: Vec<i32> =
             self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
-        let order = if isolated.is_empty() {
-            layout::batch_order(self.cfg.layout, &seqs)
-        } else {
-            deterministic::batch_order(self.cfg.layout, &seqs, |s| isolated.contains(&s))
-        };
-        let mut rows = vec![(0, 0, 0, false); planned.len()];
-        for (i, row) in planned.into_iter().enumerate() {
-            rows[order[i]] = row;
-        }
-        for (token, pos, seq, logits) in rows {
-            self.batch.add(LlamaToken(token), pos, &[seq], logits).expect("batch sized for the budget");
-        }
-        let first_decode_row = self.prompt_rows.len();
+        let (rows, at) = self.plan.ordered(self.cfg.layout, &isolated);
+        write_batch(&mut self.batch, &rows);
+        let first_decode_row = self.plan.prompt.len();
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
             if let Some(row) = &mut c.batch_idx {
-                *row = crate::units::llama_pos(order[first_decode_row + *row as usize]);
+                *row = crate::units::llama_pos(at[first_decode_row + *row as usize]);
             }
         }
         // A prompt read to its end has its first token's logits at its last row.
         for (r, idx) in prompt_done {
             let req = &mut self.active[r];
             for c in &mut req.choices {
-                c.batch_idx = Some(crate::units::llama_pos(order[idx]));
+                c.batch_idx = Some(crate::units::llama_pos(at[idx]));
                 c.pos = crate::units::llama_pos(req.prompt.len());
             }
         }
