@@ -14,6 +14,7 @@ use llama_cpp_2::context::LlamaContext;
 
 use crate::kv::host_cache::HostCache;
 use crate::kv::layout::KvLayout;
+use crate::kv::seq_id::SeqId;
 use crate::kv::slots::KvSlots;
 use crate::request::CacheScope;
 use crate::units::count_u32;
@@ -47,18 +48,18 @@ impl KvCache {
     }
 
     /// A decode (or an image) wrote `token` at `pos` of `seq`.
-    pub(crate) fn record(&mut self, seq: i32, pos: usize, token: i32) {
+    pub(crate) fn record(&mut self, seq: SeqId, pos: usize, token: i32) {
         self.slots.record(seq, pos, token);
     }
 
     /// Marks `seq` as just used, for least-recently-used eviction.
-    pub(crate) fn touch(&mut self, seq: i32) {
+    pub(crate) fn touch(&mut self, seq: SeqId) {
         self.slots.touch(seq);
     }
 
     /// A request of `scope` takes `seq` and reuses its first `keep` entries: what it held beyond
     /// them goes to host memory first, then its cells from `keep` on are freed.
-    pub(crate) fn take(&mut self, ctx: &mut LlamaContext<'_>, seq: i32, scope: CacheScope, keep: usize) {
+    pub(crate) fn take(&mut self, ctx: &mut LlamaContext<'_>, seq: SeqId, scope: CacheScope, keep: usize) {
         if self.slots.tokens(seq).len() > keep {
             self.save(ctx, seq);
         }
@@ -69,9 +70,9 @@ impl KvCache {
 
     /// Drops the entries of `seq` from position `len` on: drafts that were not accepted, an
     /// image that failed half-way, a request that ended in a panic (`len` 0).
-    pub(crate) fn cut(&mut self, ctx: &mut LlamaContext<'_>, seq: i32, len: usize) {
+    pub(crate) fn cut(&mut self, ctx: &mut LlamaContext<'_>, seq: SeqId, len: usize) {
         if self.slots.tokens(seq).len() > len {
-            let _ = ctx.clear_kv_cache_seq(Some(seq_u32(seq)), Some(count_u32(len)), None);
+            let _ = ctx.clear_kv_cache_seq(Some(seq.as_u32()), Some(count_u32(len)), None);
             self.slots.truncate(seq, len);
         }
     }
@@ -89,11 +90,11 @@ impl KvCache {
     pub(crate) fn share(
         &mut self,
         ctx: &mut LlamaContext<'_>,
-        src: i32,
-        dsts: &[i32],
+        src: SeqId,
+        dsts: &[SeqId],
         len: usize,
     ) -> Result<(), String> {
-        let dsts: Vec<i32> = dsts.iter().copied().filter(|&d| d != src).collect();
+        let dsts: Vec<SeqId> = dsts.iter().copied().filter(|&d| d != src).collect();
         let copied = self.copy_cells(ctx, src, &dsts, len);
         for &dst in &dsts {
             match copied {
@@ -104,10 +105,10 @@ impl KvCache {
         copied
     }
 
-    fn copy_cells(&self, ctx: &mut LlamaContext<'_>, src: i32, dsts: &[i32], len: usize) -> Result<(), String> {
+    fn copy_cells(&self, ctx: &mut LlamaContext<'_>, src: SeqId, dsts: &[SeqId], len: usize) -> Result<(), String> {
         let clear = |ctx: &mut LlamaContext<'_>| {
             for &dst in dsts {
-                let _ = ctx.clear_kv_cache_seq(Some(seq_u32(dst)), None, None);
+                let _ = ctx.clear_kv_cache_seq(Some(dst.as_u32()), None, None);
             }
         };
         clear(ctx);
@@ -116,15 +117,15 @@ impl KvCache {
         }
         let copied = match self.layout {
             KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
-                ctx.copy_kv_cache_seq(src, dst, Some(0), Some(count_u32(len))).map_err(|e| e.to_string())
+                ctx.copy_kv_cache_seq(src.raw(), dst.raw(), Some(0), Some(count_u32(len))).map_err(|e| e.to_string())
             }),
             // llama.cpp copies between streams only whole buffers, and only at the next decode; a
             // state copy is immediate and moves only the cells in use.
             KvLayout::PerSequence => {
-                ctx.state_seq_get(src, LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
+                ctx.state_seq_get(src.raw(), LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
                     dsts.iter().try_for_each(|&dst| {
-                        ctx.state_seq_set(&state, dst).map_err(|e| e.to_string())?;
-                        let _ = ctx.clear_kv_cache_seq(Some(seq_u32(dst)), Some(count_u32(len)), None);
+                        ctx.state_seq_set(&state, dst.raw()).map_err(|e| e.to_string())?;
+                        let _ = ctx.clear_kv_cache_seq(Some(dst.as_u32()), Some(count_u32(len)), None);
                         Ok(())
                     })
                 })
@@ -137,7 +138,7 @@ impl KvCache {
     }
 
     /// Moves idle sequence `seq`'s entries to host memory and frees its cells.
-    pub(crate) fn offload(&mut self, ctx: &mut LlamaContext<'_>, seq: i32) {
+    pub(crate) fn offload(&mut self, ctx: &mut LlamaContext<'_>, seq: SeqId) {
         self.save(ctx, seq);
         self.cut(ctx, seq, 0);
     }
@@ -148,48 +149,50 @@ impl KvCache {
     pub(crate) fn restore(
         &mut self,
         ctx: &mut LlamaContext<'_>,
-        seq: i32,
+        seq: SeqId,
         scope: CacheScope,
         prompt: &[i32],
         at_least: usize,
     ) -> Option<usize> {
         let (tokens, state, len) = self.host.best(scope, prompt, at_least)?;
         let tokens = tokens.to_vec();
-        if let Err(e) = ctx.state_seq_set(state, seq) {
+        if let Err(e) = ctx.state_seq_set(state, seq.raw()) {
             // Not enough free cells, or a state this context cannot read: recompute instead.
-            tracing::warn!(error = %e, seq, tokens = tokens.len(), "could not restore cached KV entries");
-            let _ = ctx.clear_kv_cache_seq(Some(seq_u32(seq)), None, None);
+            tracing::warn!(error = %e, seq = seq.raw(), tokens = tokens.len(), "could not restore cached KV entries");
+            let _ = ctx.clear_kv_cache_seq(Some(seq.as_u32()), None, None);
             self.slots.truncate(seq, 0);
             self.host.remove(scope, &tokens);
             return None;
         }
-        let _ = ctx.clear_kv_cache_seq(Some(seq_u32(seq)), Some(count_u32(len)), None);
+        let _ = ctx.clear_kv_cache_seq(Some(seq.as_u32()), Some(count_u32(len)), None);
         self.slots.set(seq, scope, &tokens[..len]);
         Some(len)
     }
 
     /// Copies `seq`'s entries into host memory (unless an entry there holds them already).
-    fn save(&mut self, ctx: &LlamaContext<'_>, seq: i32) {
+    fn save(&mut self, ctx: &LlamaContext<'_>, seq: SeqId) {
         let (scope, tokens) = (self.slots.scope(seq), self.slots.tokens(seq));
         if !self.host.enabled() || tokens.is_empty() || self.host.covers(scope, tokens) {
             return;
         }
-        match ctx.state_seq_get(seq, LlamaStateSeqFlags::empty()) {
+        match ctx.state_seq_get(seq.raw(), LlamaStateSeqFlags::empty()) {
             Ok(state) => {
                 let bytes = state.byte_len();
                 self.host.insert(scope, tokens.to_vec(), state, bytes);
             }
-            Err(e) => tracing::warn!(error = %e, seq, "could not copy a sequence's KV entries to host memory"),
+            Err(e) => {
+                tracing::warn!(error = %e, seq = seq.raw(), "could not copy a sequence's KV entries to host memory")
+            }
         }
     }
 
     /// Whether llama.cpp's cells and the mirror agree for every sequence: the cells of a
     /// sequence holding `len` tokens span positions `0..len` (none when empty).
     #[cfg(test)]
-    pub(crate) fn check_mirror(&self, ctx: &LlamaContext<'_>, n_seqs: i32) -> Result<(), String> {
-        for seq in 0..n_seqs {
+    pub(crate) fn check_mirror(&self, ctx: &LlamaContext<'_>, n_seqs: usize) -> Result<(), String> {
+        for seq in (0..n_seqs).map(SeqId::new) {
             let len = crate::units::llama_pos(self.slots.tokens(seq).len());
-            let (min, max) = (ctx.kv_cache_seq_pos_min(seq), ctx.kv_cache_seq_pos_max(seq));
+            let (min, max) = (ctx.kv_cache_seq_pos_min(seq.raw()), ctx.kv_cache_seq_pos_max(seq.raw()));
             let expected = if len == 0 { (-1, -1) } else { (0, len - 1) };
             if (min, max) != expected {
                 return Err(format!("seq {seq}: cells span {min}..={max}, the mirror holds {len} tokens"));
@@ -197,11 +200,6 @@ impl KvCache {
         }
         Ok(())
     }
-}
-
-/// llama-cpp-2 takes sequence ids as `u32` in its clear calls; ids are `0..parallel`.
-fn seq_u32(seq: i32) -> u32 {
-    u32::try_from(seq).expect("sequence ids are never negative")
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use super::KvCache;
 use crate::kv::layout::KvLayout;
+use crate::kv::seq_id::SeqId;
 use crate::model::backend::llama_backend;
 use crate::model::LoadedModel;
 use crate::request::CacheScope;
@@ -17,21 +18,25 @@ use crate::tests::engine::tiny_model;
 use crate::Offload;
 
 const SEQS: i32 = 4;
+
+fn s(index: usize) -> SeqId {
+    SeqId::new(index)
+}
 const A: CacheScope = CacheScope(1);
 const B: CacheScope = CacheScope(2);
 
 /// Decodes `tokens` into `seq` from position `from`, as a step does: rows recorded as planned.
-fn decode(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, seq: i32, from: usize, tokens: &[i32]) {
+fn decode(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, seq: usize, from: usize, tokens: &[i32]) {
     let mut batch = LlamaBatch::new(64, 1);
     for (i, &t) in tokens.iter().enumerate() {
-        kv.record(seq, from + i, t);
-        batch.add(LlamaToken(t), (from + i) as i32, &[seq], i + 1 == tokens.len()).unwrap();
+        kv.record(s(seq), from + i, t);
+        batch.add(LlamaToken(t), (from + i) as i32, &[s(seq).raw()], i + 1 == tokens.len()).unwrap();
     }
     ctx.decode(&mut batch).unwrap();
 }
 
 fn agree(kv: &KvCache, ctx: &LlamaContext<'_>, after: &str) {
-    if let Err(e) = kv.check_mirror(ctx, SEQS) {
+    if let Err(e) = kv.check_mirror(ctx, SEQS as usize) {
         panic!("after {after}: {e}");
     }
 }
@@ -50,50 +55,50 @@ fn every_method_keeps_the_mirror(layout: KvLayout) {
     let mut kv = KvCache::new(SEQS as usize, layout, 64 << 20);
     let prompt: Vec<i32> = (1..=12).collect();
 
-    kv.take(&mut ctx, 0, A, 0);
+    kv.take(&mut ctx, s(0), A, 0);
     decode(&mut kv, &mut ctx, 0, 0, &prompt);
     agree(&kv, &ctx, "a prompt");
-    assert_eq!(kv.slots().tokens(0), prompt);
+    assert_eq!(kv.slots().tokens(s(0)), prompt);
 
     // A prefix shared with two other sequences (a unified cache tags cells, streams copy them).
-    kv.share(&mut ctx, 0, &[1, 2], 8).unwrap();
+    kv.share(&mut ctx, s(0), &[s(1), s(2)], 8).unwrap();
     agree(&kv, &ctx, "share");
-    assert_eq!(kv.slots().tokens(1), &prompt[..8]);
-    assert_eq!(kv.slots().scope(2), A);
+    assert_eq!(kv.slots().tokens(s(1)), &prompt[..8]);
+    assert_eq!(kv.slots().scope(s(2)), A);
     decode(&mut kv, &mut ctx, 1, 8, &[40, 41]);
     agree(&kv, &ctx, "decoding after the shared prefix");
 
     // Drafts rejected: the cells past what was accepted go.
     decode(&mut kv, &mut ctx, 0, 12, &[20, 21, 22]);
-    kv.cut(&mut ctx, 0, 13);
+    kv.cut(&mut ctx, s(0), 13);
     agree(&kv, &ctx, "cut");
-    assert_eq!(kv.slots().tokens(0).len(), 13);
+    assert_eq!(kv.slots().tokens(s(0)).len(), 13);
 
     // Idle: moved to host memory, then restored into another sequence, cut to the shared part.
-    kv.offload(&mut ctx, 0);
+    kv.offload(&mut ctx, s(0));
     agree(&kv, &ctx, "offload");
-    assert!(kv.slots().tokens(0).is_empty());
+    assert!(kv.slots().tokens(s(0)).is_empty());
     assert_eq!(kv.host_usage().1, 1, "the host holds the sequence");
     let next: Vec<i32> = prompt[..10].iter().copied().chain([99]).collect();
-    assert_eq!(kv.restore(&mut ctx, 3, B, &next, 0), None, "another scope finds nothing");
-    kv.take(&mut ctx, 3, A, 0);
-    assert_eq!(kv.restore(&mut ctx, 3, A, &next, 0), Some(10));
+    assert_eq!(kv.restore(&mut ctx, s(3), B, &next, 0), None, "another scope finds nothing");
+    kv.take(&mut ctx, s(3), A, 0);
+    assert_eq!(kv.restore(&mut ctx, s(3), A, &next, 0), Some(10));
     agree(&kv, &ctx, "restore");
-    assert_eq!(kv.slots().tokens(3), &prompt[..10]);
+    assert_eq!(kv.slots().tokens(s(3)), &prompt[..10]);
     decode(&mut kv, &mut ctx, 3, 10, &[99]);
     agree(&kv, &ctx, "decoding after a restore");
 
     // A new request takes sequence 1 keeping 4 entries; the rest goes to host memory first.
     let entries = kv.host_usage().1;
-    kv.take(&mut ctx, 1, A, 4);
+    kv.take(&mut ctx, s(1), A, 4);
     agree(&kv, &ctx, "take");
-    assert_eq!(kv.slots().tokens(1), &prompt[..4]);
+    assert_eq!(kv.slots().tokens(s(1)), &prompt[..4]);
     assert_eq!(kv.host_usage().1, entries + 1, "what it held beyond 4 was saved");
 
     // A failed share leaves its destinations empty; sharing nothing empties them too.
-    kv.share(&mut ctx, 1, &[2], 0).unwrap();
+    kv.share(&mut ctx, s(1), &[s(2)], 0).unwrap();
     agree(&kv, &ctx, "an empty share");
-    assert!(kv.slots().tokens(2).is_empty());
+    assert!(kv.slots().tokens(s(2)).is_empty());
 
     kv.clear_all(&mut ctx);
     agree(&kv, &ctx, "clear_all");
@@ -125,6 +130,6 @@ fn the_check_sees_a_mirror_that_drifted() {
     agree(&kv, &ctx, "a prompt");
     // Cells cleared behind the cache's back: the check tells.
     let _ = ctx.clear_kv_cache_seq(Some(2), Some(1), None);
-    let err = kv.check_mirror(&ctx, SEQS).unwrap_err();
+    let err = kv.check_mirror(&ctx, SEQS as usize).unwrap_err();
     assert!(err.contains("seq 2"), "{err}");
 }

@@ -7,4 +7,5 @@ pub(crate) mod cache;
 pub(crate) mod host_cache;
 pub(crate) mod layout;
 pub(crate) mod scope;
+pub(crate) mod seq_id;
 pub(crate) mod slots;

@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::constraint::{Constraint, PreparedGrammars};
 use crate::error::EngineError;
 use crate::faults::{Fault, FaultPoint};
+use crate::kv::seq_id::SeqId;
 use crate::model::vision::PromptImage;
 use crate::model::LoadedModel;
 use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
@@ -28,7 +29,7 @@ pub(crate) struct Job {
 
 pub(crate) struct Choice {
     pub index: u32,
-    pub seq_id: i32,
+    pub seq_id: SeqId,
     pub sampler: Sampler,
     pub text: TextAssembler,
     pub generated: u32,
@@ -72,7 +73,7 @@ pub(crate) struct ActiveRequest {
     pub prefilled: usize,
     /// A longer prefix of the prompt that another sequence holds or is computing right now:
     /// `(sequence, length)`. Prefill waits for it and copies it instead of recomputing it.
-    pub share: Option<(i32, usize)>,
+    pub share: Option<(SeqId, usize)>,
     /// Only prefixes and answers cached under this scope are reused (see `CacheScope`).
     pub scope: CacheScope,
     pub choices: Vec<Choice>,
@@ -100,7 +101,7 @@ impl ActiveRequest {
     /// compile, which the server checks before queueing.
     pub(crate) fn new(
         job: Job,
-        seq_ids: Vec<i32>,
+        seq_ids: Vec<SeqId>,
         model: &LoadedModel,
         ctx_size: u32,
         speculation: SpeculationConfig,
@@ -286,7 +287,7 @@ impl ActiveRequest {
         self.images.iter().map(|im| im.start).find(|&s| s >= pos).unwrap_or(self.prompt.len())
     }
 
-    pub(crate) fn seq_ids(&self) -> Vec<i32> {
+    pub(crate) fn seq_ids(&self) -> Vec<SeqId> {
         self.choices.iter().map(|c| c.seq_id).collect()
     }
 

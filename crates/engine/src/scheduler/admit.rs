@@ -10,6 +10,7 @@ use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
 use crate::kv::cache::KvCache;
+use crate::kv::seq_id::SeqId;
 use crate::kv::slots::common_prefix;
 use crate::request::{Event, Outcome, Usage};
 use crate::scheduler::active::ActiveRequest;
@@ -126,7 +127,7 @@ impl Scheduler {
     /// Requests waiting on a prefix from another sequence take it once it is computed, or as
     /// much of it as exists once its computation stopped (its request finished or was cut).
     pub(super) fn resolve_shares(&mut self, ctx: &mut LlamaContext<'_>) {
-        let still_prefilling: Vec<i32> =
+        let still_prefilling: Vec<SeqId> =
             self.active.iter().filter(|r| r.is_prefilling()).map(|r| r.choices[0].seq_id).collect();
         for req in &mut self.active {
             let Some((src, want)) = req.share else { continue };
@@ -175,7 +176,7 @@ impl Scheduler {
         let (start, end) = (image.start, image.start + image.len);
         let started = Instant::now();
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-        let evaluated = vision.evaluate(ctx, &image, seq, self.cfg.batch_size as i32);
+        let evaluated = vision.evaluate(ctx, &image, seq.raw(), self.cfg.batch_size as i32);
         drop(turn);
         match evaluated {
             Ok(()) => {
@@ -200,14 +201,14 @@ impl Scheduler {
 /// Copies the first `len` cached tokens of `src` into the request's first sequence (fewer if
 /// `len` would cut an image: see `ActiveRequest::whole_images`; none if the copy fails). The
 /// other choices get the whole prompt once it is read (`spread_prompts`).
-fn share_prefix(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, req: &mut ActiveRequest, src: i32, len: usize) {
+fn share_prefix(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, req: &mut ActiveRequest, src: SeqId, len: usize) {
     let mut len = req.whole_images(len);
     let first = req.choices[0].seq_id;
     if first == src {
         // Its own sequence (a restore from host memory) keeps nothing past the prefix.
         kv.cut(ctx, src, len);
     } else if let Err(e) = kv.share(ctx, src, &[first], len) {
-        tracing::warn!(error = %e, src, dst = first, len, "could not copy a shared prefix; computing it instead");
+        tracing::warn!(error = %e, src = %src, dst = %first, len, "could not copy a shared prefix; computing it instead");
         len = 0;
     }
     req.prefilled = len;

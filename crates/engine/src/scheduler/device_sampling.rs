@@ -23,6 +23,7 @@ use std::ptr::NonNull;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_sys_2 as sys;
 
+use crate::kv::seq_id::SeqId;
 use crate::request::SamplingParams;
 
 /// Where choices are sampled: `Auto` samples on the device when the model's layers are on a GPU.
@@ -65,7 +66,7 @@ struct Attached {
 /// The device chains attached to the context's sequences.
 pub(crate) struct DeviceSamplers {
     ctx: NonNull<sys::llama_context>,
-    attached: HashMap<i32, Attached>,
+    attached: HashMap<SeqId, Attached>,
 }
 
 impl DeviceSamplers {
@@ -81,7 +82,7 @@ impl DeviceSamplers {
     /// Makes `seq` sample by `key` on the device, or on the host when `key` is `None`. Returns
     /// whether its tokens now come from the device (llama.cpp refuses a chain its backend cannot
     /// run, and the host samples then).
-    pub(crate) fn assign(&mut self, seq: i32, key: Option<ChainKey>) -> bool {
+    pub(crate) fn assign(&mut self, seq: SeqId, key: Option<ChainKey>) -> bool {
         match (self.attached.get(&seq), key) {
             (Some(a), Some(key)) if a.key == key => return true,
             (None, None) => return false,
@@ -91,7 +92,7 @@ impl DeviceSamplers {
         let Some(key) = key else { return false };
         let chain = new_chain(key);
         // SAFETY: the context outlives `self` (see `Drop`), the chain is ours until detached.
-        let taken = unsafe { sys::llama_set_sampler(self.ctx.as_ptr(), seq, chain.as_ptr()) };
+        let taken = unsafe { sys::llama_set_sampler(self.ctx.as_ptr(), seq.raw(), chain.as_ptr()) };
         if taken {
             self.attached.insert(seq, Attached { key, chain });
         } else {
@@ -101,11 +102,11 @@ impl DeviceSamplers {
         taken
     }
 
-    fn detach(&mut self, seq: i32) {
+    fn detach(&mut self, seq: SeqId) {
         if let Some(a) = self.attached.remove(&seq) {
             // SAFETY: as in `assign`; once detached the context no longer refers to the chain.
             unsafe {
-                sys::llama_set_sampler(self.ctx.as_ptr(), seq, std::ptr::null_mut());
+                sys::llama_set_sampler(self.ctx.as_ptr(), seq.raw(), std::ptr::null_mut());
                 sys::llama_sampler_free(a.chain.as_ptr());
             }
         }
@@ -122,7 +123,7 @@ impl DeviceSamplers {
 /// context before they are freed.
 impl Drop for DeviceSamplers {
     fn drop(&mut self) {
-        let seqs: Vec<i32> = self.attached.keys().copied().collect();
+        let seqs: Vec<SeqId> = self.attached.keys().copied().collect();
         for seq in seqs {
             self.detach(seq);
         }

@@ -10,6 +10,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use super::{raw_context, ChainKey, DeviceSamplers};
+use crate::kv::seq_id::SeqId;
 use crate::model::backend::llama_backend;
 use crate::model::LoadedModel;
 use crate::scheduler::sampling::tests::{chi_square, reference};
@@ -53,8 +54,8 @@ fn device_draws_follow_the_tempered_distribution_and_the_host_gets_logits_back()
     let temperature = 0.8;
     let key = ChainKey::for_request(&sampled(temperature, 1.0), false);
     let mut device = DeviceSamplers::new(&ctx).unwrap();
-    assert!(device.assign(0, key), "the CPU backend runs temperature and dist");
-    assert!(device.assign(0, key), "the same chain stays");
+    assert!(device.assign(SeqId::new(0), key), "the CPU backend runs temperature and dist");
+    assert!(device.assign(SeqId::new(0), key), "the same chain stays");
     assert_eq!(device.attached(), 1);
     let mut counts = vec![0u64; logits.len()];
     for _ in 0..3000 {
@@ -69,7 +70,7 @@ fn device_draws_follow_the_tempered_distribution_and_the_host_gets_logits_back()
     let (off, _) = chi_square(&counts, &reference(&logits, 1.6, 1.0).iter().map(|p| p.max(1e-12)).collect::<Vec<_>>());
     assert!(off > critical, "a wrong reference is told apart ({off:.1} vs {critical:.1})");
 
-    assert!(!device.assign(0, None), "back to the host");
+    assert!(!device.assign(SeqId::new(0), None), "back to the host");
     assert_eq!(device.attached(), 0);
     decode_prompt(&mut ctx, &mut batch, 0);
     assert_eq!(ctx.sampled_token_ith(last), None);

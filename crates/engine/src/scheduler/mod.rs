@@ -32,6 +32,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use crate::error::EngineError;
 use crate::kv::cache::KvCache;
 use crate::kv::layout::KvLayout;
+use crate::kv::seq_id::SeqId;
 use crate::model::LoadedModel;
 use crate::request::{Event, FinishReason, Outcome, Usage};
 use crate::scheduler::active::{ActiveRequest, Job};
@@ -74,7 +75,7 @@ pub(crate) struct Scheduler {
     cfg: SchedulerConfig,
     waiting: FairQueue<Job>,
     active: Vec<ActiveRequest>,
-    free_seqs: Vec<i32>,
+    free_seqs: Vec<SeqId>,
     /// The KV cache's cells, their mirror and host memory: every change to them goes through it.
     kv: KvCache,
     batch: LlamaBatch<'static>,
@@ -110,7 +111,7 @@ impl Scheduler {
         spec_stats: Arc<SpeculationStats>,
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
-        let free_seqs = (0..cfg.parallel as i32).rev().collect();
+        let free_seqs = (0..cfg.parallel as usize).rev().map(SeqId::new).collect();
         let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes);
         let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();

@@ -9,6 +9,8 @@ use crate::error::EngineError;
 use crate::faults::FaultPoint;
 use crate::speculation::{AcceptanceKind, Lookup, Speculate, MAX_DRAFTING_STREAMS};
 
+use crate::kv::seq_id::SeqId;
+
 use super::step_plan::{prompt_chunk_end, write_batch, Budget, PendingPrompt, RowKind};
 use super::{deterministic, Scheduler};
 
@@ -131,7 +133,7 @@ impl Scheduler {
                 }
             }
         }
-        let isolated: Vec<i32> =
+        let isolated: Vec<SeqId> =
             self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
         let (rows, at) = self.plan.ordered(self.cfg.layout, &isolated);
         write_batch(&mut self.batch, &rows);

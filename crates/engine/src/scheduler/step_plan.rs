@@ -8,6 +8,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::kv::layout::{self, KvLayout};
+use crate::kv::seq_id::SeqId;
 
 use super::deterministic;
 
@@ -27,7 +28,7 @@ pub(crate) enum RowKind {
 pub(crate) struct Row {
     pub token: i32,
     pub pos: i32,
-    pub seq: i32,
+    pub seq: SeqId,
     pub logits: bool,
     pub kind: RowKind,
 }
@@ -47,12 +48,12 @@ impl StepPlan {
     }
 
     /// A decoding row; its index among them (the choice's `batch_idx` until [`Self::ordered`]).
-    pub(crate) fn push_decode(&mut self, token: i32, pos: i32, seq: i32, kind: RowKind) -> usize {
+    pub(crate) fn push_decode(&mut self, token: i32, pos: i32, seq: SeqId, kind: RowKind) -> usize {
         self.decode.push(Row { token, pos, seq, logits: true, kind });
         self.decode.len() - 1
     }
 
-    pub(crate) fn push_prompt(&mut self, token: i32, pos: i32, seq: i32, last: bool) {
+    pub(crate) fn push_prompt(&mut self, token: i32, pos: i32, seq: SeqId, last: bool) {
         self.prompt.push(Row { token, pos, seq, logits: last, kind: RowKind::Prompt });
     }
 
@@ -61,9 +62,11 @@ impl StepPlan {
     /// are grouped by ascending sequence (llama.cpp makes one ubatch per run of consecutive
     /// sequences), `isolated` sequences each in a ubatch of their own (`deterministic`); in a
     /// unified cache prompt chunks come first and decoding rows last (see `fill_batch`).
-    pub(crate) fn ordered(&self, layout: KvLayout, isolated: &[i32]) -> (Vec<Row>, Vec<usize>) {
+    pub(crate) fn ordered(&self, layout: KvLayout, isolated: &[SeqId]) -> (Vec<Row>, Vec<usize>) {
         let planned: Vec<Row> = self.prompt.iter().chain(&self.decode).copied().collect();
-        let seqs: Vec<i32> = planned.iter().map(|r| r.seq).collect();
+        // The ordering rules work on llama.cpp's numbers: a run is of ids that follow on by one.
+        let seqs: Vec<i32> = planned.iter().map(|r| r.seq.raw()).collect();
+        let isolated: Vec<i32> = isolated.iter().map(|s| s.raw()).collect();
         let at = if isolated.is_empty() {
             layout::batch_order(layout, &seqs)
         } else {
@@ -81,7 +84,7 @@ impl StepPlan {
 pub(crate) fn write_batch(batch: &mut LlamaBatch<'_>, rows: &[Row]) {
     batch.clear();
     for r in rows {
-        batch.add(LlamaToken(r.token), r.pos, &[r.seq], r.logits).expect("batch sized for the budget");
+        batch.add(LlamaToken(r.token), r.pos, &[r.seq.raw()], r.logits).expect("batch sized for the budget");
     }
 }
 

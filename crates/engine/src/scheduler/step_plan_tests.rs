@@ -2,6 +2,10 @@
 
 use super::*;
 
+fn id(index: usize) -> SeqId {
+    SeqId::new(index)
+}
+
 #[test]
 fn every_decoding_choice_comes_before_any_draft() {
     // 16 rows, 3 choices decoding, no isolated chunk: 13 rows for drafts.
@@ -58,22 +62,22 @@ fn an_isolated_prompt_takes_a_whole_fixed_chunk_or_none() {
 fn plan() -> StepPlan {
     let mut plan = StepPlan::default();
     // Sequence 3 decodes a token and a draft, sequence 1 a token; sequence 2's prompt ends.
-    assert_eq!(plan.push_decode(50, 9, 3, RowKind::Token), 0);
-    assert_eq!(plan.push_decode(51, 10, 3, RowKind::Draft), 1);
-    assert_eq!(plan.push_decode(60, 4, 1, RowKind::Token), 2);
-    plan.push_prompt(7, 0, 2, false);
-    plan.push_prompt(8, 1, 2, true);
+    assert_eq!(plan.push_decode(50, 9, id(3), RowKind::Token), 0);
+    assert_eq!(plan.push_decode(51, 10, id(3), RowKind::Draft), 1);
+    assert_eq!(plan.push_decode(60, 4, id(1), RowKind::Token), 2);
+    plan.push_prompt(7, 0, id(2), false);
+    plan.push_prompt(8, 1, id(2), true);
     plan
 }
 
 #[test]
 fn with_a_stream_per_sequence_rows_go_by_ascending_sequence() {
     let (rows, at) = plan().ordered(KvLayout::PerSequence, &[]);
-    let seqs: Vec<i32> = rows.iter().map(|r| r.seq).collect();
+    let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
     assert_eq!(seqs, [1, 2, 2, 3, 3]);
-    assert_eq!(rows[3], Row { token: 50, pos: 9, seq: 3, logits: true, kind: RowKind::Token });
+    assert_eq!(rows[3], Row { token: 50, pos: 9, seq: id(3), logits: true, kind: RowKind::Token });
     assert_eq!(rows[4].kind, RowKind::Draft, "a draft stays right after its token");
-    assert_eq!(rows[2], Row { token: 8, pos: 1, seq: 2, logits: true, kind: RowKind::Prompt });
+    assert_eq!(rows[2], Row { token: 8, pos: 1, seq: id(2), logits: true, kind: RowKind::Prompt });
     assert!(!rows[1].logits, "only a prompt's last row wants logits");
     // Planned prompt rows first, then decoding rows: each found where `at` says.
     let planned = plan();
@@ -93,8 +97,8 @@ fn in_a_unified_cache_prompt_chunks_come_first() {
 #[test]
 fn an_isolated_sequence_forms_a_run_of_its_own() {
     // Sequences 1, 2, 3 would share one ubatch; isolating 2 splits its rows from both others.
-    let (rows, _) = plan().ordered(KvLayout::PerSequence, &[2]);
-    let seqs: Vec<i32> = rows.iter().map(|r| r.seq).collect();
+    let (rows, _) = plan().ordered(KvLayout::PerSequence, &[id(2)]);
+    let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
     // Groups by descending first id (llama.cpp starts a ubatch at the first row not yet taken
     // and adds the sequences whose ids follow on): 3 alone, 2 alone, 1 alone.
     assert_eq!(seqs, [3, 3, 2, 2, 1]);

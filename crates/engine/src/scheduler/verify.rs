@@ -77,7 +77,7 @@ impl Scheduler {
                     drafts.iter().map(|&t| String::from_utf8_lossy(&model.piece(t)).into_owned()).collect();
                 let sources: Vec<_> = chain.lookups.iter().map(|l| (l.start, l.len, l.source)).collect();
                 let (seq, forced) = (req.choices[i].seq_id, chain.forced_prefix());
-                tracing::trace!(seq, drafts = ?text, accepted, forced, ?sources, "verified");
+                tracing::trace!(seq = %seq, drafts = ?text, accepted, forced, ?sources, "verified");
             }
             // Forced tokens after a rejected lookup were never verified: only those reached
             // count (and are taken, unless the choice ended first).

@@ -44,7 +44,8 @@ fn admitted(engine: &Engine, input: ChatInput) -> ActiveRequest {
     let (usage, _) = tokio::sync::oneshot::channel();
     let job = Job { request, events, usage, submitted_at: std::time::Instant::now() };
     let spec = SpeculationConfig::default();
-    ActiveRequest::new(job, vec![0], engine.model(), 256, spec).unwrap_or_else(|rejected| panic!("{}", rejected.1))
+    ActiveRequest::new(job, vec![crate::kv::seq_id::SeqId::new(0)], engine.model(), 256, spec)
+        .unwrap_or_else(|rejected| panic!("{}", rejected.1))
 }
 
 /// The tiny model's first 256 tokens are the bytes (id == byte), so any output can be fed.
