@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from _util import gantry_bin, user
@@ -38,32 +39,23 @@ def test_parallel_requests_match_solo_answers(client, server):
     assert not mismatches, "\n".join(mismatches)
 
 
-def _usage_totals(server):
-    """(requests, completion_tokens) summed over `gantry usage --format json`."""
+def _usage_row(server, client_request_id):
+    """The ledger's row for the request sent with this `x-request-id`, or None."""
     out = subprocess.run(
-        [gantry_bin(), "usage", "--data-dir", server.data_dir, "--format", "json"],
+        [gantry_bin(), "usage", "--data-dir", server.data_dir, "--requests", "--format", "json"],
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)
-    return sum(r["requests"] for r in rows), sum(r["completion_tokens"] for r in rows)
+    rows = [r for r in json.loads(out.stdout) if r["client_request_id"] == client_request_id]
+    assert len(rows) <= 1, f"billed twice: {rows}"
+    return rows[0] if rows else None
 
 
-def _settled_usage(server):
-    prev = _usage_totals(server)
-    for _ in range(20):
-        time.sleep(0.3)
-        cur = _usage_totals(server)
-        if cur == prev:
-            return cur
-        prev = cur
-    return prev
-
-
-def _read_three_chunks_and_close(client, server):
+def _read_three_chunks_and_close(client, server, request_id=None):
     stream = client.chat.completions.create(
         model=server.model_id, messages=user("Write a long story about a lighthouse keeper."),
         max_tokens=200, temperature=0, stream=True,
+        extra_headers={"x-request-id": request_id} if request_id else None,
     )
     got = []
     for chunk in stream:
@@ -84,18 +76,17 @@ def test_client_disconnect_leaves_server_healthy(client, server, http):
 
 
 def test_client_disconnect_cancels_generation_and_is_metered(client, server):
-    requests0, completion0 = _settled_usage(server)
+    request_id = f"disconnect-{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
-    _read_three_chunks_and_close(client, server)
+    _read_three_chunks_and_close(client, server, request_id)
     # The abandoned request must still write its usage record, and well before 200 tokens.
     deadline = time.monotonic() + 60
-    while True:
-        requests1, completion1 = _usage_totals(server)
-        if requests1 > requests0 or time.monotonic() > deadline:
-            break
+    row = _usage_row(server, request_id)
+    while row is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert requests1 == requests0 + 1, f"usage records: {requests0} before, {requests1} after the disconnect"
-    generated = completion1 - completion0
+        row = _usage_row(server, request_id)
+    assert row is not None, "the disconnected stream left no usage record"
+    generated = row["completion_tokens"]
     assert 2 <= generated < 200, (
         f"the disconnected stream was metered at {generated} completion tokens "
         f"({time.monotonic() - started:.1f}s after it started); expected it to be cancelled early"

@@ -90,11 +90,6 @@ impl Accounts {
         self.known(keys::create_key(&self.pool, name, KeyLimits::default()).await)
     }
 
-    /// Creates a key with rate limits (positive, or `None` for unlimited).
-    pub async fn create_key_with_limits(&self, name: &str, limits: KeyLimits) -> Result<CreatedKey, AccountsError> {
-        self.known(keys::create_key(&self.pool, name, limits).await)
-    }
-
     /// Registers a caller-provided plaintext key (e.g. `gantry serve --api-key`). Idempotent:
     /// an existing active key is returned as is (its name unchanged); a revoked one yields
     /// [`AccountsError::KeyRevoked`] and stays revoked. Malformed secrets (see

@@ -185,9 +185,10 @@ impl Meter {
         self.inner.outbox.pending_len()
     }
 
-    /// Rate limit, then budget reservation. The ticket settles or releases what it holds.
-    /// (The server pre-admits with [`Meter::pre_admit`] and then calls [`Meter::admit_passed`].)
-    pub async fn admit(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
+    /// Rate limit, then budget reservation, in one call: the tests' shorthand for what the
+    /// server does in two ([`Meter::pre_admit`], then [`Meter::admit_passed`]).
+    #[cfg(test)]
+    pub(crate) async fn admit(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
         self.admit_counting(key, charge, true).await
     }
 

@@ -80,8 +80,10 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
         "4096",
         "--parallel",
         "4",
+        // Well past the 1.5 s database outage below: a live replica's heartbeat must not look
+        // stale to another's sweep when the database comes back.
         "--heartbeat-timeout",
-        "2",
+        "10",
         "--drain-delay",
         "1",
         "--shutdown-grace",

@@ -7,7 +7,9 @@ fn config(dir: &std::path::Path) -> MeterConfig {
     MeterConfig {
         instance_name: "test-host".into(),
         outbox_dir: dir.join("outbox"),
-        heartbeat_timeout: Duration::from_millis(400),
+        // Long enough that a live meter on a loaded CI machine never misses it (its heartbeat is
+        // written every 500 ms); a server with no heartbeat row is swept at the first tick anyway.
+        heartbeat_timeout: Duration::from_secs(2),
         reservation_ttl: Duration::from_secs(6 * 3600),
         default_limits: DefaultLimits::default(),
     }

@@ -96,9 +96,14 @@ impl TestServer {
             if let Some(rest) = line.strip_prefix("Gantry is serving `") {
                 let (model_id, tail) = rest.split_once('`').unwrap();
                 let base = tail.trim().strip_prefix("at ").unwrap().trim_end_matches("/v1").to_string();
-                // Keep reading the banner (the printed key) for tests that want it.
-                while let Ok(l) = rx.recv_timeout(Duration::from_millis(300)) {
+                // Keep reading the banner (the printed key) for tests that want it: its last line
+                // is the curl command.
+                while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    let last = l.starts_with("  curl ");
                     lines.push(l);
+                    if last {
+                        break;
+                    }
                 }
                 return Self { child, base, model_id: model_id.to_string(), data_dir, stdout_lines: lines };
             }
