@@ -184,3 +184,20 @@ def test_streamed_call_arguments_arrive_in_several_deltas(client, server):
     fragments = [d.function.arguments for d in deltas[1:] if d.function.arguments]
     assert len(fragments) >= 3, deltas
     assert "".join(fragments) == plain.function.arguments
+
+
+def test_a_forced_call_cut_before_its_arguments_is_still_a_call(client, server):
+    """Under a forced choice the whole output is the call: cut by max_tokens inside its name, it
+    comes back in tool_calls (no content), finish_reason "length", streamed and not."""
+    for choice, name in (("required", "get_weather"), ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
+        for max_tokens in (2, 5):
+            kw = dict(model=server.model_id, messages=user("Weather in Oslo?"), tools=TOOLS, tool_choice=choice,
+                      temperature=0, max_tokens=max_tokens)
+            got = client.chat.completions.create(**kw).choices[0]
+            assert got.finish_reason == "length", got
+            assert got.message.content is None, got
+            assert got.message.tool_calls and got.message.tool_calls[0].function.name == name, got
+            streamed = collect_stream(client.chat.completions.create(**kw, stream=True))
+            calls = [tc for ch in streamed.chunks for c in ch.choices for tc in c.delta.tool_calls or []]
+            content = "".join(c.delta.content or "" for ch in streamed.chunks for c in ch.choices)
+            assert content == "" and calls and calls[0].function.name == name, (max_tokens, calls, content)

@@ -171,6 +171,40 @@ pub fn truncated_call<'a>(text: &'a str, known: &[&str]) -> Option<(&'a str, Str
     None
 }
 
+/// The call a forced output (the whole output is one call, under its grammar) was writing when
+/// `max_tokens` cut it before its name was closed: `{"name": "get_wea` is `get_weather` with no
+/// arguments. The name is the first of `callable` (the functions the grammar allowed, in the
+/// order offered) that what was written of it can still become; `None` when the text cannot
+/// be the start of such a call.
+pub fn forced_cut_call(text: &str, callable: &[&str]) -> Option<super::ParsedCall> {
+    const WS: [char; 4] = [' ', '\t', '\n', '\r'];
+    let rest = text.trim_start_matches(WS).strip_prefix('{')?.trim_start_matches(WS);
+    // Each part of `"name": "` may be cut: what is written must be a prefix of it.
+    let mut written = "";
+    let mut left = rest;
+    for part in ["\"name\"", ":", "\""] {
+        left = left.trim_start_matches(WS);
+        if left.is_empty() {
+            break;
+        }
+        if let Some(after) = left.strip_prefix(part) {
+            left = after;
+            if part == "\"" {
+                written = left;
+            }
+        } else if part.starts_with(left) {
+            left = "";
+        } else {
+            return None;
+        }
+    }
+    if written.contains('"') {
+        return None; // the name was closed: `truncated_call` reads that
+    }
+    let name = callable.iter().find(|n| n.starts_with(written))?;
+    Some(super::ParsedCall { name: (*name).to_string(), arguments: String::new() })
+}
+
 /// `{"name": "<name>"` then optionally `, "arguments": ` and what follows, to the end.
 fn cut_call_head(s: &str) -> Option<(&str, &str)> {
     let rest = s.strip_prefix('{')?;
@@ -194,6 +228,21 @@ fn cut_call_head(s: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forced_call_cut_inside_its_name_is_that_call() {
+        let callable = ["get_weather", "get_time"];
+        let name = |text: &str| forced_cut_call(text, &callable).map(|c| (c.name, c.arguments));
+        assert_eq!(name(r#"{"name": "get_wea"#), Some(("get_weather".into(), String::new())));
+        assert_eq!(name(r#"{"name": "get_t"#).unwrap().0, "get_time");
+        assert_eq!(name(r#"{"name": "get_"#).unwrap().0, "get_weather", "the first it can still become");
+        assert_eq!(name(r#"{"na"#).unwrap().0, "get_weather");
+        assert_eq!(name("{").unwrap().0, "get_weather");
+        assert_eq!(name(r#"{"name": "search"#), None, "no offered function starts so");
+        assert_eq!(name(r#"{"city": "Pa"#), None, "not a call");
+        assert_eq!(name(r#"{"name": "get_time", "#), None, "a closed name is truncated_call's");
+        assert_eq!(name("Sure"), None);
+    }
 
     fn known() -> Vec<String> {
         vec!["add".into(), "get_weather".into()]

@@ -71,6 +71,8 @@ pub struct ToolCallStreamer {
     /// the very start) are streamed as they are written.
     incremental: bool,
     forced: bool,
+    /// The functions a forced output may call, in the order offered (see `finish_cut`).
+    callable: Vec<String>,
     minifier: Minifier,
 }
 
@@ -86,6 +88,7 @@ impl ToolCallStreamer {
             calls: 0,
             incremental: false,
             forced: false,
+            callable: Vec::new(),
             minifier: Minifier::default(),
         }
     }
@@ -97,6 +100,13 @@ impl ToolCallStreamer {
     pub fn stream_arguments(mut self, forced: bool) -> Self {
         self.incremental = true;
         self.forced = forced;
+        self
+    }
+
+    /// A forced output may call only these (all offered for `required`, the one named
+    /// otherwise): a cut before the call's name was closed is still that call (`finish_cut`).
+    pub fn forced_to(mut self, callable: &[&str]) -> Self {
+        self.callable = callable.iter().map(|s| s.to_string()).collect();
         self
     }
 
@@ -122,6 +132,11 @@ impl ToolCallStreamer {
         let cut = super::truncated_call(&self.buf, &known)
             .filter(|(_, _, args)| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(args).is_err())
             .map(|(before, name, arguments)| (before.len(), ParsedCall { name, arguments: minify(&arguments) }));
+        let forced_cut = || {
+            let callable: Vec<&str> = self.callable.iter().map(String::as_str).collect();
+            super::forced_cut_call(&self.buf, &callable).map(|call| (0, call))
+        };
+        let cut = cut.or_else(|| if self.forced && self.calls == 0 { forced_cut() } else { None });
         let Some((before, call)) = cut else { return self.finish() };
         self.buf.truncate(before);
         let mut out = self.run(true);

@@ -3,8 +3,8 @@
 
 use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{
-    answer_or_call, call_schema, close_objects, lazy_grammars, new_call_id, parse_cut_output, parse_tool_calls,
-    ParsedCall, ToolCallStreamer,
+    answer_or_call, call_schema, close_objects, forced_cut_call, lazy_grammars, new_call_id, parse_cut_output,
+    parse_tool_calls, ParsedCall, ToolCallStreamer,
 };
 use gantry_engine::{Constraint, FinishReason, LazyTools};
 use serde_json::{json, Value};
@@ -20,6 +20,8 @@ pub(crate) struct ToolPlan {
     pub parse: bool,
     /// `required` or a named function: the output is forced to be a call.
     pub forced: Option<Constraint>,
+    /// The functions a forced call may name: all offered for `required`, else the one named.
+    forced_names: Vec<String>,
     /// `parallel_tool_calls: false` keeps the first call only.
     pub single: bool,
     /// `auto`: grammars that take over once the model starts a call on its own.
@@ -45,18 +47,18 @@ impl ToolPlan {
             })
             .collect();
         let call_of = |i: usize| call_schema(&names[i], &schemas[i]);
-        let (parse, forced) = match &chat.tool_choice {
-            None | Some(ToolChoice::Auto) => (true, None),
-            Some(ToolChoice::None) => (false, None),
+        let (parse, forced, forced_names) = match &chat.tool_choice {
+            None | Some(ToolChoice::Auto) => (true, None, Vec::new()),
+            Some(ToolChoice::None) => (false, None, Vec::new()),
             Some(ToolChoice::Required) => {
                 let any: Vec<Value> = (0..names.len()).map(call_of).collect();
-                (true, Some(Constraint::JsonSchema(json!({"anyOf": any}))))
+                (true, Some(Constraint::JsonSchema(json!({"anyOf": any}))), names.clone())
             }
             Some(ToolChoice::Function(name)) => {
                 // Parsing refuses a name that is not offered; a request built in code gets the
                 // same refusal.
                 let i = names.iter().position(|n| n == name).ok_or_else(|| tool_choice_not_offered(name))?;
-                (true, Some(Constraint::JsonSchema(call_of(i))))
+                (true, Some(Constraint::JsonSchema(call_of(i))), vec![name.clone()])
             }
         };
         let has_format = chat.response_format.as_ref().is_some_and(ResponseFormat::is_json);
@@ -73,7 +75,7 @@ impl ToolPlan {
         // between answer and call, and there is no free text to watch.
         let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single));
         let answer_calls = if auto && has_format { calls } else { Vec::new() };
-        Ok(Some(Self { tools, names, parse, forced, single, lazy, answer_calls }))
+        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls }))
     }
 
     /// Whether the whole output's grammar comes from the tools (a forced call, or the
@@ -99,7 +101,8 @@ impl ToolPlan {
     pub(crate) fn streamer(&self) -> ToolCallStreamer {
         let streamer = ToolCallStreamer::new(&self.known());
         if self.forced.is_some() {
-            streamer.stream_arguments(true)
+            let callable: Vec<&str> = self.forced_names.iter().map(String::as_str).collect();
+            streamer.stream_arguments(true).forced_to(&callable)
         } else if self.lazy.is_some() {
             streamer.stream_arguments(false)
         } else {
@@ -112,7 +115,8 @@ impl ToolPlan {
     }
 
     /// Reads a finished choice: `(content, tool_calls)`. Output cut by `max_tokens` inside a
-    /// call returns the call with the arguments written so far.
+    /// call returns the call with the arguments written so far; under a forced choice the whole
+    /// output is the call, even cut before its name was closed.
     pub(crate) fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<Value>>) {
         if !self.parse {
             return (Some(text), None);
@@ -123,7 +127,12 @@ impl ToolPlan {
             parse_tool_calls(&text, &self.known())
         };
         if parsed.calls.is_empty() {
-            return (Some(text), None);
+            let callable: Vec<&str> = self.forced_names.iter().map(String::as_str).collect();
+            let forced_cut = self.forced.is_some() && reason == FinishReason::Length;
+            return match forced_cut.then(|| forced_cut_call(&text, &callable)).flatten() {
+                Some(call) => (None, Some(vec![call_json(&call, None)])),
+                None => (Some(text), None),
+            };
         }
         let calls = parsed.calls.into_iter().take(if self.single { 1 } else { usize::MAX });
         (parsed.content, Some(calls.map(|c| call_json(&c, None)).collect()))
@@ -261,6 +270,37 @@ mod tests {
         // Prose cut by max_tokens stays prose.
         let (content, calls) = plan.read("The weather in Par".into(), FinishReason::Length);
         assert_eq!((content.as_deref(), calls), (Some("The weather in Par"), None));
+    }
+
+    #[test]
+    fn a_forced_call_cut_before_its_name_closed_is_still_the_call() {
+        let cut = r#"{"name": "get_weat"#;
+        for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+            let plan = ToolPlan::from_request(&chat(json!({"tool_choice": choice}))).unwrap().unwrap();
+            let (content, calls) = plan.read(cut.into(), FinishReason::Length);
+            assert_eq!(content, None, "{choice}");
+            let calls = calls.unwrap();
+            assert_eq!(
+                (calls[0]["function"]["name"].as_str(), calls[0]["function"]["arguments"].as_str()),
+                (Some("get_weather"), Some(""))
+            );
+        }
+        // Streamed: the same call at the end, and no content.
+        let plan = ToolPlan::from_request(&chat(json!({"tool_choice": "required"}))).unwrap().unwrap();
+        let mut streamer = plan.streamer();
+        let mut pieces = streamer.push(cut);
+        pieces.extend(streamer.finish_cut());
+        assert_eq!(
+            pieces,
+            vec![gantry_engine::tools::StreamPiece::Call {
+                index: 0,
+                name: "get_weather".into(),
+                arguments: String::new()
+            }]
+        );
+        // Not forced, the same text is content, as prose cut short would be.
+        let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
+        assert_eq!(plan.read(cut.into(), FinishReason::Length), (Some(cut.to_string()), None));
     }
 
     #[test]
