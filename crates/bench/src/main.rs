@@ -40,7 +40,6 @@ use plan::Plan;
 use report::Comparison;
 use runs::ServerRun;
 use servers::{Kind, Running, ServerSettings};
-use step_profile::StepProfile;
 use workloads::Request;
 
 #[derive(Parser, Debug)]
@@ -334,9 +333,9 @@ async fn compare(
                         }
                     }
                     eprintln!("[bench] pass {pass} {label} {} c={concurrency} n={requests} ...", workload.label());
-                    let steps_before = gantry_steps(&up[i].running).await;
+                    let steps_before = up[i].running.step_profile().await;
                     let r = run_level(&target, workload, pass, concurrency, requests).await;
-                    if let (Some(before), Some(after)) = (steps_before, gantry_steps(&up[i].running).await) {
+                    if let (Some(before), Some(after)) = (steps_before, up[i].running.step_profile().await) {
                         eprintln!("[bench]   Gantry's steps: {}", after.since(&before).describe());
                     }
                     eprintln!(
@@ -481,15 +480,6 @@ async fn main() -> Result<()> {
     }
     eprintln!("[bench] wrote {} and {}", out.display(), chart.display());
     Ok(())
-}
-
-/// Gantry's step counters now (see `step_profile`); `None` for llama-server.
-async fn gantry_steps(server: &Running) -> Option<StepProfile> {
-    if server.kind != Kind::Gantry {
-        return None;
-    }
-    let metrics = reqwest::get(format!("{}/metrics", server.base_url)).await.ok()?.text().await.ok()?;
-    StepProfile::parse(&metrics)
 }
 
 #[cfg(test)]

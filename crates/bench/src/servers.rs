@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::step_profile::StepProfile;
+
 /// Settings both servers get.
 #[derive(Clone, Debug)]
 pub(crate) struct ServerSettings {
@@ -245,10 +247,7 @@ impl Running {
     /// memory nvidia-smi counts for its process.
     pub(crate) async fn gpu_offload(&self) -> GpuOffload {
         let stated = match self.kind {
-            Kind::Gantry => match reqwest::get(format!("{}/metrics", self.base_url)).await {
-                Ok(r) => gantry_gpus(&r.text().await.unwrap_or_default()),
-                Err(_) => None,
-            },
+            Kind::Gantry => gantry_gpus(&self.metrics().await.unwrap_or_default()),
             Kind::Reference => llama_server_offload(&std::fs::read_to_string(&self.log).unwrap_or_default()),
         };
         let smi = tokio::process::Command::new("nvidia-smi")
@@ -262,6 +261,19 @@ impl Running {
         GpuOffload { stated, gpu_mib }
     }
 
+    /// Gantry's step counters now (see `step_profile`); `None` for llama-server.
+    pub(crate) async fn step_profile(&self) -> Option<StepProfile> {
+        match self.kind {
+            Kind::Gantry => StepProfile::parse(&self.metrics().await?),
+            Kind::Reference => None,
+        }
+    }
+
+    /// The server's `/metrics` text, `None` when it cannot be read.
+    async fn metrics(&self) -> Option<String> {
+        reqwest::get(format!("{}/metrics", self.base_url)).await.ok()?.text().await.ok()
+    }
+
     pub(crate) fn log_tail(&self) -> String {
         tail(&self.log)
     }
@@ -270,10 +282,7 @@ impl Running {
     /// gauge, llama-server's `system_info` log line. `None` when neither says.
     pub(crate) async fn cpu_features(&self) -> Option<String> {
         match self.kind {
-            Kind::Gantry => {
-                let metrics = reqwest::get(format!("{}/metrics", self.base_url)).await.ok()?.text().await.ok()?;
-                gantry_features(&metrics)
-            }
+            Kind::Gantry => gantry_features(&self.metrics().await?),
             // This llama-server does not log them at its default verbosity; its build script wrote
             // the compiler's view of the same flags next to it.
             Kind::Reference => llama_server_features(&std::fs::read_to_string(&self.log).unwrap_or_default())

@@ -215,14 +215,15 @@ impl Scheduler {
     /// The gauges' figures now; `batch_tokens` is 0 when idle (the batch still holds the last
     /// step's tokens, which must not be recorded twice).
     fn step_stats(&self, batch_tokens: usize) -> StepStats {
+        let (host_cache_bytes, host_cache_entries) = self.kv.host_usage();
         StepStats {
             batch_tokens,
             running: self.active.iter().map(|r| r.choices.len()).sum(),
             waiting: self.queued.load(Ordering::Relaxed),
             kv_tokens: self.kv.slots().total_tokens(),
             kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
-            host_cache_bytes: self.kv.host_usage().0,
-            host_cache_entries: self.kv.host_usage().1,
+            host_cache_bytes,
+            host_cache_entries,
         }
     }
 

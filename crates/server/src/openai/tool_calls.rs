@@ -101,8 +101,7 @@ impl ToolPlan {
     pub(crate) fn streamer(&self) -> ToolCallStreamer {
         let streamer = ToolCallStreamer::new(&self.known());
         if self.forced.is_some() {
-            let callable: Vec<&str> = self.forced_names.iter().map(String::as_str).collect();
-            streamer.stream_arguments(true).forced_to(&callable)
+            streamer.stream_arguments(true).forced_to(&self.callable())
         } else if self.lazy.is_some() {
             streamer.stream_arguments(false)
         } else {
@@ -112,6 +111,11 @@ impl ToolPlan {
 
     pub(crate) fn known(&self) -> Vec<&str> {
         self.names.iter().map(String::as_str).collect()
+    }
+
+    /// The functions a forced call may name (none when the call is not forced).
+    fn callable(&self) -> Vec<&str> {
+        self.forced_names.iter().map(String::as_str).collect()
     }
 
     /// Reads a finished choice: `(content, tool_calls)`. Output cut by `max_tokens` inside a
@@ -127,9 +131,8 @@ impl ToolPlan {
             parse_tool_calls(&text, &self.known())
         };
         if parsed.calls.is_empty() {
-            let callable: Vec<&str> = self.forced_names.iter().map(String::as_str).collect();
             let forced_cut = self.forced.is_some() && reason == FinishReason::Length;
-            return match forced_cut.then(|| forced_cut_call(&text, &callable)).flatten() {
+            return match forced_cut.then(|| forced_cut_call(&text, &self.callable())).flatten() {
                 Some(call) => (None, Some(vec![call_json(&call, None)])),
                 None => (Some(text), None),
             };
