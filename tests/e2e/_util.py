@@ -20,7 +20,19 @@ def gantry_bin() -> str:
     return os.environ.get("GANTRY_BIN") or str(REPO / "target" / "debug" / "gantry")
 
 
-__all__ = ["gantry_bin", "httpx", "user", "StreamResult", "collect_stream", "error_body", "sse_payloads"]
+__all__ = ["gantry_bin", "ledger_rows", "httpx", "user", "StreamResult", "collect_stream", "error_body", "sse_payloads"]
+
+
+def ledger_rows(server, client_request_id: str) -> list[dict]:
+    """The ledger's rows (`gantry usage --requests`) of the request sent with this `x-request-id`."""
+    import subprocess
+
+    out = subprocess.run(
+        [gantry_bin(), "usage", "--data-dir", server.data_dir, "--requests", "--format", "json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return [r for r in json.loads(out.stdout) if r["client_request_id"] == client_request_id]
 
 
 def user(text: str) -> list[dict]:

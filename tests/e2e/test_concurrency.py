@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from _util import gantry_bin, user
+from _util import ledger_rows, user
 
 PROMPTS = [
     "What is 2 + 2?",
@@ -41,12 +39,7 @@ def test_parallel_requests_match_solo_answers(client, server):
 
 def _usage_row(server, client_request_id):
     """The ledger's row for the request sent with this `x-request-id`, or None."""
-    out = subprocess.run(
-        [gantry_bin(), "usage", "--data-dir", server.data_dir, "--requests", "--format", "json"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    rows = [r for r in json.loads(out.stdout) if r["client_request_id"] == client_request_id]
+    rows = ledger_rows(server, client_request_id)
     assert len(rows) <= 1, f"billed twice: {rows}"
     return rows[0] if rows else None
 

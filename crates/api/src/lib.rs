@@ -1,6 +1,7 @@
-//! OpenAI Chat Completions wire types, request validation, and the one API error type.
-//! No I/O.
+//! OpenAI Chat Completions wire types, request validation, and the one API error type; the
+//! other dialects (`anthropic`) as translations onto them. No I/O.
 
+pub mod anthropic;
 mod error;
 mod fields;
 mod image;

@@ -130,6 +130,9 @@ pub struct ValidatedChat {
     pub include_usage: bool,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    /// Only the `top_k` most probable tokens may be drawn (vLLM's and llama-server's extension
+    /// of Chat Completions; Anthropic's `top_k`). `None`: no limit.
+    pub top_k: Option<u32>,
     /// `max_completion_tokens` if given, else `max_tokens`.
     pub max_tokens: Option<u32>,
     /// At most 4, empty strings dropped.

@@ -64,6 +64,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
 
     let temperature = opt_num(obj, "temperature", 0.0, 2.0)?.map(|v| v as f32);
     let top_p = opt_num(obj, "top_p", 0.0, 1.0)?.map(|v| v as f32);
+    // vLLM's convention: 0 or -1 means no limit.
+    let top_k = opt_int(obj, "top_k", -1, i64::from(u32::MAX))?.filter(|&k| k > 0).map(|k| k as u32);
     let presence_penalty = opt_num(obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
     let frequency_penalty = opt_num(obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
 
@@ -104,6 +106,7 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
         include_usage,
         temperature,
         top_p,
+        top_k,
         max_tokens,
         stop,
         presence_penalty,

@@ -256,6 +256,16 @@ fn defaults() {
     assert_eq!((c.presence_penalty, c.frequency_penalty), (0.0, 0.0));
     assert!(c.stop.is_empty() && c.logit_bias.is_empty() && c.images.is_empty());
     assert!(c.tools.is_none() && c.tool_choice.is_none() && c.response_format.is_none());
+    assert_eq!(c.top_k, None);
+}
+
+#[test]
+fn top_k_is_a_limit_and_zero_or_minus_one_none() {
+    assert_eq!(ok(json!({"top_k": 40})).top_k, Some(40));
+    assert_eq!(ok(json!({"top_k": 0})).top_k, None);
+    assert_eq!(ok(json!({"top_k": -1})).top_k, None);
+    let e = parse_chat_request(&with(json!({"top_k": -2}))).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("top_k"));
 }
 
 #[test]

@@ -8,6 +8,8 @@ pub struct SamplingParams {
     /// 0 means greedy (deterministic).
     pub temperature: f32,
     pub top_p: f32,
+    /// Only the `top_k` highest logits may be drawn; 0: no limit.
+    pub top_k: u32,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     /// Same seed and same request give the same output; `None` draws a random seed.
@@ -21,6 +23,7 @@ impl Default for SamplingParams {
         Self {
             temperature: 1.0,
             top_p: 1.0,
+            top_k: 0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
@@ -179,6 +182,9 @@ impl Outcome {
 pub enum Event {
     /// New text (possibly empty, when held back for a stop string) and its tokens' logprobs.
     Delta { choice: u32, text: String, logprobs: Vec<TokenLogprob> },
+    /// The stop string (its index in the request's `stop`, empty ones left out) that ended
+    /// `choice`; sent right before that choice's `Finished`.
+    StopSequence { choice: u32, index: u32 },
     /// A choice ended; no more deltas follow for it.
     Finished { choice: u32, reason: FinishReason },
     /// All choices ended. Always the last event unless an error occurred.

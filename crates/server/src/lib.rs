@@ -4,6 +4,8 @@
 
 /// The operator's side: `/admin/v1` (keys, usage, models, stats) and the web console.
 mod admin;
+/// Anthropic's Messages API, translated onto the chat path.
+mod anthropic;
 /// Request bodies read only after authentication, and within a deadline.
 mod body_guard;
 /// The `gantry` command line: flags, `gantry serve`, and the keys, usage and models commands.

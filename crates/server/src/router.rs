@@ -11,7 +11,7 @@ use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
 use crate::openai::{auth, chat, models};
 use crate::state::AppState;
-use crate::{errors, health, request_id, telemetry};
+use crate::{anthropic, errors, health, request_id, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -53,6 +53,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))
@@ -77,6 +79,7 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
             crate::body_guard::guard_body,
         ))
         .layer(middleware::from_fn(errors::errors_as_json))
+        .layer(middleware::from_fn(anthropic::errors_in_anthropic_shape))
         .layer(CatchPanicLayer::custom(|_| errors::internal_error().into_response()))
         .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))

@@ -223,7 +223,7 @@ impl Harness {
     }
 
     /// Completion tokens the ledger billed, once every usage write has landed.
-    async fn billed_completion_tokens(&self) -> u64 {
+    pub(crate) async fn billed_completion_tokens(&self) -> u64 {
         self.meter.shutdown(std::time::Duration::from_secs(10)).await;
         let usage = self.accounts.usage_summary().await.unwrap();
         usage.iter().map(|row| row.completion_tokens).sum()

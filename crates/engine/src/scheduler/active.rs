@@ -309,6 +309,13 @@ impl ActiveRequest {
         }
     }
 
+    fn send_stop_sequence(&self, i: usize) {
+        let c = &self.choices[i];
+        if let Some(k) = c.text.matched_stop() {
+            let _ = self.events.send(Event::StopSequence { choice: c.index, index: crate::units::count_u32(k) });
+        }
+    }
+
     pub(crate) fn finish_choice(&mut self, i: usize, reason: FinishReason) {
         let c = &mut self.choices[i];
         if c.finished.is_some() {
@@ -366,12 +373,16 @@ impl ActiveRequest {
         let scan = if c.constrained { c.text.push_constrained(&piece) } else { c.text.push(&piece) };
         if scan.stopped {
             self.send_delta(index, scan.emit, logprobs);
+            self.send_stop_sequence(i);
             self.finish_choice(i, FinishReason::Stop);
             false
         } else if c.generated >= self.max_tokens || c.pos >= ctx_size {
             let tail = c.text.finish();
             let reason = if tail.stopped { FinishReason::Stop } else { FinishReason::Length };
             self.send_delta(index, scan.emit + &tail.emit, logprobs);
+            if tail.stopped {
+                self.send_stop_sequence(i);
+            }
             self.finish_choice(i, reason);
             false
         } else {

@@ -50,6 +50,7 @@ impl ChainKey {
         let device = !host_only
             && sampling.temperature > 0.0
             && sampling.top_p >= 1.0
+            && sampling.top_k == 0
             && sampling.seed.is_none()
             && sampling.logit_bias.is_empty()
             && sampling.presence_penalty == 0.0

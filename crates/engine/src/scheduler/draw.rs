@@ -96,9 +96,21 @@ pub(crate) fn greedy(logits: &Adjusted<'_>, scratch: &mut Scratch) -> u32 {
     crate::units::count_u32(best)
 }
 
-/// Draws a token from `softmax(logits / temperature)`, restricted to its top-`top_p` nucleus
-/// when `top_p < 1`, with `u` uniform in [0, 1). `None` when every token is forbidden.
-pub(crate) fn draw(logits: &Adjusted<'_>, temperature: f32, top_p: f32, u: f64, scratch: &mut Scratch) -> Option<u32> {
+/// Which part of the distribution a draw is made from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cut {
+    pub temperature: f32,
+    /// The nucleus of the tempered distribution; 1: all of it.
+    pub top_p: f32,
+    /// The highest logits only; 0: no limit.
+    pub top_k: u32,
+}
+
+/// Draws a token from `softmax(logits / temperature)`, restricted to the `top_k` highest logits
+/// and then to the top-`top_p` nucleus, with `u` uniform in [0, 1). `None` when every token is
+/// forbidden.
+pub(crate) fn draw(logits: &Adjusted<'_>, cut: Cut, u: f64, scratch: &mut Scratch) -> Option<u32> {
+    let Cut { temperature, top_p, top_k } = cut;
     let n_blocks = logits.n_blocks();
     scratch.prepare(n_blocks);
     for b in 0..n_blocks {
@@ -108,6 +120,9 @@ pub(crate) fn draw(logits: &Adjusted<'_>, temperature: f32, top_p: f32, u: f64, 
     let max = max_of(&scratch.block_max);
     if max == f32::NEG_INFINITY || max.is_nan() {
         return None;
+    }
+    if top_k > 0 && (top_k as usize) < logits.raw.len() {
+        return Some(draw_top_k(logits, cut, max, u, scratch));
     }
     let inv_t = 1.0 / temperature;
     let mut total = 0.0;
@@ -195,16 +210,58 @@ fn draw_nucleus(logits: &Adjusted<'_>, temperature: f32, need: f64, max: f32, u:
         }
     }
     let n = nucleus_len(candidates, need);
-    let nucleus = &candidates[..n];
-    let target = u * nucleus.iter().map(|&(e, _)| f64::from(e)).sum::<f64>();
+    draw_among(&candidates[..n], u)
+}
+
+/// The token of `chosen` (`(mass, token)`, at least one) where the running mass first exceeds
+/// `u` times their total.
+fn draw_among(chosen: &[(f32, u32)], u: f64) -> u32 {
+    let target = u * chosen.iter().map(|&(e, _)| f64::from(e)).sum::<f64>();
     let mut cum = 0.0;
-    for &(e, t) in nucleus {
+    for &(e, t) in chosen {
         cum += f64::from(e);
         if cum > target {
             return t;
         }
     }
-    nucleus[n - 1].1
+    chosen[chosen.len() - 1].1
+}
+
+/// Top-k (then top-p inside it): the `top_k` highest logits, ties by lower token. Only tokens
+/// at or above the `top_k`-th highest block maximum are looked at: each of those blocks holds a
+/// token that high, so at least `top_k` tokens pass and every one of the top `top_k` does.
+fn draw_top_k(logits: &Adjusted<'_>, cut: Cut, max: f32, u: f64, scratch: &mut Scratch) -> u32 {
+    let k = cut.top_k as usize;
+    let Scratch { buf, block_max, candidates, .. } = scratch;
+    let mut maxima: Vec<f32> = block_max.iter().copied().filter(|m| *m > f32::NEG_INFINITY).collect();
+    let threshold = if k <= maxima.len() {
+        let (_, kth, _) = maxima.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        *kth
+    } else {
+        f32::MIN
+    };
+    candidates.clear();
+    for (b, &m) in block_max.iter().enumerate() {
+        if m < threshold || m == f32::NEG_INFINITY {
+            continue;
+        }
+        for (j, &v) in logits.block(b, buf).iter().enumerate() {
+            if v >= threshold && v > f32::NEG_INFINITY {
+                candidates.push((v, crate::units::count_u32(b * BLOCK + j)));
+            }
+        }
+    }
+    if candidates.len() > k {
+        candidates.select_nth_unstable_by(k - 1, more_probable);
+        candidates.truncate(k);
+    }
+    let inv_t = 1.0 / cut.temperature;
+    for c in candidates.iter_mut() {
+        c.0 = exp_neg((c.0 - max) * inv_t);
+    }
+    let total: f64 = candidates.iter().map(|&(e, _)| f64::from(e)).sum();
+    let n = if cut.top_p < 1.0 { nucleus_len(candidates, f64::from(cut.top_p) * total) } else { candidates.len() };
+    draw_among(&candidates[..n], u)
 }
 
 /// More probable first; equal probabilities by lower token.

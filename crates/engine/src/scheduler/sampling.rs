@@ -27,12 +27,14 @@ fn rand_seed() -> u64 {
 }
 
 /// A choice's sampler, in OpenAI's order: logit bias and presence/frequency penalties are added
-/// to the logits, the grammar (if any) forbids tokens, the temperature divides, top-p keeps the
-/// nucleus of the *tempered* distribution, then one token is drawn. Temperature 0 is greedy: the
+/// to the logits, the grammar (if any) forbids tokens, top-k keeps the highest logits, the
+/// temperature divides, top-p keeps the nucleus of the *tempered* distribution (of the top-k
+/// when both are set, as llama.cpp and vLLM order them), then one token is drawn. Temperature 0 is greedy: the
 /// first highest (adjusted) logit, fully deterministic.
 pub(crate) struct Sampler {
     temperature: f32,
     top_p: f32,
+    top_k: u32,
     /// Logit bias by token, sorted, each token once.
     bias: Vec<(u32, f32)>,
     penalties: Option<Penalties>,
@@ -93,7 +95,12 @@ impl Sampler {
         let adjusted = Adjusted { raw: logits, deltas: &self.deltas, allowed: mask.as_ref().map(|m| m.as_slice()) };
         let drawn = if self.temperature > 0.0 {
             let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
-            draw::draw(&adjusted, self.temperature, self.top_p, u, &mut self.scratch)
+            draw::draw(
+                &adjusted,
+                draw::Cut { temperature: self.temperature, top_p: self.top_p, top_k: self.top_k },
+                u,
+                &mut self.scratch,
+            )
         } else {
             None
         };
@@ -169,6 +176,7 @@ pub(crate) fn build_sampler(
     Sampler {
         temperature: params.temperature,
         top_p: params.top_p,
+        top_k: params.top_k,
         bias: bias.into_iter().collect(),
         penalties,
         grammar,

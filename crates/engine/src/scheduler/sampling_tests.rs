@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::scheduler::draw::{self, exp_neg, nucleus_len, Adjusted, Scratch};
+use crate::scheduler::draw::{self, exp_neg, nucleus_len, Adjusted, Cut, Scratch};
 
 /// Logits shaped like a language model's: a broad low mass and a few strong candidates.
 pub(crate) fn synthetic_logits(n: usize, seed: u64) -> Vec<f32> {
@@ -130,6 +130,52 @@ fn top_p_keeps_the_nucleus_of_the_tempered_distribution() {
     assert!(stat > critical, "the nucleus before the temperature fits too: {stat:.1} <= {critical:.1}");
 }
 
+fn cut(temperature: f32, top_p: f32, top_k: u32) -> Cut {
+    Cut { temperature, top_p, top_k }
+}
+
+/// The logits with all but the `k` highest (ties: lower token first) set to -inf.
+fn top_k_only(logits: &[f64], k: usize) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let mut out = vec![f64::NEG_INFINITY; logits.len()];
+    for &t in &order[..k] {
+        out[t] = logits[t];
+    }
+    out
+}
+
+#[test]
+fn top_k_keeps_the_highest_logits_then_top_p_its_tempered_nucleus() {
+    let logits = synthetic_logits(3000, 9);
+    for (temperature, top_p, top_k, seed) in [(0.9, 1.0, 40, 21), (1.2, 0.8, 300, 22), (0.7, 1.0, 2000, 23)] {
+        let p = SamplingParams { top_k, ..params(temperature, top_p, seed) };
+        let counts = counts_of(&mut build_sampler(&p, 0, 64, None), &logits, 200_000);
+        let expected =
+            reference(&top_k_only(&widened(&logits), top_k as usize), f64::from(temperature), f64::from(top_p));
+        assert_fits(&counts, &expected, &format!("T {temperature}, top-p {top_p}, top-k {top_k}"));
+        if top_k < 1000 {
+            assert_misfits(
+                &counts,
+                &reference(&widened(&logits), f64::from(temperature), f64::from(top_p)),
+                "no top-k",
+            );
+        }
+    }
+    // top-k 1 is the first highest logit; a top-k past the vocabulary limits nothing.
+    let flat = vec![0.5f32; 64];
+    for u in uniforms().take(50) {
+        let adjusted = Adjusted { raw: &flat, deltas: &[], allowed: None };
+        assert_eq!(draw::draw(&adjusted, cut(1.0, 1.0, 1), u, &mut Scratch::default()), Some(0));
+    }
+    let counts = counts_of(
+        &mut build_sampler(&SamplingParams { top_k: 5000, ..params(0.8, 1.0, 24) }, 0, 64, None),
+        &logits,
+        100_000,
+    );
+    assert_fits(&counts, &reference(&widened(&logits), 0.8, 1.0), "top-k above the vocabulary");
+}
+
 #[test]
 fn penalties_and_bias_shift_the_logits_before_temperature_and_top_p() {
     let logits = synthetic_logits(3000, 3);
@@ -192,7 +238,7 @@ fn a_grammar_mask_forbids_tokens_and_the_rest_keep_their_odds() {
     let mut counts = vec![0u64; logits.len()];
     for _ in 0..150_000 {
         let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        counts[draw::draw(&adjusted, 0.8, 0.97, u, &mut scratch).unwrap() as usize] += 1;
+        counts[draw::draw(&adjusted, cut(0.8, 0.97, 0), u, &mut scratch).unwrap() as usize] += 1;
     }
     let masked =
         logits.iter().enumerate().map(|(t, &l)| if allowed_token(t) { f64::from(l) } else { f64::NEG_INFINITY });
@@ -201,7 +247,12 @@ fn a_grammar_mask_forbids_tokens_and_the_rest_keep_their_odds() {
 }
 
 fn draw_once(logits: &[f32], temperature: f32, top_p: f32, u: f64) -> Option<u32> {
-    draw::draw(&Adjusted { raw: logits, deltas: &[], allowed: None }, temperature, top_p, u, &mut Scratch::default())
+    draw::draw(
+        &Adjusted { raw: logits, deltas: &[], allowed: None },
+        cut(temperature, top_p, 0),
+        u,
+        &mut Scratch::default(),
+    )
 }
 
 fn uniforms() -> impl Iterator<Item = f64> {

@@ -67,12 +67,14 @@ pub struct StopScan {
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// Which stop string matched, once one did (its index among the non-empty ones).
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
         let stops = stops.into_iter().filter(|s| !s.is_empty()).collect();
-        Self { stops, held: String::new() }
+        Self { stops, held: String::new(), matched: None }
     }
 
     pub fn push(&mut self, text: &str) -> StopScan {
@@ -81,8 +83,9 @@ impl StopMatcher {
             return StopScan { emit: std::mem::take(&mut self.held), stopped: false };
         }
         // Earliest complete match wins, as in OpenAI's API.
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(at) = first {
+        let first = self.stops.iter().enumerate().filter_map(|(k, s)| Some((self.held.find(s.as_str())?, k))).min();
+        if let Some((at, k)) = first {
+            self.matched = Some(k);
             let emit = self.held[..at].to_string();
             self.held.clear();
             return StopScan { emit, stopped: true };
@@ -131,6 +134,11 @@ impl TextAssembler {
     pub fn push(&mut self, piece: &[u8]) -> StopScan {
         let text = self.utf8.push(piece);
         self.stops.push(&text)
+    }
+
+    /// The index of the stop string that ended the text (among the non-empty ones), if one did.
+    pub fn matched_stop(&self) -> Option<usize> {
+        self.stops.matched
     }
 
     /// Like [`push`](Self::push), for text sampled under a grammar: stop strings are not matched
@@ -190,6 +198,10 @@ mod tests {
     fn stop_string_within_one_piece() {
         let mut m = StopMatcher::new(vec!["END".into()]);
         assert_eq!(m.push("abcENDdef"), StopScan { emit: "abc".into(), stopped: true });
+        assert_eq!(m.matched, Some(0));
+        let mut two = StopMatcher::new(vec![String::new(), "x".into(), "b".into()]);
+        assert_eq!(two.push("abx").emit, "a", "the earliest match wins");
+        assert_eq!(two.matched, Some(1), "counted among the non-empty stop strings");
     }
 
     #[test]

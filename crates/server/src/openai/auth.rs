@@ -1,4 +1,5 @@
-//! Bearer-key authentication. Runs before the body is read or validated, as OpenAI does.
+//! Key authentication: `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`. Runs
+//! before the body is read or validated, as OpenAI and Anthropic do.
 
 use std::net::SocketAddr;
 
@@ -28,6 +29,7 @@ pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Reques
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     let Some(secret) = presented.filter(|s| !s.is_empty()) else {
         return KeyRefusal::Missing.into_api_error().into_response();

@@ -29,13 +29,36 @@ use crate::pool::Lease;
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
 
+/// The wire format a request came in, and its answer goes out, in. Each is a translation at the
+/// edge: both run the same admission, engine and settlement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// OpenAI's Chat Completions.
+    Chat,
+    /// Anthropic's Messages (`crate::anthropic`).
+    Messages,
+}
+
 pub(crate) async fn chat_completions(
+    state: State<AppState>,
+    key: Extension<KeyInfo>,
+    request_id: Extension<RequestId>,
+    client_request_id: Extension<ClientRequestId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Chat).await
+}
+
+/// One request of either dialect, from the pre-admission to its answer.
+pub(crate) async fn serve(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
     Extension(RequestId(request_id)): Extension<RequestId>,
     Extension(ClientRequestId(client_request_id)): Extension<ClientRequestId>,
     headers: HeaderMap,
     body: Bytes,
+    dialect: Dialect,
 ) -> Result<Response, ApiError> {
     if state.draining.is_draining() {
         return Err(ApiError::shutting_down());
@@ -47,7 +70,7 @@ pub(crate) async fn chat_completions(
         Err(refused) => return Ok(refusal_response(&key, refused)),
     };
     let rate = pass.rate();
-    let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body).await {
+    let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body, dialect).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     };
@@ -59,6 +82,7 @@ pub(crate) async fn chat_completions(
 }
 
 /// The request once pre-admitted: parse, check, load the model, prepare, admit in full, run.
+#[allow(clippy::too_many_arguments, reason = "the request's parts, each taken apart by axum")]
 async fn admitted(
     state: AppState,
     key: KeyInfo,
@@ -67,9 +91,13 @@ async fn admitted(
     pass: Pass,
     headers: HeaderMap,
     body: Bytes,
+    dialect: Dialect,
 ) -> Result<Response, ApiError> {
     require_json_content_type(&headers)?;
-    let chat = gantry_api::parse_chat_request(&body)?;
+    let chat = match dialect {
+        Dialect::Chat => gantry_api::parse_chat_request(&body)?,
+        Dialect::Messages => gantry_api::anthropic::parse_messages_request(&body)?,
+    };
     // A model the key may not use is reported as missing, as OpenAI does.
     if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(&key, &chat.model, spec)) {
         return Err(ApiError::model_not_found(&chat.model));
@@ -90,6 +118,7 @@ async fn admitted(
     // The engine admits waiting requests fairly between keys, and caps each key's sequences.
     generate.fairness_key = key.id as u64;
     let n = generate.n;
+    let prompt_tokens = generate.prompt.tokens.len();
     // Full admission: tokens per minute and the budget reservation (the request itself was
     // counted by the pre-admission). The ticket settles with the engine's usage report or,
     // dropped unsettled (submission refused, handler dropped), releases.
@@ -120,13 +149,22 @@ async fn admitted(
     let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
     let events = hold_done_until(events, journalled, model);
 
-    let id = format!("chatcmpl-{request_id}");
     let created = now_secs();
-    let mut response = if chat.stream {
-        stream_response(id, created, model_id, &chat, tools, n, events).into_response()
-    } else {
-        let response = collect_response(id, created, model_id, &chat, tools.as_ref(), n, events).await?;
-        Json(response).into_response()
+    let mut response = match dialect {
+        Dialect::Chat if chat.stream => {
+            stream_response(format!("chatcmpl-{request_id}"), created, model_id, &chat, tools, n, events)
+                .into_response()
+        }
+        Dialect::Chat => {
+            let id = format!("chatcmpl-{request_id}");
+            let collected = collect_response(id, created, model_id, &chat, tools.as_ref(), n, events).await?;
+            Json(collected.response).into_response()
+        }
+        Dialect::Messages => {
+            let answer =
+                crate::anthropic::Answer { id: format!("msg_{request_id}"), created, model: model_id, prompt_tokens };
+            crate::anthropic::respond(answer, &chat, tools, events).await?
+        }
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
@@ -173,7 +211,7 @@ async fn attach_images(
 }
 
 /// OpenAI accepts only JSON bodies; a form or text body is a client error, not a parse attempt.
-fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     if mime == "application/json" || mime.ends_with("+json") {
@@ -189,7 +227,7 @@ fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 /// The engine checks and tokenizes the request (off the async runtime: it renders the template
 /// and compiles grammars); its refusals are the client's 400s.
 /// `scope`: the key's prompt-cache scope; only prefixes cached under it are reused.
-async fn prepare(
+pub(crate) async fn prepare(
     model: &Lease,
     chat: &ValidatedChat,
     tools: Option<&ToolPlan>,
@@ -215,6 +253,7 @@ async fn prepare(
         sampling: SamplingParams {
             temperature: chat.temperature.unwrap_or(1.0),
             top_p: chat.top_p.unwrap_or(1.0),
+            top_k: chat.top_k.unwrap_or(0),
             presence_penalty: chat.presence_penalty,
             frequency_penalty: chat.frequency_penalty,
             seed: chat.seed.map(|s| s as u64),
@@ -292,7 +331,13 @@ fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -
     }
 }
 
-async fn collect_response(
+/// A collected answer, and which stop string ended each choice (Messages reports it).
+pub(crate) struct Collected {
+    pub response: ChatCompletionResponse,
+    pub stop_sequences: Vec<Option<u32>>,
+}
+
+pub(crate) async fn collect_response(
     id: String,
     created: u64,
     model: String,
@@ -300,7 +345,8 @@ async fn collect_response(
     tools: Option<&ToolPlan>,
     n: u32,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-) -> Result<ChatCompletionResponse, ApiError> {
+) -> Result<Collected, ApiError> {
+    let mut stop_sequences = vec![None; n as usize];
     let mut texts = vec![String::new(); n as usize];
     let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n as usize];
     let mut reasons = vec![FinishReason::Length; n as usize];
@@ -311,6 +357,7 @@ async fn collect_response(
                 logprobs[choice as usize].extend(lp);
             }
             Some(Event::Finished { choice, reason }) => reasons[choice as usize] = reason,
+            Some(Event::StopSequence { choice, index }) => stop_sequences[choice as usize] = Some(index),
             Some(Event::Done(usage)) => break usage,
             Some(Event::Error(error)) => return Err(error.into_api_error()),
             None => {
@@ -341,7 +388,7 @@ async fn collect_response(
             }
         })
         .collect();
-    Ok(ChatCompletionResponse {
+    let response = ChatCompletionResponse {
         id,
         object: "chat.completion",
         created,
@@ -349,7 +396,8 @@ async fn collect_response(
         system_fingerprint: None,
         choices,
         usage: to_api_usage(usage),
-    })
+    };
+    Ok(Collected { response, stop_sequences })
 }
 
 fn stream_response(

@@ -20,6 +20,6 @@ pub mod prepare_gate;
 /// OpenAI's `x-ratelimit-*` headers.
 pub(crate) mod rate_limit;
 /// The engine's events as SSE chunks.
-mod stream;
+pub(crate) mod stream;
 /// `tools` and `tool_choice`: the grammar and the parsing of tool calls.
-mod tool_calls;
+pub(crate) mod tool_calls;

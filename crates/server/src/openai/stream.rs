@@ -130,6 +130,8 @@ impl ChunkEncoder {
                 };
                 self.piece_frames(choice, pieces, Some(logprobs))
             }
+            // Chat Completions does not say which stop string ended a choice.
+            Event::StopSequence { .. } => Vec::new(),
             Event::Finished { choice, reason } => {
                 let streamer = self.tools.as_mut().and_then(|t| t.streamers[choice as usize].take());
                 let rest = streamer.map(|s| if reason == FinishReason::Length { s.finish_cut() } else { s.finish() });

@@ -1,0 +1,117 @@
+//! A collected chat answer as a Messages `message`.
+
+use serde_json::{json, Value};
+
+use crate::{ChatCompletionResponse, Usage};
+
+/// Anthropic's `stop_reason` for a chat `finish_reason`; `stop_sequence` is the stop sequence
+/// that ended the text, if one did.
+pub fn stop_reason(finish_reason: &str, stop_sequence: Option<&str>) -> &'static str {
+    match finish_reason {
+        "length" => "max_tokens",
+        "tool_calls" => "tool_use",
+        _ if stop_sequence.is_some() => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+/// Messages usage: `input_tokens` are the prompt tokens not read from the cache, which
+/// `cache_read_input_tokens` counts (Anthropic's split; the three add up to the prompt).
+pub fn usage_json(usage: &Usage) -> Value {
+    let cached = usage.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
+    json!({
+        "input_tokens": usage.prompt_tokens.saturating_sub(cached),
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    })
+}
+
+/// The `message` for the first choice of `chat` (a Messages request has one).
+pub fn message_from_chat(id: &str, chat: &ChatCompletionResponse, stop_sequence: Option<&str>) -> Value {
+    let mut content = Vec::new();
+    let (finish_reason, message) = match chat.choices.first() {
+        Some(c) => (c.finish_reason.as_str(), Some(&c.message)),
+        None => ("stop", None),
+    };
+    if let Some(text) = message.and_then(|m| m.content.as_deref()).filter(|t| !t.is_empty()) {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for call in message.and_then(|m| m.tool_calls.as_deref()).unwrap_or_default() {
+        content.push(tool_use_block(call));
+    }
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": chat.model,
+        "content": content,
+        "stop_reason": stop_reason(finish_reason, stop_sequence),
+        "stop_sequence": stop_sequence,
+        "usage": usage_json(&chat.usage),
+    })
+}
+
+/// A chat tool call (`{"id", "function": {"name", "arguments"}}`) as a `tool_use` block. Its
+/// input is the arguments' object; a call cut short by `max_tokens` has unparsable arguments,
+/// and is given an empty input (its `stop_reason` says `max_tokens`).
+fn tool_use_block(call: &Value) -> Value {
+    let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+    let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Choice, PromptTokensDetails, ResponseMessage};
+
+    fn chat(content: Option<&str>, calls: Option<Vec<Value>>, finish: &str) -> ChatCompletionResponse {
+        ChatCompletionResponse {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion",
+            created: 1,
+            model: "m".into(),
+            system_fingerprint: None,
+            choices: vec![Choice {
+                index: 0,
+                message: ResponseMessage { role: "assistant", content: content.map(str::to_owned), tool_calls: calls },
+                logprobs: None,
+                finish_reason: finish.into(),
+            }],
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 4,
+                total_tokens: 14,
+                prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 6 }),
+            },
+        }
+    }
+
+    #[test]
+    fn text_answers_carry_the_stop_reason_and_anthropics_usage_split() {
+        let m = message_from_chat("msg_1", &chat(Some("Hi"), None, "stop"), None);
+        assert_eq!(m["content"], json!([{"type": "text", "text": "Hi"}]));
+        assert_eq!(m["stop_reason"], "end_turn");
+        assert_eq!(m["stop_sequence"], Value::Null);
+        assert_eq!(
+            m["usage"],
+            json!({"input_tokens": 4, "output_tokens": 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 6})
+        );
+        let m = message_from_chat("msg_1", &chat(Some("Hi"), None, "stop"), Some("END"));
+        assert_eq!((m["stop_reason"].as_str(), m["stop_sequence"].as_str()), (Some("stop_sequence"), Some("END")));
+        assert_eq!(message_from_chat("x", &chat(Some("Hi"), None, "length"), None)["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn calls_become_tool_use_blocks_with_their_arguments_as_input() {
+        let call = json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}});
+        let m = message_from_chat("msg_1", &chat(Some(""), Some(vec![call]), "tool_calls"), None);
+        assert_eq!(m["content"], json!([{"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}}]));
+        assert_eq!(m["stop_reason"], "tool_use");
+        let cut = json!({"id": "call_2", "type": "function", "function": {"name": "f", "arguments": "{\"a\": "}});
+        let m = message_from_chat("msg_1", &chat(None, Some(vec![cut]), "length"), None);
+        assert_eq!(m["content"][0]["input"], json!({}));
+        assert_eq!(m["stop_reason"], "max_tokens");
+    }
+}

@@ -1,0 +1,199 @@
+//! Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`): the same
+//! keys, admission, engine, ledger and rate limits as Chat Completions. The request is
+//! translated into the chat request it means (`gantry_api::anthropic`), run by the chat path,
+//! and its answer translated back; errors leave in Anthropic's shape.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::stream::{self, StreamExt};
+use gantry_accounts::KeyInfo;
+use gantry_api::anthropic::{message_from_chat, MessageStream, StreamEvent};
+use gantry_api::{ApiError, ValidatedChat};
+use gantry_engine::{EngineError, Event};
+use serde_json::{json, Value};
+
+use crate::errors::{refusal_response, IntoApiError};
+use crate::openai::chat::{self, Dialect};
+use crate::openai::models::key_allows;
+use crate::openai::stream::{ChunkEncoder, SseFrame};
+use crate::openai::tool_calls::ToolPlan;
+use crate::request_id::{ClientRequestId, RequestId};
+use crate::state::AppState;
+
+/// The answer's identity, known once the request was admitted.
+pub(crate) struct Answer {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub prompt_tokens: usize,
+}
+
+/// `POST /v1/messages`.
+pub(crate) async fn messages(
+    state: State<AppState>,
+    key: Extension<KeyInfo>,
+    request_id: Extension<RequestId>,
+    client_request_id: Extension<ClientRequestId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    chat::serve(state, key, request_id, client_request_id, headers, body, Dialect::Messages).await
+}
+
+/// The Messages answer to a request the chat path admitted and started.
+pub(crate) async fn respond(
+    answer: Answer,
+    chat: &ValidatedChat,
+    tools: Option<ToolPlan>,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    if chat.stream {
+        return Ok(stream(answer, chat, tools, events).into_response());
+    }
+    let collected =
+        chat::collect_response(answer.id.clone(), answer.created, answer.model, chat, tools.as_ref(), 1, events)
+            .await?;
+    let stop = stop_string(chat, collected.stop_sequences.first().copied().flatten());
+    Ok(Json(message_from_chat(&answer.id, &collected.response, stop)).into_response())
+}
+
+fn stop_string(chat: &ValidatedChat, index: Option<u32>) -> Option<&str> {
+    index.and_then(|k| chat.stop.get(k as usize)).map(String::as_str)
+}
+
+/// The chat stream's chunks, as the chat encoder makes them (tool calls included), translated
+/// into Messages events. Dropping it (client gone) drops the engine's receiver: cancelled.
+fn stream(
+    answer: Answer,
+    chat: &ValidatedChat,
+    tools: Option<ToolPlan>,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let encoder = ChunkEncoder::new(answer.id.clone(), answer.created, answer.model.clone(), true, false)
+        .with_tools(tools.filter(|t| t.parse), 1);
+    let prompt_tokens = u32::try_from(answer.prompt_tokens).unwrap_or(u32::MAX);
+    let (messages, opening) = MessageStream::start(&answer.id, &answer.model, prompt_tokens);
+    let state = Translation { events, encoder, messages, stops: chat.stop.clone(), stop: None, done: false };
+    let body = stream::unfold(state, |mut t| async move {
+        if t.done {
+            return None;
+        }
+        let event = t.events.recv().await.unwrap_or_else(|| {
+            Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))
+        });
+        let out = t.translate(event);
+        Some((stream::iter(out), t))
+    })
+    .flatten();
+    let frames = stream::iter(opening).chain(body).map(|e| Ok(to_sse(e)));
+    Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+struct Translation {
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    encoder: ChunkEncoder,
+    messages: MessageStream,
+    stops: Vec<String>,
+    stop: Option<usize>,
+    done: bool,
+}
+
+impl Translation {
+    fn translate(&mut self, event: Event) -> Vec<StreamEvent> {
+        if let Event::StopSequence { choice: 0, index } = event {
+            self.stop = Some(index as usize);
+        }
+        let mut out = Vec::new();
+        for frame in self.encoder.on_event(event) {
+            match frame {
+                SseFrame::Data(chunk) => out.extend(self.messages.on_chunk(&chunk)),
+                SseFrame::Done => {
+                    let stop = self.stop.and_then(|k| self.stops.get(k)).map(String::as_str);
+                    out.extend(self.messages.finish(stop));
+                }
+            }
+        }
+        self.done = self.encoder.is_finished();
+        out
+    }
+}
+
+fn to_sse(e: StreamEvent) -> SseEvent {
+    SseEvent::default().event(e.event).data(e.data.to_string())
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens as the model would read them
+/// (template, tools and all), without generating. Counts against the key's requests per
+/// minute like any request, costs no tokens, and is never booked.
+pub(crate) async fn count_tokens(
+    State(state): State<AppState>,
+    Extension(key): Extension<KeyInfo>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let pass = match state.meter.pre_admit(&key).await {
+        Ok(pass) => pass,
+        Err(refused) => return Ok(refusal_response(&key, refused)),
+    };
+    let mut response = match count(&state, &key, &headers, &body).await {
+        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
+        Err(e) => e.into_response(),
+    };
+    crate::openai::rate_limit::apply(&pass.rate(), response.headers_mut());
+    Ok(response)
+}
+
+async fn count(state: &AppState, key: &KeyInfo, headers: &HeaderMap, body: &[u8]) -> Result<usize, ApiError> {
+    chat::require_json_content_type(headers)?;
+    // The same fields as a message, but for `max_tokens`, which counting does not need.
+    let mut request: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_request(format!("The request body is not valid JSON: {e}"), None))?;
+    if let Some(obj) = request.as_object_mut() {
+        obj.entry("max_tokens").or_insert(json!(1));
+    }
+    let chat = gantry_api::anthropic::parse_messages_request(request.to_string().as_bytes())?;
+    if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(key, &chat.model, spec)) {
+        return Err(ApiError::model_not_found(&chat.model));
+    }
+    let tools = ToolPlan::from_request(&chat)?;
+    let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
+    let _turn = state.prepare_gate.enter(key.id).await;
+    let scope = gantry_engine::CacheScope(key.cache_scope_id());
+    let generate = chat::prepare(&model, &chat, tools.as_ref(), scope).await?;
+    Ok(generate.prompt.tokens.len())
+}
+
+/// Every error answered under `/v1/messages` (the handlers', authentication's, the body
+/// limit's, an unknown route's) leaves in Anthropic's shape, with the same status.
+pub(crate) async fn errors_in_anthropic_shape(req: Request, next: Next) -> Response {
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let response = next.run(req).await;
+    let status = response.status();
+    if !anthropic || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return (parts.status, "").into_response();
+    };
+    let converted = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|openai| gantry_api::anthropic::error_body(status, &openai));
+    let Some(converted) = converted else { return Response::from_parts(parts, Body::from(bytes)) };
+    let body = converted.to_string();
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

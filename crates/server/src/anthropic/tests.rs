@@ -1,0 +1,123 @@
+//! `/v1/messages` through the router with a scripted engine: the translation both ways, the
+//! ledger, and errors in Anthropic's shape.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use gantry_engine::{Event, FinishReason};
+use serde_json::{json, Value};
+
+use crate::router_tests::{delta, harness, usage, Harness, ScriptedEngine, KEY};
+
+async fn post(h: &Harness, path: &str, key: Option<&str>, body: Value) -> (StatusCode, String) {
+    let mut request =
+        Request::post(path).header("content-type", "application/json").header("anthropic-version", "2023-06-01");
+    if let Some(key) = key {
+        request = request.header("x-api-key", key);
+    }
+    h.send(request.body(Body::from(body.to_string())).unwrap()).await
+}
+
+fn message(extra: Value) -> Value {
+    let mut b = json!({"model": "scripted", "max_tokens": 16, "messages": [{"role": "user", "content": "say hello to the test"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+fn script() -> Vec<Event> {
+    vec![
+        delta("Hel"),
+        delta("lo"),
+        Event::StopSequence { choice: 0, index: 1 },
+        Event::Finished { choice: 0, reason: FinishReason::Stop },
+        Event::Done(usage(2)),
+    ]
+}
+
+#[tokio::test]
+async fn a_message_is_answered_as_anthropic_does_and_billed_as_told() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"stop_sequences": ["X", "END"]}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let m: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(m["type"], "message");
+    assert!(m["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(m["content"], json!([{"type": "text", "text": "Hello"}]));
+    assert_eq!((m["stop_reason"].as_str(), m["stop_sequence"].as_str()), (Some("stop_sequence"), Some("END")));
+    assert_eq!(m["usage"]["input_tokens"], 5);
+    assert_eq!(m["usage"]["output_tokens"], 2);
+    assert_eq!(h.billed_completion_tokens().await, 2);
+}
+
+#[tokio::test]
+async fn a_streamed_message_is_the_event_sequence_the_sdk_expects() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let (status, text) =
+        post(&h, "/v1/messages", Some(KEY), message(json!({"stream": true, "stop_sequences": ["X", "END"]}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{text}"
+    );
+    let data: Vec<Value> =
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    let end = &data[6];
+    assert_eq!(end["delta"], json!({"stop_reason": "stop_sequence", "stop_sequence": "END"}));
+    assert_eq!(end["usage"]["output_tokens"], 2);
+    assert!(!text.contains("[DONE]"));
+    assert_eq!(h.billed_completion_tokens().await, 2);
+}
+
+#[tokio::test]
+async fn errors_leave_in_anthropics_shape_with_their_status() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let cases = [
+        (None, message(json!({})), 401, "authentication_error"),
+        (Some("sk-gantry-not-a-real-key-000000000000000"), message(json!({})), 401, "authentication_error"),
+        (
+            Some(KEY),
+            json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}),
+            400,
+            "invalid_request_error",
+        ),
+        (Some(KEY), message(json!({"model": "nope"})), 404, "not_found_error"),
+    ];
+    for (key, body, status, kind) in cases {
+        let (got, text) = post(&h, "/v1/messages", key, body.clone()).await;
+        assert_eq!(got.as_u16(), status, "{body}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["type"], "error", "{text}");
+        assert_eq!(v["error"]["type"], kind, "{text}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+    }
+    // Chat Completions keeps OpenAI's shape.
+    let (got, text) = h.chat(json!({"model": "scripted"})).await;
+    assert_eq!(got, StatusCode::BAD_REQUEST);
+    assert!(serde_json::from_str::<Value>(&text).unwrap()["error"]["message"].is_string());
+}
+
+#[tokio::test]
+async fn count_tokens_counts_the_prompt_and_bills_nothing() {
+    let engine = Arc::new(ScriptedEngine::new(script(), usage(2)));
+    let h = harness(engine).await;
+    let body =
+        json!({"model": "scripted", "messages": [{"role": "user", "content": "one two three"}], "system": "four five"});
+    let (status, text) = post(&h, "/v1/messages/count_tokens", Some(KEY), body).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"input_tokens": 5}));
+    assert_eq!(h.billed_completion_tokens().await, 0);
+}
