@@ -3,8 +3,8 @@
 After a tool result, Qwen2.5-Coder often answers by echoing the call with its result
 (`{"name": "add", "arguments": {...}, "result": 42}`, bare or in a ```json fence). That is an
 answer, not a call: read back as the same call again, every loop repeated until the client's turn
-limit. Run on qwen2.5-coder-1.5b (the `agent_server` fixture), through the openai SDK and through
-openai-agents; the 0.5B default is measured in `test_loops_end_on_the_default_model`."""
+limit. Run on qwen2.5-coder-1.5b (the `agent_server` fixture), through the openai SDK, through
+openai-agents (its Responses and its Chat Completions model) and through the anthropic SDK; the 0.5B default is measured in `test_loops_end_on_the_default_model`."""
 
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def test_openai_sdk_agent_loops_end_with_the_sum(agent_client, agent_server):
     assert len(right) >= 2, f"only {len(right)} of 3 loops called add and answered the sum: {outcomes}"
 
 
-def test_openai_agents_loops_end_with_the_sum(agent_server):
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_openai_agents_loops_end_with_the_sum(agent_server, api):
+    """openai-agents' default model speaks the Responses API; its Chat Completions one too."""
     agents = pytest.importorskip("agents", reason="openai-agents is pinned in tests/e2e/requirements.txt")
     agents.set_tracing_disabled(True)
 
@@ -75,7 +77,8 @@ def test_openai_agents_loops_end_with_the_sum(agent_server):
 
     async def run_all() -> list:
         client = openai.AsyncOpenAI(base_url=agent_server.base_url, api_key=agent_server.api_key, max_retries=0, timeout=300)
-        model = agents.OpenAIChatCompletionsModel(model=agent_server.model_id, openai_client=client)
+        kind = agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel
+        model = kind(model=agent_server.model_id, openai_client=client)
         agent = agents.Agent(
             name="calculator",
             instructions="You are a calculator assistant. Use the add tool for sums, then state the result.",
@@ -97,6 +100,36 @@ def test_openai_agents_loops_end_with_the_sum(agent_server):
     outcomes = asyncio.run(run_all())
     right = [o for o in outcomes if o[2] and str(o[0] + o[1]) in o[3]]
     assert len(right) >= 2, f"only {len(right)} of 3 openai-agents loops called add and answered the sum: {outcomes}"
+
+
+def test_anthropic_sdk_tool_loops_end_with_the_sum(agent_server):
+    """A Claude-Code-style client: `tool_use` answered by `tool_result` until the model answers."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=agent_server.root_url, api_key=agent_server.api_key, max_retries=0, timeout=300)
+    add = {"name": "add", "description": ADD["function"]["description"], "input_schema": ADD["function"]["parameters"]}
+    outcomes = []
+    for a, b in PROBLEMS:
+        messages = [{"role": "user", "content": f"What is {a} + {b}? Use the add tool."}]
+        calls, answer = 0, None
+        for _ in range(MAX_TURNS):
+            r = claude.messages.create(
+                model=agent_server.model_id, max_tokens=200, tools=[add], messages=messages,
+                system="You are a calculator assistant. Use the add tool for sums, then state the result.",
+                extra_body={"temperature": 0},
+            )
+            uses = [blk for blk in r.content if blk.type == "tool_use"]
+            if r.stop_reason != "tool_use":
+                assert not uses
+                answer = "".join(blk.text for blk in r.content if blk.type == "text")
+                break
+            calls += len(uses)
+            messages.append({"role": "assistant", "content": r.content})
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": u.id, "content": str(u.input["a"] + u.input["b"])} for u in uses]})
+        outcomes.append((a, b, calls, answer))
+    right = [o for o in outcomes if o[2] >= 1 and o[3] is not None and str(o[0] + o[1]) in o[3]]
+    assert len(right) >= 2, f"only {len(right)} of 3 anthropic loops called add and answered the sum: {outcomes}"
 
 
 def test_default_model_makes_the_first_call_right(client, server):

@@ -1,5 +1,5 @@
 //! OpenAI Chat Completions wire types, request validation, and the one API error type; the
-//! other dialects (`anthropic`) as translations onto them. No I/O.
+//! other dialects (`anthropic`, `responses`) as translations onto them. No I/O.
 
 pub mod anthropic;
 mod error;
@@ -7,6 +7,7 @@ mod fields;
 mod image;
 mod request;
 mod response;
+pub mod responses;
 mod tools;
 mod validate;
 

@@ -56,6 +56,22 @@ pub struct Usage {
     pub prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
+impl Usage {
+    /// The usage of a chat chunk's `usage` JSON (what the other dialects' streams read back);
+    /// missing numbers count 0.
+    pub(crate) fn from_json(v: &Value) -> Usage {
+        let n = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+        Usage {
+            prompt_tokens: n(&v["prompt_tokens"]),
+            completion_tokens: n(&v["completion_tokens"]),
+            total_tokens: n(&v["total_tokens"]),
+            prompt_tokens_details: Some(PromptTokensDetails {
+                cached_tokens: n(&v["prompt_tokens_details"]["cached_tokens"]),
+            }),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
@@ -141,6 +157,35 @@ pub struct ModelObject {
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelObject>,
+}
+
+/// A one-choice chat answer for the other dialects' tests: 10 prompt tokens (6 cached), 4
+/// completion tokens.
+#[cfg(test)]
+pub(crate) fn one_choice_for_tests(
+    content: Option<&str>,
+    calls: Option<Vec<Value>>,
+    finish: &str,
+) -> ChatCompletionResponse {
+    ChatCompletionResponse {
+        id: "chatcmpl-1".into(),
+        object: "chat.completion",
+        created: 1,
+        model: "m".into(),
+        system_fingerprint: None,
+        choices: vec![Choice {
+            index: 0,
+            message: ResponseMessage { role: "assistant", content: content.map(str::to_owned), tool_calls: calls },
+            logprobs: None,
+            finish_reason: finish.into(),
+        }],
+        usage: Usage {
+            prompt_tokens: 10,
+            completion_tokens: 4,
+            total_tokens: 14,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 6 }),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub mod openai;
 pub mod pool;
 /// The server's id for every request, and the client's `x-request-id`.
 mod request_id;
+/// OpenAI's Responses API, translated onto the chat path.
+mod responses;
 /// The router: which routes each listener serves, behind the layers they share.
 pub mod router;
 #[cfg(test)]

@@ -11,7 +11,7 @@ use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
 use crate::openai::{auth, chat, models};
 use crate::state::AppState;
-use crate::{anthropic, errors, health, request_id, telemetry};
+use crate::{anthropic, errors, health, request_id, responses, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -55,6 +55,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::stored).delete(responses::stored))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))

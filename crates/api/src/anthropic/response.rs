@@ -64,29 +64,8 @@ fn tool_use_block(call: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Choice, PromptTokensDetails, ResponseMessage};
 
-    fn chat(content: Option<&str>, calls: Option<Vec<Value>>, finish: &str) -> ChatCompletionResponse {
-        ChatCompletionResponse {
-            id: "chatcmpl-1".into(),
-            object: "chat.completion",
-            created: 1,
-            model: "m".into(),
-            system_fingerprint: None,
-            choices: vec![Choice {
-                index: 0,
-                message: ResponseMessage { role: "assistant", content: content.map(str::to_owned), tool_calls: calls },
-                logprobs: None,
-                finish_reason: finish.into(),
-            }],
-            usage: Usage {
-                prompt_tokens: 10,
-                completion_tokens: 4,
-                total_tokens: 14,
-                prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 6 }),
-            },
-        }
-    }
+    use crate::response::one_choice_for_tests as chat;
 
     #[test]
     fn text_answers_carry_the_stop_reason_and_anthropics_usage_split() {

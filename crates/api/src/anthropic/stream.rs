@@ -67,7 +67,7 @@ impl MessageStream {
             return out;
         }
         if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            self.usage = Some(usage_of(usage));
+            self.usage = Some(Usage::from_json(usage));
         }
         // A Messages request has one choice.
         let Some(choice) = chunk["choices"].as_array().and_then(|c| c.iter().find(|c| c["index"] == 0)) else {
@@ -146,17 +146,6 @@ impl MessageStream {
 
 fn ping() -> StreamEvent {
     event("ping", json!({"type": "ping"}))
-}
-
-fn usage_of(v: &Value) -> Usage {
-    let n = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
-    let cached = n(&v["prompt_tokens_details"]["cached_tokens"]);
-    Usage {
-        prompt_tokens: n(&v["prompt_tokens"]),
-        completion_tokens: n(&v["completion_tokens"]),
-        total_tokens: n(&v["total_tokens"]),
-        prompt_tokens_details: Some(crate::PromptTokensDetails { cached_tokens: cached }),
-    }
 }
 
 #[cfg(test)]

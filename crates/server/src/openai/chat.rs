@@ -37,6 +37,8 @@ pub(crate) enum Dialect {
     Chat,
     /// Anthropic's Messages (`crate::anthropic`).
     Messages,
+    /// OpenAI's Responses (`crate::responses`).
+    Responses,
 }
 
 pub(crate) async fn chat_completions(
@@ -94,9 +96,14 @@ async fn admitted(
     dialect: Dialect,
 ) -> Result<Response, ApiError> {
     require_json_content_type(&headers)?;
-    let chat = match dialect {
-        Dialect::Chat => gantry_api::parse_chat_request(&body)?,
-        Dialect::Messages => gantry_api::anthropic::parse_messages_request(&body)?,
+    // A Response repeats some of its request's fields (`echo`).
+    let (chat, echo) = match dialect {
+        Dialect::Chat => (gantry_api::parse_chat_request(&body)?, None),
+        Dialect::Messages => (gantry_api::anthropic::parse_messages_request(&body)?, None),
+        Dialect::Responses => {
+            let request = gantry_api::responses::parse_responses_request(&body)?;
+            (request.chat, Some(request.echo))
+        }
     };
     // A model the key may not use is reported as missing, as OpenAI does.
     if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(&key, &chat.model, spec)) {
@@ -164,6 +171,14 @@ async fn admitted(
             let answer =
                 crate::anthropic::Answer { id: format!("msg_{request_id}"), created, model: model_id, prompt_tokens };
             crate::anthropic::respond(answer, &chat, tools, events).await?
+        }
+        Dialect::Responses => {
+            let ids = gantry_api::responses::ResponseIds {
+                id: format!("resp_{request_id}"),
+                created_at: created,
+                model: model_id,
+            };
+            crate::responses::respond(ids, echo.unwrap_or_default(), &chat, tools, events).await?
         }
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());

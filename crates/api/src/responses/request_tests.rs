@@ -1,0 +1,79 @@
+use serde_json::{json, Value};
+
+use super::*;
+use crate::{ResponseFormat, Role, ToolChoice};
+
+fn parse(v: Value) -> Result<ResponsesRequest, ApiError> {
+    parse_responses_request(v.to_string().as_bytes())
+}
+
+#[test]
+fn a_string_input_with_instructions_is_a_system_and_a_user_message() {
+    let r = parse(
+        json!({"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 20, "stream": true}),
+    )
+    .unwrap();
+    let roles: Vec<Role> = r.chat.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::System, Role::User]);
+    assert_eq!(r.chat.max_tokens, Some(20));
+    assert!(r.chat.stream && r.chat.include_usage);
+    assert_eq!(r.echo["instructions"], "Be brief.");
+    assert_eq!(r.echo["store"], false, "responses are not kept, whatever was asked");
+    assert_eq!(r.echo["tool_choice"], "auto");
+}
+
+#[test]
+fn a_tool_loop_in_items_becomes_calls_and_tool_messages() {
+    let r = parse(json!({"model": "m", "tools": [{"type": "function", "name": "get_weather", "description": "w",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, "strict": true}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris and Rome?"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": "{\"city\":\"Rome\"}"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+            {"type": "function_call_output", "call_id": "call_2", "output": "21C"},
+        ]}))
+    .unwrap();
+    let roles: Vec<Role> = r.chat.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::Tool]);
+    let assistant = r.chat.messages[1].to_template_value();
+    assert_eq!(assistant["content"], "Checking.");
+    assert_eq!(assistant["tool_calls"].as_array().map(Vec::len), Some(2), "{assistant}");
+    assert_eq!(r.chat.tool_choice, Some(ToolChoice::Function("get_weather".into())));
+}
+
+#[test]
+fn text_format_is_the_response_format() {
+    let r = parse(json!({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "answer", "strict": true,
+        "schema": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false}}}}))
+    .unwrap();
+    assert!(matches!(r.chat.response_format, Some(ResponseFormat::JsonSchema { .. })));
+    let r = parse(json!({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}})).unwrap();
+    assert_eq!(r.chat.response_format, Some(ResponseFormat::JsonObject));
+    let r = parse(json!({"model": "m", "input": "x", "text": {"format": {"type": "text"}}})).unwrap();
+    assert_eq!(r.chat.response_format, None);
+}
+
+#[test]
+fn what_this_server_cannot_do_is_a_400_naming_the_field() {
+    let cases = [
+        (json!({"input": "x"}), "model"),
+        (json!({"model": "m"}), "input"),
+        (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
+        (json!({"model": "m", "input": "x", "background": true}), "background"),
+        (json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (json!({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}), "input[0].type"),
+        (json!({"model": "m", "input": [{"role": "tool", "content": "x"}]}), "input[0].role"),
+        (json!({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}), "text.format.type"),
+        (json!({"model": "m", "input": "x", "max_output_tokens": 0}), "max_output_tokens"),
+        (json!({"model": "m", "input": []}), "input"),
+    ];
+    for (body, param) in cases {
+        let e = parse(body.clone()).unwrap_err();
+        assert_eq!(e.status.as_u16(), 400, "{body}");
+        assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+    }
+}

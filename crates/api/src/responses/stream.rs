@@ -1,0 +1,184 @@
+//! A streamed chat answer as the Responses API's semantic events: `response.created`,
+//! `response.in_progress`, then per output item `response.output_item.added` … `.done` (a
+//! message's `content_part` and `output_text` deltas, or a function call's
+//! `function_call_arguments` deltas), then `response.completed` (or `response.incomplete`) with
+//! the whole Response. Fed the chat stream's chunks in order; no I/O.
+
+use serde_json::{json, Map, Value};
+
+use crate::responses::response::{function_call_item, message_item, response_object, status_of, ResponseIds};
+use crate::Usage;
+
+/// One server-sent event: its `event:` name (the `type`) and `data:` JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseEvent {
+    pub event: String,
+    pub data: Value,
+}
+
+#[derive(Debug)]
+enum Open {
+    Message { index: usize, text: String },
+    Call { index: usize, call_id: String, name: String, arguments: String },
+}
+
+/// The state of one translated stream.
+#[derive(Debug)]
+pub struct ResponseStream {
+    ids: ResponseIds,
+    echo: Map<String, Value>,
+    sequence: u64,
+    items: Vec<Value>,
+    open: Option<Open>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    ended: bool,
+}
+
+impl ResponseStream {
+    /// The stream and its first events: `response.created` and `response.in_progress`.
+    pub fn start(ids: ResponseIds, echo: Map<String, Value>) -> (Self, Vec<ResponseEvent>) {
+        let mut s = Self {
+            ids,
+            echo,
+            sequence: 0,
+            items: Vec::new(),
+            open: None,
+            finish_reason: None,
+            usage: None,
+            ended: false,
+        };
+        let shell = s.object("in_progress", Value::Null, None);
+        let events = vec![
+            s.event("response.created", json!({"response": &shell})),
+            s.event("response.in_progress", json!({"response": shell})),
+        ];
+        (s, events)
+    }
+
+    /// The events for one chat chunk (or error body) of the chat stream.
+    pub fn on_chunk(&mut self, chunk: &Value) -> Vec<ResponseEvent> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        if let Some(error) = chunk.get("error") {
+            self.ended = true;
+            let message = error.get("message").and_then(Value::as_str).unwrap_or("the request failed");
+            let mut failed = self.object("failed", Value::Null, None);
+            failed["error"] = json!({"code": "server_error", "message": message});
+            out.push(self.event("response.failed", json!({"response": failed})));
+            return out;
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(Usage::from_json(u));
+        }
+        let Some(choice) = chunk["choices"].as_array().and_then(|c| c.iter().find(|c| c["index"] == 0)) else {
+            return out;
+        };
+        let delta = &choice["delta"];
+        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+            if !matches!(self.open, Some(Open::Message { .. })) {
+                self.close(&mut out);
+                let index = self.items.len();
+                let id = self.ids.message_id();
+                let mut item = message_item(&id, "", "in_progress");
+                item["content"] = json!([]);
+                out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
+                let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+                out.push(self.event(
+                    "response.content_part.added",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                ));
+                self.open = Some(Open::Message { index, text: String::new() });
+            }
+            if let Some(Open::Message { index, text: so_far }) = &mut self.open {
+                so_far.push_str(text);
+                let data = json!({"item_id": self.ids.message_id(), "output_index": *index, "content_index": 0,
+                                  "delta": text, "logprobs": []});
+                out.push(self.event("response.output_text.delta", data));
+            }
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            if let Some(call_id) = call.get("id").and_then(Value::as_str) {
+                self.close(&mut out);
+                let index = self.items.len();
+                let name = call["function"]["name"].as_str().unwrap_or_default().to_string();
+                let item = function_call_item(call_id, &name, "", "in_progress");
+                out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
+                self.open = Some(Open::Call { index, call_id: call_id.to_string(), name, arguments: String::new() });
+            }
+            let fragment = call["function"]["arguments"].as_str().unwrap_or("");
+            if let (false, Some(Open::Call { index, call_id, arguments, .. })) = (fragment.is_empty(), &mut self.open) {
+                arguments.push_str(fragment);
+                let item_id = format!("fc_{}", call_id.trim_start_matches("call_"));
+                let data = json!({"item_id": item_id, "output_index": *index, "delta": fragment});
+                out.push(self.event("response.function_call_arguments.delta", data));
+            }
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            self.finish_reason = Some(reason.to_string());
+        }
+        out
+    }
+
+    /// The closing events once the chat stream ended (its `[DONE]`).
+    pub fn finish(&mut self) -> Vec<ResponseEvent> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        self.ended = true;
+        self.close(&mut out);
+        let (status, details) = status_of(self.finish_reason.as_deref().unwrap_or("stop"));
+        let usage = self.usage;
+        let whole = self.object(status, details, usage.as_ref());
+        let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
+        out.push(self.event(kind, json!({"response": whole})));
+        out
+    }
+
+    /// Ends the open item: its `.done` events, and it joins the output.
+    fn close(&mut self, out: &mut Vec<ResponseEvent>) {
+        match self.open.take() {
+            None => {}
+            Some(Open::Message { index, text }) => {
+                let id = self.ids.message_id();
+                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+                let mut done = at.clone();
+                done["text"] = text.clone().into();
+                done["logprobs"] = json!([]);
+                out.push(self.event("response.output_text.done", done));
+                let mut part_done = at;
+                part_done["part"] = part;
+                out.push(self.event("response.content_part.done", part_done));
+                let item = message_item(&id, &text, "completed");
+                out.push(self.event("response.output_item.done", json!({"output_index": index, "item": &item})));
+                self.items.push(item);
+            }
+            Some(Open::Call { index, call_id, name, arguments }) => {
+                let item = function_call_item(&call_id, &name, &arguments, "completed");
+                let data = json!({"item_id": item["id"], "output_index": index, "name": name, "arguments": arguments});
+                out.push(self.event("response.function_call_arguments.done", data));
+                out.push(self.event("response.output_item.done", json!({"output_index": index, "item": &item})));
+                self.items.push(item);
+            }
+        }
+    }
+
+    fn object(&self, status: &str, details: Value, usage: Option<&Usage>) -> Value {
+        response_object(&self.ids, &self.echo, status, details, self.items.clone(), usage)
+    }
+
+    fn event(&mut self, kind: &str, mut data: Value) -> ResponseEvent {
+        data["type"] = kind.into();
+        data["sequence_number"] = self.sequence.into();
+        self.sequence += 1;
+        ResponseEvent { event: kind.to_string(), data }
+    }
+}
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;

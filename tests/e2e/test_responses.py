@@ -1,0 +1,91 @@
+"""OpenAI's Responses API through the openai SDK: `responses.create`, `responses.stream`,
+`responses.parse`, a function-call turn, and what is refused (stored responses)."""
+
+from __future__ import annotations
+
+import uuid
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+from _util import ledger_rows
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False},
+    "strict": True,
+}
+
+
+def test_a_response_answers_with_output_text_and_usage_the_ledger_books(client, server):
+    request_id = f"rs-{uuid.uuid4()}"
+    r = client.responses.create(
+        model=server.model_id, input="What is the capital of France?", instructions="Answer in one sentence.",
+        max_output_tokens=24, temperature=0, extra_headers={"x-request-id": request_id},
+    )
+    assert r.object == "response" and r.status in ("completed", "incomplete")
+    assert r.output_text.strip()
+    assert r.instructions == "Answer in one sentence."
+    [row] = ledger_rows(server, request_id)
+    assert row["prompt_tokens"] == r.usage.input_tokens
+    assert row["cached_tokens"] == r.usage.input_tokens_details.cached_tokens
+    assert row["completion_tokens"] == r.usage.output_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+
+
+def test_a_stream_gives_the_same_text_and_usage(client, server):
+    kw = dict(model=server.model_id, input="Say hello in French.", max_output_tokens=20, temperature=0)
+    whole = client.responses.create(**kw)
+    deltas = []
+    with client.responses.stream(**kw) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == whole.output_text
+    assert final.status == whole.status
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_function_call_and_its_output_make_a_turn(client, server, stream):
+    kw = dict(model=server.model_id, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required")
+    if stream:
+        with client.responses.stream(**kw) as s:
+            r = s.get_final_response()
+    else:
+        r = client.responses.create(**kw)
+    [call] = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id and call.arguments.startswith("{")
+    follow = client.responses.create(
+        model=server.model_id, tools=[WEATHER],
+        input=[{"role": "user", "content": "What is the weather in Paris?"}, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id, "output": "18C and sunny"}],
+    )
+    assert follow.status in ("completed", "incomplete")
+    assert follow.usage.input_tokens > r.usage.input_tokens
+
+
+class Fruit(BaseModel):
+    name: str
+    color: str
+
+
+def test_text_format_json_schema_parses(client, server):
+    r = client.responses.parse(model=server.model_id, input="Give me a fruit and its color.", text_format=Fruit)
+    assert isinstance(r.output_parsed, Fruit) and r.output_parsed.name
+
+
+def test_stored_responses_are_refused_clearly(client, server):
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_does_not_exist")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=server.model_id, input="x", previous_response_id="resp_1")
+    assert e.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=server.model_id, input="x", tools=[{"type": "web_search"}])
+    assert "Built-in tools" in e.value.body["message"]
