@@ -1,15 +1,17 @@
 """OpenAI's Responses API through the openai SDK: `responses.create`, `responses.stream`,
-`responses.parse`, a function-call turn, and what is refused (stored responses)."""
+`responses.parse`, a function-call turn, stored responses continued by `previous_response_id`
+(each key its own), and what is refused."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 
 import openai
 import pytest
 from pydantic import BaseModel
 
-from _util import ledger_rows
+from _util import gantry_bin, ledger_rows
 
 WEATHER = {
     "type": "function",
@@ -80,12 +82,45 @@ def test_text_format_json_schema_parses(client, server):
     assert isinstance(r.output_parsed, Fruit) and r.output_parsed.name
 
 
-def test_stored_responses_are_refused_clearly(client, server):
+def _second_key(server) -> openai.OpenAI:
+    out = subprocess.run([gantry_bin(), "keys", "create", "--name", f"other-{uuid.uuid4().hex[:8]}", "--data-dir", server.data_dir],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return openai.OpenAI(base_url=server.base_url, api_key=out.stdout.strip().splitlines()[-1], max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stored_response_continues_a_conversation_for_its_key_alone(client, server, stream):
+    kw = dict(model=server.model_id, input="My name is Ada. Reply with one word: OK.", max_output_tokens=8, temperature=0)
+    if stream:
+        with client.responses.stream(**kw) as s:
+            first = s.get_final_response()
+    else:
+        first = client.responses.create(**kw)
+    assert first.store is True
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    second = client.responses.create(model=server.model_id, input="What is my name?", previous_response_id=first.id,
+                                     max_output_tokens=8, temperature=0)
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens + 5, "the first turn is in the prompt"
+    stranger = _second_key(server)
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve("resp_does_not_exist")
+        stranger.responses.retrieve(first.id)
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model=server.model_id, input="x", previous_response_id="resp_1")
+        stranger.responses.create(model=server.model_id, input="x", previous_response_id=first.id)
     assert e.value.body["param"] == "previous_response_id"
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=server.model_id, input="x", previous_response_id=second.id)
+
+
+def test_unsupported_fields_are_refused_clearly(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=server.model_id, input="x", tools=[{"type": "web_search"}])
     assert "Built-in tools" in e.value.body["message"]
+    unstored = client.responses.create(model=server.model_id, input="Hi", store=False, max_output_tokens=4)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)

@@ -17,6 +17,7 @@ mod metering;
 mod money;
 pub mod outbox;
 mod rate;
+mod stored_responses;
 #[doc(hidden)]
 pub mod testing;
 mod unknown_keys;
@@ -36,6 +37,7 @@ pub use metering::{
     UNLIMITED_TPM,
 };
 pub use rate::{Allowance, Count, LocalWindows, RateRefusal, RateStatus, RateWindow};
+pub use stored_responses::{NewStoredResponse, MAX_CONVERSATION_DEPTH};
 pub use unknown_keys::{UNKNOWN_KEY_CAPACITY, UNKNOWN_KEY_TTL};
 pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 
@@ -109,8 +111,40 @@ impl Accounts {
     /// are preferred when matching names/prefixes). [`AccountsError::NotFound`] if nothing
     /// matches, [`AccountsError::Ambiguous`] if several active keys do. Revoking an already
     /// revoked key returns it unchanged.
+    /// The key's stored responses are deleted with it.
     pub async fn revoke_key(&self, id_or_name: &str) -> Result<KeyInfo, AccountsError> {
-        keys::revoke_key(&self.pool, id_or_name).await
+        let key = keys::revoke_key(&self.pool, id_or_name).await?;
+        let deleted = stored_responses::delete_all_of(&self.pool, key.id).await?;
+        if deleted > 0 {
+            tracing::info!(key_id = key.id, deleted, "deleted the revoked key's stored responses");
+        }
+        Ok(key)
+    }
+
+    /// Keeps a response (`store: true`) for its key until `expires_at_ms`.
+    pub async fn store_response(&self, new: &NewStoredResponse<'_>) -> Result<(), AccountsError> {
+        stored_responses::store(&self.pool, new).await
+    }
+
+    /// The key's stored Response object `id` (JSON), unless it expired; another key's is `None`.
+    pub async fn stored_response(&self, key_id: i64, id: &str, now_ms: i64) -> Result<Option<String>, AccountsError> {
+        stored_responses::response(&self.pool, key_id, id, now_ms).await
+    }
+
+    /// The items of the conversation ending with the key's stored response `id`, one JSON array
+    /// per turn, oldest first; `None` if any of its responses is gone or not the key's.
+    pub async fn stored_conversation(
+        &self,
+        key_id: i64,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<String>>, AccountsError> {
+        stored_responses::conversation(&self.pool, key_id, id, now_ms).await
+    }
+
+    /// Deletes the key's stored response `id`; whether there was one.
+    pub async fn delete_stored_response(&self, key_id: i64, id: &str) -> Result<bool, AccountsError> {
+        stored_responses::delete(&self.pool, key_id, id).await
     }
 
     pub async fn count_active_keys(&self) -> Result<u64, AccountsError> {

@@ -1,7 +1,8 @@
 //! OpenAI's Responses API (`POST /v1/responses`): the same keys, admission, engine, ledger and
 //! rate limits as Chat Completions. The request is translated into the chat request it means
 //! (`gantry_api::responses`), run by the chat path, and its answer translated back into a
-//! Response object or its semantic stream events. Responses are not stored.
+//! Response object or its semantic stream events. With `store` (the default) the Response is
+//! kept per key in the accounts database for `GET`, `DELETE` and `previous_response_id`.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -14,10 +15,12 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, StreamExt};
 use gantry_accounts::KeyInfo;
-use gantry_api::responses::{response_from_chat, ResponseEvent, ResponseIds, ResponseStream};
-use gantry_api::{ApiError, ValidatedChat};
+use gantry_api::responses::{
+    response_from_chat, turn_items, ResponseEvent, ResponseIds, ResponseStream, ResponsesRequest,
+};
+use gantry_api::ApiError;
 use gantry_engine::{EngineError, Event};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::openai::chat::{self, Dialect};
 use crate::openai::stream::{ChunkEncoder, SseFrame};
@@ -37,33 +40,136 @@ pub(crate) async fn create(
     chat::serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses).await
 }
 
-/// `GET` and `DELETE /v1/responses/{id}`: nothing is stored, so every id is unknown (the answer
-/// OpenAI gives for an id that is not the key's).
-pub(crate) async fn stored(Path(id): Path<String>) -> ApiError {
+/// The conversation a request's `previous_response_id` continues (its items, oldest first), or
+/// nothing without one. Only the key's own unexpired responses continue.
+pub(crate) async fn continued(state: &AppState, key: &KeyInfo, body: &[u8]) -> Result<Vec<Value>, ApiError> {
+    let Some(id) = gantry_api::responses::previous_response_id(body) else { return Ok(Vec::new()) };
+    let turns = state.accounts.stored_conversation(key.id, &id, now_ms()).await.map_err(storage_failed)?;
+    let Some(turns) = turns else {
+        return Err(ApiError::invalid_value(
+            "previous_response_id",
+            format!("Previous response with id '{id}' not found (never stored, deleted, expired, or made with another key)."),
+        ));
+    };
+    let mut items = Vec::new();
+    for turn in turns {
+        match serde_json::from_str::<Value>(&turn) {
+            Ok(Value::Array(turn)) => items.extend(turn),
+            _ => return Err(ApiError::internal("a stored response's items are not a JSON array")),
+        }
+    }
+    Ok(items)
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis())
+        .unwrap_or(i64::MAX)
+}
+
+fn storage_failed(e: gantry_accounts::AccountsError) -> ApiError {
+    tracing::error!(error = %e, "stored responses: the accounts database failed");
+    ApiError::temporarily_unavailable("The stored responses could not be read or written; retry.")
+}
+
+fn not_found(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        format!("No response found with id '{id}': this server does not store responses."),
+        format!("No response found with id '{id}'."),
         Some("response_id"),
         None,
     )
 }
 
-/// The Responses answer to a request the chat path admitted and started.
+/// `GET /v1/responses/{id}`: the key's stored Response; another key's is not found.
+pub(crate) async fn retrieve(
+    State(state): State<AppState>,
+    Extension(key): Extension<KeyInfo>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let stored = state.accounts.stored_response(key.id, &id, now_ms()).await.map_err(storage_failed)?;
+    let stored = stored.ok_or_else(|| not_found(&id))?;
+    let body: Value = serde_json::from_str(&stored).map_err(|_| ApiError::internal("a stored response is not JSON"))?;
+    Ok(Json(body).into_response())
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    Extension(key): Extension<KeyInfo>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !state.accounts.delete_stored_response(key.id, &id).await.map_err(storage_failed)? {
+        return Err(not_found(&id));
+    }
+    Ok(Json(json!({"id": id, "object": "response", "deleted": true})).into_response())
+}
+
+/// Where a finished Response is kept, when it is.
+#[derive(Clone)]
+struct Keeper {
+    accounts: gantry_accounts::Accounts,
+    key_id: i64,
+    retention: Duration,
+    previous_id: Option<String>,
+    items: Vec<Value>,
+}
+
+impl Keeper {
+    /// Stores a finished (completed or incomplete) Response; a failed one is not kept. A write
+    /// that fails is logged: the client still gets its answer, which it paid for.
+    async fn keep(&self, response: &Value) {
+        if !matches!(response["status"].as_str(), Some("completed" | "incomplete")) {
+            return;
+        }
+        let now = now_ms();
+        let retention = i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX);
+        let new = gantry_accounts::NewStoredResponse {
+            id: response["id"].as_str().unwrap_or_default(),
+            key_id: self.key_id,
+            created_at_ms: now,
+            expires_at_ms: now.saturating_add(retention),
+            previous_id: self.previous_id.as_deref(),
+            items: turn_items(&self.items, response).to_string(),
+            response: response.to_string(),
+        };
+        if let Err(e) = self.accounts.store_response(&new).await {
+            tracing::error!(error = %e, id = new.id, "could not store a response");
+        }
+    }
+}
+
+/// The Responses answer to a request the chat path admitted and started; stored first when
+/// the request asked (and this server keeps responses), so a `GET` right after finds it.
 pub(crate) async fn respond(
+    state: &AppState,
+    key: &KeyInfo,
     ids: ResponseIds,
-    echo: Map<String, Value>,
-    chat: &ValidatedChat,
+    request: ResponsesRequest,
     tools: Option<ToolPlan>,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
+    let ResponsesRequest { chat, store, previous_response_id, items, mut echo } = request;
+    let store = store && !state.response_retention.is_zero();
+    echo.insert("store".into(), store.into());
+    let keeper = store.then(|| Keeper {
+        accounts: state.accounts.clone(),
+        key_id: key.id,
+        retention: state.response_retention,
+        previous_id: previous_response_id,
+        items,
+    });
     if chat.stream {
-        return Ok(stream(ids, echo, tools, events).into_response());
+        return Ok(stream(ids, echo, tools, events, keeper).into_response());
     }
     let collected =
-        chat::collect_response(ids.id.clone(), ids.created_at, ids.model.clone(), chat, tools.as_ref(), 1, events)
+        chat::collect_response(ids.id.clone(), ids.created_at, ids.model.clone(), &chat, tools.as_ref(), 1, events)
             .await?;
-    Ok(Json(response_from_chat(&ids, &echo, &collected.response)).into_response())
+    let response = response_from_chat(&ids, &echo, &collected.response);
+    if let Some(keeper) = keeper {
+        keeper.keep(&response).await;
+    }
+    Ok(Json(response).into_response())
 }
 
 /// The chat stream's chunks (tool calls included) as Responses events. Dropping it (client
@@ -73,11 +179,13 @@ fn stream(
     echo: Map<String, Value>,
     tools: Option<ToolPlan>,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    keeper: Option<Keeper>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let encoder = ChunkEncoder::new(ids.id.clone(), ids.created_at, ids.model.clone(), true, false)
         .with_tools(tools.filter(|t| t.parse), 1);
     let (translator, opening) = ResponseStream::start(ids, echo);
-    let body = stream::unfold((events, encoder, translator), |(mut events, mut encoder, mut translator)| async move {
+    let state = (events, encoder, translator, keeper);
+    let body = stream::unfold(state, |(mut events, mut encoder, mut translator, keeper)| async move {
         if encoder.is_finished() {
             return None;
         }
@@ -88,10 +196,16 @@ fn stream(
         for frame in encoder.on_event(event) {
             match frame {
                 SseFrame::Data(chunk) => out.extend(translator.on_chunk(&chunk)),
-                SseFrame::Done => out.extend(translator.finish()),
+                SseFrame::Done => {
+                    let last = translator.finish();
+                    if let (Some(keeper), Some(end)) = (&keeper, last.last()) {
+                        keeper.keep(&end.data["response"]).await;
+                    }
+                    out.extend(last);
+                }
             }
         }
-        Some((stream::iter(out), (events, encoder, translator)))
+        Some((stream::iter(out), (events, encoder, translator, keeper)))
     })
     .flatten();
     let frames = stream::iter(opening).chain(body).map(|e| Ok(to_sse(e)));

@@ -66,17 +66,49 @@ async fn a_streamed_response_is_the_semantic_event_sequence() {
     assert_eq!(h.billed_completion_tokens().await, 2);
 }
 
+async fn call(h: &Harness, method: &str, path: &str, key: &str) -> (StatusCode, Value) {
+    let request = Request::builder().method(method).uri(path).header("authorization", format!("Bearer {key}"));
+    let (status, text) = h.send(request.body(Body::empty()).unwrap()).await;
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
 #[tokio::test]
-async fn stored_responses_are_not_found_and_continuing_one_is_refused() {
-    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
-    let get = Request::get("/v1/responses/resp_1").header("authorization", format!("Bearer {KEY}")).body(Body::empty());
-    let (status, text) = h.send(get.unwrap()).await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
-    assert!(text.contains("does not store responses"));
-    let anonymous = Request::get("/v1/responses/resp_1").body(Body::empty()).unwrap();
+async fn a_stored_response_is_its_keys_alone_to_read_continue_and_delete() {
+    let engine = Arc::new(ScriptedEngine::new(script(), usage(2)));
+    let h = harness(engine.clone()).await;
+    let other = h.accounts.create_key("other").await.unwrap().secret;
+    let (status, text) = post(&h, json!({"model": "scripted", "input": "say hello"})).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let first: Value = serde_json::from_str(&text).unwrap();
+    let id = first["id"].as_str().unwrap().to_string();
+    assert_eq!(first["store"], true, "OpenAI's default");
+    let (status, got) = call(&h, "GET", &format!("/v1/responses/{id}"), KEY).await;
+    assert_eq!((status, &got), (StatusCode::OK, &first));
+    let (status, got) = call(&h, "GET", &format!("/v1/responses/{id}"), &other).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another key: {got}");
+    assert_eq!(call(&h, "DELETE", &format!("/v1/responses/{id}"), &other).await.0, StatusCode::NOT_FOUND);
+    // Continued: the stored turn comes first (the scripted prompt counts one token a word).
+    let (status, text) =
+        post(&h, json!({"model": "scripted", "input": "and again", "previous_response_id": id, "store": false})).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let second: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(second["previous_response_id"], id.as_str());
+    assert_eq!(second["store"], false);
+    assert_eq!(*engine.prompts.lock().unwrap(), [2, 5], "say hello / Hello / and again");
+    assert_eq!(
+        call(&h, "GET", &format!("/v1/responses/{}", second["id"].as_str().unwrap()), KEY).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let other_key = Request::post("/v1/responses")
+        .header("authorization", format!("Bearer {other}"))
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"model": "scripted", "input": "x", "previous_response_id": id}).to_string()))
+        .unwrap();
+    let (status, text) = h.send(other_key).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "another key cannot continue it: {text}");
+    let (status, deleted) = call(&h, "DELETE", &format!("/v1/responses/{id}"), KEY).await;
+    assert_eq!((status, &deleted["deleted"]), (StatusCode::OK, &json!(true)));
+    assert_eq!(call(&h, "GET", &format!("/v1/responses/{id}"), KEY).await.0, StatusCode::NOT_FOUND);
+    let anonymous = Request::get(format!("/v1/responses/{id}")).body(Body::empty()).unwrap();
     assert_eq!(h.send(anonymous).await.0, StatusCode::UNAUTHORIZED);
-    let (status, text) = post(&h, json!({"model": "scripted", "input": "x", "previous_response_id": "resp_1"})).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["param"], "previous_response_id");
-    assert_eq!(h.billed_completion_tokens().await, 0);
 }

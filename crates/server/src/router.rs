@@ -56,7 +56,7 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
-        .route("/v1/responses/{id}", get(responses::stored).delete(responses::stored))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))

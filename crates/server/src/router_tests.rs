@@ -34,6 +34,8 @@ pub(crate) struct ScriptedEngine {
     fail_with: Option<String>,
     health: Arc<tokio::sync::watch::Sender<Health>>,
     submitted: Mutex<Vec<u32>>,
+    /// Each submission's prompt length (a token per word).
+    pub prompts: Mutex<Vec<usize>>,
 }
 
 impl ScriptedEngine {
@@ -55,6 +57,7 @@ impl ScriptedEngine {
             fail_with: None,
             health: Arc::new(tokio::sync::watch::Sender::new(Health::Ready)),
             submitted: Mutex::new(Vec::new()),
+            prompts: Mutex::new(Vec::new()),
         }
     }
 }
@@ -82,6 +85,7 @@ impl Generator for ScriptedEngine {
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
         self.submitted.lock().unwrap().push(request.n);
+        self.prompts.lock().unwrap().push(request.prompt.tokens.len());
         let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
         let (usage_tx, usage) = tokio::sync::oneshot::channel();
         let script = self.events.clone();
@@ -191,6 +195,7 @@ pub(crate) async fn harness_with_options(
         draining: Default::default(),
         stats: crate::admin::stats::StatsHistory::default(),
         prepare_gate: crate::openai::prepare_gate::PrepareGate::new(4, 2),
+        response_retention: std::time::Duration::from_secs(3600),
     };
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
     Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, loads, _dir: dir }

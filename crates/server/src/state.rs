@@ -26,6 +26,8 @@ pub struct AppState {
     pub stats: crate::admin::stats::StatsHistory,
     /// Bounds the requests being prepared at once, overall and per key.
     pub prepare_gate: crate::openai::prepare_gate::PrepareGate,
+    /// How long stored responses (`store: true`) are kept; zero stores none.
+    pub response_retention: std::time::Duration,
 }
 
 impl AppState {

@@ -35,6 +35,7 @@ async fn open_postgres(test: &str) -> Option<Accounts> {
 mod budget;
 mod cache_scope;
 mod metering;
+mod stored_responses;
 mod unknown_keys;
 mod usage;
 

@@ -7,6 +7,6 @@ mod request;
 mod response;
 mod stream;
 
-pub use request::{parse_responses_request, ResponsesRequest};
+pub use request::{parse_responses_request, previous_response_id, turn_items, ResponsesRequest};
 pub use response::{response_from_chat, ResponseIds};
 pub use stream::{ResponseEvent, ResponseStream};

@@ -10,14 +10,28 @@ use crate::{ApiError, ValidatedChat};
 #[derive(Debug, Clone)]
 pub struct ResponsesRequest {
     pub chat: ValidatedChat,
+    /// `store` (OpenAI's default: true).
+    pub store: bool,
+    pub previous_response_id: Option<String>,
+    /// This request's `input` as items (a string is one user message): what a stored response
+    /// keeps of its turn, beside its output.
+    pub items: Vec<Value>,
     /// `instructions`, `tools`, `tool_choice`, `text`, `temperature`, `top_p`,
     /// `max_output_tokens`, `parallel_tool_calls`, `metadata`, `user`, `reasoning`, as sent
     /// (with the API's defaults where absent).
     pub echo: Map<String, Value>,
 }
 
-/// Parses and validates a `POST /v1/responses` body.
-pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
+/// The `previous_response_id` of a body, if it names one (read before the whole parse, which
+/// needs that response's conversation).
+pub fn previous_response_id(body: &[u8]) -> Option<String> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    value.get("previous_response_id")?.as_str().map(str::to_owned)
+}
+
+/// Parses and validates a `POST /v1/responses` body; `prior` is the conversation its
+/// `previous_response_id` continues (items, oldest first), empty without one.
+pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<ResponsesRequest, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| {
         ApiError::invalid_request("We could not parse the JSON body of your request: it is not valid JSON.", None)
     })?;
@@ -28,20 +42,37 @@ pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError
         )
     })?;
     refuse_unsupported(obj)?;
-    let chat_body = to_chat_body(obj)?;
+    let items = match get(obj, "input") {
+        Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
+        Some(Value::Array(items)) => items.clone(),
+        Some(other) => return Err(type_error("input", "a string or an array of items", other)),
+        None => return Err(ApiError::invalid_request("Missing required parameter: 'input'.", Some("input"))),
+    };
+    let chat_body = to_chat_body(obj, prior, &items)?;
     let bytes = serde_json::to_vec(&chat_body).map_err(|e| ApiError::internal(e.to_string()))?;
     let chat = crate::parse_chat_request(&bytes).map_err(rename_params)?;
-    Ok(ResponsesRequest { chat, echo: echo(obj) })
+    let store = match get(obj, "store") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(type_error("store", "a boolean", other)),
+    };
+    let previous_response_id = match get(obj, "previous_response_id") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => return Err(type_error("previous_response_id", "a string", other)),
+    };
+    Ok(ResponsesRequest { chat, store, previous_response_id, items, echo: echo(obj) })
+}
+
+/// What a stored response keeps of its turn: `items` (its input) and its output items.
+pub fn turn_items(items: &[Value], response: &Value) -> Value {
+    let mut turn = items.to_vec();
+    turn.extend(response["output"].as_array().into_iter().flatten().cloned());
+    Value::Array(turn)
 }
 
 /// What this server cannot do is said, never silently skipped.
 fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    if get(obj, "previous_response_id").is_some() {
-        return Err(ApiError::invalid_value(
-            "previous_response_id",
-            "This server does not store responses, so `previous_response_id` cannot continue one; send the whole conversation in `input`.",
-        ));
-    }
     for (field, what) in
         [("conversation", "conversations"), ("prompt", "stored prompts"), ("background", "background responses")]
     {
@@ -52,7 +83,7 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn to_chat_body(obj: &Map<String, Value>) -> Result<Value, ApiError> {
+fn to_chat_body(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> Result<Value, ApiError> {
     let mut chat = Map::new();
     match get(obj, "model") {
         Some(m) => chat.insert("model".into(), m.clone()),
@@ -65,15 +96,12 @@ fn to_chat_body(obj: &Map<String, Value>) -> Result<Value, ApiError> {
         };
         messages.push(json!({"role": "system", "content": text}));
     }
-    match get(obj, "input") {
-        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                translate_item(i, item, &mut messages)?;
-            }
-        }
-        Some(other) => return Err(type_error("input", "a string or an array of items", other)),
-        None => return Err(ApiError::invalid_request("Missing required parameter: 'input'.", Some("input"))),
+    // A continued conversation's items were checked when they were stored.
+    for item in prior {
+        translate_item(0, item, &mut messages)?;
+    }
+    for (i, item) in items.iter().enumerate() {
+        translate_item(i, item, &mut messages)?;
     }
     chat.insert("messages".into(), messages.into());
     if get(obj, "stream") == Some(&Value::Bool(true)) {
@@ -305,9 +333,9 @@ fn echo(obj: &Map<String, Value>) -> Map<String, Value> {
     e.insert("reasoning".into(), field("reasoning", json!({"effort": null, "summary": null})));
     e.insert("truncation".into(), field("truncation", json!("disabled")));
     e.insert("user".into(), field("user", Value::Null));
-    // Responses are not kept: the object says so whatever was asked.
+    // The server sets `store` to what it did.
     e.insert("store".into(), json!(false));
-    e.insert("previous_response_id".into(), Value::Null);
+    e.insert("previous_response_id".into(), field("previous_response_id", Value::Null));
     e
 }
 

@@ -4,7 +4,7 @@ use super::*;
 use crate::{ResponseFormat, Role, ToolChoice};
 
 fn parse(v: Value) -> Result<ResponsesRequest, ApiError> {
-    parse_responses_request(v.to_string().as_bytes())
+    parse_responses_request(v.to_string().as_bytes(), &[])
 }
 
 #[test]
@@ -18,7 +18,8 @@ fn a_string_input_with_instructions_is_a_system_and_a_user_message() {
     assert_eq!(r.chat.max_tokens, Some(20));
     assert!(r.chat.stream && r.chat.include_usage);
     assert_eq!(r.echo["instructions"], "Be brief.");
-    assert_eq!(r.echo["store"], false, "responses are not kept, whatever was asked");
+    assert!(r.store, "OpenAI's default");
+    assert_eq!(r.items, [json!({"type": "message", "role": "user", "content": "Hi"})]);
     assert_eq!(r.echo["tool_choice"], "auto");
 }
 
@@ -62,7 +63,7 @@ fn what_this_server_cannot_do_is_a_400_naming_the_field() {
     let cases = [
         (json!({"input": "x"}), "model"),
         (json!({"model": "m"}), "input"),
-        (json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
+        (json!({"model": "m", "input": "x", "store": "yes"}), "store"),
         (json!({"model": "m", "input": "x", "background": true}), "background"),
         (json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type"),
         (json!({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}), "input[0].type"),
@@ -76,4 +77,22 @@ fn what_this_server_cannot_do_is_a_400_naming_the_field() {
         assert_eq!(e.status.as_u16(), 400, "{body}");
         assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
     }
+}
+
+#[test]
+fn a_continued_conversation_comes_before_the_new_input_and_its_turn_is_kept() {
+    let prior = [
+        json!({"type": "message", "role": "user", "content": "My name is Ada."}),
+        json!({"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+               "content": [{"type": "output_text", "text": "Hello Ada.", "annotations": []}]}),
+    ];
+    let body = json!({"model": "m", "input": "What is my name?", "previous_response_id": "resp_1", "store": false});
+    assert_eq!(previous_response_id(body.to_string().as_bytes()).as_deref(), Some("resp_1"));
+    let r = parse_responses_request(body.to_string().as_bytes(), &prior).unwrap();
+    let texts: Vec<Value> = r.chat.messages.iter().map(|m| m.to_template_value()["content"].clone()).collect();
+    assert_eq!(texts, [json!("My name is Ada."), json!("Hello Ada."), json!("What is my name?")]);
+    assert!(!r.store);
+    assert_eq!(r.echo["previous_response_id"], "resp_1");
+    let response = json!({"output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Ada."}]}]});
+    assert_eq!(turn_items(&r.items, &response).as_array().map(Vec::len), Some(2));
 }

@@ -95,6 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 args.prepare_concurrency_per_key.unwrap_or_else(|| crate::openai::prepare_gate::default_per_key(total));
             crate::openai::prepare_gate::PrepareGate::new(total, per_key)
         },
+        response_retention: Duration::from_secs(u64::from(args.responses_retention_days) * 86_400),
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();

@@ -160,6 +160,10 @@ pub struct ServeArgs {
     /// --prepare-concurrency (at least 1).
     #[arg(long)]
     pub prepare_concurrency_per_key: Option<usize>,
+    /// Days a response made with the Responses API's `store: true` (its default) is kept for
+    /// `GET /v1/responses/{id}` and `previous_response_id`; 0 stores nothing.
+    #[arg(long, env = "GANTRY_RESPONSES_RETENTION_DAYS", default_value_t = 30)]
+    pub responses_retention_days: u32,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
     #[arg(long, default_value_t = crate::openai::images::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,

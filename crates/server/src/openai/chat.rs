@@ -96,13 +96,14 @@ async fn admitted(
     dialect: Dialect,
 ) -> Result<Response, ApiError> {
     require_json_content_type(&headers)?;
-    // A Response repeats some of its request's fields (`echo`).
-    let (chat, echo) = match dialect {
+    // A Responses request keeps its parse (the fields its Response repeats, what it stores).
+    let (chat, responses_request) = match dialect {
         Dialect::Chat => (gantry_api::parse_chat_request(&body)?, None),
         Dialect::Messages => (gantry_api::anthropic::parse_messages_request(&body)?, None),
         Dialect::Responses => {
-            let request = gantry_api::responses::parse_responses_request(&body)?;
-            (request.chat, Some(request.echo))
+            let prior = crate::responses::continued(&state, &key, &body).await?;
+            let request = gantry_api::responses::parse_responses_request(&body, &prior)?;
+            (request.chat.clone(), Some(request))
         }
     };
     // A model the key may not use is reported as missing, as OpenAI does.
@@ -178,7 +179,9 @@ async fn admitted(
                 created_at: created,
                 model: model_id,
             };
-            crate::responses::respond(ids, echo.unwrap_or_default(), &chat, tools, events).await?
+            let request =
+                responses_request.ok_or_else(|| ApiError::internal("a Responses request without its parse"))?;
+            crate::responses::respond(&state, &key, ids, request, tools, events).await?
         }
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());

@@ -1,0 +1,106 @@
+//! Stored responses (the Responses API's `store: true`): one row per response, scoped to the key
+//! that made it. Every read, continuation and delete names the key, so one key never sees
+//! another's; expired rows are never returned and are swept as new ones are written. A row keeps
+//! its own turn's items and the id of the response it continued, so a long conversation costs
+//! its length once, not once per turn.
+
+use sqlx::AnyPool;
+
+use crate::AccountsError;
+
+/// How many responses back a conversation may reach.
+pub const MAX_CONVERSATION_DEPTH: usize = 1000;
+
+/// A response to keep: its id, the key that made it, when, until when, what it continued, its
+/// turn's items and the Response object.
+#[derive(Debug, Clone)]
+pub struct NewStoredResponse<'a> {
+    pub id: &'a str,
+    pub key_id: i64,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub previous_id: Option<&'a str>,
+    /// This turn's input items and the output items (a JSON array).
+    pub items: String,
+    /// The Response object (JSON).
+    pub response: String,
+}
+
+pub(crate) async fn store(pool: &AnyPool, new: &NewStoredResponse<'_>) -> Result<(), AccountsError> {
+    sqlx::query("DELETE FROM stored_responses WHERE expires_at_ms <= $1").bind(new.created_at_ms).execute(pool).await?;
+    sqlx::query(
+        "INSERT INTO stored_responses (id, key_id, created_at_ms, expires_at_ms, previous_id, items, response)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(new.id)
+    .bind(new.key_id)
+    .bind(new.created_at_ms)
+    .bind(new.expires_at_ms)
+    .bind(new.previous_id)
+    .bind(&new.items)
+    .bind(&new.response)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+type Row = (Option<String>, String, String);
+
+async fn row(pool: &AnyPool, key_id: i64, id: &str, now_ms: i64) -> Result<Option<Row>, AccountsError> {
+    Ok(sqlx::query_as(
+        "SELECT previous_id, items, response FROM stored_responses WHERE id = $1 AND key_id = $2 AND expires_at_ms > $3",
+    )
+    .bind(id)
+    .bind(key_id)
+    .bind(now_ms)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// The Response object `id` of this key, unless it expired.
+pub(crate) async fn response(
+    pool: &AnyPool,
+    key_id: i64,
+    id: &str,
+    now_ms: i64,
+) -> Result<Option<String>, AccountsError> {
+    Ok(row(pool, key_id, id, now_ms).await?.map(|(_, _, response)| response))
+}
+
+/// The conversation that ends with response `id`: each turn's items (JSON arrays), oldest
+/// first. `None` when `id`, or a response it continued, is not this key's or has expired or
+/// been deleted; `Invalid` past [`MAX_CONVERSATION_DEPTH`] turns.
+pub(crate) async fn conversation(
+    pool: &AnyPool,
+    key_id: i64,
+    id: &str,
+    now_ms: i64,
+) -> Result<Option<Vec<String>>, AccountsError> {
+    let mut turns = Vec::new();
+    let mut next = Some(id.to_string());
+    while let Some(at) = next {
+        if turns.len() == MAX_CONVERSATION_DEPTH {
+            return Err(AccountsError::Invalid(format!("conversation longer than {MAX_CONVERSATION_DEPTH} responses")));
+        }
+        let Some((previous, items, _)) = row(pool, key_id, &at, now_ms).await? else { return Ok(None) };
+        turns.push(items);
+        next = previous;
+    }
+    turns.reverse();
+    Ok(Some(turns))
+}
+
+/// Whether a row of this key's was deleted.
+pub(crate) async fn delete(pool: &AnyPool, key_id: i64, id: &str) -> Result<bool, AccountsError> {
+    let done = sqlx::query("DELETE FROM stored_responses WHERE id = $1 AND key_id = $2")
+        .bind(id)
+        .bind(key_id)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(crate) async fn delete_all_of(pool: &AnyPool, key_id: i64) -> Result<u64, AccountsError> {
+    let done = sqlx::query("DELETE FROM stored_responses WHERE key_id = $1").bind(key_id).execute(pool).await?;
+    Ok(done.rows_affected())
+}
