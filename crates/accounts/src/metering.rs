@@ -218,7 +218,8 @@ impl Meter {
         let reservation = Reservation {
             request_id: charge.request_id.clone(),
             tokens: tokens as i64,
-            nanos: charge.price.cost_nanos(charge.prompt_tokens, charge.max_completion_tokens),
+            // The most it can cost: no prompt token from the cache.
+            nanos: charge.price.cost_nanos(charge.prompt_tokens, 0, charge.max_completion_tokens),
             owner: self.inner.owner.clone(),
             at_ms: started_at_ms,
         };
@@ -331,7 +332,11 @@ impl Ticket {
             prompt_tokens: used.prompt_tokens,
             cached_tokens: used.cached_tokens,
             completion_tokens: used.completion_tokens,
-            cost_nanos: c.price.cost_nanos(u64::from(used.prompt_tokens), u64::from(used.completion_tokens)),
+            cost_nanos: c.price.cost_nanos(
+                u64::from(used.prompt_tokens),
+                u64::from(used.cached_tokens),
+                u64::from(used.completion_tokens),
+            ),
             outcome: used.outcome.as_str().to_string(),
             started_at_ms: self.started_at_ms,
             finished_at_ms: now_ms(),

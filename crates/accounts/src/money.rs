@@ -80,13 +80,20 @@ impl FromStr for BudgetPeriod {
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
+    /// Prompt tokens read from the prefix cache; `None`: the input price.
+    #[serde(default)]
+    pub cached_input_per_mtok: Option<f64>,
 }
 
 impl Price {
     /// Cost in nano-dollars, rounded up so a non-zero price never rounds to free.
-    pub fn cost_nanos(&self, prompt_tokens: u64, completion_tokens: u64) -> i64 {
+    /// `cached_tokens` (at most `prompt_tokens`) are priced at the cached rate.
+    pub fn cost_nanos(&self, prompt_tokens: u64, cached_tokens: u64, completion_tokens: u64) -> i64 {
+        let cached = cached_tokens.min(prompt_tokens);
+        let cached_rate = self.cached_input_per_mtok.unwrap_or(self.input_per_mtok);
         // USD per million tokens = 1000 nano-dollars per token per dollar.
-        let nanos = prompt_tokens as f64 * self.input_per_mtok * 1000.0
+        let nanos = (prompt_tokens - cached) as f64 * self.input_per_mtok * 1000.0
+            + cached as f64 * cached_rate * 1000.0
             + completion_tokens as f64 * self.output_per_mtok * 1000.0;
         nanos.ceil().min(i64::MAX as f64) as i64
     }

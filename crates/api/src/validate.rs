@@ -92,6 +92,9 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     // Fields this server does not act on are still type-checked, as OpenAI does.
     opt_bool(obj, "store")?;
     opt_str(obj, "service_tier", "service_tier")?;
+    // The load balancer's affinity key (docs/replicas.md); one replica's prefix cache needs none.
+    opt_str(obj, "prompt_cache_key", "prompt_cache_key")?;
+    check_cache_retention(opt_str(obj, "prompt_cache_retention", "prompt_cache_retention")?.as_deref())?;
     if let Some(functions) = get(obj, "functions").filter(|f| !f.is_array()) {
         return Err(type_error("functions", "an array", functions));
     }
@@ -123,6 +126,23 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
         user,
         images,
     })
+}
+
+/// `prompt_cache_retention`: prefixes stay cached while there is room for them (`in-memory`,
+/// OpenAI's default); no server-side promise of a day (`24h`) can be kept, so it is refused as
+/// OpenAI refuses it for a model without extended caching.
+fn check_cache_retention(v: Option<&str>) -> Result<(), ApiError> {
+    match v {
+        None | Some("in-memory" | "in_memory") => Ok(()),
+        Some("24h") => Err(ApiError::invalid_value(
+            "prompt_cache_retention",
+            "prompt_cache_retention '24h' is not supported by this server: cached prefixes are kept in memory (and in --cache-ram) while there is room, not for a set time. Use 'in-memory' or leave it out.",
+        )),
+        Some(other) => Err(ApiError::invalid_value(
+            "prompt_cache_retention",
+            format!("Invalid value for 'prompt_cache_retention': '{other}'. Supported values are: 'in-memory' and '24h'."),
+        )),
+    }
 }
 
 fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {

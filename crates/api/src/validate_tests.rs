@@ -260,6 +260,18 @@ fn defaults() {
 }
 
 #[test]
+fn prompt_cache_fields_are_accepted_and_a_day_of_retention_refused() {
+    ok(json!({"prompt_cache_key": "conversation-1", "prompt_cache_retention": "in-memory"}));
+    for (v, needle) in [(json!("24h"), "not supported"), (json!("1w"), "Supported values"), (json!(3), "string")] {
+        let e = parse_chat_request(&with(json!({"prompt_cache_retention": v}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt_cache_retention"));
+        assert!(e.message.contains(needle), "{}", e.message);
+    }
+    let e = parse_chat_request(&with(json!({"prompt_cache_key": 5}))).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("prompt_cache_key"));
+}
+
+#[test]
 fn top_k_is_a_limit_and_zero_or_minus_one_none() {
     assert_eq!(ok(json!({"top_k": 40})).top_k, Some(40));
     assert_eq!(ok(json!({"top_k": 0})).top_k, None);

@@ -71,9 +71,14 @@ on_both!(settlement_moves_reservation_to_spend_once, |acc: Accounts| async move 
 });
 
 on_both!(money_budget_and_cost, |acc: Accounts| async move {
-    let price = Price { input_per_mtok: 1.0, output_per_mtok: 2.0 };
+    let price = Price { input_per_mtok: 1.0, output_per_mtok: 2.0, cached_input_per_mtok: None };
     // 1000 prompt + 1000 completion tokens = $0.003.
-    assert_eq!(price.cost_nanos(1_000, 1_000), 3_000_000);
+    assert_eq!(price.cost_nanos(1_000, 0, 1_000), 3_000_000);
+    assert_eq!(price.cost_nanos(1_000, 600, 1_000), 3_000_000, "no cached price: cached tokens cost the input price");
+    let discounted = Price { cached_input_per_mtok: Some(0.1), ..price };
+    // 400 uncached at $1 + 600 cached at $0.10 + 1000 completion at $2 per million.
+    assert_eq!(discounted.cost_nanos(1_000, 600, 1_000), 400_000 + 60_000 + 2_000_000);
+    assert_eq!(discounted.cost_nanos(10, 50, 0), 1_000, "never more cached tokens than the prompt");
     let key = key_with_budget(&acc, None, Some(5_000_000)).await;
     acc.reserve(&key, &reservation("a", 2_000, 3_000_000)).await.unwrap();
     let err = acc.reserve(&key, &reservation("b", 2_000, 3_000_000)).await.unwrap_err();

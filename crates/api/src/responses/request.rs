@@ -114,6 +114,8 @@ fn to_chat_body(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> R
         ("top_p", "top_p"),
         ("parallel_tool_calls", "parallel_tool_calls"),
         ("user", "user"),
+        ("prompt_cache_key", "prompt_cache_key"),
+        ("prompt_cache_retention", "prompt_cache_retention"),
     ] {
         if let Some(v) = get(obj, from) {
             chat.insert(to.into(), v.clone());

@@ -175,9 +175,10 @@ pub struct ServeArgs {
     /// be public.
     #[arg(long = "allow-image-host", value_name = "HOST")]
     pub allow_image_hosts: Vec<String>,
-    /// Price of a model for money budgets and the ledger's cost: `MODEL=INPUT,OUTPUT` in USD per
-    /// million prompt and completion tokens. Repeatable.
-    #[arg(long = "price", value_name = "MODEL=IN,OUT", value_parser = parse_price)]
+    /// Price of a model for money budgets and the ledger's cost: `MODEL=INPUT,OUTPUT[,CACHED]` in
+    /// USD per million prompt, completion and cached prompt tokens (prompt tokens read from the
+    /// prefix cache; the input price when not given). Repeatable.
+    #[arg(long = "price", value_name = "MODEL=IN,OUT[,CACHED]", value_parser = parse_price)]
     pub prices: Vec<(String, gantry_accounts::Price)>,
     /// Enables the admin API under /admin/v1, guarded by this bearer token (at least 32 random
     /// characters; a shorter or placeholder token stops the server at start).
@@ -247,8 +248,14 @@ pub enum SpeculateArg {
 }
 
 fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
-    let (model, prices) = s.split_once('=').ok_or("expected MODEL=INPUT,OUTPUT (USD per million tokens)")?;
-    let (input, output) = prices.split_once(',').ok_or("expected MODEL=INPUT,OUTPUT (USD per million tokens)")?;
+    const SHAPE: &str = "expected MODEL=INPUT,OUTPUT[,CACHED] (USD per million tokens)";
+    let (model, prices) = s.split_once('=').ok_or(SHAPE)?;
+    let parts: Vec<&str> = prices.split(',').collect();
+    let (input, output, cached) = match parts[..] {
+        [input, output] => (input, output, None),
+        [input, output, cached] => (input, output, Some(cached)),
+        _ => return Err(SHAPE.into()),
+    };
     let parse = |v: &str| {
         v.trim()
             .parse::<f64>()
@@ -261,6 +268,29 @@ fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
     }
     Ok((
         model.trim().to_string(),
-        gantry_accounts::Price { input_per_mtok: parse(input)?, output_per_mtok: parse(output)? },
+        gantry_accounts::Price {
+            input_per_mtok: parse(input)?,
+            output_per_mtok: parse(output)?,
+            cached_input_per_mtok: cached.map(parse).transpose()?,
+        },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_price;
+
+    #[test]
+    fn a_price_has_input_output_and_an_optional_cached_rate() {
+        let (model, p) = parse_price("m=1.5,3").unwrap();
+        assert_eq!(
+            (model.as_str(), p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok),
+            ("m", 1.5, 3.0, None)
+        );
+        let (_, p) = parse_price("m = 1,2,0.25").unwrap();
+        assert_eq!(p.cached_input_per_mtok, Some(0.25));
+        for bad in ["m", "m=1", "m=1,2,3,4", "=1,2", "m=1,-2", "m=1,2,x"] {
+            assert!(parse_price(bad).is_err(), "{bad}");
+        }
+    }
 }
