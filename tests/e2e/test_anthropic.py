@@ -4,6 +4,7 @@ any more; it travels in `extra_body`."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import anthropic
@@ -126,3 +127,35 @@ def test_langchain_chat_anthropic_talks_to_gantry(server):
     assert reply.usage_metadata["output_tokens"] > 0
     chunks = list(llm.stream("Say hello."))
     assert "".join(c.content if isinstance(c.content, str) else "" for c in chunks).strip()
+
+
+def _row_eventually(server, request_id):
+    deadline = time.monotonic() + 60
+    rows = ledger_rows(server, request_id)
+    while not rows and time.monotonic() < deadline:
+        time.sleep(0.2)
+        rows = ledger_rows(server, request_id)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_a_stream_the_client_leaves_is_cancelled_and_billed_as_chat_is(claude, client, server):
+    """Cancellation billing is the chat path's: a Messages stream and a Responses stream closed
+    after a few events are cancelled early and booked with what was generated."""
+    anthropic_id, responses_id = f"an-cut-{uuid.uuid4().hex[:8]}", f"rs-cut-{uuid.uuid4().hex[:8]}"
+    prompt = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    with claude.messages.stream(model=server.model_id, max_tokens=300, messages=prompt,
+                                extra_headers={"x-request-id": anthropic_id}) as s:
+        for n, _ in enumerate(s.text_stream):
+            if n == 3:
+                break
+    stream = client.responses.create(model=server.model_id, input=prompt[0]["content"], max_output_tokens=300,
+                                     stream=True, store=False, extra_headers={"x-request-id": responses_id})
+    for n, _ in enumerate(stream):
+        if n == 6:
+            break
+    stream.close()
+    for request_id in (anthropic_id, responses_id):
+        row = _row_eventually(server, request_id)
+        assert row["outcome"] == "cancelled", row
+        assert 2 <= row["completion_tokens"] < 300, row

@@ -121,3 +121,28 @@ async fn count_tokens_counts_the_prompt_and_bills_nothing() {
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"input_tokens": 5}));
     assert_eq!(h.billed_completion_tokens().await, 0);
 }
+
+#[tokio::test]
+async fn one_key_one_limit_across_the_three_apis_and_429s_in_each_shape() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let update = gantry_accounts::KeyUpdate { rpm_limit: Some(Some(3)), ..Default::default() };
+    h.accounts.update_key("router-test", &update).await.unwrap();
+    let (status, text) = h.chat(crate::router_tests::body(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let responses = Request::post("/v1/responses")
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"model": "scripted", "input": "say hello"}).to_string()))
+        .unwrap();
+    assert_eq!(h.send(responses).await.0, StatusCode::OK);
+    assert_eq!(post(&h, "/v1/messages", Some(KEY), message(json!({}))).await.0, StatusCode::OK);
+    // The minute's three requests are spent, whichever API made them.
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")));
+    let (status, text) = h.chat(crate::router_tests::body(json!({}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(h.billed_completion_tokens().await, 6, "three answers of two tokens, one ledger");
+}
