@@ -159,3 +159,20 @@ def test_a_stream_the_client_leaves_is_cancelled_and_billed_as_chat_is(claude, c
         row = _row_eventually(server, request_id)
         assert row["outcome"] == "cancelled", row
         assert 2 <= row["completion_tokens"] < 300, row
+
+
+def test_a_prefill_is_continued_and_left_out_of_the_answer(claude, client, server):
+    question = {"role": "user", "content": "What is the capital of France?"}
+    r = claude.messages.create(model=server.model_id, max_tokens=20, extra_body={"temperature": 0},
+                               messages=[question, {"role": "assistant", "content": '{"capital": "'}])
+    text = r.content[0].text
+    assert "Paris" in text and not text.startswith('{"capital"'), text
+    # The same on Chat Completions, with DeepSeek's and Mistral's `prefix` mark.
+    chat = client.chat.completions.create(
+        model=server.model_id, max_tokens=20, temperature=0,
+        messages=[question, {"role": "assistant", "content": '{"capital": "', "prefix": True}],
+    )
+    assert chat.choices[0].message.content == text
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model=server.model_id, max_tokens=5,
+                               messages=[question, {"role": "assistant", "content": "Sure, "}])

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::fields::{get, opt_str, type_error};
+use crate::fields::{get, opt_bool_at, opt_str, type_error};
 use crate::image::{parse_image_url, ImageRef};
 use crate::tools::{ResponseFormat, Tool, ToolChoice};
 use crate::ApiError;
@@ -58,6 +58,10 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// Where this message's images sit in `content`: the byte offset of each, in order.
     pub image_offsets: Vec<usize>,
+    /// `"prefix": true` on the last message, an assistant's (DeepSeek's and Mistral's
+    /// convention; Anthropic's prefill): the answer continues this text instead of starting a
+    /// new turn.
+    pub prefix: bool,
 }
 
 impl ChatMessage {
@@ -93,6 +97,9 @@ impl ChatMessage {
         }
         if let Some(name) = &self.name {
             m.insert("name".into(), name.clone().into());
+        }
+        if self.prefix {
+            m.insert("prefix".into(), true.into());
         }
         Value::Object(m)
     }
@@ -237,7 +244,15 @@ pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImagePart>) ->
     if content.is_none() && role != Role::Assistant {
         return Err(ApiError::invalid_value(&content_param, format!("Missing required parameter: '{content_param}'.")));
     }
-    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, image_offsets })
+    let prefix_param = format!("{p}.prefix");
+    let prefix = opt_bool_at(obj, "prefix", &prefix_param)?.unwrap_or(false);
+    if prefix && (role != Role::Assistant || tool_calls.is_some() || !image_offsets.is_empty()) {
+        return Err(ApiError::invalid_value(
+            &prefix_param,
+            "Only an assistant message with text content and no tool calls can be a prefix for the answer to continue.",
+        ));
+    }
+    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, image_offsets, prefix })
 }
 
 /// One content part: appends its text to `text`, returns its image if it is one.
@@ -350,6 +365,7 @@ mod tests {
             tool_calls: None,
             tool_call_id: None,
             image_offsets: Vec::new(),
+            prefix: false,
         }
     }
 

@@ -47,6 +47,13 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     let mut images = Vec::new();
     let messages =
         messages_v.iter().enumerate().map(|(i, m)| parse_message(i, m, &mut images)).collect::<Result<Vec<_>, _>>()?;
+    if let Some(i) = messages.iter().rev().skip(1).position(|m| m.prefix) {
+        let param = format!("messages[{}].prefix", messages.len() - 2 - i);
+        return Err(ApiError::invalid_value(
+            &param,
+            "Only the last message can be a prefix for the answer to continue.",
+        ));
+    }
 
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
     let include_usage = match get(obj, "stream_options") {

@@ -480,3 +480,26 @@ fn inputs_openai_refuses_are_refused() {
     }
     ok(json!({"store": false, "service_tier": "auto", "functions": []}));
 }
+
+#[test]
+fn only_a_last_assistant_message_with_text_can_be_a_prefix() {
+    let msgs = |m: Value| json!({"messages": m});
+    let c =
+        ok(msgs(json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure", "prefix": true}])));
+    assert!(c.messages[1].prefix);
+    assert_eq!(c.messages[1].to_template_value()["prefix"], true);
+    for (m, param) in [
+        (json!([{"role": "user", "content": "hi", "prefix": true}]), "messages[0].prefix"),
+        (
+            json!([{"role": "assistant", "content": "a", "prefix": true}, {"role": "user", "content": "hi"}]),
+            "messages[0].prefix",
+        ),
+        (
+            json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a", "prefix": "yes"}]),
+            "messages[1].prefix",
+        ),
+    ] {
+        let e = parse_chat_request(&with(msgs(m.clone()))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{m}");
+    }
+}

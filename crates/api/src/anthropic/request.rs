@@ -74,6 +74,7 @@ fn to_chat_body(obj: &Map<String, Value>) -> Result<(Value, Vec<String>, Option<
     for (i, m) in messages.iter().enumerate() {
         translate_message(i, m, &mut chat_messages)?;
     }
+    mark_prefill(&mut chat_messages)?;
     let mut chat = Map::new();
     chat.insert("model".into(), model.into());
     chat.insert("messages".into(), chat_messages.into());
@@ -207,6 +208,23 @@ fn translate_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), Ap
     } else if !parts.is_empty() {
         out.push(json!({"role": "user", "content": parts}));
     }
+    Ok(())
+}
+
+/// A conversation that ends with an assistant turn is a prefill: the answer continues that text
+/// (and, as Anthropic's, leaves it out). Anthropic refuses one that ends in whitespace.
+fn mark_prefill(messages: &mut [Value]) -> Result<(), ApiError> {
+    let Some(last) = messages.last_mut().filter(|m| m["role"] == "assistant" && m.get("tool_calls").is_none()) else {
+        return Ok(());
+    };
+    let text = last["content"].as_str().unwrap_or_default();
+    if text.ends_with(char::is_whitespace) {
+        return Err(ApiError::invalid_value(
+            "messages",
+            "messages: final assistant content cannot end with trailing whitespace",
+        ));
+    }
+    last["prefix"] = true.into();
     Ok(())
 }
 

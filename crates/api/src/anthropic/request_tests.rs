@@ -114,3 +114,13 @@ fn shared_validation_speaks_of_messages_fields() {
     assert_eq!(e.status.as_u16(), 400);
     assert!(e.message.contains("missing"), "{}", e.message);
 }
+
+#[test]
+fn a_final_assistant_turn_is_a_prefill_the_answer_continues() {
+    let mut v = base();
+    v["messages"] = json!([{"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{\"a\":"}]);
+    let chat = parse(v.clone()).unwrap();
+    assert!(chat.messages[1].prefix && !chat.messages[0].prefix);
+    v["messages"][1]["content"] = json!("Sure, ");
+    assert!(parse(v).unwrap_err().message.contains("trailing whitespace"));
+}

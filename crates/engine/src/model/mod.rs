@@ -155,8 +155,26 @@ impl LoadedModel {
     /// decoded, so `tokens.len()` is the billed prompt size. Images (places marked with
     /// [`ModelInfo::image_marker`]) count as many positions as admission reserves for one until
     /// [`Self::attach_images`] puts the real ones there.
+    ///
+    /// A last assistant message marked `"prefix": true` is not a finished turn: the prompt is the
+    /// conversation before it, up to the assistant's generation prompt, then its text, which the
+    /// answer continues (as llama-server continues a final assistant message). That text is the
+    /// client's, so it is tokenized as plain text, like any content.
     pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
-        let (text, typed) = self.render(messages, tools)?;
+        let (messages, prefix) = match messages.split_last() {
+            Some((last, before)) if last["prefix"] == Json::Bool(true) && last["role"] == "assistant" => {
+                (before, last["content"].as_str())
+            }
+            _ => (messages, None),
+        };
+        let (mut text, mut typed) = self.render(messages, tools)?;
+        if let Some(prefix) = prefix.filter(|p| !p.is_empty()) {
+            let start = text.len();
+            text.push_str(prefix);
+            if !self.special_tokens_in_content {
+                typed.push(start..text.len());
+            }
+        }
         let marker = self.vision.as_ref().map(Vision::marker).filter(|m| text.contains(m));
         let reserve = self.vision.as_ref().map_or(0, Vision::reserve_tokens);
         let Ok(tokens) =

@@ -221,3 +221,20 @@ fn the_real_templates_write_their_own_turns_only_and_leave_benign_prompts_alone(
         }
     }
 }
+
+#[test]
+fn a_prefix_message_is_continued_as_plain_text_after_the_generation_prompt() {
+    let model = load(tiny_model(), None, false);
+    let (start, end) = (id(&model, "<|im_start|>"), id(&model, "<|im_end|>"));
+    let user = json!({"role": "user", "content": "Hi"});
+    let prefill = json!({"role": "assistant", "content": "Sure<|im_end|>", "prefix": true});
+    let prompt = model.prepare(&[user.clone(), prefill], None).unwrap();
+    let plain = model.prepare(std::slice::from_ref(&user), None).unwrap();
+    assert!(prompt.text.starts_with(&plain.text) && prompt.text.ends_with("Sure<|im_end|>"), "{}", prompt.text);
+    assert_eq!(&prompt.tokens[..plain.tokens.len()], &plain.tokens[..], "the conversation, then the prefill");
+    // No turn closes after the prefill: its typed `<|im_end|>` is text, not the control token.
+    assert_eq!((count(&prompt.tokens, start), count(&prompt.tokens, end)), (2, 1), "{:?}", prompt.tokens);
+    // Without the mark, an assistant message is a finished turn.
+    let finished = model.prepare(&[user, json!({"role": "assistant", "content": "Sure"})], None).unwrap();
+    assert_eq!(count(&finished.tokens, end), 2);
+}
