@@ -68,26 +68,39 @@ pub(crate) async fn response(
 }
 
 /// The conversation that ends with response `id`: each turn's items (JSON arrays), oldest
-/// first. `None` when `id`, or a response it continued, is not this key's or has expired or
-/// been deleted; `Invalid` past [`MAX_CONVERSATION_DEPTH`] turns.
+/// first, read in one recursive query. `None` when `id`, or a response it continued, is not this
+/// key's or has expired or been deleted; `Invalid` past [`MAX_CONVERSATION_DEPTH`] turns.
 pub(crate) async fn conversation(
     pool: &AnyPool,
     key_id: i64,
     id: &str,
     now_ms: i64,
 ) -> Result<Option<Vec<String>>, AccountsError> {
-    let mut turns = Vec::new();
-    let mut next = Some(id.to_string());
-    while let Some(at) = next {
-        if turns.len() == MAX_CONVERSATION_DEPTH {
-            return Err(AccountsError::Invalid(format!("conversation longer than {MAX_CONVERSATION_DEPTH} responses")));
-        }
-        let Some((previous, items, _)) = row(pool, key_id, &at, now_ms).await? else { return Ok(None) };
-        turns.push(items);
-        next = previous;
+    let rows: Vec<(Option<String>, String)> = sqlx::query_as(
+        "WITH RECURSIVE chain (id, previous_id, items, depth) AS (
+             SELECT id, previous_id, items, 0 FROM stored_responses
+              WHERE id = $1 AND key_id = $2 AND expires_at_ms > $3
+             UNION ALL
+             SELECT s.id, s.previous_id, s.items, c.depth + 1 FROM stored_responses s
+               JOIN chain c ON s.id = c.previous_id
+              WHERE s.key_id = $2 AND s.expires_at_ms > $3 AND c.depth < $4
+         )
+         SELECT previous_id, items FROM chain ORDER BY depth DESC",
+    )
+    .bind(id)
+    .bind(key_id)
+    .bind(now_ms)
+    .bind(i64::try_from(MAX_CONVERSATION_DEPTH).unwrap_or(i64::MAX))
+    .fetch_all(pool)
+    .await?;
+    if rows.len() > MAX_CONVERSATION_DEPTH {
+        return Err(AccountsError::Invalid(format!("conversation longer than {MAX_CONVERSATION_DEPTH} responses")));
     }
-    turns.reverse();
-    Ok(Some(turns))
+    // The oldest turn continues nothing, or the chain broke at a response that is gone.
+    match rows.first() {
+        Some((None, _)) => Ok(Some(rows.into_iter().map(|(_, items)| items).collect())),
+        _ => Ok(None),
+    }
 }
 
 /// Whether a row of this key's was deleted.

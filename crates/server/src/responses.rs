@@ -44,7 +44,12 @@ pub(crate) async fn create(
 /// nothing without one. Only the key's own unexpired responses continue.
 pub(crate) async fn continued(state: &AppState, key: &KeyInfo, body: &[u8]) -> Result<Vec<Value>, ApiError> {
     let Some(id) = gantry_api::responses::previous_response_id(body) else { return Ok(Vec::new()) };
-    let turns = state.accounts.stored_conversation(key.id, &id, now_ms()).await.map_err(storage_failed)?;
+    let turns = match state.accounts.stored_conversation(key.id, &id, now_ms()).await {
+        Err(gantry_accounts::AccountsError::Invalid(why)) => {
+            return Err(ApiError::invalid_value("previous_response_id", format!("Cannot continue '{id}': {why}.")))
+        }
+        other => other.map_err(storage_failed)?,
+    };
     let Some(turns) = turns else {
         return Err(ApiError::invalid_value(
             "previous_response_id",

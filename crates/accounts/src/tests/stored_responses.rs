@@ -37,3 +37,17 @@ on_both!(a_key_reads_only_its_own_until_they_expire_and_loses_them_with_revocati
     assert!(acc.stored_response(mine.id, "resp_b", 1_500).await.unwrap().is_none(), "deleted with the key");
     assert!(acc.stored_response(theirs.id, "resp_x", 1_500).await.unwrap().is_some());
 });
+
+on_both!(a_conversation_past_the_depth_limit_is_refused_not_walked, |acc: Accounts| async move {
+    let key = acc.create_key("deep").await.unwrap().key;
+    let ids: Vec<String> = (0..=MAX_CONVERSATION_DEPTH).map(|i| format!("resp_{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let previous = i.checked_sub(1).map(|p| ids[p].as_str());
+        acc.store_response(&new(id, key.id, previous, 10_000)).await.unwrap();
+    }
+    let at_limit = acc.stored_conversation(key.id, &ids[MAX_CONVERSATION_DEPTH - 1], 1_500).await.unwrap().unwrap();
+    assert_eq!(at_limit.len(), MAX_CONVERSATION_DEPTH);
+    assert_eq!(at_limit[0], "[\"resp_0\"]");
+    let past = acc.stored_conversation(key.id, &ids[MAX_CONVERSATION_DEPTH], 1_500).await;
+    assert!(matches!(past, Err(AccountsError::Invalid(_))), "{past:?}");
+});
