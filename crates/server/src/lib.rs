@@ -24,6 +24,8 @@ mod health;
 pub mod models;
 /// The OpenAI-compatible API (`/v1`): authentication, chat, tool calls, images, the model list.
 pub mod openai;
+/// One request's path, whatever its dialect: admission, engine, settlement.
+mod pipeline;
 /// The models served, loaded on demand within a memory budget.
 pub mod pool;
 /// The server's id for every request, and the client's `x-request-id`.

@@ -7,9 +7,8 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -22,23 +21,10 @@ use gantry_api::ApiError;
 use gantry_engine::{EngineError, Event};
 use serde_json::{json, Map, Value};
 
-use crate::openai::chat::{self, Dialect};
+use crate::openai::chat;
 use crate::openai::stream::{ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
-use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
-
-/// `POST /v1/responses`.
-pub(crate) async fn create(
-    state: State<AppState>,
-    key: Extension<KeyInfo>,
-    request_id: Extension<RequestId>,
-    client_request_id: Extension<ClientRequestId>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    chat::serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses).await
-}
 
 /// The conversation a request's `previous_response_id` continues (its items, oldest first), or
 /// nothing without one. Only the key's own unexpired responses continue.

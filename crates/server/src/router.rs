@@ -9,9 +9,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
-use crate::openai::{auth, chat, models};
+use crate::openai::{auth, models};
 use crate::state::AppState;
-use crate::{anthropic, errors, health, request_id, responses, telemetry};
+use crate::{anthropic, errors, health, pipeline, request_id, responses, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -52,10 +52,10 @@ pub fn router(state: AppState, opts: RouterOptions) -> Router {
 pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/chat/completions", post(pipeline::chat_completions))
+        .route("/v1/messages", post(pipeline::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses", post(pipeline::responses))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))

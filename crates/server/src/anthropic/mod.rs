@@ -21,11 +21,10 @@ use gantry_engine::{EngineError, Event};
 use serde_json::{json, Value};
 
 use crate::errors::{refusal_response, IntoApiError};
-use crate::openai::chat::{self, Dialect};
+use crate::openai::chat;
 use crate::openai::models::key_allows;
 use crate::openai::stream::{ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
-use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
 
 /// The answer's identity, known once the request was admitted.
@@ -34,18 +33,6 @@ pub(crate) struct Answer {
     pub created: u64,
     pub model: String,
     pub prompt_tokens: usize,
-}
-
-/// `POST /v1/messages`.
-pub(crate) async fn messages(
-    state: State<AppState>,
-    key: Extension<KeyInfo>,
-    request_id: Extension<RequestId>,
-    client_request_id: Extension<ClientRequestId>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    chat::serve(state, key, request_id, client_request_id, headers, body, Dialect::Messages).await
 }
 
 /// The Messages answer to a request the chat path admitted and started.

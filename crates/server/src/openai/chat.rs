@@ -1,232 +1,25 @@
-//! `POST /v1/chat/completions`: validate → prepare the prompt → submit → stream or collect.
+//! Chat Completions' ends of the request path (`crate::pipeline`): the prompt a validated chat
+//! request prepares, and its answer, streamed as chunks or collected. The other dialects
+//! translate these.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_accounts::{Charge, KeyInfo, Outcome as Settled, Pass, Settlement};
-use gantry_api::{
-    ApiError, ChatCompletionResponse, Choice, ImageDetail, ResponseFormat, ResponseMessage, ValidatedChat,
-};
+use gantry_api::{ApiError, ChatCompletionResponse, Choice, ResponseFormat, ResponseMessage, ValidatedChat};
 use gantry_engine::{
-    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, ImageInput, Outcome,
-    SamplingParams, TokenLogprob, Usage,
+    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, SamplingParams, TokenLogprob,
 };
 
-use crate::clock::now_secs;
-use crate::errors::{refusal_response, task_failed, IntoApiError};
+use crate::errors::{task_failed, IntoApiError};
 use crate::openai::convert::{to_api_logprobs, to_api_usage};
-use crate::openai::models::key_allows;
 use crate::openai::stream::{ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
 use crate::pool::Lease;
-use crate::request_id::{ClientRequestId, RequestId};
-use crate::state::AppState;
-
-/// The wire format a request came in, and its answer goes out, in. Each is a translation at the
-/// edge: both run the same admission, engine and settlement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dialect {
-    /// OpenAI's Chat Completions.
-    Chat,
-    /// Anthropic's Messages (`crate::anthropic`).
-    Messages,
-    /// OpenAI's Responses (`crate::responses`).
-    Responses,
-}
-
-pub(crate) async fn chat_completions(
-    state: State<AppState>,
-    key: Extension<KeyInfo>,
-    request_id: Extension<RequestId>,
-    client_request_id: Extension<ClientRequestId>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Chat).await
-}
-
-/// One request of either dialect, from the pre-admission to its answer.
-pub(crate) async fn serve(
-    State(state): State<AppState>,
-    Extension(key): Extension<KeyInfo>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    Extension(ClientRequestId(client_request_id)): Extension<ClientRequestId>,
-    headers: HeaderMap,
-    body: Bytes,
-    dialect: Dialect,
-) -> Result<Response, ApiError> {
-    if state.draining.is_draining() {
-        return Err(ApiError::shutting_down());
-    }
-    // Rate limits and "any budget left" before the body is even parsed: a refused request
-    // costs no parsing, templating, tokenizing, grammar compiling or model loading.
-    let pass = match state.meter.pre_admit(&key).await {
-        Ok(pass) => pass,
-        Err(refused) => return Ok(refusal_response(&key, refused)),
-    };
-    let rate = pass.rate();
-    let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body, dialect).await {
-        Ok(response) => response,
-        Err(e) => e.into_response(),
-    };
-    // Answers before the full admission (a bad body) report the pre-admission's count.
-    if !response.headers().contains_key("x-ratelimit-limit-requests") {
-        crate::openai::rate_limit::apply(&rate, response.headers_mut());
-    }
-    Ok(response)
-}
-
-/// The request once pre-admitted: parse, check, load the model, prepare, admit in full, run.
-#[allow(clippy::too_many_arguments, reason = "the request's parts, each taken apart by axum")]
-async fn admitted(
-    state: AppState,
-    key: KeyInfo,
-    request_id: String,
-    client_request_id: Option<String>,
-    pass: Pass,
-    headers: HeaderMap,
-    body: Bytes,
-    dialect: Dialect,
-) -> Result<Response, ApiError> {
-    require_json_content_type(&headers)?;
-    // A Responses request keeps its parse (the fields its Response repeats, what it stores).
-    let (chat, responses_request) = match dialect {
-        Dialect::Chat => (gantry_api::parse_chat_request(&body)?, None),
-        Dialect::Messages => (gantry_api::anthropic::parse_messages_request(&body)?, None),
-        Dialect::Responses => {
-            let prior = crate::responses::continued(&state, &key, &body).await?;
-            let request = gantry_api::responses::parse_responses_request(&body, &prior)?;
-            (request.chat.clone(), Some(request))
-        }
-    };
-    // A model the key may not use is reported as missing, as OpenAI does.
-    if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(&key, &chat.model, spec)) {
-        return Err(ApiError::model_not_found(&chat.model));
-    }
-    let tools = ToolPlan::from_request(&chat)?;
-    // Held until the request's last event: the model is not unloaded under it.
-    let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
-    let model_id = model.id().to_string();
-    // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
-    // model's.
-    let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
-    let mut generate = {
-        // Bounded per key and overall, so one key's flood of huge prompts waits for its own
-        // turns instead of taking every blocking thread.
-        let _turn = state.prepare_gate.enter(key.id).await;
-        prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?
-    };
-    // The engine admits waiting requests fairly between keys, and caps each key's sequences.
-    generate.fairness_key = key.id as u64;
-    let n = generate.n;
-    let prompt_tokens = generate.prompt.tokens.len();
-    // Full admission: tokens per minute and the budget reservation (the request itself was
-    // counted by the pre-admission). The ticket settles with the engine's usage report or,
-    // dropped unsettled (submission refused, handler dropped), releases.
-    let charge = Charge {
-        request_id: request_id.clone(),
-        client_request_id,
-        model: chat.model.to_string(),
-        price,
-        prompt_tokens: generate.prompt.tokens.len() as u64,
-        max_completion_tokens: u64::from(generate.max_tokens) * u64::from(n),
-    };
-    let ticket = match state.meter.admit_passed(pass, &key, charge).await {
-        Ok(ticket) => ticket,
-        Err(refused) => return Ok(refusal_response(&key, refused)),
-    };
-    let rate = ticket.rate();
-    // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
-    // request makes the server fetch nothing. Refused here, the dropped ticket releases.
-    let generate = match attach_images(&state, &model, &chat, generate).await {
-        Ok(generate) => generate,
-        Err(e) => {
-            let mut response = e.into_response();
-            crate::openai::rate_limit::apply(&rate, response.headers_mut());
-            return Ok(response);
-        }
-    };
-    let GenerationHandle { events, usage } = model.submit(generate).map_err(IntoApiError::into_api_error)?;
-    let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
-    let events = hold_done_until(events, journalled, model);
-
-    let created = now_secs();
-    let mut response = match dialect {
-        Dialect::Chat if chat.stream => {
-            stream_response(format!("chatcmpl-{request_id}"), created, model_id, &chat, tools, n, events)
-                .into_response()
-        }
-        Dialect::Chat => {
-            let id = format!("chatcmpl-{request_id}");
-            let collected = collect_response(id, created, model_id, &chat, tools.as_ref(), n, events).await?;
-            Json(collected.response).into_response()
-        }
-        Dialect::Messages => {
-            let answer =
-                crate::anthropic::Answer { id: format!("msg_{request_id}"), created, model: model_id, prompt_tokens };
-            crate::anthropic::respond(answer, &chat, tools, events).await?
-        }
-        Dialect::Responses => {
-            let ids = gantry_api::responses::ResponseIds {
-                id: format!("resp_{request_id}"),
-                created_at: created,
-                model: model_id,
-            };
-            let request =
-                responses_request.ok_or_else(|| ApiError::internal("a Responses request without its parse"))?;
-            crate::responses::respond(&state, &key, ids, request, tools, events).await?
-        }
-    };
-    crate::openai::rate_limit::apply(&rate, response.headers_mut());
-    Ok(response)
-}
-
-/// Fetches the request's images and puts them into its prompt (decoded, tokenized for the
-/// projector, the context checked again with their real size). A model that cannot see gets a
-/// clear 400, but only after every image was checked, so a bad image gets its own precise error.
-async fn attach_images(
-    state: &AppState,
-    model: &Lease,
-    chat: &ValidatedChat,
-    mut generate: GenerateRequest,
-) -> Result<GenerateRequest, ApiError> {
-    if chat.images.is_empty() {
-        return Ok(generate);
-    }
-    let fetched = state.images.load_all(chat.images.iter().map(|p| &p.source)).await?;
-    state.images.check_dimensions(&fetched, chat.images.iter().map(|p| p.param.as_str()))?;
-    if !model.model_info().supports_vision {
-        return Err(ApiError::invalid_request(
-            format!("The model `{}` does not support image inputs; send text content only.", model.id()),
-            Some("messages"),
-        ));
-    }
-    let images = fetched
-        .into_iter()
-        .zip(&chat.images)
-        .map(|(image, part)| ImageInput {
-            bytes: image.bytes,
-            param: part.param.clone(),
-            detail: match part.detail {
-                ImageDetail::Auto => gantry_engine::ImageDetail::Auto,
-                ImageDetail::Low => gantry_engine::ImageDetail::Low,
-                ImageDetail::High => gantry_engine::ImageDetail::High,
-            },
-        })
-        .collect();
-    let engine = model.generator();
-    tokio::task::spawn_blocking(move || engine.attach_images(&mut generate, images).map(|()| generate))
-        .await
-        .map_err(|e| task_failed("image preparation", e))?
-        .map_err(IntoApiError::into_api_error)
-}
 
 /// OpenAI accepts only JSON bodies; a form or text body is a client error, not a parse attempt.
 pub(crate) fn require_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -298,55 +91,21 @@ fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
     }
 }
 
-/// Forwards the engine's events, holding the final `Done` (the usage the client is told) until
-/// the usage record is on disk, and the lease on the model until the last event. Dropping the
-/// returned receiver (client gone) drops the engine's receiver at once, which cancels the
-/// request as before.
-fn hold_done_until(
-    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    journalled: tokio::sync::oneshot::Receiver<()>,
-    model: Lease,
-) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        // The model stays loaded until the request's events end or its client leaves.
-        let _model = model;
-        let mut journalled = Some(journalled);
-        loop {
-            let event = tokio::select! {
-                event = events.recv() => event,
-                () = tx.closed() => return,
-            };
-            let Some(event) = event else { return };
-            if matches!(event, Event::Done(_)) {
-                if let Some(on_disk) = journalled.take() {
-                    let _ = on_disk.await;
-                }
-            }
-            if tx.send(event).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-/// What the ledger books, from the engine's own usage report, so it is written even when the
-/// client disconnects mid-stream. A dropped sender means the engine thread died: the request
-/// still settles (as an error, with nothing the engine did not report), clearing its reservation.
-fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -> Settlement {
-    let usage = usage.unwrap_or(Usage { outcome: Outcome::Error, ..Usage::default() });
-    Settlement {
-        prompt_tokens: usage.prompt_tokens,
-        cached_tokens: usage.cached_tokens,
-        completion_tokens: usage.completion_tokens,
-        outcome: match usage.outcome {
-            Outcome::Completed => Settled::Completed,
-            Outcome::Length => Settled::Length,
-            Outcome::Cancelled => Settled::Cancelled,
-            Outcome::Error => Settled::Error,
-        },
+/// The Chat Completions answer: SSE chunks, or one `chat.completion`.
+pub(crate) async fn respond(
+    id: String,
+    created: u64,
+    model: String,
+    chat: &ValidatedChat,
+    tools: Option<ToolPlan>,
+    n: u32,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    if chat.stream {
+        return Ok(stream_response(id, created, model, chat, tools, n, events).into_response());
     }
+    let collected = collect_response(id, created, model, chat, tools.as_ref(), n, events).await?;
+    Ok(Json(collected.response).into_response())
 }
 
 /// A collected answer, and which stop string ended each choice (Messages reports it).
@@ -452,27 +211,5 @@ fn to_sse(frame: SseFrame) -> SseEvent {
     match frame {
         SseFrame::Data(v) => SseEvent::default().data(v.to_string()),
         SseFrame::Done => SseEvent::default().data("[DONE]"),
-    }
-}
-
-#[cfg(test)]
-mod settlement_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn an_engine_that_died_still_settles_its_requests() {
-        // The engine thread dropped its usage sender without reporting.
-        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
-        drop(tx);
-        let settled = settlement_of(rx.await);
-        assert_eq!(
-            settled,
-            Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: Settled::Error }
-        );
-        // A report is booked as reported.
-        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
-        tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled })
-            .unwrap();
-        assert_eq!(settlement_of(rx.await).outcome, Settled::Cancelled);
     }
 }
