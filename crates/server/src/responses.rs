@@ -18,11 +18,12 @@ use gantry_api::responses::{
     response_from_chat, turn_items, ResponseEvent, ResponseIds, ResponseStream, ResponsesRequest,
 };
 use gantry_api::ApiError;
-use gantry_engine::{EngineError, Event};
+use gantry_engine::Event;
 use serde_json::{json, Map, Value};
 
+use crate::clock::now_ms;
 use crate::openai::chat;
-use crate::openai::stream::{ChunkEncoder, SseFrame};
+use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
 use crate::state::AppState;
 
@@ -50,11 +51,6 @@ pub(crate) async fn continued(state: &AppState, key: &KeyInfo, body: &[u8]) -> R
         }
     }
     Ok(items)
-}
-
-fn now_ms() -> i64 {
-    i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis())
-        .unwrap_or(i64::MAX)
 }
 
 fn storage_failed(e: gantry_accounts::AccountsError) -> ApiError {
@@ -180,9 +176,7 @@ fn stream(
         if encoder.is_finished() {
             return None;
         }
-        let event = events.recv().await.unwrap_or_else(|| {
-            Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))
-        });
+        let event = next_event(&mut events).await;
         let mut out = Vec::new();
         for frame in encoder.on_event(event) {
             match frame {

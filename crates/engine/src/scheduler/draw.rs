@@ -59,6 +59,8 @@ pub(crate) struct Scratch {
     block_max: Vec<f32>,
     block_mass: Vec<f64>,
     candidates: Vec<(f32, u32)>,
+    /// Top-k: the finite block maxima, selected in place.
+    maxima: Vec<f32>,
 }
 
 impl Scratch {
@@ -232,8 +234,9 @@ fn draw_among(chosen: &[(f32, u32)], u: f64) -> u32 {
 /// token that high, so at least `top_k` tokens pass and every one of the top `top_k` does.
 fn draw_top_k(logits: &Adjusted<'_>, cut: Cut, max: f32, u: f64, scratch: &mut Scratch) -> u32 {
     let k = cut.top_k as usize;
-    let Scratch { buf, block_max, candidates, .. } = scratch;
-    let mut maxima: Vec<f32> = block_max.iter().copied().filter(|m| *m > f32::NEG_INFINITY).collect();
+    let Scratch { buf, block_max, candidates, maxima, .. } = scratch;
+    maxima.clear();
+    maxima.extend(block_max.iter().copied().filter(|m| *m > f32::NEG_INFINITY));
     let threshold = if k <= maxima.len() {
         let (_, kth, _) = maxima.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
         *kth

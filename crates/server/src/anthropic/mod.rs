@@ -17,13 +17,13 @@ use futures_util::stream::{self, StreamExt};
 use gantry_accounts::KeyInfo;
 use gantry_api::anthropic::{message_from_chat, MessageStream, StreamEvent};
 use gantry_api::{ApiError, ValidatedChat};
-use gantry_engine::{EngineError, Event};
+use gantry_engine::Event;
 use serde_json::{json, Value};
 
 use crate::errors::{refusal_response, IntoApiError};
 use crate::openai::chat;
 use crate::openai::models::key_allows;
-use crate::openai::stream::{ChunkEncoder, SseFrame};
+use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
 use crate::state::AppState;
 
@@ -73,9 +73,7 @@ fn stream(
         if t.done {
             return None;
         }
-        let event = t.events.recv().await.unwrap_or_else(|| {
-            Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))
-        });
+        let event = next_event(&mut t.events).await;
         let out = t.translate(event);
         Some((stream::iter(out), t))
     })
@@ -89,23 +87,21 @@ struct Translation {
     encoder: ChunkEncoder,
     messages: MessageStream,
     stops: Vec<String>,
-    stop: Option<usize>,
+    /// The stop string that ended the answer, once the engine said which.
+    stop: Option<String>,
     done: bool,
 }
 
 impl Translation {
     fn translate(&mut self, event: Event) -> Vec<StreamEvent> {
         if let Event::StopSequence { choice: 0, index } = event {
-            self.stop = Some(index as usize);
+            self.stop = self.stops.get(index as usize).cloned();
         }
         let mut out = Vec::new();
         for frame in self.encoder.on_event(event) {
             match frame {
                 SseFrame::Data(chunk) => out.extend(self.messages.on_chunk(&chunk)),
-                SseFrame::Done => {
-                    let stop = self.stop.and_then(|k| self.stops.get(k)).map(String::as_str);
-                    out.extend(self.messages.finish(stop));
-                }
+                SseFrame::Done => out.extend(self.messages.finish(self.stop.as_deref())),
             }
         }
         self.done = self.encoder.is_finished();

@@ -11,13 +11,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_api::{ApiError, ChatCompletionResponse, Choice, ResponseFormat, ResponseMessage, ValidatedChat};
-use gantry_engine::{
-    ChatInput, Constraint, EngineError, Event, FinishReason, GenerateRequest, SamplingParams, TokenLogprob,
-};
+use gantry_engine::{ChatInput, Constraint, Event, FinishReason, GenerateRequest, SamplingParams, TokenLogprob};
 
 use crate::errors::{task_failed, IntoApiError};
 use crate::openai::convert::{to_api_logprobs, to_api_usage};
-use crate::openai::stream::{ChunkEncoder, SseFrame};
+use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
 use crate::pool::Lease;
 
@@ -128,20 +126,15 @@ pub(crate) async fn collect_response(
     let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n as usize];
     let mut reasons = vec![FinishReason::Length; n as usize];
     let usage = loop {
-        match events.recv().await {
-            Some(Event::Delta { choice, text, logprobs: lp }) => {
+        match next_event(&mut events).await {
+            Event::Delta { choice, text, logprobs: lp } => {
                 texts[choice as usize].push_str(&text);
                 logprobs[choice as usize].extend(lp);
             }
-            Some(Event::Finished { choice, reason }) => reasons[choice as usize] = reason,
-            Some(Event::StopSequence { choice, index }) => stop_sequences[choice as usize] = Some(index),
-            Some(Event::Done(usage)) => break usage,
-            Some(Event::Error(error)) => return Err(error.into_api_error()),
-            None => {
-                return Err(
-                    EngineError::Crashed("the engine stopped before finishing the request".into()).into_api_error()
-                )
-            }
+            Event::Finished { choice, reason } => reasons[choice as usize] = reason,
+            Event::StopSequence { choice, index } => stop_sequences[choice as usize] = Some(index),
+            Event::Done(usage) => break usage,
+            Event::Error(error) => return Err(error.into_api_error()),
         }
     };
     let choices = texts
@@ -195,11 +188,7 @@ fn stream_response(
         if encoder.is_finished() {
             return None;
         }
-        let frames = match events.recv().await {
-            Some(event) => encoder.on_event(event),
-            None => encoder
-                .on_event(Event::Error(EngineError::Crashed("the engine stopped before finishing the request".into()))),
-        };
+        let frames = encoder.on_event(next_event(&mut events).await);
         Some((stream::iter(frames), (events, encoder)))
     })
     .flatten();

@@ -9,6 +9,16 @@ use serde_json::Value;
 use crate::openai::convert::{to_api_logprobs, to_api_usage};
 use crate::openai::tool_calls::{call_json, ToolPlan};
 
+/// The engine's next event for a request; a closed channel (the engine thread died) is read as
+/// its error, so every stream ends with one.
+pub(crate) async fn next_event(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Event {
+    events.recv().await.unwrap_or_else(|| Event::Error(engine_stopped()))
+}
+
+fn engine_stopped() -> gantry_engine::EngineError {
+    gantry_engine::EngineError::Crashed("the engine stopped before finishing the request".into())
+}
+
 /// What the SSE writer sends next.
 #[derive(Debug, PartialEq)]
 pub(crate) enum SseFrame {
