@@ -231,6 +231,8 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
                                                           if "console-e2e" in r.text])
     cells = [c.text for c in table[0].find_elements(By.TAG_NAME, "td")]
     assert cells[1:4] == ["console-e2e", "acme", srv.model_id] and cells[4] == "1", cells
+    labels = [c.get_attribute("data-label") for c in table[0].find_elements(By.TAG_NAME, "td")]
+    assert labels[labels.index("Completion tokens") + 1] == "Reasoning tokens", labels
     bars = d.find_elements(By.CSS_SELECTOR, "#usage-chart svg rect title")
     assert any("console-e2e" in b.get_attribute("textContent") for b in bars), "no bar for the key in the usage chart"
     Select(css(d, "select[name=stack_by]")).select_by_value("model")

@@ -269,7 +269,13 @@ def test_jump_forward_in_a_forced_tool_call_is_unchanged(server, plain_server):
     ]
     choice = {"type": "function", "function": {"name": "create_shipping_label"}}
     body = {"tools": tools, "tool_choice": choice}
-    prompt = "Ship this order. " + PARAGRAPH
+    # Every argument is spelled out, so the answer has no near-tie (say "Lisbon" against
+    # "Lisboa") that the float noise of a differently chunked prefill could tip: without
+    # `--deterministic-greedy` greedy decoding is not batch-invariant, drafted or not.
+    prompt = (
+        "Ship this order: 3 packages for Maria Lopez, to be delivered to the city of Chicago. "
+        "Use exactly these values."
+    )
 
     def call(srv):
         r = httpx.post(

@@ -103,6 +103,9 @@ pub struct Settlement {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub completion_tokens: u32,
+    /// The completion tokens spent thinking: part of `completion_tokens` (and billed as such),
+    /// recorded apart.
+    pub reasoning_tokens: u32,
     pub outcome: Outcome,
 }
 
@@ -332,6 +335,7 @@ impl Ticket {
             prompt_tokens: used.prompt_tokens,
             cached_tokens: used.cached_tokens,
             completion_tokens: used.completion_tokens,
+            reasoning_tokens: used.reasoning_tokens,
             cost_nanos: c.price.cost_nanos(
                 u64::from(used.prompt_tokens),
                 u64::from(used.cached_tokens),

@@ -202,6 +202,7 @@ mod tests {
                 prompt_tokens: 3,
                 cached_tokens: 0,
                 completion_tokens: 4,
+                reasoning_tokens: 0,
                 cost_nanos: 0,
                 outcome: "completed".into(),
                 started_at_ms: 1,
@@ -235,6 +236,22 @@ mod tests {
         drop(c);
         let d = Outbox::open(dir.path(), "d").unwrap();
         assert_eq!(d.pending_len(), 2);
+    }
+
+    #[test]
+    fn lines_written_before_reasoning_tokens_existed_read_as_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = concat!(
+            r#"{"op":"settle","record":{"request_id":"r1","client_request_id":"client-1","key_id":1,"#,
+            r#""model":"m","prompt_tokens":3,"cached_tokens":0,"completion_tokens":4,"cost_nanos":0,"#,
+            r#""outcome":"completed","started_at_ms":1,"finished_at_ms":2}}"#,
+            "\n"
+        );
+        std::fs::write(dir.path().join("old.jsonl"), old).unwrap();
+        let a = Outbox::open(dir.path(), "a").unwrap();
+        assert_eq!(a.pending(), [(0, settle("r1"))]);
+        let Entry::Settle { record } = &a.pending()[0].1 else { panic!("not a settlement") };
+        assert_eq!(record.reasoning_tokens, 0);
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub struct UsageRecord {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub completion_tokens: u32,
+    /// The completion tokens spent thinking, already inside `completion_tokens`. Outbox lines
+    /// written before the field existed read as 0.
+    #[serde(default)]
+    pub reasoning_tokens: u32,
     /// Cost at the model's configured price, USD × 1e9 (0 when the model has no price).
     pub cost_nanos: i64,
     /// `"completed"`, `"length"`, `"cancelled"` or `"error"`.
@@ -43,6 +47,9 @@ pub struct UsageRow {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
+    /// Part of `completion_tokens`: the tokens spent thinking.
+    #[serde(default)]
+    pub reasoning_tokens: u64,
     /// USD.
     pub cost: f64,
 }
@@ -72,6 +79,9 @@ pub struct RequestRow {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
+    /// Part of `completion_tokens`: the tokens spent thinking.
+    #[serde(default)]
+    pub reasoning_tokens: u64,
     /// USD.
     pub cost: f64,
     /// `completed`, `length`, `cancelled` or `error`.
@@ -81,13 +91,13 @@ pub struct RequestRow {
     pub finished_at_ms: i64,
 }
 
-type RequestTuple = (String, Option<String>, String, String, String, i64, i64, i64, i64, String, i64, i64);
+type RequestTuple = (String, Option<String>, String, String, String, i64, i64, i64, i64, i64, String, i64, i64);
 
 /// The requests matching `q` (its `by_day` is ignored), oldest first.
 pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<RequestRow>, AccountsError> {
     let rows: Vec<RequestTuple> = sqlx::query_as(
         "SELECT u.request_id, u.client_request_id, k.name, u.tenant, u.model, u.prompt_tokens, u.cached_tokens, \
-                u.completion_tokens, u.cost_nanos, u.outcome, u.started_at_ms, u.finished_at_ms \
+                u.completion_tokens, u.reasoning_tokens, u.cost_nanos, u.outcome, u.started_at_ms, u.finished_at_ms \
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
@@ -103,26 +113,43 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()
-        .map(|(request_id, client_request_id, key_name, tenant, model, p, c, o, nanos, outcome, started, finished)| {
-            RequestRow {
+        .map(
+            |(
                 request_id,
                 client_request_id,
                 key_name,
                 tenant,
                 model,
-                prompt_tokens: to_u64(p),
-                cached_tokens: to_u64(c),
-                completion_tokens: to_u64(o),
-                cost: nanos as f64 / NANOS_PER_USD as f64,
+                p,
+                c,
+                o,
+                r,
+                nanos,
                 outcome,
-                started_at_ms: started,
-                finished_at_ms: finished,
-            }
-        })
+                started,
+                finished,
+            )| {
+                RequestRow {
+                    request_id,
+                    client_request_id,
+                    key_name,
+                    tenant,
+                    model,
+                    prompt_tokens: to_u64(p),
+                    cached_tokens: to_u64(c),
+                    completion_tokens: to_u64(o),
+                    reasoning_tokens: to_u64(r),
+                    cost: nanos as f64 / NANOS_PER_USD as f64,
+                    outcome,
+                    started_at_ms: started,
+                    finished_at_ms: finished,
+                }
+            },
+        )
         .collect())
 }
 
-type ReportRow = (String, String, String, Option<String>, i64, i64, i64, i64, i64);
+type ReportRow = (String, String, String, Option<String>, i64, i64, i64, i64, i64, i64);
 
 pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
     let day = if q.by_day { backend.day_of_ms("u.started_at_ms") } else { "CAST(NULL AS TEXT)".to_string() };
@@ -133,6 +160,7 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
                 CAST(COALESCE(SUM(u.prompt_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cached_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.completion_tokens), 0) AS BIGINT), \
+                CAST(COALESCE(SUM(u.reasoning_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cost_nanos), 0) AS BIGINT) \
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
@@ -151,7 +179,7 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()
-        .map(|(key_name, tenant, model, day, requests, prompt, cached, completion, nanos)| UsageRow {
+        .map(|(key_name, tenant, model, day, requests, prompt, cached, completion, reasoning, nanos)| UsageRow {
             key_name,
             tenant,
             model,
@@ -160,6 +188,7 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
             prompt_tokens: to_u64(prompt),
             cached_tokens: to_u64(cached),
             completion_tokens: to_u64(completion),
+            reasoning_tokens: to_u64(reasoning),
             cost: nanos as f64 / NANOS_PER_USD as f64,
         })
         .collect())

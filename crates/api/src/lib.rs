@@ -13,10 +13,10 @@ mod validate;
 
 pub use error::ApiError;
 pub use image::{parse_image_url, sniff_image_mime, ImageRef};
-pub use request::{ChatMessage, ImageDetail, ImagePart, Role, ValidatedChat};
+pub use request::{ChatMessage, ImageDetail, ImagePart, ReasoningEffort, Role, ValidatedChat};
 pub use response::{
-    ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, Delta, ModelList, ModelObject,
-    PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,
+    ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, CompletionTokensDetails, Delta,
+    ModelList, ModelObject, PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,
 };
 pub use tools::{tool_choice_not_offered, ResponseFormat, Tool, ToolChoice};
 pub use validate::parse_chat_request;

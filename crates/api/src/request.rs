@@ -62,6 +62,10 @@ pub struct ChatMessage {
     /// convention; Anthropic's prefill): the answer continues this text instead of starting a
     /// new turn.
     pub prefix: bool,
+    /// An assistant's thinking (`reasoning_content`, or `reasoning`, as the answers carry it),
+    /// passed to the template as `reasoning_content`: a reasoning model's template keeps or
+    /// drops it as the model was trained.
+    pub reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -100,6 +104,9 @@ impl ChatMessage {
         }
         if self.prefix {
             m.insert("prefix".into(), true.into());
+        }
+        if let Some(r) = &self.reasoning {
+            m.insert("reasoning_content".into(), r.clone().into());
         }
         Value::Object(m)
     }
@@ -159,6 +166,58 @@ pub struct ValidatedChat {
     pub user: Option<String>,
     /// Every `image_url` part of every message, in order.
     pub images: Vec<ImagePart>,
+    /// How much a reasoning model thinks (`reasoning_effort`).
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// Most thinking tokens (vLLM's `thinking_token_budget`); 0: no thinking.
+    pub thinking_token_budget: Option<u32>,
+}
+
+/// `reasoning_effort`: OpenAI's levels. On a reasoning model each is a thinking budget (`none`
+/// turns the thinking off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningEffort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Xhigh,
+}
+
+impl ReasoningEffort {
+    pub const NAMES: [&'static str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        use ReasoningEffort::*;
+        let all = [None, Minimal, Low, Medium, High, Xhigh];
+        Self::NAMES.iter().position(|&n| n == s).map(|i| all[i])
+    }
+
+    /// The thinking tokens this level allows; `Some(0)`: none; `None`: as many as `max_tokens`
+    /// leaves (xhigh).
+    pub fn budget_tokens(self) -> Option<u32> {
+        match self {
+            ReasoningEffort::None => Some(0),
+            ReasoningEffort::Minimal => Some(256),
+            ReasoningEffort::Low => Some(1024),
+            ReasoningEffort::Medium => Some(4096),
+            ReasoningEffort::High => Some(16384),
+            ReasoningEffort::Xhigh => None,
+        }
+    }
+}
+
+impl ValidatedChat {
+    /// The thinking budget the request asks for: `Some(0)` none, `None` unbounded (the model's
+    /// default, up to `max_tokens`). The tighter of `reasoning_effort` and
+    /// `thinking_token_budget` wins.
+    pub fn thinking_budget(&self) -> Option<u32> {
+        let effort = self.reasoning_effort.and_then(ReasoningEffort::budget_tokens);
+        match (effort, self.thinking_token_budget) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// One `image_url` content part.
@@ -252,7 +311,13 @@ pub(crate) fn parse_message(i: usize, v: &Value, images: &mut Vec<ImagePart>) ->
             "Only an assistant message with text content and no tool calls can be a prefix for the answer to continue.",
         ));
     }
-    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, image_offsets, prefix })
+    let mut reasoning = None;
+    if role == Role::Assistant {
+        for key in ["reasoning_content", "reasoning"] {
+            reasoning = reasoning.or(opt_str(obj, key, &format!("{p}.{key}"))?);
+        }
+    }
+    Ok(ChatMessage { role, content, name, tool_calls, tool_call_id, image_offsets, prefix, reasoning })
 }
 
 /// One content part: appends its text to `text`, returns its image if it is one.
@@ -366,7 +431,23 @@ mod tests {
             tool_call_id: None,
             image_offsets: Vec::new(),
             prefix: false,
+            reasoning: None,
         }
+    }
+
+    #[test]
+    fn an_assistants_thinking_reaches_the_template_under_either_name() {
+        for key in ["reasoning_content", "reasoning"] {
+            let v = json!({"role": "assistant", "content": "4", key: "2 + 2 is 4."});
+            let m = parse_message(0, &v, &mut Vec::new()).unwrap();
+            assert_eq!(m.reasoning.as_deref(), Some("2 + 2 is 4."));
+            assert_eq!(m.to_template_value()["reasoning_content"], "2 + 2 is 4.");
+        }
+        let bad = json!({"role": "assistant", "content": "4", "reasoning_content": 4});
+        let e = parse_message(0, &bad, &mut Vec::new()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].reasoning_content"));
+        let user = json!({"role": "user", "content": "hi", "reasoning_content": "x"});
+        assert!(parse_message(0, &user, &mut Vec::new()).unwrap().reasoning.is_none());
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct ResponseMessage {
     pub role: &'static str,
     pub content: Option<String>,
     pub tool_calls: Option<Vec<Value>>,
+    /// A reasoning model's thinking, sent as both `reasoning_content` (DeepSeek's, llama-server's
+    /// and vLLM's older name) and `reasoning` (vLLM's and OpenRouter's newer one).
+    pub reasoning: Option<String>,
 }
 
 impl Serialize for ResponseMessage {
@@ -39,6 +42,10 @@ impl Serialize for ResponseMessage {
         let mut st = s.serialize_struct("ResponseMessage", 4)?;
         st.serialize_field("role", self.role)?;
         st.serialize_field("content", &self.content)?;
+        if let Some(reasoning) = &self.reasoning {
+            st.serialize_field("reasoning_content", reasoning)?;
+            st.serialize_field("reasoning", reasoning)?;
+        }
         if let Some(calls) = &self.tool_calls {
             st.serialize_field("tool_calls", calls)?;
         }
@@ -54,6 +61,8 @@ pub struct Usage {
     pub total_tokens: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 impl Usage {
@@ -68,6 +77,9 @@ impl Usage {
             prompt_tokens_details: Some(PromptTokensDetails {
                 cached_tokens: n(&v["prompt_tokens_details"]["cached_tokens"]),
             }),
+            completion_tokens_details: Some(CompletionTokensDetails {
+                reasoning_tokens: n(&v["completion_tokens_details"]["reasoning_tokens"]),
+            }),
         }
     }
 }
@@ -75,6 +87,12 @@ impl Usage {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
+}
+
+/// Of the completion tokens, those spent thinking (billed as completion tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: u32,
 }
 
 /// Serialises as `{"content": [...], "refusal": null}`.
@@ -141,6 +159,11 @@ pub struct Delta {
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<Value>>,
+    /// Thinking text, under both of its names (see [`ResponseMessage::reasoning`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// `object: "model"`.
@@ -175,7 +198,12 @@ pub(crate) fn one_choice_for_tests(
         system_fingerprint: None,
         choices: vec![Choice {
             index: 0,
-            message: ResponseMessage { role: "assistant", content: content.map(str::to_owned), tool_calls: calls },
+            message: ResponseMessage {
+                role: "assistant",
+                content: content.map(str::to_owned),
+                tool_calls: calls,
+                reasoning: None,
+            },
             logprobs: None,
             finish_reason: finish.into(),
         }],
@@ -184,6 +212,7 @@ pub(crate) fn one_choice_for_tests(
             completion_tokens: 4,
             total_tokens: 14,
             prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 6 }),
+            completion_tokens_details: Some(CompletionTokensDetails { reasoning_tokens: 0 }),
         },
     }
 }
@@ -203,11 +232,17 @@ mod tests {
             system_fingerprint: None,
             choices: vec![Choice {
                 index: 0,
-                message: ResponseMessage { role: "assistant", content: None, tool_calls: None },
+                message: ResponseMessage { role: "assistant", content: None, tool_calls: None, reasoning: None },
                 logprobs: None,
                 finish_reason: "stop".into(),
             }],
-            usage: Usage { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3, prompt_tokens_details: None },
+            usage: Usage {
+                prompt_tokens: 1,
+                completion_tokens: 2,
+                total_tokens: 3,
+                prompt_tokens_details: None,
+                completion_tokens_details: None,
+            },
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(
@@ -241,10 +276,23 @@ mod tests {
             completion_tokens: 0,
             total_tokens: 4,
             prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 2 }),
+            completion_tokens_details: Some(CompletionTokensDetails { reasoning_tokens: 3 }),
         };
-        assert_eq!(serde_json::to_value(u).unwrap()["prompt_tokens_details"], json!({"cached_tokens": 2}));
-        let m = ResponseMessage { role: "assistant", content: Some("x".into()), tool_calls: Some(vec![json!({})]) };
-        assert_eq!(serde_json::to_value(&m).unwrap()["tool_calls"], json!([{}]));
+        let v = serde_json::to_value(u).unwrap();
+        assert_eq!(v["prompt_tokens_details"], json!({"cached_tokens": 2}));
+        assert_eq!(v["completion_tokens_details"], json!({"reasoning_tokens": 3}));
+        let m = ResponseMessage {
+            role: "assistant",
+            content: Some("x".into()),
+            tool_calls: Some(vec![json!({})]),
+            reasoning: None,
+        };
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(v["tool_calls"], json!([{}]));
+        assert!(v.get("reasoning").is_none() && v.get("reasoning_content").is_none(), "{v}");
+        let m = ResponseMessage { reasoning: Some("Hmm.".into()), ..m };
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!((&v["reasoning_content"], &v["reasoning"]), (&json!("Hmm."), &json!("Hmm.")));
     }
 
     #[test]
@@ -257,7 +305,7 @@ mod tests {
             system_fingerprint: Some("fp".into()),
             choices: vec![ChunkChoice {
                 index: 0,
-                delta: Delta { role: Some("assistant"), content: None, tool_calls: None },
+                delta: Delta { role: Some("assistant"), ..Delta::default() },
                 logprobs: None,
                 finish_reason: None,
             }],

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::fields::{check_array_len, get, opt_bool, opt_bool_at, opt_int, opt_num, opt_str, type_error, type_name};
-use crate::request::{parse_message, ValidatedChat};
+use crate::request::{parse_message, ReasoningEffort, ValidatedChat};
 use crate::tools::{parse_response_format, parse_tool_choice, parse_tools};
 use crate::ApiError;
 
@@ -108,6 +108,19 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     let tools = parse_tools(get(obj, "tools"))?;
     let tool_choice = parse_tool_choice(get(obj, "tool_choice"), tools.as_deref())?;
     let response_format = parse_response_format(get(obj, "response_format"))?;
+    let reasoning_effort = match opt_str(obj, "reasoning_effort", "reasoning_effort")? {
+        None => None,
+        Some(s) => Some(ReasoningEffort::parse(&s).ok_or_else(|| {
+            ApiError::invalid_value(
+                "reasoning_effort",
+                format!(
+                    "Invalid value: '{s}'. Supported values are: {}.",
+                    ReasoningEffort::NAMES.map(|n| format!("'{n}'")).join(", ")
+                ),
+            )
+        })?),
+    };
+    let thinking_token_budget = opt_int(obj, "thinking_token_budget", 0, i64::from(u32::MAX))?.map(|v| v as u32);
 
     Ok(ValidatedChat {
         model,
@@ -132,6 +145,8 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
         parallel_tool_calls,
         user,
         images,
+        reasoning_effort,
+        thinking_token_budget,
     })
 }
 

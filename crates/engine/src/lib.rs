@@ -29,6 +29,7 @@ mod keyed_hash;
 mod kv;
 mod model;
 mod prepare;
+mod reasoning;
 mod request;
 mod scheduler;
 mod speculation;
@@ -51,6 +52,7 @@ pub use model::template::TemplateError;
 pub use model::vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAIL_SIDE};
 pub use model::{cpu_variants, template, LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
+pub use reasoning::{answer_room, ReasoningPlan, Thinking};
 pub use request::{
     CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Prompt, SamplingParams,
     TokenLogprob, TopLogprob, Usage,

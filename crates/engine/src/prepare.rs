@@ -29,6 +29,8 @@ pub struct ChatInput {
     pub lazy_tools: Option<LazyTools>,
     /// Who may share cached prefixes with this request (see `CacheScope`).
     pub cache_scope: CacheScope,
+    /// Whether and how long a reasoning model thinks (ignored by other models).
+    pub thinking: crate::reasoning::Thinking,
 }
 
 /// Why the engine refuses a request before queueing it: always the client's to fix.
@@ -113,6 +115,7 @@ impl ChatInput {
             cache_scope: self.cache_scope,
             fairness_key: 0,
             grammars: Default::default(),
+            reasoning: None,
         }
     }
 }
@@ -133,6 +136,7 @@ mod tests {
             constraint: None,
             lazy_tools: None,
             cache_scope: CacheScope::default(),
+            thinking: Default::default(),
         }
     }
 

@@ -75,18 +75,22 @@ pub struct GenerateRequest {
     pub fairness_key: u64,
     /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
     pub grammars: crate::constraint::PreparedGrammars,
+    /// The output starts with a thinking block (a reasoning model): how it is handled.
+    pub reasoning: Option<crate::reasoning::ReasoningPlan>,
 }
 
 impl GenerateRequest {
     /// Whether its choices need the host's sampler whatever their sampling parameters: several
     /// choices read one prompt's logits, logprobs read them all, a grammar masks them (from the
-    /// start, or once a tool call starts), and an image's rows are decoded apart.
+    /// start, or once a tool call starts), a thinking block's markers are forced, and an image's
+    /// rows are decoded apart.
     pub(crate) fn needs_host_sampling(&self) -> bool {
         self.n > 1
             || self.logprobs.is_some()
             || self.constraint.is_some()
             || self.grammars.output.is_some()
             || self.lazy_tools.is_some()
+            || self.reasoning.is_some()
             || !self.prompt.images.is_empty()
     }
 }
@@ -149,6 +153,9 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub completion_tokens: u32,
+    /// The completion tokens spent thinking (inside the model's thinking block, its markers
+    /// included): billed as completion tokens, reported apart.
+    pub reasoning_tokens: u32,
     pub outcome: Outcome,
 }
 
@@ -182,6 +189,8 @@ impl Outcome {
 pub enum Event {
     /// New text (possibly empty, when held back for a stop string) and its tokens' logprobs.
     Delta { choice: u32, text: String, logprobs: Vec<TokenLogprob> },
+    /// New thinking text (a reasoning model's, before its answer), without logprobs.
+    Reasoning { choice: u32, text: String },
     /// The stop string (its index in the request's `stop`, empty ones left out) that ended
     /// `choice`; sent right before that choice's `Finished`.
     StopSequence { choice: u32, index: u32 },

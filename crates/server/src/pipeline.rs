@@ -281,6 +281,7 @@ fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -
         prompt_tokens: usage.prompt_tokens,
         cached_tokens: usage.cached_tokens,
         completion_tokens: usage.completion_tokens,
+        reasoning_tokens: usage.reasoning_tokens,
         outcome: match usage.outcome {
             Outcome::Completed => Settled::Completed,
             Outcome::Length => Settled::Length,
@@ -302,12 +303,33 @@ mod settlement_tests {
         let settled = settlement_of(rx.await);
         assert_eq!(
             settled,
-            Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: Settled::Error }
+            Settlement {
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                completion_tokens: 0,
+                reasoning_tokens: 0,
+                outcome: Settled::Error
+            }
         );
         // A report is booked as reported.
         let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
-        tx.send(Usage { prompt_tokens: 5, cached_tokens: 2, completion_tokens: 7, outcome: Outcome::Cancelled })
-            .unwrap();
-        assert_eq!(settlement_of(rx.await).outcome, Settled::Cancelled);
+        tx.send(Usage {
+            prompt_tokens: 5,
+            cached_tokens: 2,
+            completion_tokens: 7,
+            reasoning_tokens: 3,
+            outcome: Outcome::Cancelled,
+        })
+        .unwrap();
+        assert_eq!(
+            settlement_of(rx.await),
+            Settlement {
+                prompt_tokens: 5,
+                cached_tokens: 2,
+                completion_tokens: 7,
+                reasoning_tokens: 3,
+                outcome: Settled::Cancelled
+            }
+        );
     }
 }

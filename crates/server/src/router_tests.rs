@@ -256,7 +256,7 @@ fn sse_data(text: &str) -> Vec<Value> {
 }
 
 pub(crate) fn usage(completion_tokens: u32) -> Usage {
-    Usage { prompt_tokens: 5, cached_tokens: 0, completion_tokens, outcome: Outcome::Completed }
+    Usage { prompt_tokens: 5, cached_tokens: 0, completion_tokens, reasoning_tokens: 0, outcome: Outcome::Completed }
 }
 
 #[tokio::test]

@@ -216,10 +216,18 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
         rows.iter().all(|r| r["request_id"].as_str().is_some_and(|id| id.len() == 32) && r["key_name"] == "svc"),
         "{per_request}"
     );
+    // The test model does not think: its rows carry reasoning_tokens, as 0.
+    assert!(rows.iter().all(|r| r["reasoning_tokens"] == 0), "{per_request}");
+    assert_eq!(usage["data"][0]["reasoning_tokens"], 0, "{usage}");
     let refused = c.get(s.url("/admin/v1/usage/requests?group_by=day")).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(refused.status(), 400);
     let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
-    assert!(csv.starts_with("key_name,tenant,model,day,requests"), "{csv}");
+    assert!(
+        csv.starts_with(
+            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost\n"
+        ),
+        "{csv}"
+    );
     assert!(csv.contains("svc,acme,"), "{csv}");
 
     let revoked = c.delete(s.url(&format!("/admin/v1/keys/{id}"))).bearer_auth(ADMIN).send().await.unwrap();

@@ -95,6 +95,15 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 /// Text of Qwen's tool-call tags, user-defined tokens with [`TinyModelSpec::tool_call_tokens`].
 pub const TOOL_CALL_TOKENS: [&str; 2] = ["<tool_call>", "</tool_call>"];
 
+/// Text of the thinking markers of reasoning models (DeepSeek-R1 distills, Qwen3),
+/// user-defined tokens with [`TinyModelSpec::think_tokens`].
+pub const THINK_TOKENS: [&str; 2] = ["<think>", "</think>"];
+
+/// A reasoning template in Qwen3's manner: `enable_thinking` false writes an empty thinking
+/// block after the generation prompt; earlier assistant turns lose their thinking, the last
+/// one (after the last user message) keeps its `reasoning_content`.
+pub const THINKING_TEMPLATE: &str = "{%- set ns = namespace(last_user=-1) -%}{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}{%- for message in messages -%}{%- set content = message['content'] if message['content'] is string else '' -%}{%- if message['role'] == 'assistant' -%}{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\n') -%}{%- endif -%}{%- if loop.index0 > ns.last_user and message.reasoning_content -%}{{- '<|im_start|>assistant\n<think>\n' + message['reasoning_content'] + '\n</think>\n\n' + content + '<|im_end|>\n' -}}{%- else -%}{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}{%- endif -%}{%- else -%}{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' -}}{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}{%- endif -%}";
+
 /// Shape and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TinyModelSpec {
@@ -117,6 +126,8 @@ pub struct TinyModelSpec {
     /// Adds Qwen's `<tool_call>` and `</tool_call>` as user-defined tokens (before the control
     /// tokens, so the EOS stays the last id).
     pub tool_call_tokens: bool,
+    /// Adds `<think>` and `</think>` as user-defined tokens (after the tool-call tags).
+    pub think_tokens: bool,
 }
 
 impl Default for TinyModelSpec {
@@ -131,6 +142,7 @@ impl Default for TinyModelSpec {
             seed: 0,
             chat_template: Some(CHATML_TEMPLATE.to_string()),
             tool_call_tokens: false,
+            think_tokens: false,
         }
     }
 }
@@ -144,7 +156,7 @@ pub fn write_tiny_model(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
 /// Builds the GGUF file contents for `spec` in memory.
 pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     validate(spec)?;
-    let vocab = Vocab::build(spec.tool_call_tokens);
+    let vocab = Vocab::build(spec.tool_call_tokens, spec.think_tokens);
     let n_vocab = vocab.tokens.len() as u64;
     let head_dim = spec.n_embd / spec.n_head;
     let n_embd_kv = u64::from(head_dim * spec.n_head_kv);
@@ -235,7 +247,7 @@ struct Vocab {
 }
 
 impl Vocab {
-    fn build(tool_call_tokens: bool) -> Self {
+    fn build(tool_call_tokens: bool, think_tokens: bool) -> Self {
         let byte_map = bytes_to_unicode();
         let mut tokens: Vec<String> = byte_map.iter().map(|c| c.to_string()).collect();
         let mut index: HashMap<String, usize> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i)).collect();
@@ -259,6 +271,12 @@ impl Vocab {
         if tool_call_tokens {
             for tag in TOOL_CALL_TOKENS {
                 tokens.push(tag.to_string());
+                token_types.push(TOKEN_TYPE_USER_DEFINED);
+            }
+        }
+        if think_tokens {
+            for marker in THINK_TOKENS {
+                tokens.push(marker.to_string());
                 token_types.push(TOKEN_TYPE_USER_DEFINED);
             }
         }
@@ -307,7 +325,8 @@ mod tests {
 
     #[test]
     fn vocab_shape() {
-        let v = Vocab::build(false);
+        let v = Vocab::build(false, true);
+        assert!(v.tokens.iter().any(|t| t == "</think>"));
         let n = v.tokens.len();
         assert!((300..=600).contains(&n), "vocab size {n}");
         assert_eq!(v.tokens[v.im_end as usize], IM_END_TOKEN);

@@ -15,6 +15,7 @@ fn record(id: &str, key_id: i64, prompt: u32, completion: u32, cost_nanos: i64) 
         prompt_tokens: prompt,
         cached_tokens: 0,
         completion_tokens: completion,
+        reasoning_tokens: 0,
         cost_nanos,
         outcome: "completed".into(),
         started_at_ms: 1_800_000_000_000,

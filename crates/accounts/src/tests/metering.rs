@@ -64,7 +64,13 @@ on_both!(a_dropped_ticket_releases_and_a_settled_one_books_once, |acc: Accounts|
     // Two requests carrying the same client id are two ledger rows.
     for id in ["r2", "r3"] {
         let t = meter.admit(&key, charge(id, Some("same"))).await.unwrap();
-        t.settle(Settlement { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 5, outcome: Outcome::Completed });
+        t.settle(Settlement {
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 5,
+            reasoning_tokens: 0,
+            outcome: Outcome::Completed,
+        });
     }
     eventually("both settlements are stored", || async {
         acc.spend(&key, chrono_now()).await.unwrap().spent_tokens == 30
@@ -79,6 +85,40 @@ on_both!(a_dropped_ticket_releases_and_a_settled_one_books_once, |acc: Accounts|
     meter.shutdown(Duration::from_secs(5)).await;
     assert_eq!(meter.pending(), 0);
     assert_eq!(std::fs::metadata(dir.path().join("outbox").join(format!("{}.jsonl", meter.owner()))).unwrap().len(), 0);
+});
+
+on_both!(reasoning_tokens_reach_the_ledger_and_the_daily_summary, |acc: Accounts| async move {
+    let dir = tempfile::tempdir().unwrap();
+    let meter = Meter::start(acc.clone(), config(dir.path())).await.unwrap();
+    let key = budgeted(&acc).await;
+    let priced = Charge {
+        price: Price { input_per_mtok: 1.0, output_per_mtok: 2.0, cached_input_per_mtok: None },
+        ..charge("thinker", None)
+    };
+    let t = meter.admit(&key, priced).await.unwrap();
+    // 7 of the 12 completion tokens were thinking: billed as completion tokens all the same.
+    let used = Settlement {
+        prompt_tokens: 10,
+        cached_tokens: 0,
+        completion_tokens: 12,
+        reasoning_tokens: 7,
+        outcome: Outcome::Completed,
+    };
+    t.settle(used);
+    eventually("the settlement is stored", || async {
+        acc.spend(&key, chrono_now()).await.unwrap().spent_tokens == 22
+    })
+    .await;
+    let rows = acc.usage_requests(&UsageQuery::default()).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].completion_tokens, rows[0].reasoning_tokens), (12, 7));
+    // 10 × $1/M + 12 × $2/M: the reasoning tokens cost nothing extra.
+    assert_eq!(rows[0].cost, 34e-6);
+    let days = acc.usage_report(&UsageQuery { by_day: true, ..Default::default() }).await.unwrap();
+    assert_eq!(days.len(), 1);
+    assert!(days[0].day.is_some());
+    assert_eq!((days[0].completion_tokens, days[0].reasoning_tokens), (12, 7));
+    meter.shutdown(Duration::from_secs(5)).await;
 });
 
 on_both!(outbox_entries_left_by_a_dead_process_are_replayed_at_start, |acc: Accounts| async move {
@@ -101,6 +141,7 @@ on_both!(outbox_entries_left_by_a_dead_process_are_replayed_at_start, |acc: Acco
             prompt_tokens: 7,
             cached_tokens: 0,
             completion_tokens: 3,
+            reasoning_tokens: 0,
             cost_nanos: 0,
             outcome: "completed".into(),
             started_at_ms: chrono_now(),
@@ -149,7 +190,13 @@ on_both!(live_servers_keep_their_reservations_and_dead_ones_lose_them, |acc: Acc
     // Several heartbeat periods later, the live server's reservation is still held.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(reserved(&acc, &key).await, 100);
-    held.settle(Settlement { prompt_tokens: 10, cached_tokens: 0, completion_tokens: 1, outcome: Outcome::Completed });
+    held.settle(Settlement {
+        prompt_tokens: 10,
+        cached_tokens: 0,
+        completion_tokens: 1,
+        reasoning_tokens: 0,
+        outcome: Outcome::Completed,
+    });
     eventually("settled", || async { reserved(&acc, &key).await == 0 }).await;
     a.shutdown(Duration::from_secs(5)).await;
     b.shutdown(Duration::from_secs(5)).await;
@@ -192,7 +239,13 @@ on_both!(requests_cancelled_before_they_start_still_count_against_the_rpm_limit,
     // with nothing used (the engine's report), or dropped unsettled (the handler went away).
     for id in ["q1", "q2"] {
         let t = meter.admit(&key, charge(id, None)).await.unwrap();
-        t.settle(Settlement { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, outcome: Outcome::Cancelled });
+        t.settle(Settlement {
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            reasoning_tokens: 0,
+            outcome: Outcome::Cancelled,
+        });
     }
     drop(meter.admit(&key, charge("q3", None)).await.unwrap());
     eventually("the cancelled requests hold no budget", || async { reserved(&acc, &key).await == 0 }).await;

@@ -9,6 +9,7 @@ fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> 
         prompt_tokens: p,
         cached_tokens: c,
         completion_tokens: o,
+        reasoning_tokens: 0,
         cost_nanos: 0,
         outcome: "completed".into(),
         started_at_ms: 1_700_000_000_000,
@@ -36,6 +37,7 @@ on_both!(usage_is_recorded_exactly_once, |acc: Accounts| async move {
             prompt_tokens: 10,
             cached_tokens: 4,
             completion_tokens: 7,
+            reasoning_tokens: 0,
         }]
     );
 });
@@ -44,13 +46,15 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
     assert!(acc.usage_summary().await.unwrap().is_empty());
     let a = acc.create_key("alice").await.unwrap().key.id;
     let b = acc.create_key("bob").await.unwrap().key.id;
-    acc.record_usage(&usage("r1", a, "m1", 10, 1, 5)).await.unwrap();
-    acc.record_usage(&usage("r2", a, "m1", 20, 2, 6)).await.unwrap();
+    // Reasoning tokens are part of the completion tokens, summed like cached ones.
+    let thinking = |rec: UsageRecord, reasoning| UsageRecord { reasoning_tokens: reasoning, ..rec };
+    acc.record_usage(&thinking(usage("r1", a, "m1", 10, 1, 5), 3)).await.unwrap();
+    acc.record_usage(&thinking(usage("r2", a, "m1", 20, 2, 6), 4)).await.unwrap();
     acc.record_usage(&usage("r3", a, "m2", 30, 0, 7)).await.unwrap();
-    acc.record_usage(&usage("r4", b, "m1", u32::MAX, u32::MAX, u32::MAX)).await.unwrap();
-    acc.record_usage(&usage("r5", b, "m1", u32::MAX, 0, 1)).await.unwrap();
+    acc.record_usage(&thinking(usage("r4", b, "m1", u32::MAX, u32::MAX, u32::MAX), u32::MAX)).await.unwrap();
+    acc.record_usage(&thinking(usage("r5", b, "m1", u32::MAX, 0, 1), 1)).await.unwrap();
 
-    let row = |k: &str, m: &str, r, p, c, o| UsageRow {
+    let row = |k: &str, m: &str, r, p, c, o, t| UsageRow {
         key_name: k.into(),
         tenant: "default".into(),
         model: m.into(),
@@ -60,14 +64,15 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
         prompt_tokens: p,
         cached_tokens: c,
         completion_tokens: o,
+        reasoning_tokens: t,
     };
     let max = u64::from(u32::MAX);
     assert_eq!(
         acc.usage_summary().await.unwrap(),
         vec![
-            row("alice", "m1", 2, 30, 3, 11),
-            row("alice", "m2", 1, 30, 0, 7),
-            row("bob", "m1", 2, 2 * max, max, max + 1),
+            row("alice", "m1", 2, 30, 3, 11, 7),
+            row("alice", "m2", 1, 30, 0, 7, 0),
+            row("bob", "m1", 2, 2 * max, max, max + 1, max + 1),
         ]
     );
 });

@@ -102,7 +102,7 @@ fn to_chat_body(obj: &Map<String, Value>) -> Result<(Value, Vec<String>, Option<
     if let Some(user) = get(obj, "metadata").and_then(|m| m.get("user_id")).filter(|u| !u.is_null()) {
         chat.insert("user".into(), user.clone());
     }
-    check_thinking(get(obj, "thinking"))?;
+    thinking(get(obj, "thinking"), max_tokens, &mut chat)?;
     if let Some(tools) = get(obj, "tools") {
         chat.insert("tools".into(), translate_tools(tools)?);
     }
@@ -177,6 +177,7 @@ fn translate_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), Ap
     };
     let mut parts = Vec::new();
     let mut calls = Vec::new();
+    let mut thoughts = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
         let at = format!("{param}.content.{j}");
         let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
@@ -188,8 +189,12 @@ fn translate_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), Ap
             ("user", "image") => parts.push(image_part(&at, block)?),
             ("user", "tool_result") => out.push(tool_result(&at, block)?),
             ("assistant", "tool_use") => calls.push(tool_use(&at, block)?),
-            // Earlier turns' thinking is not shown to the model again.
-            ("assistant", "thinking" | "redacted_thinking") => {}
+            // Earlier thinking goes to the template, which keeps or drops it as the model
+            // was trained; redacted thinking has no text to give it.
+            ("assistant", "thinking") => {
+                thoughts.push(block.get("thinking").and_then(Value::as_str).unwrap_or_default().to_string())
+            }
+            ("assistant", "redacted_thinking") => {}
             _ => {
                 return Err(ApiError::invalid_value(
                     &at,
@@ -203,6 +208,9 @@ fn translate_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), Ap
         let mut msg = json!({"role": "assistant", "content": text.join("")});
         if !calls.is_empty() {
             msg["tool_calls"] = calls.into();
+        }
+        if !thoughts.is_empty() {
+            msg["reasoning_content"] = thoughts.join("\n").into();
         }
         out.push(msg);
     } else if !parts.is_empty() {
@@ -332,19 +340,48 @@ fn translate_tool_choice(choice: &Value) -> Result<(Value, Option<bool>), ApiErr
     Ok((chat, parallel))
 }
 
-/// Extended thinking needs a reasoning model; none is served with a thinking template yet.
-fn check_thinking(thinking: Option<&Value>) -> Result<(), ApiError> {
-    match thinking.and_then(|t| t.get("type")).and_then(Value::as_str) {
-        None | Some("disabled") => Ok(()),
-        Some("enabled") => Err(ApiError::invalid_value(
-            "thinking",
-            "thinking: this model does not support extended thinking; omit `thinking` or set its type to 'disabled'",
-        )),
-        Some(other) => Err(ApiError::invalid_value(
-            "thinking",
-            format!("thinking.type: Input should be 'enabled' or 'disabled', got '{other}'"),
-        )),
+/// Extended thinking on a reasoning model: `enabled` with its `budget_tokens` (at least 1024 and
+/// under `max_tokens`, as Anthropic requires) is the chat request's `thinking_token_budget`;
+/// `disabled`, or no `thinking` at all, turns the thinking off, as a Messages request without it
+/// gets no thinking. Other models ignore both.
+fn thinking(v: Option<&Value>, max_tokens: u64, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let kind = match v {
+        None | Some(Value::Null) => "disabled",
+        Some(t) => t.get("type").and_then(Value::as_str).unwrap_or(""),
+    };
+    match kind {
+        "disabled" => {
+            chat.insert("reasoning_effort".into(), "none".into());
+        }
+        "enabled" => {
+            let budget = v.and_then(|t| t.get("budget_tokens"));
+            let budget = budget.and_then(Value::as_u64).ok_or_else(|| {
+                ApiError::invalid_value("thinking", "thinking.enabled.budget_tokens: Field required (an integer)")
+            })?;
+            if budget < 1024 {
+                return Err(ApiError::invalid_value(
+                    "thinking",
+                    format!(
+                        "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024, got {budget}"
+                    ),
+                ));
+            }
+            if budget >= max_tokens {
+                return Err(ApiError::invalid_value(
+                    "thinking",
+                    format!("`max_tokens` must be greater than `thinking.budget_tokens` ({budget}), got {max_tokens}"),
+                ));
+            }
+            chat.insert("thinking_token_budget".into(), budget.into());
+        }
+        other => {
+            return Err(ApiError::invalid_value(
+                "thinking",
+                format!("thinking.type: Input should be 'enabled' or 'disabled', got '{other}'"),
+            ))
+        }
     }
+    Ok(())
 }
 
 /// At most this many stop sequences (Chat Completions allows 4; Anthropic sets no small limit).

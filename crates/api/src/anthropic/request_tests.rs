@@ -81,7 +81,17 @@ fn images_come_as_data_urls_and_errors_name_the_field() {
         (
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
                 "thinking": {"type": "enabled", "budget_tokens": 1024}}),
-            "extended thinking",
+            "`max_tokens` must be greater than `thinking.budget_tokens`",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5000, "messages": [{"role": "user", "content": "x"}],
+                "thinking": {"type": "enabled", "budget_tokens": 1000}}),
+            "greater than or equal to 1024",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 5000, "messages": [{"role": "user", "content": "x"}],
+                "thinking": {"type": "sometimes"}}),
+            "thinking.type",
         ),
         (
             json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
@@ -123,4 +133,20 @@ fn a_final_assistant_turn_is_a_prefill_the_answer_continues() {
     assert!(chat.messages[1].prefix && !chat.messages[0].prefix);
     v["messages"][1]["content"] = json!("Sure, ");
     assert!(parse(v).unwrap_err().message.contains("trailing whitespace"));
+}
+
+#[test]
+fn thinking_is_a_budget_or_off_and_earlier_thinking_reaches_the_template() {
+    let parse = |v: Value| parse_messages_request(&serde_json::to_vec(&v).unwrap()).unwrap();
+    let base = json!({"model": "m", "max_tokens": 4096, "messages": [
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Add.", "signature": "s"},
+                                          {"type": "text", "text": "4"}]},
+        {"role": "user", "content": "And 3 + 3?"}]});
+    let chat = parse(base.clone());
+    assert_eq!(chat.thinking_budget(), Some(0), "no `thinking`: none, as Anthropic's");
+    assert_eq!(chat.messages[1].reasoning.as_deref(), Some("Add."));
+    let mut enabled = base;
+    enabled["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
+    assert_eq!(parse(enabled).thinking_budget(), Some(2048));
 }

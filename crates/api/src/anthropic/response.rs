@@ -34,6 +34,9 @@ pub fn message_from_chat(id: &str, chat: &ChatCompletionResponse, stop_sequence:
         Some(c) => (c.finish_reason.as_str(), Some(&c.message)),
         None => ("stop", None),
     };
+    if let Some(thinking) = message.and_then(|m| m.reasoning.as_deref()) {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": signature(thinking)}));
+    }
     if let Some(text) = message.and_then(|m| m.content.as_deref()).filter(|t| !t.is_empty()) {
         content.push(json!({"type": "text", "text": text}));
     }
@@ -50,6 +53,18 @@ pub fn message_from_chat(id: &str, chat: &ChatCompletionResponse, stop_sequence:
         "stop_sequence": stop_sequence,
         "usage": usage_json(&chat.usage),
     })
+}
+
+/// A thinking block's `signature`: Anthropic's is an opaque check that the thinking came from
+/// the model unchanged. Gantry shows the same thinking to no one who could tamper with it for
+/// its own gain (thinking sent back is only prompt text), so this is an opaque digest of the
+/// text (FNV-1a, hex), which clients store and send back as they do Anthropic's.
+pub(crate) fn signature(thinking: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in thinking.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("gantry-{h:016x}")
 }
 
 /// A chat tool call (`{"id", "function": {"name", "arguments"}}`) as a `tool_use` block. Its
@@ -80,6 +95,19 @@ mod tests {
         let m = message_from_chat("msg_1", &chat(Some("Hi"), None, "stop"), Some("END"));
         assert_eq!((m["stop_reason"].as_str(), m["stop_sequence"].as_str()), (Some("stop_sequence"), Some("END")));
         assert_eq!(message_from_chat("x", &chat(Some("Hi"), None, "length"), None)["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn thinking_comes_first_as_a_thinking_block() {
+        let mut c = chat(Some("4"), None, "stop");
+        c.choices[0].message.reasoning = Some("2 + 2.".into());
+        let m = message_from_chat("msg_1", &c, None);
+        assert_eq!(
+            m["content"],
+            json!([{"type": "thinking", "thinking": "2 + 2.", "signature": signature("2 + 2.")},
+                   {"type": "text", "text": "4"}])
+        );
+        assert_ne!(signature("a"), signature("b"));
     }
 
     #[test]

@@ -21,6 +21,7 @@ fn event(event: &'static str, data: Value) -> StreamEvent {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Block {
+    Thinking,
     Text,
     ToolUse,
 }
@@ -29,6 +30,8 @@ enum Block {
 #[derive(Debug)]
 pub struct MessageStream {
     open: Option<(usize, Block)>,
+    /// The open thinking block's text so far, for its signature.
+    thought: String,
     next_index: usize,
     finish_reason: Option<String>,
     usage: Option<Usage>,
@@ -45,7 +48,8 @@ impl MessageStream {
             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
         });
-        let stream = Self { open: None, next_index: 0, finish_reason: None, usage: None, ended: false };
+        let stream =
+            Self { open: None, thought: String::new(), next_index: 0, finish_reason: None, usage: None, ended: false };
         (stream, vec![event("message_start", json!({"type": "message_start", "message": message})), ping()])
     }
 
@@ -74,6 +78,16 @@ impl MessageStream {
             return out;
         };
         let delta = &choice["delta"];
+        if let Some(text) = delta["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+            let head = json!({"type": "thinking", "thinking": "", "signature": ""});
+            self.open_block(Block::Thinking, head, &mut out);
+            self.thought.push_str(text);
+            let index = self.next_index - 1;
+            out.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": text}}),
+            ));
+        }
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             self.open_block(Block::Text, json!({"type": "text", "text": ""}), &mut out);
             let index = self.next_index - 1;
@@ -121,10 +135,10 @@ impl MessageStream {
         out
     }
 
-    /// Opens a block of `kind`, closing the open one, except that text continues an open text
-    /// block. Every call opens a new `tool_use` block.
+    /// Opens a block of `kind`, closing the open one, except that text (or thinking) continues
+    /// an open block of its kind. Every call opens a new `tool_use` block.
     fn open_block(&mut self, kind: Block, content_block: Value, out: &mut Vec<StreamEvent>) {
-        if matches!(self.open, Some((_, open)) if open == kind && kind == Block::Text) {
+        if matches!(self.open, Some((_, open)) if open == kind && kind != Block::ToolUse) {
             return;
         }
         self.close(out);
@@ -137,7 +151,16 @@ impl MessageStream {
         ));
     }
 
+    /// Closes the open block; a thinking block gets its signature first, as Anthropic's does.
     fn close(&mut self, out: &mut Vec<StreamEvent>) {
+        if let Some((index, Block::Thinking)) = self.open {
+            let signature = crate::anthropic::response::signature(&std::mem::take(&mut self.thought));
+            out.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "signature_delta", "signature": signature}}),
+            ));
+        }
         if let Some((index, _)) = self.open.take() {
             out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
         }

@@ -68,3 +68,25 @@ fn an_error_ends_the_stream_with_an_error_event() {
     assert!(s.on_chunk(&chunk(json!({"content": "x"}), None)).is_empty());
     assert!(s.finish(None).is_empty());
 }
+
+#[test]
+fn thinking_streams_as_a_signed_thinking_block_before_the_text() {
+    let (mut s, _) = MessageStream::start("msg_1", "m", 3);
+    let first = s.on_chunk(&chunk(json!({"reasoning_content": "Add", "reasoning": "Add"}), None));
+    assert_eq!(names(&first), ["content_block_start", "content_block_delta"]);
+    assert_eq!(first[0].data["content_block"], json!({"type": "thinking", "thinking": "", "signature": ""}));
+    assert_eq!(first[1].data["delta"], json!({"type": "thinking_delta", "thinking": "Add"}));
+    assert_eq!(names(&s.on_chunk(&chunk(json!({"reasoning_content": " up."}), None))), ["content_block_delta"]);
+    let text = s.on_chunk(&chunk(json!({"content": "4"}), None));
+    assert_eq!(
+        names(&text),
+        ["content_block_delta", "content_block_stop", "content_block_start", "content_block_delta"]
+    );
+    let signature = crate::anthropic::response::signature("Add up.");
+    assert_eq!(
+        text[0].data,
+        json!({"type": "content_block_delta", "index": 0,
+                                    "delta": {"type": "signature_delta", "signature": signature}})
+    );
+    assert_eq!(text[2].data["index"], 1);
+}

@@ -124,6 +124,9 @@ fn to_chat_body(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> R
     if let Some(tools) = get(obj, "tools") {
         chat.insert("tools".into(), translate_tools(tools)?);
     }
+    if let Some(effort) = get(obj, "reasoning").and_then(|r| r.get("effort")).filter(|e| !e.is_null()) {
+        chat.insert("reasoning_effort".into(), effort.clone());
+    }
     if let Some(choice) = get(obj, "tool_choice") {
         chat.insert("tool_choice".into(), translate_tool_choice(choice)?);
     }
@@ -141,7 +144,14 @@ fn translate_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), Ap
     let at = format!("input[{i}]");
     let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
     match kind {
-        "message" => out.push(message(&at, item)?),
+        "message" => {
+            let msg = message(&at, item)?;
+            match out.last_mut() {
+                // The answer after a reasoning item is the same assistant turn.
+                Some(last) if is_bare_reasoning(last) && msg["role"] == "assistant" => last["content"] = msg["content"].clone(),
+                _ => out.push(msg),
+            }
+        }
         "function_call" => {
             let field = |name: &str| {
                 item.get(name).and_then(Value::as_str).ok_or_else(|| {
@@ -172,8 +182,15 @@ fn translate_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), Ap
             };
             out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
         }
-        // Earlier reasoning is not shown to the model again (as chat templates drop it).
-        "reasoning" => {}
+        // Earlier reasoning goes to the template with the assistant turn it preceded, which
+        // keeps or drops it as the model was trained.
+        "reasoning" => {
+            let texts = item.get("content").and_then(Value::as_array).into_iter().flatten();
+            let text: Vec<&str> = texts.filter_map(|c| c.get("text").and_then(Value::as_str)).collect();
+            if !text.is_empty() {
+                out.push(json!({"role": "assistant", "content": null, "reasoning_content": text.join("\n")}));
+            }
+        }
         other => {
             return Err(ApiError::invalid_value(
                 &format!("{at}.type"),
@@ -182,6 +199,14 @@ fn translate_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), Ap
         }
     }
     Ok(())
+}
+
+/// An assistant turn holding only the thinking of a reasoning item, so far.
+fn is_bare_reasoning(m: &Value) -> bool {
+    m["role"] == "assistant"
+        && m["content"].is_null()
+        && m.get("tool_calls").is_none()
+        && m.get("reasoning_content").is_some()
 }
 
 fn message(at: &str, item: &Value) -> Result<Value, ApiError> {
@@ -343,9 +368,12 @@ fn echo(obj: &Map<String, Value>) -> Map<String, Value> {
 
 /// Errors of the shared validation name chat fields; say the Responses ones.
 fn rename_params(mut e: ApiError) -> ApiError {
-    for (chat, responses) in
-        [("max_completion_tokens", "max_output_tokens"), ("response_format", "text.format"), ("messages", "input")]
-    {
+    for (chat, responses) in [
+        ("max_completion_tokens", "max_output_tokens"),
+        ("response_format", "text.format"),
+        ("messages", "input"),
+        ("reasoning_effort", "reasoning.effort"),
+    ] {
         if let Some(param) = e.param.as_mut().filter(|p| p.starts_with(chat)) {
             *param = param.replacen(chat, responses, 1);
             e.message = e.message.replace(chat, responses);

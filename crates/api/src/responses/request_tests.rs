@@ -96,3 +96,30 @@ fn a_continued_conversation_comes_before_the_new_input_and_its_turn_is_kept() {
     let response = json!({"output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Ada."}]}]});
     assert_eq!(turn_items(&r.items, &response).as_array().map(Vec::len), Some(2));
 }
+
+#[test]
+fn reasoning_items_go_with_their_turn_and_the_effort_is_the_chats() {
+    let r = parse(json!({"model": "m", "reasoning": {"effort": "low"}, "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Call it."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "Say it."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "18C."}]},
+        {"role": "user", "content": "Thanks"},
+    ]}))
+    .unwrap();
+    let roles: Vec<Role> = r.chat.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::Assistant, Role::User]);
+    let call_turn = r.chat.messages[1].to_template_value();
+    assert_eq!(
+        (call_turn["reasoning_content"].as_str(), call_turn["tool_calls"][0]["id"].as_str()),
+        (Some("Call it."), Some("call_1"))
+    );
+    let answer = r.chat.messages[3].to_template_value();
+    assert_eq!((answer["reasoning_content"].as_str(), answer["content"].as_str()), (Some("Say it."), Some("18C.")));
+    assert_eq!(r.chat.thinking_budget(), Some(1024));
+    assert_eq!(r.echo["reasoning"], json!({"effort": "low"}));
+    let e = parse(json!({"model": "m", "input": "x", "reasoning": {"effort": "max"}})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("reasoning.effort"));
+}

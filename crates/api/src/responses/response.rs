@@ -17,6 +17,11 @@ impl ResponseIds {
     pub(crate) fn message_id(&self) -> String {
         format!("msg_{}", self.id.trim_start_matches("resp_"))
     }
+
+    /// The id of the reasoning item (one per response, before its message).
+    pub(crate) fn reasoning_id(&self) -> String {
+        format!("rs_{}", self.id.trim_start_matches("resp_"))
+    }
 }
 
 /// `status` and `incomplete_details` for a chat `finish_reason`.
@@ -34,7 +39,7 @@ pub(crate) fn usage_json(u: &Usage) -> Value {
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": u.completion_tokens_details.map_or(0, |d| d.reasoning_tokens)},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
     })
 }
@@ -43,6 +48,14 @@ pub(crate) fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({
         "type": "message", "id": id, "status": status, "role": "assistant",
         "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    })
+}
+
+/// A reasoning item: the model's thinking, as reasoning text (no summary is made).
+pub(crate) fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({
+        "type": "reasoning", "id": id, "status": status, "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
     })
 }
 
@@ -83,6 +96,9 @@ pub fn response_from_chat(ids: &ResponseIds, echo: &Map<String, Value>, chat: &C
     let finish = choice.map_or("stop", |c| c.finish_reason.as_str());
     let (status, details) = status_of(finish);
     let mut output = Vec::new();
+    if let Some(thinking) = choice.and_then(|c| c.message.reasoning.as_deref()) {
+        output.push(reasoning_item(&ids.reasoning_id(), thinking, "completed"));
+    }
     if let Some(text) = choice.and_then(|c| c.message.content.as_deref()).filter(|t| !t.is_empty()) {
         output.push(message_item(&ids.message_id(), text, status));
     }
@@ -116,6 +132,21 @@ mod tests {
         let cut = response_from_chat(&ids(), &echo, &chat(Some("Hi"), None, "length"));
         assert_eq!(cut["status"], "incomplete");
         assert_eq!(cut["incomplete_details"]["reason"], "max_output_tokens");
+    }
+
+    #[test]
+    fn thinking_is_a_reasoning_item_before_the_message() {
+        let mut c = chat(Some("4"), None, "stop");
+        c.choices[0].message.reasoning = Some("Add.".into());
+        c.usage.completion_tokens_details = Some(crate::CompletionTokensDetails { reasoning_tokens: 3 });
+        let r = response_from_chat(&ids(), &Map::new(), &c);
+        assert_eq!(
+            r["output"][0],
+            json!({"type": "reasoning", "id": "rs_abc", "status": "completed", "summary": [],
+                   "content": [{"type": "reasoning_text", "text": "Add."}]})
+        );
+        assert_eq!(r["output"][1]["type"], "message");
+        assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 3);
     }
 
     #[test]

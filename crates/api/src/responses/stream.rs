@@ -6,7 +6,9 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::responses::response::{function_call_item, message_item, response_object, status_of, ResponseIds};
+use crate::responses::response::{
+    function_call_item, message_item, reasoning_item, response_object, status_of, ResponseIds,
+};
 use crate::Usage;
 
 /// One server-sent event: its `event:` name (the `type`) and `data:` JSON.
@@ -18,6 +20,7 @@ pub struct ResponseEvent {
 
 #[derive(Debug)]
 enum Open {
+    Reasoning { index: usize, text: String },
     Message { index: usize, text: String },
     Call { index: usize, call_id: String, name: String, arguments: String },
 }
@@ -77,6 +80,9 @@ impl ResponseStream {
             return out;
         };
         let delta = &choice["delta"];
+        if let Some(text) = delta["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
+            self.reasoning_delta(text, &mut out);
+        }
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             if !matches!(self.open, Some(Open::Message { .. })) {
                 self.close(&mut out);
@@ -122,6 +128,30 @@ impl ResponseStream {
         out
     }
 
+    /// Thinking text: the reasoning item (opened at the first), its `reasoning_text` part, and
+    /// the delta.
+    fn reasoning_delta(&mut self, text: &str, out: &mut Vec<ResponseEvent>) {
+        let id = self.ids.reasoning_id();
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            self.close(out);
+            let index = self.items.len();
+            let mut item = reasoning_item(&id, "", "in_progress");
+            item["content"] = json!([]);
+            out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
+            let part = json!({"type": "reasoning_text", "text": ""});
+            out.push(self.event(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+            ));
+            self.open = Some(Open::Reasoning { index, text: String::new() });
+        }
+        if let Some(Open::Reasoning { index, text: so_far }) = &mut self.open {
+            so_far.push_str(text);
+            let data = json!({"item_id": id, "output_index": *index, "content_index": 0, "delta": text});
+            out.push(self.event("response.reasoning_text.delta", data));
+        }
+    }
+
     /// The closing events once the chat stream ended (its `[DONE]`).
     pub fn finish(&mut self) -> Vec<ResponseEvent> {
         let mut out = Vec::new();
@@ -142,6 +172,19 @@ impl ResponseStream {
     fn close(&mut self, out: &mut Vec<ResponseEvent>) {
         match self.open.take() {
             None => {}
+            Some(Open::Reasoning { index, text }) => {
+                let id = self.ids.reasoning_id();
+                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+                let mut done = at.clone();
+                done["text"] = text.clone().into();
+                out.push(self.event("response.reasoning_text.done", done));
+                let mut part_done = at;
+                part_done["part"] = json!({"type": "reasoning_text", "text": text});
+                out.push(self.event("response.content_part.done", part_done));
+                let item = reasoning_item(&id, &text, "completed");
+                out.push(self.event("response.output_item.done", json!({"output_index": index, "item": &item})));
+                self.items.push(item);
+            }
             Some(Open::Message { index, text }) => {
                 let id = self.ids.message_id();
                 let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});

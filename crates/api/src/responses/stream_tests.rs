@@ -68,3 +68,29 @@ fn an_error_fails_the_response() {
     assert_eq!(events[0].data["response"]["error"]["message"], "boom");
     assert!(s.finish().is_empty());
 }
+
+#[test]
+fn thinking_streams_as_a_reasoning_item_before_the_message() {
+    let (mut s, _) = start();
+    let first = s.on_chunk(&chunk(json!({"reasoning_content": "Add", "reasoning": "Add"}), None));
+    assert_eq!(
+        names(&first),
+        ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta"]
+    );
+    assert_eq!(first[0].data["item"]["type"], "reasoning");
+    assert_eq!(first[1].data["part"], json!({"type": "reasoning_text", "text": ""}));
+    assert_eq!(first[2].data["delta"], "Add");
+    let answer = s.on_chunk(&chunk(json!({"content": "4"}), None));
+    assert_eq!(
+        names(&answer)[..3],
+        ["response.reasoning_text.done", "response.content_part.done", "response.output_item.done"]
+    );
+    assert_eq!(answer[2].data["item"]["content"], json!([{"type": "reasoning_text", "text": "Add"}]));
+    assert_eq!(answer[3].data["output_index"], 1, "the message follows the reasoning item");
+    s.on_chunk(&json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+                                                  "completion_tokens_details": {"reasoning_tokens": 4}}}));
+    let end = s.finish();
+    let whole = &end.last().unwrap().data["response"];
+    assert_eq!(whole["output"][0]["id"], "rs_1");
+    assert_eq!(whole["usage"]["output_tokens_details"]["reasoning_tokens"], 4);
+}

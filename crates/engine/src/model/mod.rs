@@ -75,6 +75,8 @@ pub struct LoadedModel {
     control_texts: ControlTexts,
     /// The `<tool_call>` tag's own token, where the vocabulary has one (Qwen, Hermes).
     tool_call_tag: Option<i32>,
+    /// The thinking block's markers, when the template has one (a reasoning model).
+    thinking: Option<crate::reasoning::Markers>,
     /// `--special-tokens-in-content`: client text is parsed for control tokens like the
     /// template's own (trusted single-user deployments that want the old behaviour).
     special_tokens_in_content: bool,
@@ -132,8 +134,12 @@ impl LoadedModel {
             [tag] if vocab.attr(tag).intersects(LlamaTokenAttr::Control | LlamaTokenAttr::UserDefined) => Some(tag.0),
             _ => None,
         };
+        let tokenize_special =
+            |text: &str| vocab.tokenize(text.as_bytes(), false, true).into_iter().map(|t| t.0).collect();
+        let thinking = crate::reasoning::Markers::detect(&info.chat_template, tokenize_special);
         Ok(Arc::new(Self {
             llama,
+            thinking,
             template,
             info,
             add_bos,
@@ -160,14 +166,28 @@ impl LoadedModel {
     /// conversation before it, up to the assistant's generation prompt, then its text, which the
     /// answer continues (as llama-server continues a final assistant message). That text is the
     /// client's, so it is tokenized as plain text, like any content.
-    pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
+    ///
+    /// A reasoning model's template gets its thinking switch (`enable_thinking`) from `thinking`,
+    /// and the prompt ends as [`crate::reasoning::Markers::plan`] says; its plan comes back
+    /// (`None` for other models, and for a prefilled answer, which is past any thinking).
+    pub fn prepare_thinking(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        thinking: crate::reasoning::Thinking,
+    ) -> Result<(Prompt, Option<crate::reasoning::ReasoningPlan>), TemplateError> {
         let (messages, prefix) = match messages.split_last() {
             Some((last, before)) if last["prefix"] == Json::Bool(true) && last["role"] == "assistant" => {
                 (before, last["content"].as_str())
             }
             _ => (messages, None),
         };
-        let (mut text, mut typed) = self.render(messages, tools)?;
+        let switch = self.thinking.as_ref().map(|_| thinking != crate::reasoning::Thinking::Off);
+        let (mut text, mut typed) = self.render(messages, tools, switch)?;
+        let plan = match &self.thinking {
+            Some(markers) if prefix.is_none() => markers.plan(&mut text, thinking),
+            _ => None,
+        };
         if let Some(prefix) = prefix.filter(|p| !p.is_empty()) {
             let start = text.len();
             text.push_str(prefix);
@@ -179,22 +199,34 @@ impl LoadedModel {
         let reserve = self.vision.as_ref().map_or(0, Vision::reserve_tokens);
         let Ok(tokens) =
             self.tokenize_marked::<Infallible>(&text, &typed, marker, |_, _| Ok(image_token_ids(0, reserve)));
-        Ok(Prompt { text, tokens, images: Vec::new(), typed })
+        Ok((Prompt { text, tokens, images: Vec::new(), typed }, plan))
+    }
+
+    /// [`Self::prepare_thinking`] with the model's own thinking default, the plan left out.
+    pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
+        Ok(self.prepare_thinking(messages, tools, crate::reasoning::Thinking::Default)?.0)
     }
 
     /// The prompt text, and the byte ranges in it where a client's string spelled a control
     /// token (tokenized as plain text, see `typed_text`).
-    fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<(String, Vec<Range<usize>>), TemplateError> {
+    /// `thinking`: the template's thinking switch, for a reasoning model.
+    fn render(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        thinking: Option<bool>,
+    ) -> Result<(String, Vec<Range<usize>>), TemplateError> {
+        let template = self.template.with_thinking(thinking);
         let texts = &self.control_texts;
         let client_spells_control = messages.iter().chain(tools.into_iter().flatten()).any(|v| texts.any_in(v));
         if self.special_tokens_in_content || !client_spells_control {
-            return Ok((self.template.render(messages, tools)?, Vec::new()));
+            return Ok((template.render(messages, tools)?, Vec::new()));
         }
         let mut literals = Vec::new();
         let guarded: Vec<Json> = messages.iter().map(|m| texts.with_sentinels(m, &mut literals)).collect();
         let guarded_tools = tools.map(|t| t.iter().map(|d| texts.with_sentinels(d, &mut literals)).collect::<Vec<_>>());
-        let rendered = self.template.render(&guarded, guarded_tools.as_deref())?;
-        let plain = self.template.render(messages, tools)?;
+        let rendered = template.render(&guarded, guarded_tools.as_deref())?;
+        let plain = template.render(messages, tools)?;
         // The template must treat a sentinel as it treats the text it stands for (no test on the
         // content, no cut through it); where it does not, the control texts are escaped instead.
         if let Some((text, typed)) = restore(&rendered, &literals).filter(|(text, _)| *text == plain) {
@@ -202,7 +234,7 @@ impl LoadedModel {
         }
         let escaped: Vec<Json> = messages.iter().map(|m| texts.escaped(m)).collect();
         let escaped_tools = tools.map(|t| t.iter().map(|d| texts.escaped(d)).collect::<Vec<_>>());
-        Ok((self.template.render(&escaped, escaped_tools.as_deref())?, Vec::new()))
+        Ok((template.render(&escaped, escaped_tools.as_deref())?, Vec::new()))
     }
 
     /// Decodes and tokenizes the request's images (fetched after admission) into the prompt

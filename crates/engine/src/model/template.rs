@@ -58,7 +58,7 @@ impl ChatTemplate {
     fn needs_typed_content(&self) -> bool {
         const PROBE: &str = "gantry-template-probe-7f3a";
         let probe = [serde_json::json!({"role": "user", "content": PROBE})];
-        let shows = |typed: bool| self.render_as(&probe, None, typed).is_ok_and(|out| out.contains(PROBE));
+        let shows = |typed: bool| self.render_as(&probe, None, typed, None).is_ok_and(|out| out.contains(PROBE));
         !shows(false) && shows(true)
     }
 
@@ -66,7 +66,13 @@ impl ChatTemplate {
     /// `name`) and optional `tools` into the prompt text, ending with the assistant's turn.
     /// Templates that do not read `tools` get them through the generic tool prompt.
     pub fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<String, TemplateError> {
-        self.render_as(messages, tools, self.typed_content)
+        self.render_as(messages, tools, self.typed_content, None)
+    }
+
+    /// This template with its thinking switch (`enable_thinking`, as Qwen3's templates read it)
+    /// set, where `thinking` is given.
+    pub fn with_thinking(&self, thinking: Option<bool>) -> Switched<'_> {
+        Switched { template: self, thinking }
     }
 
     fn render_as(
@@ -74,6 +80,7 @@ impl ChatTemplate {
         messages: &[Json],
         tools: Option<&[Json]>,
         typed_content: bool,
+        thinking: Option<bool>,
     ) -> Result<String, TemplateError> {
         // A template without tool support would drop `tools` (and tool turns) silently.
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("template was added in new()");
@@ -93,7 +100,24 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
+        // Left undefined unless set: a template may read a defined `none` as "off".
+        let ctx = match thinking {
+            Some(on) => minijinja::context! { enable_thinking => on, ..ctx },
+            None => ctx,
+        };
         tmpl.render(ctx).map_err(|e| TemplateError::Render(describe(&e)))
+    }
+}
+
+/// A template with its thinking switch set (see [`ChatTemplate::with_thinking`]).
+pub struct Switched<'a> {
+    template: &'a ChatTemplate,
+    thinking: Option<bool>,
+}
+
+impl Switched<'_> {
+    pub fn render(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<String, TemplateError> {
+        self.template.render_as(messages, tools, self.template.typed_content, self.thinking)
     }
 }
 

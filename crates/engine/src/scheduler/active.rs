@@ -15,6 +15,7 @@ use crate::model::LoadedModel;
 use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
 use crate::scheduler::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::scheduler::text::TextAssembler;
+use crate::scheduler::thinking::ChoiceThinking;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
@@ -55,6 +56,10 @@ pub(crate) struct Choice {
     pub constrained: bool,
     /// Sampled by its sequence's chain on the device (see `device_sampling`), not `sampler`.
     pub on_device: bool,
+    /// Inside a reasoning model's thinking block (see `thinking`); `None` once it closed.
+    pub thinking: Option<ChoiceThinking>,
+    /// The thinking just closed: the answer's leading whitespace is not shown.
+    pub answer_unstarted: bool,
 }
 
 /// The output so far of a choice that may still start a tool call.
@@ -141,11 +146,19 @@ impl ActiveRequest {
                 if let Some(marks) = &json {
                     drafter.draft_json_layout(marks.clone());
                 }
-                let grammar = grammar.map(|m| drafter.follow_grammar(m));
+                // A thinking block comes first: the answer's grammar waits for its end.
+                let (grammar, thinking) = match &request.reasoning {
+                    Some(plan) => (None, Some(ChoiceThinking::new(plan, grammar))),
+                    None => (grammar.map(|m| drafter.follow_grammar(m)), None),
+                };
+                let mut sampler = build_sampler(&request.sampling, crate::units::count_u32(i), window, grammar);
+                if let Some(plan) = &request.reasoning {
+                    sampler.force(&plan.open);
+                }
                 Choice {
                     index: crate::units::count_u32(i),
                     seq_id,
-                    sampler: build_sampler(&request.sampling, crate::units::count_u32(i), window, grammar),
+                    sampler,
                     text: TextAssembler::new(request.stop.clone()),
                     generated: 0,
                     pos: 0,
@@ -160,8 +173,10 @@ impl ActiveRequest {
                         ends: Vec::new(),
                         calls: CallWatch::new(),
                     }),
-                    constrained: request.constraint.is_some(),
+                    constrained: request.constraint.is_some() && thinking.is_none(),
                     on_device: false,
+                    thinking,
+                    answer_unstarted: false,
                 }
             })
             .collect();
@@ -355,6 +370,7 @@ impl ActiveRequest {
         self.choices[i].drafter.push(token);
         let index = self.choices[i].index;
         if model.is_end_of_generation(token) {
+            self.end_thinking(i);
             // The end-of-generation token is billed like every sampled token, so it gets its
             // logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
             let tail = self.choices[i].text.finish();
@@ -363,6 +379,14 @@ impl ActiveRequest {
             return false;
         }
         let mut piece = model.piece(token);
+        if self.choices[i].thinking.is_some() {
+            return self.produce_thinking(i, &piece, ctx_size);
+        }
+        if self.choices[i].answer_unstarted {
+            let shown = piece.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(piece.len());
+            piece.drain(..shown);
+            self.choices[i].answer_unstarted = piece.is_empty();
+        }
         if let Some(at) = self.watch_for_tool_call(i, token, &piece, model) {
             // A word joiner before the tag's `>`: the text reads the same, but neither the
             // server's call parser nor a later prompt takes it for the tag.
@@ -388,6 +412,12 @@ impl ActiveRequest {
         } else {
             self.send_delta(index, scan.emit, logprobs);
             true
+        }
+    }
+
+    pub(crate) fn send_reasoning(&self, i: usize, text: String) {
+        if !text.is_empty() {
+            let _ = self.events.send(Event::Reasoning { choice: self.choices[i].index, text });
         }
     }
 

@@ -19,6 +19,7 @@ pub(crate) mod sample_step;
 pub(crate) mod sampling;
 pub(crate) mod step_plan;
 pub mod text;
+mod thinking;
 mod verify;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -39,6 +39,8 @@ pub(crate) struct Sampler {
     bias: Vec<(u32, f32)>,
     penalties: Option<Penalties>,
     grammar: Option<Matcher>,
+    /// Tokens taken next whatever the logits say (a thinking block's markers).
+    forced: VecDeque<u32>,
     rng: Xoshiro256PlusPlus,
     /// This step's bias and penalties merged, by token.
     deltas: Vec<(u32, f32)>,
@@ -78,6 +80,10 @@ impl Penalties {
 impl Sampler {
     /// Picks the next token from one position's logits (`n_vocab` of them) and records it.
     pub(crate) fn sample(&mut self, logits: &[f32]) -> i32 {
+        if let Some(token) = self.forced.pop_front() {
+            self.accept(token);
+            return token as i32;
+        }
         if self.temperature <= 0.0 && self.bias.is_empty() && self.penalties.is_none() && self.grammar.is_none() {
             return crate::units::token_id(draw::first_argmax(logits));
         }
@@ -111,6 +117,11 @@ impl Sampler {
     /// far (a tool call the model started); the penalties keep counting what came before.
     pub(crate) fn constrain(&mut self, grammar: Matcher) {
         self.grammar = Some(grammar);
+    }
+
+    /// The next samples are `tokens`, in order (their logits are not read).
+    pub(crate) fn force(&mut self, tokens: &[i32]) {
+        self.forced.extend(tokens.iter().filter_map(|&t| u32::try_from(t).ok()));
     }
 
     fn accept(&mut self, token: u32) {
@@ -180,6 +191,7 @@ pub(crate) fn build_sampler(
         bias: bias.into_iter().collect(),
         penalties,
         grammar,
+        forced: VecDeque::new(),
         rng: Xoshiro256PlusPlus::seed_from_u64(seed_for_choice(params.seed, choice)),
         deltas: Vec::new(),
         scratch: Scratch::default(),

@@ -28,6 +28,7 @@ fn ask(scope: u64, text: &str) -> ChatInput {
         constraint: None,
         lazy_tools: None,
         cache_scope: CacheScope(scope),
+        thinking: Default::default(),
     }
 }
 

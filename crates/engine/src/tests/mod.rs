@@ -7,6 +7,7 @@ pub(crate) mod engine;
 mod grammar_cache;
 mod isolation;
 mod kv_layout;
+mod reasoning;
 mod sampling_engine;
 mod speculation;
 mod typed_text;

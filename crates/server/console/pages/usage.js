@@ -69,6 +69,8 @@ export function mount(main) {
       {label: 'Prompt tokens', value: r => num(r.prompt_tokens), num: true},
       {label: 'Cached tokens', value: r => num(r.cached_tokens), num: true},
       {label: 'Completion tokens', value: r => num(r.completion_tokens), num: true},
+      // Part of the completion tokens (billed as such): those a reasoning model spent thinking.
+      {label: 'Reasoning tokens', value: r => num(r.reasoning_tokens ?? 0), num: true},
       {label: 'Cost', value: r => usd(r.cost), num: true},
     ], rows, `${rows.length} rows · ${what.toLowerCase()} in total: ${format(total)}`));
   }

@@ -86,11 +86,11 @@ pub(super) async fn usage_requests(
 /// CSV of the per-request listing; the same text `gantry usage --requests --format csv` prints.
 pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
     let mut out = String::from(
-        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,cost,outcome,started_at_ms,finished_at_ms\n",
+        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{:.9},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9},{},{},{}\n",
             r.request_id,
             r.client_request_id.as_deref().unwrap_or(""),
             csv_field(&r.key_name),
@@ -99,6 +99,7 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
             r.prompt_tokens,
             r.cached_tokens,
             r.completion_tokens,
+            r.reasoning_tokens,
             r.cost,
             r.outcome,
             r.started_at_ms,
@@ -110,11 +111,12 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
 
 /// CSV with a header row; the same text `gantry usage --format csv` prints.
 pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
-    let mut out =
-        String::from("key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,cost\n");
+    let mut out = String::from(
+        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost\n",
+    );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{:.9}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9}\n",
             csv_field(&r.key_name),
             csv_field(&r.tenant),
             csv_field(&r.model),
@@ -123,6 +125,7 @@ pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
             r.prompt_tokens,
             r.cached_tokens,
             r.completion_tokens,
+            r.reasoning_tokens,
             r.cost
         ));
     }
@@ -134,5 +137,59 @@ fn csv_field(s: &str) -> String {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_tokens_come_right_after_completion_tokens() {
+        let row = UsageRow {
+            key_name: "k".into(),
+            tenant: "t".into(),
+            model: "m".into(),
+            day: Some("2026-01-02".into()),
+            requests: 1,
+            prompt_tokens: 10,
+            cached_tokens: 2,
+            completion_tokens: 12,
+            reasoning_tokens: 7,
+            cost: 0.5,
+        };
+        assert_eq!(
+            usage_csv(std::slice::from_ref(&row)),
+            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost\n\
+             k,t,m,2026-01-02,1,10,2,12,7,0.500000000\n"
+        );
+        let keys: Vec<String> = serde_json::to_value(&row).unwrap().as_object().unwrap().keys().cloned().collect();
+        let at = keys.iter().position(|k| k == "completion_tokens").unwrap();
+        assert_eq!(keys[at + 1], "reasoning_tokens", "{keys:?}");
+
+        let request = RequestRow {
+            request_id: "r".into(),
+            client_request_id: None,
+            key_name: "k".into(),
+            tenant: "t".into(),
+            model: "m".into(),
+            prompt_tokens: 10,
+            cached_tokens: 2,
+            completion_tokens: 12,
+            reasoning_tokens: 7,
+            cost: 0.5,
+            outcome: "completed".into(),
+            started_at_ms: 1,
+            finished_at_ms: 2,
+        };
+        assert_eq!(
+            requests_csv(std::slice::from_ref(&request)),
+            "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,\
+             reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms\n\
+             r,,k,t,m,10,2,12,7,0.500000000,completed,1,2\n"
+        );
+        let keys: Vec<String> = serde_json::to_value(&request).unwrap().as_object().unwrap().keys().cloned().collect();
+        let at = keys.iter().position(|k| k == "completion_tokens").unwrap();
+        assert_eq!(keys[at + 1], "reasoning_tokens", "{keys:?}");
     }
 }

@@ -118,7 +118,7 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         OutputFormat::Csv => print!("{}", usage_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>12}",
+                "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
                 "KEY",
                 "TENANT",
                 "MODEL",
@@ -127,11 +127,12 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                 "PROMPT_TOKENS",
                 "CACHED_TOKENS",
                 "COMPLETION_TOKENS",
+                "REASONING_TOKENS",
                 "COST_USD"
             );
             for r in rows {
                 println!(
-                    "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>12.6}",
+                    "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
                     r.key_name,
                     r.tenant,
                     r.model,
@@ -140,6 +141,7 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                     r.prompt_tokens,
                     r.cached_tokens,
                     r.completion_tokens,
+                    r.reasoning_tokens,
                     r.cost
                 );
             }
@@ -156,7 +158,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
         OutputFormat::Csv => print!("{}", requests_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:<9} {:<20} {:>9}",
+                "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9}",
                 "REQUEST_ID",
                 "CLIENT_REQUEST_ID",
                 "KEY",
@@ -164,13 +166,14 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
                 "PROMPT",
                 "CACHED",
                 "COMPLETION",
+                "REASONING",
                 "OUTCOME",
                 "STARTED",
                 "MS"
             );
             for r in rows {
                 println!(
-                    "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:<9} {:<20} {:>9}",
+                    "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9}",
                     r.request_id,
                     r.client_request_id.as_deref().unwrap_or("-"),
                     r.key_name,
@@ -178,6 +181,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
                     r.prompt_tokens,
                     r.cached_tokens,
                     r.completion_tokens,
+                    r.reasoning_tokens,
                     r.outcome,
                     format_time(r.started_at_ms.div_euclid(1000)),
                     r.finished_at_ms - r.started_at_ms

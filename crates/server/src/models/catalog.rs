@@ -181,6 +181,39 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
             sources: vec![Source::Url("https://huggingface.co/lmstudio-community/gemma-3-4b-it-GGUF/resolve/main/mmproj-model-f16.gguf".into())],
             projector: None,
         },
+        // Reasoning models, catalogued for users: their one source is the public Hugging Face URL
+        // (no PyPI copy; our test machines cannot reach them), verified by sha256 as every pull
+        // is. Size and sha256 are the files' Hugging Face LFS values, as pinned (with the
+        // revision named) by several independent public manifests.
+        // DeepSeek-R1 distills and Qwen3 think in `<think>…</think>`; gpt-oss uses harmony
+        // (channels `analysis`, then `final`).
+        CatalogEntry {
+            // bartowski/DeepSeek-R1-Distill-Qwen-1.5B-GGUF, revision 9cc28b17e86f.
+            name: "deepseek-r1-distill-qwen-1.5b",
+            file: "DeepSeek-R1-Distill-Qwen-1.5B-Q4_K_M.gguf",
+            size: Some(1_117_320_800),
+            sha256: "1741e5b2d062b07acf048bf0d2c514dadf2a48f94e2b4aa0cfe069af3838ee2f",
+            sources: vec![Source::Url("https://huggingface.co/bartowski/DeepSeek-R1-Distill-Qwen-1.5B-GGUF/resolve/main/DeepSeek-R1-Distill-Qwen-1.5B-Q4_K_M.gguf".into())],
+            projector: None,
+        },
+        CatalogEntry {
+            // Qwen/Qwen3-1.7B-GGUF (the publisher's own), revision 90862c4b9d27.
+            name: "qwen3-1.7b",
+            file: "Qwen3-1.7B-Q8_0.gguf",
+            size: Some(1_834_426_016),
+            sha256: "061b54daade076b5d3362dac252678d17da8c68f07560be70818cace6590cb1a",
+            sources: vec![Source::Url("https://huggingface.co/Qwen/Qwen3-1.7B-GGUF/resolve/main/Qwen3-1.7B-Q8_0.gguf".into())],
+            projector: None,
+        },
+        CatalogEntry {
+            // ggml-org/gpt-oss-20b-GGUF, revision ef9b12f2ff56 (the file name is upper-case MXFP4).
+            name: "gpt-oss-20b",
+            file: "gpt-oss-20b-MXFP4.gguf",
+            size: Some(12_109_566_624),
+            sha256: "27cd6c432c7672cb812a92f611cf3ba7bbc35928262bb1e1253ff4ee6ae35901",
+            sources: vec![Source::Url("https://huggingface.co/ggml-org/gpt-oss-20b-GGUF/resolve/main/gpt-oss-20b-MXFP4.gguf".into())],
+            projector: None,
+        },
     ]
 });
 

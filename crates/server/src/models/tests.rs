@@ -5,7 +5,7 @@ use super::*;
 #[test]
 fn catalogue_is_well_formed() {
     let all = catalog();
-    assert_eq!(all.len(), 9);
+    assert_eq!(all.len(), 12);
     assert!(find(DEFAULT_MODEL).is_some(), "default model must be in the catalogue");
     for e in all {
         assert_eq!(e.sha256.len(), 64, "{}", e.name);
@@ -26,6 +26,12 @@ fn catalogue_is_well_formed() {
         assert!(e.projector.is_none());
         assert!(matches!(&e.sources[1], Source::PypiWheels { parts } if !parts.is_empty()), "{text}");
         assert!(matches!(&e.sources[0], Source::Url(u) if u.ends_with(e.file)));
+    }
+    // The reasoning models are catalogued for users: one public URL, the file's exact size.
+    for name in ["deepseek-r1-distill-qwen-1.5b", "qwen3-1.7b", "gpt-oss-20b"] {
+        let e = find(name).unwrap();
+        assert!(e.projector.is_none() && e.size.is_some(), "{name}");
+        assert!(matches!(&e.sources[..], [Source::Url(u)] if u.ends_with(e.file)), "{name}");
     }
     let vision: Vec<_> = all.iter().filter(|e| e.projector.is_some()).map(|e| e.name).collect();
     assert_eq!(vision, ["smolvlm-256m", "smolvlm-500m", "gemma-3-4b"]);

@@ -78,6 +78,7 @@ async fn a_key_out_of_budget_is_refused_before_its_body_is_read() {
         prompt_tokens: 10,
         cached_tokens: 0,
         completion_tokens: 20,
+        reasoning_tokens: 0,
         cost_nanos: 0,
         outcome: "completed".into(),
         started_at_ms: now,

@@ -72,6 +72,11 @@ pub(crate) async fn prepare(
         constraint: constraint.map(|c| (c, param)),
         lazy_tools: tools.and_then(|t| t.lazy.clone()),
         cache_scope: scope,
+        thinking: match chat.thinking_budget() {
+            None => gantry_engine::Thinking::Default,
+            Some(0) => gantry_engine::Thinking::Off,
+            Some(budget) => gantry_engine::Thinking::Budget(budget),
+        },
     };
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input))
@@ -123,6 +128,7 @@ pub(crate) async fn collect_response(
 ) -> Result<Collected, ApiError> {
     let mut stop_sequences = vec![None; n as usize];
     let mut texts = vec![String::new(); n as usize];
+    let mut thoughts: Vec<Option<String>> = vec![None; n as usize];
     let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n as usize];
     let mut reasons = vec![FinishReason::Length; n as usize];
     let usage = loop {
@@ -131,6 +137,7 @@ pub(crate) async fn collect_response(
                 texts[choice as usize].push_str(&text);
                 logprobs[choice as usize].extend(lp);
             }
+            Event::Reasoning { choice, text } => thoughts[choice as usize].get_or_insert_default().push_str(&text),
             Event::Finished { choice, reason } => reasons[choice as usize] = reason,
             Event::StopSequence { choice, index } => stop_sequences[choice as usize] = Some(index),
             Event::Done(usage) => break usage,
@@ -141,8 +148,9 @@ pub(crate) async fn collect_response(
         .into_iter()
         .zip(logprobs)
         .zip(reasons)
+        .zip(thoughts)
         .enumerate()
-        .map(|(index, ((text, lp), reason))| {
+        .map(|(index, (((text, lp), reason), reasoning))| {
             let (content, tool_calls) = match tools {
                 Some(plan) if reason != FinishReason::Cancelled => plan.read(text, reason),
                 _ => (Some(text), None),
@@ -152,7 +160,7 @@ pub(crate) async fn collect_response(
                 if tool_calls.is_some() && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
             Choice {
                 index: index as u32,
-                message: ResponseMessage { role: "assistant", content, tool_calls },
+                message: ResponseMessage { role: "assistant", content, tool_calls, reasoning },
                 logprobs: chat.logprobs.then(|| to_api_logprobs(lp)),
                 finish_reason: finish_reason.to_string(),
             }

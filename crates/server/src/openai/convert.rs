@@ -9,6 +9,7 @@ pub(crate) fn to_api_usage(u: Usage) -> ApiUsage {
         completion_tokens: u.completion_tokens,
         total_tokens: u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details: Some(gantry_api::PromptTokensDetails { cached_tokens: u.cached_tokens }),
+        completion_tokens_details: Some(gantry_api::CompletionTokensDetails { reasoning_tokens: u.reasoning_tokens }),
     }
 }
 

@@ -61,7 +61,7 @@ impl ChunkEncoder {
     }
 
     fn content_frame(&self, choice: u32, text: String, logprobs: Option<Vec<TokenLogprob>>) -> SseFrame {
-        let delta = Delta { role: None, content: Some(text), tool_calls: None };
+        let delta = Delta { role: None, content: Some(text), ..Delta::default() };
         let logprobs = logprobs.filter(|_| self.with_logprobs).map(to_api_logprobs);
         self.frame(vec![ChunkChoice { index: choice, delta, logprobs, finish_reason: None }], None)
     }
@@ -107,13 +107,13 @@ impl ChunkEncoder {
         }
         tools.calls[choice as usize] += 1;
         let head = call_json(&ParsedCall { name, arguments: String::new() }, Some(index));
-        let delta = Delta { role: None, content: None, tool_calls: Some(vec![head]) };
+        let delta = Delta { role: None, content: None, tool_calls: Some(vec![head]), ..Delta::default() };
         Some(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None))
     }
 
     fn call_arguments(&self, choice: u32, index: usize, arguments: String) -> SseFrame {
         let call = serde_json::json!({"index": index, "function": {"arguments": arguments}});
-        let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]) };
+        let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]), ..Delta::default() };
         self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)
     }
 
@@ -121,7 +121,7 @@ impl ChunkEncoder {
     pub(crate) fn opening(&self, n: u32) -> Vec<SseFrame> {
         (0..n)
             .map(|index| {
-                let delta = Delta { role: Some("assistant"), content: Some(String::new()), tool_calls: None };
+                let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() };
                 self.frame(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: None }], None)
             })
             .collect()
@@ -140,6 +140,10 @@ impl ChunkEncoder {
                 };
                 self.piece_frames(choice, pieces, Some(logprobs))
             }
+            Event::Reasoning { choice, text } => {
+                let delta = Delta { reasoning_content: Some(text.clone()), reasoning: Some(text), ..Delta::default() };
+                vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)]
+            }
             // Chat Completions does not say which stop string ended a choice.
             Event::StopSequence { .. } => Vec::new(),
             Event::Finished { choice, reason } => {
@@ -151,7 +155,7 @@ impl ChunkEncoder {
                 };
                 let called = self.tools.as_ref().is_some_and(|t| t.calls[choice as usize] > 0);
                 let reason = if called && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
-                let delta = Delta { role: None, content: None, tool_calls: None };
+                let delta = Delta { role: None, content: None, ..Delta::default() };
                 let finish_reason = Some(reason.to_string());
                 frames
                     .push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None));
