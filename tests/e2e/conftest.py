@@ -222,7 +222,9 @@ def agent_client(agent_server: Server) -> openai.OpenAI:
 @pytest.fixture(scope="session")
 def http(server: Server):
     """A raw HTTP client on the server's root URL, with no default auth."""
-    with httpx.Client(base_url=server.root_url, timeout=120) as c:
+    # Idle connections are dropped well before the server's 10 s keep-alive close, so a request
+    # never races that close on a slow machine ("Server disconnected without sending a response").
+    with httpx.Client(base_url=server.root_url, timeout=120, limits=httpx.Limits(keepalive_expiry=2)) as c:
         yield c
 
 

@@ -146,6 +146,10 @@ pub struct PreparedGrammars {
     pub tagged_call: Option<CompiledGrammar>,
     /// `tools::fenced_call_grammar` of `LazyTools::fenced_calls_rules`, for a ```json fence.
     pub fenced_call: Option<CompiledGrammar>,
+    /// The `response_format`'s own grammar when `output` is the answer-or-call union (`auto`
+    /// tools beside a `response_format`), on a model with a `<tool_call>` tag token: the output
+    /// is held to it unless the model's own first choice is the tag (see `Sampler::gate`).
+    pub answer: Option<CompiledGrammar>,
 }
 
 impl Clone for CompiledGrammar {

@@ -350,7 +350,12 @@ impl Generator for Engine {
         self.inner.model.info()
     }
 
-    fn prepare(&self, input: ChatInput) -> Result<GenerateRequest, PrepareError> {
+    fn prepare(&self, mut input: ChatInput) -> Result<GenerateRequest, PrepareError> {
+        if input.answer_constraint.is_some() && self.inner.model.tool_call_tag().is_none() {
+            // Without a tag token the answer-or-call union decides (see `answer_gate`).
+            input.answer_constraint = None;
+            input.lazy_tools = None;
+        }
         let limits = self.limits();
         limits.check_request(&input)?;
         let model = &self.inner.model;
@@ -382,6 +387,11 @@ impl Generator for Engine {
         }
         if let Some(plan) = reasoning.as_mut() {
             plan.fit(max_tokens);
+        }
+        if let Some(answer) = &input.answer_constraint {
+            let compiled = model.compile_constraint(answer, input.cache_scope);
+            grammars.answer =
+                Some(compiled.map_err(|reason| PrepareError::Grammar { param: "response_format", reason })?);
         }
         let mut request = input.into_request(prompt, max_tokens);
         request.grammars = grammars;

@@ -27,6 +27,10 @@ pub struct ChatInput {
     pub constraint: Option<(Constraint, &'static str)>,
     /// Grammars of a call the model may start on its own (`tool_choice: "auto"`).
     pub lazy_tools: Option<LazyTools>,
+    /// With `auto` tools and a `response_format`, `constraint` is the answer-or-call union and
+    /// this is the `response_format`'s own grammar: an answer the model did not start as a call
+    /// is held to it, so a format never turns an answer into a call.
+    pub answer_constraint: Option<Constraint>,
     /// Who may share cached prefixes with this request (see `CacheScope`).
     pub cache_scope: CacheScope,
     /// Whether and how long a reasoning model thinks (ignored by other models).
@@ -135,6 +139,7 @@ mod tests {
             logprobs: None,
             constraint: None,
             lazy_tools: None,
+            answer_constraint: None,
             cache_scope: CacheScope::default(),
             thinking: Default::default(),
         }

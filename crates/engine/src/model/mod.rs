@@ -71,6 +71,8 @@ pub struct LoadedModel {
     pub(crate) vision: Option<Vision>,
     /// Read from the vocabulary the first time a request answers under a grammar.
     json_marks: OnceLock<JsonMarks>,
+    /// Read from the vocabulary the first time an answer meets `auto` tools (see `answer_gate`).
+    call_starts: OnceLock<Arc<Vec<u32>>>,
     /// What a client's text may not spell as control tokens (see `typed_text`).
     control_texts: ControlTexts,
     /// The `<tool_call>` tag's own token, where the vocabulary has one (Qwen, Hermes).
@@ -147,6 +149,7 @@ impl LoadedModel {
             grammars,
             vision,
             json_marks,
+            call_starts: OnceLock::new(),
             control_texts,
             tool_call_tag,
             special_tokens_in_content,
@@ -395,6 +398,24 @@ impl LoadedModel {
         tokens: &[i32],
     ) -> Result<llguidance::Matcher, String> {
         self.grammars.matcher_after(&self.llama, constraint, scope, tokens)
+    }
+
+    /// Bit `t` set: token `t`'s text may open a bare or fenced JSON call (`{`, `[` or a
+    /// backtick after optional whitespace, or whitespace only).
+    pub(crate) fn call_starts(&self) -> Arc<Vec<u32>> {
+        let n_vocab = self.info.n_vocab.max(0) as usize;
+        let bits = || {
+            let mut bits = vec![0u32; n_vocab.div_ceil(32)];
+            for t in 0..n_vocab {
+                let piece = self.piece(crate::units::token_id(t));
+                let text = piece.trim_ascii_start();
+                if !piece.is_empty() && (text.is_empty() || matches!(text[0], b'{' | b'[' | b'`')) {
+                    bits[t / 32] |= 1 << (t % 32);
+                }
+            }
+            Arc::new(bits)
+        };
+        self.call_starts.get_or_init(bits).clone()
     }
 
     /// The `<tool_call>` tag's own token, where the vocabulary has one.

@@ -13,6 +13,7 @@ use crate::kv::seq_id::SeqId;
 use crate::model::vision::PromptImage;
 use crate::model::LoadedModel;
 use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
+use crate::scheduler::answer_gate::{Held, HeldStep};
 use crate::scheduler::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::scheduler::text::TextAssembler;
 use crate::scheduler::thinking::ChoiceThinking;
@@ -60,6 +61,10 @@ pub(crate) struct Choice {
     pub thinking: Option<ChoiceThinking>,
     /// The thinking just closed: the answer's leading whitespace is not shown.
     pub answer_unstarted: bool,
+    /// The token fed before the next one (the prompt's last, then the last produced).
+    pub last_token: i32,
+    /// Output held back while it may still be a call (see `answer_gate`).
+    pub held: Option<Held>,
 }
 
 /// The output so far of a choice that may still start a tool call.
@@ -68,6 +73,12 @@ pub(crate) struct ToolWatch {
     /// Where each token's text ends in the output's bytes.
     ends: Vec<usize>,
     calls: CallWatch,
+}
+
+impl ToolWatch {
+    pub(crate) fn call_may_follow(&self, names: &[String]) -> bool {
+        self.calls.call_may_follow(names)
+    }
 }
 
 pub(crate) struct ActiveRequest {
@@ -92,13 +103,13 @@ pub(crate) struct ActiveRequest {
     pub usage: Usage,
     events: mpsc::UnboundedSender<Event>,
     usage_tx: Option<oneshot::Sender<Usage>>,
-    lazy_tools: Option<LazyTools>,
+    pub(crate) lazy_tools: Option<LazyTools>,
     /// Tests only: a panic planned in this request's step (see `faults`).
     pub fault: Fault,
     /// Whose request it is, for fair admission (see `admission`).
     pub fairness_key: u64,
     /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
-    grammars: PreparedGrammars,
+    pub(crate) grammars: PreparedGrammars,
 }
 
 impl ActiveRequest {
@@ -111,10 +122,13 @@ impl ActiveRequest {
         ctx_size: u32,
         speculation: SpeculationConfig,
     ) -> Result<Self, Box<(Job, String)>> {
-        // `prepare` compiled the grammar: each choice only instantiates a matcher from it.
+        // `prepare` compiled the grammar: each choice only instantiates a matcher from it. Where
+        // the model decides between answer and call (`answer_gate`), no grammar starts.
+        let gated = job.request.grammars.answer.is_some() && model.tool_call_tag().is_some();
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
             let matcher = match (&job.request.grammars.output, &job.request.constraint) {
+                _ if gated => None,
                 (Some(compiled), _) => Some(compiled.matcher()),
                 (None, Some(constraint)) => Some(model.constraint_matcher(constraint, job.request.cache_scope, &[])),
                 (None, None) => None,
@@ -173,16 +187,18 @@ impl ActiveRequest {
                         ends: Vec::new(),
                         calls: CallWatch::new(),
                     }),
-                    constrained: request.constraint.is_some() && thinking.is_none(),
+                    constrained: request.constraint.is_some() && thinking.is_none() && !gated,
                     on_device: false,
                     thinking,
                     answer_unstarted: false,
+                    last_token: request.prompt.tokens.last().copied().unwrap_or_default(),
+                    held: None,
                 }
             })
             .collect();
         let prompt_tokens = crate::units::count_u32(request.prompt.tokens.len());
         let fault = Fault::from_prompt(&request.prompt.text);
-        Ok(Self {
+        let mut req = Self {
             prompt: request.prompt.tokens,
             images: request.prompt.images,
             prefilled: 0,
@@ -201,7 +217,12 @@ impl ActiveRequest {
             fault,
             fairness_key: request.fairness_key,
             grammars: PreparedGrammars { output: None, ..request.grammars },
-        })
+        };
+        // With thinking first, the gate is armed once the thinking closes (see `thinking`).
+        if gated && req.choices.iter().all(|c| c.thinking.is_none()) {
+            (0..req.choices.len()).for_each(|i| req.arm_gate(i, model));
+        }
+        Ok(req)
     }
 
     /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool
@@ -318,7 +339,11 @@ impl ActiveRequest {
         self.choices.iter().all(|c| c.finished.is_some())
     }
 
-    pub(crate) fn send_delta(&self, choice: u32, text: String, logprobs: Vec<TokenLogprob>) {
+    /// Streams a delta of choice `choice`, unless its output is held back (see `answer_gate`).
+    pub(crate) fn send_delta(&mut self, choice: u32, text: String, mut logprobs: Vec<TokenLogprob>) {
+        if self.hold(choice as usize, &text, &mut logprobs) {
+            return;
+        }
         if !text.is_empty() || !logprobs.is_empty() {
             let _ = self.events.send(Event::Delta { choice, text, logprobs });
         }
@@ -332,10 +357,11 @@ impl ActiveRequest {
     }
 
     pub(crate) fn finish_choice(&mut self, i: usize, reason: FinishReason) {
-        let c = &mut self.choices[i];
-        if c.finished.is_some() {
+        if self.choices[i].finished.is_some() {
             return;
         }
+        self.release_held(i);
+        let c = &mut self.choices[i];
         c.finished = Some(reason);
         c.next_token = None;
         c.batch_idx = None;
@@ -368,8 +394,15 @@ impl ActiveRequest {
         self.token_produced(i);
         self.choices[i].generated += 1;
         self.choices[i].drafter.push(token);
+        let before = std::mem::replace(&mut self.choices[i].last_token, token);
+        self.after_gate(i, token, before, model);
         let index = self.choices[i].index;
         if model.is_end_of_generation(token) {
+            if self.choices[i].held.is_some() {
+                // Ended before any call: an answer, which must follow its format.
+                self.restart_answer(i);
+                return false;
+            }
             self.end_thinking(i);
             // The end-of-generation token is billed like every sampled token, so it gets its
             // logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
@@ -380,7 +413,7 @@ impl ActiveRequest {
         }
         let mut piece = model.piece(token);
         if self.choices[i].thinking.is_some() {
-            return self.produce_thinking(i, &piece, ctx_size);
+            return self.produce_thinking(i, &piece, ctx_size, model);
         }
         if self.choices[i].answer_unstarted {
             let shown = piece.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(piece.len());
@@ -391,6 +424,9 @@ impl ActiveRequest {
             // A word joiner before the tag's `>`: the text reads the same, but neither the
             // server's call parser nor a later prompt takes it for the tag.
             piece.splice(at..at, "\u{2060}".bytes());
+        }
+        if self.decide_held(i) == HeldStep::Restarted {
+            return false;
         }
         self.fault.check(FaultPoint::Producing, self.usage.completion_tokens);
         let c = &mut self.choices[i];

@@ -11,6 +11,7 @@
 pub(crate) mod active;
 pub(crate) mod admission;
 mod admit;
+mod answer_gate;
 pub(crate) mod deterministic;
 pub(crate) mod device_sampling;
 pub(crate) mod draw;

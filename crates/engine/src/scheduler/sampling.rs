@@ -41,10 +41,36 @@ pub(crate) struct Sampler {
     grammar: Option<Matcher>,
     /// Tokens taken next whatever the logits say (a thinking block's markers).
     forced: VecDeque<u32>,
+    /// Decides at the next token (see [`Sampler::gate`]).
+    gate: Option<AnswerGate>,
+    /// What the gate decided, until the scheduler takes it.
+    pub(crate) gate_outcome: Option<GateOutcome>,
     rng: Xoshiro256PlusPlus,
     /// This step's bias and penalties merged, by token.
     deltas: Vec<(u32, f32)>,
     scratch: Scratch,
+}
+
+/// Where a `response_format` meets `auto` tools, the model, not the grammar, says whether it
+/// answers or calls: the first token is its own pick, unmasked. The tool-call tag, or a token
+/// that may open a bare or fenced JSON call, is taken as it is (the scheduler then watches whether a call
+/// follows, see `answer_gate`); anything else is an answer, held to the answer's grammar from
+/// this token on. A grammar of answer-or-call from the first token instead forbids the prose the
+/// model meant and leaves the call allowed: "Name one colour." became a weather call.
+struct AnswerGate {
+    tag: u32,
+    /// Bit `t` set: token `t`'s text may open a call (`{`, `[`, a fence's backtick, whitespace).
+    call_starts: std::sync::Arc<Vec<u32>>,
+    answer: Matcher,
+}
+
+/// What the first token under an [`AnswerGate`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GateOutcome {
+    /// The model's own pick may start a call: taken unconstrained.
+    MayCall,
+    /// An answer: sampled under the answer's grammar.
+    Answer,
 }
 
 /// Presence and frequency penalties over the last `window` sampled tokens.
@@ -84,19 +110,31 @@ impl Sampler {
             self.accept(token);
             return token as i32;
         }
+        if let Some(gate) = self.gate.take() {
+            let own = self.pick(logits, false);
+            let word = gate.call_starts.get(own as usize / 32).copied().unwrap_or(0);
+            if own == gate.tag || (word >> (own % 32)) & 1 == 1 {
+                self.gate_outcome = Some(GateOutcome::MayCall);
+                self.accept(own);
+                return own as i32;
+            }
+            self.gate_outcome = Some(GateOutcome::Answer);
+            self.grammar = Some(gate.answer);
+        }
         if self.temperature <= 0.0 && self.bias.is_empty() && self.penalties.is_none() && self.grammar.is_none() {
             return crate::units::token_id(draw::first_argmax(logits));
         }
-        let token = self.pick(logits);
+        let token = self.pick(logits, true);
         self.accept(token);
         token as i32
     }
 
-    /// The next token, not yet recorded in the penalties nor the grammar.
-    fn pick(&mut self, logits: &[f32]) -> u32 {
+    /// The next token, not yet recorded in the penalties nor the grammar; `masked`: as the
+    /// grammar allows.
+    fn pick(&mut self, logits: &[f32], masked: bool) -> u32 {
         // As llama.cpp's llguidance sampler: a grammar in error masks nothing, a finished one
         // allows only the end of generation.
-        let mask = self.grammar.as_mut().and_then(|g| g.compute_mask_or_eos().ok());
+        let mask = self.grammar.as_mut().filter(|_| masked).and_then(|g| g.compute_mask_or_eos().ok());
         self.merge_deltas();
         let adjusted = Adjusted { raw: logits, deltas: &self.deltas, allowed: mask.as_ref().map(|m| m.as_slice()) };
         let drawn = if self.temperature > 0.0 {
@@ -117,6 +155,17 @@ impl Sampler {
     /// far (a tool call the model started); the penalties keep counting what came before.
     pub(crate) fn constrain(&mut self, grammar: Matcher) {
         self.grammar = Some(grammar);
+    }
+
+    /// The next token decides between an answer (under `answer`) and a possible call: see
+    /// [`AnswerGate`].
+    pub(crate) fn gate(&mut self, tag: i32, call_starts: std::sync::Arc<Vec<u32>>, answer: Matcher) {
+        self.gate = u32::try_from(tag).ok().map(|tag| AnswerGate { tag, call_starts, answer });
+    }
+
+    /// A copy of the grammar's state, for the drafter to follow.
+    pub(crate) fn grammar_copy(&self) -> Option<Matcher> {
+        self.grammar.as_ref().map(Matcher::deep_clone)
     }
 
     /// The next samples are `tokens`, in order (their logits are not read).
@@ -192,6 +241,8 @@ pub(crate) fn build_sampler(
         penalties,
         grammar,
         forced: VecDeque::new(),
+        gate: None,
+        gate_outcome: None,
         rng: Xoshiro256PlusPlus::seed_from_u64(seed_for_choice(params.seed, choice)),
         deltas: Vec::new(),
         scratch: Scratch::default(),

@@ -94,7 +94,7 @@ fn params(temperature: f32, top_p: f32, seed: u64) -> SamplingParams {
 fn counts_of(sampler: &mut Sampler, logits: &[f32], draws: usize) -> Vec<u64> {
     let mut counts = vec![0; logits.len()];
     for _ in 0..draws {
-        counts[sampler.pick(logits) as usize] += 1;
+        counts[sampler.pick(logits, true) as usize] += 1;
     }
     counts
 }
@@ -422,7 +422,7 @@ fn sampling_speed() {
         let n = 2000;
         let started = thread_cpu_time();
         for _ in 0..n {
-            std::hint::black_box(sampler.pick(&logits));
+            std::hint::black_box(sampler.pick(&logits, true));
         }
         let after = (thread_cpu_time() - started) / n;
         eprintln!("T {temperature} top-p {top_p}: llama.cpp chain {before:?}, this sampler {after:?} per token");

@@ -136,6 +136,13 @@ impl TextAssembler {
         self.stops.push(&text)
     }
 
+    /// Forgets the text taken so far (an output dropped to be sampled again).
+    pub(crate) fn reset(&mut self) {
+        self.utf8 = Utf8Decoder::default();
+        self.stops.held.clear();
+        self.stops.matched = None;
+    }
+
     /// The index of the stop string that ended the text (among the non-empty ones), if one did.
     pub fn matched_stop(&self) -> Option<usize> {
         self.stops.matched

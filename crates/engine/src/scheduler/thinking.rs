@@ -99,7 +99,13 @@ impl ActiveRequest {
     /// A token inside choice `i`'s thinking block: streamed as thinking (without logprobs: its
     /// tokens are not the answer's), counted, and the block closed by force when its budget runs
     /// out. Returns whether the choice goes on.
-    pub(crate) fn produce_thinking(&mut self, i: usize, piece: &[u8], ctx_size: i32) -> bool {
+    pub(crate) fn produce_thinking(
+        &mut self,
+        i: usize,
+        piece: &[u8],
+        ctx_size: i32,
+        model: &crate::model::LoadedModel,
+    ) -> bool {
         self.usage.reasoning_tokens += 1;
         let c = &mut self.choices[i];
         let thinking = c.thinking.as_mut().expect("called inside a thinking block");
@@ -116,6 +122,7 @@ impl ActiveRequest {
                     c.constrained = true;
                 }
                 c.answer_unstarted = true;
+                self.arm_gate(i, model);
                 emit
             }
         };

@@ -125,6 +125,12 @@ impl Drafter {
         matcher
     }
 
+    /// Forgets the last `n` tokens the choice produced (an output dropped to be sampled again).
+    pub(crate) fn rewind(&mut self, n: usize) {
+        let keep = self.history.len().saturating_sub(n).max(self.prompt_len.min(self.history.len()));
+        self.history.truncate(keep);
+    }
+
     /// A token the choice produced.
     pub(crate) fn push(&mut self, token: i32) {
         if self.max > 0 {

@@ -28,6 +28,7 @@ fn ask(scope: u64, text: &str) -> ChatInput {
         constraint: None,
         lazy_tools: None,
         cache_scope: CacheScope(scope),
+        answer_constraint: None,
         thinking: Default::default(),
     }
 }

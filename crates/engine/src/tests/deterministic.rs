@@ -42,6 +42,7 @@ fn input(text: &str, sampling: SamplingParams, eos: i32) -> ChatInput {
         constraint: None,
         lazy_tools: None,
         cache_scope: crate::CacheScope::default(),
+        answer_constraint: None,
         thinking: Default::default(),
     }
 }

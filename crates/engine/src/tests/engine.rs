@@ -43,6 +43,7 @@ pub(crate) fn input(max_tokens: u32, logit_bias: Vec<(i32, f32)>) -> ChatInput {
         constraint: None,
         lazy_tools: None,
         cache_scope: crate::CacheScope::default(),
+        answer_constraint: None,
         thinking: Default::default(),
     }
 }

@@ -26,6 +26,7 @@ pub(crate) fn greedy(text: &str, n: u32, max_tokens: u32) -> ChatInput {
         constraint: None,
         lazy_tools: None,
         cache_scope: crate::CacheScope::default(),
+        answer_constraint: None,
         thinking: Default::default(),
     }
 }

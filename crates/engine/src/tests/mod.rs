@@ -1,6 +1,7 @@
 //! The engine's tests that run a real (tiny, random-weight) model through the scheduler; unit
 //! tests of one module live in that module.
 
+mod answer_gate;
 mod cache_scope;
 mod deterministic;
 pub(crate) mod engine;

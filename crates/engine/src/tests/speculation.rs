@@ -36,6 +36,7 @@ fn input(text: &str, max_tokens: u32, sampling: SamplingParams, stop: Vec<String
         constraint: None,
         lazy_tools: None,
         cache_scope: crate::CacheScope::default(),
+        answer_constraint: None,
         thinking: Default::default(),
     }
 }

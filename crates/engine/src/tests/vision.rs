@@ -69,6 +69,7 @@ fn input(engine: &Engine, n: u32) -> ChatInput {
         constraint: None,
         lazy_tools: None,
         cache_scope: crate::CacheScope::default(),
+        answer_constraint: None,
         thinking: Default::default(),
     }
 }

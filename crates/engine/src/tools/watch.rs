@@ -69,6 +69,29 @@ impl CallWatch {
         self.fence(names)
     }
 
+    /// Whether the whole output may still turn out to be a call from its very start: a bare
+    /// JSON call, or a ```json fence holding one.
+    pub fn call_may_follow(&self, names: &[String]) -> bool {
+        let text = self.text();
+        let start = text.trim_start();
+        let json_call = |body: &str| {
+            let body = body.trim_start();
+            body.is_empty() || (body.starts_with(['{', '[']) && call_commitment(body, names) != Commitment::Not)
+        };
+        if start.starts_with(['{', '[']) {
+            return self.bare_possible && json_call(start);
+        }
+        match start.strip_prefix("```") {
+            // The fence line's language so far, then the body.
+            Some(rest) => match rest.split_once('\n') {
+                None => rest.chars().all(|c| c.is_ascii_alphanumeric()),
+                Some((_, body)) => json_call(body),
+            },
+            // Nothing yet, or a fence split across tokens.
+            None => "```".starts_with(start),
+        }
+    }
+
     /// Whether the output so far ends with the `<tool_call>` tag's text.
     fn ends_with_tag(&self) -> bool {
         self.text.ends_with(TAG)

@@ -70,7 +70,8 @@ pub(crate) async fn prepare(
         },
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
         constraint: constraint.map(|c| (c, param)),
-        lazy_tools: tools.and_then(|t| t.lazy.clone()),
+        lazy_tools: tools.and_then(ToolPlan::engine_lazy),
+        answer_constraint: tools.filter(|t| t.answers_or_calls()).and_then(|_| constraint_of(chat)),
         cache_scope: scope,
         thinking: match chat.thinking_budget() {
             None => gantry_engine::Thinking::Default,

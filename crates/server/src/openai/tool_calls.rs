@@ -28,6 +28,9 @@ pub(crate) struct ToolPlan {
     pub lazy: Option<LazyTools>,
     /// `auto` with a `response_format`: the call objects the output may be instead of the answer.
     answer_calls: Vec<Value>,
+    /// `auto` with a `response_format`: the grammars of a call the model starts on its own,
+    /// for an engine that lets the model choose between answer and call (`answer_gate`).
+    answer_lazy: Option<LazyTools>,
 }
 
 impl ToolPlan {
@@ -74,14 +77,28 @@ impl ToolPlan {
         // With a response_format the output is JSON from its first token: `answer_or_call` decides
         // between answer and call, and there is no free text to watch.
         let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single));
+        let answer_lazy = (auto && has_format).then(|| lazy_grammars(&calls, &names, single));
         let answer_calls = if auto && has_format { calls } else { Vec::new() };
-        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls }))
+        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls, answer_lazy }))
     }
 
     /// Whether the whole output's grammar comes from the tools (a forced call, or the
     /// answer-or-call union), so its schema errors name `tools`.
     pub(crate) fn shapes_output(&self) -> bool {
         self.forced.is_some() || !self.answer_calls.is_empty()
+    }
+
+    /// The engine's tool grammars: `auto`'s lazy ones; with a `response_format`, those of a call
+    /// the model may start instead of answering (the engine uses them on a model with a
+    /// `<tool_call>` token, and the answer-or-call union on others).
+    pub(crate) fn engine_lazy(&self) -> Option<LazyTools> {
+        self.lazy.clone().or_else(|| self.answer_lazy.clone())
+    }
+
+    /// Whether a `response_format` beside these tools makes the output the answer-or-call
+    /// union (`auto`, not forced).
+    pub(crate) fn answers_or_calls(&self) -> bool {
+        self.forced.is_none() && !self.answer_calls.is_empty()
     }
 
     /// The grammar of the whole output, given the `response_format`'s: a forced call's, the
