@@ -13,29 +13,8 @@
 use crate::model::LoadedModel;
 use crate::request::TokenLogprob;
 use crate::scheduler::active::ActiveRequest;
+use crate::scheduler::held_output::{Held, HeldStep, MOST_HELD};
 use crate::scheduler::sampling::GateOutcome;
-
-/// Held output beyond this many tokens without a committed call is an answer.
-const MOST_HELD: u32 = 64;
-
-/// The output of a choice that may still be a call, held back.
-pub(crate) struct Held {
-    /// The token whose logits gave the first held token, and its position: the answer restarts
-    /// by feeding it again.
-    anchor: (i32, i32),
-    tokens: u32,
-    deltas: Vec<(String, Vec<TokenLogprob>)>,
-}
-
-/// What produce does after a token of a choice with held output.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum HeldStep {
-    Holding,
-    /// A call committed; the output was released.
-    Released,
-    /// No call can follow: the answer restarts (the choice goes on from its anchor).
-    Restarted,
-}
 
 impl ActiveRequest {
     /// Lets choice `i`'s next token decide between answer and call (see `sampling::AnswerGate`).

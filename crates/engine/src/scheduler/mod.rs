@@ -15,12 +15,14 @@ mod answer_gate;
 pub(crate) mod deterministic;
 pub(crate) mod device_sampling;
 pub(crate) mod draw;
+mod held_output;
 mod plan;
 pub(crate) mod sample_step;
 pub(crate) mod sampling;
 pub(crate) mod step_plan;
 pub mod text;
 mod thinking;
+mod thinking_block;
 mod verify;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,99 +1,10 @@
-//! One choice's thinking block, while the model is in it (see `crate::reasoning`): its text is
-//! streamed apart from the answer, its tokens counted, and its end marker forced when the
-//! budget runs out. The answer's grammar (a `response_format`, a forced tool call) waits here
-//! until the block closes, so it shapes the answer and never the thinking.
+//! A reasoning model's thinking in a running request: each thinking token is streamed as
+//! thinking (see `thinking_block` for the text and the budget), and the block's end hands the
+//! choice to its answer, with the answer's grammar or answer-or-call gate.
 
-use llguidance::Matcher;
-
-use crate::reasoning::{ReasoningPlan, CLOSE};
 use crate::request::FinishReason;
 use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::text::TextAssembler;
-
-pub(crate) struct ChoiceThinking {
-    /// Ends at the closing marker, which is never shown (nor anything after it in its piece).
-    text: TextAssembler,
-    /// Forced opening-marker tokens still to come: their text is not shown.
-    hidden: usize,
-    /// Whitespace held back: the thinking's text is shown trimmed, as the peers report it.
-    held_ws: String,
-    started: bool,
-    /// Thinking tokens so far, markers included.
-    pub tokens: u32,
-    budget: u32,
-    /// Forced when the budget runs out.
-    pub close: Vec<i32>,
-    closing: bool,
-    /// The answer's grammar, applied once the block closes.
-    pub deferred: Option<Matcher>,
-}
-
-/// What one thinking token did.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ThinkStep {
-    /// Still thinking: text to stream, and whether the end marker must be forced now.
-    Thinking { emit: String, force_close: bool },
-    /// The end marker came: the last thinking text; the answer starts at the next token.
-    Closed { emit: String },
-}
-
-impl ChoiceThinking {
-    pub(crate) fn new(plan: &ReasoningPlan, deferred: Option<Matcher>) -> Self {
-        Self {
-            text: TextAssembler::new(vec![CLOSE.to_string()]),
-            hidden: plan.open.len(),
-            held_ws: String::new(),
-            started: false,
-            tokens: 0,
-            budget: plan.budget,
-            close: plan.close.clone(),
-            closing: false,
-            deferred,
-        }
-    }
-
-    /// Takes the next token's text. The budget counts the closing marker too: it is forced so
-    /// that the block ends on the budget's last token.
-    pub(crate) fn push(&mut self, piece: &[u8]) -> ThinkStep {
-        self.tokens += 1;
-        let emit = if self.hidden > 0 {
-            self.hidden -= 1;
-            String::new()
-        } else {
-            let scan = self.text.push(piece);
-            let emit = self.shown(&scan.emit);
-            if scan.stopped {
-                return ThinkStep::Closed { emit };
-            }
-            emit
-        };
-        let close_len = crate::units::count_u32(self.close.len());
-        let force_close = !self.closing && self.tokens.saturating_add(close_len) >= self.budget;
-        self.closing |= force_close;
-        ThinkStep::Thinking { emit, force_close }
-    }
-
-    /// The thinking text still held when the output ends inside the block.
-    pub(crate) fn finish(&mut self) -> String {
-        let tail = self.text.finish();
-        self.shown(&tail.emit)
-    }
-
-    /// `text` as shown: without the block's leading whitespace, and with trailing whitespace
-    /// held until more text follows it.
-    fn shown(&mut self, text: &str) -> String {
-        let text = if self.started { text } else { text.trim_start() };
-        let body = text.trim_end();
-        if body.is_empty() {
-            self.held_ws.push_str(text);
-            return String::new();
-        }
-        self.started = true;
-        let out = std::mem::take(&mut self.held_ws) + body;
-        self.held_ws.push_str(&text[body.len()..]);
-        out
-    }
-}
+use crate::scheduler::thinking_block::ThinkStep;
 
 impl ActiveRequest {
     /// A token inside choice `i`'s thinking block: streamed as thinking (without logprobs: its
@@ -141,59 +52,5 @@ impl ActiveRequest {
         if let Some(mut thinking) = self.choices[i].thinking.take() {
             self.send_reasoning(i, thinking.finish());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn thinking(open: usize, budget: u32) -> ChoiceThinking {
-        let plan = ReasoningPlan { open: vec![1; open], close: vec![10, 2], budget };
-        ChoiceThinking::new(&plan, None)
-    }
-
-    fn text(step: ThinkStep) -> String {
-        match step {
-            ThinkStep::Thinking { emit, .. } | ThinkStep::Closed { emit } => emit,
-        }
-    }
-
-    #[test]
-    fn the_markers_and_the_edges_whitespace_are_not_shown() {
-        let mut t = thinking(1, u32::MAX);
-        let pieces = ["<think>", "\n", "Let", " me", " see", ".\n", "\n", "Yes", ".", "\n", "</think>"];
-        let shown: Vec<String> = pieces.iter().map(|p| text(t.push(p.as_bytes()))).collect();
-        assert_eq!(shown.concat(), "Let me see.\n\nYes.");
-        assert_eq!(t.tokens, 11);
-        let mut t = thinking(0, u32::MAX);
-        assert_eq!(t.push(b"Hmm </th"), ThinkStep::Thinking { emit: "Hmm".into(), force_close: false });
-        assert_eq!(t.push(b"ink>"), ThinkStep::Closed { emit: String::new() });
-    }
-
-    #[test]
-    fn the_end_marker_is_forced_so_the_block_ends_on_the_budget() {
-        let mut t = thinking(1, 6);
-        let steps: Vec<bool> = (0..4)
-            .map(|_| match t.push(b"a") {
-                ThinkStep::Thinking { force_close, .. } => force_close,
-                ThinkStep::Closed { .. } => unreachable!(),
-            })
-            .collect();
-        // 4 tokens, then the two forced ones: 6.
-        assert_eq!(steps, [false, false, false, true]);
-        assert!(matches!(t.push(b"\n"), ThinkStep::Thinking { force_close: false, .. }));
-        assert!(matches!(t.push(b"</think>"), ThinkStep::Closed { .. }));
-        assert_eq!(t.tokens, 6);
-        // A budget smaller than the markers closes at once.
-        let mut t = thinking(1, 0);
-        assert_eq!(t.push(b"<think>"), ThinkStep::Thinking { emit: String::new(), force_close: true });
-    }
-
-    #[test]
-    fn an_output_cut_inside_the_block_shows_what_it_thought() {
-        let mut t = thinking(0, u32::MAX);
-        assert_eq!(text(t.push(b"Well </")), "Well");
-        assert_eq!(t.finish(), " </");
     }
 }

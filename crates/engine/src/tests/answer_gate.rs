@@ -1,34 +1,16 @@
 //! `auto` tools beside a `response_format`, on a model with a `<tool_call>` token (tiny, random
-//! weights): the model's own first pick decides between answer and call, a held output that
+//! weights, a template that prints the tools): the model's own first pick decides between answer and call, a held output that
 //! turns out to be no call is dropped unbilled and the answer restarts under its format.
-
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
-use crate::tests::engine::{drain, eos};
+use crate::tests::engine::{drain, eos, start_on};
+use crate::tests::typed_text::tagged_model;
 use crate::tools::{answer_or_call, call_schema, lazy_grammars};
-use crate::{ChatInput, Constraint, Engine, EngineConfig, Event, Generator, SamplingParams};
-
-fn tagged_model() -> &'static PathBuf {
-    static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gantry-engine-gate-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tagged.gguf");
-        let spec = tiny_gguf::TinyModelSpec { tool_call_tokens: true, ..Default::default() };
-        tiny_gguf::write_tiny_model(&path, &spec).unwrap();
-        path
-    })
-}
+use crate::{ChatInput, Constraint, Engine, Event, Generator, SamplingParams};
 
 fn start() -> Engine {
-    let mut config = EngineConfig::new(tagged_model());
-    config.ctx_size = 512;
-    config.parallel = 1;
-    config.threads = Some(1);
-    Engine::start(config).unwrap()
+    start_on(tagged_model(), 512, 1)
 }
 
 fn answer_schema() -> Value {

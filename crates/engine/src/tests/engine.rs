@@ -11,15 +11,31 @@ use crate::{
     SamplingParams, SubmitError, Usage,
 };
 
-pub(crate) fn tiny_model() -> &'static PathBuf {
-    static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gantry-engine-tiny-{}", std::process::id()));
+/// The tiny model `spec` makes, written once per test process into `cell` as `<name>.gguf`.
+pub(crate) fn written_once(
+    cell: &'static OnceLock<PathBuf>,
+    name: &str,
+    spec: impl FnOnce() -> tiny_gguf::TinyModelSpec,
+) -> &'static PathBuf {
+    cell.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gantry-engine-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tiny.gguf");
-        tiny_gguf::write_tiny_model(&path, &tiny_gguf::TinyModelSpec::default()).unwrap();
+        let path = dir.join(format!("{name}.gguf"));
+        tiny_gguf::write_tiny_model(&path, &spec()).unwrap();
         path
     })
+}
+
+pub(crate) fn tiny_model() -> &'static PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    written_once(&MODEL, "tiny", tiny_gguf::TinyModelSpec::default)
+}
+
+/// An engine on `model`: `ctx_size` tokens a sequence, `parallel` sequences, one thread.
+pub(crate) fn start_on(model: &std::path::Path, ctx_size: u32, parallel: u32) -> Engine {
+    let mut config = EngineConfig::new(model);
+    (config.ctx_size, config.parallel, config.threads) = (ctx_size, parallel, Some(1));
+    Engine::start(config).unwrap()
 }
 
 pub(crate) fn start(parallel: u32, panic_after_tokens: Option<u32>) -> Engine {

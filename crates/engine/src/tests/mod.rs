@@ -11,5 +11,5 @@ mod kv_layout;
 mod reasoning;
 mod sampling_engine;
 mod speculation;
-mod typed_text;
+pub(crate) mod typed_text;
 mod vision;

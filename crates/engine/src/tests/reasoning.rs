@@ -5,31 +5,20 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::tests::engine::{drain, eos};
-use crate::{Constraint, Engine, EngineConfig, Event, Generator, Thinking, Usage};
+use crate::tests::engine::{drain, eos, start_on, written_once};
+use crate::{Constraint, Engine, Event, Generator, Thinking, Usage};
 
 fn reasoning_model() -> &'static PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gantry-engine-think-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("think.gguf");
-        let spec = tiny_gguf::TinyModelSpec {
-            think_tokens: true,
-            chat_template: Some(tiny_gguf::THINKING_TEMPLATE.into()),
-            ..Default::default()
-        };
-        tiny_gguf::write_tiny_model(&path, &spec).unwrap();
-        path
+    written_once(&MODEL, "think", || tiny_gguf::TinyModelSpec {
+        think_tokens: true,
+        chat_template: Some(tiny_gguf::THINKING_TEMPLATE.into()),
+        ..Default::default()
     })
 }
 
 fn start() -> Engine {
-    let mut config = EngineConfig::new(reasoning_model());
-    config.ctx_size = 256;
-    config.parallel = 2;
-    config.threads = Some(1);
-    Engine::start(config).unwrap()
+    start_on(reasoning_model(), 256, 2)
 }
 
 /// The thinking and the answer a request streamed, and its usage.

@@ -6,25 +6,18 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::json;
 
-use crate::tests::engine::tiny_model;
+use crate::tests::engine::{tiny_model, written_once};
 use crate::{LoadedModel, Offload};
 
 /// Writes `<tool_call>` tags around an assistant's calls and prints the tools, as Qwen2.5 does.
 const TOOLS_TEMPLATE: &str = "{% if tools %}<|im_start|>system\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
 
-fn tagged_model() -> &'static PathBuf {
+pub(crate) fn tagged_model() -> &'static PathBuf {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gantry-engine-tiny-tagged-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tiny-tagged.gguf");
-        let spec = tiny_gguf::TinyModelSpec {
-            tool_call_tokens: true,
-            chat_template: Some(TOOLS_TEMPLATE.to_string()),
-            ..Default::default()
-        };
-        tiny_gguf::write_tiny_model(&path, &spec).unwrap();
-        path
+    written_once(&MODEL, "tiny-tagged", || tiny_gguf::TinyModelSpec {
+        tool_call_tokens: true,
+        chat_template: Some(TOOLS_TEMPLATE.to_string()),
+        ..Default::default()
     })
 }
 
