@@ -16,9 +16,15 @@ const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT:
 /// every field may be `null`, meaning absent.
 pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|_| ApiError::invalid_request(BAD_JSON, None))?;
+    parse_chat_value(&value)
+}
+
+/// [`parse_chat_request`] of a body already parsed: the other dialects validate the chat request
+/// they translate to without writing it out and reading it back.
+pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError> {
     let obj = value.as_object().ok_or_else(|| {
         ApiError::invalid_request(
-            format!("Invalid type for request body: expected an object, but got {} instead.", type_name(&value)),
+            format!("Invalid type for request body: expected an object, but got {} instead.", type_name(value)),
             None,
         )
     })?;

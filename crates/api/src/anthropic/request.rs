@@ -39,8 +39,7 @@ pub fn parse_messages_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
         return Err(ApiError::invalid_request(format!("{extra}: Extra inputs are not permitted"), Some(extra)));
     }
     let (chat_body, stops, top_k) = to_chat_body(obj)?;
-    let bytes = serde_json::to_vec(&chat_body).map_err(|e| ApiError::internal(e.to_string()))?;
-    let mut chat = crate::parse_chat_request(&bytes).map_err(rename_params)?;
+    let mut chat = crate::validate::parse_chat_value(&chat_body).map_err(rename_params)?;
     chat.stop = stops;
     chat.top_k = top_k;
     Ok(chat)

@@ -49,8 +49,7 @@ pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<Responses
         None => return Err(ApiError::invalid_request("Missing required parameter: 'input'.", Some("input"))),
     };
     let chat_body = to_chat_body(obj, prior, &items)?;
-    let bytes = serde_json::to_vec(&chat_body).map_err(|e| ApiError::internal(e.to_string()))?;
-    let chat = crate::parse_chat_request(&bytes).map_err(rename_params)?;
+    let chat = crate::validate::parse_chat_value(&chat_body).map_err(rename_params)?;
     let store = match get(obj, "store") {
         None => true,
         Some(Value::Bool(b)) => *b,
