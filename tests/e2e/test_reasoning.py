@@ -49,19 +49,24 @@ def client(thinker):
     c.close()
 
 
-@pytest.fixture(scope="module")
-def no_end(thinker):
-    """A logit bias that keeps the random model from ending early: the end-of-generation token is
-    the vocabulary's last (read from the 400 an out-of-range id gets)."""
+def _last_tokens_banned(server, count: int) -> dict:
+    """A logit bias against the vocabulary's last `count` tokens (where tiny-gguf puts the tokens
+    that end a generation), read from the 400 an out-of-range id gets: it keeps a random model
+    from ending early."""
     r = httpx.post(
-        f"{thinker.base_url}/chat/completions",
-        json={"model": thinker.model_id, "messages": [{"role": "user", "content": "x"}], "logit_bias": {"100000": 1}},
-        headers={"Authorization": f"Bearer {thinker.api_key}"},
+        f"{server.base_url}/chat/completions",
+        json={"model": server.model_id, "messages": [{"role": "user", "content": "x"}], "logit_bias": {"100000": 1}},
+        headers={"Authorization": f"Bearer {server.api_key}"},
         timeout=60,
     )
     assert r.status_code == 400, r.text
     n_vocab = int(re.search(r"\(0\.\.(\d+)\)", r.json()["error"]["message"]).group(1))
-    return {str(n_vocab - 1): -100}
+    return {str(n_vocab - k): -100 for k in range(1, count + 1)}
+
+
+@pytest.fixture(scope="module")
+def no_end(thinker):
+    return _last_tokens_banned(thinker, 1)
 
 
 def _row(server, request_id):
@@ -220,3 +225,30 @@ def test_responses_reasoning_is_an_item_with_reasoning_tokens(thinker, client):
     )
     assert follow.usage.output_tokens_details.reasoning_tokens == 0
     assert json.loads(follow.model_dump_json())["reasoning"]["effort"] == "none"
+
+
+def test_a_harmony_model_thinks_on_analysis_and_answers_on_final():
+    """gpt-oss's format (`tiny-gguf --harmony`): the analysis channel is the thinking, the final
+    channel the answer, and no channel markup reaches the client."""
+    tiny = Path(gantry_bin()).with_name("tiny-gguf")
+    work = tempfile.mkdtemp(prefix="gantry-harmony-")
+    subprocess.run([str(tiny), f"{work}/harmony.gguf", "--harmony"], check=True)
+    srv, tmp = _start(f"{work}/harmony.gguf", ("--parallel", "1"), settings=("--ctx-size", "1024"))
+    try:
+        client = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=120)
+        # `<|return|>`, `<|call|>` and ChatML's three come last.
+        r = client.chat.completions.create(
+            model=srv.model_id, messages=ASK, max_tokens=80, temperature=0, logit_bias=_last_tokens_banned(srv, 5),
+            extra_body={"thinking_token_budget": 40},
+        )
+        message = r.choices[0].message
+        assert r.usage.completion_tokens_details.reasoning_tokens == 40
+        thinking = message.model_extra["reasoning_content"]
+        assert thinking and message.content, message
+        for text in (thinking, message.content):
+            assert "<|" not in text and "analysis" not in text, text
+        client.close()
+    finally:
+        _stop(srv.proc)
+        shutil.rmtree(tmp.name, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)

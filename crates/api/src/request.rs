@@ -63,8 +63,8 @@ pub struct ChatMessage {
     /// new turn.
     pub prefix: bool,
     /// An assistant's thinking (`reasoning_content`, or `reasoning`, as the answers carry it),
-    /// passed to the template as `reasoning_content`: a reasoning model's template keeps or
-    /// drops it as the model was trained.
+    /// passed to the template as `reasoning_content` (and `thinking`): a reasoning model's template
+    /// keeps or drops it as the model was trained.
     pub reasoning: Option<String>,
 }
 
@@ -106,7 +106,9 @@ impl ChatMessage {
             m.insert("prefix".into(), true.into());
         }
         if let Some(r) = &self.reasoning {
+            // Qwen3's templates read `reasoning_content`, gpt-oss's `thinking`.
             m.insert("reasoning_content".into(), r.clone().into());
+            m.insert("thinking".into(), r.clone().into());
         }
         Value::Object(m)
     }

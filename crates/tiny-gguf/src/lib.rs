@@ -104,6 +104,14 @@ pub const THINK_TOKENS: [&str; 2] = ["<think>", "</think>"];
 /// one (after the last user message) keeps its `reasoning_content`.
 pub const THINKING_TEMPLATE: &str = "{%- set ns = namespace(last_user=-1) -%}{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}{%- for message in messages -%}{%- set content = message['content'] if message['content'] is string else '' -%}{%- if message['role'] == 'assistant' -%}{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\n') -%}{%- endif -%}{%- if loop.index0 > ns.last_user and message.reasoning_content -%}{{- '<|im_start|>assistant\n<think>\n' + message['reasoning_content'] + '\n</think>\n\n' + content + '<|im_end|>\n' -}}{%- else -%}{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}{%- endif -%}{%- else -%}{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' -}}{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}{%- endif -%}";
 
+/// gpt-oss's harmony tokens, control tokens with [`TinyModelSpec::harmony_tokens`].
+pub const HARMONY_TOKENS: [&str; 6] = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"];
+
+/// A harmony template in gpt-oss's manner: each turn `<|start|>ROLE<|message|>…<|end|>`, an
+/// assistant's earlier `thinking` on the `analysis` channel and answer on the `final` one, and the generation prompt
+/// `<|start|>assistant`, after which the model writes its `analysis` channel, then `final`.
+pub const HARMONY_TEMPLATE: &str = "{%- for message in messages -%}{%- if message['role'] == 'assistant' -%}{%- if message.thinking -%}{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' -}}{%- endif -%}{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' -}}{%- else -%}{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' -}}{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}";
+
 /// Shape and seed of a tiny model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TinyModelSpec {
@@ -128,6 +136,8 @@ pub struct TinyModelSpec {
     pub tool_call_tokens: bool,
     /// Adds `<think>` and `</think>` as user-defined tokens (after the tool-call tags).
     pub think_tokens: bool,
+    /// Adds [`HARMONY_TOKENS`] as control tokens (after the thinking markers).
+    pub harmony_tokens: bool,
 }
 
 impl Default for TinyModelSpec {
@@ -143,6 +153,7 @@ impl Default for TinyModelSpec {
             chat_template: Some(CHATML_TEMPLATE.to_string()),
             tool_call_tokens: false,
             think_tokens: false,
+            harmony_tokens: false,
         }
     }
 }
@@ -156,7 +167,7 @@ pub fn write_tiny_model(path: &Path, spec: &TinyModelSpec) -> io::Result<()> {
 /// Builds the GGUF file contents for `spec` in memory.
 pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     validate(spec)?;
-    let vocab = Vocab::build(spec.tool_call_tokens, spec.think_tokens);
+    let vocab = Vocab::build(spec.tool_call_tokens, spec.think_tokens, spec.harmony_tokens);
     let n_vocab = vocab.tokens.len() as u64;
     let head_dim = spec.n_embd / spec.n_head;
     let n_embd_kv = u64::from(head_dim * spec.n_head_kv);
@@ -247,7 +258,7 @@ struct Vocab {
 }
 
 impl Vocab {
-    fn build(tool_call_tokens: bool, think_tokens: bool) -> Self {
+    fn build(tool_call_tokens: bool, think_tokens: bool, harmony_tokens: bool) -> Self {
         let byte_map = bytes_to_unicode();
         let mut tokens: Vec<String> = byte_map.iter().map(|c| c.to_string()).collect();
         let mut index: HashMap<String, usize> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i)).collect();
@@ -278,6 +289,12 @@ impl Vocab {
             for marker in THINK_TOKENS {
                 tokens.push(marker.to_string());
                 token_types.push(TOKEN_TYPE_USER_DEFINED);
+            }
+        }
+        if harmony_tokens {
+            for marker in HARMONY_TOKENS {
+                tokens.push(marker.to_string());
+                token_types.push(TOKEN_TYPE_CONTROL);
             }
         }
         let endoftext = tokens.len() as u32;
@@ -325,7 +342,7 @@ mod tests {
 
     #[test]
     fn vocab_shape() {
-        let v = Vocab::build(false, true);
+        let v = Vocab::build(false, true, false);
         assert!(v.tokens.iter().any(|t| t == "</think>"));
         let n = v.tokens.len();
         assert!((300..=600).contains(&n), "vocab size {n}");

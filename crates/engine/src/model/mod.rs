@@ -364,6 +364,11 @@ impl LoadedModel {
         self.llama.vocab().token_to_piece(LlamaToken(token), false, None)
     }
 
+    /// [`Self::piece`] with control tokens written out (a thinking block's markers).
+    pub(crate) fn special_piece(&self, token: i32) -> Vec<u8> {
+        self.llama.vocab().token_to_piece(LlamaToken(token), true, None)
+    }
+
     /// Checks that a constraint compiles for this model (an invalid or unsupported schema is the
     /// client's error, reported before the request is queued).
     pub fn check_constraint(&self, constraint: &Constraint) -> Result<(), String> {

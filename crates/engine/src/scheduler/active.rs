@@ -397,13 +397,15 @@ impl ActiveRequest {
         let before = std::mem::replace(&mut self.choices[i].last_token, token);
         self.after_gate(i, token, before, model);
         let index = self.choices[i].index;
+        if self.choices[i].thinking.is_some() {
+            return self.produce_thinking(i, token, ctx_size, model);
+        }
         if model.is_end_of_generation(token) {
             if self.choices[i].held.is_some() {
                 // Ended before any call: an answer, which must follow its format.
                 self.restart_answer(i);
                 return false;
             }
-            self.end_thinking(i);
             // The end-of-generation token is billed like every sampled token, so it gets its
             // logprobs entry too (its text is empty), as vLLM and llama.cpp report it.
             let tail = self.choices[i].text.finish();
@@ -412,9 +414,6 @@ impl ActiveRequest {
             return false;
         }
         let mut piece = model.piece(token);
-        if self.choices[i].thinking.is_some() {
-            return self.produce_thinking(i, &piece, ctx_size, model);
-        }
         if self.choices[i].answer_unstarted {
             let shown = piece.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(piece.len());
             piece.drain(..shown);

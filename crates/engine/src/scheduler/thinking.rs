@@ -10,21 +10,35 @@ impl ActiveRequest {
     /// A token inside choice `i`'s thinking block: streamed as thinking (without logprobs: its
     /// tokens are not the answer's), counted, and the block closed by force when its budget runs
     /// out. Returns whether the choice goes on.
+    /// The markers are read in the token's text with control tokens written out, since
+    /// harmony's (`<|end|>`) are control tokens, which a vocabulary may even count as ending
+    /// the generation: inside the block, the closing marker only closes it.
     pub(crate) fn produce_thinking(
         &mut self,
         i: usize,
-        piece: &[u8],
+        token: i32,
         ctx_size: i32,
         model: &crate::model::LoadedModel,
     ) -> bool {
-        self.usage.reasoning_tokens += 1;
+        let piece = model.special_piece(token);
         let c = &mut self.choices[i];
         let thinking = c.thinking.as_mut().expect("called inside a thinking block");
-        let emit = match thinking.push(piece) {
+        if model.is_end_of_generation(token) && !thinking.is_close_marker(&piece) {
+            // The model ended inside its thinking: no answer follows.
+            self.end_thinking(i);
+            self.finish_choice(i, FinishReason::Stop);
+            return false;
+        }
+        self.usage.reasoning_tokens += 1;
+        let emit = match thinking.push(&piece) {
             ThinkStep::Thinking { emit, force_close } => {
                 if force_close {
                     c.sampler.force(&thinking.close);
                 }
+                emit
+            }
+            ThinkStep::Header { emit } => {
+                c.sampler.force(&thinking.header);
                 emit
             }
             ThinkStep::Closed { emit } => {

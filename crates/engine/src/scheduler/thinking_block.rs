@@ -5,7 +5,7 @@
 
 use llguidance::Matcher;
 
-use crate::reasoning::{ReasoningPlan, CLOSE};
+use crate::reasoning::ReasoningPlan;
 use crate::scheduler::text::TextAssembler;
 
 pub(crate) struct ChoiceThinking {
@@ -21,6 +21,11 @@ pub(crate) struct ChoiceThinking {
     budget: u32,
     /// Forced when the budget runs out.
     pub close: Vec<i32>,
+    close_text: &'static str,
+    /// Forced after the closing marker, hidden (harmony's final-channel header).
+    pub header: Vec<i32>,
+    /// Header tokens still to come once the marker closed the block.
+    header_left: usize,
     closing: bool,
     /// The answer's grammar, applied once the block closes.
     pub deferred: Option<Matcher>,
@@ -31,6 +36,8 @@ pub(crate) struct ChoiceThinking {
 pub(crate) enum ThinkStep {
     /// Still thinking: text to stream, and whether the end marker must be forced now.
     Thinking { emit: String, force_close: bool },
+    /// The end marker came; the answer's header is to be forced now (and is not shown).
+    Header { emit: String },
     /// The end marker came: the last thinking text; the answer starts at the next token.
     Closed { emit: String },
 }
@@ -38,13 +45,16 @@ pub(crate) enum ThinkStep {
 impl ChoiceThinking {
     pub(crate) fn new(plan: &ReasoningPlan, deferred: Option<Matcher>) -> Self {
         Self {
-            text: TextAssembler::new(vec![CLOSE.to_string()]),
+            text: TextAssembler::new(vec![plan.close_text.to_string()]),
             hidden: plan.open.len(),
             held_ws: String::new(),
             started: false,
             tokens: 0,
             budget: plan.budget,
             close: plan.close.clone(),
+            close_text: plan.close_text,
+            header: plan.header.clone(),
+            header_left: 0,
             closing: false,
             deferred,
         }
@@ -54,21 +64,37 @@ impl ChoiceThinking {
     /// that the block ends on the budget's last token.
     pub(crate) fn push(&mut self, piece: &[u8]) -> ThinkStep {
         self.tokens += 1;
+        if self.header_left > 0 {
+            self.header_left -= 1;
+            if self.header_left == 0 {
+                return ThinkStep::Closed { emit: String::new() };
+            }
+            return ThinkStep::Thinking { emit: String::new(), force_close: false };
+        }
         let emit = if self.hidden > 0 {
             self.hidden -= 1;
             String::new()
         } else {
             let scan = self.text.push(piece);
             let emit = self.shown(&scan.emit);
-            if scan.stopped {
+            if scan.stopped && self.header.is_empty() {
                 return ThinkStep::Closed { emit };
+            }
+            if scan.stopped {
+                self.header_left = self.header.len();
+                return ThinkStep::Header { emit };
             }
             emit
         };
-        let close_len = crate::units::count_u32(self.close.len());
+        let close_len = crate::units::count_u32(self.close.len() + self.header.len());
         let force_close = !self.closing && self.tokens.saturating_add(close_len) >= self.budget;
         self.closing |= force_close;
         ThinkStep::Thinking { emit, force_close }
+    }
+
+    /// Whether a token's text (control tokens written out) is the closing marker itself.
+    pub(crate) fn is_close_marker(&self, piece: &[u8]) -> bool {
+        piece == self.close_text.as_bytes()
     }
 
     /// The thinking text still held when the output ends inside the block.
@@ -98,13 +124,30 @@ mod tests {
     use super::*;
 
     fn thinking(open: usize, budget: u32) -> ChoiceThinking {
-        let plan = ReasoningPlan { open: vec![1; open], close: vec![10, 2], budget };
+        let plan =
+            ReasoningPlan { open: vec![1; open], close: vec![10, 2], close_text: "</think>", header: vec![], budget };
         ChoiceThinking::new(&plan, None)
+    }
+
+    #[test]
+    fn harmonys_final_header_is_forced_hidden_and_counted() {
+        let plan =
+            ReasoningPlan { open: vec![1], close: vec![2], close_text: "<|end|>", header: vec![3, 4, 5], budget: 6 };
+        let mut t = ChoiceThinking::new(&plan, None);
+        assert_eq!(t.push(b"<|channel|>"), ThinkStep::Thinking { emit: String::new(), force_close: false });
+        // 2 tokens, then the close and the header's 3: 6.
+        assert_eq!(t.push(b"Hmm"), ThinkStep::Thinking { emit: "Hmm".into(), force_close: true });
+        assert_eq!(t.push(b"<|end|>"), ThinkStep::Header { emit: String::new() });
+        for piece in ["<|start|>assistant", "<|channel|>final"] {
+            assert_eq!(t.push(piece.as_bytes()), ThinkStep::Thinking { emit: String::new(), force_close: false });
+        }
+        assert_eq!(t.push(b"<|message|>"), ThinkStep::Closed { emit: String::new() });
+        assert_eq!(t.tokens, 6);
     }
 
     fn text(step: ThinkStep) -> String {
         match step {
-            ThinkStep::Thinking { emit, .. } | ThinkStep::Closed { emit } => emit,
+            ThinkStep::Thinking { emit, .. } | ThinkStep::Header { emit } | ThinkStep::Closed { emit } => emit,
         }
     }
 
@@ -126,7 +169,7 @@ mod tests {
         let steps: Vec<bool> = (0..4)
             .map(|_| match t.push(b"a") {
                 ThinkStep::Thinking { force_close, .. } => force_close,
-                ThinkStep::Closed { .. } => unreachable!(),
+                ThinkStep::Header { .. } | ThinkStep::Closed { .. } => unreachable!(),
             })
             .collect();
         // 4 tokens, then the two forced ones: 6.

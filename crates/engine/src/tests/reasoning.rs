@@ -94,3 +94,36 @@ async fn a_client_typing_the_markers_writes_text_not_markers() {
     assert!(!typed.iter().any(|t| markers.contains(t)), "{typed:?}");
     engine.shutdown();
 }
+
+fn harmony_model() -> &'static PathBuf {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    written_once(&MODEL, "harmony", || tiny_gguf::TinyModelSpec {
+        harmony_tokens: true,
+        chat_template: Some(tiny_gguf::HARMONY_TEMPLATE.into()),
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn harmony_thinks_on_its_analysis_channel_and_answers_on_final() {
+    let engine = start_on(harmony_model(), 256, 1);
+    // (The tiny vocabulary spells "analysis" and "final" in bytes: the markers take ~20 tokens.)
+    let (thought, answer, usage) = run(&engine, Thinking::Budget(30), None).await;
+    assert_eq!(usage.reasoning_tokens, 30, "the end marker and the final header are forced on the budget");
+    assert!(!thought.is_empty() && !answer.is_empty(), "{thought:?} / {answer:?}");
+    for text in [&thought, &answer] {
+        assert!(!text.contains("<|") && !text.contains("analysis"), "no channel markup is shown: {text:?}");
+    }
+    let mut input = crate::tests::engine::input(8, vec![]);
+    input.thinking = Thinking::Off;
+    let request = engine.prepare(input).unwrap();
+    assert!(
+        request
+            .prompt
+            .text
+            .ends_with("<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>"),
+        "{}",
+        request.prompt.text
+    );
+    engine.shutdown();
+}
