@@ -392,6 +392,9 @@ impl Generator for Engine {
             let compiled = model.compile_constraint(answer, input.cache_scope);
             grammars.answer =
                 Some(compiled.map_err(|reason| PrepareError::Grammar { param: "response_format", reason })?);
+            // The gate's vocabulary scan runs once per model, here rather than on the scheduler
+            // thread when the first such request is admitted.
+            model.call_starts();
         }
         let mut request = input.into_request(prompt, max_tokens);
         request.grammars = grammars;

@@ -85,17 +85,9 @@ impl ResponseStream {
         }
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             if !matches!(self.open, Some(Open::Message { .. })) {
-                self.close(&mut out);
-                let index = self.items.len();
                 let id = self.ids.message_id();
-                let mut item = message_item(&id, "", "in_progress");
-                item["content"] = json!([]);
-                out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-                let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
-                out.push(self.event(
-                    "response.content_part.added",
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
-                ));
+                let item = message_item(&id, "", "in_progress");
+                let index = self.open_item_with_part(&mut out, &id, item, output_text_part(""));
                 self.open = Some(Open::Message { index, text: String::new() });
             }
             if let Some(Open::Message { index, text: so_far }) = &mut self.open {
@@ -133,16 +125,8 @@ impl ResponseStream {
     fn reasoning_delta(&mut self, text: &str, out: &mut Vec<ResponseEvent>) {
         let id = self.ids.reasoning_id();
         if !matches!(self.open, Some(Open::Reasoning { .. })) {
-            self.close(out);
-            let index = self.items.len();
-            let mut item = reasoning_item(&id, "", "in_progress");
-            item["content"] = json!([]);
-            out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-            let part = json!({"type": "reasoning_text", "text": ""});
-            out.push(self.event(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
-            ));
+            let item = reasoning_item(&id, "", "in_progress");
+            let index = self.open_item_with_part(out, &id, item, json!({"type": "reasoning_text", "text": ""}));
             self.open = Some(Open::Reasoning { index, text: String::new() });
         }
         if let Some(Open::Reasoning { index, text: so_far }) = &mut self.open {
@@ -174,31 +158,17 @@ impl ResponseStream {
             None => {}
             Some(Open::Reasoning { index, text }) => {
                 let id = self.ids.reasoning_id();
-                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-                let mut done = at.clone();
-                done["text"] = text.clone().into();
-                out.push(self.event("response.reasoning_text.done", done));
-                let mut part_done = at;
-                part_done["part"] = json!({"type": "reasoning_text", "text": text});
-                out.push(self.event("response.content_part.done", part_done));
+                let part = json!({"type": "reasoning_text", "text": text});
                 let item = reasoning_item(&id, &text, "completed");
-                out.push(self.event("response.output_item.done", json!({"output_index": index, "item": &item})));
-                self.items.push(item);
+                let done = json!({"text": text});
+                self.close_item_with_part(out, &id, index, ("response.reasoning_text.done", done), part, item);
             }
             Some(Open::Message { index, text }) => {
                 let id = self.ids.message_id();
-                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
-                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-                let mut done = at.clone();
-                done["text"] = text.clone().into();
-                done["logprobs"] = json!([]);
-                out.push(self.event("response.output_text.done", done));
-                let mut part_done = at;
-                part_done["part"] = part;
-                out.push(self.event("response.content_part.done", part_done));
                 let item = message_item(&id, &text, "completed");
-                out.push(self.event("response.output_item.done", json!({"output_index": index, "item": &item})));
-                self.items.push(item);
+                let done = json!({"text": text, "logprobs": []});
+                let part = output_text_part(&text);
+                self.close_item_with_part(out, &id, index, ("response.output_text.done", done), part, item);
             }
             Some(Open::Call { index, call_id, name, arguments }) => {
                 let item = function_call_item(&call_id, &name, &arguments, "completed");
@@ -208,6 +178,43 @@ impl ResponseStream {
                 self.items.push(item);
             }
         }
+    }
+
+    /// Opens an item of one content part (a message's text, a reasoning item's) at the next
+    /// output index, closing the open one: `output_item.added` (the item, its content still
+    /// empty) and `content_part.added`. Returns the item's index.
+    fn open_item_with_part(&mut self, out: &mut Vec<ResponseEvent>, id: &str, mut item: Value, part: Value) -> usize {
+        self.close(out);
+        let index = self.items.len();
+        item["content"] = json!([]);
+        out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
+        let added = json!({"item_id": id, "output_index": index, "content_index": 0, "part": part});
+        out.push(self.event("response.content_part.added", added));
+        index
+    }
+
+    /// Ends an item of one content part: the part's own `.done` event (`done`: its kind and
+    /// fields), `content_part.done` and `output_item.done`; the item joins the output.
+    fn close_item_with_part(
+        &mut self,
+        out: &mut Vec<ResponseEvent>,
+        id: &str,
+        index: usize,
+        (kind, fields): (&str, Value),
+        part: Value,
+        item: Value,
+    ) {
+        let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+        let mut done = at.clone();
+        for (k, v) in fields.as_object().into_iter().flatten() {
+            done[k] = v.clone();
+        }
+        out.push(self.event(kind, done));
+        let mut part_done = at;
+        part_done["part"] = part;
+        out.push(self.event("response.content_part.done", part_done));
+        out.push(self.event("response.output_item.done", json!({"output_index": index, "item": &item})));
+        self.items.push(item);
     }
 
     fn object(&self, status: &str, details: Value, usage: Option<&Usage>) -> Value {
@@ -220,6 +227,11 @@ impl ResponseStream {
         self.sequence += 1;
         ResponseEvent { event: kind.to_string(), data }
     }
+}
+
+/// A message's `output_text` part.
+fn output_text_part(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
 
 #[cfg(test)]

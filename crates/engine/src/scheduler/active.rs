@@ -13,7 +13,7 @@ use crate::kv::seq_id::SeqId;
 use crate::model::vision::PromptImage;
 use crate::model::LoadedModel;
 use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
-use crate::scheduler::held_output::{Held, HeldStep};
+use crate::scheduler::held_output::Held;
 use crate::scheduler::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::scheduler::text::TextAssembler;
 use crate::scheduler::thinking_block::ChoiceThinking;
@@ -123,8 +123,9 @@ impl ActiveRequest {
         speculation: SpeculationConfig,
     ) -> Result<Self, Box<(Job, String)>> {
         // `prepare` compiled the grammar: each choice only instantiates a matcher from it. Where
-        // the model decides between answer and call (`answer_gate`), no grammar starts.
-        let gated = job.request.grammars.answer.is_some() && model.tool_call_tag().is_some();
+        // the model decides between answer and call (`answer_gate`: `prepare` compiles the
+        // answer's grammar only for a model with a tag token), no grammar starts.
+        let gated = job.request.grammars.answer.is_some();
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
             let matcher = match (&job.request.grammars.output, &job.request.constraint) {
@@ -424,7 +425,7 @@ impl ActiveRequest {
             // server's call parser nor a later prompt takes it for the tag.
             piece.splice(at..at, "\u{2060}".bytes());
         }
-        if self.decide_held(i) == HeldStep::Restarted {
+        if self.decide_held(i) {
             return false;
         }
         self.fault.check(FaultPoint::Producing, self.usage.completion_tokens);

@@ -13,7 +13,7 @@
 use crate::model::LoadedModel;
 use crate::request::TokenLogprob;
 use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::held_output::{Held, HeldStep, MOST_HELD};
+use crate::scheduler::held_output::{Held, MOST_HELD};
 use crate::scheduler::sampling::GateOutcome;
 
 impl ActiveRequest {
@@ -50,23 +50,22 @@ impl ActiveRequest {
     }
 
     /// After the tool watch saw choice `i`'s latest token: releases the held output once a call
-    /// committed, or restarts the answer once none can follow.
-    pub(crate) fn decide_held(&mut self, i: usize) -> HeldStep {
+    /// committed, or restarts the answer once none can follow. Returns whether it restarted (the
+    /// latest token was dropped with the rest).
+    pub(crate) fn decide_held(&mut self, i: usize) -> bool {
         let c = &self.choices[i];
-        let Some(held) = c.held.as_ref() else { return HeldStep::Holding };
+        let Some(held) = c.held.as_ref() else { return false };
         let names = self.lazy_tools.as_ref().map_or(&[][..], |l| l.names.as_slice());
         match &c.tool_watch {
             // The watch handed the output to the call grammar.
-            None => {
-                self.release_held(i);
-                HeldStep::Released
-            }
-            Some(watch) if watch.call_may_follow(names) && held.tokens < MOST_HELD => HeldStep::Holding,
+            None => self.release_held(i),
+            Some(watch) if watch.call_may_follow(names) && held.tokens < MOST_HELD => {}
             Some(_) => {
                 self.restart_answer(i);
-                HeldStep::Restarted
+                return true;
             }
         }
+        false
     }
 
     /// Sends what choice `i` held back.

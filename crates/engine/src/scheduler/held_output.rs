@@ -14,13 +14,3 @@ pub(crate) struct Held {
     pub tokens: u32,
     pub deltas: Vec<(String, Vec<TokenLogprob>)>,
 }
-
-/// What produce does after a token of a choice with held output.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum HeldStep {
-    Holding,
-    /// A call committed; the output was released.
-    Released,
-    /// No call can follow: the answer restarts (the choice goes on from its anchor).
-    Restarted,
-}

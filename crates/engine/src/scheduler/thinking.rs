@@ -10,6 +10,7 @@ impl ActiveRequest {
     /// A token inside choice `i`'s thinking block: streamed as thinking (without logprobs: its
     /// tokens are not the answer's), counted, and the block closed by force when its budget runs
     /// out. Returns whether the choice goes on.
+    ///
     /// The markers are read in the token's text with control tokens written out, since
     /// harmony's (`<|end|>`) are control tokens, which a vocabulary may even count as ending
     /// the generation: inside the block, the closing marker only closes it.
