@@ -1,6 +1,7 @@
 //! Where Gantry's scheduler spent a level's steps, from its `/metrics` before and after the level
-//! (`gantry_decode_steps_total`, `gantry_step_phase_microseconds_total{phase}`): how much of a
-//! step is the host planning, launching and sampling, and how much is waiting for the device.
+//! (`gantry_decode_steps_total`, `gantry_step_phase_microseconds_total{phase}`,
+//! `gantry_decode_ubatches_total`): how much of a step is the host planning, launching and
+//! sampling, how much is waiting for the device, and how many passes over the weights a step made.
 
 /// The phases the engine reports, in step order.
 const PHASES: [&str; 5] = ["plan", "decode", "sync", "sample", "finish"];
@@ -10,6 +11,7 @@ const PHASES: [&str; 5] = ["plan", "decode", "sync", "sample", "finish"];
 pub(crate) struct StepProfile {
     steps: u64,
     micros: [u64; 5],
+    ubatches: u64,
 }
 
 impl StepProfile {
@@ -25,6 +27,8 @@ impl StepProfile {
             if series.starts_with("gantry_decode_steps_total") {
                 profile.steps += value;
                 seen = true;
+            } else if series.starts_with("gantry_decode_ubatches_total") {
+                profile.ubatches += value;
             } else if series.starts_with("gantry_step_phase_microseconds_total{") {
                 let phase = PHASES.iter().position(|p| series.contains(&format!("phase=\"{p}\"")));
                 if let Some(i) = phase {
@@ -41,7 +45,11 @@ impl StepProfile {
         for (i, m) in micros.iter_mut().enumerate() {
             *m = self.micros[i].saturating_sub(before.micros[i]);
         }
-        Self { steps: self.steps.saturating_sub(before.steps), micros }
+        Self {
+            steps: self.steps.saturating_sub(before.steps),
+            micros,
+            ubatches: self.ubatches.saturating_sub(before.ubatches),
+        }
     }
 
     /// One line: steps, milliseconds per step and each phase's share.
@@ -56,7 +64,8 @@ impl StepProfile {
             .zip(self.micros)
             .map(|(p, m)| format!("{p} {:.0}%", 100.0 * m as f64 / total.max(1) as f64))
             .collect();
-        format!("{} steps, {per_step:.2} ms a step: {}", self.steps, shares.join(", "))
+        let ubatches = self.ubatches as f64 / self.steps as f64;
+        format!("{} steps, {per_step:.2} ms a step, {ubatches:.2} ubatches a step: {}", self.steps, shares.join(", "))
     }
 }
 
@@ -66,10 +75,12 @@ mod tests {
 
     const BEFORE: &str = "# TYPE gantry_decode_steps_total counter\n\
         gantry_decode_steps_total{model=\"a\"} 10\n\
+        gantry_decode_ubatches_total{model=\"a\"} 12\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"plan\"} 100\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"sync\"} 1000\n\
         gantry_batch_tokens_count{model=\"a\"} 99\n";
     const AFTER: &str = "gantry_decode_steps_total{model=\"a\"} 20\n\
+        gantry_decode_ubatches_total{model=\"a\"} 27\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"plan\"} 1100\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"decode\"} 2000\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"sync\"} 5000\n\
@@ -79,8 +90,11 @@ mod tests {
     #[test]
     fn a_levels_steps_are_the_difference_of_two_scrapes() {
         let level = StepProfile::parse(AFTER).unwrap().since(&StepProfile::parse(BEFORE).unwrap());
-        assert_eq!(level, StepProfile { steps: 10, micros: [1000, 2000, 4000, 2000, 0] });
-        assert_eq!(level.describe(), "10 steps, 0.90 ms a step: plan 11%, decode 22%, sync 44%, sample 22%, finish 0%");
+        assert_eq!(level, StepProfile { steps: 10, micros: [1000, 2000, 4000, 2000, 0], ubatches: 15 });
+        assert_eq!(
+            level.describe(),
+            "10 steps, 0.90 ms a step, 1.50 ubatches a step: plan 11%, decode 22%, sync 44%, sample 22%, finish 0%"
+        );
     }
 
     #[test]

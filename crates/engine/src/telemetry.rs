@@ -53,6 +53,12 @@ pub(crate) fn describe() {
     describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");
     describe_counter!("gantry_decode_steps_total", Unit::Count, "Scheduler steps that decoded a batch.");
     describe_counter!(
+        "gantry_decode_ubatches_total",
+        Unit::Count,
+        "Ubatches llama.cpp cut the decoded batches into: each is one more pass over the weights (see \
+         kv/ubatches.rs). Per step, against gantry_decode_steps_total."
+    );
+    describe_counter!(
         "gantry_step_phase_microseconds_total",
         Unit::Microseconds,
         "Time of decoding steps by phase: plan (admission, cache moves, the batch), decode (llama.cpp's \
@@ -92,10 +98,13 @@ pub(crate) struct StepPhases {
     pub sync: Duration,
     pub sample: Duration,
     pub finish: Duration,
+    /// Ubatches the step's batch was cut into.
+    pub ubatches: usize,
 }
 
 pub(crate) fn step_phases(p: &StepPhases) {
     counter!("gantry_decode_steps_total", "model" => model()).increment(1);
+    counter!("gantry_decode_ubatches_total", "model" => model()).increment(p.ubatches as u64);
     let phases = [("plan", p.plan), ("decode", p.decode), ("sync", p.sync), ("sample", p.sample), ("finish", p.finish)];
     for (phase, took) in phases {
         // The facade's counters are integers: microseconds keep a step's phases apart.

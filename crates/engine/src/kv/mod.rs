@@ -9,3 +9,4 @@ pub(crate) mod layout;
 pub(crate) mod scope;
 pub(crate) mod seq_id;
 pub(crate) mod slots;
+pub(crate) mod ubatches;

@@ -17,6 +17,7 @@ pub(crate) mod device_sampling;
 pub(crate) mod draw;
 mod held_output;
 mod plan;
+mod planner;
 pub(crate) mod sample_step;
 pub(crate) mod sampling;
 pub(crate) mod step_plan;
@@ -99,6 +100,8 @@ pub(crate) struct Scheduler {
     batch_prompt_tokens: usize,
     /// This step's rows (see `step_plan`), put in the batch in the layout's order.
     plan: StepPlan,
+    /// Ubatches llama.cpp cuts this step's batch into (see `kv::ubatches`).
+    batch_ubatches: usize,
     /// Requests with several choices whose prompt this step reads to its end: the other choices
     /// get a copy once it is decoded (see `spread_prompts`).
     spreading: Vec<usize>,
@@ -137,6 +140,7 @@ impl Scheduler {
             shared: DraftFamilies::default(),
             batch_prompt_tokens: 0,
             plan: StepPlan::default(),
+            batch_ubatches: 0,
             spreading: Vec::new(),
             device: None,
         }
@@ -213,6 +217,7 @@ impl Scheduler {
             sync: synced - launched,
             sample: sampled - synced,
             finish: sampled.elapsed(),
+            ubatches: self.batch_ubatches,
         });
     }
 

@@ -1,5 +1,6 @@
-//! Planning one step: which rows (each decoding choice's token and drafts, chunks of pending
-//! prompts) go into the batch under the step's token budget, and in which order.
+//! Planning one step: gathering what the running requests offer (each decoding choice's token and
+//! drafts, chunks of pending prompts), the planner's decision (`planner`), committing it, and
+//! writing the rows into the batch in the layout's order.
 
 use std::panic::AssertUnwindSafe;
 
@@ -7,17 +8,20 @@ use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
 use crate::faults::FaultPoint;
-use crate::speculation::{AcceptanceKind, Lookup, Speculate, MAX_DRAFTING_STREAMS};
-
 use crate::kv::seq_id::SeqId;
+use crate::kv::ubatches::ubatches;
+use crate::speculation::Speculate;
 
-use super::step_plan::{prompt_chunk_end, write_batch, Budget, PendingPrompt, RowKind};
-use super::{deterministic, Scheduler};
+use super::active::{ActiveRequest, Choice};
+use super::planner::{self, DecodingChoice, PromptToRead, StepDecision, StepInputs};
+use super::step_plan::{write_batch, PendingPrompt};
+use super::{deterministic, Scheduler, SchedulerConfig};
 
 impl Scheduler {
-    /// Decoding tokens are planned first (one per running choice, so streams never stall, plus
-    /// any draft tokens to verify after it), then prompt chunks take what is left of the batch
-    /// budget. Returns false when there is nothing to decode.
+    /// Plans the step (`planner`) and writes it into the batch: the running requests offer
+    /// their tokens, drafts and prompt chunks ([`Self::offer_drafts`], [`step_inputs`]),
+    /// the planner decides, and the decision is committed to the requests and the KV mirror.
+    /// Returns false when there is nothing to decode.
     ///
     /// With a KV stream per sequence, rows go in by ascending sequence (one ubatch per run of
     /// consecutive sequences: `kv_layout`). In a unified cache the prompt chunks come first and
@@ -27,131 +31,97 @@ impl Scheduler {
     /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
     /// tiles skip the other sequences' cells.
     pub(super) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
-        self.plan.clear();
-        self.batch_prompt_tokens = 0;
         self.spreading.clear();
-        let decoding: usize = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
-        // The fixed prompt chunks of isolated requests are held back from drafts.
-        let chunk = deterministic::chunk_size(self.cfg.batch_size, self.cfg.parallel);
-        let reserved: usize = self
-            .active
-            .iter()
-            .filter(|r| r.isolated && r.is_prefilling() && r.share.is_none())
-            .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
-            .sum();
-        let mut budget =
-            Budget::new(self.cfg.batch_size as usize, decoding, reserved, decoding <= MAX_DRAFTING_STREAMS);
-        let ctx_size = self.cfg.ctx_size as i32;
-        let weigh_drafts = self.cfg.speculation.mode == Speculate::Auto;
-        // Positions this step computes logits for so far, counting every decoding choice's token.
-        let mut outputs = decoding;
-        // Planning a request's drafts runs its drafter (and grammar) on its own output: a panic
-        // there ends that request alone, its rows taken back out of the plan.
-        let mut panicked = Vec::new();
-        for (r, req) in self.active.iter_mut().enumerate() {
-            let before = (self.plan.decode.len(), budget, outputs);
-            let planned = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let (max_tokens, isolated) = (req.max_tokens, req.isolated);
-                for c in &mut req.choices {
-                    let Some(token) = c.next_token.take() else { continue };
-                    // An index into the decoding rows until the batch is ordered.
-                    let row = self.plan.push_decode(token, c.pos, c.seq_id, RowKind::Token);
-                    c.batch_idx = Some(crate::units::llama_pos(row));
-                    self.kv.record(c.seq_id, c.pos as usize, token);
-                    c.pos += 1;
-                    budget.take_token();
-                    req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
-                    // A draft longer than the tokens the choice may still produce, or reaching
-                    // past its context, could never be used: verifying k drafts produces up to
-                    // k + 1 tokens, and the last draft must sit inside the context.
-                    let produce_left = max_tokens.saturating_sub(c.generated) as usize;
-                    let room = (ctx_size - c.pos).max(0) as usize;
-                    let limit = if isolated { 0 } else { produce_left.saturating_sub(1).min(room) };
-                    let (forced_room, lookup_room) = budget.draft_room(limit);
-                    let mut chain = c.drafter.chain(forced_room, lookup_room, self.shared.of(c.drafter.family()));
-                    let forced = chain.forced_prefix();
-                    if weigh_drafts && chain.tokens.len() > forced {
-                        let acceptance = &mut self.acceptance;
-                        let chance =
-                            |l: &Lookup| acceptance[AcceptanceKind::of(l.source, c.constrained)].chance(l.matched);
-                        let k = self
-                            .step_cost
-                            .best_draft(outputs, forced, chain.tokens.len(), |k| chain.expected_tokens(k, chance));
-                        if let Some(first) = chain.lookups.first().filter(|l| l.start >= k) {
-                            acceptance[AcceptanceKind::of(first.source, c.constrained)].declined(first.matched);
-                        }
-                        chain.truncate(k);
-                    }
-                    c.drafts = chain;
-                    outputs += c.drafts.tokens.len();
-                    for &draft in &c.drafts.tokens {
-                        self.plan.push_decode(draft, c.pos, c.seq_id, RowKind::Draft);
-                        self.kv.record(c.seq_id, c.pos as usize, draft);
-                        c.pos += 1;
-                    }
-                    let fed = c.drafts.tokens.len();
-                    budget.take_drafts(fed, c.drafts.forced_within(fed));
-                }
-            }));
-            if let Err(payload) = planned {
-                let rows;
-                (rows, budget, outputs) = before;
-                self.plan.decode.truncate(rows);
-                panicked.push((r, crate::error::panic_message(payload.as_ref())));
-            }
-        }
-        self.end_panicked(ctx, panicked);
-        let mut prompt_done = Vec::new();
-        for (r, req) in self.active.iter_mut().enumerate() {
-            if budget.left() == 0 {
-                break;
-            }
-            if !req.is_prefilling() || req.share.is_some() {
-                continue;
-            }
-            let pending = PendingPrompt {
-                prefilled: req.prefilled,
-                text_end: req.text_end(req.prefilled),
-                isolated: req.isolated,
-            };
-            let Some(end) = prompt_chunk_end(pending, budget.left(), chunk) else { continue };
-            // The prompt goes into the first choice's sequence; the others get a copy once it
-            // is read (`spread_prompts`).
-            let seq = req.choices[0].seq_id;
-            for pos in req.prefilled..end {
-                let last = pos + 1 == req.prompt.len();
-                self.plan.push_prompt(req.prompt[pos], crate::units::llama_pos(pos), seq, last);
-                self.kv.record(seq, pos, req.prompt[pos]);
-            }
-            budget.take_prompt(end - req.prefilled);
-            self.batch_prompt_tokens += end - req.prefilled;
-            req.prefilled = end;
-            if !req.is_prefilling() {
-                prompt_done.push((r, self.plan.prompt.len() - 1));
-                if req.choices.len() > 1 {
-                    self.spreading.push(r);
-                }
-            }
-        }
+        self.offer_drafts(ctx);
+        let inputs = step_inputs(&mut self.active, &self.cfg);
+        let decision = planner::plan_step(inputs, &self.step_cost, &mut self.acceptance);
+        let prompt_done = self.commit(decision);
         let isolated: Vec<SeqId> =
             self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
         let (rows, at) = self.plan.ordered(self.cfg.layout, &isolated);
         write_batch(&mut self.batch, &rows);
+        let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
+        self.batch_ubatches = ubatches(self.cfg.layout, &seqs, self.cfg.batch_size as usize);
         let first_decode_row = self.plan.prompt.len();
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
             if let Some(row) = &mut c.batch_idx {
                 *row = crate::units::llama_pos(at[first_decode_row + *row as usize]);
             }
         }
-        // A prompt read to its end has its first token's logits at its last row.
-        for (r, idx) in prompt_done {
+        for (r, row) in prompt_done {
             let req = &mut self.active[r];
             for c in &mut req.choices {
-                c.batch_idx = Some(crate::units::llama_pos(at[idx]));
+                c.batch_idx = Some(crate::units::llama_pos(at[row]));
                 c.pos = crate::units::llama_pos(req.prompt.len());
             }
         }
         self.batch.n_tokens() > 0
+    }
+
+    /// Asks each decoding choice's drafter for the drafts it could feed (into `Choice::drafts`,
+    /// which the planner then cuts). A drafter runs its grammar on the choice's own output: a
+    /// panic there ends that request alone.
+    fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) {
+        let decoding = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
+        let lookups = planner::lookups_allowed(decoding);
+        let ctx_size = self.cfg.ctx_size as i32;
+        let mut panicked = Vec::new();
+        for (r, req) in self.active.iter_mut().enumerate() {
+            let shared = &self.shared;
+            let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                for c in req.choices.iter_mut().filter(|c| c.next_token.is_some()) {
+                    req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
+                    let limit = draft_limit(req.max_tokens, req.isolated, c, ctx_size);
+                    c.drafts = c.drafter.chain(limit, if lookups { limit } else { 0 }, shared.of(c.drafter.family()));
+                }
+            }));
+            if let Err(payload) = offered {
+                panicked.push((r, crate::error::panic_message(payload.as_ref())));
+            }
+        }
+        self.end_panicked(ctx, panicked);
+    }
+
+    /// Applies the planner's decision: each decoding choice feeds its token and drafts (its
+    /// `batch_idx` an index among the decoding rows until the batch is ordered), each prompt is
+    /// read to its chunk's end (its first choice's sequence; the others get a copy once it is
+    /// read: `spread_prompts`), and the KV mirror records every row.
+    /// Returns each prompt read to its end, as (request, its last row among the prompt rows).
+    fn commit(&mut self, decision: StepDecision) -> Vec<(usize, usize)> {
+        let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
+        let mut decided = token_rows.into_iter().zip(drafts);
+        for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.next_token.is_some()) {
+            let (row, chain) = decided.next().expect("a decision per decoding choice");
+            c.next_token = None;
+            c.batch_idx = Some(crate::units::llama_pos(row));
+            c.pos += crate::units::llama_pos(1 + chain.tokens.len());
+            c.drafts = chain;
+        }
+        let mut prompt_done = Vec::new();
+        self.batch_prompt_tokens = 0;
+        let mut ends = prompt_ends.into_iter();
+        let mut prompt_rows = 0;
+        for (r, req) in self.active.iter_mut().enumerate() {
+            if !req.is_prefilling() || req.share.is_some() {
+                continue;
+            }
+            let Some(end) = ends.next().expect("a decision per prompt") else { continue };
+            prompt_rows += end - req.prefilled;
+            self.batch_prompt_tokens += end - req.prefilled;
+            req.prefilled = end;
+            if !req.is_prefilling() {
+                // A prompt read to its end has its first token's logits at its last row.
+                prompt_done.push((r, prompt_rows - 1));
+                if req.choices.len() > 1 {
+                    self.spreading.push(r);
+                }
+            }
+        }
+        for row in plan.prompt.iter().chain(&plan.decode) {
+            self.kv.record(row.seq, row.pos as usize, row.token);
+        }
+        self.plan = plan;
+        prompt_done
     }
 
     /// Copies each prompt read to its end this step from the first choice's sequence into the
@@ -178,5 +148,62 @@ impl Scheduler {
             let usage = req.complete(Some(EngineError::Decode(why)));
             self.totals.request_done(&usage);
         }
+    }
+}
+
+/// Most drafts decoding choice `c` could use now: verifying `k` drafts produces up to `k + 1`
+/// tokens, and the last draft must sit inside the context (after the token fed at `c.pos`).
+/// Isolated requests verify none.
+fn draft_limit(max_tokens: u32, isolated: bool, c: &Choice, ctx_size: i32) -> usize {
+    if isolated {
+        return 0;
+    }
+    let produce_left = max_tokens.saturating_sub(c.generated) as usize;
+    let room = (ctx_size - (c.pos + 1)).max(0) as usize;
+    produce_left.saturating_sub(1).min(room)
+}
+
+/// What the running requests bring to this step, for the planner: each decoding choice's token
+/// and the drafts it was offered (taken out of `Choice::drafts`), each prompt still being read.
+fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> StepInputs<'a> {
+    let ctx_size = cfg.ctx_size as i32;
+    let chunk = deterministic::chunk_size(cfg.batch_size, cfg.parallel);
+    // The fixed prompt chunks of isolated requests are held back from drafts.
+    let reserved: usize = active
+        .iter()
+        .filter(|r| r.isolated && r.is_prefilling() && r.share.is_none())
+        .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
+        .sum();
+    let mut decoding = Vec::new();
+    for req in active.iter_mut() {
+        for c in req.choices.iter_mut() {
+            let Some(token) = c.next_token else { continue };
+            decoding.push(DecodingChoice {
+                token,
+                pos: c.pos,
+                seq: c.seq_id,
+                limit: draft_limit(req.max_tokens, req.isolated, c, ctx_size),
+                offered: std::mem::take(&mut c.drafts),
+                constrained: c.constrained,
+            });
+        }
+    }
+    let active: &'a [ActiveRequest] = active;
+    let prompts = active
+        .iter()
+        .filter(|r| r.is_prefilling() && r.share.is_none())
+        .map(|r| PromptToRead {
+            seq: r.choices[0].seq_id,
+            prompt: &r.prompt,
+            pending: PendingPrompt { prefilled: r.prefilled, text_end: r.text_end(r.prefilled), isolated: r.isolated },
+        })
+        .collect();
+    StepInputs {
+        batch_size: cfg.batch_size as usize,
+        chunk,
+        reserved,
+        weigh_drafts: cfg.speculation.mode == Speculate::Auto,
+        decoding,
+        prompts,
     }
 }

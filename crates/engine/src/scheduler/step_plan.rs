@@ -42,11 +42,6 @@ pub(crate) struct StepPlan {
 }
 
 impl StepPlan {
-    pub(crate) fn clear(&mut self) {
-        self.decode.clear();
-        self.prompt.clear();
-    }
-
     /// A decoding row; its index among them (the choice's `batch_idx` until [`Self::ordered`]).
     pub(crate) fn push_decode(&mut self, token: i32, pos: i32, seq: SeqId, kind: RowKind) -> usize {
         self.decode.push(Row { token, pos, seq, logits: true, kind });

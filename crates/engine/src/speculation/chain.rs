@@ -36,12 +36,12 @@ pub(crate) struct Lookup {
 }
 
 impl Chain {
-    pub(super) fn push_forced(&mut self, tokens: &[i32]) {
+    pub(crate) fn push_forced(&mut self, tokens: &[i32]) {
         self.tokens.extend_from_slice(tokens);
         self.forced.extend(std::iter::repeat_n(true, tokens.len()));
     }
 
-    pub(super) fn push_lookup(&mut self, tokens: &[i32], matched: usize, source: DraftSource) {
+    pub(crate) fn push_lookup(&mut self, tokens: &[i32], matched: usize, source: DraftSource) {
         self.lookups.push(Lookup { start: self.tokens.len(), len: tokens.len(), matched, source });
         self.tokens.extend_from_slice(tokens);
         self.forced.extend(std::iter::repeat_n(false, tokens.len()));
@@ -74,6 +74,23 @@ impl Chain {
     /// Of the first `k` drafts, how many were forced.
     pub(crate) fn forced_within(&self, k: usize) -> usize {
         self.forced[..k].iter().filter(|&&f| f).count()
+    }
+
+    /// Cuts the chain to its longest prefix of at most `room` drafts of which at most
+    /// `lookup_room` were looked up (what a step's budget leaves this choice).
+    pub(crate) fn fit(&mut self, room: usize, lookup_room: usize) {
+        let mut looked_up = 0;
+        let mut k = 0;
+        for &forced in self.forced.iter().take(room) {
+            if !forced {
+                if looked_up == lookup_room {
+                    break;
+                }
+                looked_up += 1;
+            }
+            k += 1;
+        }
+        self.truncate(k);
     }
 
     pub(crate) fn truncate(&mut self, k: usize) {

@@ -34,6 +34,8 @@ pub(crate) mod step_cost;
 mod tests;
 
 pub(crate) use acceptance::{AcceptanceByKind, AcceptanceKind};
+#[cfg(test)]
+pub(crate) use chain::DraftSource;
 pub(crate) use chain::{Chain, Lookup};
 pub(crate) use config::{describe, MAX_DRAFTING_STREAMS};
 pub use config::{Speculate, SpeculationConfig, SpeculationStats};

@@ -264,3 +264,27 @@ fn proposals_stop_at_draft_max() {
     let mut d = Drafter::new(&history, auto(3));
     assert_eq!(d.propose(8, &none()), [7, 8, 9]);
 }
+
+#[test]
+fn a_chain_fits_a_budget_of_drafts_and_of_lookups() {
+    let chain = || {
+        let mut chain = Chain::default();
+        chain.push_forced(&[1, 2]);
+        chain.push_lookup(&[3, 4], 5, DraftSource::Own);
+        chain.push_forced(&[5]);
+        chain
+    };
+    let fitted = |room, lookup_room| {
+        let mut c = chain();
+        c.fit(room, lookup_room);
+        c
+    };
+    assert_eq!(fitted(10, 10), chain(), "room for all of it");
+    assert_eq!(fitted(4, 10).tokens, [1, 2, 3, 4]);
+    let no_lookups = fitted(10, 0);
+    assert_eq!((no_lookups.tokens.as_slice(), no_lookups.lookups.len()), (&[1, 2][..], 0), "forced ones only");
+    let one_lookup = fitted(10, 1);
+    assert_eq!(one_lookup.tokens, [1, 2, 3]);
+    assert_eq!(one_lookup.lookups[0].len, 1, "the run is cut with the chain");
+    assert!(fitted(0, 10).tokens.is_empty());
+}

@@ -1,0 +1,131 @@
+//! The step planner: a function from what the running requests bring to a step (each decoding
+//! choice's token and the drafts its drafter offers, each prompt still being read) to the step's
+//! rows, under the step's token budget, with only the drafts worth verifying fed. `plan.rs`
+//! gathers the inputs from the requests and commits the decision to them and to the KV mirror;
+//! nothing here touches llama.cpp or a request, so it is unit-tested alone (`planner_tests.rs`).
+//!
+//! The rules, in order:
+//! - every decoding choice's token first, so no stream stalls;
+//! - then, choice by choice, its drafts: at most what the budget leaves (`Budget`: lookups only
+//!   while few streams decode), and under `Speculate::Auto` only as many as the measured step
+//!   cost says pay for themselves (`StepCost::best_draft`, with each lookup run's learned
+//!   acceptance);
+//! - then prompt chunks, in request order, in what is left (`prompt_chunk_end`).
+
+use crate::kv::seq_id::SeqId;
+use crate::speculation::step_cost::StepCost;
+use crate::speculation::{AcceptanceByKind, AcceptanceKind, Chain, Lookup, MAX_DRAFTING_STREAMS};
+
+use super::step_plan::{prompt_chunk_end, Budget, PendingPrompt, RowKind, StepPlan};
+
+/// A choice that decodes this step.
+#[derive(Debug, Clone)]
+pub(crate) struct DecodingChoice {
+    /// The token it feeds, at `pos` of `seq`.
+    pub token: i32,
+    pub pos: i32,
+    pub seq: SeqId,
+    /// Most drafts it could ever use now: one fewer than the tokens it may still produce
+    /// (verifying `k` drafts produces up to `k + 1`), and no further than its context.
+    pub limit: usize,
+    /// The drafts its drafter offers (at most `limit`; lookups only where [`lookups_allowed`]).
+    pub offered: Chain,
+    /// Sampled under a grammar: its lookups use the constrained acceptance estimates.
+    pub constrained: bool,
+}
+
+/// A request whose prompt is still being read into `seq`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PromptToRead<'a> {
+    pub seq: SeqId,
+    pub prompt: &'a [i32],
+    pub pending: PendingPrompt,
+}
+
+/// Everything a step is planned from.
+#[derive(Debug)]
+pub(crate) struct StepInputs<'a> {
+    /// Rows the batch holds.
+    pub batch_size: usize,
+    /// The fixed prompt chunk of isolated requests (`deterministic::chunk_size`).
+    pub chunk: usize,
+    /// Rows held for isolated requests' prompt chunks, which drafts may not take.
+    pub reserved: usize,
+    /// Weigh each draft against the measured step cost (`Speculate::Auto`); otherwise every
+    /// offered draft that fits the budget is fed.
+    pub weigh_drafts: bool,
+    /// In request order, each request's choices in order.
+    pub decoding: Vec<DecodingChoice>,
+    /// In request order.
+    pub prompts: Vec<PromptToRead<'a>>,
+}
+
+/// What the planner decided.
+#[derive(Debug, Default)]
+pub(crate) struct StepDecision {
+    pub plan: StepPlan,
+    /// Per decoding choice (input order): the index of its token among `plan.decode`; its
+    /// drafts' rows follow it.
+    pub token_rows: Vec<usize>,
+    /// Per decoding choice: the drafts it feeds.
+    pub drafts: Vec<Chain>,
+    /// Per prompt (input order): where this step's chunk ends, `None` when it reads none.
+    pub prompt_ends: Vec<Option<usize>>,
+}
+
+/// Whether lookup drafts may be fed while `decoding` choices decode: with more streams, a step
+/// is already as large as the machine runs efficiently, and the cores are better spent on the
+/// streams than on guesses.
+pub(crate) fn lookups_allowed(decoding: usize) -> bool {
+    decoding <= MAX_DRAFTING_STREAMS
+}
+
+/// Plans one step. `acceptance` learns that a lookup was declined (a draft not worth feeding),
+/// so an estimate that stopped drafting drifts back to its prior and gets probed again.
+pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mut AcceptanceByKind) -> StepDecision {
+    let StepInputs { batch_size, chunk, reserved, weigh_drafts, decoding, prompts } = inputs;
+    let mut budget = Budget::new(batch_size, decoding.len(), reserved, lookups_allowed(decoding.len()));
+    let mut decision = StepDecision::default();
+    // Positions this step computes logits for so far, counting every decoding choice's token.
+    let mut outputs = decoding.len();
+    for choice in decoding {
+        let row = decision.plan.push_decode(choice.token, choice.pos, choice.seq, RowKind::Token);
+        budget.take_token();
+        let (room, lookup_room) = budget.draft_room(choice.limit);
+        let mut chain = choice.offered;
+        chain.fit(room, lookup_room);
+        let forced = chain.forced_prefix();
+        if weigh_drafts && chain.tokens.len() > forced {
+            let chance = |l: &Lookup| acceptance[AcceptanceKind::of(l.source, choice.constrained)].chance(l.matched);
+            let k = cost.best_draft(outputs, forced, chain.tokens.len(), |k| chain.expected_tokens(k, chance));
+            if let Some(first) = chain.lookups.first().filter(|l| l.start >= k) {
+                acceptance[AcceptanceKind::of(first.source, choice.constrained)].declined(first.matched);
+            }
+            chain.truncate(k);
+        }
+        outputs += chain.tokens.len();
+        for (i, &draft) in chain.tokens.iter().enumerate() {
+            decision.plan.push_decode(draft, choice.pos + crate::units::llama_pos(i + 1), choice.seq, RowKind::Draft);
+        }
+        budget.take_drafts(chain.tokens.len(), chain.forced_within(chain.tokens.len()));
+        decision.token_rows.push(row);
+        decision.drafts.push(chain);
+    }
+    for p in prompts {
+        let end = if budget.left() == 0 { None } else { prompt_chunk_end(p.pending, budget.left(), chunk) };
+        if let Some(end) = end {
+            let from = p.pending.prefilled;
+            for pos in from..end {
+                let last = pos + 1 == p.prompt.len();
+                decision.plan.push_prompt(p.prompt[pos], crate::units::llama_pos(pos), p.seq, last);
+            }
+            budget.take_prompt(end - from);
+        }
+        decision.prompt_ends.push(end);
+    }
+    decision
+}
+
+#[cfg(test)]
+#[path = "planner_tests.rs"]
+mod tests;
