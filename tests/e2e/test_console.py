@@ -333,7 +333,9 @@ def test_phone_width_and_keyboard(srv, browser):
         for page in ("overview", "keys", "usage", "models", "playground"):
             d.get(f"{srv.root_url}/console#/{page}")
             wait_for(d, f"the {page} page", lambda d: d.find_element(By.TAG_NAME, "h1").text.lower() == page)
-            time.sleep(0.5)  # its first data
+            # Its first data: the page is aria-busy while any admin call is in flight.
+            wait_for(d, f"the {page} page's data", lambda d: d.execute_script(
+                "return !document.getElementById('main').hasAttribute('aria-busy')"))
             overflow = d.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 1, f"{page} scrolls sideways at phone width by {overflow}px"
             shot(d, f"{page}-phone")

@@ -45,22 +45,40 @@ async function errorFrom(response) {
   return new ApiError(response.status, message, code);
 }
 
+/**
+ * Admin calls in flight. While any is, the page (`#main`) is `aria-busy`: assistive technology
+ * waits for the data before reading it out, and so can anything else that reads the page.
+ */
+let inFlight = 0;
+function busy(delta) {
+  inFlight += delta;
+  const main = document.getElementById('main');
+  if (!main) return;
+  if (inFlight > 0) main.setAttribute('aria-busy', 'true');
+  else main.removeAttribute('aria-busy');
+}
+
 /** A call to /admin/v1 + path; JSON in and out (text when `as: 'text'`). Throws ApiError. */
 export async function admin(path, {method = 'GET', body, as = 'json'} = {}) {
   const headers = {Authorization: `Bearer ${token() || ''}`};
   if (body !== undefined) headers['Content-Type'] = 'application/json';
-  const response = await fetch(`/admin/v1${path}`, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    cache: 'no-store',
-  });
-  if (!response.ok) {
-    const err = await errorFrom(response);
-    if (response.status === 401 || response.status === 403) onUnauthorized(err);
-    throw err;
+  busy(1);
+  try {
+    const response = await fetch(`/admin/v1${path}`, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+    });
+    if (!response.ok) {
+      const err = await errorFrom(response);
+      if (response.status === 401 || response.status === 403) onUnauthorized(err);
+      throw err;
+    }
+    return as === 'text' ? await response.text() : await response.json();
+  } finally {
+    busy(-1);
   }
-  return as === 'text' ? response.text() : response.json();
 }
 
 /** `?a=1&b=2` from the non-empty entries of an object. */

@@ -234,8 +234,9 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
     };
     assert!(reserved() > 0, "A's requests hold reservations");
     // The second server starts and sweeps (at once, then every 1.25 s) while A's requests run.
+    let known = instance_heartbeats(&data).await;
     let b = TestServer::start(&args);
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    a_new_server_has_swept(&data, &known).await;
     assert!(reserved() > 0, "B released A's live reservations");
     // A dies with reservations held; B releases them once A's heartbeat is stale.
     drop(a);
@@ -250,6 +251,34 @@ async fn two_servers_with_the_default_instance_id_keep_each_others_reservations(
     }
     assert_eq!(left, 0, "the dead server's reservations are released by the live one");
     drop(b);
+}
+
+/// Each server's instance id and last heartbeat, read from the SQLite database in `data`.
+async fn instance_heartbeats(data: &str) -> Vec<(String, i64)> {
+    let path = std::path::Path::new(data).join(gantry_accounts::DB_FILE_NAME);
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path).read_only(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let rows = sqlx::query_as("SELECT id, heartbeat_at_ms FROM instances").fetch_all(&pool).await.unwrap();
+    pool.close().await;
+    rows
+}
+
+/// Waits until a server not among `known` has written its heartbeat twice. A server sweeps right
+/// after each heartbeat, in the same loop, so by its second heartbeat its first sweep is done.
+async fn a_new_server_has_swept(data: &str, known: &[(String, i64)]) {
+    let mut first = None;
+    // A deadline only: the event itself is what the loop waits for.
+    for _ in 0..600 {
+        let rows = instance_heartbeats(data).await;
+        let new = rows.iter().find(|(id, _)| !known.iter().any(|(k, _)| k == id)).map(|&(_, at)| at);
+        match (first, new) {
+            (None, Some(at)) => first = Some(at),
+            (Some(before), Some(at)) if at != before => return,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the second server never wrote a second heartbeat");
 }
 
 /// Opens `n` streams (each admitted once its first chunk arrives) that each generate exactly

@@ -93,6 +93,8 @@ struct Inner {
     loading: tokio::sync::Mutex<()>,
     /// A lease ended: a model may have become idle.
     released: Notify,
+    /// Requests waiting in `make_room` for a lease to end.
+    waiting_for_room: std::sync::atomic::AtomicUsize,
     /// Set once a loaded engine failed: the server stops for its supervisor to restart it.
     failed: watch::Sender<Option<String>>,
 }
@@ -169,9 +171,15 @@ impl ModelPool {
                 state: Mutex::new(State::default()),
                 loading: tokio::sync::Mutex::new(()),
                 released: Notify::new(),
+                waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
                 failed: watch::Sender::new(None),
             }),
         }
+    }
+
+    /// Requests waiting for models in use to free room for theirs.
+    pub fn waiting_for_room(&self) -> usize {
+        self.inner.waiting_for_room.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Every servable model, loaded or not, in configuration order.
@@ -295,6 +303,7 @@ impl ModelPool {
                     crate::telemetry::model_unloaded(&id, true);
                 }
                 None => {
+                    let _waiting = WaitingForRoom::count(&self.inner.waiting_for_room);
                     if tokio::time::timeout_at(deadline, released).await.is_err() {
                         return Err(PoolError::Busy { id: self.inner.specs[index].id.clone() });
                     }
@@ -451,4 +460,21 @@ pub fn common_prefix_len(a: &str, b: &str) -> usize {
 fn load_failed(spec: &ModelSpec, e: &anyhow::Error) -> PoolError {
     tracing::error!(model = %spec.id, error = %format!("{e:#}"), "could not load a model");
     PoolError::LoadFailed { id: spec.id.clone(), reason: format!("{e:#}") }
+}
+
+/// Counts one request waiting for room while it lives (a request cancelled while it waits is
+/// dropped mid-wait, so the count goes down in `Drop`).
+struct WaitingForRoom<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> WaitingForRoom<'a> {
+    fn count(waiting: &'a std::sync::atomic::AtomicUsize) -> Self {
+        waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(waiting)
+    }
+}
+
+impl Drop for WaitingForRoom<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }

@@ -126,7 +126,10 @@ async fn a_model_in_use_or_pinned_never_leaves_and_the_request_gets_a_retryable_
         let pool = pool.clone();
         async move { pool.acquire("b").await.map(|l| l.id().to_string()) }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    while pool.waiting_for_room() == 0 {
+        assert!(!waiting.is_finished(), "b could not have loaded while a ran");
+        tokio::task::yield_now().await;
+    }
     drop(running);
     assert_eq!(waiting.await.unwrap().unwrap(), "b");
     assert_eq!(loaded(&pool), ["b", "p"]);
