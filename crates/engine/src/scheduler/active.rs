@@ -12,22 +12,15 @@ use crate::faults::{Fault, FaultPoint};
 use crate::kv::seq_id::SeqId;
 use crate::model::vision::PromptImage;
 use crate::model::LoadedModel;
-use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
+use crate::request::{CacheScope, Event, FinishReason, LazyTools, Outcome, TokenLogprob, Usage};
 use crate::scheduler::held_output::Held;
 use crate::scheduler::sampling::{build_sampler, logprobs_for, Sampler};
 use crate::scheduler::text::TextAssembler;
 use crate::scheduler::thinking_block::ChoiceThinking;
+use crate::scheduler::Job;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
-
-/// A request as queued for the scheduler.
-pub(crate) struct Job {
-    pub request: GenerateRequest,
-    pub events: mpsc::UnboundedSender<Event>,
-    pub usage: oneshot::Sender<Usage>,
-    pub submitted_at: Instant,
-}
 
 pub(crate) struct Choice {
     pub index: u32,

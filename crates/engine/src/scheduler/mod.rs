@@ -39,8 +39,8 @@ use crate::kv::cache::KvCache;
 use crate::kv::layout::KvLayout;
 use crate::kv::seq_id::SeqId;
 use crate::model::LoadedModel;
-use crate::request::{Event, FinishReason, Outcome, Usage};
-use crate::scheduler::active::{ActiveRequest, Job};
+use crate::request::{Event, FinishReason, GenerateRequest, Outcome, Usage};
+use crate::scheduler::active::ActiveRequest;
 use crate::scheduler::admission::{FairQueue, Waiting};
 use crate::scheduler::device_sampling::DeviceSamplers;
 use crate::scheduler::step_plan::StepPlan;
@@ -360,6 +360,14 @@ impl Scheduler {
             answer_unstarted(job, error);
         }
     }
+}
+
+/// A request as queued for the scheduler.
+pub(crate) struct Job {
+    pub request: GenerateRequest,
+    pub events: tokio::sync::mpsc::UnboundedSender<Event>,
+    pub usage: tokio::sync::oneshot::Sender<Usage>,
+    pub submitted_at: Instant,
 }
 
 impl Waiting for Job {

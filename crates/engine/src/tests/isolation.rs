@@ -3,7 +3,8 @@
 
 use tokio::sync::mpsc::error::TryRecvError;
 
-use crate::scheduler::active::{ActiveRequest, Job};
+use crate::scheduler::active::ActiveRequest;
+use crate::scheduler::Job;
 use crate::tests::engine::{drain, eos, tiny_model};
 use crate::tests::kv_layout::greedy;
 use crate::{
