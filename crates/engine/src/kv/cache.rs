@@ -137,6 +137,18 @@ impl KvCache {
         copied
     }
 
+    /// Moves sequence `src`'s entries into the empty sequence `dst` and leaves `src` empty, so the
+    /// scheduler can close a gap in the running sequences' ids (`scheduler::compact`). On failure
+    /// nothing moved.
+    pub(crate) fn relocate(&mut self, ctx: &mut LlamaContext<'_>, src: SeqId, dst: SeqId) -> Result<(), String> {
+        debug_assert!(self.slots.tokens(dst).is_empty(), "a sequence is moved into an empty one only");
+        let len = self.slots.tokens(src).len();
+        self.share(ctx, src, &[dst], len)?;
+        self.slots.touch(dst);
+        self.cut(ctx, src, 0);
+        Ok(())
+    }
+
     /// Moves idle sequence `seq`'s entries to host memory and frees its cells.
     pub(crate) fn offload(&mut self, ctx: &mut LlamaContext<'_>, seq: SeqId) {
         self.save(ctx, seq);

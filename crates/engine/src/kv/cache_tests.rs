@@ -95,6 +95,15 @@ fn every_method_keeps_the_mirror(layout: KvLayout) {
     assert_eq!(kv.slots().tokens(s(1)), &prompt[..4]);
     assert_eq!(kv.host_usage().1, entries + 1, "what it held beyond 4 was saved");
 
+    // Sequence 3 moves down into the empty sequence 0, and goes on decoding there.
+    let moving = kv.slots().tokens(s(3)).to_vec();
+    kv.relocate(&mut ctx, s(3), s(0)).unwrap();
+    agree(&kv, &ctx, "relocate");
+    assert_eq!(kv.slots().tokens(s(0)), moving);
+    assert!(kv.slots().tokens(s(3)).is_empty());
+    decode(&mut kv, &mut ctx, 0, moving.len(), &[7]);
+    agree(&kv, &ctx, "decoding after a relocate");
+
     // A failed share leaves its destinations empty; sharing nothing empties them too.
     kv.share(&mut ctx, s(1), &[s(2)], 0).unwrap();
     agree(&kv, &ctx, "an empty share");

@@ -12,6 +12,7 @@ pub(crate) mod active;
 pub(crate) mod admission;
 mod admit;
 mod answer_gate;
+mod compact;
 pub(crate) mod deterministic;
 pub(crate) mod device_sampling;
 pub(crate) mod draw;
@@ -183,6 +184,7 @@ impl Scheduler {
         self.admit(ctx);
         self.resolve_shares(ctx);
         self.offload_idle(ctx);
+        self.compact(ctx);
         self.evaluate_image(ctx);
         let has_work = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));

@@ -1,0 +1,91 @@
+//! Keeping the running sequences' ids together. With a KV stream per sequence, llama.cpp makes one
+//! pass over the weights per run of consecutive sequence ids (`kv::ubatches`). A request takes the
+//! lowest free sequence, but answers end out of order: with 64 streams, once some had ended the
+//! other 50 ran in 10 passes a step. So each step, while a running sequence sits above a free
+//! one, the highest is moved down into the lowest (`KvCache::relocate`: a copy of its entries,
+//! once, against a pass a step for the rest of its answer).
+
+use llama_cpp_2::context::LlamaContext;
+
+use crate::kv::layout::KvLayout;
+use crate::kv::seq_id::SeqId;
+
+use super::Scheduler;
+
+impl Scheduler {
+    /// Moves at most one running sequence down into a gap below it (see the module).
+    pub(super) fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
+        // Isolated requests are kept in ubatches of their own by where their ids fall
+        // (`deterministic`): with one running, nothing moves.
+        if self.cfg.layout != KvLayout::PerSequence || self.active.iter().any(|r| r.isolated) {
+            return;
+        }
+        // Only decoding choices move: a prompt being read, an awaited prefix and a chain on
+        // the device are tied to their sequence.
+        let awaited: Vec<SeqId> = self.active.iter().filter_map(|r| r.share.map(|(src, _)| src)).collect();
+        let movable: Vec<SeqId> = self
+            .active
+            .iter()
+            .filter(|r| !r.is_prefilling())
+            .flat_map(|r| &r.choices)
+            .filter(|c| c.next_token.is_some() && !c.on_device && !awaited.contains(&c.seq_id))
+            .map(|c| c.seq_id)
+            .collect();
+        let free: Vec<SeqId> =
+            self.free_seqs.iter().copied().filter(|&s| self.kv.slots().tokens(s).is_empty()).collect();
+        let Some((src, dst)) = gap_move(&movable, &free) else { return };
+        if let Err(e) = self.kv.relocate(ctx, src, dst) {
+            tracing::warn!(error = %e, src = src.raw(), dst = dst.raw(), "could not move a sequence down");
+            return;
+        }
+        self.free_seqs.retain(|&s| s != dst);
+        self.free_seqs.push(src);
+        for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.seq_id == src) {
+            c.seq_id = dst;
+        }
+    }
+}
+
+/// The highest of the `movable` sequences and the lowest empty `free` one, when the free one is
+/// below it: moving there closes the lowest gap and never opens another above it.
+pub(crate) fn gap_move(movable: &[SeqId], free: &[SeqId]) -> Option<(SeqId, SeqId)> {
+    let highest = movable.iter().copied().max_by_key(|s| s.index())?;
+    let lowest = free.iter().copied().min_by_key(|s| s.index())?;
+    (lowest.index() < highest.index()).then_some((highest, lowest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[usize]) -> Vec<SeqId> {
+        v.iter().map(|&i| SeqId::new(i)).collect()
+    }
+
+    #[test]
+    fn the_highest_running_sequence_moves_into_the_lowest_gap() {
+        let m = gap_move(&ids(&[0, 1, 4, 7]), &ids(&[6, 2, 3, 5]));
+        assert_eq!(m, Some((SeqId::new(7), SeqId::new(2))));
+    }
+
+    #[test]
+    fn nothing_moves_when_the_running_sequences_are_together() {
+        assert_eq!(gap_move(&ids(&[0, 1, 2]), &ids(&[3, 4])), None);
+        assert_eq!(gap_move(&ids(&[]), &ids(&[0])), None, "nothing running");
+        assert_eq!(gap_move(&ids(&[3]), &ids(&[])), None, "nothing free");
+    }
+
+    #[test]
+    fn moves_repeated_leave_one_run_from_zero() {
+        let (mut running, mut free) = (ids(&[1, 5, 9, 12]), ids(&[0, 2, 3, 4, 6, 7, 8, 10, 11, 13]));
+        while let Some((src, dst)) = gap_move(&running, &free) {
+            running.retain(|&s| s != src);
+            running.push(dst);
+            free.retain(|&s| s != dst);
+            free.push(src);
+        }
+        let mut seqs: Vec<usize> = running.iter().map(|s| s.index()).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, [0, 1, 2, 3]);
+    }
+}
