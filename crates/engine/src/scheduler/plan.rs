@@ -102,7 +102,7 @@ impl Scheduler {
         let mut ends = prompt_ends.into_iter();
         let mut prompt_rows = 0;
         for (r, req) in self.active.iter_mut().enumerate() {
-            if !req.is_prefilling() || req.share.is_some() {
+            if !reads_prompt(req) {
                 continue;
             }
             let Some(end) = ends.next().expect("a decision per prompt") else { continue };
@@ -151,6 +151,12 @@ impl Scheduler {
     }
 }
 
+/// Whether `req` reads its prompt this step, as far as the budget goes: still prefilling, and not
+/// waiting to copy a prefix another sequence is computing. `step_inputs` and `commit` must agree.
+fn reads_prompt(req: &ActiveRequest) -> bool {
+    req.is_prefilling() && req.share.is_none()
+}
+
 /// Most drafts decoding choice `c` could use now: verifying `k` drafts produces up to `k + 1`
 /// tokens, and the last draft must sit inside the context (after the token fed at `c.pos`).
 /// Isolated requests verify none.
@@ -171,7 +177,7 @@ fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> St
     // The fixed prompt chunks of isolated requests are held back from drafts.
     let reserved: usize = active
         .iter()
-        .filter(|r| r.isolated && r.is_prefilling() && r.share.is_none())
+        .filter(|r| r.isolated && reads_prompt(r))
         .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
         .sum();
     let mut decoding = Vec::new();
@@ -191,7 +197,7 @@ fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> St
     let active: &'a [ActiveRequest] = active;
     let prompts = active
         .iter()
-        .filter(|r| r.is_prefilling() && r.share.is_none())
+        .filter(|r| reads_prompt(r))
         .map(|r| PromptToRead {
             seq: r.choices[0].seq_id,
             prompt: &r.prompt,
