@@ -79,6 +79,9 @@ pub struct EngineConfig {
     /// Tests only: the scheduler appends each admitted request's `fairness_key` here, in order.
     #[cfg(test)]
     pub(crate) admission_log: Option<Arc<Mutex<Vec<u64>>>>,
+    /// Tests only: the scheduler appends each step's moves of sequences down into gaps, `(from, to)`.
+    #[cfg(test)]
+    pub(crate) moves_log: Option<crate::scheduler::compact::MovesLog>,
 }
 
 /// Default `host_cache_bytes`, in MiB: about 340k tokens of the 0.5B's KV entries, 150k of the
@@ -112,6 +115,8 @@ impl EngineConfig {
             panic_after_tokens: None,
             #[cfg(test)]
             admission_log: None,
+            #[cfg(test)]
+            moves_log: None,
         }
     }
 }
@@ -200,6 +205,8 @@ impl Engine {
             },
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
+            #[cfg(test)]
+            moves_log: config.moves_log.clone(),
         };
         let spec_stats = Arc::new(SpeculationStats::default());
         let thread_spec_stats = spec_stats.clone();

@@ -3,7 +3,8 @@
 //! lowest free sequence, but answers end out of order: with 64 streams, once some had ended the
 //! other 50 ran in 10 passes a step. So each step, while a running sequence sits above a free
 //! one, the highest is moved down into the lowest (`KvCache::relocate`: a copy of its entries,
-//! once, against a pass a step for the rest of its answer).
+//! once, against a pass a step for the rest of its answer), up to `MOVES_PER_STEP` times: when
+//! many answers end in one step, one move a step would leave gaps open for as many steps.
 
 use llama_cpp_2::context::LlamaContext;
 
@@ -12,13 +13,36 @@ use crate::kv::seq_id::SeqId;
 
 use super::Scheduler;
 
+/// Most moves in one step. Each copies a sequence's entries through host memory (~12 KB a token
+/// on the 0.5B model, a millisecond or so for a few hundred tokens), so a step that would move
+/// many spreads them over the next few.
+const MOVES_PER_STEP: usize = 4;
+
+/// Tests only: each step's moves, `(from, to)` by sequence index.
+#[cfg(test)]
+pub(crate) type MovesLog = std::sync::Arc<std::sync::Mutex<Vec<Vec<(usize, usize)>>>>;
+
 impl Scheduler {
-    /// Moves at most one running sequence down into a gap below it (see the module).
+    /// Moves running sequences down into gaps below them, a few a step (see the module).
     pub(super) fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
+        let mut moved = Vec::new();
+        while moved.len() < MOVES_PER_STEP {
+            let Some(m) = self.move_one_down(ctx) else { break };
+            moved.push(m);
+        }
+        #[cfg(test)]
+        if let Some(log) = self.cfg.moves_log.as_ref().filter(|_| !moved.is_empty()) {
+            log.lock().unwrap().push(moved.iter().map(|(s, d)| (s.index(), d.index())).collect());
+        }
+    }
+
+    /// Moves the highest running sequence into the lowest gap below it; `None` when none is, or
+    /// when the move failed.
+    fn move_one_down(&mut self, ctx: &mut LlamaContext<'_>) -> Option<(SeqId, SeqId)> {
         // Isolated requests are kept in ubatches of their own by where their ids fall
         // (`deterministic`): with one running, nothing moves.
         if self.cfg.layout != KvLayout::PerSequence || self.active.iter().any(|r| r.isolated) {
-            return;
+            return None;
         }
         // Only decoding choices move: a prompt being read, an awaited prefix and a chain on
         // the device are tied to their sequence.
@@ -33,16 +57,23 @@ impl Scheduler {
             .collect();
         let free: Vec<SeqId> =
             self.free_seqs.iter().copied().filter(|&s| self.kv.slots().tokens(s).is_empty()).collect();
-        let Some((src, dst)) = gap_move(&movable, &free) else { return };
+        let (src, dst) = gap_move(&movable, &free)?;
         if let Err(e) = self.kv.relocate(ctx, src, dst) {
             tracing::warn!(error = %e, src = src.raw(), dst = dst.raw(), "could not move a sequence down");
-            return;
+            return None;
+        }
+        // A free sequence keeps the device chain of the request that last ran there
+        // (`device_sampling`); the choice moving in samples on the host, so it must go, or
+        // llama.cpp would sample the choice itself and refuse its drafts.
+        if let Some(device) = self.device.as_mut() {
+            device.assign(dst, None);
         }
         self.free_seqs.retain(|&s| s != dst);
         self.free_seqs.push(src);
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.seq_id == src) {
             c.seq_id = dst;
         }
+        Some((src, dst))
     }
 }
 

@@ -146,3 +146,36 @@ async fn the_engine_serves_device_and_host_sampling_in_one_batch() {
     }
     device.shutdown();
 }
+
+/// A sequence keeps its device chain after its request ends, and an idle one is emptied into host
+/// memory; a host-sampled choice moved down into it (`compact`) must take the chain off, or
+/// llama.cpp samples that choice itself and refuses the drafts it verifies.
+#[tokio::test]
+async fn a_host_choice_moved_onto_a_sequence_left_with_a_device_chain_takes_it_off() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads) = (256, 4, Some(1));
+    config.device_sampling = DeviceSampling::On;
+    let moves = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    config.moves_log = Some(moves.clone());
+    let engine = Engine::start(config).unwrap();
+    let on_device = || crate::ChatInput { sampling: sampled(0.8, 1.0), logprobs: None, ..input(4, vec![]) };
+    let host = || {
+        let mut i = input(24, vec![]);
+        (i.logprobs, i.messages) = (None, vec![serde_json::json!({"role": "user", "content": "abc abc abc abc"})]);
+        i
+    };
+    // Three requests sample on the device and one on the host, with the prompt asked again
+    // below. The device ones end first; their sequences, emptied into host memory, keep their
+    // chains, and the host one moves down into one of them.
+    for (text, billed) in run_together(&engine, vec![on_device(), on_device(), on_device(), host()]).await {
+        assert!(billed > 0, "{text:?}");
+    }
+    // Its prompt again, continued where it now is: on a sequence a device chain was left on.
+    let (events, usage) = drain(engine.submit(engine.prepare(host()).unwrap()).unwrap()).await;
+    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    assert!(usage.completion_tokens > 1, "{usage:?}");
+    let moves = moves.lock().unwrap();
+    assert!(moves.iter().flatten().any(|&(_, to)| to < 3), "a host choice moved down: {moves:?}");
+    drop(moves);
+    engine.shutdown();
+}

@@ -12,7 +12,7 @@ pub(crate) mod active;
 pub(crate) mod admission;
 mod admit;
 mod answer_gate;
-mod compact;
+pub(crate) mod compact;
 pub(crate) mod deterministic;
 pub(crate) mod device_sampling;
 pub(crate) mod draw;
@@ -74,6 +74,8 @@ pub(crate) struct SchedulerConfig {
     pub device_sampling: bool,
     #[cfg(test)]
     pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
+    #[cfg(test)]
+    pub moves_log: Option<crate::scheduler::compact::MovesLog>,
 }
 
 pub(crate) struct Scheduler {

@@ -94,3 +94,48 @@ async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
         engine.shutdown();
     }
 }
+
+/// A sequence moved down into a gap (`scheduler/compact.rs`) decodes on from the entries it had.
+/// A one-token request takes sequence 0 and a three-choice request 1–3; when the first ends, the
+/// choice on 3 moves into 0 while the others stay. The three greedy choices decode in the same
+/// batches, so a move that lost or misplaced an entry would make the moved one's text differ.
+#[tokio::test]
+async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads) = (512, 4, Some(1));
+    let moves = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    config.moves_log = Some(moves.clone());
+    let engine = Engine::start(config).unwrap();
+    let short = engine.submit(engine.prepare(greedy("one token only", 1, 1)).unwrap()).unwrap();
+    let long = engine.submit(engine.prepare(greedy("three choices that decode on", 3, 24)).unwrap()).unwrap();
+    let (short_events, _) = drain(short).await;
+    assert!(!short_events.iter().any(|e| matches!(e, Event::Error(_))), "{short_events:?}");
+    let (events, usage) = drain(long).await;
+    assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");
+    assert_eq!(*moves.lock().unwrap(), [vec![(3, 0)]], "the highest choice moves into the gap, once");
+    let choices = texts(&events, 3);
+    assert!(usage.completion_tokens > 3, "{usage:?}");
+    assert!(!choices[0].is_empty() && choices.iter().all(|c| c == &choices[0]), "{choices:?}");
+    engine.shutdown();
+}
+
+/// Several answers ending in one step leave several gaps: they are closed in that step, the
+/// highest sequence into the lowest gap first, not one a step.
+#[tokio::test]
+async fn gaps_left_together_are_closed_together() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads) = (512, 6, Some(1));
+    let moves = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    config.moves_log = Some(moves.clone());
+    let engine = Engine::start(config).unwrap();
+    let short = engine.submit(engine.prepare(greedy("three short answers", 3, 1)).unwrap()).unwrap();
+    let long = engine.submit(engine.prepare(greedy("three long answers", 3, 16)).unwrap()).unwrap();
+    drain(short).await;
+    let (events, usage) = drain(long).await;
+    assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");
+    assert_eq!(*moves.lock().unwrap(), [vec![(5, 0), (4, 1), (3, 2)]], "in one step");
+    let choices = texts(&events, 3);
+    assert!(usage.completion_tokens > 3, "{usage:?}");
+    assert!(!choices[0].is_empty() && choices.iter().all(|c| c == &choices[0]), "{choices:?}");
+    engine.shutdown();
+}
