@@ -1,7 +1,8 @@
 //! Where Gantry's scheduler spent a level's steps, from its `/metrics` before and after the level
 //! (`gantry_decode_steps_total`, `gantry_step_phase_microseconds_total{phase}`,
-//! `gantry_decode_ubatches_total`): how much of a step is the host planning, launching and
-//! sampling, how much is waiting for the device, and how many passes over the weights a step made.
+//! `gantry_decode_ubatches_total`, `gantry_decode_graphs_reused_total`): how much of a step is the
+//! host planning, launching and sampling, how much is waiting for the device, how many passes over
+//! the weights a step made, and how many of those reused llama.cpp's previous graph.
 
 /// The phases the engine reports, in step order.
 const PHASES: [&str; 5] = ["plan", "decode", "sync", "sample", "finish"];
@@ -12,6 +13,7 @@ pub(crate) struct StepProfile {
     steps: u64,
     micros: [u64; 5],
     ubatches: u64,
+    graphs_reused: u64,
 }
 
 impl StepProfile {
@@ -29,6 +31,8 @@ impl StepProfile {
                 seen = true;
             } else if series.starts_with("gantry_decode_ubatches_total") {
                 profile.ubatches += value;
+            } else if series.starts_with("gantry_decode_graphs_reused_total") {
+                profile.graphs_reused += value;
             } else if series.starts_with("gantry_step_phase_microseconds_total{") {
                 let phase = PHASES.iter().position(|p| series.contains(&format!("phase=\"{p}\"")));
                 if let Some(i) = phase {
@@ -49,6 +53,7 @@ impl StepProfile {
             steps: self.steps.saturating_sub(before.steps),
             micros,
             ubatches: self.ubatches.saturating_sub(before.ubatches),
+            graphs_reused: self.graphs_reused.saturating_sub(before.graphs_reused),
         }
     }
 
@@ -65,7 +70,12 @@ impl StepProfile {
             .map(|(p, m)| format!("{p} {:.0}%", 100.0 * m as f64 / total.max(1) as f64))
             .collect();
         let ubatches = self.ubatches as f64 / self.steps as f64;
-        format!("{} steps, {per_step:.2} ms a step, {ubatches:.2} ubatches a step: {}", self.steps, shares.join(", "))
+        let reused = 100.0 * self.graphs_reused as f64 / self.ubatches.max(1) as f64;
+        format!(
+            "{} steps, {per_step:.2} ms a step, {ubatches:.2} ubatches a step ({reused:.0}% reused a graph): {}",
+            self.steps,
+            shares.join(", ")
+        )
     }
 }
 
@@ -81,6 +91,7 @@ mod tests {
         gantry_batch_tokens_count{model=\"a\"} 99\n";
     const AFTER: &str = "gantry_decode_steps_total{model=\"a\"} 20\n\
         gantry_decode_ubatches_total{model=\"a\"} 27\n\
+        gantry_decode_graphs_reused_total{model=\"a\"} 6\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"plan\"} 1100\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"decode\"} 2000\n\
         gantry_step_phase_microseconds_total{model=\"a\",phase=\"sync\"} 5000\n\
@@ -90,10 +101,13 @@ mod tests {
     #[test]
     fn a_levels_steps_are_the_difference_of_two_scrapes() {
         let level = StepProfile::parse(AFTER).unwrap().since(&StepProfile::parse(BEFORE).unwrap());
-        assert_eq!(level, StepProfile { steps: 10, micros: [1000, 2000, 4000, 2000, 0], ubatches: 15 });
+        assert_eq!(
+            level,
+            StepProfile { steps: 10, micros: [1000, 2000, 4000, 2000, 0], ubatches: 15, graphs_reused: 6 }
+        );
         assert_eq!(
             level.describe(),
-            "10 steps, 0.90 ms a step, 1.50 ubatches a step: plan 11%, decode 22%, sync 44%, sample 22%, finish 0%"
+            "10 steps, 0.90 ms a step, 1.50 ubatches a step (40% reused a graph): plan 11%, decode 22%, sync 44%, sample 22%, finish 0%"
         );
     }
 

@@ -59,6 +59,12 @@ pub(crate) fn describe() {
          kv/ubatches.rs). Per step, against gantry_decode_steps_total."
     );
     describe_counter!(
+        "gantry_decode_graphs_reused_total",
+        Unit::Count,
+        "Ubatches for which llama.cpp reused the previous compute graph instead of building one \
+         (scheduler/graph_reuse.rs). Against gantry_decode_ubatches_total."
+    );
+    describe_counter!(
         "gantry_step_phase_microseconds_total",
         Unit::Microseconds,
         "Time of decoding steps by phase: plan (admission, cache moves, the batch), decode (llama.cpp's \
@@ -100,11 +106,14 @@ pub(crate) struct StepPhases {
     pub finish: Duration,
     /// Ubatches the step's batch was cut into.
     pub ubatches: usize,
+    /// Of those, the ones that reused the previous graph.
+    pub graphs_reused: u64,
 }
 
 pub(crate) fn step_phases(p: &StepPhases) {
     counter!("gantry_decode_steps_total", "model" => model()).increment(1);
     counter!("gantry_decode_ubatches_total", "model" => model()).increment(p.ubatches as u64);
+    counter!("gantry_decode_graphs_reused_total", "model" => model()).increment(p.graphs_reused);
     let phases = [("plan", p.plan), ("decode", p.decode), ("sync", p.sync), ("sample", p.sample), ("finish", p.finish)];
     for (phase, took) in phases {
         // The facade's counters are integers: microseconds keep a step's phases apart.

@@ -16,6 +16,7 @@ pub(crate) mod compact;
 pub(crate) mod deterministic;
 pub(crate) mod device_sampling;
 pub(crate) mod draw;
+mod graph_reuse;
 mod held_output;
 mod plan;
 mod planner;
@@ -110,6 +111,8 @@ pub(crate) struct Scheduler {
     spreading: Vec<usize>,
     /// Chains sampling on the device, made on the first step when `cfg.device_sampling`.
     device: Option<DeviceSamplers>,
+    /// llama.cpp's count of reused graphs, read each step; made with `device`.
+    graph_reuse: Option<graph_reuse::GraphReuse>,
 }
 
 impl Scheduler {
@@ -146,6 +149,7 @@ impl Scheduler {
             batch_ubatches: 0,
             spreading: Vec::new(),
             device: None,
+            graph_reuse: None,
         }
     }
 
@@ -153,6 +157,9 @@ impl Scheduler {
     pub(crate) fn run(&mut self, ctx: &mut LlamaContext<'_>, jobs: &Receiver<Job>) {
         if self.cfg.device_sampling && self.device.is_none() {
             self.device = DeviceSamplers::new(ctx);
+        }
+        if self.graph_reuse.is_none() {
+            self.graph_reuse = Some(graph_reuse::GraphReuse::new(ctx));
         }
         loop {
             if self.active.is_empty() && self.waiting.is_empty() {
@@ -222,6 +229,7 @@ impl Scheduler {
             sample: sampled - synced,
             finish: sampled.elapsed(),
             ubatches: self.batch_ubatches,
+            graphs_reused: self.graph_reuse.as_mut().map_or(0, graph_reuse::GraphReuse::since_last),
         });
     }
 
