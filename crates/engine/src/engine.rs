@@ -21,7 +21,7 @@ use crate::model::vision::ImageInput;
 use crate::model::{LoadError, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, Limits, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle};
-use crate::scheduler::device_sampling::DeviceSampling;
+use crate::scheduler::device_sampling::{DeviceSampling, AUTO_MAX_STREAMS};
 use crate::scheduler::Job;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::speculation::SpeculationConfig;
@@ -79,6 +79,9 @@ pub struct EngineConfig {
     /// Tests only: the scheduler appends each admitted request's `fairness_key` here, in order.
     #[cfg(test)]
     pub(crate) admission_log: Option<Arc<Mutex<Vec<u64>>>>,
+    /// Tests only: `device_sampling_max_streams` in place of `AUTO_MAX_STREAMS` (for `On` too).
+    #[cfg(test)]
+    pub(crate) device_sampling_max_streams: Option<usize>,
     /// Tests only: the scheduler appends each step's moves of sequences down into gaps, `(from, to)`.
     #[cfg(test)]
     pub(crate) moves_log: Option<crate::scheduler::compact::MovesLog>,
@@ -117,6 +120,8 @@ impl EngineConfig {
             admission_log: None,
             #[cfg(test)]
             moves_log: None,
+            #[cfg(test)]
+            device_sampling_max_streams: None,
         }
     }
 }
@@ -203,6 +208,7 @@ impl Engine {
                     !accelerators().is_empty() && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
                 }
             },
+            device_sampling_max_streams: device_sampling_max_streams(&config),
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
             #[cfg(test)]
@@ -434,6 +440,19 @@ impl Generator for Engine {
 
     fn shutdown(&self) {
         Engine::shutdown(self);
+    }
+}
+
+/// How many busy sequences still let a new request sample on the device: a few under `auto`
+/// (`AUTO_MAX_STREAMS`), any number when forced `on` (or `off`, where it is never asked).
+fn device_sampling_max_streams(config: &EngineConfig) -> usize {
+    #[cfg(test)]
+    if let Some(n) = config.device_sampling_max_streams {
+        return n;
+    }
+    match config.device_sampling {
+        DeviceSampling::Auto => AUTO_MAX_STREAMS,
+        DeviceSampling::On | DeviceSampling::Off => usize::MAX,
     }
 }
 

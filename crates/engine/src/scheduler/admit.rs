@@ -51,9 +51,12 @@ impl Scheduler {
             if isolated {
                 speculation.mode = Speculate::Off;
             }
+            // Sequences busy with this request included: above the limit the host samples.
+            let busy = self.cfg.parallel as usize - self.free_seqs.len();
             let on_device = self
                 .device
                 .as_ref()
+                .filter(|_| busy <= self.cfg.device_sampling_max_streams)
                 .and_then(|_| ChainKey::for_request(&job.request.sampling, job.request.needs_host_sampling()));
             if on_device.is_some() {
                 // A sequence sampled on the device gets one output per step (llama-cpp-2 leaves

@@ -3,6 +3,7 @@
 //! gets logits again, and the engine serves sampled, greedy and logprobs requests side by side.
 
 use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
 
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
@@ -14,7 +15,7 @@ use crate::kv::seq_id::SeqId;
 use crate::model::backend::llama_backend;
 use crate::model::LoadedModel;
 use crate::scheduler::sampling::tests::{chi_square, reference};
-use crate::tests::engine::{drain, input, tiny_model};
+use crate::tests::engine::{drain, input, submit_together, tiny_model};
 use crate::{DeviceSampling, Engine, EngineConfig, Event, Generator, Offload, SamplingParams};
 
 const PROMPT: [i32; 4] = [5, 17, 42, 9];
@@ -147,6 +148,13 @@ async fn the_engine_serves_device_and_host_sampling_in_one_batch() {
     device.shutdown();
 }
 
+/// Logs the engine's moves (`compact`) and hands out its decode turns (for `submit_together`).
+fn logging_moves(config: &mut EngineConfig) -> (crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
+    let (moves, turns) = (crate::scheduler::compact::MovesLog::default(), Arc::new(Mutex::new(())));
+    (config.moves_log, config.decode_turns) = (Some(moves.clone()), Some(turns.clone()));
+    (moves, turns)
+}
+
 /// A sequence keeps its device chain after its request ends, and an idle one is emptied into host
 /// memory; a host-sampled choice moved down into it (`compact`) must take the chain off, or
 /// llama.cpp samples that choice itself and refuses the drafts it verifies.
@@ -155,8 +163,7 @@ async fn a_host_choice_moved_onto_a_sequence_left_with_a_device_chain_takes_it_o
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (256, 4, Some(1));
     config.device_sampling = DeviceSampling::On;
-    let moves = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    config.moves_log = Some(moves.clone());
+    let (moves, turns) = logging_moves(&mut config);
     let engine = Engine::start(config).unwrap();
     let on_device = || crate::ChatInput { sampling: sampled(0.8, 1.0), logprobs: None, ..input(4, vec![]) };
     let host = || {
@@ -167,8 +174,9 @@ async fn a_host_choice_moved_onto_a_sequence_left_with_a_device_chain_takes_it_o
     // Three requests sample on the device and one on the host, with the prompt asked again
     // below. The device ones end first; their sequences, emptied into host memory, keep their
     // chains, and the host one moves down into one of them.
-    for (text, billed) in run_together(&engine, vec![on_device(), on_device(), on_device(), host()]).await {
-        assert!(billed > 0, "{text:?}");
+    for handle in submit_together(&engine, &turns, vec![on_device(), on_device(), on_device(), host()]) {
+        let (events, _) = drain(handle).await;
+        assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
     }
     // Its prompt again, continued where it now is: on a sequence a device chain was left on.
     let (events, usage) = drain(engine.submit(engine.prepare(host()).unwrap()).unwrap()).await;
@@ -177,5 +185,26 @@ async fn a_host_choice_moved_onto_a_sequence_left_with_a_device_chain_takes_it_o
     let moves = moves.lock().unwrap();
     assert!(moves.iter().flatten().any(|&(_, to)| to < 3), "a host choice moved down: {moves:?}");
     drop(moves);
+    engine.shutdown();
+}
+
+/// Past `device_sampling_max_streams` busy sequences a new request samples on the host. Seen
+/// through compaction, which moves host choices only: a two-choice greedy request takes 0–1, a
+/// temperature-only one 2 (3 busy: on the device), another 3 (4 busy: on the host). When the
+/// first ends, only the one on 3 moves down.
+#[tokio::test]
+async fn past_a_few_busy_sequences_new_requests_sample_on_the_host() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads) = (256, 4, Some(1));
+    (config.device_sampling, config.device_sampling_max_streams) = (DeviceSampling::On, Some(3));
+    let (moves, turns) = logging_moves(&mut config);
+    let engine = Engine::start(config).unwrap();
+    let greedy = crate::ChatInput { n: 2, logprobs: None, ..input(2, vec![]) };
+    let on_device = || crate::ChatInput { sampling: sampled(0.8, 1.0), logprobs: None, ..input(16, vec![]) };
+    for handle in submit_together(&engine, &turns, vec![greedy, on_device(), on_device()]) {
+        let (events, _) = drain(handle).await;
+        assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    }
+    assert_eq!(*moves.lock().unwrap(), [vec![(3, 0)]]);
     engine.shutdown();
 }

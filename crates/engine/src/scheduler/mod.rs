@@ -73,6 +73,9 @@ pub(crate) struct SchedulerConfig {
     /// Sampled choices that only need a temperature are sampled on the device (see
     /// `device_sampling`).
     pub device_sampling: bool,
+    /// Most busy sequences, a new request's included, for it to sample on the device
+    /// (`device_sampling::AUTO_MAX_STREAMS` under `auto`).
+    pub device_sampling_max_streams: usize,
     #[cfg(test)]
     pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
     #[cfg(test)]

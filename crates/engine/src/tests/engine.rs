@@ -84,6 +84,20 @@ pub(crate) async fn drain(mut handle: crate::GenerationHandle) -> (Vec<Event>, U
     (events, handle.usage.await.expect("the engine reports usage"))
 }
 
+/// Submits `inputs` so that the scheduler has them all before its next decode: each prepared
+/// first, then all sent while `turns` (the engine's `decode_turns`) is held. A test that needs
+/// requests running side by side on known sequences uses this: the tiny model's steps are
+/// faster than preparing a request, so one sent after another could find the first finished.
+pub(crate) fn submit_together(
+    engine: &Engine,
+    turns: &std::sync::Mutex<()>,
+    inputs: Vec<crate::ChatInput>,
+) -> Vec<crate::GenerationHandle> {
+    let prepared: Vec<_> = inputs.into_iter().map(|i| engine.prepare(i).unwrap()).collect();
+    let _held = turns.lock().unwrap();
+    prepared.into_iter().map(|p| engine.submit(p).unwrap()).collect()
+}
+
 pub(crate) fn logprob_entries(events: &[Event]) -> usize {
     events.iter().map(|e| if let Event::Delta { logprobs, .. } = e { logprobs.len() } else { 0 }).sum()
 }

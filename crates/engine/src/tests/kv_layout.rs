@@ -3,7 +3,9 @@
 
 use serde_json::json;
 
-use crate::tests::engine::{drain, tiny_model};
+use std::sync::{Arc, Mutex};
+
+use crate::tests::engine::{drain, submit_together, tiny_model};
 use crate::{ChatInput, Engine, EngineConfig, Event, Generator, KvLayout, Outcome, SamplingParams, Usage};
 
 const LAYOUTS: [KvLayout; 2] = [KvLayout::PerSequence, KvLayout::Unified];
@@ -95,19 +97,25 @@ async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
     }
 }
 
+/// An engine with a KV stream per sequence that logs its moves (`compact`), and its decode turns
+/// (for `submit_together`).
+fn start_logging_moves(parallel: u32) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads) = (512, parallel, Some(1));
+    let (moves, turns) = (crate::scheduler::compact::MovesLog::default(), Arc::new(Mutex::new(())));
+    (config.moves_log, config.decode_turns) = (Some(moves.clone()), Some(turns.clone()));
+    (Engine::start(config).unwrap(), moves, turns)
+}
+
 /// A sequence moved down into a gap (`scheduler/compact.rs`) decodes on from the entries it had.
-/// A one-token request takes sequence 0 and a three-choice request 1–3; when the first ends, the
+/// A two-token request takes sequence 0 and a three-choice request 1–3; when the first ends, the
 /// choice on 3 moves into 0 while the others stay. The three greedy choices decode in the same
 /// batches, so a move that lost or misplaced an entry would make the moved one's text differ.
 #[tokio::test]
 async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
-    let mut config = EngineConfig::new(tiny_model());
-    (config.ctx_size, config.parallel, config.threads) = (512, 4, Some(1));
-    let moves = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    config.moves_log = Some(moves.clone());
-    let engine = Engine::start(config).unwrap();
-    let short = engine.submit(engine.prepare(greedy("one token only", 1, 1)).unwrap()).unwrap();
-    let long = engine.submit(engine.prepare(greedy("three choices that decode on", 3, 24)).unwrap()).unwrap();
+    let (engine, moves, turns) = start_logging_moves(4);
+    let inputs = vec![greedy("two tokens only", 1, 2), greedy("three choices that decode on", 3, 24)];
+    let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
     let (short_events, _) = drain(short).await;
     assert!(!short_events.iter().any(|e| matches!(e, Event::Error(_))), "{short_events:?}");
     let (events, usage) = drain(long).await;
@@ -123,13 +131,9 @@ async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
 /// highest sequence into the lowest gap first, not one a step.
 #[tokio::test]
 async fn gaps_left_together_are_closed_together() {
-    let mut config = EngineConfig::new(tiny_model());
-    (config.ctx_size, config.parallel, config.threads) = (512, 6, Some(1));
-    let moves = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    config.moves_log = Some(moves.clone());
-    let engine = Engine::start(config).unwrap();
-    let short = engine.submit(engine.prepare(greedy("three short answers", 3, 1)).unwrap()).unwrap();
-    let long = engine.submit(engine.prepare(greedy("three long answers", 3, 16)).unwrap()).unwrap();
+    let (engine, moves, turns) = start_logging_moves(6);
+    let inputs = vec![greedy("three short answers", 3, 2), greedy("three long answers", 3, 16)];
+    let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
     drain(short).await;
     let (events, usage) = drain(long).await;
     assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");

@@ -61,8 +61,8 @@ pub struct ServeArgs {
     #[arg(long, env = "GANTRY_MAIN_GPU")]
     pub main_gpu: Option<u32>,
     /// Where requests that sample by a temperature alone draw their tokens: `auto` on the GPU
-    /// that computed their logits when every layer is offloaded, so only the token comes back;
-    /// `on` also on the CPU backend (llama.cpp's graph instead of Gantry's sampler; for tests);
+    /// that computed their logits when every layer is offloaded and at most 4 sequences are busy
+    /// as the request starts, so only the token comes back; `on` always, also on the CPU backend (llama.cpp's graph instead of Gantry's sampler; for tests);
     /// `off` always by Gantry's sampler on the host. Top-p, logit bias, penalties, grammars,
     /// logprobs, seeds, n > 1, tools and images always sample on the host.
     #[arg(long, value_enum, env = "GANTRY_DEVICE_SAMPLING", default_value_t = DeviceSamplingArg::Auto)]
