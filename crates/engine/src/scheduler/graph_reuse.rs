@@ -30,6 +30,11 @@ impl GraphReuse {
         Self { ctx, seen }
     }
 
+    /// Whether llama.cpp's count can be read at all (`raw_context` found the handle).
+    pub(crate) fn counts(&self) -> bool {
+        self.ctx.is_some()
+    }
+
     /// Graphs reused since the last call: one per ubatch that found the previous graph fit.
     /// Must be called on the thread that decodes, with the context this was made from alive.
     pub(crate) fn since_last(&mut self) -> u64 {

@@ -217,12 +217,18 @@ impl Scheduler {
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
         }
+        let graphs_reused = self.graph_reuse.as_mut().map_or(0, graph_reuse::GraphReuse::since_last);
         self.spread_prompts(ctx);
         self.sample_all(ctx);
         let sampled = Instant::now();
+        let rows = self.batch.n_tokens() as usize;
         if self.batch_prompt_tokens == 0 {
-            self.step_cost.observe(self.batch.n_tokens() as usize, started.elapsed());
+            // Without the reuse count (no context handle) every step counts as reusing its graph.
+            let counted = self.graph_reuse.as_ref().is_some_and(graph_reuse::GraphReuse::counts);
+            let built = counted && graphs_reused < self.batch_ubatches as u64;
+            self.step_cost.observe(rows, started.elapsed(), built);
         }
+        self.step_cost.ran(rows);
         self.panic_if_asked();
         self.retire_finished();
         telemetry::step_phases(&StepPhases {
@@ -232,7 +238,7 @@ impl Scheduler {
             sample: sampled - synced,
             finish: sampled.elapsed(),
             ubatches: self.batch_ubatches,
-            graphs_reused: self.graph_reuse.as_mut().map_or(0, graph_reuse::GraphReuse::since_last),
+            graphs_reused,
         });
     }
 

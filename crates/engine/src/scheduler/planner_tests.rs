@@ -133,13 +133,13 @@ fn a_lookup_is_fed_only_where_the_measured_step_cost_says_it_pays() {
     // Every size as cheap as one position: the whole lookup pays.
     let mut flat = StepCost::default();
     for n in 1..=8 {
-        flat.observe(n, step(40.0));
+        flat.observe(n, step(40.0), false);
     }
     assert_eq!(weighed(&flat).tokens, vec![11, 12, 13, 14, 15]);
     // Each position costs as much as a whole step: no lookup pays, the forced drafts stay.
     let mut linear = StepCost::default();
     for n in 1..=8 {
-        linear.observe(n, step(40.0 * n as f64));
+        linear.observe(n, step(40.0 * n as f64), false);
     }
     let chain = weighed(&linear);
     assert_eq!(chain.tokens, vec![11, 12]);

@@ -11,6 +11,13 @@
 //! the measured time of every step size it has run (a moving average per size) and judges a
 //! draft by the measured time of the step it would make. A size never measured is guessed
 //! cheap, so the scheduler tries it once and from then on knows.
+//!
+//! A step also costs more when llama.cpp cannot reuse the previous step's compute graph: a step
+//! of another size builds (and, on CUDA, captures) a new one. On a 2-core CPU that is ~1.5 ms of
+//! a ~25 ms token; on an H200 it is about as long as a whole reused step (1.4 ms), so there a
+//! draft pays only if it is worth two builds: its own step's and the next one's, back at the
+//! size before it. The table holds what a step of each size costs reusing its graph, and the
+//! build is learned apart (`rebuild`), from steps of a size whose reused cost is known.
 
 use std::time::Duration;
 
@@ -29,29 +36,59 @@ const STALE_STEPS: u64 = 500;
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct StepCost {
-    /// Seconds of a step with `n` positions at index `n`; 0 where never measured.
+    /// Seconds of a step with `n` positions at index `n`, reusing its graph; 0 where never
+    /// measured.
     seconds: Vec<f64>,
+    /// Whether each size's figure comes from steps that reused their graph (else from steps that
+    /// built one, less `rebuild`).
+    reused: Vec<bool>,
     /// The step count at which each size was last measured.
     measured_at: Vec<u64>,
     steps: u64,
+    /// Seconds a step costs more when it builds its graph; 0 until measured.
+    rebuild: f64,
+    /// Rows of the last step run: a step of another size builds its graph anew.
+    last_rows: usize,
 }
 
 impl StepCost {
-    /// A step that computed logits at all of its `positions` took `took`.
-    pub(crate) fn observe(&mut self, positions: usize, took: Duration) {
+    /// A step that computed logits at all of its `positions` took `took`; `built`: llama.cpp
+    /// built its graph rather than reusing the last one.
+    pub(crate) fn observe(&mut self, positions: usize, took: Duration, built: bool) {
         if positions == 0 {
             return;
         }
         if self.seconds.len() <= positions {
             self.seconds.resize(positions + 1, 0.0);
+            self.reused.resize(positions + 1, false);
             self.measured_at.resize(positions + 1, 0);
         }
         self.steps += 1;
-        let t = took.as_secs_f64().max(1e-9);
+        let mut t = took.as_secs_f64().max(1e-9);
         let fresh = self.is_measured(positions);
+        if built {
+            if fresh && self.reused[positions] {
+                // The same size measured reusing its graph: the difference is the build.
+                let extra = (t - self.seconds[positions]).max(0.0);
+                self.rebuild = if self.rebuild > 0.0 {
+                    (1.0 - LATEST_WEIGHT) * self.rebuild + LATEST_WEIGHT * extra
+                } else {
+                    extra
+                };
+                return;
+            }
+            t = (t - self.rebuild).max(1e-9);
+        }
         let slot = &mut self.seconds[positions];
         *slot = if fresh { (1.0 - LATEST_WEIGHT) * *slot + LATEST_WEIGHT * t } else { t };
+        self.reused[positions] = !built || (fresh && self.reused[positions]);
         self.measured_at[positions] = self.steps;
+    }
+
+    /// Every step, with or without prompt rows: the next step builds its graph unless it has
+    /// as many rows.
+    pub(crate) fn ran(&mut self, rows: usize) {
+        self.last_rows = rows;
     }
 
     /// Whether a step of `positions` was measured, recently enough to go by.
@@ -85,7 +122,14 @@ impl StepCost {
         available: usize,
         expected: impl Fn(usize) -> f64,
     ) -> usize {
-        let rate = |k: usize| Some((positions as f64 - 1.0 + expected(k)) / self.predict(positions + k)?);
+        // A step of another size than the last builds its graph; a draft beyond `at_least` also
+        // makes the step after it, back at this size, build one.
+        let seconds = |k: usize| {
+            let rows = positions + k;
+            let built = usize::from(rows != self.last_rows) + usize::from(k != at_least);
+            Some(self.predict(rows)? + self.rebuild * built as f64)
+        };
+        let rate = |k: usize| Some((positions as f64 - 1.0 + expected(k)) / seconds(k)?);
         let Some(base) = rate(at_least) else {
             return at_least;
         };
@@ -121,10 +165,10 @@ mod tests {
         let mut cost = StepCost::default();
         assert_eq!(cost.predict(1), None);
         assert_eq!(cost.best_draft(1, 0, 8, geometric(0.99)), 0, "nothing measured yet");
-        cost.observe(2, ms(100.0));
+        cost.observe(2, ms(100.0), false);
         assert!((cost.predict(1).unwrap() - 0.1).abs() < 1e-9, "below the smallest measured size");
-        cost.observe(1, ms(40.0));
-        cost.observe(1, ms(50.0));
+        cost.observe(1, ms(40.0), false);
+        cost.observe(1, ms(50.0), false);
         assert!((cost.predict(1).unwrap() - 0.042).abs() < 1e-9, "0.8 * 40 + 0.2 * 50 ms");
         assert!((cost.predict(5).unwrap() - 0.1 * (1.0 + 3.0 * GUESSED_SLOPE)).abs() < 1e-9);
         // Cheap-looking, so a likely draft is fed in full and gets measured.
@@ -136,18 +180,18 @@ mod tests {
         let mut cost = StepCost::default();
         // Measured under load: steps of 2-4 positions were slow then.
         for n in 2..=4 {
-            cost.observe(n, ms(100.0 * n as f64));
+            cost.observe(n, ms(100.0 * n as f64), false);
         }
-        cost.observe(1, ms(40.0));
+        cost.observe(1, ms(40.0), false);
         assert_eq!(cost.best_draft(1, 0, 3, geometric(0.9)), 0, "4 positions cost 10 steps of 1");
         // A lone stream runs steps of 1 for a while: the old figure for 4 lapses and 4 is
         // guessed cheap again, to be measured anew.
         for _ in 0..STALE_STEPS {
-            cost.observe(1, ms(40.0));
+            cost.observe(1, ms(40.0), false);
         }
         assert!((cost.predict(4).unwrap() - 0.04 * (1.0 + 3.0 * GUESSED_SLOPE)).abs() < 1e-9);
         assert_eq!(cost.best_draft(1, 0, 3, geometric(0.9)), 3);
-        cost.observe(4, ms(60.0));
+        cost.observe(4, ms(60.0), false);
         assert!((cost.predict(4).unwrap() - 0.06).abs() < 1e-9, "a new measurement starts afresh");
     }
 
@@ -155,7 +199,7 @@ mod tests {
     fn drafts_fill_the_step_to_a_size_that_is_cheap_per_position() {
         let mut cost = StepCost::default();
         for n in 1..=9 {
-            cost.observe(n, repacked(n));
+            cost.observe(n, repacked(n), false);
         }
         // 1 position 45 ms; 4 positions 115 ms. At 85% a draft of 3 pays, a draft of 1 or 2
         // (2 or 3 leftover rows) costs more than it brings.
@@ -176,5 +220,44 @@ mod tests {
         assert_eq!(cost.best_draft(1, 2, 6, forced_then(2, 0.85)), 3);
         // 3 forced (4 positions): a fifth position costs 40 ms more, an unlikely lookup is left off.
         assert_eq!(cost.best_draft(1, 3, 6, forced_then(3, 0.1)), 3);
+    }
+
+    #[test]
+    fn where_building_a_graph_costs_a_step_a_draft_must_pay_for_two() {
+        // The H200's shape: a step reusing its graph takes 1.4 ms whatever its size, and one
+        // that builds its graph as much again.
+        let steady = || {
+            let mut cost = StepCost::default();
+            for n in 1..=5 {
+                cost.observe(n, ms(1.4), false);
+            }
+            cost.ran(1);
+            cost
+        };
+        let blind = steady();
+        let mut cost = steady();
+        // A one-position step after a draft step: its build is measured, not taken as its cost.
+        cost.observe(1, ms(2.8), true);
+        assert!((cost.predict(1).unwrap() - 0.0014).abs() < 1e-9);
+        // A size only ever seen building its graph is taken as its time less a build.
+        cost.observe(7, ms(3.0), true);
+        assert!((cost.predict(7).unwrap() - 0.0016).abs() < 1e-9);
+        // Right 60% of the time, four drafts bring 2.3 tokens for three steps' time: not worth
+        // it here, though they were while the builds went unseen.
+        assert_eq!(blind.best_draft(1, 0, 4, geometric(0.6)), 4);
+        assert_eq!(cost.best_draft(1, 0, 4, geometric(0.6)), 0);
+        assert_eq!(cost.best_draft(1, 0, 4, geometric(0.95)), 4, "4.5 tokens still pay");
+        // Already at the draft's size (the last step drafted as much): no build on that side.
+        cost.ran(5);
+        assert_eq!(cost.best_draft(1, 0, 4, geometric(0.6)), 4);
+        // On the CPU a build is ~1.5 ms of a 45 ms step: the drafts that paid still pay.
+        let mut cpu = StepCost::default();
+        for n in 1..=9 {
+            cpu.observe(n, repacked(n), false);
+        }
+        cpu.observe(1, repacked(1) + ms(1.5), true);
+        cpu.ran(1);
+        assert_eq!(cpu.best_draft(1, 0, 3, geometric(0.85)), 3);
+        assert_eq!(cpu.best_draft(1, 0, 2, geometric(0.85)), 0);
     }
 }
