@@ -25,6 +25,11 @@ pub(crate) type MovesLog = std::sync::Arc<std::sync::Mutex<Vec<Vec<(usize, usize
 impl Scheduler {
     /// Moves running sequences down into gaps below them, a few a step (see the module).
     pub(super) fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
+        // Isolated requests are kept in ubatches of their own by where their ids fall
+        // (`deterministic`): with one running, nothing moves.
+        if self.cfg.layout != KvLayout::PerSequence || self.active.iter().any(|r| r.isolated) {
+            return;
+        }
         let mut moved = Vec::new();
         while moved.len() < MOVES_PER_STEP {
             let Some(m) = self.move_one_down(ctx) else { break };
@@ -39,11 +44,6 @@ impl Scheduler {
     /// Moves the highest running sequence into the lowest gap below it; `None` when none is, or
     /// when the move failed.
     fn move_one_down(&mut self, ctx: &mut LlamaContext<'_>) -> Option<(SeqId, SeqId)> {
-        // Isolated requests are kept in ubatches of their own by where their ids fall
-        // (`deterministic`): with one running, nothing moves.
-        if self.cfg.layout != KvLayout::PerSequence || self.active.iter().any(|r| r.isolated) {
-            return None;
-        }
         // Only decoding choices move: a prompt being read, an awaited prefix and a chain on
         // the device are tied to their sequence.
         let awaited: Vec<SeqId> = self.active.iter().filter_map(|r| r.share.map(|(src, _)| src)).collect();

@@ -3,7 +3,6 @@
 //! gets logits again, and the engine serves sampled, greedy and logprobs requests side by side.
 
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
 
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
@@ -15,7 +14,7 @@ use crate::kv::seq_id::SeqId;
 use crate::model::backend::llama_backend;
 use crate::model::LoadedModel;
 use crate::scheduler::sampling::tests::{chi_square, reference};
-use crate::tests::engine::{drain, input, submit_together, tiny_model};
+use crate::tests::engine::{drain, input, logging_moves, submit_together, tiny_model};
 use crate::{DeviceSampling, Engine, EngineConfig, Event, Generator, Offload, SamplingParams};
 
 const PROMPT: [i32; 4] = [5, 17, 42, 9];
@@ -146,13 +145,6 @@ async fn the_engine_serves_device_and_host_sampling_in_one_batch() {
         }
     }
     device.shutdown();
-}
-
-/// Logs the engine's moves (`compact`) and hands out its decode turns (for `submit_together`).
-fn logging_moves(config: &mut EngineConfig) -> (crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
-    let (moves, turns) = (crate::scheduler::compact::MovesLog::default(), Arc::new(Mutex::new(())));
-    (config.moves_log, config.decode_turns) = (Some(moves.clone()), Some(turns.clone()));
-    (moves, turns)
 }
 
 /// A sequence keeps its device chain after its request ends, and an idle one is emptied into host

@@ -18,29 +18,24 @@ use super::device_sampling::raw_context;
 
 /// Reads llama.cpp's running count of reused graphs, a step at a time.
 pub(crate) struct GraphReuse {
-    ctx: Option<NonNull<sys::llama_context>>,
+    ctx: NonNull<sys::llama_context>,
     seen: i32,
 }
 
 impl GraphReuse {
-    pub(crate) fn new(ctx: &LlamaContext<'_>) -> Self {
-        let ctx = raw_context(ctx);
+    /// `None` when the context's handle cannot be had (see `raw_context`).
+    pub(crate) fn new(ctx: &LlamaContext<'_>) -> Option<Self> {
+        let ctx = raw_context(ctx)?;
         // SAFETY: the handle is the live context's own (checked by `raw_context`).
-        let seen = ctx.map_or(0, |c| unsafe { sys::llama_perf_context(c.as_ptr()) }.n_reused);
-        Self { ctx, seen }
-    }
-
-    /// Whether llama.cpp's count can be read at all (`raw_context` found the handle).
-    pub(crate) fn counts(&self) -> bool {
-        self.ctx.is_some()
+        let seen = unsafe { sys::llama_perf_context(ctx.as_ptr()) }.n_reused;
+        Some(Self { ctx, seen })
     }
 
     /// Graphs reused since the last call: one per ubatch that found the previous graph fit.
     /// Must be called on the thread that decodes, with the context this was made from alive.
     pub(crate) fn since_last(&mut self) -> u64 {
-        let Some(ctx) = self.ctx else { return 0 };
         // SAFETY: as in `new`; the scheduler holding this is dropped before its context.
-        let now = unsafe { sys::llama_perf_context(ctx.as_ptr()) }.n_reused;
+        let now = unsafe { sys::llama_perf_context(self.ctx.as_ptr()) }.n_reused;
         let reused = now.saturating_sub(self.seen);
         self.seen = now;
         u64::try_from(reused).unwrap_or(0)

@@ -114,7 +114,8 @@ pub(crate) struct Scheduler {
     spreading: Vec<usize>,
     /// Chains sampling on the device, made on the first step when `cfg.device_sampling`.
     device: Option<DeviceSamplers>,
-    /// llama.cpp's count of reused graphs, read each step; made with `device`.
+    /// llama.cpp's count of reused graphs, read each step; made on the first step, `None` where
+    /// the context's handle cannot be had.
     graph_reuse: Option<graph_reuse::GraphReuse>,
 }
 
@@ -162,7 +163,7 @@ impl Scheduler {
             self.device = DeviceSamplers::new(ctx);
         }
         if self.graph_reuse.is_none() {
-            self.graph_reuse = Some(graph_reuse::GraphReuse::new(ctx));
+            self.graph_reuse = graph_reuse::GraphReuse::new(ctx);
         }
         loop {
             if self.active.is_empty() && self.waiting.is_empty() {
@@ -217,15 +218,14 @@ impl Scheduler {
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
         }
-        let graphs_reused = self.graph_reuse.as_mut().map_or(0, graph_reuse::GraphReuse::since_last);
+        let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
         self.spread_prompts(ctx);
         self.sample_all(ctx);
         let sampled = Instant::now();
         let rows = self.batch.n_tokens() as usize;
         if self.batch_prompt_tokens == 0 {
             // Without the reuse count (no context handle) every step counts as reusing its graph.
-            let counted = self.graph_reuse.as_ref().is_some_and(graph_reuse::GraphReuse::counts);
-            let built = counted && graphs_reused < self.batch_ubatches as u64;
+            let built = graphs_reused.is_some_and(|reused| reused < self.batch_ubatches as u64);
             self.step_cost.observe(rows, started.elapsed(), built);
         }
         self.step_cost.ran(rows);
@@ -238,7 +238,7 @@ impl Scheduler {
             sample: sampled - synced,
             finish: sampled.elapsed(),
             ubatches: self.batch_ubatches,
-            graphs_reused,
+            graphs_reused: graphs_reused.unwrap_or(0),
         });
     }
 

@@ -81,7 +81,8 @@ impl StepCost {
         }
         let slot = &mut self.seconds[positions];
         *slot = if fresh { (1.0 - LATEST_WEIGHT) * *slot + LATEST_WEIGHT * t } else { t };
-        self.reused[positions] = !built || (fresh && self.reused[positions]);
+        // A built step of a size known reused returned above: what is left is reused if not built.
+        self.reused[positions] = !built;
         self.measured_at[positions] = self.steps;
     }
 

@@ -98,6 +98,16 @@ pub(crate) fn submit_together(
     prepared.into_iter().map(|p| engine.submit(p).unwrap()).collect()
 }
 
+/// Makes `config`'s engine log its moves (`compact`) and hand out its decode turns (for
+/// `submit_together`).
+pub(crate) fn logging_moves(
+    config: &mut crate::EngineConfig,
+) -> (crate::scheduler::compact::MovesLog, std::sync::Arc<std::sync::Mutex<()>>) {
+    let (moves, turns) = (crate::scheduler::compact::MovesLog::default(), std::sync::Arc::default());
+    (config.moves_log, config.decode_turns) = (Some(moves.clone()), Some(std::sync::Arc::clone(&turns)));
+    (moves, turns)
+}
+
 pub(crate) fn logprob_entries(events: &[Event]) -> usize {
     events.iter().map(|e| if let Event::Delta { logprobs, .. } = e { logprobs.len() } else { 0 }).sum()
 }

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::tests::engine::{drain, submit_together, tiny_model};
+use crate::tests::engine::{drain, logging_moves, submit_together, tiny_model};
 use crate::{ChatInput, Engine, EngineConfig, Event, Generator, KvLayout, Outcome, SamplingParams, Usage};
 
 const LAYOUTS: [KvLayout; 2] = [KvLayout::PerSequence, KvLayout::Unified];
@@ -102,8 +102,7 @@ async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
 fn start_logging_moves(parallel: u32) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (512, parallel, Some(1));
-    let (moves, turns) = (crate::scheduler::compact::MovesLog::default(), Arc::new(Mutex::new(())));
-    (config.moves_log, config.decode_turns) = (Some(moves.clone()), Some(turns.clone()));
+    let (moves, turns) = logging_moves(&mut config);
     (Engine::start(config).unwrap(), moves, turns)
 }
 
