@@ -67,17 +67,21 @@ pub(crate) fn install() {
 /// Loads (in the portable build) and reports which CPU kernels llama.cpp runs: the variant (chosen
 /// for this CPU at start in the portable build, `built-in` otherwise: native to the build host for
 /// `make build`, portable AVX2 in `make test`'s debug build) and its features, logged and exported
-/// as `gantry_cpu_backend_info{variant="…", features="…"} 1`.
-pub(crate) fn report_cpu_backend() -> anyhow::Result<()> {
+/// as `gantry_cpu_backend_info{variant="…", features="…", dot_kernels="…"} 1`; `dot_kernels`
+/// names whose Q8_0/Q5_0 dot products run (`--cpu-kernels`), put in place here, before any model
+/// loads.
+pub(crate) fn report_cpu_backend(kernels: gantry_engine::CpuKernels) -> anyhow::Result<()> {
     gantry_engine::load_cpu_backend().map_err(|e| anyhow::anyhow!("loading llama.cpp's CPU backend: {e}"))?;
     let variant = gantry_engine::cpu_backend_variant();
     let features = gantry_engine::cpu_backend_features().join(" ");
-    tracing::info!(variant = %variant, features = %features, "llama.cpp CPU backend");
+    let dot_kernels = gantry_engine::use_cpu_kernels(kernels);
+    tracing::info!(variant = %variant, features = %features, dot_kernels, "llama.cpp CPU backend");
     describe_gauge!(
         "gantry_cpu_backend_info",
-        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with."
+        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with, dot_kernels whose Q8_0/Q5_0 dot products run."
     );
-    gauge!("gantry_cpu_backend_info", "variant" => variant, "features" => features).set(1.0);
+    gauge!("gantry_cpu_backend_info", "variant" => variant, "features" => features, "dot_kernels" => dot_kernels)
+        .set(1.0);
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 pub(crate) mod backend;
 pub mod cpu_variants;
 pub(crate) mod devices;
+pub(crate) mod dot_kernels;
 pub(crate) mod gguf_header;
 pub(crate) mod memory;
 pub(crate) mod q5_as_q8;

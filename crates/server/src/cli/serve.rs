@@ -43,7 +43,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(instance = meter.owner(), "metering as this instance");
 
     crate::telemetry::install();
-    crate::telemetry::report_cpu_backend()?;
+    let kernels = match args.cpu_kernels {
+        crate::cli::CpuKernelsArg::Gantry => gantry_engine::CpuKernels::Gantry,
+        crate::cli::CpuKernelsArg::Ggml => gantry_engine::CpuKernels::Ggml,
+    };
+    crate::telemetry::report_cpu_backend(kernels)?;
     crate::telemetry::report_accelerators(args.n_gpu_layers.is_some_and(|n| n > 0));
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
     for spec in &mut specs {

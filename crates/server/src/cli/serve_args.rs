@@ -83,6 +83,11 @@ pub struct ServeArgs {
     /// is offloaded to a GPU; `off` serves the file as it is.
     #[arg(long, value_enum, default_value_t = Q5AsQ8Arg::Auto)]
     pub q5_as_q8: Q5AsQ8Arg,
+    /// Whose CPU kernels multiply Q8_0 and Q5_0 weights by one row of activations (a decoding
+    /// stream's step): `gantry`'s (x86 with AVX2; the same integer products as ggml's, summed with
+    /// four accumulators instead of one: faster single-stream decoding), or `ggml`'s own.
+    #[arg(long, value_enum, default_value_t = CpuKernelsArg::Gantry)]
+    pub cpu_kernels: CpuKernelsArg,
     /// One KV buffer shared by all sequences instead of one stream per sequence (llama.cpp's
     /// `--kv-unified`): a shared prefix is then tagged instead of copied, but every token's
     /// attention walks every sequence's cells (slower prompt steps with several streams).
@@ -238,6 +243,12 @@ pub enum DeviceSamplingArg {
 pub enum Q5AsQ8Arg {
     Auto,
     Off,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernelsArg {
+    Gantry,
+    Ggml,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,8 @@
+//! Gantry's x86 kernels for the dot product of one row of Q8_0 or Q5_0 weights with one row of
+//! Q8_0 activations, in ggml's block layouts. `gantry-engine` puts them in ggml's kernel table
+//! (its `model::dot_kernels` says why and how, and tests them against ggml's own). A crate of
+//! their own so that they are compiled optimised in every profile (the root `Cargo.toml`): at
+//! the debug profile's level intrinsics stay calls and the kernels run slower than ggml's.
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86;

@@ -1,0 +1,148 @@
+//! Writing the kernels into ggml's table, and their C entry points.
+
+use std::os::raw::{c_int, c_void};
+
+use llama_cpp_sys_2::{ggml_get_type_traits_cpu, ggml_type, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ5, BlockQ8, QK};
+
+/// ggml's `ggml_vec_dot_t`: `s[0] = x · y` over `n` values; `bs`, `bx`, `by` and `nrc` only
+/// matter for kernels that compute several rows at once, which these types do not on x86 (their
+/// table entries say one row, `nrows = 1`, and that is left as it is).
+pub(super) type VecDot =
+    unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
+
+/// The feature level this CPU runs: AVX-512 with VNNI, else AVX2 with FMA and F16C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Level {
+    V4,
+    V3,
+}
+
+impl Level {
+    pub(super) fn detect() -> Option<Self> {
+        let v3 =
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        let v4 = ["avx512f", "avx512bw", "avx512vl", "avx512vnni"].iter().all(|f| match *f {
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            _ => is_x86_feature_detected!("avx512vnni"),
+        });
+        match (v3, v4) {
+            (true, true) => Some(Self::V4),
+            (true, false) => Some(Self::V3),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::V4 => "gantry-avx512",
+            Self::V3 => "gantry-avx2",
+        }
+    }
+
+    pub(super) fn kernels(self) -> (VecDot, VecDot) {
+        match self {
+            Self::V4 => (q8_0_v4, q5_0_v4),
+            Self::V3 => (q8_0_v3, q5_0_v3),
+        }
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $level:ident, $dot:ident, $Block:ty) => {
+        /// # Safety
+        /// ggml's `vec_dot` contract: `x` holds `n / 32` blocks of the weight type, `y` as many
+        /// Q8_0 blocks, `s` one float; and the CPU runs this level (checked before installing).
+        unsafe extern "C" fn $name(
+            n: c_int,
+            s: *mut f32,
+            _bs: usize,
+            x: *const c_void,
+            _bx: usize,
+            y: *const c_void,
+            _by: usize,
+            _nrc: c_int,
+        ) {
+            let nb = usize::try_from(n).unwrap_or(0) / QK;
+            // SAFETY: the contract above.
+            unsafe { *s = $level::$dot(nb, x.cast::<$Block>(), y.cast::<BlockQ8>()) };
+        }
+    };
+}
+
+entry!(q8_0_v3, v3, dot_q8_0, BlockQ8);
+entry!(q5_0_v3, v3, dot_q5_0, BlockQ5);
+entry!(q8_0_v4, v4, dot_q8_0, BlockQ8);
+entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
+
+/// ggml's own kernel for `ty` (for tests, which compare against it).
+#[cfg(test)]
+pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
+    // SAFETY: ggml_get_type_traits_cpu returns a pointer into its static table for any type.
+    unsafe { (*ggml_get_type_traits_cpu(ty)).vec_dot.expect("ggml has a kernel for this type") }
+}
+
+/// Writes this CPU's kernels into ggml's table; returns their name.
+pub(super) fn install() -> Result<&'static str, String> {
+    let level = Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")?;
+    let (q8_0, q5_0) = level.kernels();
+    for (ty, kernel) in [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)] {
+        // SAFETY: the pointer is into ggml's static table, valid for the whole process; nothing
+        // computes yet (this runs before any model is loaded).
+        unsafe { write_kernel(ty, kernel)? };
+    }
+    Ok(level.name())
+}
+
+/// # Safety
+/// No other thread may be changing the protection of the table's page meanwhile.
+unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), String> {
+    // SAFETY: see install.
+    let traits = unsafe { ggml_get_type_traits_cpu(ty) }.cast_mut();
+    // SAFETY: a field of the entry just returned.
+    let field = unsafe { std::ptr::addr_of_mut!((*traits).vec_dot) };
+    let addr = field as usize;
+    let prot = protection_of(addr).ok_or_else(|| format!("no mapping holds ggml's kernel table at {addr:#x}"))?;
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = addr & !(page - 1);
+    let len = (addr + std::mem::size_of::<Option<VecDot>>()).next_multiple_of(page) - start;
+    let protect = |p: c_int| {
+        // SAFETY: [start, start + len) lies within the mapping just found (an entry's field
+        // does not cross out of its table's mapping), page-aligned.
+        (unsafe { libc::mprotect(start as *mut c_void, len, p) } == 0)
+            .then_some(())
+            .ok_or_else(|| format!("mprotect: {}", std::io::Error::last_os_error()))
+    };
+    protect(prot | libc::PROT_WRITE)?;
+    // SAFETY: the field is writable now and aligned (ggml_type_traits_cpu is a C struct); an
+    // aligned pointer-sized store is seen whole by any thread that reads it later.
+    unsafe { field.write_volatile(Some(kernel)) };
+    protect(prot)
+}
+
+/// The protection (`PROT_*`) of the mapping holding `addr`, from /proc/self/maps.
+fn protection_of(addr: usize) -> Option<c_int> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let (range, rest) = line.split_once(' ')?;
+        let (from, to) = range.split_once('-')?;
+        let (from, to) = (usize::from_str_radix(from, 16).ok()?, usize::from_str_radix(to, 16).ok()?);
+        if !(from..to).contains(&addr) {
+            return None;
+        }
+        let perms = rest.get(..3)?.as_bytes();
+        let flag = |i: usize, c: u8, p: c_int| if perms[i] == c { p } else { 0 };
+        Some(flag(0, b'r', libc::PROT_READ) | flag(1, b'w', libc::PROT_WRITE) | flag(2, b'x', libc::PROT_EXEC))
+    })
+}
+
+/// ggml's type traits, for the tests' layout check.
+#[cfg(test)]
+pub(super) fn traits_of(ty: ggml_type) -> *const llama_cpp_sys_2::ggml_type_traits_cpu {
+    // SAFETY: see ggml_kernel.
+    unsafe { ggml_get_type_traits_cpu(ty) }
+}

@@ -1,0 +1,56 @@
+//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0 and Q5_0 · Q8_0 dot products, put in place of
+//! ggml's at start.
+//!
+//! A step with one decoding stream multiplies each weight row by a single row of activations: one
+//! dot product per weight row (ggml's `vec_dot`; two or more rows of activations go to llamafile's
+//! tiled kernels instead, which this leaves alone). With the default model nearly all weight bytes
+//! read per token are Q5_0 (attention, FFN gate/up) and Q8_0 (the output layer, and the Q5_0
+//! matrices where `q5_as_q8` serves them as Q8_0). A perf profile of one decoding stream on a
+//! 2-core Zen 5: `ggml_vec_dot_q5_0_q8_0` 47% and `ggml_vec_dot_q8_0_q8_0` 25% of the time, the
+//! token at 15.5 ms, which streams the weights at under half the bandwidth a sequential read
+//! reaches here (70 GB/s): the cores wait on memory (ggml hands each thread short runs of rows,
+//! where the hardware prefetchers restart), and each block's fused multiply-add waits on the last
+//! one's. The kernels (crate `gantry-cpu-kernels`) fetch the weights 4 KiB ahead and keep four accumulators; they
+//! compute each block's integer products and f16 scales as ggml's do, so only the order in which
+//! the float block sums are added differs (rounding in the last bits of a logit, as between any two
+//! ggml CPU builds). Measured the same way: 13.2-13.8 ms a token, with either the AVX2 or the
+//! AVX-512 level. `--cpu-kernels ggml` keeps ggml's own.
+//!
+//! ggml looks its kernels up in a constant table (`ggml_get_type_traits_cpu`) at every matrix
+//! product, so putting ours there needs no change to llama.cpp: the table's page is made
+//! writable for the two writes and then given back the protection it had. This happens once,
+//! before any model is loaded, and only where ggml's CPU backend is linked into the binary (not
+//! the portable build, whose backend is loaded at run time).
+#![allow(unsafe_code, reason = "writes ggml's kernel table and calls the kernels through its C signature")]
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
+mod install;
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
+mod tests;
+
+/// Whose dot-product kernels serve Q8_0 and Q5_0 weights on the CPU (`--cpu-kernels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKernels {
+    /// Gantry's, where this CPU and build allow them; else ggml's.
+    Gantry,
+    /// ggml's own.
+    Ggml,
+}
+
+/// Puts Gantry's kernels in ggml's table (once per process; later calls return the first
+/// answer) and says which now serve: `gantry-avx512` or `gantry-avx2`, or `ggml` where they
+/// were not wanted or cannot run here.
+pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
+    static CHOSEN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    CHOSEN.get_or_init(|| {
+        if choice == CpuKernels::Ggml {
+            return "ggml";
+        }
+        #[cfg(all(target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
+        match install::install() {
+            Ok(name) => return name,
+            Err(e) => tracing::warn!(error = %e, "keeping ggml's CPU dot-product kernels"),
+        }
+        "ggml"
+    })
+}

@@ -1,0 +1,172 @@
+//! The kernels against ggml's own (read from its table, which the tests leave as it is: engine
+//! tests in the same process compare decodes and must not see kernels change under them) and
+//! against exact sums.
+
+use std::os::raw::c_void;
+
+use llama_cpp_sys_2::{GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+
+use super::install::{ggml_kernel, traits_of, Level};
+use gantry_cpu_kernels::x86::QK;
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A positive normal f16 between about 2^-10 and 2^5, as a scale would be.
+    fn scale(&mut self) -> u16 {
+        let exponent = 5 + (self.next() % 20) as u16;
+        (exponent << 10) | (self.next() % 1024) as u16
+    }
+
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 32) as u8
+    }
+}
+
+fn f16_value(bits: u16) -> f64 {
+    let exponent = i32::from((bits >> 10) & 0x1f);
+    let mantissa = f64::from(bits & 0x3ff);
+    (1.0 + mantissa / 1024.0) * 2f64.powi(exponent - 15)
+}
+
+/// `n` values of Q8_0 activations (as ggml quantizes them: -127..=127), as raw blocks, and the
+/// blocks' scales and values.
+fn q8_row(rng: &mut Rng, n: usize, lowest: i8) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
+    let mut raw = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..n / QK {
+        let d = rng.scale();
+        raw.extend_from_slice(&d.to_le_bytes());
+        let mut values = [0i32; QK];
+        for v in &mut values {
+            let q = (rng.byte() as i8).max(lowest);
+            raw.push(q as u8);
+            *v = i32::from(q);
+        }
+        blocks.push((f16_value(d), values));
+    }
+    (raw, blocks)
+}
+
+/// `n` Q5_0 weights as raw blocks, and the blocks' scales and values.
+fn q5_row(rng: &mut Rng, n: usize) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
+    let mut raw = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..n / QK {
+        let d = rng.scale();
+        let qh = rng.next() as u32;
+        let qs: Vec<u8> = (0..QK / 2).map(|_| rng.byte()).collect();
+        raw.extend_from_slice(&d.to_le_bytes());
+        raw.extend_from_slice(&qh.to_le_bytes());
+        raw.extend_from_slice(&qs);
+        let mut values = [0i32; QK];
+        for (j, v) in values.iter_mut().enumerate() {
+            let nibble = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
+            *v = i32::from(nibble | (((qh >> j) & 1) as u8) << 4) - 16;
+        }
+        blocks.push((f16_value(d), values));
+    }
+    (raw, blocks)
+}
+
+/// Σ of the blocks' exact integer dot products times their scales, and Σ of the scaled products'
+/// magnitudes (the float sums round relative to those: partial sums cancel).
+fn exact(x: &[(f64, [i32; QK])], y: &[(f64, [i32; QK])]) -> (f64, f64) {
+    x.iter().zip(y).fold((0.0, 0.0), |(sum, size), ((dx, vx), (dy, vy))| {
+        let dot: i32 = vx.iter().zip(vy).map(|(a, b)| a * b).sum();
+        let magnitude: i32 = vx.iter().zip(vy).map(|(a, b)| (a * b).abs()).sum();
+        (sum + dx * dy * f64::from(dot), size + (dx * dy).abs() * f64::from(magnitude))
+    })
+}
+
+/// ggml's kernels convert f16 scales through a table that its CPU backend fills at init.
+fn ggml_ready() {
+    crate::model::backend::llama_backend();
+    // SAFETY: takes no arguments; idempotent (ggml guards it).
+    unsafe { llama_cpp_sys_2::ggml_cpu_init() };
+}
+
+fn call(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) -> f64 {
+    let mut s = f32::NAN;
+    // SAFETY: x and y hold n / 32 blocks of their types; s is one float.
+    unsafe { kernel(n as i32, &mut s, 0, x.as_ptr().cast::<c_void>(), 0, y.as_ptr().cast::<c_void>(), 0, 1) };
+    f64::from(s)
+}
+
+fn levels() -> Vec<Level> {
+    // Every level this CPU runs: the AVX-512 one where it can, and always the AVX2 one.
+    match Level::detect() {
+        Some(Level::V4) => vec![Level::V4, Level::V3],
+        Some(Level::V3) => vec![Level::V3],
+        None => Vec::new(),
+    }
+}
+
+/// Row lengths of the default model (896, 4864), the shortest, and ones that leave 1-3 blocks
+/// past the last group of four.
+const LENGTHS: [usize; 7] = [32, 64, 96, 160, 896, 4864, 4896];
+
+#[test]
+fn every_level_agrees_with_ggml_and_with_the_exact_sum() {
+    assert!(!levels().is_empty(), "the machines these tests run on all have AVX2");
+    ggml_ready();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for level in levels() {
+        let (q8_0, q5_0) = level.kernels();
+        for n in LENGTHS {
+            for _ in 0..20 {
+                let (y, y_blocks) = q8_row(&mut rng, n, -127);
+                let (x8, x8_blocks) = q8_row(&mut rng, n, -128);
+                let (x5, x5_blocks) = q5_row(&mut rng, n);
+                for (ours, theirs, x, x_blocks) in [
+                    (q8_0, ggml_kernel(GGML_TYPE_Q8_0), &x8, &x8_blocks),
+                    (q5_0, ggml_kernel(GGML_TYPE_Q5_0), &x5, &x5_blocks),
+                ] {
+                    let (sum, size) = exact(x_blocks, &y_blocks);
+                    let (ours, theirs) = (call(ours, n, x, &y), call(theirs, n, x, &y));
+                    // f32 rounding of each block's scaled sum and of the running sums.
+                    let tolerance = 1e-6 * size * (n / QK) as f64;
+                    assert!((ours - sum).abs() <= tolerance, "{level:?} n={n}: {ours} against exact {sum}");
+                    assert!((ours - theirs).abs() <= 2.0 * tolerance, "{level:?} n={n}: {ours} against ggml {theirs}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn values_at_the_ends_of_the_ranges_are_exact() {
+    // All weights -128 (Q8_0) or -16 (Q5_0: nibble 0, fifth bit clear) against all activations
+    // 127 with unit scales: each block sums to exactly -128·127·32 or -16·127·32.
+    let one = 0x3c00u16.to_le_bytes();
+    let block = |body: &[u8]| [&one[..], body].concat();
+    let y = block(&[127u8; QK]).repeat(8);
+    let x8 = block(&[0x80u8; QK]).repeat(8);
+    let x5 = block(&[0u8; 4 + QK / 2]).repeat(8);
+    for level in levels() {
+        let (q8_0, q5_0) = level.kernels();
+        assert_eq!(call(q8_0, 8 * QK, &x8, &y), f64::from(-128 * 127 * 32 * 8), "{level:?}");
+        assert_eq!(call(q5_0, 8 * QK, &x5, &y), f64::from(-16 * 127 * 32 * 8), "{level:?}");
+    }
+}
+
+#[test]
+fn the_table_entries_ggml_reads_are_where_the_bindings_say() {
+    // install writes the vec_dot field through the bindings' struct layout; the kernel read
+    // back through it must be ggml's own Q8_0 kernel, which this test runs.
+    ggml_ready();
+    let traits = traits_of(GGML_TYPE_Q8_0);
+    // SAFETY: a pointer into ggml's static table.
+    let kernel = unsafe { (*traits).vec_dot }.expect("a kernel");
+    let one = 0x3c00u16.to_le_bytes();
+    let row = [&one[..], &[2u8; QK][..]].concat();
+    assert_eq!(call(kernel, QK, &row, &row), f64::from(2 * 2 * 32));
+}
