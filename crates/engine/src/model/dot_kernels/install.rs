@@ -99,7 +99,7 @@ pub(super) fn install() -> Result<&'static str, String> {
 
 /// # Safety
 /// No other thread may be changing the protection of the table's page meanwhile.
-unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), String> {
+pub(super) unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), String> {
     // SAFETY: see install.
     let traits = unsafe { ggml_get_type_traits_cpu(ty) }.cast_mut();
     // SAFETY: a field of the entry just returned.
