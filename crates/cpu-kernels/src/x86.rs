@@ -63,6 +63,19 @@ impl Block for BlockQ5 {
 /// (prefetches never fault).
 const PREFETCH_AHEAD: usize = 4096;
 
+/// A Q5_0 block's 32 low nibbles in value order (value `j` in byte `j`), both levels' first step.
+///
+/// # Safety
+/// `b` points to a whole block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn low_nibbles(b: *const BlockQ5) -> __m256i {
+    // SAFETY: the caller's.
+    let packed = unsafe { _mm_loadu_si128(addr_of!((*b).qs).cast()) };
+    let low = _mm_set1_epi8(0x0f);
+    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low))
+}
+
 /// Stamps out one feature level: `$values_q5` unpacks a Q5_0 block into 32 signed bytes,
 /// `$mul_sum` turns 32 signed byte pairs into 8 float lanes of their int32 pair sums.
 macro_rules! level {
@@ -172,10 +185,8 @@ level!(
     v3,
     "avx2,fma,f16c",
     fn values_q5(b: *const BlockQ5) -> __m256i {
+        let nibbles = unsafe { low_nibbles(b) };
         unsafe {
-            let packed = _mm_loadu_si128(addr_of!((*b).qs).cast());
-            let low = _mm_set1_epi8(0x0f);
-            let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low));
             // Byte j gets bit j of the fifth bits (ggml's bytes_from_bits_32): spread the word
             // over the bytes, set every other bit, and see which bytes are all ones.
             let qh = i32::from_le_bytes(read_unaligned(addr_of!((*b).qh)));
@@ -201,10 +212,8 @@ level!(
     v4,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     fn values_q5(b: *const BlockQ5) -> __m256i {
+        let nibbles = unsafe { low_nibbles(b) };
         unsafe {
-            let packed = _mm_loadu_si128(addr_of!((*b).qs).cast());
-            let low = _mm_set1_epi8(0x0f);
-            let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low));
             let fifth = u32::from_le_bytes(read_unaligned(addr_of!((*b).qh)));
             // Where the fifth bit is clear the value is its nibble less 16 (0xF0 above it).
             _mm256_mask_blend_epi8(fifth, _mm256_or_si256(nibbles, _mm256_set1_epi8(0xf0u8 as i8)), nibbles)
