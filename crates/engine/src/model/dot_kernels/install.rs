@@ -23,12 +23,10 @@ impl Level {
     pub(super) fn detect() -> Option<Self> {
         let v3 =
             is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-        let v4 = ["avx512f", "avx512bw", "avx512vl", "avx512vnni"].iter().all(|f| match *f {
-            "avx512f" => is_x86_feature_detected!("avx512f"),
-            "avx512bw" => is_x86_feature_detected!("avx512bw"),
-            "avx512vl" => is_x86_feature_detected!("avx512vl"),
-            _ => is_x86_feature_detected!("avx512vnni"),
-        });
+        let v4 = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
         match (v3, v4) {
             (true, true) => Some(Self::V4),
             (true, false) => Some(Self::V3),
@@ -81,8 +79,8 @@ entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
 /// ggml's own kernel for `ty` (for tests, which compare against it).
 #[cfg(test)]
 pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
-    // SAFETY: ggml_get_type_traits_cpu returns a pointer into its static table for any type.
-    unsafe { (*ggml_get_type_traits_cpu(ty)).vec_dot.expect("ggml has a kernel for this type") }
+    // SAFETY: a pointer into ggml's static table, valid for the whole process.
+    unsafe { (*traits_of(ty)).vec_dot.expect("ggml has a kernel for this type") }
 }
 
 /// Writes this CPU's kernels into ggml's table; returns their name.
@@ -143,6 +141,6 @@ fn protection_of(addr: usize) -> Option<c_int> {
 /// ggml's type traits, for the tests' layout check.
 #[cfg(test)]
 pub(super) fn traits_of(ty: ggml_type) -> *const llama_cpp_sys_2::ggml_type_traits_cpu {
-    // SAFETY: see ggml_kernel.
+    // SAFETY: ggml_get_type_traits_cpu returns a pointer into its static table for any type.
     unsafe { ggml_get_type_traits_cpu(ty) }
 }

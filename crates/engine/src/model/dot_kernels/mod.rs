@@ -10,9 +10,9 @@
 //! token at 15.5 ms, which streams the weights at under half the bandwidth a sequential read
 //! reaches here (70 GB/s): the cores wait on memory (ggml hands each thread short runs of rows,
 //! where the hardware prefetchers restart), and each block's fused multiply-add waits on the last
-//! one's. The kernels (crate `gantry-cpu-kernels`) fetch the weights 4 KiB ahead and keep four accumulators; they
-//! compute each block's integer products and f16 scales as ggml's do, so only the order in which
-//! the float block sums are added differs (rounding in the last bits of a logit, as between any two
+//! one's. The kernels (crate `gantry-cpu-kernels`) fetch the weights 4 KiB ahead and keep four
+//! accumulators; they compute each block's integer products and f16 scales as ggml's do, so only
+//! the order in which the float block sums are added differs (rounding in the last bits of a logit, as between any two
 //! ggml CPU builds). Measured the same way: 13.2-13.8 ms a token, with either the AVX2 or the
 //! AVX-512 level. `--cpu-kernels ggml` keeps ggml's own.
 //!
