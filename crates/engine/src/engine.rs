@@ -13,6 +13,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use crate::constraint::{Constraint, PreparedGrammars};
 use crate::error::{panic_message, EngineError, SubmitError};
 use crate::generator::{Generator, Health};
+use crate::kv::cache::StreamMoves;
 use crate::kv::layout::KvLayout;
 use crate::model::devices::accelerators;
 use crate::model::devices::Offload;
@@ -60,6 +61,9 @@ pub struct EngineConfig {
     pub q8_twin_dir: Option<PathBuf>,
     /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
     pub kv_layout: KvLayout,
+    /// How a sequence moves between streams; `None`: on the device where the KV cache is on a
+    /// GPU, through host memory elsewhere.
+    pub kv_moves: Option<StreamMoves>,
     /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
     /// once, so one key cannot take every slot; `None` is no limit (see `admission`).
     pub max_running_per_key: Option<u32>,
@@ -110,6 +114,7 @@ impl EngineConfig {
             metrics_label,
             q8_twin_dir: None,
             kv_layout: KvLayout::default(),
+            kv_moves: None,
             max_running_per_key: None,
             special_tokens_in_content: false,
             deterministic_greedy: false,
@@ -204,11 +209,10 @@ impl Engine {
                 DeviceSampling::On => true,
                 DeviceSampling::Off => false,
                 // The output layer is on a GPU when every layer is offloaded.
-                DeviceSampling::Auto => {
-                    !accelerators().is_empty() && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
-                }
+                DeviceSampling::Auto => all_on_gpu(&config, &model),
             },
             device_sampling_max_streams: device_sampling_max_streams(&config),
+            kv_moves: kv_moves(&config, &model),
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
             #[cfg(test)]
@@ -440,6 +444,20 @@ impl Generator for Engine {
 
     fn shutdown(&self) {
         Engine::shutdown(self);
+    }
+}
+
+/// Whether every layer, and with them the output layer and the KV cache, is on a GPU.
+fn all_on_gpu(config: &EngineConfig, model: &LoadedModel) -> bool {
+    !accelerators().is_empty() && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
+}
+
+/// Sequences move between streams on the device where the KV cache is on a GPU.
+fn kv_moves(config: &EngineConfig, model: &LoadedModel) -> StreamMoves {
+    match config.kv_moves {
+        Some(moves) => moves,
+        None if all_on_gpu(config, model) => StreamMoves::OnDevice,
+        None => StreamMoves::ThroughHost,
     }
 }
 

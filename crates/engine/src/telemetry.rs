@@ -72,6 +72,15 @@ pub(crate) fn describe() {
          finish it), sample (reading logits or device tokens, sampling, stop strings, streaming), finish \
          (retiring finished requests)."
     );
+    describe_counter!(
+        "gantry_step_part_microseconds_total",
+        Unit::Microseconds,
+        "Parts of two phases of gantry_step_phase_microseconds_total. Of plan: admit (taking waiting \
+         requests in, finding and copying their cached prefixes), cache (moving idle sequences to host \
+         memory, running ones down into gaps), batch (drafts, the planner, writing the batch). Of \
+         sample: pick (every choice's first token, in parallel), produce (drafts walked, stop strings, \
+         text and events out)."
+    );
 }
 
 pub(crate) struct StepStats {
@@ -96,13 +105,34 @@ pub(crate) fn step(s: &StepStats) {
     gauge!("gantry_host_cache_entries", "model" => model()).set(s.host_cache_entries as f64);
 }
 
+/// The plan phase's parts (see `gantry_step_part_microseconds_total`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PlanParts {
+    pub admit: Duration,
+    pub cache: Duration,
+    pub batch: Duration,
+}
+
+impl PlanParts {
+    fn total(&self) -> Duration {
+        self.admit + self.cache + self.batch
+    }
+}
+
+/// The sample phase's parts (see `gantry_step_part_microseconds_total`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SampleParts {
+    pub pick: Duration,
+    pub produce: Duration,
+}
+
 /// Where one decoding step's time went (see `gantry_step_phase_microseconds_total`).
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct StepPhases {
-    pub plan: Duration,
+    pub plan: PlanParts,
     pub decode: Duration,
     pub sync: Duration,
-    pub sample: Duration,
+    pub sample: SampleParts,
     pub finish: Duration,
     /// Ubatches the step's batch was cut into.
     pub ubatches: usize,
@@ -114,12 +144,31 @@ pub(crate) fn step_phases(p: &StepPhases) {
     counter!("gantry_decode_steps_total", "model" => model()).increment(1);
     counter!("gantry_decode_ubatches_total", "model" => model()).increment(p.ubatches as u64);
     counter!("gantry_decode_graphs_reused_total", "model" => model()).increment(p.graphs_reused);
-    let phases = [("plan", p.plan), ("decode", p.decode), ("sync", p.sync), ("sample", p.sample), ("finish", p.finish)];
+    let phases = [
+        ("plan", p.plan.total()),
+        ("decode", p.decode),
+        ("sync", p.sync),
+        ("sample", p.sample.pick + p.sample.produce),
+        ("finish", p.finish),
+    ];
     for (phase, took) in phases {
-        // The facade's counters are integers: microseconds keep a step's phases apart.
-        counter!("gantry_step_phase_microseconds_total", "model" => model(), "phase" => phase)
-            .increment(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+        counter!("gantry_step_phase_microseconds_total", "model" => model(), "phase" => phase).increment(micros(took));
     }
+    let parts = [
+        ("admit", p.plan.admit),
+        ("cache", p.plan.cache),
+        ("batch", p.plan.batch),
+        ("pick", p.sample.pick),
+        ("produce", p.sample.produce),
+    ];
+    for (part, took) in parts {
+        counter!("gantry_step_part_microseconds_total", "model" => model(), "part" => part).increment(micros(took));
+    }
+}
+
+/// The facade's counters are integers: microseconds keep a step's phases apart.
+fn micros(took: Duration) -> u64 {
+    u64::try_from(took.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Totals since start, for the hit ratio gauge.

@@ -24,13 +24,49 @@ pub(crate) struct KvCache {
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
     host: HostCache<SeqState>,
     layout: KvLayout,
+    moves: StreamMoves,
+    /// Sequences a move on the device is to fill at the next decode (`StreamMoves::OnDevice`):
+    /// until a decode has run, their buffers hold stale entries, so the state API neither reads
+    /// nor writes them (a restore or copy into one is refused and recomputed instead).
+    awaiting_copy: Vec<SeqId>,
+}
+
+/// How a sequence moves into another stream (per-sequence layout) when the scheduler closes a
+/// gap in the running sequences' ids (`scheduler/compact.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamMoves {
+    /// Through host memory (`state_seq_get`, `state_seq_set`): only the cells in use travel,
+    /// a small copy for a CPU's memory, where the KV cache lives.
+    #[default]
+    ThroughHost,
+    /// llama.cpp copies the source stream's whole buffer into the destination's, on the device,
+    /// at the next decode (`llama_memory_seq_cp` across streams): on a GPU a few tens of
+    /// microseconds for tens of MB, where the trip through host memory took a
+    /// synchronous transfer per layer each way.
+    OnDevice,
 }
 
 impl KvCache {
     pub(crate) fn new(n_seqs: usize, layout: KvLayout, host_bytes: usize) -> Self {
         // Per sequence, the lowest free sequence keeps running ones in one ubatch (`layout`).
         let slots = KvSlots::new(n_seqs, layout == KvLayout::PerSequence);
-        Self { slots, host: HostCache::new(host_bytes), layout }
+        Self {
+            slots,
+            host: HostCache::new(host_bytes),
+            layout,
+            moves: StreamMoves::default(),
+            awaiting_copy: Vec::new(),
+        }
+    }
+
+    /// A decode ran to its end: llama.cpp made the copies moves on the device queued.
+    pub(crate) fn decoded(&mut self) {
+        self.awaiting_copy.clear();
+    }
+
+    /// Moves between streams as `moves` says (see [`StreamMoves`]).
+    pub(crate) fn with_moves(self, moves: StreamMoves) -> Self {
+        Self { moves, ..self }
     }
 
     /// What each sequence holds, and which idle one a prompt should take.
@@ -115,6 +151,9 @@ impl KvCache {
         if len == 0 || dsts.is_empty() {
             return Ok(());
         }
+        if self.awaits_copy(src) || dsts.iter().any(|&d| self.awaits_copy(d)) {
+            return Err("a sequence awaits a move's copy at the next decode".into());
+        }
         let copied = match self.layout {
             KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
                 ctx.copy_kv_cache_seq(src.raw(), dst.raw(), Some(0), Some(count_u32(len))).map_err(|e| e.to_string())
@@ -143,10 +182,24 @@ impl KvCache {
     pub(crate) fn relocate(&mut self, ctx: &mut LlamaContext<'_>, src: SeqId, dst: SeqId) -> Result<(), String> {
         debug_assert!(self.slots.tokens(dst).is_empty(), "a sequence is moved into an empty one only");
         let len = self.slots.tokens(src).len();
-        self.share(ctx, src, &[dst], len)?;
+        if self.layout == KvLayout::PerSequence && self.moves == StreamMoves::OnDevice {
+            // Safe because the copy waits for the next decode: nothing reads or writes either
+            // buffer before it (the scheduler moves sequences last, just before it decodes), and
+            // `src`'s cells are only marked free below.
+            let _ = ctx.clear_kv_cache_seq(Some(dst.as_u32()), None, None);
+            ctx.copy_kv_cache_seq(src.raw(), dst.raw(), None, None).map_err(|e| e.to_string())?;
+            self.slots.copy_prefix(src, dst, len);
+            self.awaiting_copy.push(dst);
+        } else {
+            self.share(ctx, src, &[dst], len)?;
+        }
         self.slots.touch(dst);
         self.cut(ctx, src, 0);
         Ok(())
+    }
+
+    fn awaits_copy(&self, seq: SeqId) -> bool {
+        self.awaiting_copy.contains(&seq)
     }
 
     /// Moves idle sequence `seq`'s entries to host memory and frees its cells.
@@ -166,6 +219,9 @@ impl KvCache {
         prompt: &[i32],
         at_least: usize,
     ) -> Option<usize> {
+        if self.awaits_copy(seq) {
+            return None;
+        }
         let (tokens, state, len) = self.host.best(scope, prompt, at_least)?;
         let tokens = tokens.to_vec();
         if let Err(e) = ctx.state_seq_set(state, seq.raw()) {
@@ -184,7 +240,7 @@ impl KvCache {
     /// Copies `seq`'s entries into host memory (unless an entry there holds them already).
     fn save(&mut self, ctx: &LlamaContext<'_>, seq: SeqId) {
         let (scope, tokens) = (self.slots.scope(seq), self.slots.tokens(seq));
-        if !self.host.enabled() || tokens.is_empty() || self.host.covers(scope, tokens) {
+        if !self.host.enabled() || tokens.is_empty() || self.host.covers(scope, tokens) || self.awaits_copy(seq) {
             return;
         }
         match ctx.state_seq_get(seq.raw(), LlamaStateSeqFlags::empty()) {

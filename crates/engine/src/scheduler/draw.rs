@@ -73,12 +73,33 @@ impl Scratch {
     }
 }
 
-/// Index of the first maximum (llama.cpp's greedy sampler keeps the first of equal logits).
+/// Index of the first maximum (llama.cpp's greedy sampler keeps the first of equal logits); 0
+/// when no value beats another (all NaN, say).
+///
+/// A greedy step reads every row of logits once (600 KB a row for a 152k vocabulary): the maximum
+/// of each 64 values is taken in 16 lanes the compiler vectorizes, and only a run whose maximum
+/// beats the best so far is searched for its first index. The scalar loop, whose every compare
+/// waits on the last, ran at half the speed.
 pub(crate) fn first_argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate().skip(1) {
-        if v > values[best] {
-            best = i;
+    const RUN: usize = 64;
+    const LANES: usize = 16;
+    let (mut best, mut best_value) = (0, values.first().copied().unwrap_or(f32::NEG_INFINITY));
+    for (r, run) in values.chunks(RUN).enumerate() {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let mut exact = run.chunks_exact(LANES);
+        for part in &mut exact {
+            for (m, &v) in lanes.iter_mut().zip(part) {
+                *m = if v > *m { v } else { *m };
+            }
+        }
+        let mut run_max = lanes.iter().fold(f32::NEG_INFINITY, |a, &m| if m > a { m } else { a });
+        for &v in exact.remainder() {
+            run_max = if v > run_max { v } else { run_max };
+        }
+        if run_max > best_value {
+            // The max is one of the run's values, so `position` finds it.
+            best = r * RUN + run.iter().position(|&v| v == run_max).unwrap_or(0);
+            best_value = run_max;
         }
     }
     best

@@ -37,7 +37,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 
 use crate::error::EngineError;
-use crate::kv::cache::KvCache;
+use crate::kv::cache::{KvCache, StreamMoves};
 use crate::kv::layout::KvLayout;
 use crate::kv::seq_id::SeqId;
 use crate::model::LoadedModel;
@@ -49,7 +49,7 @@ use crate::scheduler::step_plan::StepPlan;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
-use crate::telemetry::{self, StepPhases, StepStats, Totals};
+use crate::telemetry::{self, PlanParts, SampleParts, StepPhases, StepStats, Totals};
 
 pub(crate) struct SchedulerConfig {
     /// Max tokens of one sequence (prompt + completion).
@@ -66,6 +66,8 @@ pub(crate) struct SchedulerConfig {
     /// Held through each decode step when other engines share the cores (see `EngineConfig`).
     pub decode_turns: Option<std::sync::Arc<std::sync::Mutex<()>>>,
     pub layout: KvLayout,
+    /// How a sequence moves into another stream (`compact`).
+    pub kv_moves: StreamMoves,
     /// Most sequences one API key's requests may run at once (see `admission`).
     pub max_running_per_key: Option<u32>,
     /// Greedy requests compute apart from everything else (see `deterministic`).
@@ -129,7 +131,7 @@ impl Scheduler {
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as usize).rev().map(SeqId::new).collect();
-        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes);
+        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes).with_moves(cfg.kv_moves);
         let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();
         speculation::describe();
@@ -196,8 +198,10 @@ impl Scheduler {
         self.drop_cancelled();
         self.admit(ctx);
         self.resolve_shares(ctx);
+        let admitted = Instant::now();
         self.offload_idle(ctx);
         self.compact(ctx);
+        let cache_moved = Instant::now();
         self.evaluate_image(ctx);
         let has_work = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
@@ -218,9 +222,10 @@ impl Scheduler {
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
             return;
         }
+        self.kv.decoded();
         let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
         self.spread_prompts(ctx);
-        self.sample_all(ctx);
+        let pick = self.sample_all(ctx);
         let sampled = Instant::now();
         let rows = self.batch.n_tokens() as usize;
         if self.batch_prompt_tokens == 0 {
@@ -232,10 +237,14 @@ impl Scheduler {
         self.panic_if_asked();
         self.retire_finished();
         telemetry::step_phases(&StepPhases {
-            plan: started - step_started,
+            plan: PlanParts {
+                admit: admitted - step_started,
+                cache: cache_moved - admitted,
+                batch: started - cache_moved,
+            },
             decode: launched - started,
             sync: synced - launched,
-            sample: sampled - synced,
+            sample: SampleParts { pick, produce: (sampled - synced).saturating_sub(pick) },
             finish: sampled.elapsed(),
             ubatches: self.batch_ubatches,
             graphs_reused: graphs_reused.unwrap_or(0),

@@ -428,3 +428,36 @@ fn sampling_speed() {
         eprintln!("T {temperature} top-p {top_p}: llama.cpp chain {before:?}, this sampler {after:?} per token");
     }
 }
+
+/// The run-wise argmax finds what a plain scan finds: the first of equal maxima, across runs
+/// and within one, NaN never winning, and lengths that leave a partial run.
+#[test]
+fn first_argmax_is_the_first_maximum_a_plain_scan_finds() {
+    fn scan(values: &[f32]) -> usize {
+        let mut best = 0;
+        for (i, &v) in values.iter().enumerate().skip(1) {
+            if v > values[best] {
+                best = i;
+            }
+        }
+        best
+    }
+    let mut cases = vec![vec![], vec![f32::NAN; 70], vec![f32::NEG_INFINITY; 130], vec![1.0, f32::NAN, 2.0]];
+    for (n, seed) in [(1, 1), (63, 2), (64, 3), (65, 4), (1000, 5), (151_936, 6)] {
+        let mut v = synthetic_logits(n, seed);
+        cases.push(v.clone());
+        // The maximum twice, in different runs and in one run; a NaN before it.
+        let top = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) + 1.0;
+        for i in [n / 3, n / 3 + 1, n - 1].into_iter().filter(|&i| i < n) {
+            v[i] = top;
+        }
+        if n > 2 {
+            v[1] = f32::NAN;
+        }
+        cases.push(v);
+    }
+    cases.push(vec![-0.0, 0.0, 0.0]);
+    for values in cases {
+        assert_eq!(draw::first_argmax(&values), scan(&values), "{} values", values.len());
+    }
+}

@@ -2,6 +2,7 @@
 //! those its sampler agrees with, and learning how often each kind of draft is accepted.
 
 use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
 
 use llama_cpp_2::context::LlamaContext;
 
@@ -19,9 +20,13 @@ impl Scheduler {
     ///
     /// A panic while one request is sampled (its sampler or grammar, stop strings, tool-call
     /// watching, producing its text) ends that request alone: see `end_panicked`.
-    pub(super) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) {
+    ///
+    /// Returns the time the first positions took to sample (`gantry_step_part_*`, `pick`).
+    pub(super) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) -> Duration {
         let mut panicked = Vec::new();
+        let started = Instant::now();
         let first_tokens = crate::scheduler::sample_step::sample_first_tokens(&mut self.active, ctx);
+        let pick = started.elapsed();
         for (r, first) in first_tokens.into_iter().enumerate() {
             let sampled = match first {
                 Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, ctx)))
@@ -33,6 +38,7 @@ impl Scheduler {
             }
         }
         self.end_panicked(ctx, panicked);
+        pick
     }
 
     /// Walks request `r`'s choices; `first` holds each one's token sampled at its first position.

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
+use crate::kv::cache::StreamMoves;
 use crate::tests::engine::{drain, logging_moves, submit_together, tiny_model};
 use crate::{ChatInput, Engine, EngineConfig, Event, Generator, KvLayout, Outcome, SamplingParams, Usage};
 
@@ -99,9 +100,13 @@ async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
 
 /// An engine with a KV stream per sequence that logs its moves (`compact`), and its decode turns
 /// (for `submit_together`).
-fn start_logging_moves(parallel: u32) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
+fn start_logging_moves(
+    parallel: u32,
+    moves: StreamMoves,
+) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (512, parallel, Some(1));
+    config.kv_moves = Some(moves);
     let (moves, turns) = logging_moves(&mut config);
     (Engine::start(config).unwrap(), moves, turns)
 }
@@ -110,19 +115,27 @@ fn start_logging_moves(parallel: u32) -> (Engine, crate::scheduler::compact::Mov
 /// A two-token request takes sequence 0 and a three-choice request 1–3; when the first ends, the
 /// choice on 3 moves into 0 while the others stay. The three greedy choices decode in the same
 /// batches, so a move that lost or misplaced an entry would make the moved one's text differ.
+/// Both ways of moving: through host memory, and llama.cpp's copy of the stream at the next
+/// decode (what a GPU uses; on the CPU backend here it copies the same way).
 #[tokio::test]
 async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
-    let (engine, moves, turns) = start_logging_moves(4);
+    for way in [StreamMoves::ThroughHost, StreamMoves::OnDevice] {
+        moved_sequence_answers_as_if_it_had_stayed(way).await;
+    }
+}
+
+async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamMoves) {
+    let (engine, moves, turns) = start_logging_moves(4, way);
     let inputs = vec![greedy("two tokens only", 1, 2), greedy("three choices that decode on", 3, 24)];
     let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
     let (short_events, _) = drain(short).await;
     assert!(!short_events.iter().any(|e| matches!(e, Event::Error(_))), "{short_events:?}");
     let (events, usage) = drain(long).await;
     assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");
-    assert_eq!(*moves.lock().unwrap(), [vec![(3, 0)]], "the highest choice moves into the gap, once");
+    assert_eq!(*moves.lock().unwrap(), [vec![(3, 0)]], "{way:?}: the highest choice moves into the gap, once");
     let choices = texts(&events, 3);
     assert!(usage.completion_tokens > 3, "{usage:?}");
-    assert!(!choices[0].is_empty() && choices.iter().all(|c| c == &choices[0]), "{choices:?}");
+    assert!(!choices[0].is_empty() && choices.iter().all(|c| c == &choices[0]), "{way:?}: {choices:?}");
     engine.shutdown();
 }
 
@@ -130,15 +143,21 @@ async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
 /// highest sequence into the lowest gap first, not one a step.
 #[tokio::test]
 async fn gaps_left_together_are_closed_together() {
-    let (engine, moves, turns) = start_logging_moves(6);
+    for way in [StreamMoves::ThroughHost, StreamMoves::OnDevice] {
+        gaps_closed_together(way).await;
+    }
+}
+
+async fn gaps_closed_together(way: StreamMoves) {
+    let (engine, moves, turns) = start_logging_moves(6, way);
     let inputs = vec![greedy("three short answers", 3, 2), greedy("three long answers", 3, 16)];
     let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
     drain(short).await;
     let (events, usage) = drain(long).await;
     assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");
-    assert_eq!(*moves.lock().unwrap(), [vec![(5, 0), (4, 1), (3, 2)]], "in one step");
+    assert_eq!(*moves.lock().unwrap(), [vec![(5, 0), (4, 1), (3, 2)]], "{way:?}: in one step");
     let choices = texts(&events, 3);
     assert!(usage.completion_tokens > 3, "{usage:?}");
-    assert!(!choices[0].is_empty() && choices.iter().all(|c| c == &choices[0]), "{choices:?}");
+    assert!(!choices[0].is_empty() && choices.iter().all(|c| c == &choices[0]), "{way:?}: {choices:?}");
     engine.shutdown();
 }

@@ -67,6 +67,11 @@ pub struct ServeArgs {
     /// logprobs, seeds, n > 1, tools and images always sample on the host.
     #[arg(long, value_enum, env = "GANTRY_DEVICE_SAMPLING", default_value_t = DeviceSamplingArg::Auto)]
     pub device_sampling: DeviceSamplingArg,
+    /// How a running sequence moves down into a gap left by ended ones (one KV stream per
+    /// sequence): `auto` on the device where every layer is on a GPU (llama.cpp copies the
+    /// stream's buffer there), through host memory elsewhere; `host` or `device` always.
+    #[arg(long, value_enum, env = "GANTRY_KV_MOVES", default_value_t = KvMovesArg::Auto)]
+    pub kv_moves: KvMovesArg,
     /// Max tokens per decode step [default: 512, or fewer where a model would not fit
     /// --max-memory otherwise; a value given here is kept or the model refused].
     #[arg(long)]
@@ -237,6 +242,13 @@ pub enum DeviceSamplingArg {
     Auto,
     On,
     Off,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvMovesArg {
+    Auto,
+    Host,
+    Device,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
