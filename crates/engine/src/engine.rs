@@ -13,7 +13,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use crate::constraint::{Constraint, PreparedGrammars};
 use crate::error::{panic_message, EngineError, SubmitError};
 use crate::generator::{Generator, Health};
-use crate::kv::cache::StreamMoves;
+use crate::kv::cache::StreamCopies;
 use crate::kv::layout::KvLayout;
 use crate::model::devices::accelerators;
 use crate::model::devices::Offload;
@@ -61,9 +61,9 @@ pub struct EngineConfig {
     pub q8_twin_dir: Option<PathBuf>,
     /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
     pub kv_layout: KvLayout,
-    /// How a sequence moves between streams; `None`: on the device where the KV cache is on a
-    /// GPU, through host memory elsewhere.
-    pub kv_moves: Option<StreamMoves>,
+    /// How KV entries are copied between streams; `None`: on the device where the KV cache is on
+    /// a GPU, through host memory elsewhere.
+    pub kv_copies: Option<StreamCopies>,
     /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
     /// once, so one key cannot take every slot; `None` is no limit (see `admission`).
     pub max_running_per_key: Option<u32>,
@@ -114,7 +114,7 @@ impl EngineConfig {
             metrics_label,
             q8_twin_dir: None,
             kv_layout: KvLayout::default(),
-            kv_moves: None,
+            kv_copies: None,
             max_running_per_key: None,
             special_tokens_in_content: false,
             deterministic_greedy: false,
@@ -212,7 +212,7 @@ impl Engine {
                 DeviceSampling::Auto => all_on_gpu(&config, &model),
             },
             device_sampling_max_streams: device_sampling_max_streams(&config),
-            kv_moves: kv_moves(&config, &model),
+            kv_copies: kv_copies(&config, &model),
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
             #[cfg(test)]
@@ -452,12 +452,12 @@ fn all_on_gpu(config: &EngineConfig, model: &LoadedModel) -> bool {
     !accelerators().is_empty() && config.offload.gpu_layers.is_none_or(|n| n > model.llama.n_layer())
 }
 
-/// Sequences move between streams on the device where the KV cache is on a GPU.
-fn kv_moves(config: &EngineConfig, model: &LoadedModel) -> StreamMoves {
-    match config.kv_moves {
+/// KV entries are copied between streams on the device where the KV cache is on a GPU.
+fn kv_copies(config: &EngineConfig, model: &LoadedModel) -> StreamCopies {
+    match config.kv_copies {
         Some(moves) => moves,
-        None if all_on_gpu(config, model) => StreamMoves::OnDevice,
-        None => StreamMoves::ThroughHost,
+        None if all_on_gpu(config, model) => StreamCopies::OnDevice,
+        None => StreamCopies::ThroughHost,
     }
 }
 

@@ -44,7 +44,7 @@ pub use engine::{default_threads, Engine, EngineConfig, DEFAULT_HOST_CACHE_MIB};
 pub use error::{EngineError, SubmitError};
 pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
 pub use generator::{Generator, Health};
-pub use kv::cache::StreamMoves;
+pub use kv::cache::StreamCopies;
 pub use kv::layout::KvLayout;
 pub use model::backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
 pub use model::devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};

@@ -24,26 +24,45 @@ pub(crate) struct KvCache {
     /// Idle sequences' KV entries, out of the KV cache (see `host_cache`).
     host: HostCache<SeqState>,
     layout: KvLayout,
-    moves: StreamMoves,
-    /// Sequences a move on the device is to fill at the next decode (`StreamMoves::OnDevice`):
-    /// until a decode has run, their buffers hold stale entries, so the state API neither reads
-    /// nor writes them (a restore or copy into one is refused and recomputed instead).
-    awaiting_copy: Vec<SeqId>,
+    copies: StreamCopies,
+    pending: PendingCopies,
 }
 
-/// How a sequence moves into another stream (per-sequence layout) when the scheduler closes a
-/// gap in the running sequences' ids (`scheduler/compact.rs`).
+/// How KV entries are copied from one stream into another (per-sequence layout): a running
+/// sequence moved down into a gap (`scheduler/compact.rs`), a cached prefix shared with a new
+/// request, a prompt spread to a request's other choices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StreamMoves {
+pub enum StreamCopies {
     /// Through host memory (`state_seq_get`, `state_seq_set`): only the cells in use travel,
     /// a small copy for a CPU's memory, where the KV cache lives.
     #[default]
     ThroughHost,
     /// llama.cpp copies the source stream's whole buffer into the destination's, on the device,
-    /// at the next decode (`llama_memory_seq_cp` across streams): on a GPU a few tens of
-    /// microseconds for tens of MB, where the trip through host memory took a
-    /// synchronous transfer per layer each way.
+    /// at the next decode (`llama_memory_seq_cp` across streams): on a GPU tens of microseconds
+    /// for tens of MB, where the trip through host memory took a synchronous transfer per layer
+    /// and tensor each way, milliseconds a copy.
     OnDevice,
+}
+
+/// The sequences that copies on the device, queued since the last decode, read or fill. Until a
+/// decode runs them, the state API must not read a sequence a copy is to fill (its buffer is
+/// stale) nor write one a copy is to read or fill (the copy would carry or overwrite the write):
+/// a save of one is skipped, a restore into one refused (the prompt is computed instead). Copies
+/// between streams all go on the device then, so no host copy meets a pending one.
+#[derive(Debug, Default)]
+struct PendingCopies {
+    sources: Vec<SeqId>,
+    targets: Vec<SeqId>,
+}
+
+impl PendingCopies {
+    fn readable(&self, seq: SeqId) -> bool {
+        !self.targets.contains(&seq)
+    }
+
+    fn writable(&self, seq: SeqId) -> bool {
+        self.readable(seq) && !self.sources.contains(&seq)
+    }
 }
 
 impl KvCache {
@@ -54,19 +73,19 @@ impl KvCache {
             slots,
             host: HostCache::new(host_bytes),
             layout,
-            moves: StreamMoves::default(),
-            awaiting_copy: Vec::new(),
+            copies: StreamCopies::default(),
+            pending: PendingCopies::default(),
         }
     }
 
-    /// A decode ran to its end: llama.cpp made the copies moves on the device queued.
+    /// A decode ran to its end: llama.cpp made the copies on the device that were queued.
     pub(crate) fn decoded(&mut self) {
-        self.awaiting_copy.clear();
+        self.pending = PendingCopies::default();
     }
 
-    /// Moves between streams as `moves` says (see [`StreamMoves`]).
-    pub(crate) fn with_moves(self, moves: StreamMoves) -> Self {
-        Self { moves, ..self }
+    /// Copies between streams as `copies` says (see [`StreamCopies`]).
+    pub(crate) fn with_copies(self, copies: StreamCopies) -> Self {
+        Self { copies, ..self }
     }
 
     /// What each sequence holds, and which idle one a prompt should take.
@@ -141,7 +160,7 @@ impl KvCache {
         copied
     }
 
-    fn copy_cells(&self, ctx: &mut LlamaContext<'_>, src: SeqId, dsts: &[SeqId], len: usize) -> Result<(), String> {
+    fn copy_cells(&mut self, ctx: &mut LlamaContext<'_>, src: SeqId, dsts: &[SeqId], len: usize) -> Result<(), String> {
         let clear = |ctx: &mut LlamaContext<'_>| {
             for &dst in dsts {
                 let _ = ctx.clear_kv_cache_seq(Some(dst.as_u32()), None, None);
@@ -151,16 +170,25 @@ impl KvCache {
         if len == 0 || dsts.is_empty() {
             return Ok(());
         }
-        if self.awaits_copy(src) || dsts.iter().any(|&d| self.awaits_copy(d)) {
-            return Err("a sequence awaits a move's copy at the next decode".into());
-        }
-        let copied = match self.layout {
-            KvLayout::Unified => dsts.iter().try_for_each(|&dst| {
+        let copied = match (self.layout, self.copies) {
+            (KvLayout::Unified, _) => dsts.iter().try_for_each(|&dst| {
                 ctx.copy_kv_cache_seq(src.raw(), dst.raw(), Some(0), Some(count_u32(len))).map_err(|e| e.to_string())
             }),
-            // llama.cpp copies between streams only whole buffers, and only at the next decode; a
-            // state copy is immediate and moves only the cells in use.
-            KvLayout::PerSequence => {
+            // llama.cpp copies between streams only whole buffers (the cells past `len` are cut
+            // from the copy at once), at the next decode: see `PendingCopies`. Chained copies
+            // (into a sequence, then out of it) run in the order they were asked.
+            (KvLayout::PerSequence, StreamCopies::OnDevice) => {
+                let copied = dsts.iter().try_for_each(|&dst| {
+                    ctx.copy_kv_cache_seq(src.raw(), dst.raw(), None, None).map_err(|e| e.to_string())?;
+                    let _ = ctx.clear_kv_cache_seq(Some(dst.as_u32()), Some(count_u32(len)), None);
+                    Ok::<(), String>(())
+                });
+                self.pending.sources.push(src);
+                self.pending.targets.extend_from_slice(dsts);
+                copied
+            }
+            // A state copy is immediate and moves only the cells in use.
+            (KvLayout::PerSequence, StreamCopies::ThroughHost) => {
                 ctx.state_seq_get(src.raw(), LlamaStateSeqFlags::empty()).map_err(|e| e.to_string()).and_then(|state| {
                     dsts.iter().try_for_each(|&dst| {
                         ctx.state_seq_set(&state, dst.raw()).map_err(|e| e.to_string())?;
@@ -182,24 +210,10 @@ impl KvCache {
     pub(crate) fn relocate(&mut self, ctx: &mut LlamaContext<'_>, src: SeqId, dst: SeqId) -> Result<(), String> {
         debug_assert!(self.slots.tokens(dst).is_empty(), "a sequence is moved into an empty one only");
         let len = self.slots.tokens(src).len();
-        if self.layout == KvLayout::PerSequence && self.moves == StreamMoves::OnDevice {
-            // Safe because the copy waits for the next decode: nothing reads or writes either
-            // buffer before it (the scheduler moves sequences last, just before it decodes), and
-            // `src`'s cells are only marked free below.
-            let _ = ctx.clear_kv_cache_seq(Some(dst.as_u32()), None, None);
-            ctx.copy_kv_cache_seq(src.raw(), dst.raw(), None, None).map_err(|e| e.to_string())?;
-            self.slots.copy_prefix(src, dst, len);
-            self.awaiting_copy.push(dst);
-        } else {
-            self.share(ctx, src, &[dst], len)?;
-        }
+        self.share(ctx, src, &[dst], len)?;
         self.slots.touch(dst);
         self.cut(ctx, src, 0);
         Ok(())
-    }
-
-    fn awaits_copy(&self, seq: SeqId) -> bool {
-        self.awaiting_copy.contains(&seq)
     }
 
     /// Moves idle sequence `seq`'s entries to host memory and frees its cells.
@@ -219,7 +233,7 @@ impl KvCache {
         prompt: &[i32],
         at_least: usize,
     ) -> Option<usize> {
-        if self.awaits_copy(seq) {
+        if !self.pending.writable(seq) {
             return None;
         }
         let (tokens, state, len) = self.host.best(scope, prompt, at_least)?;
@@ -240,7 +254,8 @@ impl KvCache {
     /// Copies `seq`'s entries into host memory (unless an entry there holds them already).
     fn save(&mut self, ctx: &LlamaContext<'_>, seq: SeqId) {
         let (scope, tokens) = (self.slots.scope(seq), self.slots.tokens(seq));
-        if !self.host.enabled() || tokens.is_empty() || self.host.covers(scope, tokens) || self.awaits_copy(seq) {
+        let unreadable = !self.pending.readable(seq);
+        if !self.host.enabled() || tokens.is_empty() || unreadable || self.host.covers(scope, tokens) {
             return;
         }
         match ctx.state_seq_get(seq.raw(), LlamaStateSeqFlags::empty()) {

@@ -8,7 +8,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
-use super::KvCache;
+use super::{KvCache, StreamCopies};
 use crate::kv::layout::KvLayout;
 use crate::kv::seq_id::SeqId;
 use crate::model::backend::llama_backend;
@@ -33,6 +33,7 @@ fn decode(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, seq: usize, from: usize,
         batch.add(LlamaToken(t), (from + i) as i32, &[s(seq).raw()], i + 1 == tokens.len()).unwrap();
     }
     ctx.decode(&mut batch).unwrap();
+    kv.decoded();
 }
 
 fn agree(kv: &KvCache, ctx: &LlamaContext<'_>, after: &str) {
@@ -41,7 +42,7 @@ fn agree(kv: &KvCache, ctx: &LlamaContext<'_>, after: &str) {
     }
 }
 
-fn every_method_keeps_the_mirror(layout: KvLayout) {
+fn every_method_keeps_the_mirror(layout: KvLayout, copies: StreamCopies) {
     let model = LoadedModel::load(tiny_model(), None, 1, &Offload::default()).unwrap();
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(64 * SEQS as u32))
@@ -52,7 +53,7 @@ fn every_method_keeps_the_mirror(layout: KvLayout) {
         .with_n_threads(1)
         .with_n_threads_batch(1);
     let mut ctx = model.llama.new_context(llama_backend(), params).unwrap();
-    let mut kv = KvCache::new(SEQS as usize, layout, 64 << 20);
+    let mut kv = KvCache::new(SEQS as usize, layout, 64 << 20).with_copies(copies);
     let prompt: Vec<i32> = (1..=12).collect();
 
     kv.take(&mut ctx, s(0), A, 0);
@@ -116,12 +117,56 @@ fn every_method_keeps_the_mirror(layout: KvLayout) {
 
 #[test]
 fn every_method_keeps_the_mirror_with_a_stream_per_sequence() {
-    every_method_keeps_the_mirror(KvLayout::PerSequence);
+    every_method_keeps_the_mirror(KvLayout::PerSequence, StreamCopies::ThroughHost);
+}
+
+#[test]
+fn every_method_keeps_the_mirror_copying_on_the_device() {
+    every_method_keeps_the_mirror(KvLayout::PerSequence, StreamCopies::OnDevice);
 }
 
 #[test]
 fn every_method_keeps_the_mirror_in_a_unified_cache() {
-    every_method_keeps_the_mirror(KvLayout::Unified);
+    every_method_keeps_the_mirror(KvLayout::Unified, StreamCopies::ThroughHost);
+}
+
+/// A copy on the device waits in llama.cpp for the next decode: until one has run, the state API
+/// neither reads a sequence the copy fills (its entries are not there yet) nor writes one it
+/// reads or fills: a restore there is refused (the prompt is computed instead), a save of one
+/// skipped.
+#[test]
+fn a_copy_on_the_device_keeps_the_state_api_off_its_sequences_until_a_decode() {
+    let model = LoadedModel::load(tiny_model(), None, 1, &Offload::default()).unwrap();
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(64 * SEQS as u32))
+        .with_n_batch(64)
+        .with_n_ubatch(64)
+        .with_n_seq_max(SEQS as u32)
+        .with_n_threads(1)
+        .with_n_threads_batch(1);
+    let mut ctx = model.llama.new_context(llama_backend(), params).unwrap();
+    let mut kv = KvCache::new(SEQS as usize, KvLayout::PerSequence, 64 << 20).with_copies(StreamCopies::OnDevice);
+    let prompt: Vec<i32> = (1..=12).collect();
+    kv.take(&mut ctx, s(0), A, 0);
+    decode(&mut kv, &mut ctx, 0, 0, &prompt);
+    kv.offload(&mut ctx, s(0));
+    kv.take(&mut ctx, s(0), A, 0);
+    assert_eq!(kv.restore(&mut ctx, s(0), A, &prompt, 0), Some(12), "no copy pending: restored");
+
+    kv.share(&mut ctx, s(0), &[s(1)], 8).unwrap();
+    agree(&kv, &ctx, "a copy on the device");
+    assert_eq!(kv.slots().tokens(s(1)), &prompt[..8], "the mirror has it at once");
+    assert_eq!(kv.restore(&mut ctx, s(1), A, &prompt, 0), None, "into the sequence being filled");
+    assert_eq!(kv.restore(&mut ctx, s(0), A, &prompt, 0), None, "into the sequence being read");
+    let entries = kv.host_usage().1;
+    kv.take(&mut ctx, s(1), B, 0);
+    assert_eq!(kv.host_usage().1, entries, "the sequence being filled was not saved");
+    kv.share(&mut ctx, s(0), &[s(1)], 8).unwrap();
+
+    // Once a decode has run the copies, sequence 1 holds what sequence 0 computed.
+    decode(&mut kv, &mut ctx, 1, 8, &[40]);
+    agree(&kv, &ctx, "decoding after the copy");
+    assert_eq!(kv.restore(&mut ctx, s(2), A, &prompt, 0), Some(12), "the state API is free again");
 }
 
 #[test]

@@ -37,7 +37,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 
 use crate::error::EngineError;
-use crate::kv::cache::{KvCache, StreamMoves};
+use crate::kv::cache::{KvCache, StreamCopies};
 use crate::kv::layout::KvLayout;
 use crate::kv::seq_id::SeqId;
 use crate::model::LoadedModel;
@@ -66,8 +66,8 @@ pub(crate) struct SchedulerConfig {
     /// Held through each decode step when other engines share the cores (see `EngineConfig`).
     pub decode_turns: Option<std::sync::Arc<std::sync::Mutex<()>>>,
     pub layout: KvLayout,
-    /// How a sequence moves into another stream (`compact`).
-    pub kv_moves: StreamMoves,
+    /// How KV entries are copied between streams (moves, shared prefixes, spread prompts).
+    pub kv_copies: StreamCopies,
     /// Most sequences one API key's requests may run at once (see `admission`).
     pub max_running_per_key: Option<u32>,
     /// Greedy requests compute apart from everything else (see `deterministic`).
@@ -131,7 +131,7 @@ impl Scheduler {
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as usize).rev().map(SeqId::new).collect();
-        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes).with_moves(cfg.kv_moves);
+        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes).with_copies(cfg.kv_copies);
         let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();
         speculation::describe();

@@ -5,15 +5,22 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::kv::cache::StreamMoves;
+use crate::kv::cache::StreamCopies;
 use crate::tests::engine::{drain, logging_moves, submit_together, tiny_model};
 use crate::{ChatInput, Engine, EngineConfig, Event, Generator, KvLayout, Outcome, SamplingParams, Usage};
 
-const LAYOUTS: [KvLayout; 2] = [KvLayout::PerSequence, KvLayout::Unified];
+/// Each layout, and per sequence both ways of copying between streams (a GPU copies on the
+/// device; the CPU backend here runs the same llama.cpp path).
+const LAYOUTS: [(KvLayout, StreamCopies); 3] = [
+    (KvLayout::PerSequence, StreamCopies::ThroughHost),
+    (KvLayout::PerSequence, StreamCopies::OnDevice),
+    (KvLayout::Unified, StreamCopies::ThroughHost),
+];
 
-fn start(layout: KvLayout, parallel: u32) -> Engine {
+fn start((layout, copies): (KvLayout, StreamCopies), parallel: u32) -> Engine {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads, config.kv_layout) = (512, parallel, Some(1), layout);
+    config.kv_copies = Some(copies);
     Engine::start(config).unwrap()
 }
 
@@ -102,11 +109,11 @@ async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
 /// (for `submit_together`).
 fn start_logging_moves(
     parallel: u32,
-    moves: StreamMoves,
+    copies: StreamCopies,
 ) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (512, parallel, Some(1));
-    config.kv_moves = Some(moves);
+    config.kv_copies = Some(copies);
     let (moves, turns) = logging_moves(&mut config);
     (Engine::start(config).unwrap(), moves, turns)
 }
@@ -119,12 +126,12 @@ fn start_logging_moves(
 /// decode (what a GPU uses; on the CPU backend here it copies the same way).
 #[tokio::test]
 async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
-    for way in [StreamMoves::ThroughHost, StreamMoves::OnDevice] {
+    for way in [StreamCopies::ThroughHost, StreamCopies::OnDevice] {
         moved_sequence_answers_as_if_it_had_stayed(way).await;
     }
 }
 
-async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamMoves) {
+async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamCopies) {
     let (engine, moves, turns) = start_logging_moves(4, way);
     let inputs = vec![greedy("two tokens only", 1, 2), greedy("three choices that decode on", 3, 24)];
     let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
@@ -143,12 +150,12 @@ async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamMoves) {
 /// highest sequence into the lowest gap first, not one a step.
 #[tokio::test]
 async fn gaps_left_together_are_closed_together() {
-    for way in [StreamMoves::ThroughHost, StreamMoves::OnDevice] {
+    for way in [StreamCopies::ThroughHost, StreamCopies::OnDevice] {
         gaps_closed_together(way).await;
     }
 }
 
-async fn gaps_closed_together(way: StreamMoves) {
+async fn gaps_closed_together(way: StreamCopies) {
     let (engine, moves, turns) = start_logging_moves(6, way);
     let inputs = vec![greedy("three short answers", 3, 2), greedy("three long answers", 3, 16)];
     let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();

@@ -13,7 +13,7 @@ pub mod serve;
 mod serve_args;
 
 pub use data_dir::DataDirArg;
-pub use serve_args::{CpuKernelsArg, DeviceSamplingArg, KvMovesArg, Q5AsQ8Arg, ServeArgs, SpeculateArg};
+pub use serve_args::{CpuKernelsArg, DeviceSamplingArg, KvCopiesArg, Q5AsQ8Arg, ServeArgs, SpeculateArg};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 

@@ -126,10 +126,10 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
         crate::cli::DeviceSamplingArg::On => gantry_engine::DeviceSampling::On,
         crate::cli::DeviceSamplingArg::Off => gantry_engine::DeviceSampling::Off,
     };
-    config.kv_moves = match args.kv_moves {
-        crate::cli::KvMovesArg::Auto => None,
-        crate::cli::KvMovesArg::Host => Some(gantry_engine::StreamMoves::ThroughHost),
-        crate::cli::KvMovesArg::Device => Some(gantry_engine::StreamMoves::OnDevice),
+    config.kv_copies = match args.kv_copies {
+        crate::cli::KvCopiesArg::Auto => None,
+        crate::cli::KvCopiesArg::Host => Some(gantry_engine::StreamCopies::ThroughHost),
+        crate::cli::KvCopiesArg::Device => Some(gantry_engine::StreamCopies::OnDevice),
     };
     config.offload = gantry_engine::Offload { gpu_layers: args.n_gpu_layers, main_gpu: args.main_gpu };
     config.speculation = gantry_engine::SpeculationConfig {

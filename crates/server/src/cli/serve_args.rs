@@ -67,11 +67,12 @@ pub struct ServeArgs {
     /// logprobs, seeds, n > 1, tools and images always sample on the host.
     #[arg(long, value_enum, env = "GANTRY_DEVICE_SAMPLING", default_value_t = DeviceSamplingArg::Auto)]
     pub device_sampling: DeviceSamplingArg,
-    /// How a running sequence moves down into a gap left by ended ones (one KV stream per
-    /// sequence): `auto` on the device where every layer is on a GPU (llama.cpp copies the
-    /// stream's buffer there), through host memory elsewhere; `host` or `device` always.
-    #[arg(long, value_enum, env = "GANTRY_KV_MOVES", default_value_t = KvMovesArg::Auto)]
-    pub kv_moves: KvMovesArg,
+    /// How KV entries are copied between sequences (one KV stream per sequence: a running
+    /// sequence moved down into a gap, a cached prefix shared with a new request, a prompt spread
+    /// to its other choices): `auto` on the device where every layer is on a GPU (llama.cpp copies
+    /// the stream's buffer there), through host memory elsewhere; `host` or `device` always.
+    #[arg(long, value_enum, env = "GANTRY_KV_COPIES", default_value_t = KvCopiesArg::Auto)]
+    pub kv_copies: KvCopiesArg,
     /// Max tokens per decode step [default: 512, or fewer where a model would not fit
     /// --max-memory otherwise; a value given here is kept or the model refused].
     #[arg(long)]
@@ -245,7 +246,7 @@ pub enum DeviceSamplingArg {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvMovesArg {
+pub enum KvCopiesArg {
     Auto,
     Host,
     Device,
