@@ -42,8 +42,8 @@ fn agree(kv: &KvCache, ctx: &LlamaContext<'_>, after: &str) {
     }
 }
 
-fn every_method_keeps_the_mirror(layout: KvLayout, copies: StreamCopies) {
-    let model = LoadedModel::load(tiny_model(), None, 1, &Offload::default()).unwrap();
+/// A context of `SEQS` sequences of 64 positions on the tiny model.
+fn context(model: &LoadedModel, layout: KvLayout) -> LlamaContext<'_> {
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(64 * SEQS as u32))
         .with_n_batch(64)
@@ -52,7 +52,12 @@ fn every_method_keeps_the_mirror(layout: KvLayout, copies: StreamCopies) {
         .with_kv_unified(layout.is_unified())
         .with_n_threads(1)
         .with_n_threads_batch(1);
-    let mut ctx = model.llama.new_context(llama_backend(), params).unwrap();
+    model.llama.new_context(llama_backend(), params).unwrap()
+}
+
+fn every_method_keeps_the_mirror(layout: KvLayout, copies: StreamCopies) {
+    let model = LoadedModel::load(tiny_model(), None, 1, &Offload::default()).unwrap();
+    let mut ctx = context(&model, layout);
     let mut kv = KvCache::new(SEQS as usize, layout, 64 << 20).with_copies(copies);
     let prompt: Vec<i32> = (1..=12).collect();
 
@@ -137,14 +142,7 @@ fn every_method_keeps_the_mirror_in_a_unified_cache() {
 #[test]
 fn a_copy_on_the_device_keeps_the_state_api_off_its_sequences_until_a_decode() {
     let model = LoadedModel::load(tiny_model(), None, 1, &Offload::default()).unwrap();
-    let params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(64 * SEQS as u32))
-        .with_n_batch(64)
-        .with_n_ubatch(64)
-        .with_n_seq_max(SEQS as u32)
-        .with_n_threads(1)
-        .with_n_threads_batch(1);
-    let mut ctx = model.llama.new_context(llama_backend(), params).unwrap();
+    let mut ctx = context(&model, KvLayout::PerSequence);
     let mut kv = KvCache::new(SEQS as usize, KvLayout::PerSequence, 64 << 20).with_copies(StreamCopies::OnDevice);
     let prompt: Vec<i32> = (1..=12).collect();
     kv.take(&mut ctx, s(0), A, 0);
