@@ -455,7 +455,7 @@ fn all_on_gpu(config: &EngineConfig, model: &LoadedModel) -> bool {
 /// KV entries are copied between streams on the device where the KV cache is on a GPU.
 fn kv_copies(config: &EngineConfig, model: &LoadedModel) -> StreamCopies {
     match config.kv_copies {
-        Some(moves) => moves,
+        Some(copies) => copies,
         None if all_on_gpu(config, model) => StreamCopies::OnDevice,
         None => StreamCopies::ThroughHost,
     }

@@ -17,6 +17,9 @@ const LAYOUTS: [(KvLayout, StreamCopies); 3] = [
     (KvLayout::Unified, StreamCopies::ThroughHost),
 ];
 
+/// Both ways of copying between streams, for the tests of moves.
+const COPIES: [StreamCopies; 2] = [StreamCopies::ThroughHost, StreamCopies::OnDevice];
+
 fn start((layout, copies): (KvLayout, StreamCopies), parallel: u32) -> Engine {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads, config.kv_layout) = (512, parallel, Some(1), layout);
@@ -126,7 +129,7 @@ fn start_logging_moves(
 /// decode (what a GPU uses; on the CPU backend here it copies the same way).
 #[tokio::test]
 async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
-    for way in [StreamCopies::ThroughHost, StreamCopies::OnDevice] {
+    for way in COPIES {
         moved_sequence_answers_as_if_it_had_stayed(way).await;
     }
 }
@@ -150,7 +153,7 @@ async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamCopies) {
 /// highest sequence into the lowest gap first, not one a step.
 #[tokio::test]
 async fn gaps_left_together_are_closed_together() {
-    for way in [StreamCopies::ThroughHost, StreamCopies::OnDevice] {
+    for way in COPIES {
         gaps_closed_together(way).await;
     }
 }
