@@ -9,6 +9,8 @@
 use std::arch::x86_64::*;
 use std::ptr::{addr_of, read_unaligned};
 
+mod wide;
+
 /// Values per block of both types.
 pub const QK: usize = 32;
 
@@ -76,10 +78,147 @@ unsafe fn low_nibbles(b: *const BlockQ5) -> __m256i {
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low))
 }
 
+/// How far ahead tiles of `tile` bytes of weight rows fetch each row: the same place in the row
+/// of a tile [`PREFETCH_AHEAD`] or more bytes on. Fetching each row 4 KiB on instead would leave the
+/// start of a tile's second row unfetched where rows are longer than that (4,864 values: 5 KiB):
+/// products with 152-block rows then took 12 ms where 28-block rows took 7.5.
+pub(crate) const fn prefetch_distance(tile: usize) -> usize {
+    if tile == 0 {
+        return PREFETCH_AHEAD;
+    }
+    tile * PREFETCH_AHEAD.div_ceil(tile)
+}
+
+/// `out[r][c] = Σ_b x[r]_b · y[c]_b` over `k` blocks for `R` weight rows and `C` activation
+/// columns at once: each weight block is loaded (and its signs taken) once for all `C` columns,
+/// each activation block once for all `R` rows, and the `R × C` sums are independent chains.
+/// `dy[c]` holds column `c`'s `k` block scales as f32; each row is fetched `ahead` bytes on.
+macro_rules! tile {
+    ($features:literal, $name:ident, $Block:ty, $values:ident) => {
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn $name<const R: usize, const C: usize>(
+            k: usize,
+            x: [*const $Block; R],
+            y: [*const BlockQ8; C],
+            dy: [*const f32; C],
+            ahead: usize,
+        ) -> [[f32; C]; R] {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for b in 0..k {
+                if b % 4 == 0 {
+                    for row in x {
+                        let line = row.wrapping_add(b).cast::<i8>().wrapping_add(ahead);
+                        for l in 0..3 {
+                            _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64 * l));
+                        }
+                    }
+                }
+                let mut xv = [_mm256_setzero_si256(); R];
+                let mut dx = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    let block = unsafe { x[r].add(b) };
+                    xv[r] = $values(block);
+                    dx[r] = _mm256_set1_ps(f16_to_f32(unsafe { <$Block as Block>::scale_bits(block) }));
+                }
+                for c in 0..C {
+                    let yv = values_q8(unsafe { y[c].add(b) });
+                    let dyc = _mm256_set1_ps(unsafe { *dy[c].add(b) });
+                    for r in 0..R {
+                        let p = mul_sum(xv[r], yv);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dx[r], dyc), p, acc[r][c]);
+                    }
+                }
+            }
+            let mut out = [[0f32; C]; R];
+            for r in 0..R {
+                for c in 0..C {
+                    out[r][c] = hsum(acc[r][c]);
+                }
+            }
+            out
+        }
+    };
+}
+
+/// The product of weight rows `rows` of `a` (`lda` blocks apart) with `n` columns of Q8_0
+/// activations `b` (`ldb` blocks apart), `k` blocks long: `c[j * ldc + i] = a_i · b_j`, as
+/// llamafile's `sgemm` lays it out. Rows go in pairs, columns in fours, a row pair's columns
+/// one group after another while its weights are still in L1.
+macro_rules! gemm {
+    ($features:literal, $name:ident, $Block:ty, $tile:ident) => {
+        /// # Safety
+        /// `a` holds every row in `rows`, `b` `n` columns, each `k` blocks long; `c` has room
+        /// for every `j * ldc + i`; and this CPU has the level's features.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+        pub unsafe fn $name(
+            rows: std::ops::Range<usize>,
+            n: usize,
+            k: usize,
+            a: *const $Block,
+            lda: usize,
+            b: *const BlockQ8,
+            ldb: usize,
+            c: *mut f32,
+            ldc: usize,
+        ) {
+            let dy: Vec<f32> =
+                (0..n * k).map(|i| f16_to_f32(unsafe { BlockQ8::scale_bits(b.add((i / k) * ldb + i % k)) })).collect();
+            let ahead = prefetch_distance(2 * lda * std::mem::size_of::<$Block>());
+            let column = |j: usize| unsafe { b.add(j * ldb) };
+            let scales = |j: usize| unsafe { dy.as_ptr().add(j * k) };
+            /// One tile: rows `i..i + R`, columns `j..j + C`.
+            macro_rules! run {
+                ($R:literal, $C:literal, $i:expr, $j:expr) => {{
+                    let (i, j) = ($i, $j);
+                    let out = unsafe {
+                        $tile::<$R, $C>(
+                            k,
+                            std::array::from_fn(|r| a.add((i + r) * lda)),
+                            std::array::from_fn(|q| column(j + q)),
+                            std::array::from_fn(|q| scales(j + q)),
+                            ahead,
+                        )
+                    };
+                    for (r, row) in out.iter().enumerate() {
+                        for (q, v) in row.iter().enumerate() {
+                            unsafe { *c.add((j + q) * ldc + i + r) = *v };
+                        }
+                    }
+                }};
+            }
+            macro_rules! columns {
+                ($R:literal, $i:expr) => {{
+                    let mut j = 0;
+                    while j < n {
+                        match n - j {
+                            1 => run!($R, 1, $i, j),
+                            2 => run!($R, 2, $i, j),
+                            3 => run!($R, 3, $i, j),
+                            _ => run!($R, 4, $i, j),
+                        }
+                        j += 4;
+                    }
+                }};
+            }
+            let mut i = rows.start;
+            while i + 2 <= rows.end {
+                columns!(2, i);
+                i += 2;
+            }
+            if i < rows.end {
+                columns!(1, i);
+            }
+        }
+    };
+}
+
 /// Stamps out one feature level: `$values_q5` unpacks a Q5_0 block into 32 signed bytes,
-/// `$mul_sum` turns 32 signed byte pairs into 8 float lanes of their int32 pair sums.
+/// `$mul_sum` turns 32 signed byte pairs into 8 float lanes of their int32 pair sums, and
+/// `$tail` is the level's `gemm_q8_0` and `gemm_q5_0` for a few rows of activations.
 macro_rules! level {
-    ($level:ident, $features:literal, $values_q5:item, $mul_sum:item) => {
+    ($level:ident, $features:literal, $values_q5:item, $mul_sum:item, $($tail:item)*) => {
         pub mod $level {
             use super::*;
 
@@ -93,7 +232,7 @@ macro_rules! level {
 
             #[target_feature(enable = $features)]
             #[inline]
-            fn values_q8(b: *const BlockQ8) -> __m256i {
+            pub(crate) fn values_q8(b: *const BlockQ8) -> __m256i {
                 unsafe { _mm256_loadu_si256(addr_of!((*b).qs).cast()) }
             }
 
@@ -117,7 +256,7 @@ macro_rules! level {
 
             #[target_feature(enable = $features)]
             #[inline]
-            fn f16_to_f32(bits: u16) -> f32 {
+            pub(crate) fn f16_to_f32(bits: u16) -> f32 {
                 _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
             }
 
@@ -177,6 +316,8 @@ macro_rules! level {
             pub unsafe fn dot_q5_0(nb: usize, x: *const BlockQ5, y: *const BlockQ8) -> f32 {
                 dot_body!(nb, x, y, values_q5)
             }
+
+            $($tail)*
         }
     };
 }
@@ -205,13 +346,17 @@ level!(
     fn mul_sum(x: __m256i, y: __m256i) -> __m256 {
         let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
         _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-    }
+    },
+    tile!("avx2,fma,f16c", tile_q8_0, BlockQ8, values_q8);
+    tile!("avx2,fma,f16c", tile_q5_0, BlockQ5, values_q5);
+    gemm!("avx2,fma,f16c", gemm_q8_0, BlockQ8, tile_q8_0);
+    gemm!("avx2,fma,f16c", gemm_q5_0, BlockQ5, tile_q5_0);
 );
 
 level!(
     v4,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    fn values_q5(b: *const BlockQ5) -> __m256i {
+    pub(crate) fn values_q5(b: *const BlockQ5) -> __m256i {
         let nibbles = unsafe { low_nibbles(b) };
         unsafe {
             let fifth = u32::from_le_bytes(read_unaligned(addr_of!((*b).qh)));
@@ -222,5 +367,19 @@ level!(
     fn mul_sum(x: __m256i, y: __m256i) -> __m256 {
         let pairs = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
         _mm256_cvtepi32_ps(pairs)
-    }
+    },
+    pub use super::wide::{gemm_q5_0, gemm_q8_0};
 );
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tiles_fetch_the_same_place_of_a_tile_at_least_4_kib_on() {
+        for tile in [1, 68, 1904, 4096, 4097, 10336, 65536] {
+            let ahead = super::prefetch_distance(tile);
+            assert_eq!(ahead % tile, 0, "tile {tile}: {ahead}");
+            assert!(ahead >= super::PREFETCH_AHEAD && ahead < super::PREFETCH_AHEAD + tile, "tile {tile}: {ahead}");
+        }
+        assert_eq!(super::prefetch_distance(0), super::PREFETCH_AHEAD);
+    }
+}

@@ -67,21 +67,26 @@ pub(crate) fn install() {
 /// Loads (in the portable build) and reports which CPU kernels llama.cpp runs: the variant (chosen
 /// for this CPU at start in the portable build, `built-in` otherwise: native to the build host for
 /// `make build`, portable AVX2 in `make test`'s debug build) and its features, logged and exported
-/// as `gantry_cpu_backend_info{variant="…", features="…", dot_kernels="…"} 1`; `dot_kernels`
-/// names whose Q8_0/Q5_0 dot products run (`--cpu-kernels`), put in place here, before any model
-/// loads.
+/// as `gantry_cpu_backend_info{variant="…", features="…", dot_kernels="…", small_batches="…"} 1`;
+/// `dot_kernels` names whose Q8_0/Q5_0 dot products run (`--cpu-kernels`), put in place here,
+/// before any model loads, and `small_batches` whose products of those weights with a few rows of
+/// activations (Gantry's where ggml's CPU backend is linked in, else llamafile's).
 pub(crate) fn report_cpu_backend(kernels: gantry_engine::CpuKernels) -> anyhow::Result<()> {
     gantry_engine::load_cpu_backend().map_err(|e| anyhow::anyhow!("loading llama.cpp's CPU backend: {e}"))?;
     let variant = gantry_engine::cpu_backend_variant();
     let features = gantry_engine::cpu_backend_features().join(" ");
     let dot_kernels = gantry_engine::use_cpu_kernels(kernels);
-    tracing::info!(variant = %variant, features = %features, dot_kernels, "llama.cpp CPU backend");
+    let small_batches = gantry_engine::small_batch_kernels();
+    tracing::info!(variant = %variant, features = %features, dot_kernels, small_batches, "llama.cpp CPU backend");
     describe_gauge!(
         "gantry_cpu_backend_info",
-        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with, dot_kernels whose Q8_0/Q5_0 dot products run."
+        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with, dot_kernels whose Q8_0/Q5_0 dot products run, small_batches whose products of those weights with a few rows of activations."
     );
-    gauge!("gantry_cpu_backend_info", "variant" => variant, "features" => features, "dot_kernels" => dot_kernels)
-        .set(1.0);
+    gauge!(
+        "gantry_cpu_backend_info",
+        "variant" => variant, "features" => features, "dot_kernels" => dot_kernels, "small_batches" => small_batches
+    )
+    .set(1.0);
     Ok(())
 }
 

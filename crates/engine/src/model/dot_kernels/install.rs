@@ -92,6 +92,8 @@ pub(super) fn install() -> Result<&'static str, String> {
         // computes yet (this runs before any model is loaded).
         unsafe { write_kernel(ty, kernel)? };
     }
+    #[cfg(ggml_cpu_static)]
+    super::small_batches::enable(level);
     Ok(level.name())
 }
 

@@ -25,6 +25,10 @@
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
 mod install;
+#[cfg(ggml_cpu_static)]
+pub(crate) mod small_batches;
+#[cfg(all(test, ggml_cpu_static))]
+mod small_batches_tests;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
 mod tests;
 
@@ -53,4 +57,14 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
         }
         "ggml"
     })
+}
+
+/// Whose kernels multiply Q8_0 and Q5_0 weights by a few rows of activations (`small_batches`):
+/// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
+/// CPU backend is linked in, else `llamafile`.
+pub fn small_batch_kernels() -> &'static str {
+    #[cfg(ggml_cpu_static)]
+    return small_batches::kernels();
+    #[cfg(not(ggml_cpu_static))]
+    "llamafile"
 }

@@ -10,10 +10,10 @@ use super::install::{ggml_kernel, traits_of, Level};
 use gantry_cpu_kernels::x86::QK;
 
 /// xorshift64*: deterministic test data without a dependency.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -39,7 +39,7 @@ fn f16_value(bits: u16) -> f64 {
 
 /// `n` values of Q8_0 activations (as ggml quantizes them: -127..=127), as raw blocks, and the
 /// blocks' scales and values.
-fn q8_row(rng: &mut Rng, n: usize, lowest: i8) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
+pub(super) fn q8_row(rng: &mut Rng, n: usize, lowest: i8) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
     let mut raw = Vec::new();
     let mut blocks = Vec::new();
     for _ in 0..n / QK {
@@ -57,7 +57,7 @@ fn q8_row(rng: &mut Rng, n: usize, lowest: i8) -> (Vec<u8>, Vec<(f64, [i32; QK])
 }
 
 /// `n` Q5_0 weights as raw blocks, and the blocks' scales and values.
-fn q5_row(rng: &mut Rng, n: usize) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
+pub(super) fn q5_row(rng: &mut Rng, n: usize) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
     let mut raw = Vec::new();
     let mut blocks = Vec::new();
     for _ in 0..n / QK {
@@ -79,7 +79,7 @@ fn q5_row(rng: &mut Rng, n: usize) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
 
 /// Σ of the blocks' exact integer dot products times their scales, and Σ of the scaled products'
 /// magnitudes (the float sums round relative to those: partial sums cancel).
-fn exact(x: &[(f64, [i32; QK])], y: &[(f64, [i32; QK])]) -> (f64, f64) {
+pub(super) fn exact(x: &[(f64, [i32; QK])], y: &[(f64, [i32; QK])]) -> (f64, f64) {
     x.iter().zip(y).fold((0.0, 0.0), |(sum, size), ((dx, vx), (dy, vy))| {
         let dot: i32 = vx.iter().zip(vy).map(|(a, b)| a * b).sum();
         let magnitude: i32 = vx.iter().zip(vy).map(|(a, b)| (a * b).abs()).sum();
@@ -88,7 +88,7 @@ fn exact(x: &[(f64, [i32; QK])], y: &[(f64, [i32; QK])]) -> (f64, f64) {
 }
 
 /// ggml's kernels convert f16 scales through a table that its CPU backend fills at init.
-fn ggml_ready() {
+pub(super) fn ggml_ready() {
     crate::model::backend::llama_backend();
     // SAFETY: takes no arguments; idempotent (ggml guards it).
     unsafe { llama_cpp_sys_2::ggml_cpu_init() };
@@ -101,7 +101,7 @@ fn call(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) -> f64 {
     f64::from(s)
 }
 
-fn levels() -> Vec<Level> {
+pub(super) fn levels() -> Vec<Level> {
     // Every level this CPU runs: the AVX-512 one where it can, and always the AVX2 one.
     match Level::detect() {
         Some(Level::V4) => vec![Level::V4, Level::V3],

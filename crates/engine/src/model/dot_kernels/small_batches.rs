@@ -1,0 +1,198 @@
+//! Matrix products of a few rows of activations (2 to [`max_columns`]): decode steps of a few
+//! streams, a stream's token with its drafts, short prompts.
+//!
+//! ggml hands every product of two or more activation rows to llamafile's tiled kernels
+//! (`llamafile_sgemm`) first. With Q8_0 weights (the default model's twin) on a 2-core Zen 5
+//! those cost 33 ms for 2 rows and 49 ms for 8 where one row costs 16 ms: they stream the weights
+//! without fetching ahead, so a few rows wait on memory like one does, and more. This module
+//! answers those calls for Q8_0 and Q5_0 weights with Gantry's tile kernels (crate
+//! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
+//! eight activation rows (four with AVX2) while it is in L1. Everything else (more rows, other
+//! types) goes on to llamafile.
+//!
+//! The linker's `--wrap=llamafile_sgemm` (build.rs) sends ggml's calls here and names llamafile's
+//! own `__real_llamafile_sgemm`. Each of ggml's threads calls with its index and takes its share of
+//! the weight rows; ggml waits for all of them after the product, as after llamafile's.
+#![allow(unsafe_code, reason = "ggml calls this through its C signature with raw matrices")]
+
+use std::ops::Range;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ5, BlockQ8};
+
+use super::install::Level;
+
+/// The most activation rows a level multiplies here. Measured on a 2-core Zen 5 (2 threads, a
+/// 264 MB Q8_0 matrix of 896- or 4,864-value rows, best of 5): the AVX-512 kernels take 6-9 ms for
+/// 2 to 8 rows where llamafile's take 15-30, and 45 ms for 32 rows against 79-93; the AVX2 ones
+/// 7-23 ms for 2 to 8 rows, level with llamafile's by 16-24. Past these the repacked activation
+/// rows (64 bytes a block) outgrow the L2 cache.
+pub(super) fn max_columns(level: Level) -> i64 {
+    match level {
+        Level::V4 => 32,
+        Level::V3 => 12,
+    }
+}
+
+/// The leading fields of ggml's `struct ggml_compute_params` (ggml-cpu-impl.h).
+#[repr(C)]
+pub(super) struct ComputeParams {
+    pub(super) ith: c_int,
+    pub(super) nth: c_int,
+}
+
+/// 0: llamafile's for every product; else the level ([`Level`]) whose kernels serve.
+static LEVEL: AtomicU8 = AtomicU8::new(0);
+/// Calls ggml made here (counted by the first thread), for tests: the `--wrap` took.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Serves small batches with `level`'s kernels from now on.
+pub(super) fn enable(level: Level) {
+    LEVEL.store(
+        match level {
+            Level::V4 => 4,
+            Level::V3 => 3,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// Whose kernels multiply small batches of Q8_0 and Q5_0 weights: `gantry-avx512`,
+/// `gantry-avx2` or `llamafile`.
+pub(crate) fn kernels() -> &'static str {
+    match LEVEL.load(Ordering::Relaxed) {
+        4 => "gantry-avx512",
+        3 => "gantry-avx2",
+        _ => "llamafile",
+    }
+}
+
+/// How many matrix products ggml has handed to `llamafile_sgemm` since the process started.
+#[cfg(test)]
+pub(super) fn calls() -> u64 {
+    CALLS.load(Ordering::Relaxed)
+}
+
+extern "C" {
+    /// llamafile's `llamafile_sgemm` (sgemm.h), under the name `--wrap` gives it.
+    fn __real_llamafile_sgemm(
+        params: *const ComputeParams,
+        m: i64,
+        n: i64,
+        k: i64,
+        a: *const c_void,
+        lda: i64,
+        b: *const c_void,
+        ldb: i64,
+        c: *mut c_void,
+        ldc: i64,
+        a_type: c_int,
+        b_type: c_int,
+        c_type: c_int,
+    ) -> bool;
+}
+
+/// The weight rows thread `ith` of `nth` computes: an equal share, in pairs, so that every
+/// thread's tiles are whole pairs but the last.
+pub(super) fn share(m: usize, ith: usize, nth: usize) -> Range<usize> {
+    let chunk = m.div_ceil(nth.max(1)).next_multiple_of(2);
+    let start = (ith * chunk).min(m);
+    start..(start + chunk).min(m)
+}
+
+/// One `llamafile_sgemm` call's matrices: `C = Aᵀ·B` for `m` weight rows `A` (`lda` blocks
+/// apart), `n` activation rows `B` (`ldb` apart), `k` blocks long, into `C` (`ldc` floats a
+/// column), with their ggml types.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Product {
+    pub(super) m: i64,
+    pub(super) n: i64,
+    pub(super) k: i64,
+    pub(super) a: *const c_void,
+    pub(super) lda: i64,
+    pub(super) b: *const c_void,
+    pub(super) ldb: i64,
+    pub(super) c: *mut c_void,
+    pub(super) ldc: i64,
+    pub(super) a_type: c_int,
+    pub(super) b_type: c_int,
+    pub(super) c_type: c_int,
+}
+
+/// Computes thread `params`' share of `p` with `level`'s kernels where they serve it, else
+/// passes it on to llamafile; returns whether it was computed (else ggml computes it row by row).
+///
+/// # Safety
+/// llamafile's contract: the matrices hold what the sizes and types say, and `params` is the
+/// calling thread's.
+pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams, p: Product) -> bool {
+    let is = |ty: c_int, of: u32| ty == of as c_int;
+    let ours = level.is_some_and(|level| (2..=max_columns(level)).contains(&p.n))
+        && is(p.b_type, GGML_TYPE_Q8_0)
+        && is(p.c_type, GGML_TYPE_F32)
+        && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
+    if !ours {
+        // SAFETY: the caller's contract is llamafile's.
+        return unsafe {
+            __real_llamafile_sgemm(
+                params, p.m, p.n, p.k, p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.a_type, p.b_type, p.c_type,
+            )
+        };
+    }
+    let size = |v: i64| usize::try_from(v).unwrap_or(0);
+    // SAFETY: the caller's.
+    let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
+    let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
+    let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
+    let (a, b, c) = (p.a, p.b.cast::<BlockQ8>(), p.c.cast::<f32>());
+    // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU.
+    unsafe {
+        match (level, is(p.a_type, GGML_TYPE_Q8_0)) {
+            (Some(Level::V4), true) => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, b, ldb, c, ldc),
+            (Some(Level::V4), false) => v4::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, b, ldb, c, ldc),
+            (_, true) => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, b, ldb, c, ldc),
+            (_, false) => v3::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, b, ldb, c, ldc),
+        }
+    }
+    true
+}
+
+/// What ggml calls in place of `llamafile_sgemm` (the same parameters): [`multiply`] with the
+/// level [`enable`] set, if any.
+///
+/// # Safety
+/// llamafile's contract: the matrices hold what the sizes and types say, and `params` is the
+/// calling thread's.
+#[no_mangle]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's signature")]
+unsafe extern "C" fn __wrap_llamafile_sgemm(
+    params: *const ComputeParams,
+    m: i64,
+    n: i64,
+    k: i64,
+    a: *const c_void,
+    lda: i64,
+    b: *const c_void,
+    ldb: i64,
+    c: *mut c_void,
+    ldc: i64,
+    a_type: c_int,
+    b_type: c_int,
+    c_type: c_int,
+) -> bool {
+    // SAFETY: ggml passes its thread's parameters.
+    if unsafe { (*params).ith } == 0 {
+        CALLS.fetch_add(1, Ordering::Relaxed);
+    }
+    let level = match LEVEL.load(Ordering::Relaxed) {
+        4 => Some(Level::V4),
+        3 => Some(Level::V3),
+        _ => None,
+    };
+    let product = Product { m, n, k, a, lda, b, ldb, c, ldc, a_type, b_type, c_type };
+    // SAFETY: the caller's contract is multiply's.
+    unsafe { multiply(level, params, product) }
+}

@@ -1,0 +1,187 @@
+//! The small-batch products against the exact sums and llamafile's, with the strides and row
+//! shares ggml uses; and ggml's products of a few rows reaching them through `--wrap`.
+
+use std::os::raw::c_int;
+
+use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+
+use super::install::Level;
+use super::small_batches::{calls, max_columns, multiply, share, ComputeParams, Product};
+use super::tests::{exact, ggml_ready, levels, q5_row, q8_row, Rng};
+use gantry_cpu_kernels::x86::QK;
+
+type Blocks = Vec<(f64, [i32; QK])>;
+
+#[test]
+fn the_threads_shares_cover_every_row_once_in_pairs() {
+    for m in [1, 2, 3, 7, 896, 4865] {
+        for nth in 1..=5 {
+            let shares: Vec<_> = (0..nth).map(|ith| share(m, ith, nth)).collect();
+            let mut next = 0;
+            for s in &shares {
+                assert!(s.start == next || s.is_empty(), "m={m} nth={nth}: {shares:?}");
+                next = next.max(s.end);
+                assert!(s.start % 2 == 0 || s.is_empty(), "m={m} nth={nth}: {shares:?}");
+            }
+            assert_eq!(next, m, "m={m} nth={nth}: {shares:?}");
+        }
+    }
+}
+
+/// `m` weight rows of `ty` (`lda` blocks apart, `k` used), as raw bytes and their values.
+fn weights(rng: &mut Rng, ty: u32, m: usize, k: usize, lda: usize) -> (Vec<u8>, Vec<Blocks>) {
+    let (mut raw, mut rows) = (Vec::new(), Vec::new());
+    for _ in 0..m {
+        let (bytes, blocks) = if ty == GGML_TYPE_Q8_0 { q8_row(rng, lda * QK, -128) } else { q5_row(rng, lda * QK) };
+        raw.extend_from_slice(&bytes);
+        rows.push(blocks[..k].to_vec());
+    }
+    (raw, rows)
+}
+
+/// A product's matrices: `m` weight rows of `ty` and `n` activation rows, `k` blocks long, with
+/// padding between rows as ggml's views may have; and their values.
+struct Matrices {
+    ty: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Vec<u8>,
+    b: Vec<u8>,
+    rows: Vec<Blocks>,
+    columns: Vec<Blocks>,
+}
+
+impl Matrices {
+    fn new(rng: &mut Rng, ty: u32, m: usize, n: usize, k: usize) -> Self {
+        let (a, rows) = weights(rng, ty, m, k, k + 2);
+        let (mut b, mut columns) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (bytes, blocks) = q8_row(rng, (k + 1) * QK, -127);
+            b.extend_from_slice(&bytes);
+            columns.push(blocks[..k].to_vec());
+        }
+        Self { ty, m, n, k, a, b, rows, columns }
+    }
+
+    fn ldc(&self) -> usize {
+        self.m + 3
+    }
+
+    /// `C` as `multiply` leaves it with `level`, run as `nth` threads would, or `None` where it
+    /// declined; entries past the rows stay NaN.
+    fn multiply(&self, level: Option<Level>, nth: i32) -> Option<Vec<f32>> {
+        let mut c = vec![f32::NAN; self.n * self.ldc()];
+        let i = |v: usize| i64::try_from(v).expect("small");
+        let product = Product {
+            m: i(self.m),
+            n: i(self.n),
+            k: i(self.k),
+            a: self.a.as_ptr().cast(),
+            lda: i(self.k + 2),
+            b: self.b.as_ptr().cast(),
+            ldb: i(self.k + 1),
+            c: c.as_mut_ptr().cast(),
+            ldc: i(self.ldc()),
+            a_type: self.ty as c_int,
+            b_type: GGML_TYPE_Q8_0 as c_int,
+            c_type: GGML_TYPE_F32 as c_int,
+        };
+        let mut done = Vec::new();
+        for ith in 0..nth {
+            // SAFETY: the matrices hold what the sizes say; llamafile's Q8_0 and Q5_0 kernels read
+            // only the thread index and count of the parameters.
+            done.push(unsafe { multiply(level, &ComputeParams { ith, nth }, product) });
+        }
+        assert!(done.iter().all(|d| *d == done[0]), "threads disagree: {done:?}");
+        done[0].then_some(c)
+    }
+}
+
+#[test]
+fn every_level_agrees_with_the_exact_sums_and_with_llamafile() {
+    ggml_ready();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for level in levels() {
+        for ty in [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0] {
+            for (m, k) in [(1, 1), (2, 3), (7, 5), (38, 28), (9, 152)] {
+                for n in 2..=max_columns(level) as usize {
+                    let x = Matrices::new(&mut rng, ty, m, n, k);
+                    let ours = x.multiply(Some(level), 3).expect("ours");
+                    let theirs = x.multiply(None, 1).expect("llamafile multiplies these");
+                    let ldc = x.ldc();
+                    for j in 0..n {
+                        for i in 0..ldc {
+                            let (ours, theirs) = (ours[j * ldc + i], theirs[j * ldc + i]);
+                            let at = format!("{level:?} type {ty} m={m} k={k} n={n} row {i} column {j}");
+                            if i >= m {
+                                assert!(ours.is_nan(), "{at}: wrote past the rows");
+                                continue;
+                            }
+                            let (sum, size) = exact(&x.rows[i], &x.columns[j]);
+                            let tolerance = 1e-6 * size * k as f64;
+                            let ours = f64::from(ours);
+                            assert!((ours - sum).abs() <= tolerance, "{at}: {ours} against exact {sum}");
+                            assert!(
+                                (ours - f64::from(theirs)).abs() <= 2.0 * tolerance,
+                                "{at}: {ours} against {theirs}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn what_the_kernels_do_not_serve_goes_to_llamafile_unchanged() {
+    // One activation row (llamafile declines it: ggml's vec_dot multiplies), more rows than the
+    // level takes (llamafile's own numbers, to the bit), and weights of other types.
+    ggml_ready();
+    let mut rng = Rng(11);
+    for level in levels() {
+        let one = Matrices::new(&mut rng, GGML_TYPE_Q8_0, 6, 1, 4);
+        assert_eq!(one.multiply(Some(level), 2), None, "{level:?}");
+        let many = Matrices::new(&mut rng, GGML_TYPE_Q8_0, 6, max_columns(level) as usize + 1, 4);
+        let (ours, theirs) =
+            (many.multiply(Some(level), 2).expect("llamafile"), many.multiply(None, 2).expect("llamafile"));
+        let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ours), bits(&theirs), "{level:?}");
+        let mut other = Matrices::new(&mut rng, GGML_TYPE_Q8_0, 6, 4, 4);
+        other.ty = llama_cpp_sys_2::GGML_TYPE_Q4_0;
+        other.a.truncate(6 * (4 + 2) * 18);
+        let (ours, theirs) =
+            (other.multiply(Some(level), 2).expect("llamafile"), other.multiply(None, 2).expect("llamafile"));
+        assert_eq!(bits(&ours), bits(&theirs), "{level:?}");
+    }
+}
+
+#[test]
+fn ggml_hands_its_products_of_a_few_rows_to_the_wrapper() {
+    // The link step's `--wrap`: a product of 4 activation rows with Q8_0 weights reaches
+    // `__wrap_llamafile_sgemm`, which (no level enabled in tests, so that engine tests running
+    // meanwhile keep llamafile's numbers) passes it on to llamafile, and the result is right.
+    use llama_cpp_sys_2::*;
+    ggml_ready();
+    let before = calls();
+    let params = ggml_init_params { mem_size: 4 << 20, mem_buffer: std::ptr::null_mut(), no_alloc: false };
+    // SAFETY: a context of its own, freed below; tensors are written within their sizes.
+    let out = unsafe {
+        let ctx = ggml_init(params);
+        let w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 64, 16);
+        let row = [&0x3c00u16.to_le_bytes()[..], &[1u8; QK][..]].concat().repeat(2 * 16);
+        std::ptr::copy_nonoverlapping(row.as_ptr(), (*w).data.cast::<u8>(), row.len());
+        let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 4);
+        std::slice::from_raw_parts_mut((*x).data.cast::<f32>(), 4 * 64).fill(127.0);
+        let y = ggml_mul_mat(ctx, w, x);
+        let graph = ggml_new_graph(ctx);
+        ggml_build_forward_expand(graph, y);
+        ggml_graph_compute_with_ctx(ctx, graph, 2);
+        let out = std::slice::from_raw_parts((*y).data.cast::<f32>(), 4 * 16).to_vec();
+        ggml_free(ctx);
+        out
+    };
+    assert!(calls() > before, "ggml's call to llamafile_sgemm did not reach the wrapper");
+    assert_eq!(out, vec![8128.0; 4 * 16]);
+}
