@@ -9,8 +9,6 @@
 use std::arch::x86_64::*;
 use std::ptr::{addr_of, read_unaligned};
 
-mod wide;
-
 /// Values per block of both types.
 pub const QK: usize = 32;
 
@@ -88,6 +86,42 @@ pub(crate) const fn prefetch_distance(tile: usize) -> usize {
     }
     tile * PREFETCH_AHEAD.div_ceil(tile)
 }
+
+/// The loops of a `gemm`: the weight rows of `$rows` in pairs (a last odd row alone), and for
+/// each the `$n` columns in groups of `$max` (the last one smaller, one of `$C`); `$run!(R, C, i,
+/// j)` gives the tile of rows `i..i + R` and columns `j..j + C` as `out[r][q]`, written to
+/// `$c[(j + q) * $ldc + i + r]`.
+macro_rules! each_tile {
+    ($rows:expr, $n:expr, $c:expr, $ldc:expr, $run:ident, [$($C:literal)*] $max:literal) => {{
+        let (rows, n, c, ldc): (std::ops::Range<usize>, usize, *mut f32, usize) = ($rows, $n, $c, $ldc);
+        macro_rules! write {
+            ($out:expr, $i:expr, $j:expr) => {
+                for (r, row) in $out.iter().enumerate() {
+                    for (q, v) in row.iter().enumerate() {
+                        unsafe { *c.add(($j + q) * ldc + $i + r) = *v };
+                    }
+                }
+            };
+        }
+        let mut i = rows.start;
+        while i < rows.end {
+            let pair = i + 2 <= rows.end;
+            let mut j = 0;
+            while j < n {
+                match (pair, n - j) {
+                    $((true, $C) => write!($run!(2, $C, i, j), i, j),
+                    (false, $C) => write!($run!(1, $C, i, j), i, j),)*
+                    (true, _) => write!($run!(2, $max, i, j), i, j),
+                    (false, _) => write!($run!(1, $max, i, j), i, j),
+                }
+                j += $max;
+            }
+            i += if pair { 2 } else { 1 };
+        }
+    }};
+}
+
+mod wide;
 
 /// `out[r][c] = Σ_b x[r]_b · y[c]_b` over `k` blocks for `R` weight rows and `C` activation
 /// columns at once: each weight block is loaded (and its signs taken) once for all `C` columns,
@@ -172,7 +206,7 @@ macro_rules! gemm {
             macro_rules! run {
                 ($R:literal, $C:literal, $i:expr, $j:expr) => {{
                     let (i, j) = ($i, $j);
-                    let out = unsafe {
+                    unsafe {
                         $tile::<$R, $C>(
                             k,
                             std::array::from_fn(|r| a.add((i + r) * lda)),
@@ -180,36 +214,10 @@ macro_rules! gemm {
                             std::array::from_fn(|q| scales(j + q)),
                             ahead,
                         )
-                    };
-                    for (r, row) in out.iter().enumerate() {
-                        for (q, v) in row.iter().enumerate() {
-                            unsafe { *c.add((j + q) * ldc + i + r) = *v };
-                        }
                     }
                 }};
             }
-            macro_rules! columns {
-                ($R:literal, $i:expr) => {{
-                    let mut j = 0;
-                    while j < n {
-                        match n - j {
-                            1 => run!($R, 1, $i, j),
-                            2 => run!($R, 2, $i, j),
-                            3 => run!($R, 3, $i, j),
-                            _ => run!($R, 4, $i, j),
-                        }
-                        j += 4;
-                    }
-                }};
-            }
-            let mut i = rows.start;
-            while i + 2 <= rows.end {
-                columns!(2, i);
-                i += 2;
-            }
-            if i < rows.end {
-                columns!(1, i);
-            }
+            each_tile!(rows, n, c, ldc, run, [1 2 3] 4);
         }
     };
 }

@@ -153,42 +153,10 @@ macro_rules! wide {
             macro_rules! run {
                 ($R:literal, $C:literal, $i:expr, $j:expr) => {{
                     let (i, j) = ($i, $j);
-                    let out = unsafe {
-                        $tile::<$R, $C>(k, std::array::from_fn(|r| a.add((i + r) * lda)), &columns, j, ahead)
-                    };
-                    for (r, row) in out.iter().enumerate() {
-                        for (q, v) in row.iter().enumerate() {
-                            unsafe { *c.add((j + q) * ldc + i + r) = *v };
-                        }
-                    }
+                    unsafe { $tile::<$R, $C>(k, std::array::from_fn(|r| a.add((i + r) * lda)), &columns, j, ahead) }
                 }};
             }
-            macro_rules! columns {
-                ($R:literal, $i:expr) => {{
-                    let mut j = 0;
-                    while j < n {
-                        match n - j {
-                            1 => run!($R, 1, $i, j),
-                            2 => run!($R, 2, $i, j),
-                            3 => run!($R, 3, $i, j),
-                            4 => run!($R, 4, $i, j),
-                            5 => run!($R, 5, $i, j),
-                            6 => run!($R, 6, $i, j),
-                            7 => run!($R, 7, $i, j),
-                            _ => run!($R, 8, $i, j),
-                        }
-                        j += 8;
-                    }
-                }};
-            }
-            let mut i = rows.start;
-            while i + 2 <= rows.end {
-                columns!(2, i);
-                i += 2;
-            }
-            if i < rows.end {
-                columns!(1, i);
-            }
+            each_tile!(rows, n, c, ldc, run, [1 2 3 4 5 6 7] 8);
         }
     };
 }

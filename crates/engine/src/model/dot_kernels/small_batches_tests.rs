@@ -7,7 +7,7 @@ use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
 
 use super::install::Level;
 use super::small_batches::{calls, max_columns, multiply, share, ComputeParams, Product};
-use super::tests::{exact, ggml_ready, levels, q5_row, q8_row, Rng};
+use super::tests::{exact, ggml_ready, levels, ones_times_127, q5_row, q8_row, Rng};
 use gantry_cpu_kernels::x86::QK;
 
 type Blocks = Vec<(f64, [i32; QK])>;
@@ -162,26 +162,8 @@ fn ggml_hands_its_products_of_a_few_rows_to_the_wrapper() {
     // The link step's `--wrap`: a product of 4 activation rows with Q8_0 weights reaches
     // `__wrap_llamafile_sgemm`, which (no level enabled in tests, so that engine tests running
     // meanwhile keep llamafile's numbers) passes it on to llamafile, and the result is right.
-    use llama_cpp_sys_2::*;
-    ggml_ready();
     let before = calls();
-    let params = ggml_init_params { mem_size: 4 << 20, mem_buffer: std::ptr::null_mut(), no_alloc: false };
-    // SAFETY: a context of its own, freed below; tensors are written within their sizes.
-    let out = unsafe {
-        let ctx = ggml_init(params);
-        let w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 64, 16);
-        let row = [&0x3c00u16.to_le_bytes()[..], &[1u8; QK][..]].concat().repeat(2 * 16);
-        std::ptr::copy_nonoverlapping(row.as_ptr(), (*w).data.cast::<u8>(), row.len());
-        let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 4);
-        std::slice::from_raw_parts_mut((*x).data.cast::<f32>(), 4 * 64).fill(127.0);
-        let y = ggml_mul_mat(ctx, w, x);
-        let graph = ggml_new_graph(ctx);
-        ggml_build_forward_expand(graph, y);
-        ggml_graph_compute_with_ctx(ctx, graph, 2);
-        let out = std::slice::from_raw_parts((*y).data.cast::<f32>(), 4 * 16).to_vec();
-        ggml_free(ctx);
-        out
-    };
+    let out = ones_times_127(4, 2);
     assert!(calls() > before, "ggml's call to llamafile_sgemm did not reach the wrapper");
     assert_eq!(out, vec![8128.0; 4 * 16]);
 }

@@ -194,33 +194,41 @@ unsafe extern "C" fn counting_q8_0(
 #[test]
 fn ggml_takes_its_kernel_from_the_table_at_every_product() {
     // What install relies on: a kernel written into the table is the one a matrix product of one
-    // activation row calls. W (16 rows of 64 Q8_0 values, all 1 with scale 1) times x (all 127).
-    use llama_cpp_sys_2::*;
+    // activation row calls: ones_times_127 of one row.
     ggml_ready();
     let ggml = *GGML_Q8_0.get_or_init(|| ggml_kernel(GGML_TYPE_Q8_0));
     // SAFETY: the table entry's page is only made writable here (install runs in servers only).
     unsafe { super::install::write_kernel(GGML_TYPE_Q8_0, counting_q8_0) }.expect("writable table");
     let before = CALLS.load(std::sync::atomic::Ordering::Relaxed);
+    let out = ones_times_127(1, 1);
+    // SAFETY: as above.
+    unsafe { super::install::write_kernel(GGML_TYPE_Q8_0, ggml) }.expect("writable table");
+    assert!(CALLS.load(std::sync::atomic::Ordering::Relaxed) >= before + 16, "ggml did not call the table's kernel");
+    assert_eq!(out, vec![8128.0; 16]);
+}
+
+/// ggml's matrix product, on `threads` threads, of W (16 rows of 64 Q8_0 values, all 1 with
+/// scale 1) and `rows` rows of activations all 127 (which quantize to 127 with scale 1): every
+/// output is 64 products of 127, 8128.
+pub(super) fn ones_times_127(rows: i64, threads: i32) -> Vec<f32> {
+    use llama_cpp_sys_2::*;
+    ggml_ready();
     let params = ggml_init_params { mem_size: 4 << 20, mem_buffer: std::ptr::null_mut(), no_alloc: false };
+    let outputs = 16 * usize::try_from(rows).expect("positive");
     // SAFETY: a context of its own, freed below; tensors are written within their sizes.
-    let out = unsafe {
+    unsafe {
         let ctx = ggml_init(params);
         let w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 64, 16);
         let row = [&0x3c00u16.to_le_bytes()[..], &[1u8; QK][..]].concat().repeat(2 * 16);
         std::ptr::copy_nonoverlapping(row.as_ptr(), (*w).data.cast::<u8>(), row.len());
-        let x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 64);
-        std::slice::from_raw_parts_mut((*x).data.cast::<f32>(), 64).fill(127.0);
+        let x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, rows);
+        std::slice::from_raw_parts_mut((*x).data.cast::<f32>(), outputs * 4).fill(127.0);
         let y = ggml_mul_mat(ctx, w, x);
         let graph = ggml_new_graph(ctx);
         ggml_build_forward_expand(graph, y);
-        ggml_graph_compute_with_ctx(ctx, graph, 1);
-        let out = std::slice::from_raw_parts((*y).data.cast::<f32>(), 16).to_vec();
+        ggml_graph_compute_with_ctx(ctx, graph, threads);
+        let out = std::slice::from_raw_parts((*y).data.cast::<f32>(), outputs).to_vec();
         ggml_free(ctx);
         out
-    };
-    // SAFETY: as above.
-    unsafe { super::install::write_kernel(GGML_TYPE_Q8_0, ggml) }.expect("writable table");
-    assert!(CALLS.load(std::sync::atomic::Ordering::Relaxed) >= before + 16, "ggml did not call the table's kernel");
-    // x quantizes to 127 with scale 1: each row sums 64 products of 127.
-    assert_eq!(out, vec![8128.0; 16]);
+    }
 }
