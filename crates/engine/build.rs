@@ -1,12 +1,15 @@
-//! Where ggml's CPU backend is linked into the binary itself (static libraries: not the portable
-//! build's loadable variants, not `LLAMA_BUILD_SHARED_LIBS=1`), Gantry takes llamafile's
-//! `llamafile_sgemm` calls through the linker's `--wrap` to multiply small batches itself
-//! (`model::dot_kernels::small_batches`). Every binary linking the engine must then pass the flag:
-//! the engine's own tests get it here, gantry-server's binaries and tests from its build script,
-//! which reads `DEP_GANTRY_ENGINE_WRAP`.
+//! Gantry takes ggml's `llamafile_sgemm` calls to multiply small batches itself
+//! (`model::dot_kernels::small_batches`). Where ggml's CPU backend is linked into the binary
+//! (static libraries: not the portable build, not `LLAMA_BUILD_SHARED_LIBS=1`) the linker's
+//! `--wrap` sends them there (`cfg(ggml_cpu_static)`); in the portable build, which loads the
+//! backend at run time, the binary exports a `llamafile_sgemm` of its own (`cfg(ggml_cpu_loaded)`).
+//! Every binary linking the engine must then pass the link argument: the engine's own tests get
+//! it here, gantry-server's binaries and tests from its build script, which reads
+//! `DEP_GANTRY_ENGINE_LINK_ARG`.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ggml_cpu_static)");
+    println!("cargo::rustc-check-cfg=cfg(ggml_cpu_loaded)");
     println!("cargo::rerun-if-env-changed=LLAMA_BUILD_SHARED_LIBS");
     let env = |name: &str| std::env::var(name).unwrap_or_default();
     let x86_linux = env("CARGO_CFG_TARGET_ARCH") == "x86_64" && env("CARGO_CFG_TARGET_OS") == "linux";
@@ -16,6 +19,14 @@ fn main() {
     if x86_linux && !shared && !variants {
         println!("cargo::rustc-cfg=ggml_cpu_static");
         println!("cargo::rustc-link-arg=-Wl,--wrap=llamafile_sgemm");
-        println!("cargo::metadata=wrap=llamafile_sgemm");
+        println!("cargo::metadata=link_arg=-Wl,--wrap=llamafile_sgemm");
+    } else if x86_linux && variants {
+        // The portable build loads its CPU backend (libggml-cpu-<variant>.so) at run time. ggml
+        // builds it with default visibility and without -Bsymbolic, so its call to
+        // `llamafile_sgemm` binds at load time to the first definition in the global scope: the
+        // binary's own, once the binary exports it.
+        println!("cargo::rustc-cfg=ggml_cpu_loaded");
+        println!("cargo::rustc-link-arg=-Wl,--export-dynamic-symbol=llamafile_sgemm");
+        println!("cargo::metadata=link_arg=-Wl,--export-dynamic-symbol=llamafile_sgemm");
     }
 }

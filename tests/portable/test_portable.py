@@ -97,21 +97,26 @@ def strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def metrics_variant(port: int) -> str:
+def metrics_labels(port: int) -> dict[str, str]:
+    """The labels of `gantry_cpu_backend_info`."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     line = next((l for l in text.splitlines() if l.startswith("gantry_cpu_backend_info{")), None)
     assert line, text
-    found = re.search(r'variant="([^"]+)"', line)
-    assert found, line
-    return found.group(1)
+    return dict(re.findall(r'(\w+)="([^"]*)"', line))
 
 
-def chat(port: int) -> openai.types.chat.ChatCompletion:
+def metrics_variant(port: int) -> str:
+    labels = metrics_labels(port)
+    assert "variant" in labels, labels
+    return labels["variant"]
+
+
+def chat(port: int, content: str = "Say hi.", max_tokens: int = 8) -> openai.types.chat.ChatCompletion:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
-    return client.chat.completions.create(model=MODEL.stem, messages=[{"role": "user", "content": "Say hi."}],
-                                          max_tokens=8, temperature=0)
+    return client.chat.completions.create(model=MODEL.stem, messages=[{"role": "user", "content": content}],
+                                          max_tokens=max_tokens, temperature=0)
 
 
 def test_the_best_variant_this_cpu_runs_is_chosen_and_named():
@@ -159,3 +164,24 @@ def test_no_variant_to_load_fails_at_start_with_the_reason():
             assert "none of the CPU backends" in log and empty in log, log
         finally:
             s.stop()
+
+
+def test_gantrys_own_kernels_multiply_in_the_loaded_variant_too():
+    """The one-row kernels go into the loaded variant's table, and its calls for a few rows
+    (llamafile_sgemm) bind to the binary's own: both are named, and a few streams at once, which
+    multiply through them, answer right."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = Served({})
+    try:
+        s.wait_ready()
+        labels = metrics_labels(s.port)
+        assert labels.get("dot_kernels", "").startswith("gantry-avx"), labels
+        assert labels.get("small_batches", "").startswith("gantry-avx"), labels
+        question = "What is the capital of France? Answer in one sentence."
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: chat(s.port, question, 24), range(4)))
+        answers = [r.choices[0].message.content or "" for r in replies]
+        assert all("Paris" in a for a in answers), answers
+    finally:
+        s.stop()

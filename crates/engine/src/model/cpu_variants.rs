@@ -78,6 +78,22 @@ pub fn loaded() -> Option<CpuVariant> {
     LOADED.get().and_then(|r| r.as_ref().ok().cloned())
 }
 
+/// The address of `name` as the loaded variant defines it (not as the binary may: a handle's
+/// lookup searches that library and its dependencies only), if one is loaded and defines it.
+#[cfg(feature = "cpu-variants")]
+pub(crate) fn symbol(name: &CStr) -> Option<std::ptr::NonNull<std::os::raw::c_void>> {
+    let path = CString::new(loaded()?.path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: RTLD_NOLOAD only finds the library ggml already loaded (and keeps it loaded, as ggml
+    // does for the life of the process); dlsym reads its symbol table.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return None;
+        }
+        std::ptr::NonNull::new(libc::dlsym(handle, name.as_ptr()))
+    }
+}
+
 /// The variant with the highest score in `dir` (AMX ones only if `amx`); each library is opened to
 /// ask its `ggml_backend_score()` (0: this CPU lacks an instruction it needs) and closed again.
 fn choose(dir: &Path, amx: bool) -> Result<CpuVariant, String> {

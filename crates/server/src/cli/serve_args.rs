@@ -90,8 +90,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = Q5AsQ8Arg::Auto)]
     pub q5_as_q8: Q5AsQ8Arg,
     /// Whose CPU kernels multiply Q8_0 and Q5_0 weights by one row of activations (a decoding
-    /// stream's step): `gantry`'s (x86 with AVX2; the same integer products as ggml's, summed with
-    /// four accumulators instead of one: faster single-stream decoding), or `ggml`'s own.
+    /// stream's step) and by a few rows (a few streams' step, drafts, short prompts): `gantry`'s
+    /// (x86 with AVX2; the same integer products as ggml's, fetched ahead: faster decoding), or
+    /// `ggml`'s own and llamafile's.
     #[arg(long, value_enum, default_value_t = CpuKernelsArg::Gantry)]
     pub cpu_kernels: CpuKernelsArg,
     /// One KV buffer shared by all sequences instead of one stream per sequence (llama.cpp's

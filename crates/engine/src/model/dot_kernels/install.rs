@@ -2,7 +2,7 @@
 
 use std::os::raw::{c_int, c_void};
 
-use llama_cpp_sys_2::{ggml_get_type_traits_cpu, ggml_type, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+use llama_cpp_sys_2::{ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
 
 use gantry_cpu_kernels::x86::{v3, v4, BlockQ5, BlockQ8, QK};
 
@@ -92,16 +92,38 @@ pub(super) fn install() -> Result<&'static str, String> {
         // computes yet (this runs before any model is loaded).
         unsafe { write_kernel(ty, kernel)? };
     }
-    #[cfg(ggml_cpu_static)]
-    super::small_batches::enable(level);
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    if let Err(e) = super::small_batches::enable(level) {
+        tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches");
+    }
     Ok(level.name())
+}
+
+/// ggml's kernel table entry for `ty`: through the CPU backend linked into the binary, or (the
+/// portable build) the one loaded at start.
+fn traits_of_type(ty: ggml_type) -> Result<*const ggml_type_traits_cpu, String> {
+    #[cfg(not(feature = "cpu-variants"))]
+    // SAFETY: returns a pointer into ggml's static table for any type.
+    return Ok(unsafe { llama_cpp_sys_2::ggml_get_type_traits_cpu(ty) });
+    #[cfg(feature = "cpu-variants")]
+    {
+        let address = crate::model::cpu_variants::symbol(c"ggml_get_type_traits_cpu")
+            .ok_or("no CPU backend is loaded, or it has no ggml_get_type_traits_cpu")?;
+        // SAFETY: the backend's ggml_get_type_traits_cpu, with the bindings' signature.
+        let get = unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(ggml_type) -> *const ggml_type_traits_cpu>(
+                address.as_ptr(),
+            )
+        };
+        // SAFETY: as above, into that library's static table.
+        Ok(unsafe { get(ty) })
+    }
 }
 
 /// # Safety
 /// No other thread may be changing the protection of the table's page meanwhile.
 pub(super) unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), String> {
-    // SAFETY: see install.
-    let traits = unsafe { ggml_get_type_traits_cpu(ty) }.cast_mut();
+    let traits = traits_of_type(ty)?.cast_mut();
     // SAFETY: a field of the entry just returned.
     let field = unsafe { std::ptr::addr_of_mut!((*traits).vec_dot) };
     let addr = field as usize;
@@ -142,7 +164,6 @@ fn protection_of(addr: usize) -> Option<c_int> {
 
 /// ggml's type traits, for the tests' layout check.
 #[cfg(test)]
-pub(super) fn traits_of(ty: ggml_type) -> *const llama_cpp_sys_2::ggml_type_traits_cpu {
-    // SAFETY: ggml_get_type_traits_cpu returns a pointer into its static table for any type.
-    unsafe { ggml_get_type_traits_cpu(ty) }
+pub(super) fn traits_of(ty: ggml_type) -> *const ggml_type_traits_cpu {
+    traits_of_type(ty).expect("ggml's CPU backend is linked in")
 }

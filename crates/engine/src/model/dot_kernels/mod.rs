@@ -19,13 +19,14 @@
 //! ggml looks its kernels up in a constant table (`ggml_get_type_traits_cpu`) at every matrix
 //! product, so putting ours there needs no change to llama.cpp: the table's page is made
 //! writable for the two writes and then given back the protection it had. This happens once,
-//! before any model is loaded, and only where ggml's CPU backend is linked into the binary (not
-//! the portable build, whose backend is loaded at run time).
+//! before any model is loaded: in the table of the CPU backend linked into the binary, or in the
+//! portable build in that of the variant loaded at start (its `ggml_get_type_traits_cpu` found
+//! with `dlsym`).
 #![allow(unsafe_code, reason = "writes ggml's kernel table and calls the kernels through its C signature")]
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod install;
-#[cfg(ggml_cpu_static)]
+#[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
 pub(crate) mod small_batches;
 #[cfg(all(test, ggml_cpu_static))]
 mod small_batches_tests;
@@ -50,7 +51,7 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
         if choice == CpuKernels::Ggml {
             return "ggml";
         }
-        #[cfg(all(target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         match install::install() {
             Ok(name) => return name,
             Err(e) => tracing::warn!(error = %e, "keeping ggml's CPU dot-product kernels"),
@@ -63,8 +64,8 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
 /// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
 /// CPU backend is linked in, else `llamafile`.
 pub fn small_batch_kernels() -> &'static str {
-    #[cfg(ggml_cpu_static)]
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
     return small_batches::kernels();
-    #[cfg(not(ggml_cpu_static))]
+    #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
     "llamafile"
 }

@@ -10,9 +10,12 @@
 //! eight activation rows (four with AVX2) while it is in L1. Everything else (more rows, other
 //! types) goes on to llamafile.
 //!
-//! The linker's `--wrap=llamafile_sgemm` (build.rs) sends ggml's calls here and names llamafile's
-//! own `__real_llamafile_sgemm`. Each of ggml's threads calls with its index and takes its share of
-//! the weight rows; ggml waits for all of them after the product, as after llamafile's.
+//! How ggml's calls get here (build.rs): where its CPU backend is linked in, the linker's
+//! `--wrap=llamafile_sgemm` sends them to `__wrap_llamafile_sgemm` and names llamafile's own
+//! `__real_llamafile_sgemm`; in the portable build, the binary exports a `llamafile_sgemm` that the
+//! backend library loaded at run time binds its call to, and llamafile's own is looked up in that
+//! library. Each of ggml's threads calls with its index and takes its share of the weight rows;
+//! ggml waits for all of them after the product, as after llamafile's.
 #![allow(unsafe_code, reason = "ggml calls this through its C signature with raw matrices")]
 
 use std::ops::Range;
@@ -49,8 +52,19 @@ static LEVEL: AtomicU8 = AtomicU8::new(0);
 /// Calls ggml made here (counted by the first thread), for tests: the `--wrap` took.
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
-/// Serves small batches with `level`'s kernels from now on.
-pub(super) fn enable(level: Level) {
+/// Serves small batches with `level`'s kernels from now on. In the portable build, only where
+/// the binary exports its `llamafile_sgemm` (the CPU backend's calls then bind to it) and the
+/// backend's own is found (what this passes larger products on to).
+pub(super) fn enable(level: Level) -> Result<(), String> {
+    #[cfg(ggml_cpu_loaded)]
+    {
+        // SAFETY: dlsym reads the global symbol table.
+        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"llamafile_sgemm".as_ptr()) };
+        if global as usize != llamafile_sgemm as *const () as usize {
+            return Err("the binary does not export llamafile_sgemm (link argument missing)".into());
+        }
+        llamafile().ok_or("the loaded CPU backend has no llamafile_sgemm")?;
+    }
     LEVEL.store(
         match level {
             Level::V4 => 4,
@@ -58,6 +72,7 @@ pub(super) fn enable(level: Level) {
         },
         Ordering::Relaxed,
     );
+    Ok(())
 }
 
 /// Whose kernels multiply small batches of Q8_0 and Q5_0 weights: `gantry-avx512`,
@@ -76,9 +91,28 @@ pub(super) fn calls() -> u64 {
     CALLS.load(Ordering::Relaxed)
 }
 
+/// `llamafile_sgemm`'s signature (sgemm.h).
+type Sgemm = unsafe extern "C" fn(
+    *const ComputeParams,
+    i64,
+    i64,
+    i64,
+    *const c_void,
+    i64,
+    *const c_void,
+    i64,
+    *mut c_void,
+    i64,
+    c_int,
+    c_int,
+    c_int,
+) -> bool;
+
+#[cfg(ggml_cpu_static)]
 extern "C" {
-    /// llamafile's `llamafile_sgemm` (sgemm.h), under the name `--wrap` gives it.
-    fn __real_llamafile_sgemm(
+    /// llamafile's `llamafile_sgemm`, under the name `--wrap` gives it.
+    #[link_name = "__real_llamafile_sgemm"]
+    fn real_llamafile_sgemm(
         params: *const ComputeParams,
         m: i64,
         n: i64,
@@ -93,6 +127,23 @@ extern "C" {
         b_type: c_int,
         c_type: c_int,
     ) -> bool;
+}
+
+/// llamafile's own `llamafile_sgemm`.
+#[cfg(ggml_cpu_static)]
+fn llamafile() -> Option<Sgemm> {
+    Some(real_llamafile_sgemm)
+}
+
+/// llamafile's own `llamafile_sgemm`: the loaded CPU backend's (none before one is loaded).
+#[cfg(ggml_cpu_loaded)]
+fn llamafile() -> Option<Sgemm> {
+    static REAL: std::sync::OnceLock<Option<Sgemm>> = std::sync::OnceLock::new();
+    *REAL.get_or_init(|| {
+        let address = crate::model::cpu_variants::symbol(c"llamafile_sgemm")?;
+        // SAFETY: the library's llamafile_sgemm, which has this signature (sgemm.h).
+        Some(unsafe { std::mem::transmute::<*mut c_void, Sgemm>(address.as_ptr()) })
+    })
 }
 
 /// The weight rows thread `ith` of `nth` computes: an equal share, in pairs, so that every
@@ -135,11 +186,12 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
         && is(p.c_type, GGML_TYPE_F32)
         && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
     if !ours {
+        // Without llamafile's (a portable build whose backend is not loaded), ggml multiplies
+        // row by row.
+        let Some(llamafile) = llamafile() else { return false };
         // SAFETY: the caller's contract is llamafile's.
         return unsafe {
-            __real_llamafile_sgemm(
-                params, p.m, p.n, p.k, p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.a_type, p.b_type, p.c_type,
-            )
+            llamafile(params, p.m, p.n, p.k, p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.a_type, p.b_type, p.c_type)
         };
     }
     let size = |v: i64| usize::try_from(v).unwrap_or(0);
@@ -160,39 +212,47 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     true
 }
 
-/// What ggml calls in place of `llamafile_sgemm` (the same parameters): [`multiply`] with the
-/// level [`enable`] set, if any.
-///
-/// # Safety
-/// llamafile's contract: the matrices hold what the sizes and types say, and `params` is the
-/// calling thread's.
-#[no_mangle]
-#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's signature")]
-unsafe extern "C" fn __wrap_llamafile_sgemm(
-    params: *const ComputeParams,
-    m: i64,
-    n: i64,
-    k: i64,
-    a: *const c_void,
-    lda: i64,
-    b: *const c_void,
-    ldb: i64,
-    c: *mut c_void,
-    ldc: i64,
-    a_type: c_int,
-    b_type: c_int,
-    c_type: c_int,
-) -> bool {
-    // SAFETY: ggml passes its thread's parameters.
-    if unsafe { (*params).ith } == 0 {
-        CALLS.fetch_add(1, Ordering::Relaxed);
-    }
-    let level = match LEVEL.load(Ordering::Relaxed) {
-        4 => Some(Level::V4),
-        3 => Some(Level::V3),
-        _ => None,
+/// Defines what ggml calls in place of llamafile's `llamafile_sgemm` (the same parameters):
+/// [`multiply`] with the level [`enable`] set, if any.
+macro_rules! entry {
+    ($name:ident) => {
+        /// # Safety
+        /// llamafile's contract: the matrices hold what the sizes and types say, and `params` is
+        /// the calling thread's.
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's signature")]
+        unsafe extern "C" fn $name(
+            params: *const ComputeParams,
+            m: i64,
+            n: i64,
+            k: i64,
+            a: *const c_void,
+            lda: i64,
+            b: *const c_void,
+            ldb: i64,
+            c: *mut c_void,
+            ldc: i64,
+            a_type: c_int,
+            b_type: c_int,
+            c_type: c_int,
+        ) -> bool {
+            // SAFETY: ggml passes its thread's parameters.
+            if unsafe { (*params).ith } == 0 {
+                CALLS.fetch_add(1, Ordering::Relaxed);
+            }
+            let level = match LEVEL.load(Ordering::Relaxed) {
+                4 => Some(Level::V4),
+                3 => Some(Level::V3),
+                _ => None,
+            };
+            let product = Product { m, n, k, a, lda, b, ldb, c, ldc, a_type, b_type, c_type };
+            // SAFETY: the caller's contract is multiply's.
+            unsafe { multiply(level, params, product) }
+        }
     };
-    let product = Product { m, n, k, a, lda, b, ldb, c, ldc, a_type, b_type, c_type };
-    // SAFETY: the caller's contract is multiply's.
-    unsafe { multiply(level, params, product) }
 }
+
+#[cfg(ggml_cpu_static)]
+entry!(__wrap_llamafile_sgemm);
+#[cfg(ggml_cpu_loaded)]
+entry!(llamafile_sgemm);
