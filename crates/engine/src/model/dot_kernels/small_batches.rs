@@ -1,5 +1,5 @@
 //! Matrix products of a few rows of activations (2 to [`max_columns`]): decode steps of a few
-//! streams, a stream's token with its drafts, short prompts.
+//! streams, a stream's token with its drafts, prompts (with AVX-512: a whole ubatch of 512).
 //!
 //! ggml hands every product of two or more activation rows to llamafile's tiled kernels
 //! (`llamafile_sgemm`) first. With Q8_0 weights (the default model's twin) on a 2-core Zen 5
@@ -30,12 +30,14 @@ use super::install::Level;
 
 /// The most activation rows a level multiplies here. Measured on a 2-core Zen 5 (2 threads, a
 /// 264 MB Q8_0 matrix of 896- or 4,864-value rows, best of 5): the AVX-512 kernels take 6-9 ms for
-/// 2 to 8 rows where llamafile's take 15-30, and 45 ms for 32 rows against 79-93; the AVX2 ones
-/// 7-23 ms for 2 to 8 rows, level with llamafile's by 16-24. Past these the repacked activation
-/// rows (64 bytes a block) outgrow the L2 cache.
+/// 2 to 8 rows where llamafile's take 15-30, and 45 ms for 32 rows against 79-93; on a 35 MB
+/// matrix 84 / 107 ms for 512 rows (a prompt's ubatch) against 156 / 149. The AVX2 ones take 7-23
+/// ms for 2 to 8 rows and are level with llamafile's by 16-24. The AVX-512 level stops at
+/// llama.cpp's default ubatch: past it nothing was measured, and each thread's repacked activation
+/// rows (64 bytes a block: 5 MB at 512 rows of 4,864 values) grow further out of cache.
 pub(super) fn max_columns(level: Level) -> i64 {
     match level {
-        Level::V4 => 32,
+        Level::V4 => 512,
         Level::V3 => 12,
     }
 }

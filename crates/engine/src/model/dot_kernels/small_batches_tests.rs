@@ -105,7 +105,8 @@ fn every_level_agrees_with_the_exact_sums_and_with_llamafile() {
     for level in levels() {
         for ty in [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0] {
             for (m, k) in [(1, 1), (2, 3), (7, 5), (38, 28), (9, 152)] {
-                for n in 2..=max_columns(level) as usize {
+                let max = max_columns(level) as usize;
+                for n in [2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64, 65, max].into_iter().filter(|n| *n <= max) {
                     let x = Matrices::new(&mut rng, ty, m, n, k);
                     let ours = x.multiply(Some(level), 3).expect("ours");
                     let theirs = x.multiply(None, 1).expect("llamafile multiplies these");
