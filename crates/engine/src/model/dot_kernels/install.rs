@@ -34,7 +34,7 @@ impl Level {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Self::V4 => "gantry-avx512",
             Self::V3 => "gantry-avx2",
@@ -83,8 +83,8 @@ pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
     unsafe { (*traits_of(ty)).vec_dot.expect("ggml has a kernel for this type") }
 }
 
-/// Writes this CPU's kernels into ggml's table; returns their name.
-pub(super) fn install() -> Result<&'static str, String> {
+/// Writes this CPU's kernels into ggml's table; returns their level.
+pub(super) fn install() -> Result<Level, String> {
     let level = Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")?;
     let (q8_0, q5_0) = level.kernels();
     for (ty, kernel) in [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)] {
@@ -92,11 +92,7 @@ pub(super) fn install() -> Result<&'static str, String> {
         // computes yet (this runs before any model is loaded).
         unsafe { write_kernel(ty, kernel)? };
     }
-    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
-    if let Err(e) = super::small_batches::enable(level) {
-        tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches");
-    }
-    Ok(level.name())
+    Ok(level)
 }
 
 /// ggml's kernel table entry for `ty`: through the CPU backend linked into the binary, or (the

@@ -42,9 +42,10 @@ pub enum CpuKernels {
     Ggml,
 }
 
-/// Puts Gantry's kernels in ggml's table (once per process; later calls return the first
-/// answer) and says which now serve: `gantry-avx512` or `gantry-avx2`, or `ggml` where they
-/// were not wanted or cannot run here.
+/// Puts Gantry's kernels in ggml's table, and its small-batch products in llamafile's place
+/// where the build lets them (once per process; later calls return the first answer), and says
+/// which dot products now serve: `gantry-avx512` or `gantry-avx2`, or `ggml` where they were not
+/// wanted or cannot run here.
 pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
     static CHOSEN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
     CHOSEN.get_or_init(|| {
@@ -53,7 +54,13 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
         }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         match install::install() {
-            Ok(name) => return name,
+            Ok(level) => {
+                #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+                if let Err(e) = small_batches::enable(level) {
+                    tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches");
+                }
+                return level.name();
+            }
             Err(e) => tracing::warn!(error = %e, "keeping ggml's CPU dot-product kernels"),
         }
         "ggml"
