@@ -76,6 +76,20 @@ unsafe fn low_nibbles(b: *const BlockQ5) -> __m256i {
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low))
 }
 
+/// Fetches into L1 the three cache lines `ahead` bytes past block `at` of each of `rows`: as far
+/// as four blocks of either type reach (4 × 34 bytes span two or three lines).
+#[inline(always)]
+fn fetch_ahead<B, const R: usize>(rows: [*const B; R], at: usize, ahead: usize) {
+    for row in rows {
+        let line = row.wrapping_add(at).cast::<i8>().wrapping_add(ahead);
+        for l in 0..3 {
+            // SAFETY: SSE is part of every x86-64 CPU, and a prefetch never faults, wherever it
+            // points.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64 * l)) };
+        }
+    }
+}
+
 /// How far ahead tiles of `tile` bytes of weight rows fetch each row: the same place in the row
 /// of a tile [`PREFETCH_AHEAD`] or more bytes on. Fetching each row 4 KiB on instead would leave the
 /// start of a tile's second row unfetched where rows are longer than that (4,864 values: 5 KiB):
@@ -141,12 +155,7 @@ macro_rules! tile {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             for b in 0..k {
                 if b % 4 == 0 {
-                    for row in x {
-                        let line = row.wrapping_add(b).cast::<i8>().wrapping_add(ahead);
-                        for l in 0..3 {
-                            _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64 * l));
-                        }
-                    }
+                    fetch_ahead(x, b, ahead);
                 }
                 let mut xv = [_mm256_setzero_si256(); R];
                 let mut dx = [_mm256_setzero_ps(); R];
@@ -283,11 +292,7 @@ macro_rules! level {
                     let mut acc = [_mm256_setzero_ps(); 4];
                     let mut i = 0;
                     while i + 4 <= nb {
-                        // Four blocks span two or three cache lines.
-                        let line = x.wrapping_add(i).cast::<i8>().wrapping_add(PREFETCH_AHEAD);
-                        for l in 0..3 {
-                            _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64 * l));
-                        }
+                        fetch_ahead([x], i, PREFETCH_AHEAD);
                         let s = unsafe { scales(x.add(i), y.add(i)) };
                         for (k, acc) in acc.iter_mut().enumerate() {
                             let p = unsafe { mul_sum($values(x.add(i + k)), values_q8(y.add(i + k))) };

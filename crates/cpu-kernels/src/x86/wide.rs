@@ -1,5 +1,5 @@
-//! The AVX-512 level's products of a few rows of activations (2 to 8): two blocks in each
-//! 512-bit register, and no sign tricks per product.
+//! The AVX-512 level's products of several rows of activations (eight at a time): two blocks in
+//! each 512-bit register, and no sign tricks per product.
 //!
 //! VNNI's `vpdpbusd` multiplies unsigned bytes by signed ones. The one-row kernels make both
 //! sides fit by moving `x`'s signs onto `y` (two instructions a product). Here the activations
@@ -81,12 +81,7 @@ macro_rules! wide {
             for p in 0..columns.pairs {
                 let b = 2 * p;
                 if p % 2 == 0 {
-                    for row in x {
-                        let line = row.wrapping_add(b).cast::<i8>().wrapping_add(ahead);
-                        for l in 0..3 {
-                            _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64 * l));
-                        }
-                    }
+                    fetch_ahead(x, b, ahead);
                 }
                 let mut xv = [_mm512_setzero_si512(); R];
                 let mut start = [_mm512_setzero_si512(); R];

@@ -77,14 +77,19 @@ pub(super) fn enable(level: Level) -> Result<(), String> {
     Ok(())
 }
 
-/// Whose kernels multiply small batches of Q8_0 and Q5_0 weights: `gantry-avx512`,
-/// `gantry-avx2` or `llamafile`.
-pub(crate) fn kernels() -> &'static str {
+/// The level [`enable`] set, if any.
+fn enabled() -> Option<Level> {
     match LEVEL.load(Ordering::Relaxed) {
-        4 => "gantry-avx512",
-        3 => "gantry-avx2",
-        _ => "llamafile",
+        4 => Some(Level::V4),
+        3 => Some(Level::V3),
+        _ => None,
     }
+}
+
+/// Whose kernels multiply small batches of Q8_0 and Q5_0 weights: the level's name
+/// (`gantry-avx512`, `gantry-avx2`) or `llamafile`.
+pub(crate) fn kernels() -> &'static str {
+    enabled().map_or("llamafile", Level::name)
 }
 
 /// How many matrix products ggml has handed to `llamafile_sgemm` since the process started.
@@ -242,14 +247,9 @@ macro_rules! entry {
             if unsafe { (*params).ith } == 0 {
                 CALLS.fetch_add(1, Ordering::Relaxed);
             }
-            let level = match LEVEL.load(Ordering::Relaxed) {
-                4 => Some(Level::V4),
-                3 => Some(Level::V3),
-                _ => None,
-            };
             let product = Product { m, n, k, a, lda, b, ldb, c, ldc, a_type, b_type, c_type };
             // SAFETY: the caller's contract is multiply's.
-            unsafe { multiply(level, params, product) }
+            unsafe { multiply(enabled(), params, product) }
         }
     };
 }
