@@ -55,9 +55,12 @@ impl Scheduler {
             .filter(|c| c.next_token.is_some() && !c.on_device && !awaited.contains(&c.seq_id))
             .map(|c| c.seq_id)
             .collect();
-        let free: Vec<SeqId> =
-            self.free_seqs.iter().copied().filter(|&s| self.kv.slots().tokens(s).is_empty()).collect();
+        // Idle sequences are empty once offloaded (`offload_idle`). Without host memory they keep
+        // their entries, and a gap holding one is taken all the same, dropping them: a prefix
+        // that a later prompt might reuse is worth less than a pass over the weights every step.
+        let free: Vec<SeqId> = self.free_seqs.iter().copied().filter(|s| !awaited.contains(s)).collect();
         let (src, dst) = gap_move(&movable, &free)?;
+        self.kv.cut(ctx, dst, 0);
         if let Err(e) = self.kv.relocate(ctx, src, dst) {
             tracing::warn!(error = %e, src = src.raw(), dst = dst.raw(), "could not move a sequence down");
             return None;

@@ -113,10 +113,11 @@ async fn a_burst_sharing_a_prompt_computes_it_once_and_answers_alike() {
 fn start_logging_moves(
     parallel: u32,
     copies: StreamCopies,
+    host_cache_bytes: usize,
 ) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (512, parallel, Some(1));
-    config.kv_copies = Some(copies);
+    (config.kv_copies, config.host_cache_bytes) = (Some(copies), host_cache_bytes);
     let (moves, turns) = logging_moves(&mut config);
     (Engine::start(config).unwrap(), moves, turns)
 }
@@ -130,12 +131,22 @@ fn start_logging_moves(
 #[tokio::test]
 async fn a_sequence_moved_into_a_gap_answers_as_if_it_had_stayed() {
     for way in COPIES {
-        moved_sequence_answers_as_if_it_had_stayed(way).await;
+        moved_sequence_answers_as_if_it_had_stayed(way, 64 << 20).await;
     }
 }
 
-async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamCopies) {
-    let (engine, moves, turns) = start_logging_moves(4, way);
+/// Without host memory (`--cache-ram 0`) a finished sequence keeps its entries in its slot, and
+/// the gap is taken all the same (its entries dropped): otherwise the running sequences would
+/// stay apart, a pass over the weights each, for the rest of their answers.
+#[tokio::test]
+async fn without_host_memory_a_gap_holding_an_idle_sequence_is_taken() {
+    for way in COPIES {
+        moved_sequence_answers_as_if_it_had_stayed(way, 0).await;
+    }
+}
+
+async fn moved_sequence_answers_as_if_it_had_stayed(way: StreamCopies, host_cache_bytes: usize) {
+    let (engine, moves, turns) = start_logging_moves(4, way, host_cache_bytes);
     let inputs = vec![greedy("two tokens only", 1, 2), greedy("three choices that decode on", 3, 24)];
     let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
     let (short_events, _) = drain(short).await;
@@ -159,7 +170,7 @@ async fn gaps_left_together_are_closed_together() {
 }
 
 async fn gaps_closed_together(way: StreamCopies) {
-    let (engine, moves, turns) = start_logging_moves(6, way);
+    let (engine, moves, turns) = start_logging_moves(6, way, 64 << 20);
     let inputs = vec![greedy("three short answers", 3, 2), greedy("three long answers", 3, 16)];
     let [short, long] = <[_; 2]>::try_from(submit_together(&engine, &turns, inputs)).ok().unwrap();
     drain(short).await;

@@ -118,7 +118,7 @@ pub struct ServeArgs {
     /// MiB of host memory for idle sequences' KV entries: a finished conversation or document
     /// leaves the KV cache (where it would slow every running stream) for host memory, and a
     /// prompt that starts with it gets it back instead of recomputing it; 0 keeps it in its slot
-    /// until the slot is reused.
+    /// until a request takes the slot, or a running sequence moves into it.
     #[arg(long, value_name = "MIB", default_value_t = gantry_engine::DEFAULT_HOST_CACHE_MIB)]
     pub cache_ram: usize,
     /// Register this key at start (for scripted set-ups).
