@@ -119,7 +119,7 @@ pub struct ServeArgs {
     /// leaves the KV cache (where it would slow every running stream) for host memory, and a
     /// prompt that starts with it gets it back instead of recomputing it; 0 keeps it in its slot
     /// until a request takes the slot, or a running sequence moves into it.
-    #[arg(long, value_name = "MIB", default_value_t = gantry_engine::DEFAULT_HOST_CACHE_MIB)]
+    #[arg(long, value_name = "MIB", env = "GANTRY_CACHE_RAM", default_value_t = gantry_engine::DEFAULT_HOST_CACHE_MIB)]
     pub cache_ram: usize,
     /// Register this key at start (for scripted set-ups).
     #[arg(long, env = "GANTRY_API_KEY", hide_env_values = true)]
