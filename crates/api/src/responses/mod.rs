@@ -3,6 +3,7 @@
 //! (collected or streamed) becomes a Response object or its semantic events. No I/O; the server
 //! runs the one chat path in between.
 
+mod kept;
 mod request;
 mod response;
 mod stream;

@@ -3,6 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::kept;
 use crate::fields::{get, type_error, type_name};
 use crate::{ApiError, ValidatedChat};
 
@@ -13,8 +14,8 @@ pub struct ResponsesRequest {
     /// `store` (OpenAI's default: true).
     pub store: bool,
     pub previous_response_id: Option<String>,
-    /// This request's `input` as items (a string is one user message): what a stored response
-    /// keeps of its turn, beside its output.
+    /// This request's `input` as items (a string is one user message), with the keys the API
+    /// defines only (`kept`): what a stored response keeps of its turn, beside its output.
     pub items: Vec<Value>,
     /// `instructions`, `tools`, `tool_choice`, `text`, `temperature`, `top_p`,
     /// `max_output_tokens`, `parallel_tool_calls`, `metadata`, `user`, `reasoning`, as sent
@@ -42,9 +43,14 @@ pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<Responses
         )
     })?;
     refuse_unsupported(obj)?;
+    kept::check_echoed(obj)?;
     let items = match get(obj, "input") {
         Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
-        Some(Value::Array(items)) => items.clone(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| kept::kept_item(&format!("input[{i}]"), item))
+            .collect::<Result<_, _>>()?,
         Some(other) => return Err(type_error("input", "a string or an array of items", other)),
         None => return Err(ApiError::invalid_request("Missing required parameter: 'input'.", Some("input"))),
     };

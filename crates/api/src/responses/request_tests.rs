@@ -123,3 +123,73 @@ fn reasoning_items_go_with_their_turn_and_the_effort_is_the_chats() {
     let e = parse(json!({"model": "m", "input": "x", "reasoning": {"effort": "max"}})).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("reasoning.effort"));
 }
+
+/// A stored Response keeps what its request echoes and its items for weeks: fields the model
+/// never reads are held to the API's limits, and items to their defined keys.
+#[test]
+fn fields_a_stored_response_keeps_are_held_to_the_apis_limits() {
+    let with = |field: &str, v: Value| {
+        let mut body = json!({"model": "m", "input": "x"});
+        body[field] = v;
+        parse(body)
+    };
+    let pairs = |n: usize| Value::Object((0..n).map(|i| (format!("k{i}"), json!("v"))).collect());
+    assert!(with("metadata", pairs(16)).is_ok());
+    let refused = [
+        ("metadata", pairs(17), "metadata"),
+        ("metadata", json!({"k": "v".repeat(513)}), "metadata.k"),
+        (
+            "metadata",
+            json!({"k".repeat(65): "v"}),
+            "metadata.kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk…",
+        ),
+        ("metadata", json!({"k": 1}), "metadata.k"),
+        ("metadata", json!("v"), "metadata"),
+        ("truncation", json!("x".repeat(100)), "truncation"),
+        ("text", json!({"format": {"type": "text"}, "junk": "v"}), "text.junk"),
+        ("text", json!({"verbosity": "loud"}), "text.verbosity"),
+        ("reasoning", json!({"effort": "low", "junk": 1}), "reasoning.junk"),
+        ("reasoning", json!({"summary": "all"}), "reasoning.summary"),
+        ("stream", json!("yes"), "stream"),
+        ("stream", json!(1), "stream"),
+    ];
+    for (field, value, param) in refused {
+        let e = with(field, value.clone()).expect_err(&format!("{field}: {value}"));
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{field}: {}", e.message);
+        assert!(e.message.len() < 300, "an error quotes little of what it refuses: {}", e.message);
+    }
+    for (field, value) in [
+        ("truncation", json!("auto")),
+        ("truncation", json!("disabled")),
+        ("text", json!({"format": {"type": "text"}, "verbosity": "low"})),
+        ("reasoning", json!({"effort": null, "summary": "auto"})),
+        ("stream", json!(false)),
+    ] {
+        assert!(with(field, value.clone()).is_ok(), "{field}: {value}");
+    }
+}
+
+#[test]
+fn items_are_kept_with_their_defined_keys_only() {
+    let r = parse(json!({"model": "m", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi", "junk": "x"}], "junk": "y"},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Hello.", "annotations": [], "logprobs": [{"token": "x"}]}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "extra": [1, 2, 3]},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok", "extra": {"a": 1}},
+    ]}))
+    .unwrap();
+    assert_eq!(
+        r.items,
+        [
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}),
+            json!({"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]}),
+            json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "c1", "output": "ok"}),
+        ]
+    );
+    let long_id =
+        json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "c".repeat(257), "output": "ok"}]});
+    let e = parse(long_id).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("input[0].call_id"), "{}", e.message);
+}

@@ -33,11 +33,13 @@ pub(crate) fn status_of(finish_reason: &str) -> (&'static str, Value) {
     }
 }
 
+/// The Response's `usage`. Nothing is billed as a cache write (the Messages dialect says
+/// `cache_creation_input_tokens: 0` alike): the SDK requires the field.
 pub(crate) fn usage_json(u: &Usage) -> Value {
     let cached = u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
     json!({
         "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": u.completion_tokens_details.map_or(0, |d| d.reasoning_tokens)},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
@@ -126,7 +128,7 @@ mod tests {
         assert_eq!((r["object"].as_str(), r["status"].as_str()), (Some("response"), Some("completed")));
         assert_eq!(r["output"][0]["id"], "msg_abc");
         assert_eq!(r["output"][0]["content"][0]["text"], "Hi");
-        assert_eq!(r["usage"]["input_tokens_details"]["cached_tokens"], 6);
+        assert_eq!(r["usage"]["input_tokens_details"], json!({"cached_tokens": 6, "cache_write_tokens": 0}));
         assert_eq!(r["usage"]["total_tokens"], 14);
         assert_eq!(r["tools"], json!([]));
         let cut = response_from_chat(&ids(), &echo, &chat(Some("Hi"), None, "length"));

@@ -143,8 +143,9 @@ impl ResponseStream {
             return out;
         }
         self.ended = true;
-        self.close(&mut out);
         let (status, details) = status_of(self.finish_reason.as_deref().unwrap_or("stop"));
+        // The message the answer ends in is cut with it, as in the collected Response.
+        self.close_as(&mut out, status);
         let usage = self.usage;
         let whole = self.object(status, details, usage.as_ref());
         let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
@@ -154,6 +155,11 @@ impl ResponseStream {
 
     /// Ends the open item: its `.done` events, and it joins the output.
     fn close(&mut self, out: &mut Vec<ResponseEvent>) {
+        self.close_as(out, "completed");
+    }
+
+    /// Ends the open item, a message with `message_status` (`incomplete` when the answer was cut).
+    fn close_as(&mut self, out: &mut Vec<ResponseEvent>, message_status: &str) {
         match self.open.take() {
             None => {}
             Some(Open::Reasoning { index, text }) => {
@@ -165,7 +171,7 @@ impl ResponseStream {
             }
             Some(Open::Message { index, text }) => {
                 let id = self.ids.message_id();
-                let item = message_item(&id, &text, "completed");
+                let item = message_item(&id, &text, message_status);
                 let done = json!({"text": text, "logprobs": []});
                 let part = output_text_part(&text);
                 self.close_item_with_part(out, &id, index, ("response.output_text.done", done), part, item);

@@ -94,3 +94,20 @@ fn thinking_streams_as_a_reasoning_item_before_the_message() {
     assert_eq!(whole["output"][0]["id"], "rs_1");
     assert_eq!(whole["usage"]["output_tokens_details"]["reasoning_tokens"], 4);
 }
+
+#[test]
+fn a_message_cut_by_max_output_tokens_ends_incomplete_as_when_collected() {
+    let (mut s, _) = start();
+    s.on_chunk(&chunk(json!({"content": "Once upon"}), None));
+    s.on_chunk(&chunk(json!({}), Some("length")));
+    let end = s.finish();
+    assert_eq!(names(&end).last(), Some(&"response.incomplete"));
+    let item_done = end.iter().find(|e| e.event == "response.output_item.done").unwrap();
+    assert_eq!(item_done.data["item"]["status"], "incomplete");
+    let whole = &end.last().unwrap().data["response"];
+    assert_eq!(
+        (whole["status"].as_str(), whole["output"][0]["status"].as_str()),
+        (Some("incomplete"), Some("incomplete"))
+    );
+    assert_eq!(whole["incomplete_details"]["reason"], "max_output_tokens");
+}
