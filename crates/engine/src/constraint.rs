@@ -225,7 +225,8 @@ impl Grammars {
         }
         let factory = self.factory(model)?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        let compiled = CompiledGrammar(factory.create_parser(constraint.grammar()).map_err(|e| e.to_string())?);
+        let compiled =
+            CompiledGrammar(factory.create_parser(constraint.grammar()).map_err(|e| reason(&e.to_string()))?);
         // Some errors show only once the grammar starts (a schema no document can match).
         compiled.matcher()?;
         self.cached().put(key, compiled.0.deep_clone());
@@ -239,5 +240,30 @@ impl Grammars {
     /// Grammars compiled since the model loaded: cache misses.
     pub(crate) fn compiles(&self) -> usize {
         self.compiles.load(Ordering::Relaxed)
+    }
+}
+
+/// Why a grammar does not compile, as a client can read it: a Lark grammar's error (the tools'
+/// grammars embed the argument schemas in one) names its line and quotes the grammar's source
+/// after it, kilobytes of this server's wrappers; the reason is on the first line.
+fn reason(error: &str) -> String {
+    let first = error.lines().next().unwrap_or(error);
+    let unplaced = first
+        .strip_prefix("at ")
+        .and_then(|rest| rest.split_once("): "))
+        .filter(|(place, _)| place.chars().all(|c| c.is_ascii_digit() || c == '('))
+        .map_or(first, |(_, reason)| reason);
+    unplaced.strip_prefix("failed to compile JSON schema: ").unwrap_or(unplaced).to_owned()
+}
+
+#[cfg(test)]
+mod reason_tests {
+    #[test]
+    fn a_grammar_error_keeps_its_reason_not_the_grammar() {
+        let lark =
+            "at 6(7): failed to compile JSON schema: Invalid type: banana\n   4 | WS: /[ ]+/\n   6 | body: %json {…}";
+        assert_eq!(super::reason(lark), "Invalid type: banana");
+        assert_eq!(super::reason("Invalid type: banana"), "Invalid type: banana");
+        assert_eq!(super::reason("at the start: x"), "at the start: x");
     }
 }

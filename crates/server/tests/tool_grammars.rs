@@ -202,3 +202,54 @@ async fn a_forced_call_comes_back_as_a_call_whatever_the_model_writes_in_it() {
     }
     assert_eq!(seen, 16);
 }
+
+/// Pydantic writes nested models and enums as `$ref`s into `$defs`; the grammars nest each tool's
+/// schema inside call objects, so its definitions must follow it to the grammar's root. Every
+/// tool_choice compiles, and a forced call keeps to the referenced enum and nested model.
+#[tokio::test]
+async fn argument_schemas_with_definitions_compile_and_constrain_the_call() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let parameters = json!({"type": "object", "required": ["color", "size"],
+        "$defs": {"Color": {"type": "string", "enum": ["red", "green"]},
+                  "Size": {"type": "object", "properties": {"unit": {"$ref": "#/$defs/Unit"}}, "required": ["unit"]},
+                  "Unit": {"enum": ["cm", "in"]}},
+        "properties": {"color": {"$ref": "#/$defs/Color"}, "size": {"$ref": "#/$defs/Size"}}});
+    let tools = json!([{"type": "function", "function": {"name": "paint", "parameters": parameters}},
+                       {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object",
+                        "definitions": {"W": {"type": "string", "maxLength": 4}}, "properties": {"w": {"$ref": "#/definitions/W"}}}}}]);
+    let body = |choice: Value| {
+        json!({"model": s.model_id, "messages": [{"role": "user", "content": "Paint it"}], "tools": tools,
+               "tool_choice": choice, "max_tokens": 200, "temperature": 0, "logit_bias": no_layout(json!({}))})
+    };
+    for choice in [json!("auto"), json!("required"), json!({"type": "function", "function": {"name": "paint"}})] {
+        let v = post(&s, body(choice.clone())).await;
+        if choice != json!("auto") {
+            let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+            let args: Value =
+                serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {v}"));
+            if call["name"] == "paint" {
+                assert!(["red", "green"].contains(&args["color"].as_str().unwrap()), "{v}");
+                assert!(["cm", "in"].contains(&args["size"]["unit"].as_str().unwrap()), "{v}");
+            } else {
+                assert_eq!(call["name"], "lookup", "{v}");
+            }
+        }
+    }
+    let mut with_format = body(json!("auto"));
+    with_format["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "$defs": {"Color": {"type": "integer"}}, "properties": {"n": {"$ref": "#/$defs/Color"}}}}});
+    post(&s, with_format).await;
+    // A schema that does not compile is named in one line, not with the grammar it was put in.
+    let broken = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"a": {"type": "banana"}}}}}]);
+    let resp = s
+        .chat(json!({"model": s.model_id, "messages": [{"role": "user", "content": "x"}], "tools": broken}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((status.as_u16(), v["error"]["param"].as_str()), (400, Some("tools")), "{v}");
+    assert!(message.contains("banana") && message.len() < 120, "{message}");
+}

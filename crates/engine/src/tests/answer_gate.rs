@@ -38,8 +38,8 @@ fn gated(engine: &Engine, first: i32) -> ChatInput {
             ..SamplingParams::default()
         },
         logprobs: Some(0),
-        constraint: Some((answer_or_call(answer.clone(), &calls), "response_format")),
-        lazy_tools: Some(lazy_grammars(&calls, &names, false)),
+        constraint: Some((answer_or_call(answer.clone(), &calls, &Default::default()), "response_format")),
+        lazy_tools: Some(lazy_grammars(&calls, &names, false, &Default::default())),
         answer_constraint: Some(answer),
         cache_scope: crate::CacheScope::default(),
         thinking: Default::default(),

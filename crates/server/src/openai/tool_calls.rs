@@ -3,8 +3,8 @@
 
 use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{
-    answer_or_call, call_schema, close_objects, forced_cut_call, lazy_grammars, new_call_id, parse_cut_output,
-    parse_tool_calls, ParsedCall, ToolCallStreamer,
+    answer_or_call, call_schema, close_objects, forced_cut_call, hoist_definitions, lazy_grammars, new_call_id,
+    parse_cut_output, parse_tool_calls, with_definitions, ParsedCall, ToolCallStreamer,
 };
 use gantry_engine::{Constraint, FinishReason, LazyTools};
 use serde_json::{json, Value};
@@ -28,6 +28,8 @@ pub(crate) struct ToolPlan {
     pub lazy: Option<LazyTools>,
     /// `auto` with a `response_format`: the call objects the output may be instead of the answer.
     answer_calls: Vec<Value>,
+    /// The argument schemas' definitions, at the root of every grammar of calls.
+    defs: serde_json::Map<String, Value>,
     /// `auto` with a `response_format`: the grammars of a call the model starts on its own,
     /// for an engine that lets the model choose between answer and call (`answer_gate`).
     answer_lazy: Option<LazyTools>,
@@ -41,7 +43,7 @@ impl ToolPlan {
         };
         let tools: Vec<Value> = offered.iter().map(|t| t.definition.clone()).collect();
         let names: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
-        let schemas: Vec<Value> = offered
+        let mut schemas: Vec<Value> = offered
             .iter()
             .map(|t| {
                 let mut schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
@@ -49,19 +51,21 @@ impl ToolPlan {
                 schema
             })
             .collect();
+        let defs = hoist_definitions(&mut schemas);
         let call_of = |i: usize| call_schema(&names[i], &schemas[i]);
+        let rooted = |root: Value| Constraint::JsonSchema(with_definitions(root, &defs));
         let (parse, forced, forced_names) = match &chat.tool_choice {
             None | Some(ToolChoice::Auto) => (true, None, Vec::new()),
             Some(ToolChoice::None) => (false, None, Vec::new()),
             Some(ToolChoice::Required) => {
                 let any: Vec<Value> = (0..names.len()).map(call_of).collect();
-                (true, Some(Constraint::JsonSchema(json!({"anyOf": any}))), names.clone())
+                (true, Some(rooted(json!({"anyOf": any}))), names.clone())
             }
             Some(ToolChoice::Function(name)) => {
                 // Parsing refuses a name that is not offered; a request built in code gets the
                 // same refusal.
                 let i = names.iter().position(|n| n == name).ok_or_else(|| tool_choice_not_offered(name))?;
-                (true, Some(Constraint::JsonSchema(call_of(i))), vec![name.clone()])
+                (true, Some(rooted(call_of(i))), vec![name.clone()])
             }
         };
         let has_format = chat.response_format.as_ref().is_some_and(ResponseFormat::is_json);
@@ -76,10 +80,10 @@ impl ToolPlan {
         let auto = parse && forced.is_none();
         // With a response_format the output is JSON from its first token: `answer_or_call` decides
         // between answer and call, and there is no free text to watch.
-        let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single));
-        let answer_lazy = (auto && has_format).then(|| lazy_grammars(&calls, &names, single));
+        let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single, &defs));
+        let answer_lazy = (auto && has_format).then(|| lazy_grammars(&calls, &names, single, &defs));
         let answer_calls = if auto && has_format { calls } else { Vec::new() };
-        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls, answer_lazy }))
+        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls, answer_lazy, defs }))
     }
 
     /// Whether the whole output's grammar comes from the tools (a forced call, or the
@@ -108,7 +112,9 @@ impl ToolPlan {
             return Some(forced.clone());
         }
         match response_format {
-            Some(answer) if !self.answer_calls.is_empty() => Some(answer_or_call(answer, &self.answer_calls)),
+            Some(answer) if !self.answer_calls.is_empty() => {
+                Some(answer_or_call(answer, &self.answer_calls, &self.defs))
+            }
             other => other,
         }
     }
