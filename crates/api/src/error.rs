@@ -148,13 +148,30 @@ impl ApiError {
     pub fn to_json(&self) -> Value {
         json!({
             "error": {
-                "message": self.message,
+                "message": capped(&self.message, MAX_MESSAGE_BYTES),
                 "type": self.error_type,
-                "param": self.param,
+                "param": self.param.as_deref().map(|p| capped(p, MAX_PARAM_BYTES)),
                 "code": self.code,
             }
         })
     }
+}
+
+/// Messages and params quote what the client sent (a model name, a role, a field's name), which
+/// may be megabytes: an error body says enough within these.
+const MAX_MESSAGE_BYTES: usize = 2048;
+const MAX_PARAM_BYTES: usize = 256;
+
+/// `s` cut to at most `max` bytes on a character boundary, marked with "…" where cut.
+fn capped(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
 }
 
 impl IntoResponse for ApiError {
@@ -245,5 +262,22 @@ mod tests {
     #[test]
     fn display_includes_message() {
         assert!(ApiError::internal("kaput").to_string().contains("kaput"));
+    }
+
+    #[test]
+    fn an_error_quoting_a_huge_value_stays_small() {
+        let huge = "é".repeat(40_000);
+        let e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            INVALID_REQUEST,
+            format!("The model '{huge}' does not exist"),
+            Some(&huge),
+            None,
+        );
+        let body = e.to_json();
+        let (message, param) = (body["error"]["message"].as_str().unwrap(), body["error"]["param"].as_str().unwrap());
+        assert!(message.len() <= MAX_MESSAGE_BYTES && message.starts_with("The model 'éé") && message.ends_with('…'));
+        assert!(param.len() <= MAX_PARAM_BYTES && param.ends_with('…'));
+        assert_eq!(capped("short", 8), "short");
     }
 }

@@ -122,7 +122,7 @@ impl IntoApiError for KeyRefusal {
     fn into_api_error(self) -> ApiError {
         match self {
             KeyRefusal::Missing => ApiError::invalid_api_key(
-                "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header.",
             ),
             KeyRefusal::Incorrect { redacted } => {
                 ApiError::invalid_api_key(format!("Incorrect API key provided: {redacted}."))

@@ -78,7 +78,7 @@ async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(crate::openai::auth::bearer_credentials)
         .map(str::trim)
         .unwrap_or("");
     if !crate::admin::guard::token_matches(presented, token) {

@@ -164,8 +164,12 @@ pub(crate) async fn errors_in_anthropic_shape(req: Request, next: Next) -> Respo
         return response;
     }
     let (mut parts, body) = response.into_parts();
+    // Errors are capped well below this (`ApiError::to_json`); a larger body still gets the
+    // shape, with its type.
     let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
-        return (parts.status, "").into_response();
+        let openai = json!({"error": {"message": "The error's description was too large to send."}});
+        let body = gantry_api::anthropic::error_body(status, &openai).unwrap_or_default();
+        return (parts.status, Json(body)).into_response();
     };
     let converted = serde_json::from_slice::<Value>(&bytes)
         .ok()

@@ -146,3 +146,37 @@ async fn one_key_one_limit_across_the_three_apis_and_429s_in_each_shape() {
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["code"], "rate_limit_exceeded");
     assert_eq!(h.billed_completion_tokens().await, 6, "three answers of two tokens, one ledger");
 }
+
+/// An error quoting a huge value (a 70k-character model name) still arrives whole, in
+/// Anthropic's shape: errors are capped, not dropped.
+#[tokio::test]
+async fn an_error_quoting_a_huge_value_keeps_anthropics_shape() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"model": "m".repeat(70_000)}))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("{err}: {text:.200}"));
+    assert_eq!(
+        (e["type"].as_str(), e["error"]["type"].as_str()),
+        (Some("error"), Some("not_found_error")),
+        "{text:.300}"
+    );
+    assert!(text.len() < 4096, "{}", text.len());
+}
+
+/// The auth scheme's name is case-insensitive; the key may also come as Bearer on this route.
+#[tokio::test]
+async fn a_bearer_key_in_any_case_is_taken() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let request = Request::post("/v1/messages")
+            .header("content-type", "application/json")
+            .header("authorization", format!("{scheme} {KEY}"))
+            .body(Body::from(message(json!({})).to_string()))
+            .unwrap();
+        let (status, text) = h.send(request).await;
+        assert_eq!(status, StatusCode::OK, "{scheme}: {text}");
+    }
+    let (status, text) = post(&h, "/v1/messages", None, message(json!({}))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(text.contains("x-api-key"), "{text}");
+}

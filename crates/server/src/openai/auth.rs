@@ -20,6 +20,13 @@ pub(crate) struct KeyAuth {
     pub failures: AuthFailures,
 }
 
+/// The credentials of an `Authorization: Bearer …` value; the scheme's name is case-insensitive
+/// (RFC 9110, 11.1).
+pub(crate) fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(credentials)
+}
+
 pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Request, next: Next) -> Response {
     let state = &auth.state;
     // Set by the accept loop; absent only for requests built in-process (tests).
@@ -28,7 +35,7 @@ pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Reques
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(bearer_credentials)
         .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     let Some(secret) = presented.filter(|s| !s.is_empty()) else {
