@@ -103,9 +103,13 @@ def test_a_stored_response_continues_a_conversation_for_its_key_alone(client, se
                                      max_output_tokens=8, temperature=0)
     assert second.previous_response_id == first.id
     assert second.usage.input_tokens > first.usage.input_tokens + 5, "the first turn is in the prompt"
+    listed = client.responses.input_items.list(second.id)
+    assert [item.type for item in listed.data] == ["message"] and listed.data[0].content[0].text == "What is my name?"
     stranger = _second_key(server)
     with pytest.raises(openai.NotFoundError):
         stranger.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        stranger.responses.input_items.list(first.id)
     with pytest.raises(openai.BadRequestError) as e:
         stranger.responses.create(model=server.model_id, input="x", previous_response_id=first.id)
     assert e.value.body["param"] == "previous_response_id"
@@ -114,6 +118,20 @@ def test_a_stored_response_continues_a_conversation_for_its_key_alone(client, se
         client.responses.retrieve(first.id)
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=server.model_id, input="x", previous_response_id=second.id)
+
+
+def test_what_a_stored_response_keeps_is_held_to_the_apis_limits(client, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=server.model_id, input="x", metadata={"k": "v" * 513}, max_output_tokens=1)
+    assert e.value.body["param"] == "metadata.k"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=server.model_id, input="x", max_output_tokens=1, extra_body={"truncation": "x" * 1000})
+    assert e.value.body["param"] == "truncation"
+    r = client.responses.create(model=server.model_id, input="Hi", metadata={"team": "a"}, max_output_tokens=2)
+    assert r.metadata == {"team": "a"}
+    assert r.usage.input_tokens_details.cache_write_tokens == 0
+    ResponseUsage = openai.types.responses.ResponseUsage
+    ResponseUsage.model_validate(r.usage.model_dump(), strict=True)
 
 
 def test_unsupported_fields_are_refused_clearly(client, server):

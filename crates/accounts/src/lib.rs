@@ -131,6 +131,17 @@ impl Accounts {
         stored_responses::response(&self.pool, key_id, id, now_ms).await
     }
 
+    /// The key's stored Response `id` (JSON) and its own turn's items (a JSON array: its input,
+    /// then its output).
+    pub async fn stored_response_and_items(
+        &self,
+        key_id: i64,
+        id: &str,
+        now_ms: i64,
+    ) -> Result<Option<(String, String)>, AccountsError> {
+        stored_responses::response_and_items(&self.pool, key_id, id, now_ms).await
+    }
+
     /// The items of the conversation ending with the key's stored response `id`, one JSON array
     /// per turn, oldest first; `None` if any of its responses is gone or not the key's.
     pub async fn stored_conversation(

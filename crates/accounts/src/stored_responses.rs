@@ -67,6 +67,17 @@ pub(crate) async fn response(
     Ok(row(pool, key_id, id, now_ms).await?.map(|(_, _, response)| response))
 }
 
+/// The Response object `id` of this key and the items of its own turn (its input, then its
+/// output), unless it expired.
+pub(crate) async fn response_and_items(
+    pool: &AnyPool,
+    key_id: i64,
+    id: &str,
+    now_ms: i64,
+) -> Result<Option<(String, String)>, AccountsError> {
+    Ok(row(pool, key_id, id, now_ms).await?.map(|(_, items, response)| (response, items)))
+}
+
 /// The conversation that ends with response `id`: each turn's items (JSON arrays), oldest
 /// first, read in one recursive query. `None` when `id`, or a response it continued, is not this
 /// key's or has expired or been deleted; `Invalid` past [`MAX_CONVERSATION_DEPTH`] turns.

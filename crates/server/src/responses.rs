@@ -4,10 +4,11 @@
 //! Response object or its semantic stream events. With `store` (the default) the Response is
 //! kept per key in the accounts database for `GET`, `DELETE` and `previous_response_id`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -78,6 +79,26 @@ pub(crate) async fn retrieve(
     let stored = stored.ok_or_else(|| not_found(&id))?;
     let body: Value = serde_json::from_str(&stored).map_err(|_| ApiError::internal("a stored response is not JSON"))?;
     Ok(Json(body).into_response())
+}
+
+/// `GET /v1/responses/{id}/input_items`: the input items of the key's stored Response, a page at
+/// a time (`gantry_api::responses::input_items_page`).
+pub(crate) async fn input_items(
+    State(state): State<AppState>,
+    Extension(key): Extension<KeyInfo>,
+    Path(id): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let query = gantry_api::responses::items_query(&params)?;
+    let stored = state.accounts.stored_response_and_items(key.id, &id, now_ms()).await.map_err(storage_failed)?;
+    let (response, items) = stored.ok_or_else(|| not_found(&id))?;
+    let corrupt = || ApiError::internal("a stored response is not JSON");
+    let response: Value = serde_json::from_str(&response).map_err(|_| corrupt())?;
+    let mut items: Vec<Value> = serde_json::from_str(&items).map_err(|_| corrupt())?;
+    // The turn's items are its input, then its output.
+    let outputs = response["output"].as_array().map_or(0, Vec::len);
+    items.truncate(items.len().saturating_sub(outputs));
+    Ok(Json(gantry_api::responses::input_items_page(&id, &items, &query)).into_response())
 }
 
 /// `DELETE /v1/responses/{id}`.

@@ -86,6 +86,16 @@ async fn a_stored_response_is_its_keys_alone_to_read_continue_and_delete() {
     assert_eq!((status, &got), (StatusCode::OK, &first));
     let (status, got) = call(&h, "GET", &format!("/v1/responses/{id}"), &other).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "another key: {got}");
+    // Its input, listed as the SDK's `responses.input_items.list` reads it; another key's 404.
+    let (status, items) = call(&h, "GET", &format!("/v1/responses/{id}/input_items"), KEY).await;
+    assert_eq!(status, StatusCode::OK, "{items}");
+    assert_eq!(items["data"].as_array().map(Vec::len), Some(1), "the input only, not the output: {items}");
+    assert_eq!(items["data"][0]["content"], json!([{"type": "input_text", "text": "say hello"}]));
+    assert_eq!(items["first_id"], items["data"][0]["id"]);
+    let (status, _) = call(&h, "GET", &format!("/v1/responses/{id}/input_items"), &other).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, e) = call(&h, "GET", &format!("/v1/responses/{id}/input_items?limit=0"), KEY).await;
+    assert_eq!((status, e["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")));
     assert_eq!(call(&h, "DELETE", &format!("/v1/responses/{id}"), &other).await.0, StatusCode::NOT_FOUND);
     // Continued: the stored turn comes first (the scripted prompt counts one token a word).
     let (status, text) =

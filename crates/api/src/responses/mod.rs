@@ -3,11 +3,13 @@
 //! (collected or streamed) becomes a Response object or its semantic events. No I/O; the server
 //! runs the one chat path in between.
 
+mod items;
 mod kept;
 mod request;
 mod response;
 mod stream;
 
+pub use items::{input_items_page, items_query, ItemsQuery};
 pub use request::{parse_responses_request, previous_response_id, turn_items, ResponsesRequest};
 pub use response::{response_from_chat, ResponseIds};
 pub use stream::{ResponseEvent, ResponseStream};
