@@ -53,6 +53,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
     let mut images = Vec::new();
     let messages =
         messages_v.iter().enumerate().map(|(i, m)| parse_message(i, m, &mut images)).collect::<Result<Vec<_>, _>>()?;
+    check_tool_turns(&messages)?;
     if let Some(i) = messages.iter().rev().skip(1).position(|m| m.prefix) {
         let param = format!("messages[{}].prefix", messages.len() - 2 - i);
         return Err(ApiError::invalid_value(
@@ -159,6 +160,39 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
 /// `prompt_cache_retention`: prefixes stay cached while there is room for them (`in-memory`,
 /// OpenAI's default); no server-side promise of a day (`24h`) can be kept, so it is refused as
 /// OpenAI refuses it for a model without extended caching.
+/// As OpenAI: a tool message answers a call of the assistant message before it (other tool
+/// messages between them: parallel calls), by that call's id. A result the model cannot tie to
+/// any call of its own is a client's mistake to hear about, not to run.
+fn check_tool_turns(messages: &[crate::ChatMessage]) -> Result<(), ApiError> {
+    let mut calls: Option<Vec<&str>> = None;
+    for (i, m) in messages.iter().enumerate() {
+        match m.role {
+            crate::Role::Tool => {
+                let Some(ids) = &calls else {
+                    return Err(ApiError::invalid_value(
+                        &format!("messages[{i}].role"),
+                        "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+                    ));
+                };
+                let id = m.tool_call_id.as_deref().unwrap_or_default();
+                if !ids.contains(&id) {
+                    return Err(ApiError::invalid_value(
+                        &format!("messages[{i}].tool_call_id"),
+                        format!("Invalid parameter: 'tool_call_id' of '{id}' not found in 'tool_calls' of previous message."),
+                    ));
+                }
+            }
+            crate::Role::Assistant => {
+                let ids = m.tool_calls.as_ref().and_then(Value::as_array).into_iter().flatten();
+                let ids: Vec<&str> = ids.filter_map(|c| c.get("id").and_then(Value::as_str)).collect();
+                calls = (!ids.is_empty()).then_some(ids);
+            }
+            _ => calls = None,
+        }
+    }
+    Ok(())
+}
+
 fn check_cache_retention(v: Option<&str>) -> Result<(), ApiError> {
     match v {
         None | Some("in-memory" | "in_memory") => Ok(()),

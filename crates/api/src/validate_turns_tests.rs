@@ -42,3 +42,25 @@ fn reasoning_effort_and_thinking_budget() {
     assert!(e.message.contains("'none', 'minimal', 'low', 'medium', 'high', 'xhigh'"), "{}", e.message);
     assert_eq!(err(json!({"thinking_token_budget": -1})).param.as_deref(), Some("thinking_token_budget"));
 }
+
+#[test]
+fn a_tool_message_answers_a_call_of_the_assistant_message_before_it() {
+    let msgs = |m: Value| json!({"messages": m});
+    let call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}});
+    let asked = json!({"role": "assistant", "content": null, "tool_calls": [call("c1"), call("c2")]});
+    let answer = |id: &str| json!({"role": "tool", "tool_call_id": id, "content": "ok"});
+    let user = json!({"role": "user", "content": "hi"});
+    // Parallel calls answered in any order; a later turn calls again.
+    let c = ok(msgs(json!([user, asked, answer("c2"), answer("c1"), {"role": "assistant", "content": "Done."}, user,
+        {"role": "assistant", "content": null, "tool_calls": [call("c3")]}, answer("c3")])));
+    assert_eq!(c.messages.len(), 8);
+    for (m, param) in [
+        (json!([user, answer("c1")]), "messages[1].role"),
+        (json!([user, asked, answer("nope")]), "messages[2].tool_call_id"),
+        (json!([user, asked, answer("c1"), user, answer("c2")]), "messages[4].role"),
+        (json!([user, {"role": "assistant", "content": "no calls"}, answer("c1")]), "messages[2].role"),
+    ] {
+        let e = parse_chat_request(&with(msgs(m.clone()))).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{m}: {}", e.message);
+    }
+}
