@@ -83,6 +83,7 @@ def test_a_forced_tool_comes_back_as_tool_use_and_its_result_is_accepted(claude,
         r = claude.messages.create(**kw)
     assert r.stop_reason == "tool_use", r
     call = next(b for b in r.content if b.type == "tool_use")
+    assert call.id.startswith("toolu_"), call.id
     assert call.name == "get_weather" and isinstance(call.input, dict) and "city" in call.input
     follow = claude.messages.create(
         model=server.model_id, max_tokens=40, tools=[WEATHER],

@@ -67,13 +67,22 @@ pub(crate) fn signature(thinking: &str) -> String {
     format!("gantry-{h:016x}")
 }
 
+/// A call's id as Anthropic spells its own (`toolu_…`): the chat path's `call_…`, renamed. The
+/// client sends it back in its `tool_use` and `tool_result` blocks alike, so they still match.
+pub(crate) fn tool_use_id(chat_id: &Value) -> Value {
+    match chat_id.as_str() {
+        Some(id) => id.strip_prefix("call_").map_or_else(|| id.to_owned(), |rest| format!("toolu_{rest}")).into(),
+        None => chat_id.clone(),
+    }
+}
+
 /// A chat tool call (`{"id", "function": {"name", "arguments"}}`) as a `tool_use` block. Its
 /// input is the arguments' object; a call cut short by `max_tokens` has unparsable arguments,
 /// and is given an empty input (its `stop_reason` says `max_tokens`).
 fn tool_use_block(call: &Value) -> Value {
     let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
     let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-    json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input})
+    json!({"type": "tool_use", "id": tool_use_id(&call["id"]), "name": call["function"]["name"], "input": input})
 }
 
 #[cfg(test)]
@@ -114,7 +123,7 @@ mod tests {
     fn calls_become_tool_use_blocks_with_their_arguments_as_input() {
         let call = json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}});
         let m = message_from_chat("msg_1", &chat(Some(""), Some(vec![call]), "tool_calls"), None);
-        assert_eq!(m["content"], json!([{"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}}]));
+        assert_eq!(m["content"], json!([{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]));
         assert_eq!(m["stop_reason"], "tool_use");
         let cut = json!({"id": "call_2", "type": "function", "function": {"name": "f", "arguments": "{\"a\": "}});
         let m = message_from_chat("msg_1", &chat(None, Some(vec![cut]), "length"), None);

@@ -98,7 +98,7 @@ impl MessageStream {
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
             if let Some(id) = call.get("id") {
-                let head = json!({"type": "tool_use", "id": id, "name": call["function"]["name"], "input": {}});
+                let head = json!({"type": "tool_use", "id": super::response::tool_use_id(id), "name": call["function"]["name"], "input": {}});
                 self.open_block(Block::ToolUse, head, &mut out);
             }
             let fragment = call["function"]["arguments"].as_str().unwrap_or("");

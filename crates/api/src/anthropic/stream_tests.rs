@@ -44,7 +44,7 @@ fn calls_stream_as_tool_use_blocks_with_input_json_deltas() {
     assert_eq!(events[1].data["index"], 1);
     assert_eq!(
         events[1].data["content_block"],
-        json!({"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {}})
+        json!({"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}})
     );
     let args = json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\": \"Paris\"}"}}]});
     let events = s.on_chunk(&chunk(args, None));
