@@ -187,6 +187,10 @@ impl Outcome {
 /// Streamed from the engine to the request's owner, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// How many of the prompt's first tokens came from the prefix cache, once the request's
+    /// sequence holds them: sent once, before any text, so a stream can say it as it opens
+    /// (Anthropic's `message_start` carries the cached split). The usage at the end agrees.
+    Cached { tokens: u32 },
     /// New text (possibly empty, when held back for a stop string) and its tokens' logprobs.
     Delta { choice: u32, text: String, logprobs: Vec<TokenLogprob> },
     /// New thinking text (a reasoning model's, before its answer), without logprobs.

@@ -39,14 +39,16 @@ pub struct MessageStream {
 }
 
 impl MessageStream {
-    /// The stream and its first events: `message_start` (the prompt's size as its input
-    /// tokens; the final split with cached tokens comes in `message_delta`) and a `ping`.
-    pub fn start(id: &str, model: &str, prompt_tokens: u32) -> (Self, Vec<StreamEvent>) {
+    /// The stream and its first events: `message_start` (the prompt's tokens split as
+    /// Anthropic does: `cached_tokens` read from the cache, the rest as input tokens; the
+    /// `message_delta` at the end says the same) and a `ping`.
+    pub fn start(id: &str, model: &str, prompt_tokens: u32, cached_tokens: u32) -> (Self, Vec<StreamEvent>) {
+        let cached = cached_tokens.min(prompt_tokens);
         let message = json!({
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            "usage": {"input_tokens": prompt_tokens - cached, "output_tokens": 0,
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached},
         });
         let stream =
             Self { open: None, thought: String::new(), next_index: 0, finish_reason: None, usage: None, ended: false };

@@ -12,9 +12,10 @@ fn names(events: &[StreamEvent]) -> Vec<&'static str> {
 
 #[test]
 fn text_streams_as_one_block_between_start_and_stop() {
-    let (mut s, opening) = MessageStream::start("msg_1", "m", 12);
+    let (mut s, opening) = MessageStream::start("msg_1", "m", 12, 8);
     assert_eq!(names(&opening), ["message_start", "ping"]);
-    assert_eq!(opening[0].data["message"]["usage"]["input_tokens"], 12);
+    let opened = &opening[0].data["message"]["usage"];
+    assert_eq!((opened["input_tokens"].as_u64(), opened["cache_read_input_tokens"].as_u64()), (Some(4), Some(8)));
     assert!(s.on_chunk(&chunk(json!({"role": "assistant", "content": ""}), None)).is_empty());
     let first = s.on_chunk(&chunk(json!({"content": "Hel"}), None));
     assert_eq!(names(&first), ["content_block_start", "content_block_delta"]);
@@ -35,7 +36,7 @@ fn text_streams_as_one_block_between_start_and_stop() {
 
 #[test]
 fn calls_stream_as_tool_use_blocks_with_input_json_deltas() {
-    let (mut s, _) = MessageStream::start("msg_1", "m", 3);
+    let (mut s, _) = MessageStream::start("msg_1", "m", 3, 0);
     s.on_chunk(&chunk(json!({"content": "Let me check."}), None));
     let head = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                        "function": {"name": "get_weather", "arguments": ""}}]});
@@ -61,7 +62,7 @@ fn calls_stream_as_tool_use_blocks_with_input_json_deltas() {
 
 #[test]
 fn an_error_ends_the_stream_with_an_error_event() {
-    let (mut s, _) = MessageStream::start("msg_1", "m", 3);
+    let (mut s, _) = MessageStream::start("msg_1", "m", 3, 0);
     let events = s.on_chunk(&json!({"error": {"message": "engine died", "type": "server_error"}}));
     assert_eq!(names(&events), ["error"]);
     assert_eq!(events[0].data["error"], json!({"type": "api_error", "message": "engine died"}));
@@ -71,7 +72,7 @@ fn an_error_ends_the_stream_with_an_error_event() {
 
 #[test]
 fn thinking_streams_as_a_signed_thinking_block_before_the_text() {
-    let (mut s, _) = MessageStream::start("msg_1", "m", 3);
+    let (mut s, _) = MessageStream::start("msg_1", "m", 3, 0);
     let first = s.on_chunk(&chunk(json!({"reasoning_content": "Add", "reasoning": "Add"}), None));
     assert_eq!(names(&first), ["content_block_start", "content_block_delta"]);
     assert_eq!(first[0].data["content_block"], json!({"type": "thinking", "thinking": "", "signature": ""}));

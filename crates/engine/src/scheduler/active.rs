@@ -444,6 +444,11 @@ impl ActiveRequest {
         }
     }
 
+    /// Tells the owner how much of the prompt the cache held (`Event::Cached`), once it is settled.
+    pub(crate) fn announce_cached(&self) {
+        let _ = self.events.send(Event::Cached { tokens: self.usage.cached_tokens });
+    }
+
     pub(crate) fn send_reasoning(&self, i: usize, text: String) {
         if !text.is_empty() {
             let _ = self.events.send(Event::Reasoning { choice: self.choices[i].index, text });

@@ -217,4 +217,5 @@ fn share_prefix(kv: &mut KvCache, ctx: &mut LlamaContext<'_>, req: &mut ActiveRe
     req.prefilled = len;
     req.usage.cached_tokens = crate::units::count_u32(len);
     req.share = None;
+    req.announce_cached();
 }

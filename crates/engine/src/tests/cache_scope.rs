@@ -33,8 +33,17 @@ fn ask(scope: u64, text: &str) -> ChatInput {
     }
 }
 
+/// The request's usage; on every path to a prefix, the cached part it announced first
+/// (`Event::Cached`) is the one its usage reports.
 async fn usage(engine: &Engine, input: ChatInput) -> Usage {
-    drain(engine.submit(engine.prepare(input).unwrap()).unwrap()).await.1
+    let (events, usage) = drain(engine.submit(engine.prepare(input).unwrap()).unwrap()).await;
+    let announced: Vec<u32> = events
+        .iter()
+        .filter_map(|e| if let crate::Event::Cached { tokens } = e { Some(*tokens) } else { None })
+        .collect();
+    assert_eq!(announced, [usage.cached_tokens], "{events:?}");
+    assert!(matches!(events.first(), Some(crate::Event::Cached { .. })), "{events:?}");
+    usage
 }
 
 /// An idle slot (two slots, no host memory, least recently used slots taken first so the

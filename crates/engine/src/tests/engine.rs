@@ -121,7 +121,11 @@ async fn every_billed_token_has_one_logprobs_entry_the_end_token_included() {
     let (events, usage) = drain(engine.submit(request).unwrap()).await;
     assert_eq!(usage.completion_tokens, 1, "{events:?}");
     assert_eq!(logprob_entries(&events), 1, "{events:?}");
-    let Some(Event::Delta { text, logprobs, .. }) = events.first() else { panic!("{events:?}") };
+    // The cached part of the prompt is said first, then the text.
+    let [Event::Cached { tokens }, Event::Delta { text, logprobs, .. }, ..] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*tokens, usage.cached_tokens);
     assert_eq!((text.as_str(), logprobs[0].token.as_str()), ("", ""));
     // Cut by max_tokens with the end token forbidden: still one entry per billed token.
     let request = engine.prepare(input(5, vec![(eos, -100.0)])).unwrap();

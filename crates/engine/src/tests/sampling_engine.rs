@@ -14,7 +14,9 @@ async fn first_position(engine: &Engine) -> Vec<(Vec<u8>, f64)> {
     let mut request = input(1, vec![]);
     request.logprobs = Some(n_vocab);
     let (events, _) = drain(engine.submit(engine.prepare(request).unwrap()).unwrap()).await;
-    let Some(Event::Delta { logprobs, .. }) = events.first() else { panic!("{events:?}") };
+    let Some(Event::Delta { logprobs, .. }) = events.iter().find(|e| matches!(e, Event::Delta { .. })) else {
+        panic!("{events:?}")
+    };
     let top = &logprobs[0].top;
     assert_eq!(top.len(), n_vocab as usize);
     top.iter().map(|t| (t.bytes.clone(), f64::from(t.logprob))).collect()

@@ -67,8 +67,9 @@ fn stream(
     let encoder = ChunkEncoder::new(answer.id.clone(), answer.created, answer.model.clone(), true, false)
         .with_tools(tools.filter(|t| t.parse), 1);
     let prompt_tokens = u32::try_from(answer.prompt_tokens).unwrap_or(u32::MAX);
-    let (messages, opening) = MessageStream::start(&answer.id, &answer.model, prompt_tokens);
-    let state = Translation { events, encoder, messages, stops: chat.stop.clone(), stop: None, done: false };
+    let opening = Opening { id: answer.id.clone(), model: answer.model, prompt_tokens };
+    let state =
+        Translation { events, encoder, messages: None, opening, stops: chat.stop.clone(), stop: None, done: false };
     let body = stream::unfold(state, |mut t| async move {
         if t.done {
             return None;
@@ -78,14 +79,25 @@ fn stream(
         Some((stream::iter(out), t))
     })
     .flatten();
-    let frames = stream::iter(opening).chain(body).map(|e| Ok(to_sse(e)));
+    let frames = body.map(|e| Ok(to_sse(e)));
     Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// What `message_start` says of the message, known before the engine runs it.
+struct Opening {
+    id: String,
+    model: String,
+    prompt_tokens: u32,
 }
 
 struct Translation {
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     encoder: ChunkEncoder,
-    messages: MessageStream,
+    /// Opened at the engine's first event: `Event::Cached`, once the request holds its cached
+    /// prefix, so `message_start` splits the prompt as the final usage will (or anything else,
+    /// such as an error before it ran, with nothing cached).
+    messages: Option<MessageStream>,
+    opening: Opening,
     stops: Vec<String>,
     /// The stop string that ended the answer, once the engine said which.
     stop: Option<String>,
@@ -98,10 +110,20 @@ impl Translation {
             self.stop = self.stops.get(index as usize).cloned();
         }
         let mut out = Vec::new();
+        let messages = match &mut self.messages {
+            Some(messages) => messages,
+            None => {
+                let cached = if let Event::Cached { tokens } = event { tokens } else { 0 };
+                let o = &self.opening;
+                let (messages, opening) = MessageStream::start(&o.id, &o.model, o.prompt_tokens, cached);
+                out.extend(opening);
+                self.messages.insert(messages)
+            }
+        };
         for frame in self.encoder.on_event(event) {
             match frame {
-                SseFrame::Data(chunk) => out.extend(self.messages.on_chunk(&chunk)),
-                SseFrame::Done => out.extend(self.messages.finish(self.stop.as_deref())),
+                SseFrame::Data(chunk) => out.extend(messages.on_chunk(&chunk)),
+                SseFrame::Done => out.extend(messages.finish(self.stop.as_deref())),
             }
         }
         self.done = self.encoder.is_finished();

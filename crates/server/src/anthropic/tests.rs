@@ -180,3 +180,29 @@ async fn a_bearer_key_in_any_case_is_taken() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(text.contains("x-api-key"), "{text}");
 }
+
+/// `message_start` opens once the engine says how much of the prompt was cached, and splits the
+/// prompt as the `message_delta` at the end does: clients that read usage from either agree.
+#[tokio::test]
+async fn a_stream_splits_cached_input_tokens_from_its_start() {
+    let mut events = vec![Event::Cached { tokens: 3 }];
+    events.extend(script());
+    let cached = gantry_engine::Usage { cached_tokens: 3, ..usage(2) };
+    if let Some(Event::Done(u)) = events.last_mut() {
+        *u = cached;
+    }
+    let h = harness(Arc::new(ScriptedEngine::new(events, cached))).await;
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let data: Vec<Value> =
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    let start = &data[0]["message"]["usage"];
+    let delta = &data.iter().find(|d| d["type"] == "message_delta").unwrap()["usage"];
+    for usage in [start, delta] {
+        assert_eq!(
+            (usage["input_tokens"].as_u64(), usage["cache_read_input_tokens"].as_u64()),
+            (Some(2), Some(3)),
+            "{text}"
+        );
+    }
+}

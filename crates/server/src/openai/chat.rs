@@ -143,6 +143,8 @@ pub(crate) async fn collect_response(
             Event::StopSequence { choice, index } => stop_sequences[choice as usize] = Some(index),
             Event::Done(usage) => break usage,
             Event::Error(error) => return Err(error.into_api_error()),
+            // The usage at the end says it too.
+            Event::Cached { .. } => {}
         }
     };
     let choices = texts

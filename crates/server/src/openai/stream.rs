@@ -144,8 +144,9 @@ impl ChunkEncoder {
                 let delta = Delta { reasoning_content: Some(text.clone()), reasoning: Some(text), ..Delta::default() };
                 vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)]
             }
-            // Chat Completions does not say which stop string ended a choice.
-            Event::StopSequence { .. } => Vec::new(),
+            // Chat Completions does not say which stop string ended a choice, and tells the cached
+            // part of the prompt in the final usage only.
+            Event::StopSequence { .. } | Event::Cached { .. } => Vec::new(),
             Event::Finished { choice, reason } => {
                 let streamer = self.tools.as_mut().and_then(|t| t.streamers[choice as usize].take());
                 let rest = streamer.map(|s| if reason == FinishReason::Length { s.finish_cut() } else { s.finish() });
