@@ -226,11 +226,16 @@ impl Meter {
             owner: self.inner.owner.clone(),
             at_ms: started_at_ms,
         };
-        match accounts.reserve(key, &reservation).await {
-            Ok(()) => Ok(Ticket { meter: self.clone(), key_id: key.id, charge, started_at_ms, rate, open: true }),
-            Err(AccountsError::QuotaExceeded(message)) => Err(Refused { rate, reason: Refusal::Quota(message) }),
-            Err(e) => Err(Refused { rate, reason: Refusal::Unavailable(e) }),
-        }
+        let refused = match accounts.reserve(key, &reservation).await {
+            Ok(()) => {
+                return Ok(Ticket { meter: self.clone(), key_id: key.id, charge, started_at_ms, rate, open: true })
+            }
+            Err(AccountsError::QuotaExceeded(message)) => Refusal::Quota(message),
+            Err(e) => Refusal::Unavailable(e),
+        };
+        // Refused after its tokens were counted: it runs nothing, so it uses none of them.
+        let rate = self.refund_tokens(key, tokens, started_at_ms, rate).await;
+        Err(Refused { rate, reason: refused })
     }
 
     /// Waits for settlements in flight to reach the outbox, then up to `grace` for the outbox

@@ -200,6 +200,37 @@ impl LocalWindows {
     }
 }
 
+impl LocalWindows {
+    /// Takes back `tokens` counted for `key_id` by a request refused after counting (its budget
+    /// could not cover it): a refused request uses none of the key's tokens per minute.
+    pub fn refund(&self, key_id: i64, tokens: u64) {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(w) = windows.get_mut(&key_id) else { return };
+        if let Some(i) = w.tokens.iter().rposition(|&(_, n)| n == tokens) {
+            w.tokens.remove(i);
+            w.token_sum -= tokens;
+        }
+    }
+}
+
+/// [`LocalWindows::refund`] for the window in the shared database: the minute it was counted in
+/// (`counted_at_ms`) gives the tokens back.
+pub(crate) async fn refund_shared(
+    pool: &AnyPool,
+    key_id: i64,
+    counted_at_ms: i64,
+    tokens: u64,
+) -> Result<(), AccountsError> {
+    let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+    sqlx::query("UPDATE rate_windows SET tokens = tokens - $3 WHERE key_id = $1 AND minute = $2 AND tokens >= $3")
+        .bind(key_id)
+        .bind(counted_at_ms.div_euclid(60_000))
+        .bind(tokens)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// The same check against the per-minute window kept in the shared database.
 pub(crate) async fn admit_shared(
     pool: &AnyPool,
@@ -318,6 +349,19 @@ mod tests {
             rl.admit(1, Some(2), None, 10, t0 + Duration::from_secs(61)).1.is_ok(),
             "the oldest request left the window"
         );
+    }
+
+    #[test]
+    fn refunded_tokens_leave_the_window() {
+        let rl = LocalWindows::default();
+        let t0 = Instant::now();
+        assert!(rl.admit(1, None, Some(100), 60, t0).1.is_ok());
+        assert!(rl.admit(1, None, Some(100), 30, t0).1.is_ok());
+        rl.refund(1, 30);
+        rl.refund(2, 30);
+        let (status, verdict) = rl.admit(1, None, Some(100), 40, t0 + Duration::from_secs(1));
+        assert!(verdict.is_ok(), "{verdict:?}");
+        assert_eq!(status.tokens.unwrap().remaining, 0);
     }
 
     #[test]

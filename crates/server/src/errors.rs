@@ -168,7 +168,7 @@ impl IntoApiError for AdminRefusal {
                 Some("invalid_admin_token"),
             ),
             AdminRefusal::Throttled { wait } => {
-                let seconds = wait.as_secs().max(1);
+                let seconds = crate::openai::rate_limit::retry_after_secs(wait);
                 ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,
                     "invalid_request_error",
@@ -191,7 +191,7 @@ pub(crate) fn admission_refused(key: &KeyInfo, reason: Refusal) -> ApiError {
             key.name,
             format_reset(retry_after)
         ))
-        .with_retry_after(retry_after.as_secs().max(1)),
+        .with_retry_after(crate::openai::rate_limit::retry_after_secs(retry_after)),
         Refusal::RateLimited(RateRefusal::Tokens { limit, used, requested, retry_after }) => {
             let message = if requested > limit {
                 format!(
@@ -205,7 +205,8 @@ pub(crate) fn admission_refused(key: &KeyInfo, reason: Refusal) -> ApiError {
                     format_reset(retry_after)
                 )
             };
-            let mut err = ApiError::rate_limited(message).with_retry_after(retry_after.as_secs().max(1));
+            let mut err = ApiError::rate_limited(message)
+                .with_retry_after(crate::openai::rate_limit::retry_after_secs(retry_after));
             err.error_type = "tokens"; // OpenAI's type for token-rate limits
             err
         }

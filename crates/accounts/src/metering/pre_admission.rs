@@ -61,6 +61,31 @@ impl Meter {
         self.admit_counting(key, charge, false).await
     }
 
+    /// Takes back the `tokens` a request refused after [`Self::count`] counted them (at
+    /// `counted_at_ms`); returns `rate` as it then stands. A refund the database could not make
+    /// is logged: the window forgets it within the minute.
+    pub(super) async fn refund_tokens(
+        &self,
+        key: &KeyInfo,
+        tokens: u64,
+        counted_at_ms: i64,
+        mut rate: RateStatus,
+    ) -> RateStatus {
+        let accounts = &self.inner.accounts;
+        match accounts.backend() {
+            Backend::Sqlite => self.inner.windows.refund(key.id, tokens),
+            Backend::Postgres => {
+                if let Err(e) = crate::rate::refund_shared(&accounts.pool, key.id, counted_at_ms, tokens).await {
+                    tracing::warn!(error = %e, key_id = key.id, "could not give back a refused request's tokens per minute");
+                }
+            }
+        }
+        if let Some(t) = rate.tokens.as_mut() {
+            t.remaining = (t.remaining + tokens).min(t.limit);
+        }
+        rate
+    }
+
     /// Counts `count` against the key's per-minute windows: in this process (SQLite) or in the
     /// shared database (PostgreSQL).
     pub(super) async fn count(

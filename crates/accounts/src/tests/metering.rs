@@ -258,3 +258,27 @@ on_both!(requests_cancelled_before_they_start_still_count_against_the_rpm_limit,
     }
     meter.shutdown(Duration::from_secs(5)).await;
 });
+
+on_both!(a_request_its_budget_refuses_uses_none_of_the_tokens_per_minute, |acc: Accounts| async move {
+    let dir = tempfile::tempdir().unwrap();
+    let meter = Meter::start(acc.clone(), config(dir.path())).await.unwrap();
+    let spec = NewKey {
+        name: "k".into(),
+        tpm_limit: Some(250),
+        budget: Budget { tokens: Some(150), ..Default::default() },
+        ..Default::default()
+    };
+    let key = acc.create_key_from(&spec).await.unwrap().key;
+    // Each charge counts 100 tokens: the first fits the budget, the second does not.
+    let first = meter.admit(&key, charge("a", None)).await.unwrap();
+    let Err(refused) = meter.admit(&key, charge("b", None)).await else { panic!("the budget admits one request") };
+    assert!(matches!(refused.reason, Refusal::Quota(_)), "{:?}", refused.reason);
+    assert_eq!(refused.rate.tokens.map(|t| t.remaining), Some(150), "the refused request's tokens came back");
+    drop(first);
+    eventually("the first reservation is released", || async { reserved(&acc, &key).await == 0 }).await;
+    // Within the same minute: 100 + 100 counted of 250, not 300.
+    if let Err(third) = meter.admit(&key, charge("c", None)).await {
+        panic!("100 + 100 of 250 tokens a minute: {:?}", third.reason);
+    }
+    meter.shutdown(Duration::from_secs(5)).await;
+});

@@ -25,14 +25,21 @@ pub(crate) fn apply(status: &RateStatus, headers: &mut HeaderMap) {
 /// OpenAI's reset format: `1s`, `6m0s`, `250ms`.
 pub(crate) fn format_reset(d: Duration) -> String {
     let ms = d.as_millis() as u64;
+    // Whole seconds round up: waiting what it says is always enough.
+    let s = ms.div_ceil(1000);
     if ms < 1000 {
         format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{}s", ms.div_ceil(1000))
+    } else if s < 60 {
+        format!("{s}s")
     } else {
-        let s = ms.div_ceil(1000);
         format!("{}m{}s", s / 60, s % 60)
     }
+}
+
+/// `Retry-After` in whole seconds, rounded up (a client that waits exactly that long must find
+/// room), at least 1.
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
+    (d.as_millis() as u64).div_ceil(1000).max(1)
 }
 
 #[cfg(test)]
@@ -51,5 +58,8 @@ mod tests {
         assert_eq!(format_reset(Duration::from_millis(250)), "250ms");
         assert_eq!(format_reset(Duration::from_millis(1500)), "2s");
         assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+        assert_eq!(format_reset(Duration::from_millis(59_500)), "1m0s", "never 60s");
+        assert_eq!(format_reset(Duration::from_millis(59_000)), "59s");
+        assert_eq!((retry_after_secs(Duration::from_millis(59_200)), retry_after_secs(Duration::ZERO)), (60, 1));
     }
 }
