@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::fields::{check_array_len, check_function_name, check_schema_size, serialized_len, too_large};
-use crate::fields::{get, opt_str, type_error};
+use crate::fields::{get, opt_bool_at, opt_str, type_error};
 use crate::ApiError;
 
 /// Most `tools` one request may offer (OpenAI's limit): each is rendered into the prompt and
@@ -22,6 +22,9 @@ pub struct Tool {
     pub parameters: Option<Value>,
     /// The tool as sent (`{"type": "function", "function": {…}}`): what chat templates render.
     pub definition: Value,
+    /// `function.strict: true`: the schema is held to exactly; without it, keywords a grammar
+    /// cannot enforce are skipped rather than refused (OpenAI enforces nothing then).
+    pub strict: bool,
 }
 
 /// `tool_choice`. A named function is one of the request's `tools` (checked).
@@ -38,7 +41,12 @@ pub enum ToolChoice {
 pub enum ResponseFormat {
     Text,
     JsonObject,
-    JsonSchema { name: String, schema: Value },
+    /// `strict`: as for [`Tool::strict`].
+    JsonSchema {
+        name: String,
+        schema: Value,
+        strict: bool,
+    },
 }
 
 impl ResponseFormat {
@@ -108,7 +116,8 @@ pub(crate) fn parse_tools(v: Option<&Value>) -> Result<Option<Vec<Tool>>, ApiErr
             }
             check_schema_size(&format!("{fp}.parameters"), params)?;
         }
-        tools.push(Tool { name, parameters, definition: t.clone() });
+        let strict = opt_bool_at(f, "strict", &format!("{fp}.strict"))?.unwrap_or(false);
+        tools.push(Tool { name, parameters, definition: t.clone(), strict });
     }
     Ok(Some(tools))
 }
@@ -206,7 +215,8 @@ pub(crate) fn parse_response_format(v: Option<&Value>) -> Result<Option<Response
                     }
                     Some(other) => return Err(type_error("response_format.json_schema.schema", "an object", other)),
                 };
-                ResponseFormat::JsonSchema { name, schema }
+                let strict = opt_bool_at(js, "strict", "response_format.json_schema.strict")?.unwrap_or(false);
+                ResponseFormat::JsonSchema { name, schema, strict }
             }
             other => {
                 return Err(ApiError::invalid_value(

@@ -398,7 +398,7 @@ fn tool_messages_and_tools() {
     assert_eq!(c.tool_choice, Some(crate::ToolChoice::Function("add".into())));
     assert_eq!(
         c.response_format,
-        Some(crate::ResponseFormat::JsonSchema { name: "r".into(), schema: json!({"type": "object"}) })
+        Some(crate::ResponseFormat::JsonSchema { name: "r".into(), schema: json!({"type": "object"}), strict: false })
     );
     assert_eq!(ok(json!({"tool_choice": "none"})).tool_choice, Some(crate::ToolChoice::None));
 }

@@ -50,6 +50,18 @@ impl Constraint {
     }
 }
 
+/// `schema` with the keywords its grammar cannot enforce (`uniqueItems`, `not`, `if`/`then`,
+/// `contains`, an unknown `format`, …) skipped instead of refused: what a schema sent without
+/// `strict` asks, which OpenAI does not enforce at all. Everything else is still enforced.
+pub fn lenient(mut schema: Value) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        let mut options = obj.remove("x-guidance").unwrap_or_else(json_layout);
+        options["lenient"] = true.into();
+        obj.insert("x-guidance".into(), options);
+    }
+    schema
+}
+
 /// The whitespace a JSON grammar allows between tokens: one space, or a line break or two and
 /// up to 20 spaces or tabs of indentation (llama.cpp's JSON grammars allow the same). These
 /// models write indented JSON on their own (`{\n  "a": 1,\n  "b": 2\n}`): forcing compact JSON

@@ -253,3 +253,37 @@ async fn argument_schemas_with_definitions_compile_and_constrain_the_call() {
     assert_eq!((status.as_u16(), v["error"]["param"].as_str()), (400, Some("tools")), "{v}");
     assert!(message.contains("banana") && message.len() < 120, "{message}");
 }
+
+/// Keywords a grammar cannot enforce (pydantic's `set[str]` is `uniqueItems`; MCP servers send
+/// `not`, `if`/`then`, `contains`, `propertyNames`) are skipped in a schema sent without
+/// `strict`, as OpenAI enforces none of such a schema; with `strict: true` they are refused.
+#[tokio::test]
+async fn keywords_no_grammar_enforces_are_skipped_unless_strict() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let parameters = json!({"type": "object", "required": ["tags"], "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": true, "maxItems": 2,
+                 "contains": {"const": "a"}},
+        "mode": {"not": {"const": "x"}}, "extra": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}}});
+    let tool = |strict: bool| json!([{"type": "function", "function": {"name": "tag", "parameters": parameters, "strict": strict}}]);
+    let body = |tools: Value, choice: Value| {
+        json!({"model": s.model_id, "messages": [{"role": "user", "content": "Tag it"}], "tools": tools,
+               "tool_choice": choice, "max_tokens": 120, "temperature": 0, "logit_bias": no_layout(json!({}))})
+    };
+    for choice in [json!("auto"), json!("required")] {
+        let v = post(&s, body(tool(false), choice.clone())).await;
+        if choice == json!("required") {
+            let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+            assert_eq!(call["name"], "tag", "{v}");
+        }
+    }
+    let resp = s.chat(body(tool(true), json!("required"))).send().await.unwrap();
+    let status = resp.status();
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!((status.as_u16(), v["error"]["param"].as_str()), (400, Some("tools")), "{v}");
+    let format = |strict: bool| {
+        json!({"model": s.model_id, "messages": [{"role": "user", "content": "Tags"}], "max_tokens": 60,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "t", "strict": strict, "schema": parameters}}})
+    };
+    post(&s, format(false)).await;
+    assert_eq!(s.chat(format(true)).send().await.unwrap().status(), 400);
+}

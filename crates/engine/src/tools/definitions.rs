@@ -37,8 +37,29 @@ pub fn hoist_definitions(schemas: &mut [Value]) -> Map<String, Value> {
     all
 }
 
+/// What every root of a request's call grammars carries: the argument schemas' definitions
+/// ([`hoist_definitions`]), and leniency when a tool's schema was sent without `strict`
+/// ([`lenient`](crate::constraint::lenient)).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallRoots {
+    pub defs: Map<String, Value>,
+    pub lenient: bool,
+}
+
+impl CallRoots {
+    /// `root` as a grammar's root: the definitions added, lenient where asked.
+    pub fn root(&self, root: Value) -> Value {
+        let root = with_definitions(root, &self.defs);
+        if self.lenient {
+            crate::constraint::lenient(root)
+        } else {
+            root
+        }
+    }
+}
+
 /// `root` with `defs` as its `$defs` (merged with any it has), when there are any.
-pub fn with_definitions(mut root: Value, defs: &Map<String, Value>) -> Value {
+fn with_definitions(mut root: Value, defs: &Map<String, Value>) -> Value {
     if defs.is_empty() {
         return root;
     }
@@ -121,8 +142,10 @@ mod tests {
         assert_eq!(defs["tool1.P"]["properties"]["c"]["$ref"], "#/$defs/tool1.C");
         assert_eq!(defs["tool1.P"]["properties"]["enum"]["$ref"], "#/$defs/tool1.C", "a property may be named 'enum'");
         assert_eq!(defs["tool1.P"]["properties"]["k"]["const"], "#/$defs/C", "a const is data");
-        let root = with_definitions(json!({"anyOf": [], "$defs": {"Answer": {}}}), &defs);
+        let roots = CallRoots { defs, lenient: true };
+        let root = roots.root(json!({"anyOf": [], "$defs": {"Answer": {}}}));
         assert_eq!(root["$defs"].as_object().map(Map::len), Some(4));
+        assert_eq!(root["x-guidance"]["lenient"], true);
     }
 
     #[test]
@@ -136,6 +159,6 @@ mod tests {
         assert_eq!(defs["tool0"], schemas[0]);
         let mut plain = vec![json!({"type": "object", "properties": {"a": {"type": "string"}}})];
         assert!(hoist_definitions(&mut plain).is_empty());
-        assert_eq!(with_definitions(json!({"anyOf": []}), &Map::new()), json!({"anyOf": []}));
+        assert_eq!(CallRoots::default().root(json!({"anyOf": []})), json!({"anyOf": []}));
     }
 }

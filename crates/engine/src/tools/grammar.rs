@@ -2,9 +2,9 @@
 //! that take over once a model starts a call on its own, and the answer-or-call union of `auto`
 //! with a `response_format`. They sit beside the parsers that read the same calls back.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::definitions::with_definitions;
+use super::definitions::CallRoots;
 use crate::{Constraint, LazyTools};
 
 /// The strict call object of one function: `{"name": <name>, "arguments": <its schema>}` and
@@ -27,9 +27,8 @@ pub fn call_schema(name: &str, arguments: &Value) -> Value {
 /// native `<tool_call>` tag. Bare and fenced JSON is only constrained once it has started a call
 /// (see `call_commitment`) and may still go on with other keys after the
 /// arguments: models write such objects as answers (the call echoed with its `"result"`), and they
-/// are read back as content. `defs` are the argument schemas' definitions
-/// ([`hoist_definitions`](super::hoist_definitions)), put at each JSON grammar's root.
-pub fn lazy_grammars(calls: &[Value], names: &[String], single: bool, defs: &Map<String, Value>) -> LazyTools {
+/// are read back as content. `roots` is what each JSON grammar's root carries ([`CallRoots`]).
+pub fn lazy_grammars(calls: &[Value], names: &[String], single: bool, roots: &CallRoots) -> LazyTools {
     // Between two JSON tokens: one space, or a line break and an indent (one-line or indented).
     let layout = json!({"whitespace_pattern": "(\\x20|\\x0A\\x20{0,12})"});
     // Bare and fenced calls commit at `"arguments"` or Llama's `"parameters"`, plain or in
@@ -52,13 +51,13 @@ pub fn lazy_grammars(calls: &[Value], names: &[String], single: bool, defs: &Map
             [c, params, wrapped_c, wrapped_params]
         })
         .collect();
-    let call = with_definitions(json!({"anyOf": calls, "x-guidance": layout}), defs);
+    let call = roots.root(json!({"anyOf": calls, "x-guidance": layout}));
     let body = if single {
         json!({"anyOf": open_calls, "x-guidance": layout})
     } else {
         json!({"anyOf": [{"anyOf": open_calls}, {"type": "array", "items": {"anyOf": open_calls}, "minItems": 1}], "x-guidance": layout})
     };
-    let body = with_definitions(body, defs);
+    let body = roots.root(body);
     let terminals = "NL: /\\n/\nWS: /[ \\t\\r\\n]+/\nLANG: /[A-Za-z]+/\n";
     // `{{ call }}`: Qwen2.5's template shows calls with doubled braces, and its models copy them.
     let bare = format!("start: WS? outer\nouter: body | \"{{\" WS? body WS? \"}}\"\n{terminals}body: %json {body}\n");
@@ -82,17 +81,18 @@ pub fn lazy_grammars(calls: &[Value], names: &[String], single: bool, defs: &Map
 
 /// With `tool_choice: "auto"` and a `response_format`, the whole output is one JSON value: either
 /// the answer (the `response_format`'s grammar) or a call (`{"name", "arguments"}` of an offered
-/// function), whichever the model starts. `defs`: the calls' definitions, as for [`lazy_grammars`].
-pub fn answer_or_call(answer: Constraint, calls: &[Value], defs: &Map<String, Value>) -> Constraint {
+/// function), whichever the model starts. `roots`: as for [`lazy_grammars`].
+pub fn answer_or_call(answer: Constraint, calls: &[Value], roots: &CallRoots) -> Constraint {
     let mut answer = match answer {
         Constraint::JsonObject => json!({"type": "object"}),
         Constraint::JsonSchema(s) => s,
         other @ Constraint::Lark(_) => return other,
     };
     let mut combined = json!({});
-    // `$ref`s of the answer point at the root's definitions: keep them at the root.
+    // `$ref`s of the answer point at the root's definitions, and its grammar options apply to
+    // the whole: keep them at the root.
     if let Some(obj) = answer.as_object_mut() {
-        for key in ["$defs", "definitions"] {
+        for key in ["$defs", "definitions", "x-guidance"] {
             if let Some(defs) = obj.remove(key) {
                 combined[key] = defs;
             }
@@ -101,7 +101,7 @@ pub fn answer_or_call(answer: Constraint, calls: &[Value], defs: &Map<String, Va
     let mut any = vec![answer];
     any.extend(calls.iter().cloned());
     combined["anyOf"] = Value::Array(any);
-    Constraint::JsonSchema(with_definitions(combined, defs))
+    Constraint::JsonSchema(roots.root(combined))
 }
 
 /// Argument schemas are closed unless they say otherwise: an object schema listing `properties`

@@ -34,7 +34,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 pub use commit::{call_commitment, forced_cut_call, truncated_call, Commitment};
-pub use definitions::{hoist_definitions, with_definitions};
+pub use definitions::{hoist_definitions, CallRoots};
 pub use grammar::{answer_or_call, call_schema, close_objects, lazy_grammars};
 pub use parse::parse_tool_calls;
 

@@ -90,7 +90,10 @@ pub(crate) async fn prepare(
 fn constraint_of(chat: &ValidatedChat) -> Option<Constraint> {
     match chat.response_format.as_ref()? {
         ResponseFormat::JsonObject => Some(Constraint::JsonObject),
-        ResponseFormat::JsonSchema { schema, .. } => Some(Constraint::JsonSchema(schema.clone())),
+        ResponseFormat::JsonSchema { schema, strict: true, .. } => Some(Constraint::JsonSchema(schema.clone())),
+        ResponseFormat::JsonSchema { schema, strict: false, .. } => {
+            Some(Constraint::JsonSchema(gantry_engine::constraint::lenient(schema.clone())))
+        }
         ResponseFormat::Text => None,
     }
 }

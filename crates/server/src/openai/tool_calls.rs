@@ -4,7 +4,7 @@
 use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{
     answer_or_call, call_schema, close_objects, forced_cut_call, hoist_definitions, lazy_grammars, new_call_id,
-    parse_cut_output, parse_tool_calls, with_definitions, ParsedCall, ToolCallStreamer,
+    parse_cut_output, parse_tool_calls, CallRoots, ParsedCall, ToolCallStreamer,
 };
 use gantry_engine::{Constraint, FinishReason, LazyTools};
 use serde_json::{json, Value};
@@ -28,8 +28,9 @@ pub(crate) struct ToolPlan {
     pub lazy: Option<LazyTools>,
     /// `auto` with a `response_format`: the call objects the output may be instead of the answer.
     answer_calls: Vec<Value>,
-    /// The argument schemas' definitions, at the root of every grammar of calls.
-    defs: serde_json::Map<String, Value>,
+    /// What every grammar of calls carries at its root: the argument schemas' definitions, and
+    /// leniency when any tool was sent without `strict`.
+    roots: CallRoots,
     /// `auto` with a `response_format`: the grammars of a call the model starts on its own,
     /// for an engine that lets the model choose between answer and call (`answer_gate`).
     answer_lazy: Option<LazyTools>,
@@ -51,9 +52,9 @@ impl ToolPlan {
                 schema
             })
             .collect();
-        let defs = hoist_definitions(&mut schemas);
+        let roots = CallRoots { defs: hoist_definitions(&mut schemas), lenient: offered.iter().any(|t| !t.strict) };
         let call_of = |i: usize| call_schema(&names[i], &schemas[i]);
-        let rooted = |root: Value| Constraint::JsonSchema(with_definitions(root, &defs));
+        let rooted = |root: Value| Constraint::JsonSchema(roots.root(root));
         let (parse, forced, forced_names) = match &chat.tool_choice {
             None | Some(ToolChoice::Auto) => (true, None, Vec::new()),
             Some(ToolChoice::None) => (false, None, Vec::new()),
@@ -80,10 +81,10 @@ impl ToolPlan {
         let auto = parse && forced.is_none();
         // With a response_format the output is JSON from its first token: `answer_or_call` decides
         // between answer and call, and there is no free text to watch.
-        let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single, &defs));
-        let answer_lazy = (auto && has_format).then(|| lazy_grammars(&calls, &names, single, &defs));
+        let lazy = (auto && !has_format).then(|| lazy_grammars(&calls, &names, single, &roots));
+        let answer_lazy = (auto && has_format).then(|| lazy_grammars(&calls, &names, single, &roots));
         let answer_calls = if auto && has_format { calls } else { Vec::new() };
-        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls, answer_lazy, defs }))
+        Ok(Some(Self { tools, names, parse, forced, forced_names, single, lazy, answer_calls, answer_lazy, roots }))
     }
 
     /// Whether the whole output's grammar comes from the tools (a forced call, or the
@@ -113,7 +114,7 @@ impl ToolPlan {
         }
         match response_format {
             Some(answer) if !self.answer_calls.is_empty() => {
-                Some(answer_or_call(answer, &self.answer_calls, &self.defs))
+                Some(answer_or_call(answer, &self.answer_calls, &self.roots))
             }
             other => other,
         }
