@@ -4,6 +4,7 @@ any more; it travels in `extra_body`."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -94,6 +95,18 @@ def test_a_forced_tool_comes_back_as_tool_use_and_its_result_is_accepted(claude,
     )
     assert follow.stop_reason in ("end_turn", "tool_use", "max_tokens")
     assert follow.usage.input_tokens + follow.usage.cache_read_input_tokens > r.usage.input_tokens
+
+
+def test_output_config_format_makes_the_answer_valid_json(claude, server):
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
+              "required": ["capital"], "additionalProperties": False}
+    r = claude.messages.create(
+        model=server.model_id, max_tokens=40,
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+        output_config={"format": {"type": "json_schema", "schema": schema}}, extra_body={"temperature": 0},
+    )
+    assert r.stop_reason == "end_turn", r
+    assert set(json.loads(r.content[0].text)) == {"capital"}
 
 
 def test_count_tokens_counts_what_a_message_would_read(claude, server):

@@ -10,7 +10,7 @@ use crate::{ApiError, ValidatedChat};
 
 /// The fields of a Messages request this server knows. Anything else is refused, as Anthropic
 /// does ("Extra inputs are not permitted"), so a misspelt field never silently does nothing.
-const KNOWN: [&str; 15] = [
+const KNOWN: [&str; 16] = [
     "model",
     "messages",
     "max_tokens",
@@ -26,6 +26,7 @@ const KNOWN: [&str; 15] = [
     "thinking",
     "service_tier",
     "cache_control",
+    "output_config",
 ];
 
 /// Parses and validates a Messages request body into the chat request the engine runs.
@@ -102,6 +103,9 @@ fn to_chat_body(obj: &Map<String, Value>) -> Result<(Value, Vec<String>, Option<
         chat.insert("user".into(), user.clone());
     }
     thinking(get(obj, "thinking"), max_tokens, &mut chat)?;
+    if let Some(config) = get(obj, "output_config") {
+        output_config(config, &mut chat)?;
+    }
     if let Some(tools) = get(obj, "tools") {
         chat.insert("tools".into(), translate_tools(tools)?);
     }
@@ -383,6 +387,43 @@ fn thinking(v: Option<&Value>, max_tokens: u64, chat: &mut Map<String, Value>) -
     Ok(())
 }
 
+/// `output_config`: `format` (`{"type": "json_schema", "schema"}`, Anthropic's structured
+/// outputs) is the chat `response_format`, held to exactly (`strict`), as Anthropic guarantees
+/// the schema; `effort` is checked and changes nothing here (how much a model thinks is
+/// `thinking`'s to say).
+fn output_config(v: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let Value::Object(config) = v else { return Err(type_error("output_config", "an object", v)) };
+    if let Some(extra) = config.keys().find(|k| !["effort", "format"].contains(&k.as_str())) {
+        return Err(ApiError::invalid_value(
+            "output_config",
+            format!("output_config.{extra}: Extra inputs are not permitted"),
+        ));
+    }
+    if let Some(effort) = get(config, "effort") {
+        if !effort.as_str().is_some_and(|e| ["low", "medium", "high", "xhigh", "max"].contains(&e)) {
+            return Err(ApiError::invalid_value(
+                "output_config",
+                format!(
+                    "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max', got {effort}"
+                ),
+            ));
+        }
+    }
+    let Some(format) = get(config, "format") else { return Ok(()) };
+    let schema = match (format.get("type").and_then(Value::as_str), format.get("schema")) {
+        (Some("json_schema"), Some(schema @ Value::Object(_))) => schema,
+        _ => {
+            return Err(ApiError::invalid_value(
+                "output_config",
+                "output_config.format: expected {\"type\": \"json_schema\", \"schema\": {…}}",
+            ))
+        }
+    };
+    let format = json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}});
+    chat.insert("response_format".into(), format);
+    Ok(())
+}
+
 /// At most this many stop sequences (Chat Completions allows 4; Anthropic sets no small limit).
 const MAX_STOP_SEQUENCES: usize = 16;
 
@@ -411,7 +452,9 @@ fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
 
 /// Errors of the shared validation name Chat Completions fields; say the Messages ones.
 fn rename_params(mut e: ApiError) -> ApiError {
-    for (chat, messages) in [("max_completion_tokens", "max_tokens"), ("stop", "stop_sequences")] {
+    for (chat, messages) in
+        [("max_completion_tokens", "max_tokens"), ("stop", "stop_sequences"), ("response_format", "output_config")]
+    {
         if e.param.as_deref() == Some(chat) {
             e.param = Some(messages.to_string());
             e.message = e.message.replace(chat, messages);

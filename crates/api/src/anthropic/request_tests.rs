@@ -150,3 +150,23 @@ fn thinking_is_a_budget_or_off_and_earlier_thinking_reaches_the_template() {
     enabled["thinking"] = json!({"type": "enabled", "budget_tokens": 2048});
     assert_eq!(parse(enabled).thinking_budget(), Some(2048));
 }
+
+#[test]
+fn output_config_format_is_a_strict_json_schema() {
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let mut body = base();
+    body["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}, "effort": "high"});
+    let chat = parse(body).unwrap();
+    assert_eq!(
+        chat.response_format,
+        Some(crate::ResponseFormat::JsonSchema { name: "output".into(), schema, strict: true })
+    );
+    for bad in [json!({"format": {"type": "text"}}), json!({"effort": "extreme"}), json!({"colour": 1}), json!(3)] {
+        let mut body = base();
+        body["output_config"] = bad.clone();
+        assert_eq!(parse(body).unwrap_err().param.as_deref(), Some("output_config"), "{bad}");
+    }
+    let mut body = base();
+    body["output_config"] = json!({"effort": "low"});
+    assert_eq!(parse(body).unwrap().response_format, None);
+}
