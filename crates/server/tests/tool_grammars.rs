@@ -287,3 +287,19 @@ async fn keywords_no_grammar_enforces_are_skipped_unless_strict() {
     post(&s, format(false)).await;
     assert_eq!(s.chat(format(true)).send().await.unwrap().status(), 400);
 }
+
+/// A function sent without `parameters` takes none, as OpenAI reads it: a forced call's
+/// arguments are `{}`, never keys the model made up.
+#[tokio::test]
+async fn a_function_without_parameters_is_called_with_none() {
+    let s = TestServer::start(&["--ctx-size", "2048"]);
+    let tools = json!([{"type": "function", "function": {"name": "now", "description": "The time"}}]);
+    let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "Time?"}], "tools": tools,
+                      "tool_choice": "required", "max_tokens": 80, "temperature": 1.0, "seed": 5, "n": 3,
+                      "logit_bias": no_layout(json!({}))});
+    let v = post(&s, body).await;
+    for choice in v["choices"].as_array().unwrap() {
+        let call = &choice["message"]["tool_calls"][0]["function"];
+        assert_eq!((call["name"].as_str(), call["arguments"].as_str()), (Some("now"), Some("{}")), "{v}");
+    }
+}

@@ -47,7 +47,8 @@ impl ToolPlan {
         let mut schemas: Vec<Value> = offered
             .iter()
             .map(|t| {
-                let mut schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+                // No `parameters` is a function that takes none, as OpenAI reads it: `{}`.
+                let mut schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
                 close_objects(&mut schema);
                 schema
             })
