@@ -34,9 +34,12 @@ pub struct UsageRecord {
     pub finished_at_ms: i64,
 }
 
-/// Usage totals for one group (key, tenant, model and, when asked for, day).
+/// Usage totals for one group (key, tenant, model and, when asked for, day). Keys are grouped by
+/// id: two keys may share a name, and a renamed key keeps its usage under its current name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageRow {
+    #[serde(default)]
+    pub key_id: i64,
     pub key_name: String,
     pub tenant: String,
     pub model: String,
@@ -149,13 +152,13 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
         .collect())
 }
 
-type ReportRow = (String, String, String, Option<String>, i64, i64, i64, i64, i64, i64);
+type ReportRow = (i64, String, String, String, Option<String>, i64, i64, i64, i64, i64, i64);
 
 pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
     let day = if q.by_day { backend.day_of_ms("u.started_at_ms") } else { "CAST(NULL AS TEXT)".to_string() };
     // CASTs keep the result types BIGINT on PostgreSQL too, where SUM(bigint) is NUMERIC.
     let sql = format!(
-        "SELECT k.name, u.tenant, u.model, {day} AS day, \
+        "SELECT k.id, k.name, u.tenant, u.model, {day} AS day, \
                 CAST(COUNT(*) AS BIGINT), \
                 CAST(COALESCE(SUM(u.prompt_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cached_tokens), 0) AS BIGINT), \
@@ -165,8 +168,8 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
-         GROUP BY k.name, u.tenant, u.model, day \
-         ORDER BY k.name, u.tenant, u.model, day"
+         GROUP BY k.id, k.name, u.tenant, u.model, day \
+         ORDER BY k.name, k.id, u.tenant, u.model, day"
     );
     let rows: Vec<ReportRow> = sqlx::query_as(&sql)
         .bind(&q.key_name)
@@ -179,17 +182,20 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()
-        .map(|(key_name, tenant, model, day, requests, prompt, cached, completion, reasoning, nanos)| UsageRow {
-            key_name,
-            tenant,
-            model,
-            day,
-            requests: to_u64(requests),
-            prompt_tokens: to_u64(prompt),
-            cached_tokens: to_u64(cached),
-            completion_tokens: to_u64(completion),
-            reasoning_tokens: to_u64(reasoning),
-            cost: nanos as f64 / NANOS_PER_USD as f64,
+        .map(|(key_id, key_name, tenant, model, day, requests, prompt, cached, completion, reasoning, nanos)| {
+            UsageRow {
+                key_id,
+                key_name,
+                tenant,
+                model,
+                day,
+                requests: to_u64(requests),
+                prompt_tokens: to_u64(prompt),
+                cached_tokens: to_u64(cached),
+                completion_tokens: to_u64(completion),
+                reasoning_tokens: to_u64(reasoning),
+                cost: nanos as f64 / NANOS_PER_USD as f64,
+            }
         })
         .collect())
 }

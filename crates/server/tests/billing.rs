@@ -224,7 +224,7 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
     let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
     assert!(
         csv.starts_with(
-            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost\n"
+            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n"
         ),
         "{csv}"
     );

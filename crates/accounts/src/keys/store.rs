@@ -22,6 +22,11 @@ fn validate_name(name: &str) -> Result<&str, AccountsError> {
             "key name must be at most {MAX_NAME_LEN} bytes without control characters"
         )));
     }
+    // The CLI and the admin API take a key by name or by id: a name of digits alone would be
+    // read as another key's id.
+    if name.chars().all(|c| c.is_ascii_digit()) {
+        return Err(AccountsError::Invalid("key name must not be digits alone (it would read as a key id)".into()));
+    }
     Ok(name)
 }
 

@@ -115,6 +115,16 @@ on_both!(revoke_by_name_requires_unique_active_name, |acc: Accounts| async move 
     assert_eq!(acc.count_active_keys().await.unwrap(), 0);
 });
 
+on_both!(a_name_of_digits_alone_is_refused_as_it_reads_as_an_id, |acc: Accounts| async move {
+    let other = acc.create_key("other").await.unwrap();
+    for name in ["2", " 17 ", &other.key.id.to_string()] {
+        assert!(matches!(acc.create_key(name).await, Err(AccountsError::Invalid(_))), "{name:?}");
+    }
+    let rename = KeyUpdate { name: Some("42".into()), ..Default::default() };
+    assert!(acc.update_key(&other.key.id.to_string(), &rename).await.is_err());
+    assert!(acc.create_key("v2").await.is_ok(), "digits beside letters are a name");
+});
+
 on_both!(revoke_by_pasted_secret_does_not_echo_it, |acc: Accounts| async move {
     let k = acc.create_key("alice").await.unwrap();
     assert_eq!(acc.revoke_key(&k.secret).await.unwrap().id, k.key.id);

@@ -28,6 +28,7 @@ on_both!(usage_is_recorded_exactly_once, |acc: Accounts| async move {
     assert_eq!(
         summary,
         vec![UsageRow {
+            key_id: k.key.id,
             key_name: "alice".into(),
             tenant: "default".into(),
             model: "tiny".into(),
@@ -55,6 +56,7 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
     acc.record_usage(&thinking(usage("r5", b, "m1", u32::MAX, 0, 1), 1)).await.unwrap();
 
     let row = |k: &str, m: &str, r, p, c, o, t| UsageRow {
+        key_id: if k == "alice" { a } else { b },
         key_name: k.into(),
         tenant: "default".into(),
         model: m.into(),
@@ -75,6 +77,16 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
             row("bob", "m1", 2, 2 * max, max, max + 1, max + 1),
         ]
     );
+});
+
+on_both!(keys_sharing_a_name_are_reported_apart, |acc: Accounts| async move {
+    let first = acc.create_key("team").await.unwrap().key.id;
+    let second = acc.create_key("team").await.unwrap().key.id;
+    acc.record_usage(&usage("r1", first, "m", 10, 0, 1)).await.unwrap();
+    acc.record_usage(&usage("r2", second, "m", 20, 0, 2)).await.unwrap();
+    let rows = acc.usage_summary().await.unwrap();
+    let seen: Vec<(i64, &str, u64)> = rows.iter().map(|r| (r.key_id, r.key_name.as_str(), r.prompt_tokens)).collect();
+    assert_eq!(seen, [(first, "team", 10), (second, "team", 20)]);
 });
 
 on_both!(usage_for_unknown_key_is_rejected, |acc: Accounts| async move {

@@ -112,11 +112,11 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
 /// CSV with a header row; the same text `gantry usage --format csv` prints.
 pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
     let mut out = String::from(
-        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost\n",
+        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{:.9}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9},{}\n",
             csv_field(&r.key_name),
             csv_field(&r.tenant),
             csv_field(&r.model),
@@ -126,7 +126,8 @@ pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
             r.cached_tokens,
             r.completion_tokens,
             r.reasoning_tokens,
-            r.cost
+            r.cost,
+            r.key_id
         ));
     }
     out
@@ -147,6 +148,7 @@ mod tests {
     #[test]
     fn reasoning_tokens_come_right_after_completion_tokens() {
         let row = UsageRow {
+            key_id: 1,
             key_name: "k".into(),
             tenant: "t".into(),
             model: "m".into(),
@@ -160,8 +162,8 @@ mod tests {
         };
         assert_eq!(
             usage_csv(std::slice::from_ref(&row)),
-            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost\n\
-             k,t,m,2026-01-02,1,10,2,12,7,0.500000000\n"
+            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n\
+             k,t,m,2026-01-02,1,10,2,12,7,0.500000000,1\n"
         );
         let keys: Vec<String> = serde_json::to_value(&row).unwrap().as_object().unwrap().keys().cloned().collect();
         let at = keys.iter().position(|k| k == "completion_tokens").unwrap();

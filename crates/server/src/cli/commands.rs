@@ -118,8 +118,9 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         OutputFormat::Csv => print!("{}", usage_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
+                "{:<20} {:>6} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
                 "KEY",
+                "KEY_ID",
                 "TENANT",
                 "MODEL",
                 "DAY",
@@ -132,8 +133,9 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
             );
             for r in rows {
                 println!(
-                    "{:<20} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
+                    "{:<20} {:>6} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
                     r.key_name,
+                    r.key_id,
                     r.tenant,
                     r.model,
                     r.day.as_deref().unwrap_or("-"),
