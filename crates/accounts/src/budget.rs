@@ -1,6 +1,8 @@
 //! Budgets: admission reserves the most a request can cost, settlement books what it did cost.
 //!
-//! Each key has one `key_spend` row per budget period holding settled and reserved amounts.
+//! Each key has one `key_spend` row per budget period holding settled and reserved amounts. A
+//! settlement is booked in both kinds of period (the lifetime `total` and its month), so changing
+//! a key's `budget_period` keeps what it spent; reservations are held in the period admitted under.
 //! Admission is a single conditional `UPDATE … WHERE spent + reserved + this <= budget`, so
 //! concurrent requests (in one process or many sharing the database) can never push a key past
 //! its budget. Settlement writes the ledger row and moves the reservation to `spent` in one
@@ -196,6 +198,24 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
     .bind(held_nanos)
     .bind(rec.key_id)
     .bind(&period)
+    .execute(&mut *tx)
+    .await?;
+    // Spend is kept in both kinds of period, so a key whose budget_period changes keeps what it
+    // spent: the reservation's bucket above, and the other kind's here.
+    let other = if period == BudgetPeriod::Total.bucket(rec.started_at_ms) {
+        BudgetPeriod::Month.bucket(rec.started_at_ms)
+    } else {
+        BudgetPeriod::Total.bucket(rec.started_at_ms)
+    };
+    ensure_spend_row(&mut tx, rec.key_id, &other).await?;
+    sqlx::query(
+        "UPDATE key_spend SET spent_tokens = spent_tokens + $1, spent_nanos = spent_nanos + $2 \
+         WHERE key_id = $3 AND period = $4",
+    )
+    .bind(tokens)
+    .bind(rec.cost_nanos)
+    .bind(rec.key_id)
+    .bind(&other)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -71,6 +71,23 @@ on_both!(settlement_moves_reservation_to_spend_once, |acc: Accounts| async move 
     assert_eq!((rows[0].requests, rows[0].tenant.as_str()), (1, "acme"));
 });
 
+on_both!(changing_the_budget_period_keeps_what_the_key_spent, |acc: Accounts| async move {
+    let key = key_with_budget(&acc, Some(1_000), None).await;
+    let (at, next_month) = (1_800_000_000_000, 1_800_000_000_000 + 40 * 86_400_000);
+    acc.reserve(&key, &reservation("a", 600, 0)).await.unwrap();
+    acc.record_usage(&record("a", key.id, 100, 300, 0)).await.unwrap();
+    // Monthly now: this month's 400 count, the next month starts afresh.
+    let monthly = KeyInfo { budget: Budget { period: BudgetPeriod::Month, ..key.budget }, ..key.clone() };
+    assert_eq!(acc.spend(&monthly, at).await.unwrap().spent_tokens, 400);
+    assert_eq!(acc.spend(&monthly, next_month).await.unwrap().spent_tokens, 0);
+    acc.reserve(&monthly, &reservation("b", 100, 0)).await.unwrap();
+    acc.record_usage(&record("b", key.id, 50, 50, 0)).await.unwrap();
+    assert_eq!(acc.spend(&monthly, at).await.unwrap().spent_tokens, 500);
+    // Back to the lifetime budget: everything spent under either counts.
+    assert_eq!(acc.spend(&key, at).await.unwrap().spent_tokens, 500);
+    assert!(matches!(acc.reserve(&key, &reservation("c", 600, 0)).await, Err(AccountsError::QuotaExceeded(_))));
+});
+
 on_both!(money_budget_and_cost, |acc: Accounts| async move {
     let price = Price { input_per_mtok: 1.0, output_per_mtok: 2.0, cached_input_per_mtok: None };
     // 1000 prompt + 1000 completion tokens = $0.003.
