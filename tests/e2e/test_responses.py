@@ -134,6 +134,20 @@ def test_what_a_stored_response_keeps_is_held_to_the_apis_limits(client, server)
     ResponseUsage.model_validate(r.usage.model_dump(), strict=True)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_included_logprobs_come_with_the_text(client, server, stream):
+    kw = dict(model=server.model_id, input="Say hello.", max_output_tokens=40, temperature=0,
+              include=["message.output_text.logprobs"], top_logprobs=2)
+    if stream:
+        with client.responses.stream(**kw) as s:
+            r = s.get_final_response()
+    else:
+        r = client.responses.create(**kw)
+    [part] = r.output[0].content
+    assert part.logprobs and all(len(lp.top_logprobs) == 2 for lp in part.logprobs), part
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+
+
 def test_unsupported_fields_are_refused_clearly(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=server.model_id, input="x", tools=[{"type": "web_search"}])

@@ -168,7 +168,7 @@ pub(crate) async fn respond(
         items,
     });
     if chat.stream {
-        return Ok(stream(ids, echo, tools, events, keeper).into_response());
+        return Ok(stream(ids, echo, tools, chat.logprobs, events, keeper).into_response());
     }
     let collected =
         chat::collect_response(ids.id.clone(), ids.created_at, ids.model.clone(), &chat, tools.as_ref(), 1, events)
@@ -186,10 +186,11 @@ fn stream(
     ids: ResponseIds,
     echo: Map<String, Value>,
     tools: Option<ToolPlan>,
+    logprobs: bool,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     keeper: Option<Keeper>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let encoder = ChunkEncoder::new(ids.id.clone(), ids.created_at, ids.model.clone(), true, false)
+    let encoder = ChunkEncoder::new(ids.id.clone(), ids.created_at, ids.model.clone(), true, logprobs)
         .with_tools(tools.filter(|t| t.parse), 1);
     let (translator, opening) = ResponseStream::start(ids, echo);
     let state = (events, encoder, translator, keeper);

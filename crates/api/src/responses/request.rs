@@ -126,6 +126,12 @@ fn to_chat_body(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> R
             chat.insert(to.into(), v.clone());
         }
     }
+    if wants_logprobs(obj)? {
+        chat.insert("logprobs".into(), true.into());
+        if let Some(top) = get(obj, "top_logprobs") {
+            chat.insert("top_logprobs".into(), top.clone());
+        }
+    }
     if let Some(tools) = get(obj, "tools") {
         chat.insert("tools".into(), translate_tools(tools)?);
     }
@@ -141,6 +147,17 @@ fn to_chat_body(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> R
         }
     }
     Ok(Value::Object(chat))
+}
+
+/// Whether `include` asks for the answer's logprobs (`message.output_text.logprobs`; then
+/// `top_logprobs` says how many alternatives, as in Chat Completions). Its other values name
+/// what this server does not keep (encrypted reasoning, search results) and change nothing.
+fn wants_logprobs(obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    match get(obj, "include") {
+        None => Ok(false),
+        Some(Value::Array(values)) => Ok(values.iter().any(|v| v == "message.output_text.logprobs")),
+        Some(other) => Err(type_error("include", "an array", other)),
+    }
 }
 
 /// One input item as chat messages. A `function_call` joins the assistant message right before

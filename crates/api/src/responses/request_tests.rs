@@ -193,3 +193,17 @@ fn items_are_kept_with_their_defined_keys_only() {
     let e = parse(long_id).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("input[0].call_id"), "{}", e.message);
 }
+
+#[test]
+fn included_logprobs_are_the_chat_logprobs() {
+    let r = parse(json!({"model": "m", "input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 3}))
+        .unwrap();
+    assert_eq!((r.chat.logprobs, r.chat.top_logprobs), (true, 3));
+    let r = parse(json!({"model": "m", "input": "x", "include": ["reasoning.encrypted_content"], "top_logprobs": 3}))
+        .unwrap();
+    assert!(!r.chat.logprobs, "top_logprobs alone returns none, as OpenAI's");
+    assert_eq!(
+        parse(json!({"model": "m", "input": "x", "include": "all"})).unwrap_err().param.as_deref(),
+        Some("include")
+    );
+}

@@ -102,7 +102,11 @@ pub fn response_from_chat(ids: &ResponseIds, echo: &Map<String, Value>, chat: &C
         output.push(reasoning_item(&ids.reasoning_id(), thinking, "completed"));
     }
     if let Some(text) = choice.and_then(|c| c.message.content.as_deref()).filter(|t| !t.is_empty()) {
-        output.push(message_item(&ids.message_id(), text, status));
+        let mut item = message_item(&ids.message_id(), text, status);
+        if let Some(lp) = choice.and_then(|c| c.logprobs.as_ref()) {
+            item["content"][0]["logprobs"] = serde_json::to_value(&lp.content).unwrap_or_default();
+        }
+        output.push(item);
     }
     for call in choice.and_then(|c| c.message.tool_calls.as_deref()).unwrap_or_default() {
         let s = |p: &str| call.pointer(p).and_then(Value::as_str).unwrap_or_default();

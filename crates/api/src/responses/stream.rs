@@ -20,9 +20,22 @@ pub struct ResponseEvent {
 
 #[derive(Debug)]
 enum Open {
-    Reasoning { index: usize, text: String },
-    Message { index: usize, text: String },
-    Call { index: usize, call_id: String, name: String, arguments: String },
+    Reasoning {
+        index: usize,
+        text: String,
+    },
+    /// `logprobs`: the text's token logprobs so far, when the request included them.
+    Message {
+        index: usize,
+        text: String,
+        logprobs: Vec<Value>,
+    },
+    Call {
+        index: usize,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
 }
 
 /// The state of one translated stream.
@@ -83,19 +96,24 @@ impl ResponseStream {
         if let Some(text) = delta["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
             self.reasoning_delta(text, &mut out);
         }
+        let logprobs = choice["logprobs"]["content"].as_array().cloned().unwrap_or_default();
         if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
             if !matches!(self.open, Some(Open::Message { .. })) {
                 let id = self.ids.message_id();
                 let item = message_item(&id, "", "in_progress");
                 let index = self.open_item_with_part(&mut out, &id, item, output_text_part(""));
-                self.open = Some(Open::Message { index, text: String::new() });
+                self.open = Some(Open::Message { index, text: String::new(), logprobs: Vec::new() });
             }
-            if let Some(Open::Message { index, text: so_far }) = &mut self.open {
+            if let Some(Open::Message { index, text: so_far, logprobs: all }) = &mut self.open {
                 so_far.push_str(text);
+                all.extend(logprobs.iter().cloned());
                 let data = json!({"item_id": self.ids.message_id(), "output_index": *index, "content_index": 0,
-                                  "delta": text, "logprobs": []});
+                                  "delta": text, "logprobs": logprobs});
                 out.push(self.event("response.output_text.delta", data));
             }
+        } else if let Some(Open::Message { logprobs: all, .. }) = &mut self.open {
+            // A token with no text of its own (the end of the answer) has its entry all the same.
+            all.extend(logprobs);
         }
         for call in delta["tool_calls"].as_array().into_iter().flatten() {
             if let Some(call_id) = call.get("id").and_then(Value::as_str) {
@@ -169,11 +187,13 @@ impl ResponseStream {
                 let done = json!({"text": text});
                 self.close_item_with_part(out, &id, index, ("response.reasoning_text.done", done), part, item);
             }
-            Some(Open::Message { index, text }) => {
+            Some(Open::Message { index, text, logprobs }) => {
                 let id = self.ids.message_id();
-                let item = message_item(&id, &text, message_status);
-                let done = json!({"text": text, "logprobs": []});
-                let part = output_text_part(&text);
+                let mut item = message_item(&id, &text, message_status);
+                item["content"][0]["logprobs"] = logprobs.clone().into();
+                let done = json!({"text": text, "logprobs": logprobs});
+                let mut part = output_text_part(&text);
+                part["logprobs"] = logprobs.into();
                 self.close_item_with_part(out, &id, index, ("response.output_text.done", done), part, item);
             }
             Some(Open::Call { index, call_id, name, arguments }) => {

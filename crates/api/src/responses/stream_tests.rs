@@ -111,3 +111,18 @@ fn a_message_cut_by_max_output_tokens_ends_incomplete_as_when_collected() {
     );
     assert_eq!(whole["incomplete_details"]["reason"], "max_output_tokens");
 }
+
+#[test]
+fn logprobs_asked_for_ride_the_deltas_and_the_finished_message() {
+    let (mut s, _) = start();
+    let lp = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": t.as_bytes(), "top_logprobs": []});
+    let with_lp = |delta: Value, lps: Vec<Value>| json!({"choices": [{"index": 0, "delta": delta, "logprobs": {"content": lps}, "finish_reason": null}]});
+    let first = s.on_chunk(&with_lp(json!({"content": "Hi"}), vec![lp("Hi")]));
+    assert_eq!(first[2].data["logprobs"], json!([lp("Hi")]));
+    s.on_chunk(&with_lp(json!({"content": ""}), vec![lp("")]));
+    s.on_chunk(&chunk(json!({}), Some("stop")));
+    let end = s.finish();
+    assert_eq!(end[0].data["logprobs"], json!([lp("Hi"), lp("")]), "the end token's entry too, as in Chat");
+    let whole = &end.last().unwrap().data["response"];
+    assert_eq!(whole["output"][0]["content"][0]["logprobs"].as_array().map(Vec::len), Some(2));
+}
