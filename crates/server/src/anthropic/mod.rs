@@ -172,8 +172,12 @@ async fn count(state: &AppState, key: &KeyInfo, headers: &HeaderMap, body: &[u8]
     let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
     let _turn = state.prepare_gate.enter(key.id).await;
     let scope = gantry_engine::CacheScope(key.cache_scope_id());
-    let generate = chat::prepare(&model, &chat, tools.as_ref(), scope).await?;
-    Ok(generate.prompt.tokens.len())
+    // A prompt longer than the context is counted all the same, as Anthropic counts it.
+    match chat::prepare_or_refusal(&model, &chat, tools.as_ref(), scope).await? {
+        Ok(generate) => Ok(generate.prompt.tokens.len()),
+        Err(gantry_engine::PrepareError::ContextLength { prompt_tokens, .. }) => Ok(prompt_tokens as usize),
+        Err(refused) => Err(refused.into_api_error()),
+    }
 }
 
 /// Every error answered under `/v1/messages` (the handlers', authentication's, the body

@@ -206,3 +206,16 @@ async fn a_stream_splits_cached_input_tokens_from_its_start() {
         );
     }
 }
+
+/// A prompt longer than the model's context is counted all the same, as Anthropic counts it;
+/// only a message to run gets the context-length 400.
+#[tokio::test]
+async fn count_tokens_counts_a_prompt_beyond_the_context() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let long = vec!["word"; 100].join(" ");
+    let body = json!({"model": "scripted", "messages": [{"role": "user", "content": long}]});
+    let (status, text) = post(&h, "/v1/messages/count_tokens", Some(KEY), body.clone()).await;
+    assert_eq!((status, serde_json::from_str::<Value>(&text).unwrap()), (StatusCode::OK, json!({"input_tokens": 100})));
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"messages": body["messages"]}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+}

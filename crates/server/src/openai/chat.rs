@@ -42,6 +42,16 @@ pub(crate) async fn prepare(
     tools: Option<&ToolPlan>,
     scope: gantry_engine::CacheScope,
 ) -> Result<GenerateRequest, ApiError> {
+    prepare_or_refusal(model, chat, tools, scope).await?.map_err(IntoApiError::into_api_error)
+}
+
+/// [`prepare`], with the engine's refusal as it gave it (the outer error: the task failed).
+pub(crate) async fn prepare_or_refusal(
+    model: &Lease,
+    chat: &ValidatedChat,
+    tools: Option<&ToolPlan>,
+    scope: gantry_engine::CacheScope,
+) -> Result<Result<GenerateRequest, gantry_engine::PrepareError>, ApiError> {
     // The whole output's grammar: a forced call's, the answer-or-call union of `auto` tools with
     // a response_format, or the response_format's own. Its schema errors name the field that
     // brought the schema: the tools whenever there are any.
@@ -80,10 +90,7 @@ pub(crate) async fn prepare(
         },
     };
     let engine = model.generator();
-    tokio::task::spawn_blocking(move || engine.prepare(input))
-        .await
-        .map_err(|e| task_failed("prompt preparation", e))?
-        .map_err(IntoApiError::into_api_error)
+    tokio::task::spawn_blocking(move || engine.prepare(input)).await.map_err(|e| task_failed("prompt preparation", e))
 }
 
 /// `response_format` as a grammar.
