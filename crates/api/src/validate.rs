@@ -112,6 +112,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
     if let Some(functions) = get(obj, "functions").filter(|f| !f.is_array()) {
         return Err(type_error("functions", "an array", functions));
     }
+    refuse_unsupported(obj)?;
     let tools = parse_tools(get(obj, "tools"))?;
     let tool_choice = parse_tool_choice(get(obj, "tool_choice"), tools.as_deref())?;
     let response_format = parse_response_format(get(obj, "response_format"))?;
@@ -160,6 +161,35 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
 /// `prompt_cache_retention`: prefixes stay cached while there is room for them (`in-memory`,
 /// OpenAI's default); no server-side promise of a day (`24h`) can be kept, so it is refused as
 /// OpenAI refuses it for a model without extended caching.
+/// What this server cannot do is refused, never answered as if it had been done: a client that
+/// asked for audio or search, or sent deprecated `functions`, would otherwise read an answer
+/// made without them.
+fn refuse_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let has = |k: &str| get(obj, k).is_some();
+    if get(obj, "functions").and_then(Value::as_array).is_some_and(|f| !f.is_empty()) || has("function_call") {
+        let param = if has("function_call") { "function_call" } else { "functions" };
+        return Err(ApiError::invalid_value(
+            param,
+            "The deprecated 'functions' and 'function_call' are not supported by this server: send the functions as 'tools' ({\"type\": \"function\", \"function\": …}) and choose with 'tool_choice'.",
+        ));
+    }
+    let audio_out = get(obj, "modalities").and_then(Value::as_array).is_some_and(|m| m.iter().any(|v| v == "audio"));
+    if audio_out || has("audio") {
+        let param = if has("audio") { "audio" } else { "modalities" };
+        return Err(ApiError::invalid_value(
+            param,
+            "Audio output is not supported by this server: its models write text only.",
+        ));
+    }
+    if has("web_search_options") {
+        return Err(ApiError::invalid_value(
+            "web_search_options",
+            "Web search is not supported by this server: its models answer from the prompt alone.",
+        ));
+    }
+    Ok(())
+}
+
 /// As OpenAI: a tool message answers a call of the assistant message before it (other tool
 /// messages between them: parallel calls), by that call's id. A result the model cannot tie to
 /// any call of its own is a client's mistake to hear about, not to run.

@@ -478,7 +478,19 @@ fn inputs_openai_refuses_are_refused() {
         assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{patch}");
         assert!(e.message.contains(needle), "{patch}: {}", e.message);
     }
-    ok(json!({"store": false, "service_tier": "auto", "functions": []}));
+    ok(json!({"store": false, "service_tier": "auto", "functions": [], "modalities": ["text"]}));
+    let function = json!({"name": "f", "parameters": {"type": "object"}});
+    for (patch, param) in [
+        (json!({"functions": [function]}), "functions"),
+        (json!({"functions": [function], "function_call": "auto"}), "function_call"),
+        (json!({"modalities": ["text", "audio"]}), "modalities"),
+        (json!({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}), "audio"),
+        (json!({"web_search_options": {}}), "web_search_options"),
+    ] {
+        let e = refused(with(patch.clone()));
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{patch}: {}", e.message);
+        assert!(e.message.contains("not supported"), "{patch}: {}", e.message);
+    }
 }
 
 #[path = "validate_turns_tests.rs"]

@@ -201,7 +201,7 @@ async fn admitted(
 
 /// Fetches the request's images and puts them into its prompt (decoded, tokenized for the
 /// projector, the context checked again with their real size). A model that cannot see gets a
-/// clear 400, but only after every image was checked, so a bad image gets its own precise error.
+/// clear 400 before any image is fetched.
 async fn attach_images(
     state: &AppState,
     model: &Lease,
@@ -211,14 +211,15 @@ async fn attach_images(
     if chat.images.is_empty() {
         return Ok(generate);
     }
-    let fetched = state.images.load_all(chat.images.iter().map(|p| &p.source)).await?;
-    state.images.check_dimensions(&fetched, chat.images.iter().map(|p| p.param.as_str()))?;
+    // Checked before any fetch: a request refused anyway sends the server to no URL.
     if !model.model_info().supports_vision {
         return Err(ApiError::invalid_request(
             format!("The model `{}` does not support image inputs; send text content only.", model.id()),
             Some("messages"),
         ));
     }
+    let fetched = state.images.load_all(chat.images.iter().map(|p| &p.source)).await?;
+    state.images.check_dimensions(&fetched, chat.images.iter().map(|p| p.param.as_str()))?;
     let images = fetched
         .into_iter()
         .zip(&chat.images)

@@ -135,6 +135,10 @@ async fn bad_images_and_limits_are_400s_and_a_text_model_still_refuses() {
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("does not support image inputs"), "{v}");
+    // Refused before any fetch: a URL nothing could resolve gets the same answer.
+    let remote = ask(&text_only.model_id, "http://images.invalid/cat.png", false);
+    let v: Value = text_only.chat(remote).send().await.unwrap().json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("does not support image inputs"), "{v}");
 }
 
 #[test]
