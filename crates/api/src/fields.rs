@@ -22,12 +22,14 @@ pub(crate) fn type_name(v: &Value) -> &'static str {
     }
 }
 
-/// "Invalid type for 'param': expected X, but got Y instead."
+/// "Invalid type for 'param': expected X, but got Y instead.", code `invalid_type`.
 pub(crate) fn type_error(param: &str, expected: &str, got: &Value) -> ApiError {
-    ApiError::invalid_value(
+    let mut e = ApiError::invalid_value(
         param,
         format!("Invalid type for '{param}': expected {expected}, but got {} instead.", type_name(got)),
-    )
+    );
+    e.code = Some("invalid_type".into());
+    e
 }
 
 pub(crate) fn opt_str(obj: &Map<String, Value>, key: &str, param: &str) -> Result<Option<String>, ApiError> {
@@ -58,10 +60,13 @@ pub(crate) fn range_error(
     got: impl std::fmt::Display,
 ) -> ApiError {
     let (dir, op) = if above { ("above maximum", "<=") } else { ("below minimum", ">=") };
-    ApiError::invalid_value(
+    let mut e = ApiError::invalid_value(
         param,
         format!("Invalid '{param}': {kind} {dir} value. Expected a value {op} {bound}, but got {got} instead."),
-    )
+    );
+    // OpenAI's codes: `decimal_above_max_value`, `integer_below_min_value`, …
+    e.code = Some(format!("{kind}_{}_value", if above { "above_max" } else { "below_min" }));
+    e
 }
 
 pub(crate) fn opt_num(obj: &Map<String, Value>, key: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {

@@ -175,7 +175,9 @@ async fn a_spray_of_fake_keys_costs_a_bounded_number_of_lookups() {
 
 #[tokio::test]
 async fn an_image_bomb_is_refused_by_its_header_naming_its_part() {
-    let h = harness(RouterOptions::default()).await;
+    let events = vec![delta("hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))];
+    let engine = Arc::new(ScriptedEngine::new(events, usage(1)).seeing());
+    let h = harness_with_options(engine, None, RouterOptions::default(), crate::router::Routes::All).await;
     let png = crate::openai::images::blank_png(16_384);
     let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(&png));
     let (status, text) = h

@@ -60,6 +60,13 @@ impl ScriptedEngine {
             prompts: Mutex::new(Vec::new()),
         }
     }
+
+    /// The same engine, for a model that reads images (its images are checked before the
+    /// engine sees them; it attaches none).
+    pub(crate) fn seeing(mut self) -> Self {
+        self.info.supports_vision = true;
+        self
+    }
 }
 
 impl Generator for ScriptedEngine {
