@@ -47,7 +47,9 @@ impl Scheduler {
             // panic there ends this request (its channels close, unanswered: the server reports
             // an error and bills nothing), not the engine.
             let (model, ctx_size, mut speculation) = (&self.model, self.cfg.ctx_size, self.cfg.speculation);
-            let isolated = self.cfg.deterministic_greedy && job.request.sampling.temperature <= 0.0;
+            // Greedy and seeded requests alike: the same request, the same output.
+            let sampling = &job.request.sampling;
+            let isolated = self.cfg.deterministic_greedy && (sampling.temperature <= 0.0 || sampling.seed.is_some());
             if isolated {
                 speculation.mode = Speculate::Off;
             }

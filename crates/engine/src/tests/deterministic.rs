@@ -1,6 +1,6 @@
-//! `--deterministic-greedy` on the tiny random-weight model: one greedy request gives the same
-//! tokens and bit-identical logprobs alone, after a cache fill, beside 7 other streams, and with
-//! drafts on or off (see `deterministic`).
+//! `--deterministic-greedy` on the tiny random-weight model: one greedy (or seeded) request gives
+//! the same tokens and bit-identical logprobs alone, after a cache fill, beside 7 other streams,
+//! and with drafts on or off (see `deterministic`).
 
 use serde_json::json;
 
@@ -69,9 +69,9 @@ fn trace(events: &[Event]) -> Trace {
 
 /// Runs the greedy request beside `others` (all at once) and returns its trace and the prompt
 /// tokens it took from the cache.
-async fn run(engine: &Engine, others: &[ChatInput]) -> (Trace, u32) {
+async fn run(engine: &Engine, sampling: &SamplingParams, others: &[ChatInput]) -> (Trace, u32) {
     let eos = eos(engine);
-    let mine = engine.submit(engine.prepare(input(GREEDY, greedy(), eos)).unwrap()).unwrap();
+    let mine = engine.submit(engine.prepare(input(GREEDY, sampling.clone(), eos)).unwrap()).unwrap();
     let rest: Vec<_> = others.iter().map(|i| engine.submit(engine.prepare(i.clone()).unwrap()).unwrap()).collect();
     let (events, usage) = drain(mine).await;
     for h in rest {
@@ -99,26 +99,27 @@ fn others(eos: i32) -> Vec<ChatInput> {
         .collect()
 }
 
-/// Every scenario of the issue, on engines with and without drafts; returns the traces.
-async fn scenarios(deterministic_greedy: bool) -> Vec<(String, Trace)> {
+/// Every scenario of the issue, on engines with and without drafts, for a request sampling as
+/// `sampling` says (greedy, or seeded); returns the traces.
+async fn scenarios(deterministic_greedy: bool, sampling: SamplingParams) -> Vec<(String, Trace)> {
     let mut traces = Vec::new();
     for mode in [Speculate::Off, Speculate::Always] {
         let engine = start(mode, deterministic_greedy);
         let eos = eos(&engine);
-        let (alone, _) = run(&engine, &[]).await;
-        let (again, cached) = run(&engine, &[]).await;
+        let (alone, _) = run(&engine, &sampling, &[]).await;
+        let (again, cached) = run(&engine, &sampling, &[]).await;
         if deterministic_greedy {
-            assert_eq!(cached, 0, "a deterministic greedy request recomputes its prompt");
+            assert_eq!(cached, 0, "a deterministic request recomputes its prompt");
         } else {
             assert!(cached > 0, "the second request reads its prompt from the cache");
         }
-        let (beside, _) = run(&engine, &others(eos)).await;
-        // Beside one stream that drafts (sampled: greedy ones do not under the flag), while few
-        // enough streams decode for lookup drafts to be fed.
-        let drafting = SamplingParams { temperature: 0.1, seed: Some(5), ..SamplingParams::default() };
-        let (beside_drafts, _) = run(&engine, &[input(OTHERS[0], drafting, eos)]).await;
+        let (beside, _) = run(&engine, &sampling, &others(eos)).await;
+        // Beside one stream that drafts (sampled without a seed: greedy and seeded ones do not
+        // under the flag), while few enough streams decode for lookup drafts to be fed.
+        let drafting = SamplingParams { temperature: 0.1, ..SamplingParams::default() };
+        let (beside_drafts, _) = run(&engine, &sampling, &[input(OTHERS[0], drafting, eos)]).await;
         // Once more after the others filled the cache and the draft statistics.
-        let (after, _) = run(&engine, &[]).await;
+        let (after, _) = run(&engine, &sampling, &[]).await;
         traces.extend(
             [
                 ("alone", alone),
@@ -139,7 +140,17 @@ async fn scenarios(deterministic_greedy: bool) -> Vec<(String, Trace)> {
 
 #[tokio::test]
 async fn greedy_output_is_identical_whatever_the_cache_drafts_and_batch_did() {
-    let traces = scenarios(true).await;
+    all_alike(&scenarios(true, greedy()).await);
+}
+
+/// The flag holds a seeded request to the same: the same seed, the same text, beside anything.
+#[tokio::test]
+async fn seeded_output_is_identical_whatever_the_cache_drafts_and_batch_did() {
+    let seeded = SamplingParams { temperature: 0.9, seed: Some(42), ..SamplingParams::default() };
+    all_alike(&scenarios(true, seeded).await);
+}
+
+fn all_alike(traces: &[(String, Trace)]) {
     let (first, want) = &traces[0];
     for (what, got) in &traces[1..] {
         let at = want.iter().zip(got).position(|(a, b)| a != b);

@@ -100,10 +100,10 @@ pub struct ServeArgs {
     /// attention walks every sequence's cells (slower prompt steps with several streams).
     #[arg(long)]
     pub kv_unified: bool,
-    /// Temperature-0 requests return the same text (and logprobs) for the same request, whatever
-    /// the prefix cache, drafts or other streams did: each greedy sequence is computed apart, in
-    /// fixed prompt chunks, without cache reuse or drafts (docs/determinism.md). Costs greedy
-    /// throughput under concurrency and prefix-cache hits.
+    /// Temperature-0 and seeded requests return the same text (and logprobs) for the same
+    /// request, whatever the prefix cache, drafts or other streams did: each such sequence is
+    /// computed apart, in fixed prompt chunks, without cache reuse or drafts
+    /// (docs/determinism.md). Costs their throughput under concurrency and prefix-cache hits.
     #[arg(long, conflicts_with = "kv_unified")]
     pub deterministic_greedy: bool,
     /// Text in messages, tool calls and tool definitions that spells a control token
