@@ -13,6 +13,11 @@ async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {
     data.open().await
 }
 
+/// For commands that read or change what exists: no database is an error, not a new one.
+async fn open_existing(data: &DataDirArg) -> anyhow::Result<Accounts> {
+    data.open_existing().await
+}
+
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
     match cmd {
         KeysCommand::Create { name, settings, data } => {
@@ -22,7 +27,7 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             println!("{}", created.secret);
         }
         KeysCommand::List { data } => {
-            let keys = open(&data).await?.list_keys().await?;
+            let keys = open_existing(&data).await?.list_keys().await?;
             println!(
                 "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6}",
                 "ID",
@@ -59,7 +64,7 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             }
         }
         KeysCommand::Show { key, format, data } => {
-            let accounts = open(&data).await?;
+            let accounts = open_existing(&data).await?;
             let k = accounts.find_key(&key).await?;
             let spend = accounts.spend(&k, now_ms()).await?;
             let v = key_view(&k, Some(&spend));
@@ -79,11 +84,11 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
         }
         KeysCommand::Update { key, name, settings, data } => {
             let update = settings.to_fields(name).to_update().map_err(anyhow::Error::msg)?;
-            let k = open(&data).await?.update_key(&key, &update).await?;
+            let k = open_existing(&data).await?.update_key(&key, &update).await?;
             println!("{}", serde_json::to_string_pretty(&key_view(&k, None))?);
         }
         KeysCommand::Rotate { key, data } => {
-            let created = open(&data).await?.rotate_key(&key).await?;
+            let created = open_existing(&data).await?.rotate_key(&key).await?;
             eprintln!(
                 "Rotated key {} ({}); the old secret no longer works. The new one is shown only once:",
                 created.key.id, created.key.name
@@ -91,7 +96,7 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
             println!("{}", created.secret);
         }
         KeysCommand::Revoke { key, data } => {
-            let k = open(&data).await?.revoke_key(&key).await?;
+            let k = open_existing(&data).await?.revoke_key(&key).await?;
             println!("Revoked key {} ({}, {}…)", k.id, k.name, k.prefix);
         }
     }
@@ -112,7 +117,7 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
     if args.requests {
         return usage_requests(&args, &query).await;
     }
-    let rows = open(&args.data).await?.usage_report(&query).await?;
+    let rows = open_existing(&args.data).await?.usage_report(&query).await?;
     match args.format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
         OutputFormat::Csv => print!("{}", usage_csv(&rows)),
@@ -154,7 +159,7 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
 
 /// `gantry usage --requests`: one row per request, oldest first.
 async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -> anyhow::Result<()> {
-    let rows = open(&args.data).await?.usage_requests(query).await?;
+    let rows = open_existing(&args.data).await?.usage_requests(query).await?;
     match args.format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
         OutputFormat::Csv => print!("{}", requests_csv(&rows)),

@@ -32,6 +32,22 @@ impl DataDirArg {
         }
     }
 
+    /// Opens the database these flags name, which must exist already: commands that only read
+    /// or change keys and usage refuse a data directory holding none (a mistyped path would
+    /// otherwise show an empty table and leave a new database behind).
+    pub async fn open_existing(&self) -> anyhow::Result<gantry_accounts::Accounts> {
+        if self.database_url.is_none() {
+            let file = self.resolve().join(gantry_accounts::DB_FILE_NAME);
+            if !file.exists() {
+                anyhow::bail!(
+                    "no accounts database at {} (check --data-dir; `gantry keys create` or `gantry serve` makes one)",
+                    file.display()
+                );
+            }
+        }
+        self.open().await
+    }
+
     pub fn resolve(&self) -> PathBuf {
         self.data_dir.clone().unwrap_or_else(|| {
             let base = std::env::var_os("XDG_DATA_HOME")
@@ -40,5 +56,22 @@ impl DataDirArg {
                 .unwrap_or_else(|| PathBuf::from("."));
             base.join("gantry")
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_data_dir_holding_no_database_is_an_error_and_stays_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = DataDirArg { data_dir: Some(dir.path().join("typo")), database_url: None };
+        let Err(e) = missing.open_existing().await else { panic!("no database there") };
+        assert!(e.to_string().contains("no accounts database"), "{e}");
+        assert!(!dir.path().join("typo").exists(), "nothing was created");
+        let made = DataDirArg { data_dir: Some(dir.path().join("real")), database_url: None };
+        made.open().await.unwrap();
+        assert!(made.open_existing().await.is_ok());
     }
 }
