@@ -109,6 +109,12 @@ async fn bad_images_and_limits_are_400s_and_a_text_model_still_refuses() {
         true,
         &["--mmproj", tiny_pair().1.to_str().unwrap(), "--max-images", "1"],
     );
+    // Never a fetch to the server's own network.
+    for url in ["http://127.0.0.1:1/cat.png", "http://169.254.169.254/latest/meta-data", "http://localhost/x.png"] {
+        let v: Value = s.chat(ask(&s.model_id, url, false)).send().await.unwrap().json().await.unwrap();
+        assert_eq!(v["error"]["param"], "messages[0].content[1].image_url", "{url}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("public"), "{v}");
+    }
     let broken = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB";
     for (body, param) in [
         (ask(&s.model_id, broken, false), "messages[0].content[1].image_url"),
