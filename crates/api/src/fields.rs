@@ -174,3 +174,26 @@ pub(crate) fn serialized_len(v: &impl serde::Serialize) -> usize {
     let _ = serde_json::to_writer(&mut counter, v);
     counter.0
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::parse_chat_request;
+
+    #[test]
+    fn range_and_type_errors_carry_openais_codes() {
+        for (patch, code) in [
+            (json!({"temperature": 3}), "decimal_above_max_value"),
+            (json!({"temperature": -1}), "decimal_below_min_value"),
+            (json!({"n": 0}), "integer_below_min_value"),
+            (json!({"n": 129}), "integer_above_max_value"),
+            (json!({"temperature": "1"}), "invalid_type"),
+        ] {
+            let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut().unwrap().extend(patch.as_object().unwrap().clone());
+            let e = parse_chat_request(body.to_string().as_bytes()).unwrap_err();
+            assert_eq!(e.code.as_deref(), Some(code), "{patch}");
+        }
+    }
+}
