@@ -198,9 +198,7 @@ impl LocalWindows {
         };
         (status, verdict)
     }
-}
 
-impl LocalWindows {
     /// Takes back `tokens` counted for `key_id` by a request refused after counting (its budget
     /// could not cover it): a refused request uses none of the key's tokens per minute.
     pub fn refund(&self, key_id: i64, tokens: u64) {

@@ -109,9 +109,6 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
     // The load balancer's affinity key (docs/replicas.md); one replica's prefix cache needs none.
     opt_str(obj, "prompt_cache_key", "prompt_cache_key")?;
     check_cache_retention(opt_str(obj, "prompt_cache_retention", "prompt_cache_retention")?.as_deref())?;
-    if let Some(functions) = get(obj, "functions").filter(|f| !f.is_array()) {
-        return Err(type_error("functions", "an array", functions));
-    }
     refuse_unsupported(obj)?;
     let tools = parse_tools(get(obj, "tools"))?;
     let tool_choice = parse_tool_choice(get(obj, "tool_choice"), tools.as_deref())?;
@@ -166,7 +163,12 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
 /// made without them.
 fn refuse_unsupported(obj: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let has = |k: &str| get(obj, k).is_some();
-    if get(obj, "functions").and_then(Value::as_array).is_some_and(|f| !f.is_empty()) || has("function_call") {
+    let functions = match get(obj, "functions") {
+        None => &[][..],
+        Some(Value::Array(f)) => f.as_slice(),
+        Some(other) => return Err(type_error("functions", "an array", other)),
+    };
+    if !functions.is_empty() || has("function_call") {
         let param = if has("function_call") { "function_call" } else { "functions" };
         return Err(ApiError::invalid_value(
             param,

@@ -25,10 +25,8 @@ pub(crate) fn check_echoed(obj: &Map<String, Value>) -> Result<(), ApiError> {
     if let Some(metadata) = get(obj, "metadata") {
         check_metadata(metadata)?;
     }
-    match get(obj, "truncation") {
-        None => {}
-        Some(Value::String(s)) if s == "auto" || s == "disabled" => {}
-        Some(other) => return Err(one_of("truncation", other, &["auto", "disabled"])),
+    if let Some(v) = get(obj, "truncation") {
+        enumerated("truncation", v, &["auto", "disabled"])?;
     }
     if let Some(text) = get(obj, "text") {
         let text = known_keys("text", text, &["format", "verbosity"])?;

@@ -66,10 +66,8 @@ fn stream(
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let encoder = ChunkEncoder::new(answer.id.clone(), answer.created, answer.model.clone(), true, false)
         .with_tools(tools.filter(|t| t.parse), 1);
-    let prompt_tokens = u32::try_from(answer.prompt_tokens).unwrap_or(u32::MAX);
-    let opening = Opening { id: answer.id.clone(), model: answer.model, prompt_tokens };
     let state =
-        Translation { events, encoder, messages: None, opening, stops: chat.stop.clone(), stop: None, done: false };
+        Translation { events, encoder, messages: None, answer, stops: chat.stop.clone(), stop: None, done: false };
     let body = stream::unfold(state, |mut t| async move {
         if t.done {
             return None;
@@ -83,13 +81,6 @@ fn stream(
     Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-/// What `message_start` says of the message, known before the engine runs it.
-struct Opening {
-    id: String,
-    model: String,
-    prompt_tokens: u32,
-}
-
 struct Translation {
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     encoder: ChunkEncoder,
@@ -97,7 +88,8 @@ struct Translation {
     /// prefix, so `message_start` splits the prompt as the final usage will (or anything else,
     /// such as an error before it ran, with nothing cached).
     messages: Option<MessageStream>,
-    opening: Opening,
+    /// What `message_start` says of the message, known before the engine runs it.
+    answer: Answer,
     stops: Vec<String>,
     /// The stop string that ended the answer, once the engine said which.
     stop: Option<String>,
@@ -114,8 +106,9 @@ impl Translation {
             Some(messages) => messages,
             None => {
                 let cached = if let Event::Cached { tokens } = event { tokens } else { 0 };
-                let o = &self.opening;
-                let (messages, opening) = MessageStream::start(&o.id, &o.model, o.prompt_tokens, cached);
+                let a = &self.answer;
+                let prompt_tokens = u32::try_from(a.prompt_tokens).unwrap_or(u32::MAX);
+                let (messages, opening) = MessageStream::start(&a.id, &a.model, prompt_tokens, cached);
                 out.extend(opening);
                 self.messages.insert(messages)
             }
