@@ -89,7 +89,16 @@ async fn budget_burst(s: &TestServer, cli: &dyn Fn(&[&str]) -> String) {
 #[tokio::test]
 async fn expired_keys_and_models_a_key_may_not_use() {
     let s = TestServer::start(&[]);
-    let expired = last_line(&cli(&s, &["keys", "create", "--name", "old", "--expires", "2020-01-01"]));
+    // A past expiry is refused on create (a key that never works), and expires a key on update.
+    let refused = gantry()
+        .args(["keys", "create", "--name", "old", "--expires", "2020-01-01", "--data-dir"])
+        .arg(s.data_dir.path())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("already past"), "{refused:?}");
+    let expired = last_line(&cli(&s, &["keys", "create", "--name", "old", "--expires", "2999-01-01"]));
+    cli(&s, &["keys", "update", "old", "--expires", "2020-01-01"]);
     let resp = s.client().get(s.url("/v1/models")).bearer_auth(&expired).send().await.unwrap();
     assert_eq!(resp.status(), 401);
     let v: Value = resp.json().await.unwrap();

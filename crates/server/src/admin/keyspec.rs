@@ -51,7 +51,7 @@ impl KeyFields {
                 period: self.budget_period.unwrap_or_default(),
             },
             allowed_models: self.models.clone().flatten().map(clean_models),
-            expires_at: self.expires_at.as_ref().and_then(|e| e.as_deref()).map(parse_time).transpose()?,
+            expires_at: self.expires_at.as_ref().and_then(|e| e.as_deref()).map(parse_future_time).transpose()?,
             cache_scope: self.cache_scope.unwrap_or_default(),
         })
     }
@@ -92,6 +92,16 @@ pub(crate) fn parse_time(s: &str) -> Result<i64, String> {
     let date = time::Date::parse(s, time::macros::format_description!("[year]-[month]-[day]"))
         .map_err(|_| format!("{s:?} is not an RFC 3339 time (2027-01-01T00:00:00Z) or a date (2027-01-01)"))?;
     Ok(date.midnight().assume_utc().unix_timestamp())
+}
+
+/// A new key's expiry: a time already past would make a key that never works, most likely a
+/// typo in the year. (An update may set one: that is how a key is expired now and kept listed.)
+fn parse_future_time(s: &str) -> Result<i64, String> {
+    let t = parse_time(s)?;
+    if t <= OffsetDateTime::now_utc().unix_timestamp() {
+        return Err(format!("the expiry {s:?} is already past: a key created with it would never work"));
+    }
+    Ok(t)
 }
 
 pub(crate) fn format_time(unix: i64) -> String {
@@ -164,6 +174,12 @@ mod tests {
         assert!(f.to_new_key().is_err());
         let f: KeyFields = serde_json::from_str(r#"{"name": "a", "expires_at": "soon"}"#).unwrap();
         assert!(f.to_new_key().unwrap_err().contains("RFC 3339"));
+        let f: KeyFields = serde_json::from_str(r#"{"name": "a", "expires_at": "2020-01-01"}"#).unwrap();
+        assert!(f.to_new_key().unwrap_err().contains("already past"));
+        // An update may expire a key now.
+        assert_eq!(f.to_update().unwrap().expires_at, Some(Some(1_577_836_800)));
+        let f: KeyFields = serde_json::from_str(r#"{"name": "a", "expires_at": "2999-01-01"}"#).unwrap();
+        assert!(f.to_new_key().unwrap().expires_at.is_some());
         assert!(serde_json::from_str::<KeyFields>(r#"{"name": "a", "colour": "red"}"#).is_err());
     }
 
