@@ -149,6 +149,10 @@ async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
         rows.iter().any(|r| r["client_request_id"] == "queued")
     })
     .await;
+    // It counts among the finished requests too (the running one is still decoding).
+    let metrics = client.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let cancelled = format!("gantry_requests_total{{model=\"{}\",outcome=\"cancelled\"}} 1\n", s.model_id);
+    assert!(metrics.contains(&cancelled), "metrics lack {cancelled:?}:\n{metrics}");
     drop(running);
     // Prefill: once the slot is free again, a long prompt cancelled as soon as the response
     // opens. With the tiny model, prompt processing takes a few milliseconds, so the request

@@ -286,7 +286,9 @@ impl Scheduler {
         // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
         for job in self.waiting.remove_where(|job| job.events.is_closed()) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            let _ = job.usage.send(Usage { outcome: Outcome::Cancelled, ..Usage::default() });
+            let usage = Usage { outcome: Outcome::Cancelled, ..Usage::default() };
+            self.totals.request_done(&usage);
+            let _ = job.usage.send(usage);
         }
         self.retire_finished();
     }
@@ -299,7 +301,9 @@ impl Scheduler {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             let msg = format!("n={n} must be between 1 and the server's {} parallel sequences", self.cfg.parallel);
             let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
-            let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
+            let usage = Usage { outcome: Outcome::Error, ..Usage::default() };
+            self.totals.request_done(&usage);
+            let _ = job.usage.send(usage);
             return;
         }
         self.waiting.push(job);
