@@ -93,6 +93,24 @@ async fn cancelled_streams_free_their_slots() {
     }
 }
 
+#[test]
+fn a_taken_port_stops_the_server_before_its_model_loads() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let data_dir = tempfile::tempdir().unwrap();
+    let out = gantry()
+        .args(["serve", "--host", "127.0.0.1", "--port", &port, "--threads", "1", "--model"])
+        .arg(common::tiny_model())
+        .arg("--data-dir")
+        .arg(data_dir.path())
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains(&format!("binding 127.0.0.1:{port}")), "{said}");
+    assert!(!said.contains("model loaded"), "{said}");
+}
+
 #[tokio::test]
 async fn sigterm_exits_cleanly() {
     let mut s = TestServer::start(&[]);

@@ -19,6 +19,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     warn_about_fault_injection();
     let mut specs = crate::cli::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
+    // Bound before anything slow (the model load): a port already taken stops the server at
+    // once. Clients that connect meanwhile wait in the backlog until it serves.
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let admin_listener = match &args.admin_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr.as_str()).await.with_context(|| format!("binding --admin-listen {addr}"))?,
+        ),
+        None => None,
+    };
 
     let data_dir = args.data.resolve();
     let accounts = args.data.open().await?;
@@ -109,12 +120,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         auth_failures_per_minute: args.auth_failures_per_minute,
     };
     // With --admin-listen the operator's routes leave the public listener for their own.
-    let (app, admin) = match &args.admin_listen {
+    let (app, admin) = match admin_listener {
         None => (router(state, options()), None),
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr.as_str())
-                .await
-                .with_context(|| format!("binding --admin-listen {addr}"))?;
+        Some(listener) => {
             let admin_app = router(state.clone(), options());
             (routes(state, options(), Routes::Public), Some((listener, admin_app)))
         }
@@ -124,9 +132,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
     };
 
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
     let store_flag = match &args.data.database_url {
         Some(_) => "--database-url \"$GANTRY_DATABASE_URL\"".to_string(),
