@@ -190,7 +190,11 @@ fn translate_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), Ap
                 parts.push(json!({"type": "text", "text": text}));
             }
             ("user", "image") => parts.push(image_part(&at, block)?),
-            ("user", "tool_result") => out.push(tool_result(&at, block)?),
+            ("user", "tool_result") => {
+                let result = tool_result(&at, block)?;
+                check_answers_a_call(&at, &result, out)?;
+                out.push(result);
+            }
             ("assistant", "tool_use") => calls.push(tool_use(&at, block)?),
             // Earlier thinking goes to the template, which keeps or drops it as the model
             // was trained; redacted thinking has no text to give it.
@@ -284,6 +288,21 @@ fn tool_result(at: &str, block: &Value) -> Result<Value, ApiError> {
         content
     };
     Ok(json!({"role": "tool", "tool_call_id": id, "content": content}))
+}
+
+/// As Anthropic: a `tool_result` answers a `tool_use` of the assistant message right before its
+/// own message (`out` holds that message, then this message's earlier results).
+fn check_answers_a_call(at: &str, result: &Value, out: &[Value]) -> Result<(), ApiError> {
+    let id = result["tool_call_id"].as_str().unwrap_or_default();
+    let previous = out.iter().rev().find(|m| m["role"] != "tool");
+    let calls = previous.filter(|m| m["role"] == "assistant").and_then(|m| m["tool_calls"].as_array());
+    if calls.into_iter().flatten().any(|c| c["id"] == id) {
+        return Ok(());
+    }
+    Err(ApiError::invalid_value(
+        at,
+        format!("{at}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. Each `tool_result` block must have a corresponding `tool_use` block in the previous message."),
+    ))
 }
 
 fn tool_use(at: &str, block: &Value) -> Result<Value, ApiError> {

@@ -44,7 +44,7 @@ fn tool_turns_become_calls_and_tool_messages() {
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18C"}]},
             {"type": "text", "text": "And tomorrow?"}]},
     ]);
-    let chat = parse(v).unwrap();
+    let chat = parse(v.clone()).unwrap();
     let roles: Vec<Role> = chat.messages.iter().map(|m| m.role).collect();
     assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::User]);
     let call = &chat.messages[1].to_template_value()["tool_calls"][0];
@@ -54,6 +54,12 @@ fn tool_turns_become_calls_and_tool_messages() {
     assert_eq!(chat.tool_choice, Some(ToolChoice::Required));
     assert_eq!(chat.parallel_tool_calls, Some(false));
     assert_eq!(chat.tools.as_ref().map(Vec::len), Some(1));
+    // A result must answer a call of the assistant message right before it.
+    v["messages"][2]["content"][0]["tool_use_id"] = json!("toolu_9");
+    let e = parse(v.clone()).unwrap_err();
+    assert!(e.message.starts_with("messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_9."), "{}", e.message);
+    v["messages"] = json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]);
+    assert!(parse(v).unwrap_err().message.contains("corresponding `tool_use` block"));
 }
 
 #[test]

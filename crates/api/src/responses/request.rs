@@ -202,6 +202,14 @@ fn translate_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), Ap
                 Some(Value::Array(parts)) => text_parts(&format!("{at}.output"), parts)?,
                 _ => return Err(ApiError::invalid_value(&format!("{at}.output"), format!("'{at}.output' must be a string."))),
             };
+            // As OpenAI: the call it answers is an earlier item (or in the continued response).
+            let calls = out.iter().filter_map(|m| m["tool_calls"].as_array()).flatten();
+            if !calls.into_iter().any(|c| c["id"] == call_id) {
+                return Err(ApiError::invalid_value(
+                    "input",
+                    format!("No tool call found for function call output with call_id {call_id}."),
+                ));
+            }
             out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
         }
         // Earlier reasoning goes to the template with the assistant turn it preceded, which

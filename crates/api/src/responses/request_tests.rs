@@ -44,6 +44,12 @@ fn a_tool_loop_in_items_becomes_calls_and_tool_messages() {
     assert_eq!(assistant["content"], "Checking.");
     assert_eq!(assistant["tool_calls"].as_array().map(Vec::len), Some(2), "{assistant}");
     assert_eq!(r.chat.tool_choice, Some(ToolChoice::Function("get_weather".into())));
+    // An output must answer a call made earlier: OpenAI's words and param.
+    let orphan = json!({"model": "m", "input": [{"role": "user", "content": "Hi"},
+        {"type": "function_call_output", "call_id": "call_9", "output": "18C"}]});
+    let e = parse(orphan).unwrap_err();
+    assert_eq!(e.message, "No tool call found for function call output with call_id call_9.");
+    assert_eq!(e.param.as_deref(), Some("input"));
 }
 
 #[test]
