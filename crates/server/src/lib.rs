@@ -16,6 +16,8 @@ mod clock;
 mod connection_tests;
 /// The accept loop: header read timeout, connection cap, peer addresses.
 pub mod connections;
+/// Cross-origin access to the API for browser clients.
+mod cors;
 /// Which status and OpenAI error every failure gets, in one place.
 mod errors;
 /// Liveness and readiness probes.

@@ -11,7 +11,7 @@ use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
 use crate::openai::{auth, models};
 use crate::state::AppState;
-use crate::{anthropic, errors, health, pipeline, request_id, responses, telemetry};
+use crate::{anthropic, cors, errors, health, pipeline, request_id, responses, telemetry};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -86,4 +86,5 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .layer(CatchPanicLayer::custom(|_| errors::internal_error().into_response()))
         .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))
+        .layer(middleware::from_fn(cors::api_cors))
 }
