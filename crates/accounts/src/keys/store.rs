@@ -27,6 +27,11 @@ fn validate_name(name: &str) -> Result<&str, AccountsError> {
     if name.chars().all(|c| c.is_ascii_digit()) {
         return Err(AccountsError::Invalid("key name must not be digits alone (it would read as a key id)".into()));
     }
+    if name.starts_with(SECRET_PREFIX) {
+        return Err(AccountsError::Invalid(format!(
+            "key name must not start with {SECRET_PREFIX:?} (it would read as a key's prefix or secret)"
+        )));
+    }
     Ok(name)
 }
 
@@ -337,22 +342,24 @@ async fn resolve(pool: &AnyPool, what: &str) -> Result<KeyInfo, AccountsError> {
             .await?
             .ok_or_else(|| AccountsError::NotFound("no API key matches that secret".into()));
     }
-    for column in ["name", "prefix"] {
-        let rows: Vec<KeyRow> =
-            sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE {column} = $1 ORDER BY id"))
-                .bind(what)
-                .fetch_all(pool)
-                .await?;
-        let mut keys: Vec<KeyInfo> = rows.into_iter().map(to_info).collect();
-        // Prefer active keys: an old revoked key sharing a name must not block revoking the
-        // current one.
-        if keys.iter().any(KeyInfo::is_active) {
-            keys.retain(KeyInfo::is_active);
-        }
-        match keys.len() {
-            0 => continue,
-            1 => return Ok(keys.remove(0)),
-            n => return Err(AccountsError::Ambiguous(format!("{n} keys have {column} {what:?}; use the numeric id"))),
+    // Names and prefixes together: a key named like another key's prefix must not shadow it
+    // (revoking a leaked key by its prefix would revoke the decoy instead).
+    let rows: Vec<KeyRow> =
+        sqlx::query_as(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE name = $1 OR prefix = $1 ORDER BY id"))
+            .bind(what)
+            .fetch_all(pool)
+            .await?;
+    let mut keys: Vec<KeyInfo> = rows.into_iter().map(to_info).collect();
+    // Prefer active keys: an old revoked key sharing a name must not block revoking the
+    // current one.
+    if keys.iter().any(KeyInfo::is_active) {
+        keys.retain(KeyInfo::is_active);
+    }
+    match keys.len() {
+        0 => {}
+        1 => return Ok(keys.remove(0)),
+        n => {
+            return Err(AccountsError::Ambiguous(format!("{n} keys have the name or prefix {what:?}; use the numeric id")))
         }
     }
     Err(AccountsError::NotFound(format!("no API key with id, name or prefix {what:?}")))

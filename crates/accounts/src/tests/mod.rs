@@ -125,6 +125,18 @@ on_both!(a_name_of_digits_alone_is_refused_as_it_reads_as_an_id, |acc: Accounts|
     assert!(acc.create_key("v2").await.is_ok(), "digits beside letters are a name");
 });
 
+on_both!(a_name_never_shadows_another_keys_prefix, |acc: Accounts| async move {
+    let leaked = acc.create_key("leaky").await.unwrap();
+    let decoy = acc.create_key(&leaked.key.prefix).await;
+    assert!(matches!(decoy, Err(AccountsError::Invalid(_))), "{decoy:?}");
+    // A key registered with a secret of its own has a prefix any name could spell: one value
+    // naming two keys is ambiguous rather than the name's key.
+    let custom = acc.ensure_key("custom-secret-0123456789abcdefghij", "ops").await.unwrap();
+    acc.create_key(&custom.prefix).await.unwrap();
+    assert!(matches!(acc.revoke_key(&custom.prefix).await, Err(AccountsError::Ambiguous(_))));
+    assert_eq!(acc.revoke_key(&leaked.key.prefix).await.unwrap().id, leaked.key.id);
+});
+
 on_both!(revoke_by_pasted_secret_does_not_echo_it, |acc: Accounts| async move {
     let k = acc.create_key("alice").await.unwrap();
     assert_eq!(acc.revoke_key(&k.secret).await.unwrap().id, k.key.id);
