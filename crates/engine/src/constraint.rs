@@ -237,10 +237,22 @@ impl Grammars {
         }
         let factory = self.factory(model)?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        let compiled =
-            CompiledGrammar(factory.create_parser(constraint.grammar()).map_err(|e| reason(&e.to_string()))?);
-        // Some errors show only once the grammar starts (a schema no document can match).
-        compiled.matcher()?;
+        let compile = || {
+            let compiled =
+                CompiledGrammar(factory.create_parser(constraint.grammar()).map_err(|e| reason(&e.to_string()))?);
+            probe_first_steps(&compiled)?;
+            Ok(compiled)
+        };
+        // llguidance's compiler recurses once per property of an object: a schema of ten
+        // thousand one-letter properties (well within the size limit) overflowed a 2 MiB thread
+        // stack and aborted the process. Its own thread's stack is reserved, not committed.
+        let compiled = std::thread::scope(|scope| {
+            let compiling = std::thread::Builder::new().name("grammar-compile".into()).stack_size(COMPILE_STACK_BYTES);
+            match compiling.spawn_scoped(scope, compile) {
+                Ok(thread) => thread.join().unwrap_or_else(|_| Err("the grammar compiler panicked".to_string())),
+                Err(e) => Err(format!("no thread to compile the grammar on: {e}")),
+            }
+        })?;
         self.cached().put(key, compiled.0.deep_clone());
         Ok(compiled)
     }
@@ -255,10 +267,40 @@ impl Grammars {
     }
 }
 
+/// The stack grammars compile on (see `Grammars::compile`): ten thousand properties compiled
+/// within 8 MiB; the widest schema the size limit lets through has about twelve thousand.
+const COMPILE_STACK_BYTES: usize = 64 << 20;
+
+/// Tokens allowed at a grammar's start beyond which [`probe_first_steps`] does not look further.
+const PROBED_FIRST_TOKENS: usize = 32;
+
+/// Some errors show only once a grammar starts (a schema no document can match), or at its
+/// first masks (llguidance's limits on one step's work: the row after an object's `{` when it
+/// has hundreds of optional properties). The mask at the start is computed, and, where few
+/// tokens may open the output (`{`, `{"`, a space), the mask after each: such a grammar is
+/// refused before its request runs. One failing later still ends its request with an error
+/// (`Sampler::grammar_failed`), never sampled without it.
+fn probe_first_steps(compiled: &CompiledGrammar) -> Result<(), String> {
+    let mut start = compiled.matcher()?;
+    let first = start.compute_mask().map_err(|e| reason(&e.to_string()))?;
+    if first.num_set() > PROBED_FIRST_TOKENS {
+        return Ok(());
+    }
+    for token in first.to_list() {
+        let mut next = start.deep_clone();
+        // The token was allowed: failing to take it is the grammar failing, as is its mask.
+        next.consume_token(token).map_err(|e| reason(&e.to_string()))?;
+        if !next.is_stopped() {
+            next.compute_mask().map_err(|e| reason(&e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Why a grammar does not compile, as a client can read it: a Lark grammar's error (the tools'
 /// grammars embed the argument schemas in one) names its line and quotes the grammar's source
 /// after it, kilobytes of this server's wrappers; the reason is on the first line.
-fn reason(error: &str) -> String {
+pub(crate) fn reason(error: &str) -> String {
     let first = error.lines().next().unwrap_or(error);
     let unplaced = first
         .strip_prefix("at ")

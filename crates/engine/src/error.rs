@@ -14,6 +14,11 @@ pub enum EngineError {
     /// while every other request went on.
     #[error("The engine failed while generating this request ({0}); other requests were not affected. Please retry.")]
     RequestFailed(String),
+    /// The output's grammar could not say which tokens may come next (llguidance's limits on
+    /// one step's work, reached by a huge schema); the request ended rather than go on
+    /// unconstrained.
+    #[error("The output's grammar (response_format or tools) failed while generating: {0}. Simplify the schema (fewer optional properties or alternatives).")]
+    GrammarFailed(String),
     /// A request `prepare` should have refused reached the scheduler anyway.
     #[error("The engine could not run this request: {0}")]
     Rejected(String),

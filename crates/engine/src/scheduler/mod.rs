@@ -309,20 +309,31 @@ impl Scheduler {
         self.waiting.push(job);
     }
 
-    /// Ends the requests whose processing panicked (`(index in active, why)`): each gets an
-    /// error and reports the tokens it produced, which are billed; its sequences are emptied,
-    /// since the panic may have left them half-updated, and freed. Other requests go on.
-    fn end_panicked(&mut self, ctx: &mut LlamaContext<'_>, mut panicked: Vec<(usize, String)>) {
+    /// Ends the requests whose processing panicked (`(index in active, why)`): see
+    /// [`Scheduler::end_alone`].
+    fn end_panicked(&mut self, ctx: &mut LlamaContext<'_>, panicked: Vec<(usize, String)>) {
+        let failed = panicked.into_iter().map(|(r, why)| (r, EngineError::RequestFailed(why))).collect();
+        self.end_alone(ctx, failed);
+    }
+
+    /// Ends requests that cannot go on (`(index in active, the error they end with)`): a panic
+    /// while processing one, or a grammar that failed. Each reports the tokens it produced, which
+    /// are billed; its sequences are emptied, since a panic may have left them half-updated,
+    /// and freed. Other requests go on.
+    fn end_alone(&mut self, ctx: &mut LlamaContext<'_>, mut failed: Vec<(usize, EngineError)>) {
         // Highest index first, so each `swap_remove` leaves the lower ones in place.
-        panicked.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
-        for (r, why) in panicked {
-            tracing::error!(reason = %why, "a request panicked; ending it alone");
+        failed.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
+        for (r, error) in failed {
+            match &error {
+                EngineError::RequestFailed(why) => tracing::error!(reason = %why, "a request panicked; ending it alone"),
+                other => tracing::warn!(reason = %other, "a request cannot go on; ending it alone"),
+            }
             let req = self.active.swap_remove(r);
             for seq in req.seq_ids() {
                 self.kv.cut(ctx, seq, 0);
             }
             self.release(&req);
-            let usage = req.complete(Some(EngineError::RequestFailed(why)));
+            let usage = req.complete(Some(error));
             self.totals.request_done(&usage);
         }
     }

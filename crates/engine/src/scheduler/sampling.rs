@@ -45,6 +45,10 @@ pub(crate) struct Sampler {
     gate: Option<AnswerGate>,
     /// What the gate decided, until the scheduler takes it.
     pub(crate) gate_outcome: Option<GateOutcome>,
+    /// Why the grammar could not say which tokens may come next (llguidance's limits on one
+    /// step's work, reached by a huge schema): the token sampled with it is not the grammar's,
+    /// and the scheduler ends the request instead of producing it.
+    pub(crate) grammar_failed: Option<String>,
     rng: Xoshiro256PlusPlus,
     /// This step's bias and penalties merged, by token.
     deltas: Vec<(u32, f32)>,
@@ -132,9 +136,16 @@ impl Sampler {
     /// The next token, not yet recorded in the penalties nor the grammar; `masked`: as the
     /// grammar allows.
     fn pick(&mut self, logits: &[f32], masked: bool) -> u32 {
-        // As llama.cpp's llguidance sampler: a grammar in error masks nothing, a finished one
-        // allows only the end of generation.
-        let mask = self.grammar.as_mut().filter(|_| masked).and_then(|g| g.compute_mask_or_eos().ok());
+        // A finished grammar allows only the end of generation. One in error masks nothing
+        // here, but is reported: its request ends rather than going on unconstrained.
+        let mask = match self.grammar.as_mut().filter(|_| masked).map(Matcher::compute_mask_or_eos) {
+            Some(Ok(mask)) => Some(mask),
+            Some(Err(e)) => {
+                self.grammar_failed.get_or_insert_with(|| crate::constraint::reason(&e.to_string()));
+                None
+            }
+            None => None,
+        };
         self.merge_deltas();
         let adjusted = Adjusted { raw: logits, deltas: &self.deltas, allowed: mask.as_ref().map(|m| m.as_slice()) };
         let drawn = if self.temperature > 0.0 {
@@ -243,6 +254,7 @@ pub(crate) fn build_sampler(
         forced: VecDeque::new(),
         gate: None,
         gate_outcome: None,
+        grammar_failed: None,
         rng: Xoshiro256PlusPlus::seed_from_u64(seed_for_choice(params.seed, choice)),
         deltas: Vec::new(),
         scratch: Scratch::default(),

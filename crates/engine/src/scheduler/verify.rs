@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use llama_cpp_2::context::LlamaContext;
 
 use crate::faults::FaultPoint;
+use crate::EngineError;
 use crate::speculation::AcceptanceKind;
 
 use super::Scheduler;
@@ -30,19 +31,27 @@ impl Scheduler {
         for (r, first) in first_tokens.into_iter().enumerate() {
             let sampled = match first {
                 Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, ctx)))
-                    .map_err(|payload| crate::error::panic_message(payload.as_ref())),
-                Err(why) => Err(why),
+                    .map_err(|payload| EngineError::RequestFailed(crate::error::panic_message(payload.as_ref()))),
+                Err(why) => Err(EngineError::RequestFailed(why)),
             };
-            if let Err(why) = sampled {
-                panicked.push((r, why));
+            match sampled {
+                Ok(Ok(())) => {}
+                Ok(Err(failed)) | Err(failed) => panicked.push((r, failed)),
             }
         }
-        self.end_panicked(ctx, panicked);
+        self.end_alone(ctx, panicked);
         pick
     }
 
     /// Walks request `r`'s choices; `first` holds each one's token sampled at its first position.
-    pub(super) fn sample_request(&mut self, r: usize, first: &[Option<i32>], ctx: &mut LlamaContext<'_>) {
+    /// Fails when a grammar could not say which tokens may come next: the token sampled then
+    /// is not produced.
+    pub(super) fn sample_request(
+        &mut self,
+        r: usize,
+        first: &[Option<i32>],
+        ctx: &mut LlamaContext<'_>,
+    ) -> Result<(), EngineError> {
         let model = &self.model;
         let ctx_size = self.cfg.ctx_size as i32;
         let req = &mut self.active[r];
@@ -67,6 +76,9 @@ impl Scheduler {
                         req.choices[i].sampler.sample(ctx.get_logits_ith(idx + crate::units::llama_pos(j)))
                     }
                 };
+                if let Some(why) = req.choices[i].sampler.grammar_failed.take() {
+                    return Err(EngineError::GrammarFailed(why));
+                }
                 req.choices[i].pos = fed_pos + 1 + crate::units::llama_pos(j);
                 if !req.produce(i, token, idx + crate::units::llama_pos(j), ctx, model, ctx_size) {
                     break;
@@ -105,5 +117,6 @@ impl Scheduler {
                 self.kv.cut(ctx, req.choices[i].seq_id, kept as usize);
             }
         }
+        Ok(())
     }
 }

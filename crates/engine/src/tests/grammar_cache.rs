@@ -99,3 +99,59 @@ async fn lazy_tool_grammars_are_compiled_by_prepare() {
     assert!(request.grammars.output.is_none());
     engine.shutdown();
 }
+
+/// Some grammars start, then fail at a later token (llguidance's limits on one step's work:
+/// an object of hundreds of optional properties, nested where the first steps do not reach).
+/// The request ends with an error saying so, never going on without its constraint.
+#[tokio::test]
+async fn a_grammar_that_fails_mid_output_ends_its_request_with_an_error() {
+    let engine = start(1, None);
+    let wide = json!({"type": "object", "properties": wide_properties(), "additionalProperties": false});
+    let nested =
+        json!({"type": "object", "properties": {"inner": wide}, "required": ["inner"], "additionalProperties": false});
+    let (events, usage) = drain(engine.submit(engine.prepare(constrained(nested, 30)).unwrap()).unwrap()).await;
+    let text: String = events
+        .iter()
+        .filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.as_str()) } else { None })
+        .collect();
+    let errors: Vec<String> =
+        events.iter().filter_map(|e| if let Event::Error(e) = e { Some(e.to_string()) } else { None }).collect();
+    assert_eq!(errors.len(), 1, "{text:?} {errors:?}");
+    assert!(errors[0].contains("grammar") && errors[0].contains("max is 2000"), "{errors:?}");
+    assert!(!errors[0].contains('\n'), "the reason's first line only: {errors:?}");
+    // What came out before the failure is the grammar's.
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    assert!(r#"{"inner":{"#.starts_with(&compact), "{text:?}");
+    assert_eq!(usage.outcome, crate::Outcome::Error);
+    engine.shutdown();
+}
+
+fn wide_properties() -> serde_json::Map<String, Value> {
+    (0..600).map(|i| (format!("field_{i}"), json!({"type": "string"}))).collect()
+}
+
+/// Some grammars compile, then fail at their first tokens (an object of hundreds of optional
+/// properties, after its `{`). They are refused in `prepare`, as a client's schema error.
+#[tokio::test]
+async fn a_grammar_that_fails_at_its_first_tokens_is_refused_in_prepare() {
+    let engine = start(1, None);
+    let wide = json!({"type": "object", "properties": wide_properties(), "additionalProperties": false});
+    match engine.prepare(constrained(wide, 8)) {
+        Err(PrepareError::Grammar { reason, .. }) => assert!(reason.contains("max is 2000"), "{reason}"),
+        other => panic!("expected a grammar refusal, got {:?}", other.map(|_| "a prepared request")),
+    }
+    engine.shutdown();
+}
+
+/// The widest object a schema within the size limit can spell (thousands of one-letter
+/// properties) compiles on a deep stack: on a tokio or test thread's 2 MiB, llguidance's
+/// compiler overflowed it and aborted the whole server.
+#[tokio::test]
+async fn the_widest_schema_within_the_size_limit_is_refused_not_a_crash() {
+    let engine = start(1, None);
+    let properties: serde_json::Map<String, Value> = (0..11_000).map(|i| (format!("f{i}"), json!({}))).collect();
+    let wide = json!({"type": "object", "properties": properties, "additionalProperties": false});
+    assert!(wide.to_string().len() < 128 * 1024);
+    assert!(matches!(engine.prepare(constrained(wide, 8)), Err(PrepareError::Grammar { .. })));
+    engine.shutdown();
+}
