@@ -49,7 +49,8 @@ function showSignIn(reason) {
 function route() {
   if (!token()) return showSignIn();
   const name = (location.hash.match(/^#\/(\w+)/) || [])[1];
-  const page = PAGES[name];
+  // Own pages only: `#/constructor` must not find Object.prototype's members.
+  const page = Object.hasOwn(PAGES, name ?? '') ? PAGES[name] : undefined;
   if (!page) {
     location.replace('#/overview');
     return;

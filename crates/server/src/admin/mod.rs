@@ -82,6 +82,11 @@ async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) 
         .map(str::trim)
         .unwrap_or("");
     if !crate::admin::guard::token_matches(presented, token) {
+        // A request without any token guessed nothing: counting it would let anyone sharing the
+        // operator's address (a browser page's plain GET) lock the operator out.
+        if presented.is_empty() {
+            return AdminRefusal::WrongToken.into_api_error().into_response();
+        }
         if let Some(wait) = gate.throttle.failed(client, now) {
             tracing::warn!(%client, lockout_seconds = wait.as_secs(), "too many wrong admin tokens: address locked out");
             return AdminRefusal::Throttled { wait }.into_api_error().into_response();

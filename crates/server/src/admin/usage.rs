@@ -134,6 +134,15 @@ pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
 }
 
 fn csv_field(s: &str) -> String {
+    // Names and tenants are anyone's text: one a spreadsheet would read as a formula (`=`, `+`,
+    // `-`, `@`, tab, CR first) is written as text (OWASP's CSV injection advice).
+    let neutral;
+    let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        neutral = format!("'{s}");
+        neutral.as_str()
+    } else {
+        s
+    };
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -165,6 +174,10 @@ mod tests {
             "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n\
              k,t,m,2026-01-02,1,10,2,12,7,0.500000000,1\n"
         );
+        // A name a spreadsheet would run as a formula is written as text.
+        let hostile = UsageRow { key_name: "=HYPERLINK(\"x\")".into(), tenant: "+cmd".into(), ..row.clone() };
+        let line = usage_csv(std::slice::from_ref(&hostile)).lines().nth(1).unwrap().to_string();
+        assert!(line.starts_with("\"'=HYPERLINK(\"\"x\"\")\",'+cmd,m,"), "{line}");
         let keys: Vec<String> = serde_json::to_value(&row).unwrap().as_object().unwrap().keys().cloned().collect();
         let at = keys.iter().position(|k| k == "completion_tokens").unwrap();
         assert_eq!(keys[at + 1], "reasoning_tokens", "{keys:?}");
