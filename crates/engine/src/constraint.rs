@@ -54,12 +54,38 @@ impl Constraint {
 /// `contains`, an unknown `format`, …) skipped instead of refused: what a schema sent without
 /// `strict` asks, which OpenAI does not enforce at all. Everything else is still enforced.
 pub fn lenient(mut schema: Value) -> Value {
+    drop_unparsable_patterns(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
         let mut options = obj.remove("x-guidance").unwrap_or_else(json_layout);
         options["lenient"] = true.into();
         obj.insert("x-guidance".into(), options);
     }
     schema
+}
+
+/// `pattern`s (and `patternProperties` keys) the grammar's regex engine cannot read, removed:
+/// ECMAScript's lookarounds and backreferences, common in hand-written patterns (an e-mail
+/// check), have no finite automaton. llguidance's `lenient` skips unknown keywords, not these.
+fn drop_unparsable_patterns(schema: &mut Value) {
+    let readable = |pattern: &str| llguidance::derivre::RegexBuilder::new().mk_regex_for_serach(pattern).is_ok();
+    match schema {
+        Value::Object(obj) => {
+            if obj.get("pattern").and_then(Value::as_str).is_some_and(|p| !readable(p)) {
+                obj.remove("pattern");
+            }
+            if let Some(Value::Object(by_pattern)) = obj.get_mut("patternProperties") {
+                by_pattern.retain(|p, _| readable(p));
+            }
+            for (key, child) in obj.iter_mut() {
+                // Values, not schemas: left as the client wrote them.
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    drop_unparsable_patterns(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_unparsable_patterns),
+        _ => {}
+    }
 }
 
 /// The whitespace a JSON grammar allows between tokens: one space, or a line break or two and
@@ -307,7 +333,40 @@ pub(crate) fn reason(error: &str) -> String {
         .and_then(|rest| rest.split_once("): "))
         .filter(|(place, _)| place.chars().all(|c| c.is_ascii_digit() || c == '('))
         .map_or(first, |(_, reason)| reason);
-    unplaced.strip_prefix("failed to compile JSON schema: ").unwrap_or(unplaced).to_owned()
+    let unplaced = unplaced.strip_prefix("failed to compile JSON schema: ").unwrap_or(unplaced);
+    // The regex parser's reason is on its last line, after the pattern and a caret line.
+    if let Some(head) = unplaced.strip_suffix("regex parse error:") {
+        let mut rest = error.lines().skip(1);
+        let pattern = rest.next().map(str::trim).unwrap_or_default();
+        if let Some(why) = rest.find_map(|l| l.strip_prefix("error: ")) {
+            return format!("{head}regex parse error in pattern {pattern:?}: {why}");
+        }
+    }
+    unplaced.to_owned()
+}
+
+#[cfg(test)]
+mod lenient_tests {
+    use serde_json::json;
+
+    #[test]
+    fn patterns_without_an_automaton_are_dropped_and_the_others_kept() {
+        let schema = json!({"type": "object", "properties": {
+            "email": {"type": "string", "pattern": "^(?!\\.)[A-Za-z0-9_.+-]+@[A-Za-z0-9.-]+$"},
+            "twice": {"type": "string", "pattern": "(a)\\1"},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d+$"},
+            "pattern": {"type": "string", "const": "(?!kept)"}},
+            "patternProperties": {"^x-": {"type": "string"}, "(?=y)": {"type": "string"}}});
+        let lenient = super::lenient(schema);
+        let props = &lenient["properties"];
+        assert!(props["email"].get("pattern").is_none(), "{lenient}");
+        assert!(props["twice"].get("pattern").is_none(), "{lenient}");
+        assert_eq!(props["code"]["pattern"], "^[A-Z]{3}-\\d+$");
+        assert_eq!(props["pattern"]["const"], "(?!kept)");
+        let by_pattern: Vec<&String> = lenient["patternProperties"].as_object().unwrap().keys().collect();
+        assert_eq!(by_pattern, ["^x-"]);
+        assert_eq!(lenient["x-guidance"]["lenient"], true);
+    }
 }
 
 #[cfg(test)]
@@ -319,5 +378,7 @@ mod reason_tests {
         assert_eq!(super::reason(lark), "Invalid type: banana");
         assert_eq!(super::reason("Invalid type: banana"), "Invalid type: banana");
         assert_eq!(super::reason("at the start: x"), "at the start: x");
+        let regex = "regex parse error:\n    (a)\\1\n       ^^\nerror: backreferences are not supported";
+        assert_eq!(super::reason(regex), r#"regex parse error in pattern "(a)\\1": backreferences are not supported"#);
     }
 }
