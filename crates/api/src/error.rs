@@ -51,6 +51,22 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message, param, None)
     }
 
+    /// This error in another dialect's terms: each `(chat, theirs)` field name that is the
+    /// parameter, or the start of its path (`chat.x`, `chat[0]`), is replaced by theirs there
+    /// and in the message. Already renamed errors stay as they are (`stop_sequences` is not
+    /// `stop`'s path).
+    pub fn with_fields_renamed(mut self, names: &[(&str, &str)]) -> Self {
+        for (chat, theirs) in names {
+            let Some(param) = self.param.as_deref() else { return self };
+            let rest = param.strip_prefix(chat);
+            if rest.is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '['])) {
+                self.param = Some(param.replacen(chat, theirs, 1));
+                self.message = self.message.replace(chat, theirs);
+            }
+        }
+        self
+    }
+
     /// 400 `invalid_request_error` naming `param`, no code (OpenAI's style for bad values).
     pub fn invalid_value(param: &str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message, Some(param), None)
@@ -190,6 +206,19 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fields_are_renamed_by_path_once() {
+        let names = [("stop", "stop_sequences"), ("messages", "input")];
+        let e = ApiError::invalid_value("stop", "Invalid 'stop'.").with_fields_renamed(&names);
+        assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("stop_sequences"), "Invalid 'stop_sequences'."));
+        let again = e.with_fields_renamed(&names);
+        assert_eq!(again.param.as_deref(), Some("stop_sequences"), "renamed once");
+        let e = ApiError::invalid_value("messages[2].content", "x").with_fields_renamed(&names);
+        assert_eq!(e.param.as_deref(), Some("input[2].content"));
+        let e = ApiError::invalid_value("messages_extra", "x").with_fields_renamed(&names);
+        assert_eq!(e.param.as_deref(), Some("messages_extra"));
+    }
 
     #[test]
     fn json_shape_always_has_all_keys() {

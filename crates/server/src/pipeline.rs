@@ -91,7 +91,13 @@ pub(crate) async fn serve(
     let rate = pass.rate();
     let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body, dialect).await {
         Ok(response) => response,
-        Err(e) => e.into_response(),
+        // The shared path's errors (tools, prompt, grammar, images) in the dialect's own terms.
+        Err(e) => match dialect {
+            Dialect::Chat => e,
+            Dialect::Messages => gantry_api::anthropic::in_messages_terms(e),
+            Dialect::Responses => gantry_api::responses::in_responses_terms(e),
+        }
+        .into_response(),
     };
     // Answers before the full admission (a bad body) report the pre-admission's count.
     if !response.headers().contains_key("x-ratelimit-limit-requests") {

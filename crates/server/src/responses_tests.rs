@@ -122,3 +122,24 @@ async fn a_stored_response_is_its_keys_alone_to_read_continue_and_delete() {
     let anonymous = Request::get(format!("/v1/responses/{id}")).body(Body::empty()).unwrap();
     assert_eq!(h.send(anonymous).await.0, StatusCode::UNAUTHORIZED);
 }
+
+/// Errors past the translation (tools, the prompt) name the Responses fields, not the chat
+/// fields they were translated to.
+#[tokio::test]
+async fn errors_of_the_shared_path_name_the_responses_fields() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let forced_with_format = json!({"model": "scripted", "input": "x",
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": "required", "text": {"format": {"type": "json_object"}}});
+    let (status, text) = post(&h, forced_with_format).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(e["error"]["param"], "text.format", "{text}");
+    assert!(!text.contains("response_format"), "{text}");
+    let long = json!({"model": "scripted", "input": "word ".repeat(5000)});
+    let (status, text) = post(&h, long).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((e["error"]["param"].as_str(), e["error"]["code"].as_str()), (Some("input"), Some("context_length_exceeded")));
+    assert!(!e["error"]["message"].as_str().unwrap().contains("messages"), "{text}");
+}

@@ -8,6 +8,6 @@ mod response;
 mod stream;
 
 pub use error::{error_body, error_type};
-pub use request::parse_messages_request;
+pub use request::{in_messages_terms, parse_messages_request};
 pub use response::{message_from_chat, stop_reason, usage_json};
 pub use stream::{MessageStream, StreamEvent};

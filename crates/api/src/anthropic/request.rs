@@ -40,7 +40,7 @@ pub fn parse_messages_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
         return Err(ApiError::invalid_request(format!("{extra}: Extra inputs are not permitted"), Some(extra)));
     }
     let (chat_body, stops, top_k) = to_chat_body(obj)?;
-    let mut chat = crate::validate::parse_chat_value(&chat_body).map_err(rename_params)?;
+    let mut chat = crate::validate::parse_chat_value(&chat_body).map_err(in_messages_terms)?;
     chat.stop = stops;
     chat.top_k = top_k;
     Ok(chat)
@@ -469,17 +469,15 @@ fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-/// Errors of the shared validation name Chat Completions fields; say the Messages ones.
-fn rename_params(mut e: ApiError) -> ApiError {
-    for (chat, messages) in
-        [("max_completion_tokens", "max_tokens"), ("stop", "stop_sequences"), ("response_format", "output_config")]
-    {
-        if e.param.as_deref() == Some(chat) {
-            e.param = Some(messages.to_string());
-            e.message = e.message.replace(chat, messages);
-        }
-    }
-    e
+/// An error of the shared chat path (validation, tools, prompt, grammar) in the Messages API's
+/// terms: its field names, in the parameter and the message.
+pub fn in_messages_terms(e: ApiError) -> ApiError {
+    e.with_fields_renamed(&[
+        ("max_completion_tokens", "max_tokens"),
+        ("stop", "stop_sequences"),
+        ("response_format.json_schema.schema", "output_config.format.schema"),
+        ("response_format", "output_config.format"),
+    ])
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<Responses
         None => return Err(ApiError::invalid_request("Missing required parameter: 'input'.", Some("input"))),
     };
     let chat_body = to_chat_body(obj, prior, &items)?;
-    let chat = crate::validate::parse_chat_value(&chat_body).map_err(rename_params)?;
+    let chat = crate::validate::parse_chat_value(&chat_body).map_err(in_responses_terms)?;
     let store = match get(obj, "store") {
         None => true,
         Some(Value::Bool(b)) => *b,
@@ -396,20 +396,17 @@ fn echo(obj: &Map<String, Value>) -> Map<String, Value> {
     e
 }
 
-/// Errors of the shared validation name chat fields; say the Responses ones.
-fn rename_params(mut e: ApiError) -> ApiError {
-    for (chat, responses) in [
+/// An error of the shared chat path (validation, tools, prompt, grammar) in the Responses API's
+/// terms: its field names, in the parameter and the message.
+pub fn in_responses_terms(e: ApiError) -> ApiError {
+    e.with_fields_renamed(&[
         ("max_completion_tokens", "max_output_tokens"),
+        // `text.format` holds the schema and its name itself.
+        ("response_format.json_schema", "text.format"),
         ("response_format", "text.format"),
         ("messages", "input"),
         ("reasoning_effort", "reasoning.effort"),
-    ] {
-        if let Some(param) = e.param.as_mut().filter(|p| p.starts_with(chat)) {
-            *param = param.replacen(chat, responses, 1);
-            e.message = e.message.replace(chat, responses);
-        }
-    }
-    e
+    ])
 }
 
 #[cfg(test)]

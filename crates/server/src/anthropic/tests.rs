@@ -219,3 +219,16 @@ async fn count_tokens_counts_a_prompt_beyond_the_context() {
     let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"messages": body["messages"]}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
 }
+
+/// Errors past the translation name the Messages fields, not the chat fields.
+#[tokio::test]
+async fn errors_of_the_shared_path_name_the_messages_fields() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let forced_with_format = message(json!({
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "any"},
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}));
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), forced_with_format).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("output_config.format") && !text.contains("response_format"), "{text}");
+}
