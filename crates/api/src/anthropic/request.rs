@@ -336,6 +336,11 @@ fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
         if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
             function["description"] = d.clone();
         }
+        // Anthropic's structured tool use: the input follows the schema exactly, as a strict
+        // OpenAI function does (keywords no grammar enforces are then refused, not skipped).
+        if let Some(strict) = t.get("strict").filter(|s| !s.is_null()) {
+            function["strict"] = strict.clone();
+        }
         out.push(json!({"type": "function", "function": function}));
     }
     Ok(out.into())

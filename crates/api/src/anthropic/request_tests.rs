@@ -54,6 +54,10 @@ fn tool_turns_become_calls_and_tool_messages() {
     assert_eq!(chat.tool_choice, Some(ToolChoice::Required));
     assert_eq!(chat.parallel_tool_calls, Some(false));
     assert_eq!(chat.tools.as_ref().map(Vec::len), Some(1));
+    assert!(!chat.tools.as_ref().unwrap()[0].strict);
+    let mut strict = v.clone();
+    strict["tools"][0]["strict"] = json!(true);
+    assert!(parse(strict).unwrap().tools.unwrap()[0].strict, "Anthropic's strict tool use is kept");
     // A result must answer a call of the assistant message right before it.
     v["messages"][2]["content"][0]["tool_use_id"] = json!("toolu_9");
     let e = parse(v.clone()).unwrap_err();
