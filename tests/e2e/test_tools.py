@@ -100,9 +100,11 @@ def test_streamed_tool_call_matches_non_streamed(client, server):
     kw = dict(model=server.model_id, messages=user("Weather in Tokyo in fahrenheit?"), tools=TOOLS, tool_choice="required", temperature=0, max_tokens=120)
     plain = client.chat.completions.create(**kw).choices[0]
     stream = client.chat.completions.create(**kw, stream=True)
-    name, args, reasons, content = None, "", [], ""
+    name, args, reasons, content, content_deltas = None, "", [], "", []
     for chunk in stream:
         for ch in chunk.choices:
+            if ch.delta.content is not None:
+                content_deltas.append(ch.delta.content)
             if ch.delta.content:
                 content += ch.delta.content
             for tc in ch.delta.tool_calls or []:
@@ -115,6 +117,8 @@ def test_streamed_tool_call_matches_non_streamed(client, server):
                 reasons.append(ch.finish_reason)
     assert "<tool_call>" not in content and "get_weather" not in content
     assert reasons == ["tool_calls"]
+    # A forced call's turn carries no content at all, not even "" (OpenAI's: null).
+    assert content_deltas == [] and plain.message.content is None
     assert name == plain.message.tool_calls[0].function.name
     assert json.loads(args) == json.loads(plain.message.tool_calls[0].function.arguments)
 

@@ -44,6 +44,9 @@ struct StreamingTools {
     streamers: Vec<Option<ToolCallStreamer>>,
     calls: Vec<usize>,
     single: bool,
+    /// The output is a forced call: no text comes, so the turn opens without `content`, which
+    /// the SDK's accumulated message then reads as `null`, as OpenAI's forced calls do.
+    forced: bool,
 }
 
 impl ChunkEncoder {
@@ -56,6 +59,7 @@ impl ChunkEncoder {
             streamers: (0..n).map(|_| Some(plan.streamer())).collect(),
             calls: vec![0; n as usize],
             single: plan.single,
+            forced: plan.forced.is_some(),
         });
         self
     }
@@ -117,11 +121,16 @@ impl ChunkEncoder {
         self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)
     }
 
-    /// The first chunk of every choice: `delta: {role: "assistant", content: ""}`.
+    /// The first chunk of every choice: `delta: {role: "assistant", content: ""}` (without
+    /// `content` for a forced call).
     pub(crate) fn opening(&self, n: u32) -> Vec<SseFrame> {
+        let content = match &self.tools {
+            Some(tools) if tools.forced => None,
+            _ => Some(String::new()),
+        };
         (0..n)
             .map(|index| {
-                let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() };
+                let delta = Delta { role: Some("assistant"), content: content.clone(), ..Delta::default() };
                 self.frame(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: None }], None)
             })
             .collect()
