@@ -15,8 +15,16 @@ const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT:
 /// Parses and validates a Chat Completions request body. Unknown fields are ignored and
 /// every field may be `null`, meaning absent.
 pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| ApiError::invalid_request(BAD_JSON, None))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(BAD_JSON, None)))?;
     parse_chat_value(&value)
+}
+
+/// Valid JSON nested deeper than the parser follows (128 levels: a schema of nested objects) is
+/// not a malformed body: said so, rather than blaming the client's HTTP library.
+pub(crate) fn too_deep(e: &serde_json::Error) -> Option<ApiError> {
+    e.to_string().starts_with("recursion limit exceeded").then(|| {
+        ApiError::invalid_request("The JSON body of your request is nested too deeply: at most 128 levels of arrays and objects.", None)
+    })
 }
 
 /// [`parse_chat_request`] of a body already parsed: the other dialects validate the chat request

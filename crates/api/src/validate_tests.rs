@@ -95,6 +95,8 @@ fn rejection_table() {
         (with(json!({"model": null})), None, "you must provide a model parameter"),
         (br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(), None, "you must provide a model parameter"),
         (br#"{"model":"m"}"#.to_vec(), Some("messages"), "Missing required parameter: 'messages'."),
+        (format!("{}{}", "[".repeat(200), "]".repeat(200)).into_bytes(), None, "nested too deeply"),
+        (b"{\"model\": ".to_vec(), None, "not valid JSON"),
         (
             msgs(json!([])),
             Some("messages"),

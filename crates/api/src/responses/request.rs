@@ -33,8 +33,10 @@ pub fn previous_response_id(body: &[u8]) -> Option<String> {
 /// Parses and validates a `POST /v1/responses` body; `prior` is the conversation its
 /// `previous_response_id` continues (items, oldest first), empty without one.
 pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<ResponsesRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|_| {
-        ApiError::invalid_request("We could not parse the JSON body of your request: it is not valid JSON.", None)
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        crate::validate::too_deep(&e).unwrap_or_else(|| {
+            ApiError::invalid_request("We could not parse the JSON body of your request: it is not valid JSON.", None)
+        })
     })?;
     let obj = value.as_object().ok_or_else(|| {
         ApiError::invalid_request(
