@@ -341,6 +341,7 @@ impl Engine {
         Limits {
             ctx_size: self.inner.config.ctx_size,
             slots: self.inner.config.parallel,
+            per_key: self.inner.config.max_running_per_key,
             n_vocab: self.inner.model.info().n_vocab,
         }
     }

@@ -44,6 +44,8 @@ pub enum PrepareError {
     ContextLength { limit: u32, prompt_tokens: u32, max_tokens: Option<u32> },
     #[error("Invalid 'n': this server runs at most {slots} sequences at once (its --parallel setting), so n may be at most {slots}, but got {n}.")]
     TooManyChoices { n: u32, slots: u32 },
+    #[error("Invalid 'n': one API key runs at most {cap} sequences at once on this server (its --max-running-per-key setting), so n may be at most {cap}, but got {n}.")]
+    TooManyChoicesPerKey { n: u32, cap: u32 },
     #[error("Invalid 'logit_bias': token id {token} is outside the model's vocabulary (0..{n_vocab}).")]
     LogitBias { token: i32, n_vocab: i32 },
     #[error("Invalid schema for {param}: {reason}")]
@@ -73,6 +75,9 @@ pub struct Limits {
     pub ctx_size: u32,
     /// Sequences decoded together: every choice of a request needs its own.
     pub slots: u32,
+    /// Sequences one key may run at once (`--max-running-per-key`): a request of more choices
+    /// would take every sequence from the other keys for its whole length.
+    pub per_key: Option<u32>,
     pub n_vocab: i32,
 }
 
@@ -83,6 +88,9 @@ impl Limits {
         // would wait forever.
         if input.n > self.slots {
             return Err(PrepareError::TooManyChoices { n: input.n, slots: self.slots });
+        }
+        if let Some(cap) = self.per_key.filter(|&cap| input.n > cap) {
+            return Err(PrepareError::TooManyChoicesPerKey { n: input.n, cap });
         }
         if let Some(&(token, _)) = input.sampling.logit_bias.iter().find(|(t, _)| *t < 0 || *t >= self.n_vocab) {
             return Err(PrepareError::LogitBias { token, n_vocab: self.n_vocab });
@@ -145,7 +153,7 @@ mod tests {
         }
     }
 
-    const LIMITS: Limits = Limits { ctx_size: 100, slots: 4, n_vocab: 1000 };
+    const LIMITS: Limits = Limits { ctx_size: 100, slots: 4, per_key: None, n_vocab: 1000 };
 
     #[test]
     fn n_beyond_the_slots_is_refused_up_front() {
@@ -153,6 +161,12 @@ mod tests {
         let e = LIMITS.check_request(&input(5, vec![])).unwrap_err();
         assert!(matches!(e, PrepareError::TooManyChoices { n: 5, slots: 4 }), "{e:?}");
         assert!(e.to_string().contains("at most 4, but got 5"), "{e}");
+        // Beyond the per-key cap: it would hold the other keys' sequences for its whole length.
+        let capped = Limits { per_key: Some(2), ..LIMITS };
+        assert!(capped.check_request(&input(2, vec![])).is_ok());
+        let e = capped.check_request(&input(3, vec![])).unwrap_err();
+        assert!(matches!(e, PrepareError::TooManyChoicesPerKey { n: 3, cap: 2 }), "{e:?}");
+        assert!(e.to_string().contains("--max-running-per-key"), "{e}");
     }
 
     #[test]

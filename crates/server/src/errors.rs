@@ -33,7 +33,9 @@ impl IntoApiError for PrepareError {
         let message = self.to_string();
         match self {
             PrepareError::ContextLength { .. } => ApiError::context_length_exceeded(message),
-            PrepareError::TooManyChoices { .. } => ApiError::invalid_value("n", message),
+            PrepareError::TooManyChoices { .. } | PrepareError::TooManyChoicesPerKey { .. } => {
+                ApiError::invalid_value("n", message)
+            }
             PrepareError::LogitBias { .. } => ApiError::invalid_value("logit_bias", message),
             PrepareError::Grammar { param, .. } => ApiError::invalid_value(param, message),
             PrepareError::Template(_) => ApiError::invalid_value("messages", message),

@@ -51,7 +51,7 @@ impl ScriptedEngine {
                 image_marker: None,
                 chat_template: String::new(),
             },
-            limits: Limits { ctx_size: 64, slots: 2, n_vocab: 1000 },
+            limits: Limits { ctx_size: 64, slots: 2, per_key: None, n_vocab: 1000 },
             events,
             usage,
             fail_with: None,

@@ -130,7 +130,8 @@ impl<J: Waiting> FairQueue<J> {
     }
 
     /// Whether `key` may start a request of `need` sequences under its cap: always when it runs
-    /// nothing, so a request larger than the cap still runs (alone).
+    /// nothing (`prepare` refuses a request larger than the cap; one built in code still runs,
+    /// alone, rather than waiting forever).
     fn may_start(&self, key: u64, need: usize) -> bool {
         let running = self.running.get(&key).copied().unwrap_or(0);
         match self.max_running_per_key {

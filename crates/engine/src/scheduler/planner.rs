@@ -10,7 +10,8 @@
 //!   while few streams decode), and under `Speculate::Auto` only as many as the measured step
 //!   cost says pay for themselves (`StepCost::best_draft`, with each lookup run's learned
 //!   acceptance);
-//! - then prompt chunks, in request order, in what is left (`prompt_chunk_end`).
+//! - then prompt chunks in what is left (`prompt_chunk_end`): isolated ones first, then the
+//!   shortest rest first (`prompt_order`), so a long prompt never holds a short one back.
 
 use crate::kv::seq_id::SeqId;
 use crate::speculation::step_cost::StepCost;
@@ -111,19 +112,39 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
         decision.token_rows.push(row);
         decision.drafts.push(chain);
     }
-    for p in prompts {
+    // Chunks are sized in `prompt_order`, their rows planned in request order (which `commit`
+    // walks to find where each prompt's last row is).
+    decision.prompt_ends = vec![None; prompts.len()];
+    for i in prompt_order(&prompts) {
+        let p = &prompts[i];
         let end = if budget.left() == 0 { None } else { prompt_chunk_end(p.pending, budget.left(), chunk) };
         if let Some(end) = end {
-            let from = p.pending.prefilled;
-            for pos in from..end {
-                let last = pos + 1 == p.prompt.len();
-                decision.plan.push_prompt(p.prompt[pos], crate::units::llama_pos(pos), p.seq, last);
-            }
-            budget.take_prompt(end - from);
+            budget.take_prompt(end - p.pending.prefilled);
         }
-        decision.prompt_ends.push(end);
+        decision.prompt_ends[i] = end;
+    }
+    for (p, end) in prompts.iter().zip(&decision.prompt_ends) {
+        for pos in p.pending.prefilled..end.unwrap_or(p.pending.prefilled) {
+            let last = pos + 1 == p.prompt.len();
+            decision.plan.push_prompt(p.prompt[pos], crate::units::llama_pos(pos), p.seq, last);
+        }
     }
     decision
+}
+
+/// The order prompts take what the step leaves: isolated prompts' fixed chunks first (rows were
+/// held for them), then the others by the fewest tokens left to read, ties in request order. A
+/// short prompt is read at once beside a long one, instead of waiting for the long one to be
+/// read whole: in request order, one key's long prompt held every later request's first token
+/// back for its whole prefill (seconds per thousand tokens on a CPU). The long one still gets
+/// whatever the short ones leave, every step.
+fn prompt_order(prompts: &[PromptToRead<'_>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..prompts.len()).collect();
+    order.sort_by_key(|&i| {
+        let p = prompts[i].pending;
+        (!p.isolated, p.text_end.saturating_sub(p.prefilled))
+    });
+    order
 }
 
 #[cfg(test)]

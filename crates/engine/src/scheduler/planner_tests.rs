@@ -86,6 +86,25 @@ fn a_prompt_read_to_its_end_wants_logits_at_its_last_row_and_later_prompts_wait(
 }
 
 #[test]
+fn a_short_prompt_is_read_at_once_beside_a_long_one_that_came_first() {
+    let (long, short): (Vec<i32>, Vec<i32>) = ((0..100).collect(), (500..503).collect());
+    let d = plan(inputs(
+        16,
+        vec![choice(0, 1, 3, Chain::default())],
+        vec![prompt(1, &long, 40, false), prompt(2, &short, 0, false)],
+    ));
+    assert_eq!(d.prompt_ends, vec![Some(52), Some(3)], "the short one whole, the long one the rest");
+    assert_eq!(d.plan.prompt.iter().filter(|r| r.logits).count(), 1, "only the short prompt ended");
+    // Rows stay in request order: each prompt's rows where `commit` looks for them.
+    let seqs: Vec<usize> = d.plan.prompt.iter().map(|r| r.seq.index()).collect();
+    assert_eq!(seqs, [vec![1; 12], vec![2; 3]].concat());
+    assert!(d.plan.prompt.last().unwrap().logits);
+    // Isolated chunks keep their rows first, whatever their length.
+    let d = plan(inputs(16, vec![], vec![prompt(1, &short, 0, false), prompt(2, &long, 0, true)]));
+    assert_eq!(d.prompt_ends, vec![Some(3), Some(8)]);
+}
+
+#[test]
 fn drafts_stop_at_the_budget_and_at_each_choices_limit() {
     let mut short = choice(1, 20, 0, forced(&[21, 22, 23, 24]));
     short.limit = 2;

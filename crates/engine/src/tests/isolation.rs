@@ -205,3 +205,34 @@ async fn a_key_at_its_running_cap_waits_while_other_keys_run() {
     assert_eq!(usage.completion_tokens, 2);
     engine.shutdown();
 }
+
+/// A short prompt arriving while a long one is read in chunks is read at once beside it (the
+/// long one reading what is left of each step), and answers long before the long one's first
+/// token; both answer as they would alone.
+#[tokio::test]
+async fn a_short_prompt_is_not_held_behind_a_long_ones_prefill() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads, config.batch_size) = (2048, 2, Some(1), 24);
+    let engine = Engine::start(config).unwrap();
+    let long_text = "tell me a story about the sea ".repeat(50);
+    let alone_short = drain(engine.submit(engine.prepare(greedy("hello there", 1, 4)).unwrap()).unwrap()).await;
+    let long = engine.submit(engine.prepare(greedy(&long_text, 1, 4)).unwrap()).unwrap();
+    let short = engine.submit(engine.prepare(greedy("hello there", 1, 4)).unwrap()).unwrap();
+    let started = std::time::Instant::now();
+    let timed = |handle| async move {
+        let out = drain(handle).await;
+        (out, started.elapsed())
+    };
+    let ((long_out, long_done), (short_out, short_done)) = tokio::join!(timed(long), timed(short));
+    for (events, usage) in [&long_out, &short_out] {
+        assert!(!events.iter().any(|e| matches!(e, Event::Error(_))), "{events:?}");
+        assert_ne!(usage.outcome, Outcome::Error);
+    }
+    assert!(long_out.1.prompt_tokens > 300, "the long prompt spans many 24-row steps: {:?}", long_out.1);
+    let text = |events: &[Event]| -> String {
+        events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.clone()) } else { None }).collect()
+    };
+    assert_eq!(text(&short_out.0), text(&alone_short.0), "the short answer is its own");
+    assert!(short_done * 3 < long_done, "short answered at {short_done:?}, long at {long_done:?}");
+    engine.shutdown();
+}

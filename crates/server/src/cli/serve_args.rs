@@ -128,8 +128,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
     /// Most sequences one API key's requests may run at once per model (a request with `n`
-    /// choices runs `n`), so one key cannot take every slot; a request larger than this still
-    /// runs once the key runs nothing else [default: no limit].
+    /// choices runs `n`), so one key cannot take every slot; a request of more choices is a 400
+    /// [default: no limit].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_running_per_key: Option<u32>,
     /// Seconds running requests get to finish after SIGTERM/SIGINT before they are cut.
