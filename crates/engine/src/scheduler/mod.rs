@@ -58,6 +58,9 @@ pub(crate) struct SchedulerConfig {
     pub parallel: u32,
     /// Max tokens per decode call.
     pub batch_size: u32,
+    /// Most prompt rows one step reads while sequences decode (`prompt_rows_while_decoding`):
+    /// a step lasts as long as its rows take, and every decoding stream waits for it.
+    pub prompt_rows_while_decoding: Option<usize>,
     /// Test hook: panic once the running requests generated this many tokens (see
     /// `test_panic_hook`); `None` outside tests.
     pub panic_after_tokens: Option<u32>,

@@ -209,6 +209,7 @@ fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> St
         chunk,
         reserved,
         weigh_drafts: cfg.speculation.mode == Speculate::Auto,
+        prompt_rows_while_decoding: cfg.prompt_rows_while_decoding,
         decoding,
         prompts,
     }

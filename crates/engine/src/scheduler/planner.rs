@@ -11,7 +11,8 @@
 //!   cost says pay for themselves (`StepCost::best_draft`, with each lookup run's learned
 //!   acceptance);
 //! - then prompt chunks in what is left (`prompt_chunk_end`): isolated ones first, then the
-//!   shortest rest first (`prompt_order`), so a long prompt never holds a short one back.
+//!   shortest rest first (`prompt_order`), so a long prompt never holds a short one back; on a
+//!   CPU at most `prompt_rows_while_decoding` of them while choices decode, so a step stays short.
 
 use crate::kv::seq_id::SeqId;
 use crate::speculation::step_cost::StepCost;
@@ -55,6 +56,8 @@ pub(crate) struct StepInputs<'a> {
     /// Weigh each draft against the measured step cost (`Speculate::Auto`); otherwise every
     /// offered draft that fits the budget is fed.
     pub weigh_drafts: bool,
+    /// Most rows prompts other than isolated ones may take while choices decode.
+    pub prompt_rows_while_decoding: Option<usize>,
     /// In request order, each request's choices in order.
     pub decoding: Vec<DecodingChoice>,
     /// In request order.
@@ -84,7 +87,12 @@ pub(crate) fn lookups_allowed(decoding: usize) -> bool {
 /// Plans one step. `acceptance` learns that a lookup was declined (a draft not worth feeding),
 /// so an estimate that stopped drafting drifts back to its prior and gets probed again.
 pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mut AcceptanceByKind) -> StepDecision {
-    let StepInputs { batch_size, chunk, reserved, weigh_drafts, decoding, prompts } = inputs;
+    let StepInputs { batch_size, chunk, reserved, weigh_drafts, prompt_rows_while_decoding, decoding, prompts } = inputs;
+    // Isolated prompts' fixed chunks are exempt: rows were held for them.
+    let mut prompt_rows_left = match prompt_rows_while_decoding {
+        Some(cap) if !decoding.is_empty() => cap,
+        _ => usize::MAX,
+    };
     let mut budget = Budget::new(batch_size, decoding.len(), reserved, lookups_allowed(decoding.len()));
     let mut decision = StepDecision::default();
     // Positions this step computes logits for so far, counting every decoding choice's token.
@@ -117,9 +125,13 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     decision.prompt_ends = vec![None; prompts.len()];
     for i in prompt_order(&prompts) {
         let p = &prompts[i];
-        let end = if budget.left() == 0 { None } else { prompt_chunk_end(p.pending, budget.left(), chunk) };
+        let left = if p.pending.isolated { budget.left() } else { budget.left().min(prompt_rows_left) };
+        let end = if left == 0 { None } else { prompt_chunk_end(p.pending, left, chunk) };
         if let Some(end) = end {
             budget.take_prompt(end - p.pending.prefilled);
+            if !p.pending.isolated {
+                prompt_rows_left -= end - p.pending.prefilled;
+            }
         }
         decision.prompt_ends[i] = end;
     }

@@ -22,7 +22,7 @@ fn choice(seq: usize, token: i32, pos: i32, offered: Chain) -> DecodingChoice {
 }
 
 fn inputs<'a>(batch_size: usize, decoding: Vec<DecodingChoice>, prompts: Vec<PromptToRead<'a>>) -> StepInputs<'a> {
-    StepInputs { batch_size, chunk: 8, reserved: 0, weigh_drafts: false, decoding, prompts }
+    StepInputs { batch_size, chunk: 8, reserved: 0, weigh_drafts: false, prompt_rows_while_decoding: None, decoding, prompts }
 }
 
 fn prompt(seq: usize, tokens: &[i32], prefilled: usize, isolated: bool) -> PromptToRead<'_> {
@@ -102,6 +102,19 @@ fn a_short_prompt_is_read_at_once_beside_a_long_one_that_came_first() {
     // Isolated chunks keep their rows first, whatever their length.
     let d = plan(inputs(16, vec![], vec![prompt(1, &short, 0, false), prompt(2, &long, 0, true)]));
     assert_eq!(d.prompt_ends, vec![Some(3), Some(8)]);
+}
+
+#[test]
+fn while_choices_decode_prompts_read_at_most_their_cap() {
+    let (long, short): (Vec<i32>, Vec<i32>) = ((0..100).collect(), (500..503).collect());
+    let capped = |decoding| StepInputs {
+        prompt_rows_while_decoding: Some(10),
+        ..inputs(64, decoding, vec![prompt(1, &long, 0, false), prompt(2, &short, 0, false), prompt(3, &long, 0, true)])
+    };
+    let d = plan(capped(vec![choice(0, 1, 3, Chain::default())]));
+    assert_eq!(d.prompt_ends, vec![Some(7), Some(3), Some(8)], "10 rows for the two, the isolated chunk apart");
+    let d = plan(capped(vec![]));
+    assert_eq!(d.prompt_ends, vec![Some(53), Some(3), Some(8)], "nothing decodes: the whole budget");
 }
 
 #[test]
