@@ -88,11 +88,13 @@ pub(crate) fn lookups_allowed(decoding: usize) -> bool {
 /// so an estimate that stopped drafting drifts back to its prior and gets probed again.
 pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mut AcceptanceByKind) -> StepDecision {
     let StepInputs { batch_size, chunk, reserved, weigh_drafts, prompt_rows_while_decoding, decoding, prompts } = inputs;
-    // Isolated prompts' fixed chunks are exempt: rows were held for them.
-    let mut prompt_rows_left = match prompt_rows_while_decoding {
+    // Isolated prompts' fixed chunks are exempt: rows were held for them. So is a prompt whose
+    // rest fits in two such caps: read whole, it makes one longer step instead of two.
+    let cap = match prompt_rows_while_decoding {
         Some(cap) if !decoding.is_empty() => cap,
         _ => usize::MAX,
     };
+    let mut prompt_rows_left = cap;
     let mut budget = Budget::new(batch_size, decoding.len(), reserved, lookups_allowed(decoding.len()));
     let mut decision = StepDecision::default();
     // Positions this step computes logits for so far, counting every decoding choice's token.
@@ -125,12 +127,14 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     decision.prompt_ends = vec![None; prompts.len()];
     for i in prompt_order(&prompts) {
         let p = &prompts[i];
-        let left = if p.pending.isolated { budget.left() } else { budget.left().min(prompt_rows_left) };
+        let rest = p.pending.text_end.saturating_sub(p.pending.prefilled);
+        let exempt = p.pending.isolated || rest <= cap.saturating_mul(2);
+        let left = if exempt { budget.left() } else { budget.left().min(prompt_rows_left) };
         let end = if left == 0 { None } else { prompt_chunk_end(p.pending, left, chunk) };
         if let Some(end) = end {
             budget.take_prompt(end - p.pending.prefilled);
             if !p.pending.isolated {
-                prompt_rows_left -= end - p.pending.prefilled;
+                prompt_rows_left = prompt_rows_left.saturating_sub(end - p.pending.prefilled);
             }
         }
         decision.prompt_ends[i] = end;

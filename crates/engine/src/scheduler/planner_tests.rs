@@ -115,6 +115,13 @@ fn while_choices_decode_prompts_read_at_most_their_cap() {
     assert_eq!(d.prompt_ends, vec![Some(7), Some(3), Some(8)], "10 rows for the two, the isolated chunk apart");
     let d = plan(capped(vec![]));
     assert_eq!(d.prompt_ends, vec![Some(53), Some(3), Some(8)], "nothing decodes: the whole budget");
+    // A prompt whose rest fits in two caps is read whole, in one step rather than two.
+    let medium: Vec<i32> = (0..20).collect();
+    let d = plan(StepInputs {
+        prompt_rows_while_decoding: Some(10),
+        ..inputs(64, vec![choice(0, 1, 3, Chain::default())], vec![prompt(1, &long, 0, false), prompt(2, &medium, 0, false)])
+    });
+    assert_eq!(d.prompt_ends, vec![None, Some(20)], "the medium one whole; the long one waits its turn");
 }
 
 #[test]
