@@ -22,6 +22,9 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections in a file-backed or PostgreSQL pool.
 const POOL_SIZE: u32 = 8;
 
+/// How long an operation waits for a PostgreSQL connection (see `open_postgres`).
+const POSTGRES_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
 static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -125,7 +128,10 @@ async fn open_postgres(url: &str) -> Result<(AnyPool, Backend), AccountsError> {
     install_drivers();
     let pool = AnyPoolOptions::new()
         .max_connections(POOL_SIZE)
-        .acquire_timeout(Duration::from_secs(30))
+        // A request waits at most this long for the database: one that does not answer makes
+        // authentication and admission a 503 with Retry-After within seconds (what load
+        // balancers retry on another replica), not after half a minute.
+        .acquire_timeout(POSTGRES_ACQUIRE_TIMEOUT)
         .after_connect(|conn, _| {
             Box::pin(async move {
                 let level: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&mut *conn).await?;

@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::{oneshot, Notify};
@@ -29,6 +29,7 @@ use crate::rate::{Count, LocalWindows, RateRefusal, RateStatus};
 use crate::usage::UsageRecord;
 use crate::{Accounts, AccountsError};
 
+pub(crate) mod clock;
 mod pre_admission;
 pub use pre_admission::Pass;
 
@@ -148,6 +149,8 @@ struct Inner {
     /// Settlements and releases being journalled; shutdown waits for them.
     tasks: TaskTracker,
     config: MeterConfig,
+    /// The database's time (see `clock`).
+    clock: clock::DbClock,
 }
 
 impl Meter {
@@ -160,7 +163,9 @@ impl Meter {
         let outbox = tokio::task::spawn_blocking(move || Outbox::open(&dir, &name))
             .await
             .map_err(|e| AccountsError::Io(std::io::Error::other(e)))??;
-        crate::instances::heartbeat(&accounts.pool, &owner, now_ms()).await?;
+        let clock = clock::DbClock::default();
+        clock.sync(&accounts).await?;
+        crate::instances::heartbeat(&accounts.pool, &owner, clock.now_ms()).await?;
         let meter = Self {
             inner: Arc::new(Inner {
                 accounts,
@@ -171,6 +176,7 @@ impl Meter {
                 drained: Notify::new(),
                 tasks: TaskTracker::new(),
                 config,
+                clock,
             }),
         };
         tokio::spawn(drain(meter.inner.clone()));
@@ -211,7 +217,7 @@ impl Meter {
 
     async fn admit_here(&self, key: &KeyInfo, charge: Charge, count_request: bool) -> Result<Ticket, Refused> {
         let tokens = charge.prompt_tokens + charge.max_completion_tokens;
-        let started_at_ms = now_ms();
+        let started_at_ms = self.inner.clock.now_ms();
         let accounts = &self.inner.accounts;
         let count = if count_request { Count::RequestAndTokens(tokens) } else { Count::Tokens(tokens) };
         let (rate, verdict) = self.count(key, count).await?;
@@ -348,7 +354,7 @@ impl Ticket {
             ),
             outcome: used.outcome.as_str().to_string(),
             started_at_ms: self.started_at_ms,
-            finished_at_ms: now_ms(),
+            finished_at_ms: self.meter.inner.clock.now_ms(),
         };
         self.meter.journal(Entry::Settle { record }, on_disk);
     }
@@ -447,7 +453,11 @@ async fn heartbeat(inner: Arc<Inner>) {
     let pool = &inner.accounts.pool;
     loop {
         tick.tick().await;
-        let now = now_ms();
+        if let Err(e) = inner.clock.sync(&inner.accounts).await {
+            tracing::warn!(error = %e, "could not read the database's clock");
+            continue;
+        }
+        let now = inner.clock.now_ms();
         if let Err(e) = crate::instances::heartbeat(pool, &inner.owner, now).await {
             tracing::warn!(error = %e, "could not refresh this server's heartbeat");
             continue;
@@ -466,6 +476,4 @@ async fn heartbeat(inner: Arc<Inner>) {
     }
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use super::{now_ms, Meter, Refusal, Refused, Ticket};
+use super::{Meter, Refusal, Refused, Ticket};
 use crate::budget::Spend;
 use crate::keys::KeyInfo;
 use crate::money::BudgetPeriod;
@@ -43,7 +43,7 @@ impl Meter {
             return Err(Refused { rate, reason: Refusal::RateLimited(refusal) });
         }
         if key.budget.is_limited() {
-            let spend = match self.inner.accounts.spend(key, now_ms()).await {
+            let spend = match self.inner.accounts.spend(key, self.inner.clock.now_ms()).await {
                 Ok(spend) => spend,
                 Err(e) => return Err(Refused { rate, reason: Refusal::Unavailable(e) }),
             };
@@ -101,7 +101,7 @@ impl Meter {
             Backend::Sqlite => Ok(self.inner.windows.count(key.id, Some(rpm), Some(tpm), count, Instant::now())),
             Backend::Postgres => {
                 let (rpm, tpm) = (Some(rpm as i64), Some(tpm as i64));
-                crate::rate::admit_shared(&accounts.pool, key.id, rpm, tpm, count, now_ms())
+                crate::rate::admit_shared(&accounts.pool, key.id, rpm, tpm, count, self.inner.clock.now_ms())
                     .await
                     .map_err(|e| Refused { rate: RateStatus::default(), reason: Refusal::Unavailable(e) })
             }

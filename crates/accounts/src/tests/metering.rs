@@ -282,3 +282,17 @@ on_both!(a_request_its_budget_refuses_uses_none_of_the_tokens_per_minute, |acc: 
     }
     meter.shutdown(Duration::from_secs(5)).await;
 });
+
+// A replica whose own clock is 45 s ahead reads the database's time on PostgreSQL, which every
+// replica shares: its heartbeats, cutoffs and rate minutes agree with its peers'. SQLite's
+// database is on this machine, whose clock it keeps.
+on_both!(the_meters_clock_is_the_databases, |acc: Accounts| async move {
+    let clock = crate::metering::clock::DbClock::skewed(45_000);
+    clock.sync(&acc).await.unwrap();
+    let local = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let off = clock.now_ms() - local;
+    match acc.backend() {
+        crate::Backend::Postgres => assert!(off.abs() < 2_000, "{off} ms off the database"),
+        crate::Backend::Sqlite => assert!((off - 45_000).abs() < 2_000, "{off} ms"),
+    }
+});
