@@ -475,5 +475,3 @@ async fn heartbeat(inner: Arc<Inner>) {
         }
     }
 }
-
-

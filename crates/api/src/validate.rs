@@ -15,7 +15,8 @@ const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT:
 /// Parses and validates a Chat Completions request body. Unknown fields are ignored and
 /// every field may be `null`, meaning absent.
 pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(BAD_JSON, None)))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(BAD_JSON, None)))?;
     parse_chat_value(&value)
 }
 
@@ -23,7 +24,10 @@ pub fn parse_chat_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
 /// not a malformed body: said so, rather than blaming the client's HTTP library.
 pub(crate) fn too_deep(e: &serde_json::Error) -> Option<ApiError> {
     e.to_string().starts_with("recursion limit exceeded").then(|| {
-        ApiError::invalid_request("The JSON body of your request is nested too deeply: at most 128 levels of arrays and objects.", None)
+        ApiError::invalid_request(
+            "The JSON body of your request is nested too deeply: at most 128 levels of arrays and objects.",
+            None,
+        )
     })
 }
 

@@ -76,9 +76,13 @@ mod tests {
         let with_origin = |req: axum::http::request::Builder| req.header("origin", "http://localhost:3000");
         let no_key = with_origin(Request::get("/v1/models")).body(Body::empty()).unwrap();
         let (status, headers) = headers_of(&h, no_key).await;
-        assert_eq!((status, &headers["access-control-allow-origin"]), (StatusCode::UNAUTHORIZED, &"*".parse().unwrap()));
-        let listed =
-            with_origin(Request::get("/v1/models")).header("authorization", format!("Bearer {KEY}")).body(Body::empty());
+        assert_eq!(
+            (status, &headers["access-control-allow-origin"]),
+            (StatusCode::UNAUTHORIZED, &"*".parse().unwrap())
+        );
+        let listed = with_origin(Request::get("/v1/models"))
+            .header("authorization", format!("Bearer {KEY}"))
+            .body(Body::empty());
         let (status, headers) = headers_of(&h, listed.unwrap()).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(headers["access-control-allow-origin"], "*");

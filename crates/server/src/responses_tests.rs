@@ -140,6 +140,9 @@ async fn errors_of_the_shared_path_name_the_responses_fields() {
     let (status, text) = post(&h, long).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     let e: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!((e["error"]["param"].as_str(), e["error"]["code"].as_str()), (Some("input"), Some("context_length_exceeded")));
+    assert_eq!(
+        (e["error"]["param"].as_str(), e["error"]["code"].as_str()),
+        (Some("input"), Some("context_length_exceeded"))
+    );
     assert!(!e["error"]["message"].as_str().unwrap().contains("messages"), "{text}");
 }

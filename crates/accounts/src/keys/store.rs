@@ -359,7 +359,9 @@ async fn resolve(pool: &AnyPool, what: &str) -> Result<KeyInfo, AccountsError> {
         0 => {}
         1 => return Ok(keys.remove(0)),
         n => {
-            return Err(AccountsError::Ambiguous(format!("{n} keys have the name or prefix {what:?}; use the numeric id")))
+            return Err(AccountsError::Ambiguous(format!(
+                "{n} keys have the name or prefix {what:?}; use the numeric id"
+            )))
         }
     }
     Err(AccountsError::NotFound(format!("no API key with id, name or prefix {what:?}")))

@@ -31,11 +31,10 @@ const KNOWN: [&str; 16] = [
 
 /// Parses and validates a Messages request body into the chat request the engine runs.
 pub fn parse_messages_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| {
-            crate::validate::too_deep(&e)
-                .unwrap_or_else(|| ApiError::invalid_request(format!("The request body is not valid JSON: {e}"), None))
-        })?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        crate::validate::too_deep(&e)
+            .unwrap_or_else(|| ApiError::invalid_request(format!("The request body is not valid JSON: {e}"), None))
+    })?;
     let obj = value.as_object().ok_or_else(|| {
         ApiError::invalid_request(format!("The request body must be a JSON object, not {}.", type_name(&value)), None)
     })?;

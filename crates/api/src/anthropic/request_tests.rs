@@ -61,8 +61,13 @@ fn tool_turns_become_calls_and_tool_messages() {
     // A result must answer a call of the assistant message right before it.
     v["messages"][2]["content"][0]["tool_use_id"] = json!("toolu_9");
     let e = parse(v.clone()).unwrap_err();
-    assert!(e.message.starts_with("messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_9."), "{}", e.message);
-    v["messages"] = json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]);
+    assert!(
+        e.message.starts_with("messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_9."),
+        "{}",
+        e.message
+    );
+    v["messages"] =
+        json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]);
     assert!(parse(v).unwrap_err().message.contains("corresponding `tool_use` block"));
 }
 

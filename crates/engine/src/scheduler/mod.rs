@@ -328,7 +328,9 @@ impl Scheduler {
         failed.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
         for (r, error) in failed {
             match &error {
-                EngineError::RequestFailed(why) => tracing::error!(reason = %why, "a request panicked; ending it alone"),
+                EngineError::RequestFailed(why) => {
+                    tracing::error!(reason = %why, "a request panicked; ending it alone")
+                }
                 other => tracing::warn!(reason = %other, "a request cannot go on; ending it alone"),
             }
             let req = self.active.swap_remove(r);

@@ -87,7 +87,8 @@ pub(crate) fn lookups_allowed(decoding: usize) -> bool {
 /// Plans one step. `acceptance` learns that a lookup was declined (a draft not worth feeding),
 /// so an estimate that stopped drafting drifts back to its prior and gets probed again.
 pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mut AcceptanceByKind) -> StepDecision {
-    let StepInputs { batch_size, chunk, reserved, weigh_drafts, prompt_rows_while_decoding, decoding, prompts } = inputs;
+    let StepInputs { batch_size, chunk, reserved, weigh_drafts, prompt_rows_while_decoding, decoding, prompts } =
+        inputs;
     // Isolated prompts' fixed chunks are exempt: rows were held for them. So is a prompt whose
     // rest fits in two such caps: read whole, it makes one longer step instead of two.
     let cap = match prompt_rows_while_decoding {

@@ -22,7 +22,15 @@ fn choice(seq: usize, token: i32, pos: i32, offered: Chain) -> DecodingChoice {
 }
 
 fn inputs<'a>(batch_size: usize, decoding: Vec<DecodingChoice>, prompts: Vec<PromptToRead<'a>>) -> StepInputs<'a> {
-    StepInputs { batch_size, chunk: 8, reserved: 0, weigh_drafts: false, prompt_rows_while_decoding: None, decoding, prompts }
+    StepInputs {
+        batch_size,
+        chunk: 8,
+        reserved: 0,
+        weigh_drafts: false,
+        prompt_rows_while_decoding: None,
+        decoding,
+        prompts,
+    }
 }
 
 fn prompt(seq: usize, tokens: &[i32], prefilled: usize, isolated: bool) -> PromptToRead<'_> {
@@ -119,7 +127,11 @@ fn while_choices_decode_prompts_read_at_most_their_cap() {
     let medium: Vec<i32> = (0..20).collect();
     let d = plan(StepInputs {
         prompt_rows_while_decoding: Some(10),
-        ..inputs(64, vec![choice(0, 1, 3, Chain::default())], vec![prompt(1, &long, 0, false), prompt(2, &medium, 0, false)])
+        ..inputs(
+            64,
+            vec![choice(0, 1, 3, Chain::default())],
+            vec![prompt(1, &long, 0, false), prompt(2, &medium, 0, false)],
+        )
     });
     assert_eq!(d.prompt_ends, vec![None, Some(20)], "the medium one whole; the long one waits its turn");
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use llama_cpp_2::context::LlamaContext;
 
 use crate::faults::FaultPoint;
-use crate::EngineError;
 use crate::speculation::AcceptanceKind;
+use crate::EngineError;
 
 use super::Scheduler;
 
@@ -24,7 +24,7 @@ impl Scheduler {
     ///
     /// Returns the time the first positions took to sample (`gantry_step_part_*`, `pick`).
     pub(super) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) -> Duration {
-        let mut panicked = Vec::new();
+        let mut failed = Vec::new();
         let started = Instant::now();
         let first_tokens = crate::scheduler::sample_step::sample_first_tokens(&mut self.active, ctx);
         let pick = started.elapsed();
@@ -36,10 +36,10 @@ impl Scheduler {
             };
             match sampled {
                 Ok(Ok(())) => {}
-                Ok(Err(failed)) | Err(failed) => panicked.push((r, failed)),
+                Ok(Err(error)) | Err(error) => failed.push((r, error)),
             }
         }
-        self.end_alone(ctx, panicked);
+        self.end_alone(ctx, failed);
         pick
     }
 

@@ -230,7 +230,10 @@ async fn a_short_prompt_is_not_held_behind_a_long_ones_prefill() {
     }
     assert!(long_out.1.prompt_tokens > 300, "the long prompt spans many 24-row steps: {:?}", long_out.1);
     let text = |events: &[Event]| -> String {
-        events.iter().filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.clone()) } else { None }).collect()
+        events
+            .iter()
+            .filter_map(|e| if let Event::Delta { text, .. } = e { Some(text.clone()) } else { None })
+            .collect()
     };
     assert_eq!(text(&short_out.0), text(&alone_short.0), "the short answer is its own");
     assert!(short_done * 3 < long_done, "short answered at {short_done:?}, long at {long_done:?}");

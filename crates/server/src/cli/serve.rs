@@ -26,7 +26,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let admin_listener = match &args.admin_listen {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr.as_str()).await.with_context(|| format!("binding --admin-listen {addr}"))?,
+            tokio::net::TcpListener::bind(addr.as_str())
+                .await
+                .with_context(|| format!("binding --admin-listen {addr}"))?,
         ),
         None => None,
     };
