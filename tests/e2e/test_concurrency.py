@@ -7,6 +7,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from _util import ledger_rows, user
+from conftest import _models, serving
 
 PROMPTS = [
     "What is 2 + 2?",
@@ -26,11 +27,17 @@ def _ask(client, model_id, prompt):
     return c.message.content, c.finish_reason, r.usage.completion_tokens
 
 
-def test_parallel_requests_match_solo_answers(client, server):
-    solo = [_ask(client, server.model_id, p) for p in PROMPTS]
-    assert all(content for content, _, _ in solo), solo
-    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
-        parallel = list(pool.map(lambda p: _ask(client, server.model_id, p), PROMPTS))
+def test_parallel_requests_match_solo_answers():
+    """Eight streams batched together answer what each answers alone. Exactly so only where the
+    server promises it (`--deterministic-greedy`): by default a row computed beside 7 others goes
+    through other CPU kernels than alone, and where two tokens nearly tie the greedy choice can
+    flip with the timing of the batch (docs/determinism.md); this prompt set flipped in 2 of 5
+    runs on a loaded machine."""
+    with serving(_models()[0], ("--deterministic-greedy",)) as (server, client):
+        solo = [_ask(client, server.model_id, p) for p in PROMPTS]
+        assert all(content for content, _, _ in solo), solo
+        with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
+            parallel = list(pool.map(lambda p: _ask(client, server.model_id, p), PROMPTS))
     mismatches = [
         f"{p!r}: solo {s!r} vs parallel {q!r}" for p, s, q in zip(PROMPTS, solo, parallel) if s != q
     ]
