@@ -30,11 +30,16 @@ pub(crate) async fn assign(mut req: Request, next: Next) -> Response {
         .map(str::to_owned);
     let id = uuid::Uuid::new_v4().simple().to_string();
     let echoed = client.clone().unwrap_or_else(|| id.clone());
+    // Anthropic's SDK reads its request ids (`_request_id`, on errors too) from `request-id`.
+    let anthropic = req.uri().path().starts_with("/v1/messages").then(|| format!("req_{id}"));
     req.extensions_mut().insert(RequestId(id));
     req.extensions_mut().insert(ClientRequestId(client));
     let mut response = next.run(req).await;
     if let Ok(value) = HeaderValue::from_str(&echoed) {
         response.headers_mut().insert(HEADER, value);
+    }
+    if let Some(value) = anthropic.and_then(|id| HeaderValue::from_str(&id).ok()) {
+        response.headers_mut().insert("request-id", value);
     }
     response
 }

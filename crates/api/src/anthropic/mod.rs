@@ -3,6 +3,7 @@
 //! streamed) becomes a Messages answer. No I/O; the server runs the one chat path in between.
 
 mod error;
+mod options;
 mod request;
 mod response;
 mod stream;

@@ -5,12 +5,13 @@
 
 use serde_json::{json, Map, Value};
 
+use super::options::{output_config, stop_sequences, thinking};
 use crate::fields::{get, type_error, type_name};
 use crate::{ApiError, ValidatedChat};
 
 /// The fields of a Messages request this server knows. Anything else is refused, as Anthropic
 /// does ("Extra inputs are not permitted"), so a misspelt field never silently does nothing.
-const KNOWN: [&str; 16] = [
+const KNOWN: [&str; 23] = [
     "model",
     "messages",
     "max_tokens",
@@ -27,7 +28,27 @@ const KNOWN: [&str; 16] = [
     "service_tier",
     "cache_control",
     "output_config",
+    // Where and how fast Anthropic serves, and whose account: nothing to change here.
+    "inference_geo",
+    "speed",
+    "diagnostics",
+    "user_profile_id",
+    "workspace_id",
+    // Server-side features: accepted only as `null` (see `refuse_server_features`).
+    "container",
+    "context_management",
 ];
+
+/// Anthropic's code-execution container and context editing run on Anthropic's side: asked for,
+/// they would silently not happen here.
+fn refuse_server_features(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    for key in ["container", "context_management"] {
+        if obj.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid_value(key, format!("{key}: not supported by this server")));
+        }
+    }
+    Ok(())
+}
 
 /// Parses and validates a Messages request body into the chat request the engine runs.
 pub fn parse_messages_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
@@ -41,6 +62,7 @@ pub fn parse_messages_request(body: &[u8]) -> Result<ValidatedChat, ApiError> {
     if let Some(extra) = obj.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err(ApiError::invalid_request(format!("{extra}: Extra inputs are not permitted"), Some(extra)));
     }
+    refuse_server_features(obj)?;
     let (chat_body, stops, top_k) = to_chat_body(obj)?;
     let mut chat = crate::validate::parse_chat_value(&chat_body).map_err(in_messages_terms)?;
     chat.stop = stops;
@@ -334,10 +356,13 @@ fn translate_tools(tools: &Value) -> Result<Value, ApiError> {
         }
         let name = t.get("name").and_then(Value::as_str).ok_or_else(|| required(&format!("{at}.name")))?;
         let schema = t.get("input_schema").ok_or_else(|| required(&format!("{at}.input_schema")))?;
-        let mut function = json!({"name": name, "parameters": schema});
+        // In the chat path's order (name, description, parameters): the template renders the
+        // tool as written, and the same tools should read the same to the model in both.
+        let mut function = json!({"name": name});
         if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
             function["description"] = d.clone();
         }
+        function["parameters"] = schema.clone();
         // Anthropic's structured tool use: the input follows the schema exactly, as a strict
         // OpenAI function does (keywords no grammar enforces are then refused, not skipped).
         if let Some(strict) = t.get("strict").filter(|s| !s.is_null()) {
@@ -367,113 +392,6 @@ fn translate_tool_choice(choice: &Value) -> Result<(Value, Option<bool>), ApiErr
         }
     };
     Ok((chat, parallel))
-}
-
-/// Extended thinking on a reasoning model: `enabled` with its `budget_tokens` (at least 1024 and
-/// under `max_tokens`, as Anthropic requires) is the chat request's `thinking_token_budget`;
-/// `disabled`, or no `thinking` at all, turns the thinking off, as a Messages request without it
-/// gets no thinking. Other models ignore both.
-fn thinking(v: Option<&Value>, max_tokens: u64, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let kind = match v {
-        None | Some(Value::Null) => "disabled",
-        Some(t) => t.get("type").and_then(Value::as_str).unwrap_or(""),
-    };
-    match kind {
-        "disabled" => {
-            chat.insert("reasoning_effort".into(), "none".into());
-        }
-        "enabled" => {
-            let budget = v.and_then(|t| t.get("budget_tokens"));
-            let budget = budget.and_then(Value::as_u64).ok_or_else(|| {
-                ApiError::invalid_value("thinking", "thinking.enabled.budget_tokens: Field required (an integer)")
-            })?;
-            if budget < 1024 {
-                return Err(ApiError::invalid_value(
-                    "thinking",
-                    format!(
-                        "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024, got {budget}"
-                    ),
-                ));
-            }
-            if budget >= max_tokens {
-                return Err(ApiError::invalid_value(
-                    "thinking",
-                    format!("`max_tokens` must be greater than `thinking.budget_tokens` ({budget}), got {max_tokens}"),
-                ));
-            }
-            chat.insert("thinking_token_budget".into(), budget.into());
-        }
-        other => {
-            return Err(ApiError::invalid_value(
-                "thinking",
-                format!("thinking.type: Input should be 'enabled' or 'disabled', got '{other}'"),
-            ))
-        }
-    }
-    Ok(())
-}
-
-/// `output_config`: `format` (`{"type": "json_schema", "schema"}`, Anthropic's structured
-/// outputs) is the chat `response_format`, held to exactly (`strict`), as Anthropic guarantees
-/// the schema; `effort` is checked and changes nothing here (how much a model thinks is
-/// `thinking`'s to say).
-fn output_config(v: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let Value::Object(config) = v else { return Err(type_error("output_config", "an object", v)) };
-    if let Some(extra) = config.keys().find(|k| !["effort", "format"].contains(&k.as_str())) {
-        return Err(ApiError::invalid_value(
-            "output_config",
-            format!("output_config.{extra}: Extra inputs are not permitted"),
-        ));
-    }
-    if let Some(effort) = get(config, "effort") {
-        if !effort.as_str().is_some_and(|e| ["low", "medium", "high", "xhigh", "max"].contains(&e)) {
-            return Err(ApiError::invalid_value(
-                "output_config",
-                format!(
-                    "output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max', got {effort}"
-                ),
-            ));
-        }
-    }
-    let Some(format) = get(config, "format") else { return Ok(()) };
-    let schema = match (format.get("type").and_then(Value::as_str), format.get("schema")) {
-        (Some("json_schema"), Some(schema @ Value::Object(_))) => schema,
-        _ => {
-            return Err(ApiError::invalid_value(
-                "output_config",
-                "output_config.format: expected {\"type\": \"json_schema\", \"schema\": {…}}",
-            ))
-        }
-    };
-    let format = json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": true}});
-    chat.insert("response_format".into(), format);
-    Ok(())
-}
-
-/// At most this many stop sequences (Chat Completions allows 4; Anthropic sets no small limit).
-const MAX_STOP_SEQUENCES: usize = 16;
-
-fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let Value::Array(items) = v else { return Err(type_error("stop_sequences", "an array of strings", v)) };
-    if items.len() > MAX_STOP_SEQUENCES {
-        return Err(ApiError::invalid_value(
-            "stop_sequences",
-            format!("stop_sequences: at most {MAX_STOP_SEQUENCES} are allowed, got {}", items.len()),
-        ));
-    }
-    let mut stops = Vec::with_capacity(items.len());
-    for (i, s) in items.iter().enumerate() {
-        let s = s.as_str().ok_or_else(|| type_error(&format!("stop_sequences.{i}"), "a string", s))?;
-        if s.trim().is_empty() {
-            return Err(ApiError::invalid_value(
-                "stop_sequences",
-                format!("stop_sequences.{i}: each stop sequence must contain non-whitespace"),
-            ));
-        }
-        stops.push(s.to_string());
-    }
-    Ok(stops)
 }
 
 /// An error of the shared chat path (validation, tools, prompt, grammar) in the Messages API's

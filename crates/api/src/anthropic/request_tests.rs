@@ -185,3 +185,32 @@ fn output_config_format_is_a_strict_json_schema() {
     body["output_config"] = json!({"effort": "low"});
     assert_eq!(parse(body).unwrap().response_format, None);
 }
+
+#[test]
+fn the_sdks_other_parameters_are_taken_and_server_features_refused() {
+    let mut v = base();
+    for (key, value) in [
+        ("inference_geo", json!("us")),
+        ("speed", json!("standard")),
+        ("container", Value::Null),
+        ("context_management", Value::Null),
+        ("thinking", json!({"type": "adaptive"})),
+    ] {
+        v[key] = value;
+    }
+    let chat = parse(v.clone()).unwrap();
+    assert_eq!(chat.reasoning_effort, None, "adaptive: the model's own default");
+    v["container"] = json!("container_1");
+    let e = parse(v).unwrap_err();
+    assert!(e.message.contains("container: not supported"), "{}", e.message);
+}
+
+#[test]
+fn a_tool_reads_as_on_the_chat_path() {
+    let mut v = base();
+    v["tools"] = json!([{"input_schema": {"type": "object"}, "description": "d", "name": "f"}]);
+    let chat = parse(v).unwrap();
+    let function = &chat.tools.unwrap()[0].definition["function"];
+    let keys: Vec<&String> = function.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["name", "description", "parameters"]);
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -194,6 +194,11 @@ pub(crate) async fn errors_in_anthropic_shape(req: Request, next: Next) -> Respo
         .ok()
         .and_then(|openai| gantry_api::anthropic::error_body(status, &openai));
     let Some(converted) = converted else { return Response::from_parts(parts, Body::from(bytes)) };
+    // A spent budget is Anthropic's 402 `billing_error`, which its SDK does not retry (a 429
+    // it retries twice, in vain).
+    if converted["error"]["type"] == "billing_error" {
+        parts.status = StatusCode::PAYMENT_REQUIRED;
+    }
     let body = converted.to_string();
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(header::CONTENT_LENGTH);

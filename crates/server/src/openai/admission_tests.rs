@@ -91,6 +91,18 @@ async fn a_key_out_of_budget_is_refused_before_its_body_is_read() {
         assert_eq!(error["error"]["code"], "insufficient_quota", "{error}");
         assert!(error["error"]["message"].as_str().unwrap().contains("30-token budget"), "{error}");
     }
+    // Anthropic's dialect: its 402 `billing_error` (which its SDK does not retry), and its
+    // `request-id` header.
+    let messages = Request::post("/v1/messages")
+        .header("x-api-key", KEY)
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#))
+        .unwrap();
+    let response = h.app.clone().oneshot(messages).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+    assert!(response.headers()["request-id"].to_str().unwrap().starts_with("req_"));
+    let error: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!((error["type"].as_str(), error["error"]["type"].as_str()), (Some("error"), Some("billing_error")));
     assert_eq!(h.loads.load(Ordering::SeqCst), 0, "no model is loaded for a refused request");
 }
 
