@@ -140,11 +140,21 @@ async fn admitted(
     // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
     // model's.
     let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
+    let mut context_capped = false;
     let mut generate = {
         // Bounded per key and overall, so one key's flood of huge prompts waits for its own
         // turns instead of taking every blocking thread.
         let _turn = state.prepare_gate.enter(key.id).await;
-        chat::prepare(&model, &chat, tools.as_ref(), gantry_engine::CacheScope(key.cache_scope_id())).await?
+        let scope = gantry_engine::CacheScope(key.cache_scope_id());
+        match dialect {
+            Dialect::Messages => {
+                let (generate, capped) =
+                    crate::anthropic::prepare_within_context(&model, &chat, tools.as_ref(), scope).await?;
+                context_capped = capped;
+                generate
+            }
+            _ => chat::prepare(&model, &chat, tools.as_ref(), scope).await?,
+        }
     };
     // The engine admits waiting requests fairly between keys, and caps each key's sequences.
     generate.fairness_key = key.id as u64;
@@ -186,8 +196,13 @@ async fn admitted(
             chat::respond(format!("chatcmpl-{request_id}"), created, model_id, &chat, tools, n, events).await?
         }
         Dialect::Messages => {
-            let answer =
-                crate::anthropic::Answer { id: format!("msg_{request_id}"), created, model: model_id, prompt_tokens };
+            let answer = crate::anthropic::Answer {
+                id: format!("msg_{request_id}"),
+                created,
+                model: model_id,
+                prompt_tokens,
+                context_capped,
+            };
             crate::anthropic::respond(answer, &chat, tools, events).await?
         }
         Dialect::Responses => {

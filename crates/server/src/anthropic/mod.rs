@@ -33,7 +33,35 @@ pub(crate) struct Answer {
     pub created: u64,
     pub model: String,
     pub prompt_tokens: usize,
+    /// `max_tokens` was more than the context left, and was cut to it
+    /// ([`prepare_within_context`]): stopping there is `model_context_window_exceeded`.
+    pub context_capped: bool,
 }
+
+/// Anthropic's `max_tokens` is a ceiling: an answer that would run past the model's context stops
+/// at its end instead (`stop_reason: model_context_window_exceeded`), as Anthropic's models do.
+/// Claude-Code-style clients send 32,000 whatever the model; refused, every request of theirs
+/// failed against a 4,096-token context. Whether it was cut comes back with the request.
+pub(crate) async fn prepare_within_context(
+    model: &crate::pool::Lease,
+    chat: &ValidatedChat,
+    tools: Option<&ToolPlan>,
+    scope: gantry_engine::CacheScope,
+) -> Result<(gantry_engine::GenerateRequest, bool), ApiError> {
+    match chat::prepare_or_refusal(model, chat, tools, scope).await? {
+        Ok(generate) => Ok((generate, false)),
+        Err(gantry_engine::PrepareError::ContextLength { limit, prompt_tokens, max_tokens: Some(_) })
+            if prompt_tokens < limit =>
+        {
+            let within = ValidatedChat { max_tokens: Some(limit - prompt_tokens), ..chat.clone() };
+            Ok((chat::prepare(model, &within, tools, scope).await?, true))
+        }
+        Err(refusal) => Err(refusal.into_api_error()),
+    }
+}
+
+/// The stop reason of an answer that ran to the end of a context its `max_tokens` was cut to.
+const CONTEXT_END: &str = "model_context_window_exceeded";
 
 /// The Messages answer to a request the chat path admitted and started.
 pub(crate) async fn respond(
@@ -49,7 +77,11 @@ pub(crate) async fn respond(
         chat::collect_response(answer.id.clone(), answer.created, answer.model, chat, tools.as_ref(), 1, events)
             .await?;
     let stop = stop_string(chat, collected.stop_sequences.first().copied().flatten());
-    Ok(Json(message_from_chat(&answer.id, &collected.response, stop)).into_response())
+    let mut message = message_from_chat(&answer.id, &collected.response, stop);
+    if answer.context_capped && message["stop_reason"] == "max_tokens" {
+        message["stop_reason"] = CONTEXT_END.into();
+    }
+    Ok(Json(message).into_response())
 }
 
 fn stop_string(chat: &ValidatedChat, index: Option<u32>) -> Option<&str> {
@@ -117,6 +149,13 @@ impl Translation {
             match frame {
                 SseFrame::Data(chunk) => out.extend(messages.on_chunk(&chunk)),
                 SseFrame::Done => out.extend(messages.finish(self.stop.as_deref())),
+            }
+        }
+        if self.answer.context_capped {
+            for e in out.iter_mut().filter(|e| e.event == "message_delta") {
+                if e.data["delta"]["stop_reason"] == "max_tokens" {
+                    e.data["delta"]["stop_reason"] = CONTEXT_END.into();
+                }
             }
         }
         self.done = self.encoder.is_finished();

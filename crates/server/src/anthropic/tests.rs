@@ -232,3 +232,26 @@ async fn errors_of_the_shared_path_name_the_messages_fields() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     assert!(text.contains("output_config.format") && !text.contains("response_format"), "{text}");
 }
+
+/// `max_tokens` beyond what the context leaves is a ceiling, as at Anthropic: the answer runs to
+/// the context's end and says so (`model_context_window_exceeded`), streamed or not; within the
+/// context, a cut answer is `max_tokens` as ever.
+#[tokio::test]
+async fn max_tokens_past_the_context_stops_at_its_end() {
+    let cut = vec![delta("Hel"), Event::Finished { choice: 0, reason: FinishReason::Length }, Event::Done(usage(1))];
+    let h = harness(Arc::new(ScriptedEngine::new(cut, usage(1)))).await;
+    // The scripted engine's context is 64 tokens; Claude Code sends 32,000.
+    let (status, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"max_tokens": 32000}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["stop_reason"], "model_context_window_exceeded", "{v}");
+    let (status, text) =
+        post(&h, "/v1/messages", Some(KEY), message(json!({"max_tokens": 32000, "stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains(r#""stop_reason":"model_context_window_exceeded""#), "{text}");
+    let (_, text) = post(&h, "/v1/messages", Some(KEY), message(json!({"max_tokens": 5}))).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["stop_reason"], "max_tokens", "{text}");
+    // A prompt beyond the context is still refused.
+    let long = message(json!({"messages": [{"role": "user", "content": "word ".repeat(100)}]}));
+    assert_eq!(post(&h, "/v1/messages", Some(KEY), long).await.0, StatusCode::BAD_REQUEST);
+}
