@@ -4,7 +4,7 @@
 use std::num::NonZeroU32;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -23,6 +23,7 @@ use crate::model::{LoadError, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, Limits, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle};
 use crate::scheduler::device_sampling::{DeviceSampling, AUTO_MAX_STREAMS};
+use crate::scheduler::queue_shares::QueueShares;
 use crate::scheduler::Job;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::speculation::SpeculationConfig;
@@ -146,7 +147,7 @@ struct Inner {
     model: Arc<LoadedModel>,
     config: EngineConfig,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    queued: Arc<AtomicUsize>,
+    queued: Arc<QueueShares>,
     abort: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
     health: Arc<tokio::sync::watch::Sender<Health>>,
@@ -188,7 +189,7 @@ impl Engine {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
         let thread_model = model.clone();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let queued = Arc::new(QueueShares::default());
         let thread_queued = queued.clone();
         let abort = Arc::new(AtomicBool::new(false));
         let thread_abort = abort.clone();
@@ -302,7 +303,7 @@ impl Engine {
 
     /// Requests submitted and still waiting for a slot.
     pub fn queued(&self) -> usize {
-        self.inner.queued.load(Ordering::Relaxed)
+        self.inner.queued.total()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -319,15 +320,12 @@ impl Engine {
             return Err(SubmitError::Failed(why));
         }
         let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
-        // Checked and counted under the lock, so concurrent submits cannot overshoot the limit.
-        let queued = self.inner.queued.load(Ordering::Relaxed);
-        if queued >= self.inner.config.max_queue {
-            return Err(SubmitError::QueueFull(queued));
-        }
-        // Counted before sending: the scheduler decrements once it takes the job.
-        self.inner.queued.fetch_add(1, Ordering::Relaxed);
+        // Counted before sending (the scheduler lets go once it takes the job), within the key's
+        // share of the queue (`QueueShares`): one key's flood does not refuse the others.
+        let key = job.request.fairness_key;
+        self.inner.queued.try_enter(key, self.inner.config.max_queue).map_err(SubmitError::QueueFull)?;
         if sender.send(job).is_err() {
-            self.inner.queued.fetch_sub(1, Ordering::Relaxed);
+            self.inner.queued.leave(key);
             return Err(SubmitError::Stopped);
         }
         Ok(GenerationHandle { events: events_rx, usage: usage_rx })

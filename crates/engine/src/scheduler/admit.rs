@@ -3,7 +3,6 @@
 //! room, and images evaluated into the KV cache.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
@@ -31,7 +30,7 @@ impl Scheduler {
             if let Some(log) = &self.cfg.admission_log {
                 log.lock().unwrap().push(fairness_key);
             }
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.queued.leave(fairness_key);
             let (scope, prompt) = (job.request.cache_scope, &job.request.prompt.tokens);
             // The first choice takes the idle slot already holding most of the prompt (under its
             // scope); the others take the least recently used ones.

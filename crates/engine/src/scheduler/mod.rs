@@ -20,6 +20,7 @@ mod graph_reuse;
 mod held_output;
 mod plan;
 mod planner;
+pub(crate) mod queue_shares;
 pub(crate) mod sample_step;
 pub(crate) mod sampling;
 pub(crate) mod step_plan;
@@ -28,7 +29,7 @@ mod thinking;
 mod thinking_block;
 mod verify;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +37,7 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 
+use self::queue_shares::QueueShares;
 use crate::error::EngineError;
 use crate::kv::cache::{KvCache, StreamCopies};
 use crate::kv::layout::KvLayout;
@@ -97,7 +99,7 @@ pub(crate) struct Scheduler {
     kv: KvCache,
     batch: LlamaBatch<'static>,
     /// Jobs submitted but not yet admitted (shared with `Engine::submit` for backpressure).
-    queued: Arc<AtomicUsize>,
+    queued: Arc<QueueShares>,
     /// Set when shutdown's grace period ran out: cut everything, cleanly.
     abort: Arc<AtomicBool>,
     totals: Totals,
@@ -128,7 +130,7 @@ impl Scheduler {
     pub(crate) fn new(
         model: Arc<LoadedModel>,
         cfg: SchedulerConfig,
-        queued: Arc<AtomicUsize>,
+        queued: Arc<QueueShares>,
         abort: Arc<AtomicBool>,
         spec_stats: Arc<SpeculationStats>,
     ) -> Self {
@@ -261,7 +263,7 @@ impl Scheduler {
         StepStats {
             batch_tokens,
             running: self.active.iter().map(|r| r.choices.len()).sum(),
-            waiting: self.queued.load(Ordering::Relaxed),
+            waiting: self.queued.total(),
             kv_tokens: self.kv.slots().total_tokens(),
             kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
             host_cache_bytes,
@@ -288,7 +290,7 @@ impl Scheduler {
         }
         // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
         for job in self.waiting.remove_where(|job| job.events.is_closed()) {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.queued.leave(job.request.fairness_key);
             let usage = Usage { outcome: Outcome::Cancelled, ..Usage::default() };
             self.totals.request_done(&usage);
             let _ = job.usage.send(usage);
@@ -301,7 +303,7 @@ impl Scheduler {
     fn enqueue(&mut self, job: Job) {
         let n = job.request.n as usize;
         if n == 0 || n > self.cfg.parallel as usize {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.queued.leave(job.request.fairness_key);
             let msg = format!("n={n} must be between 1 and the server's {} parallel sequences", self.cfg.parallel);
             let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
             let usage = Usage { outcome: Outcome::Error, ..Usage::default() };
@@ -383,7 +385,7 @@ impl Scheduler {
     /// Jobs that never reached the model: nothing was computed, nothing is billed.
     fn answer_waiting(&mut self, error: &EngineError) {
         for job in self.waiting.drain() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.queued.leave(job.request.fairness_key);
             answer_unstarted(job, error);
         }
     }
@@ -406,7 +408,7 @@ impl Scheduler {
         }
         self.answer_waiting(error);
         while let Ok(job) = jobs.try_recv() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.queued.leave(job.request.fairness_key);
             answer_unstarted(job, error);
         }
     }

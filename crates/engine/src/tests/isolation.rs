@@ -239,3 +239,34 @@ async fn a_short_prompt_is_not_held_behind_a_long_ones_prefill() {
     assert!(short_done * 3 < long_done, "short answered at {short_done:?}, long at {long_done:?}");
     engine.shutdown();
 }
+
+/// One key filling the queue does not shut the others out: a newcomer queues up to its share
+/// past the bound, while the flooding key stays refused.
+#[tokio::test]
+async fn a_key_filling_the_queue_leaves_the_others_their_share() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads, config.max_queue) = (256, 1, Some(1), 4);
+    let engine = Engine::start(config).unwrap();
+    let eos = eos(&engine);
+    let submit = |key: u64| {
+        let mut request = engine.prepare(greedy("hello there", 1, 200)).unwrap();
+        request.sampling.logit_bias = vec![(eos, -100.0)];
+        request.fairness_key = key;
+        engine.submit(request)
+    };
+    let mut held = vec![submit(1).unwrap()];
+    // The running one leaves the queue once the scheduler takes it.
+    while engine.queued() > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    for _ in 0..4 {
+        held.push(submit(1).unwrap());
+    }
+    assert!(matches!(submit(1), Err(crate::SubmitError::QueueFull(4))));
+    held.push(submit(2).expect("another key queues past a queue one key filled"));
+    held.push(submit(2).unwrap());
+    assert!(matches!(submit(2), Err(crate::SubmitError::QueueFull(6))), "its share: half");
+    assert!(matches!(submit(1), Err(crate::SubmitError::QueueFull(6))));
+    drop(held);
+    engine.shutdown();
+}
