@@ -255,3 +255,27 @@ async fn max_tokens_past_the_context_stops_at_its_end() {
     let long = message(json!({"messages": [{"role": "user", "content": "word ".repeat(100)}]}));
     assert_eq!(post(&h, "/v1/messages", Some(KEY), long).await.0, StatusCode::BAD_REQUEST);
 }
+
+/// Anthropic's SDK (`models.list`, `models.retrieve`) gets its own shape; OpenAI's clients, which
+/// send no `anthropic-version`, keep theirs.
+#[tokio::test]
+async fn models_answer_anthropics_sdk_in_its_shape() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let get = |path: &str, anthropic: bool| {
+        let mut request = Request::get(path).header("x-api-key", KEY);
+        if anthropic {
+            request = request.header("anthropic-version", "2023-06-01");
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let (status, text) = h.send(get("/v1/models", true)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let list: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(list["data"][0]["type"], "model", "{list}");
+    assert_eq!((list["first_id"].as_str(), list["has_more"].as_bool()), (Some("scripted"), Some(false)));
+    assert!(list["data"][0]["created_at"].as_str().unwrap().ends_with('Z'), "{list}");
+    let (_, text) = h.send(get("/v1/models/scripted", true)).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["display_name"], "scripted", "{text}");
+    let (_, text) = h.send(get("/v1/models", false)).await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["object"], "list", "{text}");
+}
