@@ -290,12 +290,26 @@ impl Scheduler {
         }
         // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
         for job in self.waiting.remove_where(|job| job.events.is_closed()) {
-            self.queued.leave(job.request.fairness_key);
-            let usage = Usage { outcome: Outcome::Cancelled, ..Usage::default() };
-            self.totals.request_done(&usage);
-            let _ = job.usage.send(usage);
+            self.end_unadmitted(job, None);
         }
         self.retire_finished();
+    }
+
+    /// A job that never reached a sequence leaves the queue: its usage (nothing computed,
+    /// nothing billed) is reported and counted, after `error` when it ends in one (else it was
+    /// cancelled).
+    fn end_unadmitted(&mut self, job: Job, error: Option<EngineError>) {
+        self.queued.leave(job.request.fairness_key);
+        let outcome = match error {
+            Some(error) => {
+                let _ = job.events.send(Event::Error(error));
+                Outcome::Error
+            }
+            None => Outcome::Cancelled,
+        };
+        let usage = Usage { outcome, ..Usage::default() };
+        self.totals.request_done(&usage);
+        let _ = job.usage.send(usage);
     }
 
     /// Queues a job for admission; one that could never run (more choices than sequences,
@@ -303,12 +317,8 @@ impl Scheduler {
     fn enqueue(&mut self, job: Job) {
         let n = job.request.n as usize;
         if n == 0 || n > self.cfg.parallel as usize {
-            self.queued.leave(job.request.fairness_key);
             let msg = format!("n={n} must be between 1 and the server's {} parallel sequences", self.cfg.parallel);
-            let _ = job.events.send(Event::Error(EngineError::Rejected(msg)));
-            let usage = Usage { outcome: Outcome::Error, ..Usage::default() };
-            self.totals.request_done(&usage);
-            let _ = job.usage.send(usage);
+            self.end_unadmitted(job, Some(EngineError::Rejected(msg)));
             return;
         }
         self.waiting.push(job);

@@ -128,8 +128,7 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     decision.prompt_ends = vec![None; prompts.len()];
     for i in prompt_order(&prompts) {
         let p = &prompts[i];
-        let rest = p.pending.text_end.saturating_sub(p.pending.prefilled);
-        let exempt = p.pending.isolated || rest <= cap.saturating_mul(2);
+        let exempt = p.pending.isolated || p.pending.rest() <= cap.saturating_mul(2);
         let left = if exempt { budget.left() } else { budget.left().min(prompt_rows_left) };
         let end = if left == 0 { None } else { prompt_chunk_end(p.pending, left, chunk) };
         if let Some(end) = end {
@@ -157,10 +156,7 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
 /// whatever the short ones leave, every step.
 fn prompt_order(prompts: &[PromptToRead<'_>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..prompts.len()).collect();
-    order.sort_by_key(|&i| {
-        let p = prompts[i].pending;
-        (!p.isolated, p.text_end.saturating_sub(p.prefilled))
-    });
+    order.sort_by_key(|&i| (!prompts[i].pending.isolated, prompts[i].pending.rest()));
     order
 }
 

@@ -9,52 +9,46 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+/// Requests waiting, by key (keys with none are not kept).
 #[derive(Debug, Default)]
 pub(crate) struct QueueShares {
-    counts: Mutex<Counts>,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    total: usize,
-    by_key: HashMap<u64, usize>,
+    by_key: Mutex<HashMap<u64, usize>>,
 }
 
 impl QueueShares {
     /// Requests waiting in all.
     pub(crate) fn total(&self) -> usize {
-        self.lock().total
+        self.lock().values().sum()
     }
 
     /// Counts one more request of `key` if it may wait; otherwise the requests waiting in all
     /// (for the 503's message).
     pub(crate) fn try_enter(&self, key: u64, max_queue: usize) -> Result<(), usize> {
-        let mut c = self.lock();
-        let mine = c.by_key.get(&key).copied().unwrap_or(0);
-        let keys = c.by_key.len() + usize::from(mine == 0);
+        let mut by_key = self.lock();
+        let total: usize = by_key.values().sum();
+        let mine = by_key.get(&key).copied().unwrap_or(0);
+        let keys = by_key.len() + usize::from(mine == 0);
         let share = (max_queue / keys.max(1)).max(1);
-        let full = c.total >= max_queue;
-        if (full && mine >= share) || c.total >= 2 * max_queue.max(1) {
-            return Err(c.total);
+        let full = total >= max_queue;
+        if (full && mine >= share) || total >= 2 * max_queue.max(1) {
+            return Err(total);
         }
-        c.total += 1;
-        *c.by_key.entry(key).or_default() += 1;
+        *by_key.entry(key).or_default() += 1;
         Ok(())
     }
 
     /// One request of `key` stopped waiting (taken, answered, or dropped).
     pub(crate) fn leave(&self, key: u64) {
-        let mut c = self.lock();
-        let Some(n) = c.by_key.get_mut(&key) else { return };
+        let mut by_key = self.lock();
+        let Some(n) = by_key.get_mut(&key) else { return };
         *n -= 1;
         if *n == 0 {
-            c.by_key.remove(&key);
+            by_key.remove(&key);
         }
-        c.total -= 1;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
+        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

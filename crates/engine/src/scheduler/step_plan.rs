@@ -138,6 +138,13 @@ pub(crate) struct PendingPrompt {
     pub isolated: bool,
 }
 
+impl PendingPrompt {
+    /// Tokens left to read before its text ends.
+    pub(crate) fn rest(&self) -> usize {
+        self.text_end.saturating_sub(self.prefilled)
+    }
+}
+
 /// Where this step's chunk of `p` ends with `left` rows free (`None`: no chunk this step).
 /// Isolated prompts take a whole fixed chunk (`chunk` positions from a multiple of it) or none.
 pub(crate) fn prompt_chunk_end(p: PendingPrompt, left: usize, chunk: usize) -> Option<usize> {
