@@ -4,7 +4,7 @@
 use std::num::NonZeroU32;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -152,6 +152,7 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<()>>>,
     health: Arc<tokio::sync::watch::Sender<Health>>,
     spec_stats: Arc<SpeculationStats>,
+    stalled: Arc<AtomicU64>,
 }
 
 impl Engine {
@@ -195,10 +196,12 @@ impl Engine {
         let thread_abort = abort.clone();
         let health = Arc::new(tokio::sync::watch::Sender::new(Health::Ready));
         let thread_health = health.clone();
+        let stalled = Arc::new(AtomicU64::new(0));
         let sched_cfg = SchedulerConfig {
             ctx_size: config.ctx_size,
             parallel: config.parallel,
             batch_size: config.batch_size,
+            stalled: stalled.clone(),
             panic_after_tokens: test_panic_hook(&config),
             speculation: config.speculation,
             host_cache_bytes: config.host_cache_bytes,
@@ -288,6 +291,7 @@ impl Engine {
                 thread: Mutex::new(Some(thread)),
                 health,
                 spec_stats,
+                stalled,
             }),
         })
     }
@@ -299,6 +303,12 @@ impl Engine {
     /// Draft tokens verified and accepted since start (speculative decoding).
     pub fn speculation_stats(&self) -> &SpeculationStats {
         &self.inner.spec_stats
+    }
+
+    /// Requests ended as stalled since start (`EngineError::Stalled`): none unless the
+    /// scheduler has a bug.
+    pub fn stalled_requests(&self) -> u64 {
+        self.inner.stalled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Requests submitted and still waiting for a slot.

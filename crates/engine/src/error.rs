@@ -19,6 +19,11 @@ pub enum EngineError {
     /// unconstrained.
     #[error("The output's grammar (response_format or tools) failed while generating: {0}. Simplify the schema (fewer optional properties or alternatives).")]
     GrammarFailed(String),
+    /// Steps went by with the request neither given rows nor waiting on something that
+    /// finishes (a scheduler bug, counted in `gantry_stalled_requests_total`): it ended rather
+    /// than hang.
+    #[error("The engine could make no progress on this request ({0}); it was ended. Please retry.")]
+    Stalled(String),
     /// A request `prepare` should have refused reached the scheduler anyway.
     #[error("The engine could not run this request: {0}")]
     Rejected(String),

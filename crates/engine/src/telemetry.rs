@@ -53,6 +53,12 @@ pub(crate) fn describe() {
     describe_histogram!("gantry_inter_token_latency_seconds", Unit::Seconds, "Between consecutive tokens of a choice.");
     describe_counter!("gantry_decode_steps_total", Unit::Count, "Scheduler steps that decoded a batch.");
     describe_counter!(
+        "gantry_stalled_requests_total",
+        Unit::Count,
+        "Requests ended with a server_error because scheduler steps in a row gave them no work (a bug \
+         to report; they would otherwise hang)."
+    );
+    describe_counter!(
         "gantry_decode_ubatches_total",
         Unit::Count,
         "Ubatches llama.cpp cut the decoded batches into: each is one more pass over the weights (see \
@@ -204,4 +210,9 @@ pub(crate) fn inter_token(latency: Duration) {
 pub(crate) fn image_evaluated(positions: usize, took: Duration) {
     counter!("gantry_image_tokens_total", "model" => model()).increment(positions as u64);
     histogram!("gantry_image_eval_seconds", "model" => model()).record(took.as_secs_f64());
+}
+
+/// Requests ended because no step could move them (`Scheduler::no_rows`).
+pub(crate) fn stalled(requests: usize) {
+    counter!("gantry_stalled_requests_total", "model" => model()).increment(requests as u64);
 }

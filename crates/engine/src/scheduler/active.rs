@@ -83,6 +83,8 @@ pub(crate) struct ActiveRequest {
     /// A longer prefix of the prompt that another sequence holds or is computing right now:
     /// `(sequence, length)`. Prefill waits for it and copies it instead of recomputing it.
     pub share: Option<(SeqId, usize)>,
+    /// Steps in a row its prompt read nothing (see `prompt_turns`).
+    pub prompt_waits: u32,
     /// Only prefixes and answers cached under this scope are reused (see `CacheScope`).
     pub scope: CacheScope,
     pub choices: Vec<Choice>,
@@ -197,6 +199,7 @@ impl ActiveRequest {
             images: request.prompt.images,
             prefilled: 0,
             share: None,
+            prompt_waits: 0,
             scope: request.cache_scope,
             choices,
             max_tokens: request.max_tokens,

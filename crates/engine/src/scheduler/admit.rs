@@ -17,7 +17,7 @@ use crate::scheduler::device_sampling::ChainKey;
 use crate::speculation::Speculate;
 use crate::telemetry;
 
-use super::Scheduler;
+use super::{share_waits, Scheduler};
 
 impl Scheduler {
     /// Starts waiting jobs on free sequences, in the order `admission` picks.
@@ -130,18 +130,31 @@ impl Scheduler {
 
     /// Requests waiting on a prefix from another sequence take it once it is computed, or as
     /// much of it as exists once its computation stopped (its request finished or was cut).
+    /// A request waits only on a chain of waits that ends in a prompt being read
+    /// (`share_waits`), so no wait lasts forever.
     pub(super) fn resolve_shares(&mut self, ctx: &mut LlamaContext<'_>) {
-        let still_prefilling: Vec<SeqId> =
-            self.active.iter().filter(|r| r.is_prefilling()).map(|r| r.choices[0].seq_id).collect();
-        for req in &mut self.active {
-            let Some((src, want)) = req.share else { continue };
-            // The source was picked under the request's scope; should the slot have been taken
-            // by another scope since, it has nothing for this request.
-            let same_scope = self.kv.slots().scope(src) == req.scope;
-            let have = if same_scope { self.kv.slots().tokens(src) } else { &[] };
-            if same_scope && have.len() < want && still_prefilling.contains(&src) {
+        let slots = self.kv.slots();
+        let waiting_on: Vec<Option<usize>> = self
+            .active
+            .iter()
+            .map(|req| {
+                let (src, want) = req.share?;
+                // The source was picked under the request's scope; should the slot have been
+                // taken by another scope since, it has nothing for this request.
+                if slots.scope(src) != req.scope || slots.tokens(src).len() >= want {
+                    return None;
+                }
+                self.active.iter().position(|r| r.is_prefilling() && r.choices[0].seq_id == src)
+            })
+            .collect();
+        let keep_waiting = share_waits::waits_that_end(&waiting_on);
+        for (req, keep_waiting) in self.active.iter_mut().zip(keep_waiting) {
+            let Some((src, _)) = req.share else { continue };
+            if keep_waiting {
                 continue;
             }
+            let same_scope = self.kv.slots().scope(src) == req.scope;
+            let have = if same_scope { self.kv.slots().tokens(src) } else { &[] };
             let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
             let len = len.max(req.prefilled);
             let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
@@ -168,11 +181,12 @@ impl Scheduler {
     /// embeddings are decoded into the request's first sequence (the others get the whole
     /// prompt once it is read: `spread_prompts`).
     /// One image per step, so running streams wait for at most one encode. A failure ends that
-    /// request alone.
-    pub(super) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) {
-        let Some(vision) = self.model.vision.as_ref() else { return };
+    /// request alone. Returns whether an image was evaluated (or failed): a step of progress
+    /// even when the batch is empty.
+    pub(super) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
+        let Some(vision) = self.model.vision.as_ref() else { return false };
         let Some(i) = self.active.iter().position(|r| r.share.is_none() && r.image_at(r.prefilled).is_some()) else {
-            return;
+            return false;
         };
         let req = &mut self.active[i];
         let image = req.image_at(req.prefilled).expect("found above").clone();
@@ -199,6 +213,7 @@ impl Scheduler {
                 self.totals.request_done(&usage);
             }
         }
+        true
     }
 }
 

@@ -20,16 +20,18 @@ mod graph_reuse;
 mod held_output;
 mod plan;
 mod planner;
+mod prompt_turns;
 pub(crate) mod queue_shares;
 pub(crate) mod sample_step;
 pub(crate) mod sampling;
+mod share_waits;
 pub(crate) mod step_plan;
 pub mod text;
 mod thinking;
 mod thinking_block;
 mod verify;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,6 +39,7 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 
+use self::prompt_turns::PromptDeficits;
 use self::queue_shares::QueueShares;
 use crate::error::EngineError;
 use crate::kv::cache::{KvCache, StreamCopies};
@@ -53,6 +56,10 @@ use crate::speculation::step_cost::StepCost;
 use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
 use crate::telemetry::{self, PlanParts, SampleParts, StepPhases, StepStats, Totals};
 
+/// Steps in a row without a row for anyone, with requests active or waiting, after which they
+/// end as stalled (`Scheduler::no_rows`). Such a step takes microseconds; none is expected.
+const STALLED_AFTER_STEPS: u32 = 8;
+
 pub(crate) struct SchedulerConfig {
     /// Max tokens of one sequence (prompt + completion).
     pub ctx_size: u32,
@@ -63,6 +70,8 @@ pub(crate) struct SchedulerConfig {
     /// Most prompt rows one step reads while sequences decode (`prompt_rows_while_decoding`):
     /// a step lasts as long as its rows take, and every decoding stream waits for it.
     pub prompt_rows_while_decoding: Option<usize>,
+    /// Requests ended because no step could move them (`EngineError::Stalled`), since start.
+    pub stalled: Arc<AtomicU64>,
     /// Test hook: panic once the running requests generated this many tokens (see
     /// `test_panic_hook`); `None` outside tests.
     pub panic_after_tokens: Option<u32>,
@@ -119,6 +128,10 @@ pub(crate) struct Scheduler {
     /// Requests with several choices whose prompt this step reads to its end: the other choices
     /// get a copy once it is decoded (see `spread_prompts`).
     spreading: Vec<usize>,
+    /// Each key's account of prompt rows, which orders prompts between keys (`prompt_turns`).
+    prompt_deficits: PromptDeficits,
+    /// Steps in a row that gave no row to the requests active or waiting (see `no_rows`).
+    steps_without_rows: u32,
     /// Chains sampling on the device, made on the first step when `cfg.device_sampling`.
     device: Option<DeviceSamplers>,
     /// llama.cpp's count of reused graphs, read each step; made on the first step, `None` where
@@ -159,6 +172,8 @@ impl Scheduler {
             plan: StepPlan::default(),
             batch_ubatches: 0,
             spreading: Vec::new(),
+            prompt_deficits: PromptDeficits::default(),
+            steps_without_rows: 0,
             device: None,
             graph_reuse: None,
         }
@@ -201,18 +216,25 @@ impl Scheduler {
         }
         let step_started = Instant::now();
         self.drop_cancelled();
+        // A source whose request ended since the last step is copied from before admission
+        // can hand its sequence to a new request.
+        self.resolve_shares(ctx);
         self.admit(ctx);
         self.resolve_shares(ctx);
         let admitted = Instant::now();
         self.offload_idle(ctx);
         self.compact(ctx);
         let cache_moved = Instant::now();
-        self.evaluate_image(ctx);
+        let image_evaluated = self.evaluate_image(ctx);
         let has_work = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
         if !has_work {
+            if !image_evaluated {
+                self.no_rows(ctx);
+            }
             return;
         }
+        self.steps_without_rows = 0;
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let started = Instant::now();
         let decoded = ctx.decode(&mut self.batch);
@@ -254,6 +276,44 @@ impl Scheduler {
             ubatches: self.batch_ubatches,
             graphs_reused: graphs_reused.unwrap_or(0),
         });
+    }
+
+    /// A step that gave nothing a row and evaluated no image while requests are active or
+    /// waiting. Each active request is read, decoding, or waiting on a prompt being read
+    /// (`share_waits`), and admission takes a waiting job whenever nothing runs, so this is a
+    /// bug: a few such steps in a row end what is stuck, loudly, rather than spin on it
+    /// forever (the running requests with what they computed billed; else the waiting jobs).
+    fn no_rows(&mut self, ctx: &mut LlamaContext<'_>) {
+        if self.active.is_empty() && self.waiting.is_empty() {
+            self.steps_without_rows = 0;
+            return;
+        }
+        self.steps_without_rows += 1;
+        if self.steps_without_rows < STALLED_AFTER_STEPS {
+            return;
+        }
+        self.steps_without_rows = 0;
+        let why = format!("{STALLED_AFTER_STEPS} scheduler steps in a row gave it no work");
+        tracing::error!(
+            running = self.active.len(),
+            waiting = self.queued.total(),
+            "requests the scheduler could not move: ending them"
+        );
+        let ended = if self.active.is_empty() {
+            let jobs = self.waiting.drain();
+            let ended = jobs.len();
+            for job in jobs {
+                self.end_unadmitted(job, Some(EngineError::Stalled(why.clone())));
+            }
+            ended
+        } else {
+            let stuck: Vec<_> = (0..self.active.len()).map(|r| (r, EngineError::Stalled(why.clone()))).collect();
+            let ended = stuck.len();
+            self.end_alone(ctx, stuck);
+            ended
+        };
+        self.cfg.stalled.fetch_add(ended as u64, Ordering::Relaxed);
+        telemetry::stalled(ended);
     }
 
     /// The gauges' figures now; `batch_tokens` is 0 when idle (the batch still holds the last

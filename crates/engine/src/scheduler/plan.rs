@@ -14,6 +14,7 @@ use crate::speculation::Speculate;
 
 use super::active::{ActiveRequest, Choice};
 use super::planner::{self, DecodingChoice, PromptToRead, StepDecision, StepInputs};
+use super::prompt_turns::PromptDeficits;
 use super::step_plan::{write_batch, PendingPrompt};
 use super::{deterministic, Scheduler, SchedulerConfig};
 
@@ -33,7 +34,7 @@ impl Scheduler {
     pub(super) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
         self.spreading.clear();
         self.offer_drafts(ctx);
-        let inputs = step_inputs(&mut self.active, &self.cfg);
+        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits);
         let decision = planner::plan_step(inputs, &self.step_cost, &mut self.acceptance);
         let prompt_done = self.commit(decision);
         let isolated: Vec<SeqId> =
@@ -101,11 +102,18 @@ impl Scheduler {
         self.batch_prompt_tokens = 0;
         let mut ends = prompt_ends.into_iter();
         let mut prompt_rows = 0;
+        let mut read_by_key = Vec::new();
         for (r, req) in self.active.iter_mut().enumerate() {
             if !reads_prompt(req) {
                 continue;
             }
-            let Some(end) = ends.next().expect("a decision per prompt") else { continue };
+            let end = ends.next().expect("a decision per prompt");
+            read_by_key.push((req.fairness_key, end.map_or(0, |end| end - req.prefilled)));
+            let Some(end) = end else {
+                req.prompt_waits = req.prompt_waits.saturating_add(1);
+                continue;
+            };
+            req.prompt_waits = 0;
             prompt_rows += end - req.prefilled;
             self.batch_prompt_tokens += end - req.prefilled;
             req.prefilled = end;
@@ -117,6 +125,7 @@ impl Scheduler {
                 }
             }
         }
+        self.prompt_deficits.settle(read_by_key, prompt_quantum(&self.cfg));
         for row in plan.prompt.iter().chain(&plan.decode) {
             self.kv.record(row.seq, row.pos as usize, row.token);
         }
@@ -171,7 +180,17 @@ fn draft_limit(max_tokens: u32, isolated: bool, c: &Choice, ctx_size: i32) -> us
 
 /// What the running requests bring to this step, for the planner: each decoding choice's token
 /// and the drafts it was offered (taken out of `Choice::drafts`), each prompt still being read.
-fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> StepInputs<'a> {
+/// The prompt rows a key with a prompt waiting is owed each step (`prompt_turns`): what one
+/// long prompt may read while streams decode, or, without that cap, a whole batch.
+fn prompt_quantum(cfg: &SchedulerConfig) -> usize {
+    cfg.prompt_rows_while_decoding.unwrap_or(cfg.batch_size as usize)
+}
+
+fn step_inputs<'a>(
+    active: &'a mut [ActiveRequest],
+    cfg: &SchedulerConfig,
+    deficits: &'a PromptDeficits,
+) -> StepInputs<'a> {
     let ctx_size = cfg.ctx_size as i32;
     let chunk = deterministic::chunk_size(cfg.batch_size, cfg.parallel);
     // The fixed prompt chunks of isolated requests are held back from drafts.
@@ -202,6 +221,8 @@ fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> St
             seq: r.choices[0].seq_id,
             prompt: &r.prompt,
             pending: PendingPrompt { prefilled: r.prefilled, text_end: r.text_end(r.prefilled), isolated: r.isolated },
+            key: r.fairness_key,
+            waited: r.prompt_waits,
         })
         .collect();
     StepInputs {
@@ -212,5 +233,6 @@ fn step_inputs<'a>(active: &'a mut [ActiveRequest], cfg: &SchedulerConfig) -> St
         prompt_rows_while_decoding: cfg.prompt_rows_while_decoding,
         decoding,
         prompts,
+        deficits,
     }
 }

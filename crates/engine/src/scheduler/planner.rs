@@ -10,14 +10,18 @@
 //!   while few streams decode), and under `Speculate::Auto` only as many as the measured step
 //!   cost says pay for themselves (`StepCost::best_draft`, with each lookup run's learned
 //!   acceptance);
-//! - then prompt chunks in what is left (`prompt_chunk_end`): isolated ones first, then the
-//!   shortest rest first (`prompt_order`), so a long prompt never holds a short one back; on a
-//!   CPU at most `prompt_rows_while_decoding` of them while choices decode, so a step stays short.
+//! - then prompt chunks in what is left (`prompt_chunk_end`): isolated ones first, then by key
+//!   in deficit round-robin (`prompt_turns`), within a key a prompt that waited long first,
+//!   then the shortest rest first (`prompt_order`), so a long prompt never holds a short one
+//!   back and short ones never starve a long one; on a CPU at most `prompt_rows_while_decoding`
+//!   of them while choices decode, so a step stays short (a prompt whose rest fits in two such
+//!   caps is read whole all the same).
 
 use crate::kv::seq_id::SeqId;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{AcceptanceByKind, AcceptanceKind, Chain, Lookup, MAX_DRAFTING_STREAMS};
 
+use super::prompt_turns::{PromptDeficits, AGED_AFTER_STEPS};
 use super::step_plan::{prompt_chunk_end, Budget, PendingPrompt, RowKind, StepPlan};
 
 /// A choice that decodes this step.
@@ -42,6 +46,10 @@ pub(crate) struct PromptToRead<'a> {
     pub seq: SeqId,
     pub prompt: &'a [i32],
     pub pending: PendingPrompt,
+    /// The API key it is read for (`GenerateRequest::fairness_key`).
+    pub key: u64,
+    /// Steps in a row its prompt read nothing.
+    pub waited: u32,
 }
 
 /// Everything a step is planned from.
@@ -62,6 +70,8 @@ pub(crate) struct StepInputs<'a> {
     pub decoding: Vec<DecodingChoice>,
     /// In request order.
     pub prompts: Vec<PromptToRead<'a>>,
+    /// Each key's account of prompt rows (`prompt_turns`).
+    pub deficits: &'a PromptDeficits,
 }
 
 /// What the planner decided.
@@ -87,10 +97,19 @@ pub(crate) fn lookups_allowed(decoding: usize) -> bool {
 /// Plans one step. `acceptance` learns that a lookup was declined (a draft not worth feeding),
 /// so an estimate that stopped drafting drifts back to its prior and gets probed again.
 pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mut AcceptanceByKind) -> StepDecision {
-    let StepInputs { batch_size, chunk, reserved, weigh_drafts, prompt_rows_while_decoding, decoding, prompts } =
-        inputs;
+    let StepInputs {
+        batch_size,
+        chunk,
+        reserved,
+        weigh_drafts,
+        prompt_rows_while_decoding,
+        decoding,
+        prompts,
+        deficits,
+    } = inputs;
     // Isolated prompts' fixed chunks are exempt: rows were held for them. So is a prompt whose
-    // rest fits in two such caps: read whole, it makes one longer step instead of two.
+    // rest fits in two such caps (read whole, it makes one longer step instead of two), unless
+    // its key is overdrawn while another key waits (below).
     let cap = match prompt_rows_while_decoding {
         Some(cap) if !decoding.is_empty() => cap,
         _ => usize::MAX,
@@ -126,9 +145,15 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     // Chunks are sized in `prompt_order`, their rows planned in request order (which `commit`
     // walks to find where each prompt's last row is).
     decision.prompt_ends = vec![None; prompts.len()];
-    for i in prompt_order(&prompts) {
+    // With another key's prompt waiting, a key that read more than it was owed gets no more
+    // whole short prompts past the cap until its account recovers: its stream of them would
+    // otherwise take most of every step from the other key's long one.
+    let first_key = prompts.iter().find(|p| !p.pending.isolated).map(|p| p.key);
+    let contended = prompts.iter().any(|p| !p.pending.isolated && Some(p.key) != first_key);
+    for i in prompt_order(&prompts, deficits) {
         let p = &prompts[i];
-        let exempt = p.pending.isolated || p.pending.rest() <= cap.saturating_mul(2);
+        let overdrawn = contended && deficits.of(p.key) < 0;
+        let exempt = p.pending.isolated || (p.pending.rest() <= cap.saturating_mul(2) && !overdrawn);
         let left = if exempt { budget.left() } else { budget.left().min(prompt_rows_left) };
         let end = if left == 0 { None } else { prompt_chunk_end(p.pending, left, chunk) };
         if let Some(end) = end {
@@ -149,14 +174,21 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
 }
 
 /// The order prompts take what the step leaves: isolated prompts' fixed chunks first (rows were
-/// held for them), then the others by the fewest tokens left to read, ties in request order. A
-/// short prompt is read at once beside a long one, instead of waiting for the long one to be
-/// read whole: in request order, one key's long prompt held every later request's first token
-/// back for its whole prefill (seconds per thousand tokens on a CPU). The long one still gets
-/// whatever the short ones leave, every step.
-fn prompt_order(prompts: &[PromptToRead<'_>]) -> Vec<usize> {
+/// held for them); then by key, the key owed most rows first (`prompt_turns`); among keys owed
+/// alike, a prompt that waited `AGED_AFTER_STEPS` steps first, then the fewest tokens left to
+/// read; ties in request order. A short prompt is read at once beside a long one, instead of waiting for
+/// the long one to be read whole (in request order, one key's long prompt held every later
+/// request's first token back for its whole prefill: seconds per thousand tokens on a CPU); and
+/// a key whose short prompts read every step falls behind in its account, so another key's
+/// long prompt goes first and reads its share instead of only what they leave, which was
+/// nothing under a steady stream of them.
+fn prompt_order(prompts: &[PromptToRead<'_>], deficits: &PromptDeficits) -> Vec<usize> {
     let mut order: Vec<usize> = (0..prompts.len()).collect();
-    order.sort_by_key(|&i| (!prompts[i].pending.isolated, prompts[i].pending.rest()));
+    order.sort_by_key(|&i| {
+        let p = &prompts[i];
+        let aged = p.waited >= AGED_AFTER_STEPS;
+        (!p.pending.isolated, std::cmp::Reverse(deficits.of(p.key)), !aged, p.pending.rest())
+    });
     order
 }
 

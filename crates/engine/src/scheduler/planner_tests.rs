@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::kv::layout::KvLayout;
+use crate::scheduler::prompt_turns::PromptDeficits;
 use crate::speculation::DraftSource;
 
 fn id(index: usize) -> SeqId {
@@ -30,6 +31,7 @@ fn inputs<'a>(batch_size: usize, decoding: Vec<DecodingChoice>, prompts: Vec<Pro
         prompt_rows_while_decoding: None,
         decoding,
         prompts,
+        deficits: Box::leak(Box::default()),
     }
 }
 
@@ -38,6 +40,8 @@ fn prompt(seq: usize, tokens: &[i32], prefilled: usize, isolated: bool) -> Promp
         seq: id(seq),
         prompt: tokens,
         pending: PendingPrompt { prefilled, text_end: tokens.len(), isolated },
+        key: 0,
+        waited: 0,
     }
 }
 
@@ -134,6 +138,69 @@ fn while_choices_decode_prompts_read_at_most_their_cap() {
         )
     });
     assert_eq!(d.prompt_ends, vec![None, Some(20)], "the medium one whole; the long one waits its turn");
+}
+
+/// Key 1 streams and sends fresh short prompts every step; key 2's long prompt, capped while the
+/// stream decodes, used to get only what the short ones left: nothing, for as long as they came.
+/// In deficit round-robin it reads its cap from the second step on, every step; key 1, which
+/// read more than it was owed, has its short ones read whole past the cap once its account
+/// recovers (every fourth step here), and key 1 alone has them read whole every step.
+#[test]
+fn a_long_prompt_reads_every_step_beside_another_keys_stream_of_short_ones() {
+    let (long, short): (Vec<i32>, Vec<i32>) = ((0..1000).collect(), (500..520).collect());
+    let mut deficits = PromptDeficits::default();
+    let mut prefilled = 0;
+    let (mut reads, mut shorts_whole) = (Vec::new(), 0);
+    for _ in 0..12 {
+        let mut shorts = vec![prompt(1, &short, 0, false), prompt(2, &short, 0, false)];
+        shorts.iter_mut().for_each(|p| p.key = 1);
+        let mut waiting = prompt(3, &long, prefilled, false);
+        (waiting.key, waiting.waited) = (2, 0);
+        let d = plan(StepInputs {
+            prompt_rows_while_decoding: Some(10),
+            deficits: &deficits,
+            ..inputs(64, vec![choice(0, 1, 3, Chain::default())], [shorts, vec![waiting]].concat())
+        });
+        let short_reads: Vec<usize> = d.prompt_ends[..2].iter().map(|e| e.unwrap_or(0)).collect();
+        shorts_whole += usize::from(short_reads == [20, 20]);
+        let read = d.prompt_ends[2].map_or(0, |end| end - prefilled);
+        prefilled += read;
+        reads.push(read);
+        deficits.settle([(1, short_reads[0]), (1, short_reads[1]), (2, read)], 10);
+    }
+    assert_eq!(reads[0], 0, "the first step, as before: key 1's prompts came first");
+    assert!(reads[1..].iter().all(|&r| r == 10), "its cap every step after: {reads:?}");
+    assert_eq!(shorts_whole, 3, "steps 0, 4 and 8");
+    // Key 1 alone: its account says nothing; short prompts are read whole every step.
+    let mut alone = PromptDeficits::default();
+    for _ in 0..6 {
+        let mut shorts = vec![prompt(1, &short, 0, false), prompt(2, &short, 0, false)];
+        shorts.iter_mut().for_each(|p| p.key = 1);
+        let d = plan(StepInputs {
+            prompt_rows_while_decoding: Some(10),
+            deficits: &alone,
+            ..inputs(64, vec![choice(0, 1, 3, Chain::default())], shorts)
+        });
+        assert_eq!(d.prompt_ends, [Some(20), Some(20)]);
+        alone.settle([(1, 20), (1, 20)], 10);
+    }
+}
+
+/// Within one key's prompts (or keys owed alike), one that waited `AGED_AFTER_STEPS` steps goes
+/// before shorter ones.
+#[test]
+fn a_prompt_that_waited_long_goes_before_shorter_ones() {
+    let (long, medium): (Vec<i32>, Vec<i32>) = ((0..100).collect(), (0..20).collect());
+    let capped = |waited| {
+        let mut old = prompt(1, &long, 0, false);
+        old.waited = waited;
+        plan(StepInputs {
+            prompt_rows_while_decoding: Some(10),
+            ..inputs(64, vec![choice(0, 1, 3, Chain::default())], vec![old, prompt(2, &medium, 0, false)])
+        })
+    };
+    assert_eq!(capped(AGED_AFTER_STEPS - 1).prompt_ends, vec![None, Some(20)]);
+    assert_eq!(capped(AGED_AFTER_STEPS).prompt_ends, vec![Some(10), Some(20)], "its cap first, then the rest");
 }
 
 #[test]

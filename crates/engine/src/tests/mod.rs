@@ -11,5 +11,6 @@ mod kv_layout;
 mod reasoning;
 mod sampling_engine;
 mod speculation;
+mod stalls;
 pub(crate) mod typed_text;
 mod vision;
