@@ -134,6 +134,17 @@ def test_what_a_stored_response_keeps_is_held_to_the_apis_limits(client, server)
     ResponseUsage.model_validate(r.usage.model_dump(), strict=True)
 
 
+def test_fields_kept_beyond_openais_limits_are_refused_by_name(client, server):
+    # 3.5 MB in `user` was billed 42 tokens and stored for 30 days.
+    for field, value in [("user", "u" * 3_500_000), ("user", "u" * 65), ("safety_identifier", "s" * 65)]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=server.model_id, input="x", max_output_tokens=1, extra_body={field: value})
+        assert (e.value.body["param"], e.value.body["code"]) == (field, "string_above_max_length")
+    r = client.responses.create(model=server.model_id, input="Hi", max_output_tokens=2, user="u" * 64,
+                                safety_identifier="s" * 64)
+    assert r.user == "u" * 64 and r.safety_identifier == "s" * 64
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_included_logprobs_come_with_the_text(client, server, stream):
     kw = dict(model=server.model_id, input="Say hello.", max_output_tokens=40, temperature=0,

@@ -37,7 +37,7 @@ pub use metering::{
     UNLIMITED_TPM,
 };
 pub use rate::{Allowance, Count, LocalWindows, RateRefusal, RateStatus, RateWindow};
-pub use stored_responses::{NewStoredResponse, MAX_CONVERSATION_DEPTH};
+pub use stored_responses::{NewStoredResponse, StoredQuota, MAX_CONVERSATION_BYTES, MAX_CONVERSATION_DEPTH};
 pub use unknown_keys::{UNKNOWN_KEY_CAPACITY, UNKNOWN_KEY_TTL};
 pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 
@@ -121,9 +121,10 @@ impl Accounts {
         Ok(key)
     }
 
-    /// Keeps a response (`store: true`) for its key until `expires_at_ms`.
-    pub async fn store_response(&self, new: &NewStoredResponse<'_>) -> Result<(), AccountsError> {
-        stored_responses::store(&self.pool, new).await
+    /// Keeps a response (`store: true`) for its key until `expires_at_ms`, then drops the key's
+    /// oldest responses past `quota`; returns how many were dropped.
+    pub async fn store_response(&self, new: &NewStoredResponse<'_>, quota: StoredQuota) -> Result<u64, AccountsError> {
+        stored_responses::store(&self.pool, new, quota).await
     }
 
     /// The key's stored Response object `id` (JSON), unless it expired; another key's is `None`.

@@ -32,6 +32,8 @@ mod pipeline;
 pub mod pool;
 /// The server's id for every request, and the client's `x-request-id`.
 mod request_id;
+/// What stored responses may take of the disk: per response, per key, and the free space floor.
+pub mod response_storage;
 /// OpenAI's Responses API, translated onto the chat path.
 mod responses;
 /// The router: which routes each listener serves, behind the layers they share.

@@ -120,12 +120,15 @@ async fn admitted(
 ) -> Result<Response, ApiError> {
     chat::require_json_content_type(&headers)?;
     // A Responses request keeps its parse (the fields its Response repeats, what it stores).
-    let (chat, responses_request) = match dialect {
+    // The conversation it continues is read only once it holds its preparation turn (below).
+    let (mut chat, mut responses_request) = match dialect {
         Dialect::Chat => (gantry_api::parse_chat_request(&body)?, None),
         Dialect::Messages => (gantry_api::anthropic::parse_messages_request(&body)?, None),
         Dialect::Responses => {
-            let prior = crate::responses::continued(&state, &key, &body).await?;
-            let request = gantry_api::responses::parse_responses_request(&body, &prior)?;
+            let request = gantry_api::responses::parse_responses_request(&body)?;
+            if request.store && !state.response_retention.is_zero() {
+                state.response_storage.check_room()?;
+            }
             (request.chat.clone(), Some(request))
         }
     };
@@ -145,6 +148,11 @@ async fn admitted(
         // Bounded per key and overall, so one key's flood of huge prompts waits for its own
         // turns instead of taking every blocking thread.
         let _turn = state.prepare_gate.enter(key.id).await;
+        if let Some(request) = responses_request.take() {
+            let request = crate::responses::continued(&state, &key, request).await?;
+            chat = request.chat.clone();
+            responses_request = Some(request);
+        }
         let scope = gantry_engine::CacheScope(key.cache_scope_id());
         match dialect {
             Dialect::Messages => {

@@ -26,12 +26,20 @@ use crate::clock::now_ms;
 use crate::openai::chat;
 use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
+use crate::response_storage::ResponseStorage;
 use crate::state::AppState;
 
-/// The conversation a request's `previous_response_id` continues (its items, oldest first), or
-/// nothing without one. Only the key's own unexpired responses continue.
-pub(crate) async fn continued(state: &AppState, key: &KeyInfo, body: &[u8]) -> Result<Vec<Value>, ApiError> {
-    let Some(id) = gantry_api::responses::previous_response_id(body) else { return Ok(Vec::new()) };
+/// The request with the conversation its `previous_response_id` continues read in before its
+/// own input (unchanged without one). Called once the request was admitted and holds its
+/// preparation turn: at most `--prepare-concurrency` conversations, each bounded by
+/// [`gantry_accounts::MAX_CONVERSATION_BYTES`], are in memory at once, and they are parsed on a
+/// blocking thread. Only the key's own unexpired responses continue.
+pub(crate) async fn continued(
+    state: &AppState,
+    key: &KeyInfo,
+    request: ResponsesRequest,
+) -> Result<ResponsesRequest, ApiError> {
+    let Some(id) = request.continues().map(str::to_owned) else { return Ok(request) };
     let turns = match state.accounts.stored_conversation(key.id, &id, now_ms()).await {
         Err(gantry_accounts::AccountsError::Invalid(why)) => {
             return Err(ApiError::invalid_value("previous_response_id", format!("Cannot continue '{id}': {why}.")))
@@ -44,14 +52,34 @@ pub(crate) async fn continued(state: &AppState, key: &KeyInfo, body: &[u8]) -> R
             format!("Previous response with id '{id}' not found (never stored, deleted, expired, or made with another key)."),
         ));
     };
-    let mut items = Vec::new();
-    for turn in turns {
-        match serde_json::from_str::<Value>(&turn) {
-            Ok(Value::Array(turn)) => items.extend(turn),
-            _ => return Err(ApiError::internal("a stored response's items are not a JSON array")),
+    tokio::task::spawn_blocking(move || {
+        let mut items = Vec::new();
+        for turn in turns {
+            match serde_json::from_str::<Value>(&turn) {
+                Ok(Value::Array(turn)) => items.extend(turn),
+                _ => return Err(ApiError::internal("a stored response's items are not a JSON array")),
+            }
         }
-    }
-    Ok(items)
+        request.continuing(&items)
+    })
+    .await
+    .map_err(|e| crate::errors::task_failed("reading a stored conversation", e))?
+}
+
+/// Counts a request on stored responses against the key's requests per minute (and its
+/// budget, as every request's pre-admission does) before `handle` runs; its answer carries the
+/// `x-ratelimit-*` headers, a refusal is a 429.
+async fn counted<F>(state: &AppState, key: &KeyInfo, handle: F) -> Response
+where
+    F: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    let pass = match state.meter.pre_admit(key).await {
+        Ok(pass) => pass,
+        Err(refused) => return crate::errors::refusal_response(key, refused),
+    };
+    let mut response = handle.await.unwrap_or_else(IntoResponse::into_response);
+    crate::openai::rate_limit::apply(&pass.rate(), response.headers_mut());
+    response
 }
 
 fn storage_failed(e: gantry_accounts::AccountsError) -> ApiError {
@@ -74,7 +102,11 @@ pub(crate) async fn retrieve(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Response {
+    counted(&state, &key, retrieve_counted(&state, &key, id)).await
+}
+
+async fn retrieve_counted(state: &AppState, key: &KeyInfo, id: String) -> Result<Response, ApiError> {
     let stored = state.accounts.stored_response(key.id, &id, now_ms()).await.map_err(storage_failed)?;
     let stored = stored.ok_or_else(|| not_found(&id))?;
     let body: Value = serde_json::from_str(&stored).map_err(|_| ApiError::internal("a stored response is not JSON"))?;
@@ -88,6 +120,15 @@ pub(crate) async fn input_items(
     Extension(key): Extension<KeyInfo>,
     Path(id): Path<String>,
     Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    counted(&state, &key, input_items_counted(&state, &key, id, params)).await
+}
+
+async fn input_items_counted(
+    state: &AppState,
+    key: &KeyInfo,
+    id: String,
+    params: HashMap<String, String>,
 ) -> Result<Response, ApiError> {
     let query = gantry_api::responses::items_query(&params)?;
     let stored = state.accounts.stored_response_and_items(key.id, &id, now_ms()).await.map_err(storage_failed)?;
@@ -106,7 +147,11 @@ pub(crate) async fn delete(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Response {
+    counted(&state, &key, delete_counted(&state, &key, id)).await
+}
+
+async fn delete_counted(state: &AppState, key: &KeyInfo, id: String) -> Result<Response, ApiError> {
     if !state.accounts.delete_stored_response(key.id, &id).await.map_err(storage_failed)? {
         return Err(not_found(&id));
     }
@@ -117,6 +162,7 @@ pub(crate) async fn delete(
 #[derive(Clone)]
 struct Keeper {
     accounts: gantry_accounts::Accounts,
+    storage: ResponseStorage,
     key_id: i64,
     retention: Duration,
     previous_id: Option<String>,
@@ -124,12 +170,20 @@ struct Keeper {
 }
 
 impl Keeper {
-    /// Stores a finished (completed or incomplete) Response; a failed one is not kept. A write
-    /// that fails is logged: the client still gets its answer, which it paid for.
-    async fn keep(&self, response: &Value) {
+    /// Stores a finished (completed or incomplete) Response; a failed one is not kept. One the
+    /// limits refuse (too large, the disk below its floor) or a write that fails is not kept
+    /// either, and its answer says `store: false`: the client still gets its answer, which it
+    /// paid for.
+    async fn keep(&self, response: &mut Value) {
         if !matches!(response["status"].as_str(), Some("completed" | "incomplete")) {
             return;
         }
+        if !self.stored(response).await {
+            response["store"] = false.into();
+        }
+    }
+
+    async fn stored(&self, response: &Value) -> bool {
         let now = now_ms();
         let retention = i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX);
         let new = gantry_accounts::NewStoredResponse {
@@ -141,8 +195,29 @@ impl Keeper {
             items: turn_items(&self.items, response).to_string(),
             response: response.to_string(),
         };
-        if let Err(e) = self.accounts.store_response(&new).await {
-            tracing::error!(error = %e, id = new.id, "could not store a response");
+        if !self.storage.fits(new.bytes()) {
+            tracing::warn!(id = new.id, bytes = new.bytes(), "a response too large to store was not stored");
+            return false;
+        }
+        if !self.storage.has_room() {
+            tracing::warn!(id = new.id, "the data directory is below --min-free-disk: a response was not stored");
+            return false;
+        }
+        match self.accounts.store_response(&new, self.storage.quota).await {
+            Ok(dropped) => {
+                if dropped > 0 {
+                    tracing::debug!(
+                        key_id = self.key_id,
+                        dropped,
+                        "the key's oldest stored responses went for a new one"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, id = new.id, "could not store a response");
+                false
+            }
         }
     }
 }
@@ -157,11 +232,12 @@ pub(crate) async fn respond(
     tools: Option<ToolPlan>,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
-    let ResponsesRequest { chat, store, previous_response_id, items, mut echo } = request;
+    let ResponsesRequest { chat, store, previous_response_id, items, mut echo, .. } = request;
     let store = store && !state.response_retention.is_zero();
     echo.insert("store".into(), store.into());
     let keeper = store.then(|| Keeper {
         accounts: state.accounts.clone(),
+        storage: state.response_storage.clone(),
         key_id: key.id,
         retention: state.response_retention,
         previous_id: previous_response_id,
@@ -173,9 +249,9 @@ pub(crate) async fn respond(
     let collected =
         chat::collect_response(ids.id.clone(), ids.created_at, ids.model.clone(), &chat, tools.as_ref(), 1, events)
             .await?;
-    let response = response_from_chat(&ids, &echo, &collected.response);
+    let mut response = response_from_chat(&ids, &echo, &collected.response);
     if let Some(keeper) = keeper {
-        keeper.keep(&response).await;
+        keeper.keep(&mut response).await;
     }
     Ok(Json(response).into_response())
 }
@@ -204,9 +280,9 @@ fn stream(
             match frame {
                 SseFrame::Data(chunk) => out.extend(translator.on_chunk(&chunk)),
                 SseFrame::Done => {
-                    let last = translator.finish();
-                    if let (Some(keeper), Some(end)) = (&keeper, last.last()) {
-                        keeper.keep(&end.data["response"]).await;
+                    let mut last = translator.finish();
+                    if let (Some(keeper), Some(end)) = (&keeper, last.last_mut()) {
+                        keeper.keep(&mut end.data["response"]).await;
                     }
                     out.extend(last);
                 }

@@ -166,6 +166,17 @@ pub(crate) async fn harness_with_options(
     router_options: RouterOptions,
     which: Routes,
 ) -> Harness {
+    harness_tweaked(engine, admin_token, router_options, which, |_| {}).await
+}
+
+/// As [`harness_with_options`], with `tweak` changing the state the router serves.
+pub(crate) async fn harness_tweaked(
+    engine: Arc<ScriptedEngine>,
+    admin_token: Option<&str>,
+    router_options: RouterOptions,
+    which: Routes,
+    tweak: impl FnOnce(&mut AppState),
+) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let accounts = Accounts::open_data_dir(dir.path()).await.unwrap();
     accounts.ensure_key(KEY, "router-test").await.unwrap();
@@ -192,7 +203,7 @@ pub(crate) async fn harness_with_options(
     };
     let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
     let loads = Arc::new(AtomicUsize::new(0));
-    let state = AppState {
+    let mut state = AppState {
         models: ModelPool::new(vec![spec], Box::new(ScriptedLoader(engine, loads.clone())), options),
         accounts: accounts.clone(),
         images: Default::default(),
@@ -203,7 +214,9 @@ pub(crate) async fn harness_with_options(
         stats: crate::admin::stats::StatsHistory::default(),
         prepare_gate: crate::openai::prepare_gate::PrepareGate::new(4, 2),
         response_retention: std::time::Duration::from_secs(3600),
+        response_storage: Default::default(),
     };
+    tweak(&mut state);
     let (draining, stats) = (state.draining.clone(), state.stats.clone());
     Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, loads, _dir: dir }
 }

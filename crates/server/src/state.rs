@@ -28,6 +28,8 @@ pub struct AppState {
     pub prepare_gate: crate::openai::prepare_gate::PrepareGate,
     /// How long stored responses (`store: true`) are kept; zero stores none.
     pub response_retention: std::time::Duration,
+    /// What stored responses may take: per response, per key, and the disk's free space floor.
+    pub response_storage: crate::response_storage::ResponseStorage,
 }
 
 impl AppState {

@@ -61,6 +61,18 @@ impl Meter {
         self.admit_counting(key, charge, false).await
     }
 
+    /// Counts `tokens` that a request which passed [`Meter::pre_admit`] made the server read
+    /// without running them (a prompt whose tokens were counted for the client) against the
+    /// key's tokens per minute. Refused, counting nothing, when they do not fit the window.
+    pub async fn count_passed_tokens(&self, pass: &Pass, key: &KeyInfo, tokens: u64) -> Result<RateStatus, Refused> {
+        debug_assert_eq!(pass.key_id, key.id, "a pass is spent by the key it was given to");
+        let (rate, verdict) = self.count(key, Count::Tokens(tokens)).await?;
+        match verdict {
+            Ok(()) => Ok(rate),
+            Err(refusal) => Err(Refused { rate, reason: Refusal::RateLimited(refusal) }),
+        }
+    }
+
     /// Takes back the `tokens` a request refused after [`Self::count`] counted them (at
     /// `counted_at_ms`); returns `rate` as it then stands. A refund the database could not make
     /// is logged: the window forgets it within the minute.

@@ -10,6 +10,6 @@ mod response;
 mod stream;
 
 pub use items::{input_items_page, items_query, ItemsQuery};
-pub use request::{in_responses_terms, parse_responses_request, previous_response_id, turn_items, ResponsesRequest};
+pub use request::{in_responses_terms, parse_responses_request, turn_items, ResponsesRequest};
 pub use response::{response_from_chat, ResponseIds};
 pub use stream::{ResponseEvent, ResponseStream};

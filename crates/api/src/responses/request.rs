@@ -18,35 +18,34 @@ pub struct ResponsesRequest {
     /// defines only (`kept`): what a stored response keeps of its turn, beside its output.
     pub items: Vec<Value>,
     /// `instructions`, `tools`, `tool_choice`, `text`, `temperature`, `top_p`,
-    /// `max_output_tokens`, `parallel_tool_calls`, `metadata`, `user`, `reasoning`, as sent
-    /// (with the API's defaults where absent).
+    /// `max_output_tokens`, `parallel_tool_calls`, `metadata`, `user`, `safety_identifier`,
+    /// `reasoning`, as sent (with the API's defaults where absent).
     pub echo: Map<String, Value>,
+    /// The body, kept while the conversation `previous_response_id` names is still to be read
+    /// ([`ResponsesRequest::continuing`]); `None` once `chat` holds the whole conversation.
+    body: Option<Map<String, Value>>,
 }
 
-/// The `previous_response_id` of a body, if it names one (read before the whole parse, which
-/// needs that response's conversation).
-pub fn previous_response_id(body: &[u8]) -> Option<String> {
-    let value: Value = serde_json::from_slice(body).ok()?;
-    value.get("previous_response_id")?.as_str().map(str::to_owned)
-}
-
-/// Parses and validates a `POST /v1/responses` body; `prior` is the conversation its
-/// `previous_response_id` continues (items, oldest first), empty without one.
-pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<ResponsesRequest, ApiError> {
+/// Parses and validates a `POST /v1/responses` body on its own, before any stored response is
+/// read: a bad body is refused without touching storage. A body continuing a stored response
+/// (`previous_response_id`) is checked as if that response ended with the calls its
+/// `function_call_output` items answer; its `chat` is whole only after
+/// [`ResponsesRequest::continuing`].
+pub fn parse_responses_request(body: &[u8]) -> Result<ResponsesRequest, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         crate::validate::too_deep(&e).unwrap_or_else(|| {
             ApiError::invalid_request("We could not parse the JSON body of your request: it is not valid JSON.", None)
         })
     })?;
-    let obj = value.as_object().ok_or_else(|| {
-        ApiError::invalid_request(
+    let Value::Object(obj) = value else {
+        return Err(ApiError::invalid_request(
             format!("Invalid type for request body: expected an object, got {}.", type_name(&value)),
             None,
-        )
-    })?;
-    refuse_unsupported(obj)?;
-    kept::check_echoed(obj)?;
-    let items = match get(obj, "input") {
+        ));
+    };
+    refuse_unsupported(&obj)?;
+    kept::check_echoed(&obj)?;
+    let items = match get(&obj, "input") {
         Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
         Some(Value::Array(items)) => items
             .iter()
@@ -56,19 +55,58 @@ pub fn parse_responses_request(body: &[u8], prior: &[Value]) -> Result<Responses
         Some(other) => return Err(type_error("input", "a string or an array of items", other)),
         None => return Err(ApiError::invalid_request("Missing required parameter: 'input'.", Some("input"))),
     };
-    let chat_body = to_chat_body(obj, prior, &items)?;
-    let chat = crate::validate::parse_chat_value(&chat_body).map_err(in_responses_terms)?;
-    let store = match get(obj, "store") {
+    let store = match get(&obj, "store") {
         None => true,
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(type_error("store", "a boolean", other)),
     };
-    let previous_response_id = match get(obj, "previous_response_id") {
+    let previous_response_id = match get(&obj, "previous_response_id") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(other) => return Err(type_error("previous_response_id", "a string", other)),
     };
-    Ok(ResponsesRequest { chat, store, previous_response_id, items, echo: echo(obj) })
+    let stand_in = match previous_response_id {
+        Some(_) => calls_answered_before(&items),
+        None => Vec::new(),
+    };
+    let chat = to_chat(&obj, &stand_in, &items)?;
+    let echo = echo(&obj);
+    let body = previous_response_id.is_some().then_some(obj);
+    Ok(ResponsesRequest { chat, store, previous_response_id, items, echo, body })
+}
+
+impl ResponsesRequest {
+    /// The stored response whose conversation this request still has to read, if any.
+    pub fn continues(&self) -> Option<&str> {
+        self.body.as_ref().and(self.previous_response_id.as_deref())
+    }
+
+    /// This request with the conversation it continues (`prior`: its items, oldest first)
+    /// before its own input: the chat request to run.
+    pub fn continuing(mut self, prior: &[Value]) -> Result<Self, ApiError> {
+        let Some(obj) = self.body.take() else { return Ok(self) };
+        self.chat = to_chat(&obj, prior, &self.items)?;
+        Ok(self)
+    }
+}
+
+fn to_chat(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> Result<ValidatedChat, ApiError> {
+    let chat_body = to_chat_body(obj, prior, items)?;
+    crate::validate::parse_chat_value(&chat_body).map_err(in_responses_terms)
+}
+
+/// Stand-ins for the calls of a continued response that `items` answers (its
+/// `function_call_output`s without a call among `items`), so the body can be checked whole
+/// before that response is read; the real calls take their place then.
+fn calls_answered_before(items: &[Value]) -> Vec<Value> {
+    let made: Vec<&Value> =
+        items.iter().filter(|i| i["type"] == "function_call").filter_map(|i| i.get("call_id")).collect();
+    items
+        .iter()
+        .filter(|i| i["type"] == "function_call_output")
+        .filter_map(|i| i.get("call_id").filter(|id| id.is_string() && !made.contains(id)))
+        .map(|id| json!({"type": "function_call", "call_id": id, "name": "stored_call", "arguments": "{}"}))
+        .collect()
 }
 
 /// What a stored response keeps of its turn: `items` (its input) and its output items.
@@ -392,6 +430,7 @@ fn echo(obj: &Map<String, Value>) -> Map<String, Value> {
     e.insert("reasoning".into(), field("reasoning", json!({"effort": null, "summary": null})));
     e.insert("truncation".into(), field("truncation", json!("disabled")));
     e.insert("user".into(), field("user", Value::Null));
+    e.insert("safety_identifier".into(), field("safety_identifier", Value::Null));
     // The server sets `store` to what it did.
     e.insert("store".into(), json!(false));
     e.insert("previous_response_id".into(), field("previous_response_id", Value::Null));

@@ -4,7 +4,7 @@ use super::*;
 use crate::{ResponseFormat, Role, ToolChoice};
 
 fn parse(v: Value) -> Result<ResponsesRequest, ApiError> {
-    parse_responses_request(v.to_string().as_bytes(), &[])
+    parse_responses_request(v.to_string().as_bytes())
 }
 
 #[test]
@@ -93,8 +93,10 @@ fn a_continued_conversation_comes_before_the_new_input_and_its_turn_is_kept() {
                "content": [{"type": "output_text", "text": "Hello Ada.", "annotations": []}]}),
     ];
     let body = json!({"model": "m", "input": "What is my name?", "previous_response_id": "resp_1", "store": false});
-    assert_eq!(previous_response_id(body.to_string().as_bytes()).as_deref(), Some("resp_1"));
-    let r = parse_responses_request(body.to_string().as_bytes(), &prior).unwrap();
+    let r = parse(body).unwrap();
+    assert_eq!(r.continues(), Some("resp_1"));
+    let r = r.continuing(&prior).unwrap();
+    assert_eq!(r.continues(), None, "read once");
     let texts: Vec<Value> = r.chat.messages.iter().map(|m| m.to_template_value()["content"].clone()).collect();
     assert_eq!(texts, [json!("My name is Ada."), json!("Hello Ada."), json!("What is my name?")]);
     assert!(!r.store);
@@ -158,6 +160,20 @@ fn fields_a_stored_response_keeps_are_held_to_the_apis_limits() {
         ("reasoning", json!({"summary": "all"}), "reasoning.summary"),
         ("stream", json!("yes"), "stream"),
         ("stream", json!(1), "stream"),
+        ("user", json!("u".repeat(3_500_000)), "user"),
+        ("user", json!("u".repeat(65)), "user"),
+        ("user", json!(7), "user"),
+        ("safety_identifier", json!("s".repeat(65)), "safety_identifier"),
+        ("text", json!({"format": {"type": "json_schema", "name": "n".repeat(65), "schema": {}}}), "text.format.name"),
+        ("text", json!({"format": {"type": "json_schema", "name": "a b", "schema": {}}}), "text.format.name"),
+        (
+            "text",
+            json!({"format": {"type": "json_schema", "name": "n", "description": "d".repeat(1025), "schema": {}}}),
+            "text.format.description",
+        ),
+        ("text", json!({"format": {"type": "json_object", "junk": "v"}}), "text.format.junk"),
+        ("tools", json!([{"type": "function", "name": "f", "junk": "v"}]), "tools[0].junk"),
+        ("tool_choice", json!({"type": "function", "name": "f", "junk": "v"}), "tool_choice.junk"),
     ];
     for (field, value, param) in refused {
         let e = with(field, value.clone()).expect_err(&format!("{field}: {value}"));
@@ -170,6 +186,13 @@ fn fields_a_stored_response_keeps_are_held_to_the_apis_limits() {
         ("text", json!({"format": {"type": "text"}, "verbosity": "low"})),
         ("reasoning", json!({"effort": null, "summary": "auto"})),
         ("stream", json!(false)),
+        ("user", json!("u".repeat(64))),
+        ("safety_identifier", json!("s".repeat(64))),
+        (
+            "text",
+            json!({"format": {"type": "json_schema", "name": "n", "description": "d".repeat(1024),
+                   "schema": {"type": "object"}}}),
+        ),
     ] {
         assert!(with(field, value.clone()).is_ok(), "{field}: {value}");
     }
@@ -198,6 +221,50 @@ fn items_are_kept_with_their_defined_keys_only() {
         json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "c".repeat(257), "output": "ok"}]});
     let e = parse(long_id).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("input[0].call_id"), "{}", e.message);
+}
+
+#[test]
+fn parts_keep_what_their_type_defines_and_a_reasoning_summary_is_not_kept() {
+    let big = "x".repeat(100_000);
+    let r = parse(json!({"model": "m", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi", "detail": big, "image_url": big}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": big}],
+         "content": [{"type": "reasoning_text", "text": "Think.", "junk": big}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "No.", "text": big}]},
+    ]}))
+    .unwrap();
+    assert_eq!(
+        r.items,
+        [
+            json!({"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}),
+            json!({"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Think."}]}),
+            json!({"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}),
+        ]
+    );
+    assert!(r.echo["safety_identifier"].is_null());
+}
+
+/// A body is checked whole before the response it continues is read: a bad one is refused
+/// without it, and an output answering the stored response's call passes until it is read.
+#[test]
+fn a_continuing_body_is_checked_before_its_conversation_is_read() {
+    let bad = json!({"model": "m", "input": "x", "previous_response_id": "resp_1", "temperature": "hot"});
+    assert_eq!(parse(bad).unwrap_err().param.as_deref(), Some("temperature"));
+    let answer = json!({"model": "m", "previous_response_id": "resp_1",
+        "input": [{"type": "function_call_output", "call_id": "call_1", "output": "18C"}]});
+    let r = parse(answer.clone()).unwrap();
+    assert_eq!(r.continues(), Some("resp_1"));
+    let prior = [
+        json!({"type": "message", "role": "user", "content": "Weather?"}),
+        json!({"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}),
+    ];
+    let r = r.continuing(&prior).unwrap();
+    let roles: Vec<Role> = r.chat.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool]);
+    assert_eq!(r.chat.messages[1].to_template_value()["tool_calls"][0]["function"]["name"], "get_weather");
+    // The stored conversation decides: a call it never made is still refused.
+    let e = parse(answer).unwrap().continuing(&prior[..1]).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("input"), "{}", e.message);
 }
 
 #[test]

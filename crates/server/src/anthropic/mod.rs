@@ -169,7 +169,9 @@ fn to_sse(e: StreamEvent) -> SseEvent {
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as the model would read them
 /// (template, tools and all), without generating. Counts against the key's requests per
-/// minute like any request, costs no tokens, and is never booked.
+/// minute like any request, and the tokens it counted against its tokens per minute (a 429
+/// when they do not fit); never booked. It waits for its preparation turn in the same per-key
+/// gate as a generation, holding no model while it waits.
 pub(crate) async fn count_tokens(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
@@ -180,11 +182,18 @@ pub(crate) async fn count_tokens(
         Ok(pass) => pass,
         Err(refused) => return Ok(refusal_response(&key, refused)),
     };
+    let mut rate = pass.rate();
     let mut response = match count(&state, &key, &headers, &body).await {
-        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
+        Ok(n) => match state.meter.count_passed_tokens(&pass, &key, n as u64).await {
+            Ok(counted) => {
+                rate = counted;
+                Json(json!({"input_tokens": n})).into_response()
+            }
+            Err(refused) => return Ok(refusal_response(&key, refused)),
+        },
         Err(e) => e.into_response(),
     };
-    crate::openai::rate_limit::apply(&pass.rate(), response.headers_mut());
+    crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
 }
 
@@ -201,8 +210,10 @@ async fn count(state: &AppState, key: &KeyInfo, headers: &HeaderMap, body: &[u8]
         return Err(ApiError::model_not_found(&chat.model));
     }
     let tools = ToolPlan::from_request(&chat)?;
-    let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
+    // The turn first: a request waiting behind the key's others holds no model, so it keeps
+    // none from being unloaded.
     let _turn = state.prepare_gate.enter(key.id).await;
+    let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
     let scope = gantry_engine::CacheScope(key.cache_scope_id());
     // A prompt longer than the context is counted all the same, as Anthropic counts it.
     match chat::prepare_or_refusal(&model, &chat, tools.as_ref(), scope).await? {

@@ -279,3 +279,43 @@ async fn models_answer_anthropics_sdk_in_its_shape() {
     let (_, text) = h.send(get("/v1/models", false)).await;
     assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["object"], "list", "{text}");
 }
+
+/// Counting a prompt's tokens counts them against the key's tokens per minute.
+#[tokio::test]
+async fn count_tokens_counts_against_the_tokens_per_minute() {
+    let h = harness(Arc::new(ScriptedEngine::new(script(), usage(2)))).await;
+    let limits = gantry_accounts::KeyUpdate { tpm_limit: Some(Some(8)), ..Default::default() };
+    h.accounts.update_key("router-test", &limits).await.unwrap();
+    // Five words, five tokens: they fit once, not twice.
+    let (status, text) = post(&h, "/v1/messages/count_tokens", Some(KEY), message(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let (status, text) = post(&h, "/v1/messages/count_tokens", Some(KEY), message(json!({}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(e["error"]["type"], "rate_limit_error", "Anthropic's shape: {text}");
+}
+
+/// A count waiting for its key's preparation turn holds no model: nothing is loaded for it
+/// until its turn comes.
+#[tokio::test]
+async fn count_tokens_waits_for_its_turn_without_a_model() {
+    let gate = crate::openai::prepare_gate::PrepareGate::new(4, 1);
+    let held = gate.clone();
+    let engine = Arc::new(ScriptedEngine::new(script(), usage(2)));
+    let options = crate::router::RouterOptions::default();
+    let h = crate::router_tests::harness_tweaked(engine, None, options, crate::router::Routes::All, move |state| {
+        state.prepare_gate = held
+    })
+    .await;
+    let key_id = h.accounts.find_key("router-test").await.unwrap().id;
+    let turn = gate.enter(key_id).await;
+    let request = post(&h, "/v1/messages/count_tokens", Some(KEY), message(json!({})));
+    tokio::pin!(request);
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), &mut request).await;
+    assert!(early.is_err(), "{early:?}");
+    assert_eq!(h.loads.load(std::sync::atomic::Ordering::SeqCst), 0, "no model was taken while it waited");
+    drop(turn);
+    let (status, text) = request.await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(h.loads.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -113,6 +113,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             crate::openai::prepare_gate::PrepareGate::new(total, per_key)
         },
         response_retention: Duration::from_secs(u64::from(args.responses_retention_days) * 86_400),
+        response_storage: crate::response_storage::ResponseStorage {
+            quota: gantry_accounts::StoredQuota {
+                rows: args.stored_responses_per_key,
+                bytes: args.stored_response_bytes_per_key,
+            },
+            max_response_bytes: args.max_stored_response_bytes,
+            watched_dir: Some(data_dir.clone()),
+            min_free_bytes: args.min_free_disk,
+        },
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();
