@@ -404,6 +404,7 @@ async fn drain(inner: Arc<Inner>) {
         }
         let mut failed = false;
         for chunk in batch.chunks(16) {
+            let mut stored_seqs = Vec::with_capacity(chunk.len());
             let mut set = tokio::task::JoinSet::new();
             for (seq, entry) in chunk.iter().cloned() {
                 let accounts = inner.accounts.clone();
@@ -426,11 +427,19 @@ async fn drain(inner: Arc<Inner>) {
                     }
                 };
                 if stored {
-                    if let Err(e) = inner.outbox.done(seq) {
+                    stored_seqs.push(seq);
+                }
+            }
+            // Off the runtime's workers: emptying or compacting the file is blocking I/O.
+            let outbox_inner = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for seq in stored_seqs {
+                    if let Err(e) = outbox_inner.outbox.done(seq) {
                         tracing::error!(error = %e, "could not compact the outbox");
                     }
                 }
-            }
+            })
+            .await;
             if failed {
                 break;
             }

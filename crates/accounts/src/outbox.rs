@@ -5,7 +5,14 @@
 //! until the database takes them (settling and releasing are idempotent on the request id).
 //! Each server process writes its own file `<dir>/<owner>.jsonl` and holds an exclusive lock on
 //! it; a file nobody holds belongs to a process that died, and the next server to start adopts
-//! its entries. The file is emptied whenever everything in it has reached the database.
+//! its entries.
+//!
+//! The file is emptied whenever everything in it has reached the database, and under steady
+//! traffic, where something is always pending, it is compacted once the entries already stored
+//! outweigh the pending ones and [`COMPACT_AFTER_BYTES`]: the pending entries are written to a
+//! new file, which is fsync'd, locked, renamed over the old one and its directory fsync'd. A
+//! crash at any point leaves one of the two files, each holding every pending entry (the old one
+//! also stored ones, whose replay is harmless).
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -16,6 +23,14 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::usage::UsageRecord;
+
+/// Bytes of entries already in the database the file may hold before it is compacted (while
+/// others are still pending; it is emptied as soon as none is).
+pub const COMPACT_AFTER_BYTES: u64 = 1 << 20;
+
+/// The extension of a compaction's new file until it is renamed into place; other processes
+/// never adopt it (it holds copies of entries the old file still has).
+const COMPACTING: &str = "compacting";
 
 /// One pending change to the accounts database.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,10 +49,19 @@ impl Entry {
             Entry::Release { request_id } => request_id,
         }
     }
+
+    /// The entry as one line of the file.
+    fn line(&self) -> io::Result<Vec<u8>> {
+        let mut line = serde_json::to_vec(self).map_err(io::Error::other)?;
+        line.push(b'\n');
+        Ok(line)
+    }
 }
 
 pub struct Outbox {
     path: PathBuf,
+    /// Stored bytes past which the file is compacted ([`COMPACT_AFTER_BYTES`]).
+    compact_after: u64,
     state: Mutex<State>,
 }
 
@@ -45,36 +69,58 @@ struct State {
     /// Opened for appending; holds the exclusive lock that marks this file as alive.
     file: File,
     next_seq: u64,
-    pending: BTreeMap<u64, Entry>,
+    pending: BTreeMap<u64, Pending>,
+    /// Bytes of the lines in the file.
+    file_bytes: u64,
+    /// Bytes of the pending entries' lines: what a compaction keeps.
+    pending_bytes: u64,
+}
+
+struct Pending {
+    entry: Entry,
+    bytes: u64,
 }
 
 impl Outbox {
     /// Creates `<dir>/<owner>.jsonl` and adopts the entries of files no live process holds
     /// (left by a crash or a shutdown that could not reach the database).
     pub fn open(dir: &Path, owner: &str) -> io::Result<Self> {
+        Self::open_compacting_after(dir, owner, COMPACT_AFTER_BYTES)
+    }
+
+    /// [`Self::open`], compacting past `compact_after` stored bytes.
+    pub(crate) fn open_compacting_after(dir: &Path, owner: &str, compact_after: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(format!("{}.jsonl", sanitize(owner)));
         let file = OpenOptions::new().create(true).append(true).read(true).open(&path)?;
         file.try_lock().map_err(|e| io::Error::other(format!("outbox {} is locked: {e}", path.display())))?;
-        let outbox = Self { path, state: Mutex::new(State { file, next_seq: 0, pending: BTreeMap::new() }) };
+        let state = State { file, next_seq: 0, pending: BTreeMap::new(), file_bytes: 0, pending_bytes: 0 };
+        let outbox = Self { path, compact_after, state: Mutex::new(state) };
         // Our own file is new unless the owner name was reused; read it like any other.
         let own = read_entries(&mut outbox.state().file)?;
         {
             let mut state = outbox.state();
             for entry in own {
+                let bytes = entry.line()?.len() as u64;
                 let seq = state.next_seq;
                 state.next_seq += 1;
-                state.pending.insert(seq, entry);
+                state.pending.insert(seq, Pending { entry, bytes });
+                state.pending_bytes += bytes;
             }
-            // Rewrite so that a torn last line cannot glue itself to the next append.
-            rewrite(&mut state)?;
+            // Rewritten so that a torn last line cannot glue itself to the next append.
+            outbox.compact(&mut state)?;
         }
         for entry in std::fs::read_dir(dir)? {
             let other = entry?.path();
-            if other == outbox.path || other.extension().is_none_or(|e| e != "jsonl") {
+            if other == outbox.path {
                 continue;
             }
-            if let Err(e) = outbox.adopt(&other) {
+            let result = match other.extension().and_then(|e| e.to_str()) {
+                Some("jsonl") => outbox.adopt(&other),
+                Some(COMPACTING) => remove_abandoned(&other),
+                _ => continue,
+            };
+            if let Err(e) = result {
                 tracing::warn!(error = %e, file = %other.display(), "could not adopt an outbox file");
             }
         }
@@ -87,9 +133,18 @@ impl Outbox {
 
     /// Moves a dead process's entries into this outbox (durably) and deletes its file.
     fn adopt(&self, other: &Path) -> io::Result<()> {
-        let mut file = OpenOptions::new().read(true).write(true).open(other)?;
+        self.adopt_opened(other, OpenOptions::new().read(true).write(true).open(other)?)
+    }
+
+    /// [`Self::adopt`] of the file opened at `other`, perhaps before its owner compacted.
+    fn adopt_opened(&self, other: &Path, mut file: File) -> io::Result<()> {
         if file.try_lock().is_err() {
             return Ok(()); // a live server owns it
+        }
+        // A live owner may have compacted since we opened it: the name now holds its new file
+        // (locked), and what we hold is the old one, which must not cost the new its name.
+        if !names(other, &file)? {
+            return Ok(());
         }
         let entries = read_entries(&mut file)?;
         if !entries.is_empty() {
@@ -104,34 +159,60 @@ impl Outbox {
 
     /// Appends `entry` and waits until it is on disk. Returns its sequence number.
     pub fn append(&self, entry: Entry) -> io::Result<u64> {
-        let mut line = serde_json::to_vec(&entry).map_err(io::Error::other)?;
-        line.push(b'\n');
+        let line = entry.line()?;
+        let bytes = line.len() as u64;
         let mut state = self.state();
         state.file.write_all(&line)?;
         state.file.sync_data()?;
         let seq = state.next_seq;
         state.next_seq += 1;
-        state.pending.insert(seq, entry);
+        state.pending.insert(seq, Pending { entry, bytes });
+        state.file_bytes += bytes;
+        state.pending_bytes += bytes;
         Ok(seq)
     }
 
     /// Entries not yet confirmed by the database, oldest first.
     pub fn pending(&self) -> Vec<(u64, Entry)> {
-        self.state().pending.iter().map(|(s, e)| (*s, e.clone())).collect()
+        self.state().pending.iter().map(|(s, p)| (*s, p.entry.clone())).collect()
     }
 
     pub fn pending_len(&self) -> usize {
         self.state().pending.len()
     }
 
-    /// Marks an entry as stored in the database; empties the file once nothing is pending.
+    /// Marks an entry as stored in the database; empties the file once nothing is pending, and
+    /// compacts it once the stored entries outweigh the pending ones and `compact_after`.
     pub fn done(&self, seq: u64) -> io::Result<()> {
         let mut state = self.state();
-        state.pending.remove(&seq);
+        if let Some(done) = state.pending.remove(&seq) {
+            state.pending_bytes -= done.bytes;
+        }
         if state.pending.is_empty() {
+            // Nothing left to lose: emptied in place.
             state.file.set_len(0)?;
             state.file.sync_data()?;
+            state.file_bytes = 0;
+            return Ok(());
         }
+        let stored = state.file_bytes - state.pending_bytes;
+        // Rewriting costs the pending bytes; waiting until at least as many stored ones have
+        // piled up keeps that below what was appended since the last compaction.
+        if stored > self.compact_after && stored >= state.pending_bytes {
+            self.compact(&mut state)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the file with one holding exactly the pending entries, so that a crash at any
+    /// point leaves a file with all of them under this name (see [`write_snapshot`]).
+    fn compact(&self, state: &mut State) -> io::Result<()> {
+        let fresh = self.path.with_extension(format!("jsonl.{COMPACTING}"));
+        let file = write_snapshot(&fresh, state.pending.values().map(|p| &p.entry))?;
+        install(&fresh, &self.path)?;
+        // The old file's lock goes with it; the new one was locked before it took the name.
+        state.file = file;
+        state.file_bytes = state.pending_bytes;
         Ok(())
     }
 
@@ -176,122 +257,70 @@ fn read_entries(file: &mut File) -> io::Result<Vec<Entry>> {
     Ok(entries)
 }
 
-/// Replaces the file's content with exactly the pending entries.
-fn rewrite(state: &mut State) -> io::Result<()> {
-    let mut out = Vec::new();
-    for entry in state.pending.values() {
-        out.extend(serde_json::to_vec(entry).map_err(io::Error::other)?);
-        out.push(b'\n');
+/// A compaction's first step: `entries` written to a new file at `fresh`, locked (so that once
+/// it takes the outbox's name no other process adopts it) and on disk. Returns it opened for
+/// appending. Until [`install`] renames it, the old file is the outbox.
+pub(crate) fn write_snapshot<'a>(fresh: &Path, entries: impl Iterator<Item = &'a Entry>) -> io::Result<File> {
+    match std::fs::remove_file(fresh) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
-    state.file.set_len(0)?;
-    state.file.write_all(&out)?;
-    state.file.sync_data()
+    let mut file = OpenOptions::new().create_new(true).append(true).read(true).open(fresh)?;
+    file.try_lock().map_err(|e| io::Error::other(format!("{} is locked: {e}", fresh.display())))?;
+    let mut out = Vec::new();
+    for entry in entries {
+        out.extend(entry.line()?);
+    }
+    file.write_all(&out)?;
+    file.sync_data()?;
+    Ok(file)
+}
+
+/// A compaction's second step: the new file takes the outbox's name (atomically: a crash
+/// leaves the old file or the new one there), and the rename is made durable.
+pub(crate) fn install(fresh: &Path, path: &Path) -> io::Result<()> {
+    std::fs::rename(fresh, path)?;
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Deletes a compaction's new file that its process left before renaming it (it died then;
+/// its old file, adopted as any other, holds every entry).
+fn remove_abandoned(fresh: &Path) -> io::Result<()> {
+    let file = File::open(fresh)?;
+    if file.try_lock().is_err() {
+        return Ok(()); // being written by a live server
+    }
+    if names(fresh, &file)? {
+        std::fs::remove_file(fresh)?;
+    }
+    Ok(())
+}
+
+/// Whether `path` still names the file `file` has open.
+fn names(path: &Path, file: &File) -> io::Result<bool> {
+    let named = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    Ok(same_file(&named, &file.metadata()?))
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+#[cfg(not(unix))]
+fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
+    // Windows does not rename over a file that is open, so the name cannot have moved on.
+    true
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settle(id: &str) -> Entry {
-        Entry::Settle {
-            record: UsageRecord {
-                request_id: id.into(),
-                client_request_id: Some("client-1".into()),
-                key_id: 1,
-                model: "m".into(),
-                prompt_tokens: 3,
-                cached_tokens: 0,
-                completion_tokens: 4,
-                reasoning_tokens: 0,
-                cost_nanos: 0,
-                outcome: "completed".into(),
-                started_at_ms: 1,
-                finished_at_ms: 2,
-            },
-        }
-    }
-
-    #[test]
-    fn appended_entries_survive_a_crash_and_are_adopted_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = Outbox::open(dir.path(), "a").unwrap();
-        let s1 = a.append(settle("r1")).unwrap();
-        a.append(Entry::Release { request_id: "r2".into() }).unwrap();
-        a.done(s1).unwrap();
-        assert_eq!(a.pending_len(), 1);
-        // A live owner's file is not adopted.
-        let b = Outbox::open(dir.path(), "b").unwrap();
-        assert_eq!(b.pending_len(), 0);
-        drop(b);
-        // "a" dies (its lock goes with it); the next process adopts everything "a" wrote that
-        // was not confirmed... and also r1, which "a" confirmed but did not compact away:
-        // replaying it is harmless because settlement is idempotent.
-        drop(a);
-        let c = Outbox::open(dir.path(), "c").unwrap();
-        let ids: Vec<String> = c.pending().iter().map(|(_, e)| e.request_id().to_string()).collect();
-        assert_eq!(ids, ["r1", "r2"]);
-        assert!(!dir.path().join("a.jsonl").exists(), "the adopted file is deleted");
-        assert!(!dir.path().join("b.jsonl").exists(), "an empty dead file is deleted too");
-        // Adopted entries are durable in c's file before a's is removed.
-        drop(c);
-        let d = Outbox::open(dir.path(), "d").unwrap();
-        assert_eq!(d.pending_len(), 2);
-    }
-
-    #[test]
-    fn lines_written_before_reasoning_tokens_existed_read_as_zero() {
-        let dir = tempfile::tempdir().unwrap();
-        let old = concat!(
-            r#"{"op":"settle","record":{"request_id":"r1","client_request_id":"client-1","key_id":1,"#,
-            r#""model":"m","prompt_tokens":3,"cached_tokens":0,"completion_tokens":4,"cost_nanos":0,"#,
-            r#""outcome":"completed","started_at_ms":1,"finished_at_ms":2}}"#,
-            "\n"
-        );
-        std::fs::write(dir.path().join("old.jsonl"), old).unwrap();
-        let a = Outbox::open(dir.path(), "a").unwrap();
-        assert_eq!(a.pending(), [(0, settle("r1"))]);
-        let Entry::Settle { record } = &a.pending()[0].1 else { panic!("not a settlement") };
-        assert_eq!(record.reasoning_tokens, 0);
-    }
-
-    #[test]
-    fn the_file_is_compacted_when_everything_is_stored() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = Outbox::open(dir.path(), "a").unwrap();
-        let seqs: Vec<u64> = (0..5).map(|i| a.append(settle(&format!("r{i}"))).unwrap()).collect();
-        assert!(a.file_len().unwrap() > 0);
-        for s in &seqs[..4] {
-            a.done(*s).unwrap();
-            assert!(a.file_len().unwrap() > 0, "still one pending");
-        }
-        a.done(seqs[4]).unwrap();
-        assert_eq!(a.file_len().unwrap(), 0);
-        // Appends after compaction start a fresh file.
-        a.append(settle("r9")).unwrap();
-        drop(a);
-        let b = Outbox::open(dir.path(), "b").unwrap();
-        assert_eq!(b.pending().iter().map(|(_, e)| e.request_id().to_string()).collect::<Vec<_>>(), ["r9"]);
-    }
-
-    #[test]
-    fn a_torn_last_line_is_dropped_and_does_not_corrupt_later_appends() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let a = Outbox::open(dir.path(), "a").unwrap();
-            a.append(settle("r1")).unwrap();
-        }
-        // A crash in the middle of writing the second line.
-        let mut f = OpenOptions::new().append(true).open(dir.path().join("a.jsonl")).unwrap();
-        f.write_all(br#"{"op":"settle","record":{"request_id":"r2","#).unwrap();
-        drop(f);
-        // The same owner name restarting reads its own file, drops the torn tail, and appends
-        // cleanly after it.
-        let a = Outbox::open(dir.path(), "a").unwrap();
-        assert_eq!(a.pending().iter().map(|(_, e)| e.request_id().to_string()).collect::<Vec<_>>(), ["r1"]);
-        a.append(settle("r3")).unwrap();
-        drop(a);
-        let b = Outbox::open(dir.path(), "b").unwrap();
-        assert_eq!(b.pending().iter().map(|(_, e)| e.request_id().to_string()).collect::<Vec<_>>(), ["r1", "r3"]);
-        assert_eq!(b.pending()[0].1, settle("r1"));
-    }
-}
+#[path = "outbox_tests.rs"]
+mod tests;

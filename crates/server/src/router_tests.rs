@@ -21,6 +21,8 @@ use crate::router::{routes, RouterOptions, Routes};
 use crate::state::AppState;
 
 pub(crate) const KEY: &str = "sk-gantry-router-test-0123456789abcdefghij";
+/// Another name clients may send for the scripted model.
+pub(crate) const ALIAS: &str = "scripted-latest";
 
 /// An engine that answers every submission with a fixed list of events, then a usage report.
 /// Its `prepare` applies the real engine's checks ([`Limits`]) to a prompt of one token per
@@ -194,7 +196,7 @@ pub(crate) async fn harness_tweaked(
     .unwrap();
     let spec = ModelSpec {
         id: "scripted".into(),
-        aliases: Vec::new(),
+        aliases: vec![ALIAS.into()],
         config: gantry_engine::EngineConfig::new("scripted.gguf"),
         pin: false,
         idle_unload: None,

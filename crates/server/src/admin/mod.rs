@@ -16,6 +16,8 @@ pub(crate) mod keyspec;
 mod listener_tests;
 /// `/admin/v1/models`: model states, loading and unloading by hand.
 mod models;
+#[cfg(test)]
+mod models_tests;
 /// The live figures behind `/admin/v1/stats` and the console's overview.
 pub(crate) mod stats;
 /// `/admin/v1/usage`: the ledger as JSON or CSV.

@@ -1,4 +1,5 @@
-//! `/admin/v1/models`: what each model's state is, and loading or unloading one by hand.
+//! `/admin/v1/models`: what each model's state is, and loading or unloading one by hand, named
+//! by its id or an alias.
 
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post};
@@ -34,14 +35,20 @@ async fn list(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"object": "list", "budget_bytes": state.models.budget(), "data": data}))
 }
 
-fn status_of(state: &AppState, id: &str) -> Json<Value> {
-    let status = state.models.status().into_iter().find(|s| s.id == id).expect("the pool knows this id");
-    Json(view(&status))
+/// The id of the model an operator names by its id or one of its aliases, as a request would.
+fn model_id(state: &AppState, name: &str) -> Result<String, ApiError> {
+    state.models.resolve(name).map(|spec| spec.id.clone()).ok_or_else(|| ApiError::model_not_found(name))
 }
 
-async fn load(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+fn status_of(state: &AppState, id: &str) -> Result<Json<Value>, ApiError> {
+    let status = state.models.status().into_iter().find(|s| s.id == id);
+    status.map(|s| Json(view(&s))).ok_or_else(|| ApiError::model_not_found(id))
+}
+
+async fn load(State(state): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let id = model_id(&state, &name)?;
     drop(state.models.acquire(&id).await.map_err(|e| e.into_api_error())?);
-    Ok(status_of(&state, &id))
+    status_of(&state, &id)
 }
 
 #[derive(Deserialize)]
@@ -52,9 +59,10 @@ struct UnloadParams {
 
 async fn unload(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(name): Path<String>,
     Query(params): Query<UnloadParams>,
 ) -> Result<Json<Value>, ApiError> {
+    let id = model_id(&state, &name)?;
     state.models.unload(&id, params.force).await.map_err(|e| e.into_api_error())?;
-    Ok(status_of(&state, &id))
+    status_of(&state, &id)
 }
