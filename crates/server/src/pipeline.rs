@@ -186,7 +186,7 @@ async fn admitted(
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
     // request makes the server fetch nothing. Refused here, the dropped ticket releases.
-    let generate = match attach_images(&state, &model, &chat, generate).await {
+    let generate = match attach_images(&state, key.id, &model, &chat, generate).await {
         Ok(generate) => generate,
         Err(e) => {
             let mut response = e.into_response();
@@ -230,9 +230,11 @@ async fn admitted(
 
 /// Fetches the request's images and puts them into its prompt (decoded, tokenized for the
 /// projector, the context checked again with their real size). A model that cannot see gets a
-/// clear 400 before any image is fetched.
+/// clear 400 before any image is fetched. Decoding is preparation: it takes a turn of the
+/// key's (`PrepareGate`); fetching, which only waits, does not.
 async fn attach_images(
     state: &AppState,
+    key_id: i64,
     model: &Lease,
     chat: &ValidatedChat,
     mut generate: GenerateRequest,
@@ -263,6 +265,7 @@ async fn attach_images(
         })
         .collect();
     let engine = model.generator();
+    let _turn = state.prepare_gate.enter(key_id).await;
     tokio::task::spawn_blocking(move || engine.attach_images(&mut generate, images).map(|()| generate))
         .await
         .map_err(|e| task_failed("image preparation", e))?

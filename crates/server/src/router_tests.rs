@@ -9,8 +9,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use gantry_accounts::Accounts;
 use gantry_engine::{
-    ChatInput, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Generator, Health, Limits,
-    ModelInfo, Outcome, PrepareError, Prompt, SubmitError, Usage,
+    ChatInput, EngineError, Event, FinishReason, GenerateRequest, GenerationHandle, Generator, Health, ImageError,
+    ImageInput, Limits, ModelInfo, Outcome, PrepareError, Prompt, SubmitError, Usage,
 };
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -38,6 +38,8 @@ pub(crate) struct ScriptedEngine {
     submitted: Mutex<Vec<u32>>,
     /// Each submission's prompt length (a token per word).
     pub prompts: Mutex<Vec<usize>>,
+    /// Called for each request's images, which it then attaches as none (see `attaching`).
+    on_attach: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl ScriptedEngine {
@@ -60,6 +62,7 @@ impl ScriptedEngine {
             health: Arc::new(tokio::sync::watch::Sender::new(Health::Ready)),
             submitted: Mutex::new(Vec::new()),
             prompts: Mutex::new(Vec::new()),
+            on_attach: None,
         }
     }
 
@@ -67,6 +70,13 @@ impl ScriptedEngine {
     /// engine sees them; it attaches none).
     pub(crate) fn seeing(mut self) -> Self {
         self.info.supports_vision = true;
+        self
+    }
+
+    /// The same engine, accepting a request's images (leaving its prompt as it is) after
+    /// calling `probe`, where the real engine decodes them.
+    pub(crate) fn attaching(mut self, probe: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_attach = Some(Box::new(probe));
         self
     }
 }
@@ -90,6 +100,12 @@ impl Generator for ScriptedEngine {
             Prompt { text: String::new(), tokens: words, images: Vec::new(), typed: Vec::new() },
             max_tokens,
         ))
+    }
+
+    fn attach_images(&self, _: &mut GenerateRequest, _: Vec<ImageInput>) -> Result<(), PrepareError> {
+        let probe = self.on_attach.as_ref().ok_or(PrepareError::Image(ImageError::NoVision))?;
+        probe();
+        Ok(())
     }
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
@@ -145,6 +161,7 @@ pub(crate) struct Harness {
     pub stats: crate::admin::stats::StatsHistory,
     /// How many times the pool loaded the model.
     pub loads: Arc<AtomicUsize>,
+    pub prepare_gate: crate::openai::prepare_gate::PrepareGate,
     _dir: tempfile::TempDir,
 }
 
@@ -219,8 +236,9 @@ pub(crate) async fn harness_tweaked(
         response_storage: Default::default(),
     };
     tweak(&mut state);
-    let (draining, stats) = (state.draining.clone(), state.stats.clone());
-    Harness { app: routes(state, router_options, which), draining, accounts, meter, stats, loads, _dir: dir }
+    let (draining, stats, prepare_gate) = (state.draining.clone(), state.stats.clone(), state.prepare_gate.clone());
+    let app = routes(state, router_options, which);
+    Harness { app, draining, accounts, meter, stats, loads, prepare_gate, _dir: dir }
 }
 
 impl Harness {

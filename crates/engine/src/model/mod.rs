@@ -26,7 +26,7 @@ use serde_json::Value as Json;
 use crate::constraint::{Constraint, Grammars};
 use crate::model::template::{ChatTemplate, TemplateError};
 use crate::model::typed_text::{restore, ControlTexts};
-use crate::model::vision::{image_token_ids, ImageError, ImageInput, PromptImage, Vision};
+use crate::model::vision::{image_token_ids, DecodedImage, ImageError, ImageInput, PromptImage, Vision};
 use crate::request::Prompt;
 use crate::speculation::json_layout::JsonMarks;
 
@@ -242,7 +242,8 @@ impl LoadedModel {
     }
 
     /// Decodes and tokenizes the request's images (fetched after admission) into the prompt
-    /// [`Self::prepare`] made, one per marked place, in order.
+    /// [`Self::prepare`] made, one per marked place, in order. Each is decoded without the
+    /// projector's lock ([`DecodedImage`]) and only handed to mtmd under it.
     pub fn attach_images(&self, prompt: &mut Prompt, images: &[ImageInput]) -> Result<(), ImageError> {
         let vision = self.vision.as_ref().ok_or(ImageError::NoVision)?;
         let markers = prompt.text.matches(vision.marker()).count();
@@ -251,7 +252,8 @@ impl LoadedModel {
         }
         let mut placed = Vec::with_capacity(images.len());
         let tokens = self.tokenize_marked(&prompt.text, &prompt.typed, Some(vision.marker()), |i, start| {
-            let (chunks, id) = vision.prepare(&images[i])?;
+            let decoded = DecodedImage::decode(&images[i])?;
+            let (chunks, id) = vision.tokenize(&decoded)?;
             let len = chunks.total_tokens();
             placed.push(PromptImage { start, len, chunks });
             Ok(image_token_ids(id, len))

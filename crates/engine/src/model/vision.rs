@@ -6,6 +6,10 @@
 //! its own, giving a small chunk list (the projector's own wrapper text, if any, and the image)
 //! that the scheduler evaluates in one piece into the sequence's KV cells.
 //!
+//! Decoding ([`DecodedImage::decode`]) needs no projector, so it cannot take the projector's
+//! lock, which the scheduler thread takes to evaluate images: only mtmd's own tokenizing of the
+//! decoded bitmap ([`Vision::tokenize`]) runs under it.
+//!
 //! In the prompt's token list an image's positions hold negative ids derived from a keyed hash of
 //! the decoded bitmap (and its position in the image): never real tokens, so nothing decodes them,
 //! but the prefix cache compares them like any other. The same image bytes in the same place
@@ -65,10 +69,39 @@ pub enum ImageError {
     NoVision,
 }
 
+/// An image decoded into the bitmap mtmd reads, with its identity: an owned value, made without
+/// the projector (see the module comment).
+pub(crate) struct DecodedImage {
+    bitmap: MtmdBitmap,
+    /// The keyed hash of the decoded bitmap (see [`image_identity`]).
+    id: u64,
+    /// The request field it came from, named in errors.
+    param: String,
+}
+
+impl DecodedImage {
+    /// Decodes `image` (PNG, JPEG, GIF's first frame, WEBP, BMP), `detail: low` downscaled.
+    /// Blocking, CPU-bound.
+    pub(crate) fn decode(image: &ImageInput) -> Result<Self, ImageError> {
+        let unreadable = |reason: String| ImageError::Unreadable { param: image.param.clone(), reason };
+        let (nx, ny, rgb) = decode_rgb(&image.bytes, image.detail).map_err(unreadable)?;
+        let id = image_identity(nx, ny, &rgb);
+        let bitmap = identified_bitmap(nx, ny, &rgb, id).map_err(unreadable)?;
+        Ok(Self { bitmap, id, param: image.param.clone() })
+    }
+}
+
+fn identified_bitmap(nx: u32, ny: u32, rgb: &[u8], id: u64) -> Result<MtmdBitmap, String> {
+    let mut bitmap = MtmdBitmap::from_image_data(nx, ny, rgb).map_err(|e| e.to_string())?;
+    bitmap.set_id(&format!("{id:016x}")).map_err(|e| e.to_string())?;
+    Ok(bitmap)
+}
+
 /// The projector and what the rest of the engine needs to know about it.
 pub(crate) struct Vision {
-    /// Encoding and evaluation need it exclusively; tokenizing (the server's threads) only
-    /// briefly.
+    /// Encoding and evaluation (the scheduler thread) need it exclusively, and llama-cpp-2
+    /// lets tokenizing (the server's threads) run only while they do not: held for mtmd's
+    /// tokenizing of a decoded image alone.
     ctx: Mutex<MtmdContext>,
     marker: String,
     /// Positions one image is assumed to take before it is fetched (admission reserves them).
@@ -118,10 +151,9 @@ impl Vision {
         let non_causal = ctx.decode_use_non_causal();
         let mut vision = Self { ctx: Mutex::new(ctx), marker, reserve_tokens: 0, non_causal };
         // A large image: projectors that tile use their most tiles for it.
-        let probe = vec![128u8; 1024 * 1024 * 3];
-        let chunks = vision
-            .tokenize_rgb(1024, 1024, &probe, 0)
-            .map_err(|e| format!("the projector cannot tokenize an image: {e}"))?;
+        let probe = identified_bitmap(1024, 1024, &vec![128u8; 1024 * 1024 * 3], 0)?;
+        let chunks =
+            vision.tokenize_bitmap(&probe).map_err(|e| format!("the projector cannot tokenize an image: {e}"))?;
         vision.reserve_tokens = chunks.total_tokens();
         Ok(vision)
     }
@@ -140,23 +172,19 @@ impl Vision {
         self.non_causal.then_some(self.reserve_tokens)
     }
 
-    /// Decodes one image and tokenizes it: its chunks and the hash identifying it.
-    pub(crate) fn prepare(&self, image: &ImageInput) -> Result<(Arc<MtmdInputChunks>, u64), ImageError> {
-        let unreadable = |reason: String| ImageError::Unreadable { param: image.param.clone(), reason };
-        let (nx, ny, rgb) = decode_rgb(&image.bytes, image.detail).map_err(unreadable)?;
-        let id = image_identity(nx, ny, &rgb);
-        let chunks = self
-            .tokenize_rgb(nx, ny, &rgb, id)
-            .map_err(|e| unreadable(format!("the model cannot read this image ({e}).")))?;
-        Ok((Arc::new(chunks), id))
+    /// Tokenizes a decoded image for the projector: its chunks and the hash identifying it.
+    pub(crate) fn tokenize(&self, image: &DecodedImage) -> Result<(Arc<MtmdInputChunks>, u64), ImageError> {
+        let chunks = self.tokenize_bitmap(&image.bitmap).map_err(|e| ImageError::Unreadable {
+            param: image.param.clone(),
+            reason: format!("the model cannot read this image ({e})."),
+        })?;
+        Ok((Arc::new(chunks), image.id))
     }
 
-    fn tokenize_rgb(&self, nx: u32, ny: u32, rgb: &[u8], id: u64) -> Result<MtmdInputChunks, String> {
-        let mut bitmap = MtmdBitmap::from_image_data(nx, ny, rgb).map_err(|e| e.to_string())?;
-        bitmap.set_id(&format!("{id:016x}")).map_err(|e| e.to_string())?;
+    fn tokenize_bitmap(&self, bitmap: &MtmdBitmap) -> Result<MtmdInputChunks, String> {
         let text = MtmdInputText { text: self.marker.clone(), add_special: false, parse_special: true };
         let ctx = self.ctx.lock().expect("vision lock");
-        ctx.tokenize(text, &[&bitmap]).map_err(|e| e.to_string())
+        ctx.tokenize(text, &[bitmap]).map_err(|e| e.to_string())
     }
 
     /// Encodes an image and writes its positions into `seq` from position `at` (one image
@@ -289,6 +317,28 @@ mod tests {
             img.write_to(&mut Cursor::new(&mut bytes), format).unwrap();
             let (w, h, rgb) = decode_rgb(&bytes, Detail::Auto).unwrap_or_else(|e| panic!("{format:?}: {e}"));
             assert_eq!((w, h, rgb.len()), (24, 16, 24 * 16 * 3), "{format:?}");
+        }
+    }
+
+    #[test]
+    fn images_decode_without_the_projector() {
+        // No `Vision` exists here: decoding cannot take the projector's lock, which the scheduler
+        // thread holds while it evaluates images.
+        let param = "messages[0].content[1].image_url";
+        let image = ImageInput { bytes: png(1024, 256), param: param.into(), detail: Detail::Low };
+        let decoded = DecodedImage::decode(&image).unwrap();
+        assert_eq!((decoded.bitmap.nx(), decoded.bitmap.ny()), (512, 128));
+        let (_, _, rgb) = decode_rgb(&image.bytes, Detail::Low).unwrap();
+        assert_eq!(decoded.id, image_identity(512, 128, &rgb));
+        assert_eq!(decoded.bitmap.data(), &rgb[..]);
+        let broken = ImageInput { bytes: b"%PDF-1.7".to_vec(), ..image };
+        match DecodedImage::decode(&broken) {
+            Err(ImageError::Unreadable { param: named, reason }) => {
+                assert_eq!(named, param);
+                assert!(reason.contains("unsupported image format"), "{reason}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a PDF decoded"),
         }
     }
 

@@ -314,3 +314,5 @@ pub(crate) fn blank_png(side: u32) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod turn_tests;
