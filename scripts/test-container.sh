@@ -157,8 +157,9 @@ trap cleanup EXIT
 cleanup
 # The image's own CMD (serve on 0.0.0.0:8080, drain 12 s, grace 30 s); the container's port is
 # published on loopback only. The host's model directory is the image's /models/models.
+# GANTRY_PUBLIC_METRICS: /metrics below without an admin token (the image's CMD sets none).
 "${PODMAN[@]}" run -d --name "$NAME" "${ULIMITS[@]}" -p "127.0.0.1:$PORT:8080" \
-  -v "$MODELS_DIR:/models/models:ro" -e GANTRY_MODEL="$MODEL" "$IMAGE" 2> >(grep -v 'unable to get systemd connection' >&2) >/dev/null
+  -v "$MODELS_DIR:/models/models:ro" -e GANTRY_MODEL="$MODEL" -e GANTRY_PUBLIC_METRICS=true "$IMAGE" 2> >(grep -v 'unable to get systemd connection' >&2) >/dev/null
 t=$SECONDS
 until "${PODMAN[@]}" healthcheck run "$NAME" >/dev/null 2>&1; do
   state=$(podman inspect -f '{{.State.Status}}' "$NAME")

@@ -231,6 +231,7 @@ def test_pod_monitor_scrapes_metrics_from_the_admin_port(rendered):
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["path"] == "/metrics"
     assert endpoint["port"] == "admin", "/metrics is served on the admin listener only"
+    assert "--public-metrics" not in server(rendered)["args"], "the API port does not serve /metrics"
     # The ScaledObject's query selects job="gantry".
     assert {"targetLabel": "job", "replacement": "gantry"} in endpoint["relabelings"]
 
@@ -317,6 +318,18 @@ def test_compose_has_no_admin_token_and_keeps_the_admin_listener_off_nginx(compo
     assert any("127.0.0.1:9090:9090" in svc.get("ports", []) for svc in replicas(compose).values())
     conf = (ROOT / "deploy" / "compose" / "nginx.conf").read_text()
     assert ":9090" not in conf, "nginx proxies the API only"
+
+
+def test_compose_trusts_its_nginx_which_names_the_client(compose):
+    conf = (ROOT / "deploy" / "compose" / "nginx.conf").read_text()
+    live = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in live
+    for svc in replicas(compose).values():
+        networks = flag(svc["command"], "trusted-proxy").split(",")
+        assert all(re.fullmatch(r"(10|172\.16|192\.168)\.[0-9./]+", n) for n in networks), networks
+        # Trusting a private range is safe only while the API port is reached through nginx.
+        assert not any(p.split(":")[-1] == "8080" for p in svc.get("ports", [])), svc.get("ports")
+        assert "--public-metrics" not in svc["command"]
 
 
 def test_nginx_balances_least_conn_retries_503_and_documents_affinity(compose):

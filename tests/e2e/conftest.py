@@ -71,7 +71,8 @@ class Server:
 SUITE_SETTINGS = ("--ctx-size", "2048", "--parallel", "8")
 
 
-def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS) -> tuple[Server, tempfile.TemporaryDirectory]:
+def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS,
+           public_metrics: bool = True) -> tuple[Server, tempfile.TemporaryDirectory]:
     binary = gantry_bin()
     if not os.access(binary, os.X_OK):
         pytest.fail(f"gantry binary not found or not executable: {binary} (build it, or set GANTRY_BIN)")
@@ -92,6 +93,8 @@ def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = 
         "--data-dir", data_dir,
         "--api-key", API_KEY,
         *settings,
+        # The suite reads /metrics without the admin token; test_connections checks the default.
+        *(("--public-metrics",) if public_metrics else ()),
         *extra,
     ]
     stderr_file = open(stderr_path, "wb")
@@ -140,10 +143,11 @@ def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = 
 
 
 @contextlib.contextmanager
-def serving(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS):
+def serving(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS,
+            public_metrics: bool = True):
     """A server of its own for one test module, with an SDK client; stopped and cleaned up after.
     `settings=()` leaves the engine settings at the server's defaults."""
-    srv, tmp = _start(model, extra, settings)
+    srv, tmp = _start(model, extra, settings, public_metrics)
     c = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key, max_retries=0, timeout=300)
     try:
         yield srv, c

@@ -65,7 +65,8 @@ class Served:
         self.data = tempfile.mkdtemp(prefix="gantry-portable-")
         self.log = Path(self.data) / "stderr.log"
         args = [str(Path(PORTABLE) / "gantry"), "serve", "--model", str(MODEL), "--port", str(self.port),
-                "--data-dir", self.data, "--api-key", KEY, "--ctx-size", "1024", "--parallel", "2"]
+                "--data-dir", self.data, "--api-key", KEY, "--ctx-size", "1024", "--parallel", "2",
+                "--public-metrics"]
         self.proc = subprocess.Popen(args, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
 
     def wait_ready(self) -> None:

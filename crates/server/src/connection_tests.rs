@@ -191,3 +191,57 @@ async fn an_image_bomb_is_refused_by_its_header_naming_its_part() {
     assert_eq!(error["error"]["param"], "messages[0].content[1].image_url", "{error}");
     assert!(error["error"]["message"].as_str().unwrap().contains("16384x16384"), "{error}");
 }
+
+fn get_from(path: &str, bearer: Option<&str>, peer: &str) -> Request<Body> {
+    let mut request = Request::get(path);
+    if let Some(token) = bearer {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let mut request = request.body(Body::empty()).unwrap();
+    request.extensions_mut().insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    request
+}
+
+const ADMIN: &str = "admin-token-for-connection-tests";
+
+#[tokio::test]
+async fn metrics_on_the_one_listener_take_the_admin_token_unless_public() {
+    let h = harness(RouterOptions::default()).await;
+    let (status, text) = h.send(get_from("/metrics", None, "192.0.2.5:1")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["code"], "invalid_admin_token");
+    assert_eq!(h.send(get_from("/metrics", Some(KEY), "192.0.2.5:1")).await.0, StatusCode::UNAUTHORIZED);
+    let (status, text) = h.send(get_from("/metrics", Some(ADMIN), "192.0.2.5:1")).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+
+    // Without an admin token configured nobody may read them there.
+    let events = vec![delta("hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))];
+    let engine = Arc::new(ScriptedEngine::new(events, usage(1)));
+    let h = harness_with_options(engine, None, RouterOptions::default(), crate::router::Routes::All).await;
+    assert_eq!(h.send(get_from("/metrics", None, "192.0.2.5:1")).await.0, StatusCode::FORBIDDEN);
+
+    // --public-metrics: open on every listener, the public one with --admin-listen included.
+    for which in [crate::router::Routes::All, crate::router::Routes::Public] {
+        let events =
+            vec![delta("hi"), Event::Finished { choice: 0, reason: FinishReason::Stop }, Event::Done(usage(1))];
+        let engine = Arc::new(ScriptedEngine::new(events, usage(1)));
+        let options = RouterOptions { public_metrics: true, ..RouterOptions::default() };
+        let h = harness_with_options(engine, Some(ADMIN), options, which).await;
+        assert_eq!(h.send(get_from("/metrics", None, "192.0.2.5:1")).await.0, StatusCode::OK, "{which:?}");
+    }
+}
+
+#[tokio::test]
+async fn readiness_reads_the_database_state_at_most_once_a_second() {
+    let h = harness(RouterOptions::default()).await;
+    assert_eq!(h.send(get_from("/health/ready", None, "192.0.2.6:1")).await.0, StatusCode::OK);
+    // The database goes away: probes within the second are answered from the cached state, with
+    // no round trip (which would now fail), and the next one after it asks again.
+    h.accounts.close().await;
+    for _ in 0..20 {
+        assert_eq!(h.send(get_from("/health/ready", None, "192.0.2.6:1")).await.0, StatusCode::OK);
+    }
+    tokio::time::sleep(crate::health::DATABASE_STATE_TTL + Duration::from_millis(100)).await;
+    let (status, text) = h.send(get_from("/health/ready", None, "192.0.2.6:1")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+}

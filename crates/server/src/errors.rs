@@ -158,7 +158,7 @@ impl IntoApiError for AdminRefusal {
             AdminRefusal::Disabled => ApiError::new(
                 StatusCode::FORBIDDEN,
                 "invalid_request_error",
-                "The admin API is disabled; start the server with --admin-token (or GANTRY_ADMIN_TOKEN) to enable it.",
+                "The admin API is disabled; start the server with --admin-token (or GANTRY_ADMIN_TOKEN) to enable it (/metrics: or serve it with --admin-listen or --public-metrics).",
                 None,
                 Some("admin_api_disabled"),
             ),

@@ -2,6 +2,8 @@
 //! The engine (`gantry-engine`), the accounts (`gantry-accounts`) and the API types
 //! (`gantry-api`) meet here, and only here.
 
+#[cfg(test)]
+mod accept_loop_tests;
 /// The operator's side: `/admin/v1` (keys, usage, models, stats) and the web console.
 mod admin;
 /// Anthropic's Messages API, translated onto the chat path.
@@ -10,18 +12,20 @@ mod anthropic;
 mod body_guard;
 /// The `gantry` command line: flags, `gantry serve`, and the keys, usage and models commands.
 pub mod cli;
+/// Who a client is for the per-address limits: address groups, trusted proxies.
+pub mod client_addr;
 /// Wall-clock time as the API and the ledger write it.
 mod clock;
 #[cfg(test)]
 mod connection_tests;
-/// The accept loop: header read timeout, connection cap, peer addresses.
+/// The accept loop: header read timeout, connection caps, connection age, peer addresses.
 pub mod connections;
 /// Cross-origin access to the API for browser clients.
 mod cors;
 /// Which status and OpenAI error every failure gets, in one place.
 mod errors;
 /// Liveness and readiness probes.
-mod health;
+pub mod health;
 /// The model catalogue and its downloader (`gantry models pull`).
 pub mod models;
 /// The OpenAI-compatible API (`/v1`): authentication, chat, tool calls, images, the model list.
@@ -44,3 +48,5 @@ mod router_tests;
 pub mod state;
 /// `/metrics` (Prometheus) and the per-route request counters.
 mod telemetry;
+/// A connection's writes that make no progress end it (`--write-timeout`).
+mod write_deadline;

@@ -20,6 +20,11 @@ pub struct RouterOptions {
     /// Failed authentications an address may make per minute before it gets 429 without a
     /// key lookup; 0 disables the limit.
     pub auth_failures_per_minute: u32,
+    /// `/metrics` without the admin token on every listener (`--public-metrics`).
+    pub public_metrics: bool,
+    /// The accounts database's state as readiness last saw it; one per server, shared by its
+    /// listeners.
+    pub database_state: health::DatabaseState,
 }
 
 impl Default for RouterOptions {
@@ -28,6 +33,8 @@ impl Default for RouterOptions {
             body_limit: 4 * 1024 * 1024,
             body_read_timeout: std::time::Duration::from_secs(crate::connections::DEFAULT_BODY_READ_TIMEOUT_SECS),
             auth_failures_per_minute: crate::openai::auth_failures::DEFAULT_AUTH_FAILURES_PER_MINUTE,
+            public_metrics: false,
+            database_state: health::DatabaseState::default(),
         }
     }
 }
@@ -36,10 +43,14 @@ impl Default for RouterOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Routes {
     /// The API and the operator's routes (admin API, console, metrics): the one listener without
-    /// `--admin-listen`, and the admin listener with it (the console's playground calls the API
-    /// on its own origin).
+    /// `--admin-listen`. `/metrics` takes the admin token there, as a bearer token, unless
+    /// `--public-metrics`.
     All,
-    /// The API only: the public listener with `--admin-listen`.
+    /// The API and the operator's routes on the admin listener (the console's playground calls
+    /// the API on its own origin); `/metrics` is open there, for Prometheus to scrape.
+    Admin,
+    /// The API only: the public listener with `--admin-listen` (and `/metrics` with
+    /// `--public-metrics`).
     Public,
 }
 
@@ -66,13 +77,20 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/health", get(health::live))
         // Liveness is what /health always said: restart only once the engine failed.
         .route("/health/live", get(health::live))
-        .route("/health/ready", get(health::ready))
+        .route("/health/ready", {
+            let database = opts.database_state.clone();
+            get(move |state: axum::extract::State<AppState>| health::ready(state, database))
+        })
         .merge(authed);
-    if which == Routes::All {
-        app = app
-            .route("/metrics", get(telemetry::render))
-            .nest("/admin/v1", admin::router(state.clone()))
-            .merge(console::router());
+    // Prometheus scrapes the admin listener without credentials; the one listener of a server
+    // without it is public, so there /metrics is an operator's route like the admin API.
+    if opts.public_metrics || which == Routes::Admin {
+        app = app.route("/metrics", get(telemetry::render));
+    } else if which == Routes::All {
+        app = app.merge(admin::guarded(state.clone(), Router::new().route("/metrics", get(telemetry::render))));
+    }
+    if which != Routes::Public {
+        app = app.nest("/admin/v1", admin::router(state.clone())).merge(console::router());
     }
     app.fallback(errors::unknown_route)
         .method_not_allowed_fallback(errors::method_not_allowed)

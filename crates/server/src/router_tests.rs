@@ -434,6 +434,8 @@ async fn readiness_says_when_the_accounts_database_does_not_answer() {
     let h = harness(Arc::new(ScriptedEngine::new(vec![Event::Done(usage(0))], usage(0)))).await;
     assert_eq!(h.get_json("/health/ready").await.0, StatusCode::OK);
     h.accounts.close().await;
+    // Readiness asks the database at most once a second: the next probe after that sees it gone.
+    tokio::time::sleep(crate::health::DATABASE_STATE_TTL).await;
     let (status, v) = h.get_json("/health/ready").await;
     assert_eq!((status, v["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("database_unreachable")), "{v}");
     assert_eq!(h.get_json("/health/live").await.0, StatusCode::OK, "a database outage is no reason to restart");

@@ -57,7 +57,7 @@ async fn the_public_router_does_not_serve_the_operators_routes() {
 
 #[tokio::test]
 async fn the_admin_listeners_router_serves_the_operators_routes_and_the_api_the_playground_calls() {
-    let h = serving(Routes::All).await;
+    let h = serving(Routes::Admin).await;
     let (status, text) = h.send(get("/admin/v1/keys", Some(ADMIN), "127.0.0.1:4000")).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     assert!(json(&text)["data"].as_array().is_some_and(|keys| !keys.is_empty()), "{text}");

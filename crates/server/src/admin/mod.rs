@@ -25,11 +25,11 @@ mod usage;
 
 pub(crate) use usage::{requests_csv, usage_csv, UsageParams};
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -44,17 +44,25 @@ use crate::errors::{AdminRefusal, IntoApiError};
 use crate::state::AppState;
 
 pub(crate) fn router(state: AppState) -> Router<AppState> {
-    // One throttle per router: the admin API is served by one listener at a time.
+    guarded(
+        state,
+        Router::new()
+            .route("/keys", get(list_keys).post(create_key))
+            .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
+            .route("/keys/{key}/rotate", post(rotate_key))
+            .route("/usage", get(usage))
+            .route("/usage/requests", get(usage_requests))
+            .route("/stats", get(stats))
+            .merge(models::router()),
+    )
+}
+
+/// `routes` behind the admin token (and its throttle on wrong tokens), e.g. `/metrics` on the
+/// one listener of a server without `--admin-listen`.
+pub(crate) fn guarded(state: AppState, routes: Router<AppState>) -> Router<AppState> {
+    // One throttle per guarded router: each bounds guesses at the admin token on its own.
     let gate = AdminGate { state, throttle: Arc::new(FailureThrottle::default()) };
-    Router::new()
-        .route("/keys", get(list_keys).post(create_key))
-        .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
-        .route("/keys/{key}/rotate", post(rotate_key))
-        .route("/usage", get(usage))
-        .route("/usage/requests", get(usage_requests))
-        .route("/stats", get(stats))
-        .merge(models::router())
-        .route_layer(middleware::from_fn_with_state(gate, require_admin))
+    routes.route_layer(middleware::from_fn_with_state(gate, require_admin))
 }
 
 #[derive(Clone)]
@@ -68,10 +76,7 @@ async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) 
         return AdminRefusal::Disabled.into_api_error().into_response();
     };
     // Without a peer address (a router driven in-process) every caller shares one bucket.
-    let client = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(addr)| addr.ip());
+    let client = crate::client_addr::of(&req).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     let now = Instant::now();
     if let Some(wait) = gate.throttle.locked_for(client, now) {
         return AdminRefusal::Throttled { wait }.into_api_error().into_response();

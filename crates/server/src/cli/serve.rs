@@ -125,22 +125,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     state.stats.start_sampling();
     let draining = state.draining.clone();
+    let database_state = crate::health::DatabaseState::default();
     let options = || RouterOptions {
         body_limit: args.body_limit,
         body_read_timeout: Duration::from_secs_f64(args.body_read_timeout),
         auth_failures_per_minute: args.auth_failures_per_minute,
+        public_metrics: args.public_metrics,
+        database_state: database_state.clone(),
     };
     // With --admin-listen the operator's routes leave the public listener for their own.
     let (app, admin) = match admin_listener {
         None => (router(state, options()), None),
         Some(listener) => {
-            let admin_app = router(state.clone(), options());
+            let admin_app = routes(state.clone(), options(), Routes::Admin);
             (routes(state, options(), Routes::Public), Some((listener, admin_app)))
         }
     };
     let limits = crate::connections::ConnectionLimits {
         max_connections: args.max_connections,
+        max_per_address: args.max_connections_per_address,
+        trusted_proxies: args.trusted_proxy.clone().unwrap_or_default(),
         header_read_timeout: Duration::from_secs_f64(args.header_read_timeout),
+        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        max_age: Duration::from_secs_f64(args.max_connection_age),
     };
 
     let addr = listener.local_addr()?;
@@ -154,7 +161,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let addr = listener.local_addr()?;
             println!("Admin API, console and /metrics at http://{addr} (not on the public listener)");
             let stop = admin_stop.clone();
-            Some(tokio::spawn(crate::connections::serve(listener, admin_app, limits, stop.cancelled_owned())))
+            Some(tokio::spawn(crate::connections::serve(listener, admin_app, limits.clone(), stop.cancelled_owned())))
         }
         None => None,
     };

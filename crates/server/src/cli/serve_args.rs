@@ -155,6 +155,30 @@ pub struct ServeArgs {
     /// closes.
     #[arg(long, default_value_t = crate::connections::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_connections: usize,
+    /// Most connections one client address (an IPv6 /64 counts as one) may hold open; a
+    /// connection beyond it gets 429 and is closed. `--trusted-proxy` addresses are exempt.
+    /// 0 disables the limit.
+    #[arg(long, env = "GANTRY_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = crate::connections::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS)]
+    pub max_connections_per_address: usize,
+    /// Addresses or CIDR networks of reverse proxies you run, comma-separated (e.g.
+    /// `10.0.0.0/8,192.168.1.5`): their connections are not capped per address, and the client
+    /// address they append to `X-Forwarded-For` is the one the per-address limits count.
+    #[arg(long, env = "GANTRY_TRUSTED_PROXY", value_name = "CIDR,...", value_parser = crate::client_addr::TrustedProxies::parse)]
+    pub trusted_proxy: Option<crate::client_addr::TrustedProxies>,
+    /// Seconds a write to a client may make no progress (the client reads nothing) before its
+    /// connection is closed: a client that pipelines requests and never reads the answers, or
+    /// stops reading a stream.
+    #[arg(long, default_value_t = crate::connections::DEFAULT_WRITE_TIMEOUT_SECS as f64, value_parser = parse_positive_seconds)]
+    pub write_timeout: f64,
+    /// Seconds after which a connection takes no new request: the request it is serving (a
+    /// stream included) finishes, then the connection closes and the client opens another.
+    #[arg(long, default_value_t = crate::connections::DEFAULT_MAX_CONNECTION_AGE_SECS as f64, value_parser = parse_positive_seconds)]
+    pub max_connection_age: f64,
+    /// Serve `/metrics` to anyone on every listener. By default it is served on the
+    /// `--admin-listen` listener, and on the one listener without it only to the admin token
+    /// (as a bearer token).
+    #[arg(long, env = "GANTRY_PUBLIC_METRICS")]
+    pub public_metrics: bool,
     /// Requests with unknown API keys one client address (an IPv6 /64) may make per minute;
     /// beyond that, 429 without a key lookup. 0 disables the limit (behind a proxy every client
     /// shares its address).

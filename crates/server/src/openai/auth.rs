@@ -1,9 +1,7 @@
 //! Key authentication: `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`. Runs
 //! before the body is read or validated, as OpenAI and Anthropic do.
 
-use std::net::SocketAddr;
-
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -29,8 +27,9 @@ pub(crate) fn bearer_credentials(value: &str) -> Option<&str> {
 
 pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Request, next: Next) -> Response {
     let state = &auth.state;
-    // Set by the accept loop; absent only for requests built in-process (tests).
-    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    // Set by the accept loop (through a trusted proxy, the client it names); absent only for
+    // requests built in-process (tests).
+    let peer = crate::client_addr::of(&req);
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
