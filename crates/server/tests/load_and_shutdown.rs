@@ -61,7 +61,8 @@ async fn a_full_queue_answers_503_with_retry_after_and_recovers() {
 
 #[tokio::test]
 async fn metrics_are_exposed_in_prometheus_format() {
-    let s = TestServer::start(&[]);
+    // Read without the admin token: `/metrics` open on the one listener.
+    let s = TestServer::start(&["--public-metrics"]);
     for _ in 0..2 {
         let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5});
         assert_eq!(s.chat(body).send().await.unwrap().status(), 200);

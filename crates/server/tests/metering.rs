@@ -101,7 +101,7 @@ async fn read_until_content(resp: &mut reqwest::Response) -> usize {
 async fn cancellation_is_billed_by_one_rule_queued_prefill_and_decode() {
     // One sequence, so a second request waits in the queue; small steps, so a long prompt
     // takes many steps to prefill.
-    let s = TestServer::start(&["--parallel", "1", "--ctx-size", "2048", "--batch-size", "16"]);
+    let s = TestServer::start(&["--parallel", "1", "--ctx-size", "2048", "--batch-size", "16", "--public-metrics"]);
     let data = s.data_dir.path().to_str().unwrap().to_string();
     let client = s.client();
     let post = |body: Value, id: &str| {

@@ -44,6 +44,8 @@ fn start(budget: &str, extra: &[&str]) -> TestServer {
         format!("broken={}", broken.display()),
         "--max-memory".to_string(),
         budget.to_string(),
+        // The models' figures are read from `/metrics`, without the admin token.
+        "--public-metrics".to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -267,7 +269,7 @@ async fn a_models_file_gives_aliases_and_idle_unloading() {
         ),
     )
     .unwrap();
-    let s = TestServer::start(&["--models-config", file.to_str().unwrap()]);
+    let s = TestServer::start(&["--models-config", file.to_str().unwrap(), "--public-metrics"]);
     let listed: Value =
         s.client().get(s.url("/v1/models")).bearer_auth(common::KEY).send().await.unwrap().json().await.unwrap();
     let ids: Vec<&str> = listed["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();

@@ -61,8 +61,6 @@ impl TestServer {
             "4",
             "--threads",
             "1",
-            // The suite reads /metrics without the admin token; its privacy is tested apart.
-            "--public-metrics",
         ])
         .arg("--model")
         .arg(model)
