@@ -93,18 +93,6 @@ fn free_bytes(_dir: &std::path::Path) -> std::io::Result<u64> {
     Err(std::io::Error::other("free disk space is measured on Unix only"))
 }
 
-/// A size flag: bytes, or a size like `256MiB` or `1GB`; 0 is allowed.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    match s.parse::<u64>() {
-        Ok(n) => Ok(n),
-        Err(_) => s
-            .parse::<bytesize::ByteSize>()
-            .map(|b| b.as_u64())
-            .map_err(|e| format!("{s:?} is not a size like 256MiB or 1GB: {e}")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,13 +123,5 @@ mod tests {
         assert!(storage.fits(1_000) && !storage.fits(1_001), "the quota is the lower bound here");
         assert!(ResponseStorage::default().fits(DEFAULT_MAX_STORED_RESPONSE_BYTES));
         assert!(!ResponseStorage::default().fits(DEFAULT_MAX_STORED_RESPONSE_BYTES + 1));
-    }
-
-    #[test]
-    fn sizes_read_as_bytes_or_units() {
-        assert_eq!(parse_size("0"), Ok(0));
-        assert_eq!(parse_size("256MiB"), Ok(256 * 1024 * 1024));
-        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
-        assert!(parse_size("lots").is_err());
     }
 }

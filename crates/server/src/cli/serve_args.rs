@@ -202,19 +202,19 @@ pub struct ServeArgs {
     pub responses_retention_days: u32,
     /// Most bytes one stored response (its input items and Response object) may take; a larger
     /// one is answered but not stored (`store: false` in its answer).
-    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = crate::response_storage::parse_size)]
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = crate::pool::parse_size)]
     pub max_stored_response_bytes: u64,
     /// Most stored responses one API key keeps; a new one past it deletes the key's oldest.
     #[arg(long, default_value_t = crate::response_storage::DEFAULT_STORED_RESPONSES_PER_KEY)]
     pub stored_responses_per_key: u64,
     /// Most bytes of stored responses one API key keeps; a new one past it deletes the key's
     /// oldest.
-    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = crate::response_storage::parse_size)]
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = crate::pool::parse_size)]
     pub stored_response_bytes_per_key: u64,
     /// Free space the data directory must keep: below it, requests that would store a response
     /// get 507 (`store: false` is served), so the usage ledger and outbox keep room. 0 turns
     /// the check off.
-    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = crate::response_storage::parse_size)]
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = crate::pool::parse_size)]
     pub min_free_disk: u64,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
     #[arg(long, default_value_t = crate::openai::images::DEFAULT_MAX_IMAGES)]

@@ -1,19 +1,24 @@
 //! The memory budget: parsing `--max-memory`, its default, and what this process holds.
 
-/// `700MB`, `4GiB`, `1.5G`, `123456` (bytes): decimal and binary units as `bytesize` reads them.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+/// A size flag: `700MB`, `4GiB`, `1.5G`, `123456` (bytes), decimal and binary units as
+/// `bytesize` reads them; 0 is allowed.
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let bytes = match s.parse::<u64>() {
-        Ok(n) => n,
+    match s.parse::<u64>() {
+        Ok(n) => Ok(n),
         Err(_) => s
             .parse::<bytesize::ByteSize>()
-            .map_err(|e| format!("{s:?} is not a size like 700MB or 4GiB: {e}"))?
-            .as_u64(),
-    };
-    if bytes == 0 {
-        return Err("the memory budget must be more than 0 bytes".into());
+            .map(|b| b.as_u64())
+            .map_err(|e| format!("{s:?} is not a size like 700MB or 4GiB: {e}")),
     }
-    Ok(bytes)
+}
+
+/// `--max-memory`: a size ([`parse_size`]) above 0.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("the memory budget must be more than 0 bytes".into()),
+        bytes => Ok(bytes),
+    }
 }
 
 /// Bytes the kernel says can be allocated without swapping (`MemAvailable`).
@@ -54,6 +59,10 @@ mod tests {
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("0MB").is_err());
         assert!(parse_bytes("0").is_err());
+        assert_eq!(parse_size("0"), Ok(0), "a size flag may be 0");
+        assert_eq!(parse_size("256MiB"), Ok(256 * 1024 * 1024));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
+        assert!(parse_size("lots").is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio::sync::{watch, Notify};
 
 pub use fit::{fit_to_budget, Refit, Shrinkable};
 pub use loader::{EngineLoader, ModelLoader};
-pub use memory::{available_memory, default_budget, parse_bytes, process_rss};
+pub use memory::{available_memory, default_budget, parse_bytes, parse_size, process_rss};
 
 /// A model the server can serve, loaded or not.
 #[derive(Debug, Clone)]
