@@ -84,13 +84,14 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .merge(authed);
     // Prometheus scrapes the admin listener without credentials; the one listener of a server
     // without it is public, so there /metrics is an operator's route like the admin API.
+    let gate = admin::AdminGate::new(state.clone());
     if opts.public_metrics || which == Routes::Admin {
         app = app.route("/metrics", get(telemetry::render));
     } else if which == Routes::All {
-        app = app.merge(admin::guarded(state.clone(), Router::new().route("/metrics", get(telemetry::render))));
+        app = app.merge(admin::guarded(&gate, Router::new().route("/metrics", get(telemetry::render))));
     }
     if which != Routes::Public {
-        app = app.nest("/admin/v1", admin::router(state.clone())).merge(console::router());
+        app = app.nest("/admin/v1", admin::router(&gate)).merge(console::router());
     }
     app.fallback(errors::unknown_route)
         .method_not_allowed_fallback(errors::method_not_allowed)

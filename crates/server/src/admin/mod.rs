@@ -43,9 +43,10 @@ use crate::admin::usage::{usage, usage_requests};
 use crate::errors::{AdminRefusal, IntoApiError};
 use crate::state::AppState;
 
-pub(crate) fn router(state: AppState) -> Router<AppState> {
+/// The admin API, behind `gate`.
+pub(crate) fn router(gate: &AdminGate) -> Router<AppState> {
     guarded(
-        state,
+        gate,
         Router::new()
             .route("/keys", get(list_keys).post(create_key))
             .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
@@ -57,18 +58,24 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
     )
 }
 
-/// `routes` behind the admin token (and its throttle on wrong tokens), e.g. `/metrics` on the
-/// one listener of a server without `--admin-listen`.
-pub(crate) fn guarded(state: AppState, routes: Router<AppState>) -> Router<AppState> {
-    // One throttle per guarded router: each bounds guesses at the admin token on its own.
-    let gate = AdminGate { state, throttle: Arc::new(FailureThrottle::default()) };
-    routes.route_layer(middleware::from_fn_with_state(gate, require_admin))
+/// `routes` behind the admin token, e.g. `/metrics` on the one listener of a server without
+/// `--admin-listen`.
+pub(crate) fn guarded(gate: &AdminGate, routes: Router<AppState>) -> Router<AppState> {
+    routes.route_layer(middleware::from_fn_with_state(gate.clone(), require_admin))
 }
 
+/// The admin token's check and its throttle on wrong tokens: one per listener, shared by every
+/// route it guards there, so that each route does not give a guesser attempts of its own.
 #[derive(Clone)]
-struct AdminGate {
+pub(crate) struct AdminGate {
     state: AppState,
     throttle: Arc<FailureThrottle>,
+}
+
+impl AdminGate {
+    pub(crate) fn new(state: AppState) -> Self {
+        Self { state, throttle: Arc::new(FailureThrottle::default()) }
+    }
 }
 
 async fn require_admin(State(gate): State<AdminGate>, req: Request, next: Next) -> Response {
