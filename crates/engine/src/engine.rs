@@ -308,7 +308,7 @@ impl Engine {
     /// Requests ended as stalled since start (`EngineError::Stalled`): none unless the
     /// scheduler has a bug.
     pub fn stalled_requests(&self) -> u64 {
-        self.inner.stalled.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.stalled.load(Ordering::Relaxed)
     }
 
     /// Requests submitted and still waiting for a slot.

@@ -178,14 +178,14 @@ fn draft_limit(max_tokens: u32, isolated: bool, c: &Choice, ctx_size: i32) -> us
     produce_left.saturating_sub(1).min(room)
 }
 
-/// What the running requests bring to this step, for the planner: each decoding choice's token
-/// and the drafts it was offered (taken out of `Choice::drafts`), each prompt still being read.
 /// The prompt rows a key with a prompt waiting is owed each step (`prompt_turns`): what one
 /// long prompt may read while streams decode, or, without that cap, a whole batch.
 fn prompt_quantum(cfg: &SchedulerConfig) -> usize {
     cfg.prompt_rows_while_decoding.unwrap_or(cfg.batch_size as usize)
 }
 
+/// What the running requests bring to this step, for the planner: each decoding choice's token
+/// and the drafts it was offered (taken out of `Choice::drafts`), each prompt still being read.
 fn step_inputs<'a>(
     active: &'a mut [ActiveRequest],
     cfg: &SchedulerConfig,

@@ -176,9 +176,10 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
 /// The order prompts take what the step leaves: isolated prompts' fixed chunks first (rows were
 /// held for them); then by key, the key owed most rows first (`prompt_turns`); among keys owed
 /// alike, a prompt that waited `AGED_AFTER_STEPS` steps first, then the fewest tokens left to
-/// read; ties in request order. A short prompt is read at once beside a long one, instead of waiting for
-/// the long one to be read whole (in request order, one key's long prompt held every later
-/// request's first token back for its whole prefill: seconds per thousand tokens on a CPU); and
+/// read; ties in request order. A short prompt is read at once beside a long one, instead of
+/// waiting for the long one to be read whole (in request order, one key's long prompt held every
+/// later request's first token back for its whole prefill: seconds per thousand tokens on a CPU);
+/// and
 /// a key whose short prompts read every step falls behind in its account, so another key's
 /// long prompt goes first and reads its share instead of only what they leave, which was
 /// nothing under a steady stream of them.
