@@ -18,7 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gantry_accounts::{AccountsError, KeyInfo, RateRefusal, Refusal, Refused};
 use gantry_api::ApiError;
-use gantry_engine::{EngineError, ImageError, PrepareError, SubmitError};
+use gantry_engine::{EngineError, ImageError, PrepareError, SubmitError, TemplateError};
 
 use crate::openai::rate_limit::{self, format_reset};
 use crate::pool::PoolError;
@@ -38,6 +38,7 @@ impl IntoApiError for PrepareError {
             }
             PrepareError::LogitBias { .. } => ApiError::invalid_value("logit_bias", message),
             PrepareError::Grammar { param, .. } => ApiError::invalid_value(param, message),
+            PrepareError::Template(TemplateError::Missing) => ApiError::invalid_request(message, Some("model")),
             PrepareError::Template(_) => ApiError::invalid_value("messages", message),
             PrepareError::Image(ImageError::Unreadable { param, .. }) => ApiError::invalid_value(&param, message),
             PrepareError::Image(ImageError::Placement { .. }) => ApiError::invalid_value("messages", message),
@@ -347,6 +348,8 @@ mod tests {
             ("bad response_format", PrepareError::Grammar { param: "response_format", reason: "bad".into() }.into_api_error(), 400, BAD, None, Some("response_format"), None),
             ("bad tools", PrepareError::Grammar { param: "tools", reason: "bad".into() }.into_api_error(), 400, BAD, None, Some("tools"), None),
             ("template refuses", PrepareError::Template(gantry_engine::TemplateError::Render("no".into())).into_api_error(), 400, BAD, None, Some("messages"), None),
+            ("no chat template", PrepareError::Template(TemplateError::Missing).into_api_error(), 400, BAD, None, Some("model"), None),
+            ("chat on a base model", crate::openai::chat::no_chat_template("base"), 400, BAD, None, Some("model"), None),
             ("unreadable image", PrepareError::Image(ImageError::Unreadable { param: "messages[0].content[1]".into(), reason: "x".into() }).into_api_error(), 400, BAD, None, Some("messages[0].content[1]"), None),
             ("image places", PrepareError::Image(ImageError::Placement { markers: 1, images: 2 }).into_api_error(), 400, BAD, None, Some("messages"), None),
             ("model cannot see", PrepareError::Image(ImageError::NoVision).into_api_error(), 400, BAD, None, Some("messages"), None),

@@ -53,7 +53,7 @@ impl ScriptedEngine {
                 n_params: 0,
                 supports_vision: false,
                 image_marker: None,
-                chat_template: String::new(),
+                chat_template: Some(String::new()),
             },
             limits: Limits { ctx_size: 64, slots: 2, per_key: None, n_vocab: 1000 },
             events,

@@ -129,7 +129,8 @@ pub struct TinyModelSpec {
     pub n_ctx_train: u32,
     /// Seed for the weight PRNG (default 0).
     pub seed: u64,
-    /// Chat template; `None` means [`CHATML_TEMPLATE`].
+    /// `tokenizer.chat_template` (default [`CHATML_TEMPLATE`]); `None` writes none, as a base
+    /// (pretrained) model's GGUF often has none.
     pub chat_template: Option<String>,
     /// Adds Qwen's `<tool_call>` and `</tool_call>` as user-defined tokens (before the control
     /// tokens, so the EOS stays the last id).
@@ -173,7 +174,6 @@ pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     let n_embd_kv = u64::from(head_dim * spec.n_head_kv);
     let n_embd = u64::from(spec.n_embd);
     let n_ff = u64::from(spec.n_ff);
-    let template = spec.chat_template.as_deref().unwrap_or(CHATML_TEMPLATE);
 
     // ---- metadata ----
     let mut kv = KvWriter::default();
@@ -201,7 +201,9 @@ pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     kv.u32("tokenizer.ggml.padding_token_id", vocab.endoftext);
     kv.bool("tokenizer.ggml.add_bos_token", false);
     kv.bool("tokenizer.ggml.add_eos_token", false);
-    kv.string("tokenizer.chat_template", template);
+    if let Some(template) = &spec.chat_template {
+        kv.string("tokenizer.chat_template", template);
+    }
 
     // ---- tensors ----
     let mut rng = SplitMix64::new(spec.seed);

@@ -36,8 +36,6 @@ pub enum LoadError {
     Missing(PathBuf),
     #[error("llama.cpp could not load {path}: {reason}")]
     Llama { path: PathBuf, reason: String },
-    #[error("{0} has no tokenizer.chat_template; Gantry needs the model's own chat template")]
-    NoChatTemplate(PathBuf),
     #[error(transparent)]
     Template(#[from] TemplateError),
     #[error("could not create the llama.cpp context: {0}")]
@@ -58,13 +56,16 @@ pub struct ModelInfo {
     pub supports_vision: bool,
     /// Text to write into a message's content where an image part was (vision models only).
     pub image_marker: Option<String>,
-    pub chat_template: String,
+    /// The GGUF's `tokenizer.chat_template`; `None` for a model without one (a base model), which
+    /// is loaded all the same but cannot render a chat.
+    pub chat_template: Option<String>,
 }
 
 pub struct LoadedModel {
     /// Shared with the grammar tokenizer (`constraint::LlamaTokEnv`).
     pub(crate) llama: Arc<LlamaModel>,
-    template: ChatTemplate,
+    /// `None` when the model has no chat template: chat requests get [`TemplateError::Missing`].
+    template: Option<ChatTemplate>,
     info: ModelInfo,
     add_bos: bool,
     bos_text: String,
@@ -107,8 +108,7 @@ impl LoadedModel {
         let llama = LlamaModel::load_from_file(backend::llama_backend(), weights, &offload.model_params())
             .map_err(|e| LoadError::Llama { path: weights.to_path_buf(), reason: e.to_string() })?;
         let llama = Arc::new(llama);
-        let chat_template =
-            llama.meta_val_str("tokenizer.chat_template").map_err(|_| LoadError::NoChatTemplate(path.to_path_buf()))?;
+        let chat_template = llama.meta_val_str("tokenizer.chat_template").ok();
         let vocab = llama.vocab();
         let piece = |t: LlamaToken| {
             if t.0 < 0 {
@@ -119,7 +119,7 @@ impl LoadedModel {
         let bos_text = piece(vocab.bos());
         let eos_text = piece(vocab.eos());
         let add_bos = vocab.should_add_bos();
-        let template = ChatTemplate::new(&chat_template, &bos_text, &eos_text)?;
+        let template = chat_template.as_deref().map(|t| ChatTemplate::new(t, &bos_text, &eos_text)).transpose()?;
         let vision = mmproj.map(|p| Vision::load(p, &llama, threads)).transpose().map_err(LoadError::Projector)?;
         let info = ModelInfo {
             path: path.to_path_buf(),
@@ -132,14 +132,15 @@ impl LoadedModel {
             chat_template,
         };
         let (grammars, json_marks) = (Grammars::new(), OnceLock::new());
-        let control_texts = ControlTexts::new(special_token_texts(&llama, &info.chat_template));
+        let template_text = info.chat_template.as_deref().unwrap_or_default();
+        let control_texts = ControlTexts::new(special_token_texts(&llama, template_text));
         let tool_call_tag = match vocab.tokenize(b"<tool_call>", false, true)[..] {
             [tag] if vocab.attr(tag).intersects(LlamaTokenAttr::Control | LlamaTokenAttr::UserDefined) => Some(tag.0),
             _ => None,
         };
         let tokenize_special =
             |text: &str| vocab.tokenize(text.as_bytes(), false, true).into_iter().map(|t| t.0).collect();
-        let thinking = crate::reasoning::Markers::detect(&info.chat_template, tokenize_special);
+        let thinking = crate::reasoning::Markers::detect(template_text, tokenize_special);
         Ok(Arc::new(Self {
             llama,
             thinking,
@@ -220,7 +221,7 @@ impl LoadedModel {
         tools: Option<&[Json]>,
         thinking: Option<bool>,
     ) -> Result<(String, Vec<Range<usize>>), TemplateError> {
-        let template = self.template.with_thinking(thinking);
+        let template = self.template.as_ref().ok_or(TemplateError::Missing)?.with_thinking(thinking);
         let texts = &self.control_texts;
         let client_spells_control = messages.iter().chain(tools.into_iter().flatten()).any(|v| texts.any_in(v));
         if self.special_tokens_in_content || !client_spells_control {

@@ -25,6 +25,10 @@ pub enum TemplateError {
     /// Rendering failed for these messages (e.g. the template's `raise_exception`): a client problem.
     #[error("{0}")]
     Render(String),
+    /// The model's GGUF has no `tokenizer.chat_template` (a base model): no chat can be rendered,
+    /// and none is made up, since a guessed format would be silently wrong.
+    #[error("the model has no chat template (its GGUF has no tokenizer.chat_template)")]
+    Missing,
 }
 
 const TEMPLATE_NAME: &str = "chat";

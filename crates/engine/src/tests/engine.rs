@@ -150,6 +150,20 @@ async fn prepare_refuses_what_the_engine_cannot_run() {
     engine.shutdown();
 }
 
+/// A base model's GGUF often has no chat template: the model loads (it can still complete text),
+/// and a chat on it is refused as the client's to fix, with no template made up.
+#[tokio::test]
+async fn a_model_without_a_chat_template_loads_and_refuses_chats() {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    let path =
+        written_once(&MODEL, "no-template", || tiny_gguf::TinyModelSpec { chat_template: None, ..Default::default() });
+    let engine = start_on(path, 256, 1);
+    assert_eq!(engine.model_info().chat_template, None);
+    let refused = engine.prepare(input(4, vec![]));
+    assert!(matches!(refused, Err(PrepareError::Template(crate::TemplateError::Missing))), "{refused:?}");
+    engine.shutdown();
+}
+
 #[tokio::test]
 async fn a_panicking_scheduler_fails_every_request_bills_what_ran_and_refuses_new_work() {
     let engine = start(1, Some(3));

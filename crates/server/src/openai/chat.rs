@@ -45,13 +45,17 @@ pub(crate) async fn prepare(
     prepare_or_refusal(model, chat, tools, scope).await?.map_err(IntoApiError::into_api_error)
 }
 
-/// [`prepare`], with the engine's refusal as it gave it (the outer error: the task failed).
+/// [`prepare`], with the engine's refusal as it gave it (the outer error: the task failed, or
+/// the model has no chat template).
 pub(crate) async fn prepare_or_refusal(
     model: &Lease,
     chat: &ValidatedChat,
     tools: Option<&ToolPlan>,
     scope: gantry_engine::CacheScope,
 ) -> Result<Result<GenerateRequest, gantry_engine::PrepareError>, ApiError> {
+    if model.model_info().chat_template.is_none() {
+        return Err(no_chat_template(model.id()));
+    }
     // The whole output's grammar: a forced call's, the answer-or-call union of `auto` tools with
     // a response_format, or the response_format's own. Its schema errors name the field that
     // brought the schema: the tools whenever there are any.
@@ -91,6 +95,18 @@ pub(crate) async fn prepare_or_refusal(
     };
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input)).await.map_err(|e| task_failed("prompt preparation", e))
+}
+
+/// The refusal of a chat on a model whose GGUF has no chat template (a base model): the engine
+/// will not guess a format, so the client hears which model it named and why.
+pub(crate) fn no_chat_template(model: &str) -> ApiError {
+    ApiError::invalid_request(
+        format!(
+            "The model `{model}` has no chat template (its GGUF file has no tokenizer.chat_template, as base \
+             models often have none), so it cannot answer chat requests. Use a chat (instruction-tuned) model."
+        ),
+        Some("model"),
+    )
 }
 
 /// `response_format` as a grammar.

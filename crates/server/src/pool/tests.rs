@@ -64,7 +64,7 @@ impl ModelLoader for FakeLoader {
             n_params: 0,
             supports_vision: false,
             image_marker: None,
-            chat_template: String::new(),
+            chat_template: Some(String::new()),
         };
         let model: Arc<dyn Generator> = Arc::new(Fake { info, stopped: self.stopped.clone(), name: spec.id.clone() });
         Ok((model, 0))
