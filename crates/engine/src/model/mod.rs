@@ -109,6 +109,9 @@ impl LoadedModel {
             .map_err(|e| LoadError::Llama { path: weights.to_path_buf(), reason: e.to_string() })?;
         let llama = Arc::new(llama);
         let chat_template = llama.meta_val_str("tokenizer.chat_template").ok();
+        if chat_template.is_none() {
+            tracing::warn!(model = %path.display(), "the model has no chat template (a base model): its chat requests are refused");
+        }
         let vocab = llama.vocab();
         let piece = |t: LlamaToken| {
             if t.0 < 0 {
