@@ -1,8 +1,9 @@
 //! The kernels, for two x86 feature levels: `v3` (AVX2, FMA, F16C: every x86 CPU these
-//! servers run on) and `v4` (adds AVX-512 BW/VL and VNNI). Each computes a block's 32 products
-//! as ggml's x86 kernels do (absolute values of `x` times `y` with `x`'s signs, summed in int32)
-//! and scales the block's sum by the same two f16 scales; it only keeps four float
-//! accumulators where ggml keeps one, so consecutive blocks do not wait on each other.
+//! servers run on) and `v4` (adds AVX-512 BW/VL and VNNI; only it has K-quant kernels, `k_quants.rs`).
+//! Each computes a block's 32 products as ggml's x86 kernels do (absolute values of `x` times `y`
+//! with `x`'s signs, summed in int32) and scales the block's sum by the same two f16 scales; it
+//! only keeps four float accumulators where ggml keeps one, so consecutive blocks do not wait on
+//! each other.
 #![allow(unsafe_code, reason = "SIMD intrinsics on raw ggml blocks")]
 #![allow(clippy::undocumented_unsafe_blocks, reason = "every block here reads the caller's ggml rows")]
 
@@ -135,7 +136,14 @@ macro_rules! each_tile {
     }};
 }
 
+mod k_quants;
+mod q4_k;
+mod q6_k;
 mod wide;
+
+pub use k_quants::{BlockQ8K, QK_K};
+pub use q4_k::BlockQ4K;
+pub use q6_k::BlockQ6K;
 
 /// `out[r][c] = Σ_b x[r]_b · y[c]_b` over `k` blocks for `R` weight rows and `C` activation
 /// columns at once: each weight block is loaded (and its signs taken) once for all `C` columns,
@@ -381,7 +389,11 @@ level!(
         let pairs = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
         _mm256_cvtepi32_ps(pairs)
     },
-    pub use super::wide::{gemm_q5_0, gemm_q8_0};
+    pub use super::{
+        q4_k::{dot_q4_k, gemm_q4_k},
+        q6_k::{dot_q6_k, gemm_q6_k},
+        wide::{gemm_q5_0, gemm_q8_0},
+    };
 );
 
 #[cfg(test)]
