@@ -18,8 +18,11 @@ fn main() {
     let variants = std::env::var_os("CARGO_FEATURE_CPU_VARIANTS").is_some();
     if x86_linux && !shared && !variants {
         println!("cargo::rustc-cfg=ggml_cpu_static");
-        println!("cargo::rustc-link-arg=-Wl,--wrap=llamafile_sgemm");
-        println!("cargo::metadata=link_arg=-Wl,--wrap=llamafile_sgemm");
+        // And ggml's question whether to repack weights (`model::dot_kernels::repack`), a C++
+        // function under its mangled name.
+        let wraps = "-Wl,--wrap=llamafile_sgemm,--wrap=_Z35ggml_backend_cpu_repack_buffer_typev";
+        println!("cargo::rustc-link-arg={wraps}");
+        println!("cargo::metadata=link_arg={wraps}");
     } else if x86_linux && variants {
         // The portable build loads its CPU backend (libggml-cpu-<variant>.so) at run time. ggml
         // builds it with default visibility and without -Bsymbolic, so its call to

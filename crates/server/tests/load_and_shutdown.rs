@@ -155,6 +155,10 @@ fn assert_cpu_backend_reported(text: &str) {
     // few rows of activations are multiplied by Gantry's kernels, through the linker's --wrap.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     assert!(line.contains("small_batches=\"gantry-avx"), "llamafile multiplies small batches: {line}");
+    // And every one has AVX-512 VNNI: Gantry's K-quant kernels read Q4_K weights as loaded, so
+    // ggml makes no repacked copies (the --wrap of its repacking buffer type took).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    assert!(line.contains("repacked_weights=\"no\""), "ggml repacks weights: {line}");
     assert!(line.ends_with(" 1"), "{line}");
 }
 

@@ -89,7 +89,8 @@ pub struct ServeArgs {
     /// is offloaded to a GPU; `off` serves the file as it is.
     #[arg(long, value_enum, default_value_t = Q5AsQ8Arg::Auto)]
     pub q5_as_q8: Q5AsQ8Arg,
-    /// Whose CPU kernels multiply Q8_0 and Q5_0 weights by one row of activations (a decoding
+    /// Whose CPU kernels multiply Q8_0 and Q5_0 weights (with AVX-512 also Q4_K and Q6_K, and
+    /// ggml then makes no repacked copies of Q4_K weights) by one row of activations (a decoding
     /// stream's step) and by a few rows (a few streams' step, drafts, short prompts): `gantry`'s
     /// (x86 with AVX2; the same integer products as ggml's, fetched ahead: faster decoding), or
     /// `ggml`'s own and llamafile's.

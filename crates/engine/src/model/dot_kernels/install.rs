@@ -2,9 +2,11 @@
 
 use std::os::raw::{c_int, c_void};
 
-use llama_cpp_sys_2::{ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+use llama_cpp_sys_2::{
+    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+};
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ5, BlockQ8, QK};
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
 
 /// ggml's `ggml_vec_dot_t`: `s[0] = x · y` over `n` values; `bs`, `bx`, `by` and `nrc` only
 /// matter for kernels that compute several rows at once, which these types do not on x86 (their
@@ -47,6 +49,22 @@ impl Level {
             Self::V3 => (q8_0_v3, q5_0_v3),
         }
     }
+
+    /// The level's Q4_K · Q8_K and Q6_K · Q8_K kernels: only AVX-512 has them (with AVX2, ggml's
+    /// serve).
+    pub(super) fn k_quants(self) -> Option<(VecDot, VecDot)> {
+        match self {
+            Self::V4 => Some((q4_k_v4, q6_k_v4)),
+            Self::V3 => None,
+        }
+    }
+
+    /// Every kernel the level puts in ggml's table, with its weight type.
+    fn table(self) -> Vec<(ggml_type, VecDot)> {
+        let (q8_0, q5_0) = self.kernels();
+        let k_quants = self.k_quants().map(|(q4_k, q6_k)| [(GGML_TYPE_Q4_K, q4_k), (GGML_TYPE_Q6_K, q6_k)]);
+        [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)].into_iter().chain(k_quants.into_iter().flatten()).collect()
+    }
 }
 
 macro_rules! entry {
@@ -76,6 +94,32 @@ entry!(q5_0_v3, v3, dot_q5_0, BlockQ5);
 entry!(q8_0_v4, v4, dot_q8_0, BlockQ8);
 entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
 
+macro_rules! k_quant_entry {
+    ($name:ident, $dot:ident, $Block:ty) => {
+        /// # Safety
+        /// ggml's `vec_dot` contract: `x` holds `n / 256` blocks of the weight type, `y` as many
+        /// Q8_K blocks, `s` one float; and the CPU runs the AVX-512 level (checked before
+        /// installing).
+        unsafe extern "C" fn $name(
+            n: c_int,
+            s: *mut f32,
+            _bs: usize,
+            x: *const c_void,
+            _bx: usize,
+            y: *const c_void,
+            _by: usize,
+            _nrc: c_int,
+        ) {
+            let nb = usize::try_from(n).unwrap_or(0) / QK_K;
+            // SAFETY: the contract above.
+            unsafe { *s = v4::$dot(nb, x.cast::<$Block>(), y.cast::<BlockQ8K>()) };
+        }
+    };
+}
+
+k_quant_entry!(q4_k_v4, dot_q4_k, BlockQ4K);
+k_quant_entry!(q6_k_v4, dot_q6_k, BlockQ6K);
+
 /// ggml's own kernel for `ty` (for tests, which compare against it).
 #[cfg(test)]
 pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
@@ -86,8 +130,7 @@ pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
 /// Writes this CPU's kernels into ggml's table; returns their level.
 pub(super) fn install() -> Result<Level, String> {
     let level = Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")?;
-    let (q8_0, q5_0) = level.kernels();
-    for (ty, kernel) in [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)] {
+    for (ty, kernel) in level.table() {
         // SAFETY: the pointer is into ggml's static table, valid for the whole process; nothing
         // computes yet (this runs before any model is loaded).
         unsafe { write_kernel(ty, kernel)? };

@@ -1,5 +1,5 @@
-//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0 and Q5_0 · Q8_0 dot products, put in place of
-//! ggml's at start.
+//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0, Q5_0 · Q8_0 and (AVX-512 only) Q4_K · Q8_K and
+//! Q6_K · Q8_K dot products, put in place of ggml's at start.
 //!
 //! A step with one decoding stream multiplies each weight row by a single row of activations: one
 //! dot product per weight row (ggml's `vec_dot`; two or more rows of activations go to llamafile's
@@ -16,6 +16,11 @@
 //! ggml CPU builds). Measured the same way: 13.2-13.8 ms a token, with either the AVX2 or the
 //! AVX-512 level. `--cpu-kernels ggml` keeps ggml's own.
 //!
+//! The AVX-512 level also serves the K-quants of every Q4_K_M model, Q4_K and Q6_K
+//! (`gantry-cpu-kernels`' `k_quants`), one row here and a few rows in `small_batches`: ggml's
+//! x86 Q6_K kernel multiplies each activation row separately, and its Q4_K one reads a repacked
+//! copy (`repack` says why that copy is no longer made).
+//!
 //! ggml looks its kernels up in a constant table (`ggml_get_type_traits_cpu`) at every matrix
 //! product, so putting ours there needs no change to llama.cpp: the table's page is made
 //! writable for the two writes and then given back the protection it had. This happens once,
@@ -26,6 +31,10 @@
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod install;
+#[cfg(all(test, ggml_cpu_static))]
+mod k_quant_tests;
+#[cfg(ggml_cpu_static)]
+mod repack;
 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
 pub(crate) mod small_batches;
 #[cfg(all(test, ggml_cpu_static))]
@@ -33,7 +42,7 @@ mod small_batches_tests;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
 mod tests;
 
-/// Whose dot-product kernels serve Q8_0 and Q5_0 weights on the CPU (`--cpu-kernels`).
+/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_K and Q6_K weights on the CPU (`--cpu-kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuKernels {
     /// Gantry's, where this CPU and build allow them; else ggml's.
@@ -59,6 +68,11 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
                 if let Err(e) = small_batches::enable(level) {
                     tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches");
                 }
+                // Gantry's K-quant kernels read Q4_K weights as loaded: no repacked copies.
+                #[cfg(ggml_cpu_static)]
+                if level.k_quants().is_some() && small_batch_kernels() != "llamafile" {
+                    repack::skip();
+                }
                 return level.name();
             }
             Err(e) => tracing::warn!(error = %e, "keeping ggml's CPU dot-product kernels"),
@@ -67,7 +81,16 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
     })
 }
 
-/// Whose kernels multiply Q8_0 and Q5_0 weights by a few rows of activations (`small_batches`):
+/// Whether ggml keeps repacked copies of Q4_K (and Q4_0, IQ4_NL) weights: not where Gantry's
+/// K-quant kernels serve them ([`use_cpu_kernels`] decides, before any model loads).
+pub fn weights_repacked() -> bool {
+    #[cfg(ggml_cpu_static)]
+    return !repack::skipped();
+    #[cfg(not(ggml_cpu_static))]
+    true
+}
+
+/// Whose kernels multiply Q8_0, Q5_0, Q4_K and Q6_K weights by a few rows of activations (`small_batches`):
 /// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
 /// CPU backend is linked in, else `llamafile`.
 pub fn small_batch_kernels() -> &'static str {

@@ -7,8 +7,10 @@
 //! without fetching ahead, so a few rows wait on memory like one does, and more. This module
 //! answers those calls for Q8_0 and Q5_0 weights with Gantry's tile kernels (crate
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
-//! eight activation rows (four with AVX2) while it is in L1. Everything else (more rows, other
-//! types) goes on to llamafile.
+//! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K and Q6_K weights
+//! too: ggml asks for those with Q8_K activations, for 2 to 7 rows (its own tiled kernel takes 8 and more
+//! first), and each weight row is unpacked once for up to eight of them. Everything else (more
+//! rows, other types) goes on to llamafile.
 //!
 //! How ggml's calls get here (build.rs): where its CPU backend is linked in, the linker's
 //! `--wrap=llamafile_sgemm` sends them to `__wrap_llamafile_sgemm` and names llamafile's own
@@ -22,9 +24,9 @@ use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K};
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ5, BlockQ8};
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K};
 
 use super::install::Level;
 
@@ -188,10 +190,14 @@ pub(super) struct Product {
 /// calling thread's.
 pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams, p: Product) -> bool {
     let is = |ty: c_int, of: u32| ty == of as c_int;
-    let ours = level.is_some_and(|level| (2..=max_columns(level)).contains(&p.n))
-        && is(p.b_type, GGML_TYPE_Q8_0)
-        && is(p.c_type, GGML_TYPE_F32)
-        && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
+    let fits = level.is_some_and(|level| (2..=max_columns(level)).contains(&p.n)) && is(p.c_type, GGML_TYPE_F32);
+    let zero_types = is(p.b_type, GGML_TYPE_Q8_0) && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
+    // K-quants only with AVX-512; ggml asks with Q8_K activations, after its own tiled kernel
+    // declined (it takes eight rows and more).
+    let k_quant = level == Some(Level::V4)
+        && (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q6_K))
+        && is(p.b_type, GGML_TYPE_Q8_K);
+    let ours = fits && (zero_types || k_quant);
     if !ours {
         // Without llamafile's (a portable build whose backend is not loaded), ggml multiplies
         // row by row.
@@ -207,6 +213,18 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
     let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
     let (a, b, c) = (p.a, p.b.cast::<BlockQ8>(), p.c.cast::<f32>());
+    if k_quant {
+        let b = p.b.cast::<BlockQ8K>();
+        // SAFETY: the sizes are ggml's for these matrices, and AVX-512 was detected on this CPU.
+        unsafe {
+            if is(p.a_type, GGML_TYPE_Q4_K) {
+                v4::gemm_q4_k(rows, n, k, a.cast::<BlockQ4K>(), lda, b, ldb, c, ldc);
+            } else {
+                v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, b, ldb, c, ldc);
+            }
+        }
+        return true;
+    }
     // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU.
     unsafe {
         match (level, is(p.a_type, GGML_TYPE_Q8_0)) {

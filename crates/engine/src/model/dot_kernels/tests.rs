@@ -232,3 +232,34 @@ pub(super) fn ones_times_127(rows: i64, threads: i32) -> Vec<f32> {
         out
     }
 }
+
+#[cfg(ggml_cpu_static)]
+#[test]
+fn ggml_asks_the_wrapper_for_its_repacking_buffer_type() {
+    // The link step's `--wrap=ggml_backend_cpu_repack_buffer_type`: ggml's list of extra buffer
+    // types (built once, at the first ask) comes through `repack`, which passes ggml's own on (no
+    // test tells it to skip, so that engine tests running meanwhile load models as ggml would).
+    use llama_cpp_sys_2::*;
+    ggml_ready();
+    // SAFETY: the CPU device is always registered; the proc address has ggml's signature
+    // (`ggml_backend_dev_get_extra_bufts_t`), and its list ends with a null entry.
+    let names = unsafe {
+        let device = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        let reg = ggml_backend_dev_backend_reg(device);
+        let address = ggml_backend_reg_get_proc_address(reg, c"ggml_backend_dev_get_extra_bufts".as_ptr());
+        assert!(!address.is_null(), "the CPU backend lists extra buffer types");
+        let extra_bufts = std::mem::transmute::<
+            *mut c_void,
+            unsafe extern "C" fn(ggml_backend_dev_t) -> *mut ggml_backend_buffer_type_t,
+        >(address);
+        let mut list = extra_bufts(device);
+        let mut names = Vec::new();
+        while !(*list).is_null() {
+            names.push(std::ffi::CStr::from_ptr(ggml_backend_buft_name(*list)).to_string_lossy().into_owned());
+            list = list.add(1);
+        }
+        names
+    };
+    assert!(super::repack::asked() >= 1, "ggml's ask did not reach the wrapper");
+    assert!(names.iter().any(|n| n == "CPU_REPACK"), "ggml's own repacking passed on: {names:?}");
+}
