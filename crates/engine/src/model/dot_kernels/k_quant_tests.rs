@@ -22,7 +22,7 @@ fn floats(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
         .map(|_| {
             let u = (rng.next() >> 11) as f32 / (1u64 << 53) as f32 - 0.5;
-            if rng.next() % 64 == 0 {
+            if rng.next().is_multiple_of(64) {
                 40.0 * u
             } else {
                 u
