@@ -104,6 +104,9 @@ fn server_args(kind: Kind, model: &str, port: u16, dir: &Path, s: &ServerSetting
                 &s.ctx_per_seq.to_string(),
                 "--threads",
                 &s.threads.to_string(),
+                // The bench reads the kernels, GPUs and step profile from /metrics, which a
+                // single listener serves only to the admin token unless told otherwise.
+                "--public-metrics",
             ];
             (a.iter().map(|x| x.to_string()).collect(), Some(key))
         }
@@ -439,6 +442,8 @@ mod tests {
         assert!(reference.contains("-t 16 -np 64 -c 262144"), "{reference}");
         let gantry = joined(Kind::Gantry, &s);
         assert!(gantry.contains("--parallel 64 --ctx-size 4096 --threads 16"), "{gantry}");
+        // Its kernels, GPUs and step profile are read from /metrics, admin-only by default.
+        assert!(gantry.contains("--public-metrics"), "{gantry}");
         // A CUDA build of Gantry offloads every layer when --n-gpu-layers is left unset.
         assert!(!gantry.contains("--n-gpu-layers"), "{gantry}");
     }
