@@ -136,6 +136,29 @@ pub(super) unsafe fn gemm<K: KQuant>(
     }
 }
 
+/// Implements [`KQuant`] for a block type with its module's `Unpacked`, `unpack` and
+/// `add_product` (functions with the level's target features, which a trait method cannot have).
+macro_rules! impl_k_quant {
+    ($Block:ty) => {
+        impl KQuant for $Block {
+            type Unpacked = Unpacked;
+
+            #[inline(always)]
+            unsafe fn unpack(b: *const Self) -> Unpacked {
+                // SAFETY: the caller's.
+                unsafe { unpack(b) }
+            }
+
+            #[inline(always)]
+            unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
+                // SAFETY: the caller's.
+                unsafe { add_product(w, y, acc) }
+            }
+        }
+    };
+}
+pub(super) use impl_k_quant;
+
 /// Defines the public one-row and few-rows entry points of a block type.
 macro_rules! entry_points {
     ($Block:ty, $dot:ident, $gemm:ident) => {

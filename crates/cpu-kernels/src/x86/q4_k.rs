@@ -1,7 +1,7 @@
 //! Q4_K weights (`k_quants`' AVX-512 products): the type of most weights of every Q4_K_M model,
 //! the default quantization almost everywhere.
 
-use super::k_quants::{entry_points, BlockQ8K, KQuant, QK_K};
+use super::k_quants::{entry_points, impl_k_quant, BlockQ8K, KQuant, QK_K};
 use super::*;
 
 /// ggml's `block_q4_K`: the f16 scales of the block's sub-block scales and mins, 8 six-bit scales
@@ -88,21 +88,7 @@ unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
     _mm512_fnmadd_ps(_mm512_set1_ps(dy * w.dmin), _mm512_zextps256_ps512(mins), acc)
 }
 
-impl KQuant for BlockQ4K {
-    type Unpacked = Unpacked;
-
-    #[inline(always)]
-    unsafe fn unpack(b: *const Self) -> Unpacked {
-        // SAFETY: the caller's.
-        unsafe { unpack(b) }
-    }
-
-    #[inline(always)]
-    unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
-        // SAFETY: the caller's.
-        unsafe { add_product(w, y, acc) }
-    }
-}
+impl_k_quant!(BlockQ4K);
 
 entry_points!(BlockQ4K, dot_q4_k, gemm_q4_k);
 

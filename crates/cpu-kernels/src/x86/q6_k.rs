@@ -3,7 +3,7 @@
 //! reads. x86 has no repacked kernel for it: ggml multiplies it with each activation row
 //! separately, so four decoding streams unpack every weight four times.
 
-use super::k_quants::{entry_points, BlockQ8K, KQuant, QK_K};
+use super::k_quants::{entry_points, impl_k_quant, BlockQ8K, KQuant, QK_K};
 use super::*;
 
 /// ggml's `block_q6_K`: the low four bits of 256 values, their high two bits, 16 signed scales
@@ -89,21 +89,7 @@ unsafe fn block_sums(w: &Unpacked, y: *const BlockQ8K) -> __m512i {
     _mm512_sub_epi32(sums, _mm512_zextsi256_si512(offset))
 }
 
-impl KQuant for BlockQ6K {
-    type Unpacked = Unpacked;
-
-    #[inline(always)]
-    unsafe fn unpack(b: *const Self) -> Unpacked {
-        // SAFETY: the caller's.
-        unsafe { unpack(b) }
-    }
-
-    #[inline(always)]
-    unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
-        // SAFETY: the caller's.
-        unsafe { add_product(w, y, acc) }
-    }
-}
+impl_k_quant!(BlockQ6K);
 
 /// `acc` plus `d_x · d_y ·` the block's integer product.
 ///

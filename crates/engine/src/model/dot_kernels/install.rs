@@ -69,9 +69,13 @@ impl Level {
 
 macro_rules! entry {
     ($name:ident, $level:ident, $dot:ident, $Block:ty) => {
+        entry!($name, $level, $dot, $Block, QK, BlockQ8);
+    };
+    ($name:ident, $level:ident, $dot:ident, $Block:ty, $values:expr, $Activations:ty) => {
         /// # Safety
-        /// ggml's `vec_dot` contract: `x` holds `n / 32` blocks of the weight type, `y` as many
-        /// Q8_0 blocks, `s` one float; and the CPU runs this level (checked before installing).
+        /// ggml's `vec_dot` contract: `x` holds `n / $values` blocks of the weight type, `y` as
+        /// many blocks of its activation type, `s` one float; and the CPU runs this level
+        /// (checked before installing).
         unsafe extern "C" fn $name(
             n: c_int,
             s: *mut f32,
@@ -82,9 +86,9 @@ macro_rules! entry {
             _by: usize,
             _nrc: c_int,
         ) {
-            let nb = usize::try_from(n).unwrap_or(0) / QK;
+            let nb = usize::try_from(n).unwrap_or(0) / $values;
             // SAFETY: the contract above.
-            unsafe { *s = $level::$dot(nb, x.cast::<$Block>(), y.cast::<BlockQ8>()) };
+            unsafe { *s = $level::$dot(nb, x.cast::<$Block>(), y.cast::<$Activations>()) };
         }
     };
 }
@@ -94,31 +98,8 @@ entry!(q5_0_v3, v3, dot_q5_0, BlockQ5);
 entry!(q8_0_v4, v4, dot_q8_0, BlockQ8);
 entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
 
-macro_rules! k_quant_entry {
-    ($name:ident, $dot:ident, $Block:ty) => {
-        /// # Safety
-        /// ggml's `vec_dot` contract: `x` holds `n / 256` blocks of the weight type, `y` as many
-        /// Q8_K blocks, `s` one float; and the CPU runs the AVX-512 level (checked before
-        /// installing).
-        unsafe extern "C" fn $name(
-            n: c_int,
-            s: *mut f32,
-            _bs: usize,
-            x: *const c_void,
-            _bx: usize,
-            y: *const c_void,
-            _by: usize,
-            _nrc: c_int,
-        ) {
-            let nb = usize::try_from(n).unwrap_or(0) / QK_K;
-            // SAFETY: the contract above.
-            unsafe { *s = v4::$dot(nb, x.cast::<$Block>(), y.cast::<BlockQ8K>()) };
-        }
-    };
-}
-
-k_quant_entry!(q4_k_v4, dot_q4_k, BlockQ4K);
-k_quant_entry!(q6_k_v4, dot_q6_k, BlockQ6K);
+entry!(q4_k_v4, v4, dot_q4_k, BlockQ4K, QK_K, BlockQ8K);
+entry!(q6_k_v4, v4, dot_q6_k, BlockQ6K, QK_K, BlockQ8K);
 
 /// ggml's own kernel for `ty` (for tests, which compare against it).
 #[cfg(test)]
