@@ -43,6 +43,23 @@ pub(super) trait KQuant: Sized {
     unsafe fn add_product(w: &Self::Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512;
 }
 
+/// `Σ_j scales[j] · (values[j] · y_j)` for the four 64-value quarters of a block, as 16 int32
+/// lanes: bytes times bytes into 16-bit pairs, then times the pairs' scales into 32-bit sums.
+///
+/// # Safety
+/// `y` points to a whole block, and this CPU has the AVX-512 level's features.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn scaled_sums(values: &[__m512i; 4], scales: &[__m512i; 4], y: *const BlockQ8K) -> __m512i {
+    let qs = unsafe { addr_of!((*y).qs).cast::<u8>() };
+    let mut sums = _mm512_setzero_si512();
+    for j in 0..4 {
+        let yv = unsafe { _mm512_loadu_si512(qs.add(64 * j).cast()) };
+        sums = _mm512_dpwssd_epi32(sums, _mm512_maddubs_epi16(values[j], yv), scales[j]);
+    }
+    sums
+}
+
 /// Fetches into L1 the four cache lines `ahead` bytes past block `at` of `row` (a block of
 /// either type spans up to four).
 #[inline(always)]

@@ -1,7 +1,7 @@
 //! Q4_K weights (`k_quants`' AVX-512 products): the type of most weights of every Q4_K_M model,
 //! the default quantization almost everywhere.
 
-use super::k_quants::{entry_points, impl_k_quant, BlockQ8K, KQuant, QK_K};
+use super::k_quants::{entry_points, impl_k_quant, scaled_sums, BlockQ8K, KQuant, QK_K};
 use super::*;
 
 /// ggml's `block_q4_K`: the f16 scales of the block's sub-block scales and mins, 8 six-bit scales
@@ -75,12 +75,7 @@ unsafe fn unpack(b: *const BlockQ4K) -> Unpacked {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
-    let qs = unsafe { addr_of!((*y).qs).cast::<u8>() };
-    let mut sums = _mm512_setzero_si512();
-    for j in 0..4 {
-        let yv = unsafe { _mm512_loadu_si512(qs.add(64 * j).cast()) };
-        sums = _mm512_dpwssd_epi32(sums, _mm512_maddubs_epi16(w.values[j], yv), w.scales[j]);
-    }
+    let sums = unsafe { scaled_sums(&w.values, &w.scales, y) };
     let bsums = unsafe { _mm256_loadu_si256(addr_of!((*y).bsums).cast()) };
     let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, w.mins));
     let dy = unsafe { (*y).d };

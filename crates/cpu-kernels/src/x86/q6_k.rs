@@ -3,7 +3,7 @@
 //! reads. x86 has no repacked kernel for it: ggml multiplies it with each activation row
 //! separately, so four decoding streams unpack every weight four times.
 
-use super::k_quants::{entry_points, impl_k_quant, BlockQ8K, KQuant, QK_K};
+use super::k_quants::{entry_points, impl_k_quant, scaled_sums, BlockQ8K, KQuant, QK_K};
 use super::*;
 
 /// ggml's `block_q6_K`: the low four bits of 256 values, their high two bits, 16 signed scales
@@ -77,12 +77,7 @@ unsafe fn unpack(b: *const BlockQ6K) -> Unpacked {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn block_sums(w: &Unpacked, y: *const BlockQ8K) -> __m512i {
-    let qs = unsafe { addr_of!((*y).qs).cast::<u8>() };
-    let mut sums = _mm512_setzero_si512();
-    for j in 0..4 {
-        let yv = unsafe { _mm512_loadu_si512(qs.add(64 * j).cast()) };
-        sums = _mm512_dpwssd_epi32(sums, _mm512_maddubs_epi16(w.values[j], yv), w.scales[j]);
-    }
+    let sums = unsafe { scaled_sums(&w.values, &w.scales, y) };
     // Less 32 · Σ scale · (sum of the 16 activations it scales).
     let bsums = unsafe { _mm256_loadu_si256(addr_of!((*y).bsums).cast()) };
     let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, w.scales16));

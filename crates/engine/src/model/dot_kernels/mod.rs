@@ -65,13 +65,12 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
         match install::install() {
             Ok(level) => {
                 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
-                if let Err(e) = small_batches::enable(level) {
-                    tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches");
-                }
-                // Gantry's K-quant kernels read Q4_K weights as loaded: no repacked copies.
-                #[cfg(ggml_cpu_static)]
-                if level.k_quants().is_some() && small_batch_kernels() != "llamafile" {
-                    repack::skip();
+                match small_batches::enable(level) {
+                    // Gantry's K-quant kernels read Q4_K weights as loaded: no repacked copies.
+                    #[cfg(ggml_cpu_static)]
+                    Ok(()) if level.k_quants().is_some() => repack::skip(),
+                    Ok(()) => {}
+                    Err(e) => tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches"),
                 }
                 return level.name();
             }

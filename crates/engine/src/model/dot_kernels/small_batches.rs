@@ -212,26 +212,20 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
     let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
     let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
-    let (a, b, c) = (p.a, p.b.cast::<BlockQ8>(), p.c.cast::<f32>());
-    if k_quant {
-        let b = p.b.cast::<BlockQ8K>();
-        // SAFETY: the sizes are ggml's for these matrices, and AVX-512 was detected on this CPU.
-        unsafe {
-            if is(p.a_type, GGML_TYPE_Q4_K) {
-                v4::gemm_q4_k(rows, n, k, a.cast::<BlockQ4K>(), lda, b, ldb, c, ldc);
-            } else {
-                v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, b, ldb, c, ldc);
-            }
-        }
-        return true;
-    }
-    // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU.
+    let (a, c) = (p.a, p.c.cast::<f32>());
+    // Q8_0 activations for Q8_0 and Q5_0 weights, Q8_K for the K-quants (`ours` checked which).
+    let (q8_0, q8_k) = (p.b.cast::<BlockQ8>(), p.b.cast::<BlockQ8K>());
+    let v4 = level == Some(Level::V4);
+    // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU
+    // (the K-quants only reach here with AVX-512).
     unsafe {
-        match (level, is(p.a_type, GGML_TYPE_Q8_0)) {
-            (Some(Level::V4), true) => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, b, ldb, c, ldc),
-            (Some(Level::V4), false) => v4::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, b, ldb, c, ldc),
-            (_, true) => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, b, ldb, c, ldc),
-            (_, false) => v3::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, b, ldb, c, ldc),
+        match u32::try_from(p.a_type).unwrap_or(u32::MAX) {
+            GGML_TYPE_Q4_K => v4::gemm_q4_k(rows, n, k, a.cast::<BlockQ4K>(), lda, q8_k, ldb, c, ldc),
+            GGML_TYPE_Q6_K => v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, q8_k, ldb, c, ldc),
+            GGML_TYPE_Q8_0 if v4 => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
+            GGML_TYPE_Q8_0 => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
+            _ if v4 => v4::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
+            _ => v3::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
         }
     }
     true
