@@ -14,6 +14,7 @@ use crate::constraint::{Constraint, PreparedGrammars};
 use crate::error::{panic_message, EngineError, SubmitError};
 use crate::generator::{Generator, Health};
 use crate::kv::cache::StreamCopies;
+use crate::kv::kv_type::KvType;
 use crate::kv::layout::KvLayout;
 use crate::model::devices::accelerators;
 use crate::model::devices::Offload;
@@ -62,6 +63,8 @@ pub struct EngineConfig {
     pub q8_twin_dir: Option<PathBuf>,
     /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
     pub kv_layout: KvLayout,
+    /// The type KV entries are stored in (see `kv_type`).
+    pub kv_type: KvType,
     /// How KV entries are copied between streams; `None`: on the device where the KV cache is on
     /// a GPU, through host memory elsewhere.
     pub kv_copies: Option<StreamCopies>,
@@ -115,6 +118,7 @@ impl EngineConfig {
             metrics_label,
             q8_twin_dir: None,
             kv_layout: KvLayout::default(),
+            kv_type: KvType::default(),
             kv_copies: None,
             max_running_per_key: None,
             special_tokens_in_content: false,
@@ -159,6 +163,7 @@ impl Engine {
     /// Loads the model and starts the scheduler thread; returns once the context exists.
     pub fn start(mut config: EngineConfig) -> Result<Self, LoadError> {
         let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
+        model::memory::check_kv_type(&config.model_path, config.kv_type)?;
         let weights = match &config.q8_twin_dir {
             Some(dir) => q5_as_q8::weights_to_load(&config.model_path, dir),
             None => config.model_path.clone(),
@@ -231,6 +236,8 @@ impl Engine {
             .with_n_ubatch(config.batch_size)
             .with_n_seq_max(config.parallel)
             .with_kv_unified(config.kv_layout.is_unified())
+            .with_type_k(config.kv_type.llama())
+            .with_type_v(config.kv_type.llama())
             .with_n_threads(threads)
             .with_n_threads_batch(threads);
         let metrics_label = config.metrics_label.clone();
@@ -279,6 +286,7 @@ impl Engine {
             threads,
             speculation = ?config.speculation,
             kv_layout = ?config.kv_layout,
+            kv_type = %config.kv_type,
             "engine ready"
         );
         Ok(Self {

@@ -2,13 +2,14 @@
 //! tensor data is read), so a server holding several models can decide what to evict before it
 //! loads one rather than after it runs out of memory.
 //!
-//! Weights: about the file's size. KV cache: two f16 vectors per layer, KV head and cached
-//! token. Compute buffers: llama.cpp reserves its worst graph, dominated by the logits of one
+//! Weights: about the file's size. KV cache: a K and a V vector per layer, KV head and cached
+//! token, in f16 or the quantized type of `--kv-type` (`KvType::bytes`). Compute buffers: llama.cpp reserves its worst graph, dominated by the logits of one
 //! ubatch. Against llama.cpp's own buffer report (default settings: 4 × 4096 cells, ubatch 512)
 //! the estimate is 1.5% high for the 0.5B coder (1,073 vs 1,057 MB) and 2.5% for SmolLM2-135M.
 
 use std::path::Path;
 
+use crate::kv::kv_type::KvType;
 use crate::model::gguf_header::Header;
 use crate::{EngineConfig, LoadError};
 
@@ -33,16 +34,19 @@ struct Shape {
     embedding: u64,
     /// K and V elements one cached token takes in one layer.
     kv_width: u64,
+    /// One head's K and V lengths: a quantized KV cache needs both to be whole blocks.
+    head_sizes: (u64, u64),
     /// Tokens in the vocabulary: the logits of a whole ubatch are reserved.
     vocab: u64,
 }
 
 /// Estimates the memory of `model` (plus its projector, whole) served with `cells` KV cells in
-/// total (context per sequence × sequences) and ubatches of `batch` tokens.
+/// total (context per sequence × sequences) of `kv_type` and ubatches of `batch` tokens.
 pub fn estimate_memory(
     model: &Path,
     projector: Option<&Path>,
     cells: u64,
+    kv_type: KvType,
     batch: u64,
 ) -> Result<MemoryEstimate, LoadError> {
     let file_len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).map_err(|_| LoadError::Missing(p.to_path_buf()));
@@ -53,7 +57,7 @@ pub fn estimate_memory(
         // not where Gantry's K-quant kernels serve) it copies some tensors into a second buffer
         // (28 MiB of the 0.5B's 469; for a model all Q4_K, its Q4_K bytes).
         weights: weights + weights / 20,
-        kv_cache: shape.layers * shape.kv_width * 2 * cells,
+        kv_cache: shape.layers * kv_type.bytes(shape.kv_width) * cells,
         // llama.cpp reserves its worst graph: one ubatch's logits, and its activations (about
         // twenty embedding-wide f32 rows per token live at once), plus the host-side output
         // buffer. Measured with llama.cpp's own report at ubatch 512: the 0.5B coder 323 MiB
@@ -67,7 +71,7 @@ impl EngineConfig {
     pub fn estimate_memory(&self) -> Result<MemoryEstimate, LoadError> {
         let cells = u64::from(self.ctx_size.max(16)) * u64::from(self.parallel.max(1));
         let batch = u64::from(self.batch_size.max(self.parallel + 16));
-        let mut estimate = estimate_memory(&self.model_path, self.mmproj_path.as_deref(), cells, batch)?;
+        let mut estimate = estimate_memory(&self.model_path, self.mmproj_path.as_deref(), cells, self.kv_type, batch)?;
         // Served from its Q8_0 twin, the model takes the twin's larger size.
         if self.q8_twin_dir.is_some() {
             estimate.weights += crate::model::q5_as_q8::plan(&self.model_path).map_or(0, |p| p.extra_bytes);
@@ -94,7 +98,21 @@ fn read_shape(model: &Path) -> Result<Shape, LoadError> {
     let key_len = field("attention.key_length").unwrap_or(head_dim);
     let value_len = field("attention.value_length").unwrap_or(head_dim);
     let vocab = field("vocab_size").or_else(|| gguf.array_len("tokenizer.ggml.tokens")).unwrap_or(0);
-    Ok(Shape { layers, embedding, kv_width: kv_heads * (key_len + value_len), vocab })
+    Ok(Shape { layers, embedding, kv_width: kv_heads * (key_len + value_len), head_sizes: (key_len, value_len), vocab })
+}
+
+/// Refuses `kv_type` for `model` where llama.cpp would: a quantized type stores each head's K
+/// and V in blocks of 32 values, so both lengths must be multiples of 32 (every Qwen, Llama and
+/// Gemma model's are: 64, 128 or 256).
+pub(crate) fn check_kv_type(model: &Path, kv_type: KvType) -> Result<(), LoadError> {
+    let (k, v) = read_shape(model)?.head_sizes;
+    if kv_type.is_quantized() && (k % 32 != 0 || v % 32 != 0) {
+        return Err(LoadError::Context(format!(
+            "--kv-type {kv_type} stores heads in blocks of 32 values; {}'s are {k} (K) and {v} (V): use f16",
+            model.display()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -108,16 +126,26 @@ mod tests {
         tiny_gguf::write_tiny_model(&path, &tiny_gguf::TinyModelSpec::default()).unwrap();
         let shape = read_shape(&path).unwrap();
         assert!(shape.layers > 0 && shape.embedding > 0 && shape.kv_width > 0 && shape.vocab > 0, "{shape:?}");
-        let small = estimate_memory(&path, None, 512, 64).unwrap();
-        let large = estimate_memory(&path, None, 4096, 64).unwrap();
+        let small = estimate_memory(&path, None, 512, KvType::F16, 64).unwrap();
+        let large = estimate_memory(&path, None, 4096, KvType::F16, 64).unwrap();
         let file = std::fs::metadata(&path).unwrap().len();
         assert_eq!(small.weights, file + file / 20);
         assert_eq!(large.kv_cache, small.kv_cache * 8, "KV bytes are per cell");
         assert_eq!(small.kv_cache, shape.layers * shape.kv_width * 2 * 512, "f16 K and V");
         assert!(large.total() > small.total());
-        assert!(estimate_memory(&dir.join("missing.gguf"), None, 512, 64).is_err());
+        let q8 = estimate_memory(&path, None, 512, KvType::Q8_0, 64).unwrap();
+        let q4 = estimate_memory(&path, None, 512, KvType::Q4_0, 64).unwrap();
+        assert_eq!(q8.kv_cache, shape.layers * shape.kv_width / 32 * 34 * 512, "q8_0: 34 bytes a 32-value block");
+        assert_eq!(q4.kv_cache, shape.layers * shape.kv_width / 32 * 18 * 512, "q4_0: 18 bytes a 32-value block");
+        assert_eq!((q8.weights, q8.compute), (small.weights, small.compute));
+        // The tiny model's heads are 16 values: no whole quantized block.
+        assert_eq!(shape.head_sizes, (16, 16));
+        assert!(check_kv_type(&path, KvType::F16).is_ok());
+        let refused = check_kv_type(&path, KvType::Q8_0).unwrap_err().to_string();
+        assert!(refused.contains("blocks of 32") && refused.contains("use f16"), "{refused}");
+        assert!(estimate_memory(&dir.join("missing.gguf"), None, 512, KvType::F16, 64).is_err());
         std::fs::write(dir.join("junk.gguf"), b"not a gguf").unwrap();
-        assert!(estimate_memory(&dir.join("junk.gguf"), None, 512, 64).is_err());
+        assert!(estimate_memory(&dir.join("junk.gguf"), None, 512, KvType::F16, 64).is_err());
     }
 
     fn tempfile_dir() -> std::path::PathBuf {

@@ -8,6 +8,7 @@ pub(crate) mod engine;
 mod grammar_cache;
 mod isolation;
 mod kv_layout;
+mod kv_type;
 mod reasoning;
 mod sampling_engine;
 mod speculation;

@@ -199,6 +199,9 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
     Ok(())
 }
 
+/// `models kv-quality`'s text when none is given: real prose, shipped with the binary.
+const DEFAULT_QUALITY_TEXT: &str = include_str!("../../../../docs/architecture.md");
+
 pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
     let cache = models::default_cache_dir();
     match cmd {
@@ -217,6 +220,23 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
                 let opts = models::PullOptions { source: None, ..opts };
                 println!("{}", models::pull(projector, &cache, &opts).await?.display());
             }
+        }
+        ModelsCommand::KvQuality { model, kv_type, text, tokens, threads } => {
+            let path = models::resolve_model(&model, &cache)?;
+            let text = match text {
+                Some(file) => std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?,
+                None => DEFAULT_QUALITY_TEXT.to_string(),
+            };
+            let threads = threads.unwrap_or_else(gantry_engine::default_threads);
+            let q = tokio::task::spawn_blocking(move || {
+                gantry_engine::measure_kv_quality(&path, kv_type, &text, tokens, threads)
+            })
+            .await??;
+            println!("kv type         {}", q.kv_type);
+            println!("tokens          {}", q.tokens);
+            println!("mean KL         {:.6} nats (against f16)", q.mean_kl);
+            println!("max KL          {:.6} nats", q.max_kl);
+            println!("top-1 agreement {:.2}%", q.top1_agreement * 100.0);
         }
         ModelsCommand::List => {
             println!("{:<22} {:<46} {:>10} {:<7}", "NAME", "FILE", "SIZE", "CACHED");

@@ -236,4 +236,22 @@ pub enum ModelsCommand {
     },
     /// Show the catalogue and what is cached.
     List,
+    /// Measure what a quantized KV cache (`serve --kv-type`) costs a model: the text is read with
+    /// an f16 cache and with TYPE, and their next-token distributions compared at every position
+    /// (mean KL divergence and top-1 agreement, as `llama-perplexity --kl-divergence` reports).
+    KvQuality {
+        /// A catalogue name (pulled) or a .gguf path.
+        model: String,
+        #[arg(long, value_name = "TYPE", default_value = "q8_0")]
+        kv_type: gantry_engine::KvType,
+        /// A UTF-8 text file; by default Gantry's architecture page (about 4,000 tokens).
+        #[arg(long)]
+        text: Option<std::path::PathBuf>,
+        /// The most tokens of the text to read.
+        #[arg(long, default_value_t = 4096)]
+        tokens: usize,
+        /// CPU threads (default: the physical cores).
+        #[arg(long)]
+        threads: Option<u32>,
+    },
 }

@@ -10,6 +10,7 @@
 //! aliases = ["gpt-4o-mini"]      # other names clients may send for it
 //! ctx_size = 8192
 //! parallel = 2
+//! kv_type = "q8_0"               # the KV cache's type (f16, q8_0, q4_0)
 //! mmproj = "mmproj.gguf"         # its multimodal projector
 //! pin = true                     # loaded at start, never unloaded to make room
 //! idle_unload_s = 600            # unloaded after this long without requests
@@ -50,6 +51,7 @@ struct FileEntry {
     aliases: Vec<String>,
     ctx_size: Option<u32>,
     parallel: Option<u32>,
+    kv_type: Option<String>,
     mmproj: Option<PathBuf>,
     #[serde(default)]
     pin: bool,
@@ -119,6 +121,7 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.max_running_per_key = args.max_running_per_key;
     config.host_cache_bytes = args.cache_ram.saturating_mul(1 << 20);
     config.kv_layout = if args.kv_unified { KvLayout::Unified } else { KvLayout::PerSequence };
+    config.kv_type = args.kv_type;
     config.special_tokens_in_content = args.special_tokens_in_content;
     config.deterministic_greedy = args.deterministic_greedy;
     config.device_sampling = match args.device_sampling {
@@ -177,6 +180,12 @@ fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Resu
         let mut spec = spec(args, id, path, mmproj);
         spec.config.ctx_size = entry.ctx_size.unwrap_or(spec.config.ctx_size);
         spec.config.parallel = entry.parallel.unwrap_or(spec.config.parallel);
+        if let Some(kv_type) = &entry.kv_type {
+            spec.config.kv_type = kv_type
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!(e))
+                .with_context(|| format!("{}: model {:?}: kv_type", file.display(), entry.model))?;
+        }
         spec.shrinkable.parallel &= entry.parallel.is_none();
         spec.aliases = entry.aliases;
         spec.pin = entry.pin;

@@ -101,6 +101,12 @@ pub struct ServeArgs {
     /// attention walks every sequence's cells (slower prompt steps with several streams).
     #[arg(long)]
     pub kv_unified: bool,
+    /// The type KV entries are stored in: f16, or q8_0 (about half the memory: twice the
+    /// sequences or context in the same budget) or q4_0 (about a quarter, and a measurable loss);
+    /// llama.cpp's `-ctk`/`-ctv` for both. `gantry kv-quality` measures what a type costs a model
+    /// (docs/configuration.md#kv-cache-type). A models file may set a model's own (`kv_type`).
+    #[arg(long, value_name = "TYPE", default_value = "f16")]
+    pub kv_type: gantry_engine::KvType,
     /// Temperature-0 and seeded requests return the same text (and logprobs) for the same
     /// request, whatever the prefix cache, drafts or other streams did: each such sequence is
     /// computed apart, in fixed prompt chunks, without cache reuse or drafts

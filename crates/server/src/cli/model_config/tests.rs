@@ -1,17 +1,22 @@
 //! Which models the flags, a models directory and a models file make.
 
 use clap::Parser;
+use gantry_engine::KvType;
 
 use super::*;
 
 /// `gantry serve ARGS` as the command line would parse it.
-fn serve_args(args: &[&str]) -> ServeArgs {
+fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         serve: ServeArgs,
     }
-    Cli::try_parse_from(std::iter::once("gantry").chain(args.iter().copied())).unwrap().serve
+    Cli::try_parse_from(std::iter::once("gantry").chain(args.iter().copied())).map(|cli| cli.serve)
+}
+
+fn serve_args(args: &[&str]) -> ServeArgs {
+    parse(args).unwrap()
 }
 
 /// Any bytes do for files only scanned and resolved, never loaded.
@@ -174,18 +179,35 @@ fn each_sequence_gets_its_own_kv_stream_unless_one_buffer_is_asked_for() {
 }
 
 #[test]
+fn the_kv_type_comes_from_the_flag_and_a_models_file_may_set_a_models_own() {
+    let kv_type = |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.kv_type;
+    assert_eq!(kv_type(&[]), KvType::F16);
+    assert_eq!(kv_type(&["--kv-type", "q8_0"]), KvType::Q8_0);
+    assert!(parse(&["--kv-type", "q3_k"]).is_err());
+
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    write_tiny(&a);
+    write_tiny(&b);
+    let file = dir.path().join("models.toml");
+    std::fs::write(&file, "[[model]]\nmodel = \"a.gguf\"\nkv_type = \"q4_0\"\n\n[[model]]\nmodel = \"b.gguf\"\n")
+        .unwrap();
+    let specs = model_specs(&serve_args(&["--models-config", file.to_str().unwrap(), "--kv-type", "q8_0"])).unwrap();
+    let types: Vec<KvType> = specs.iter().map(|s| s.config.kv_type).collect();
+    assert_eq!(types, [KvType::Q4_0, KvType::Q8_0], "the file's type, else the flag's");
+    std::fs::write(&file, "[[model]]\nmodel = \"a.gguf\"\nkv_type = \"fp8\"\n").unwrap();
+    let err = model_specs(&serve_args(&["--models-config", file.to_str().unwrap()])).unwrap_err();
+    assert!(format!("{err:#}").contains("unknown KV type \"fp8\""), "{err:#}");
+}
+
+#[test]
 fn deterministic_greedy_is_asked_for_and_needs_a_kv_stream_per_sequence() {
     let on =
         |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.deterministic_greedy;
     assert!(!on(&[]));
     assert!(on(&["--deterministic-greedy"]));
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        serve: ServeArgs,
-    }
     // One unified buffer puts every row in one ubatch: the isolation cannot be had there.
-    let both = Cli::try_parse_from(["gantry", "--deterministic-greedy", "--kv-unified"]);
+    let both = parse(&["--deterministic-greedy", "--kv-unified"]);
     assert!(both.is_err_and(|e| e.kind() == clap::error::ErrorKind::ArgumentConflict));
 }
 
