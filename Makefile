@@ -193,8 +193,9 @@ console-screenshots: models-e2e
 	@scripts/python-venv.sh >/dev/null
 	GANTRY_UPDATE_DOCS=1 GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e/test_console.py
 
-# Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), same
-# GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
+# Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), run
+# plain and tuned (n-gram speculation, flash attention; BENCH_ARGS=--no-tuned-reference skips that),
+# same GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
 # AVX2. Prints ratios and targets and writes docs/benchmarks.md + docs/bench-chart.svg.
 ifeq ($(BENCH_GPU),1)
 bench: bench-gpu

@@ -99,11 +99,12 @@ pub(crate) async fn compare(
 ) -> Result<Comparison> {
     eprintln!("[bench] == {} ==", pair.title);
     let mut up: Vec<Up> = Vec::new();
-    for name in &cli.servers {
+    for name in cli.servers() {
         let (kind, bin) = match name.as_str() {
             "gantry" => (Kind::Gantry, pair.gantry.as_ref()),
             "reference" | "llama-server" => (Kind::Reference, pair.reference.as_ref()),
-            other => bail!("unknown server {other:?} (gantry, reference)"),
+            "reference-tuned" | "tuned" => (Kind::TunedReference, pair.reference.as_ref()),
+            other => bail!("unknown server {other:?} (gantry, reference, reference-tuned)"),
         };
         let Some(bin) = bin else {
             eprintln!("[bench] no {} binary for {}; skipping it", kind.label(), pair.title);

@@ -1,10 +1,12 @@
 //! `gantry-bench`: streams chat completions against Gantry and a reference llama.cpp
-//! `llama-server` on the same GGUF and reports both with Gantry/reference ratios (console,
+//! `llama-server` on the same GGUF, started twice: as `make bench` always started it, and tuned
+//! as an expert would run it (n-gram speculation, flash attention; `--no-tuned-reference` leaves
+//! that one out). It reports all with Gantry's ratio against each reference (console,
 //! docs/benchmarks.md, docs/bench-chart.svg; with `--gpu`, CUDA builds of both on the GPU,
 //! docs/benchmarks-gpu.md and docs/bench-chart-gpu.svg).
 //!
 //! One comparison per pair of binaries: both built native for this CPU (the main table), and
-//! optionally both portable AVX2 builds. Both servers of a pair stay up for the whole comparison
+//! optionally both portable AVX2 builds. Every server of a pair stays up for the whole comparison
 //! and are measured alternately level by level, the order flipping each pass (A-B-B-A), so drift on
 //! the host (thermal, other work) weighs on both alike. Keeping them up rather than restarting them
 //! per pass measures what a long-running server does, with the caches earlier levels left behind;
@@ -17,9 +19,11 @@ mod load;
 mod mode;
 mod pairs;
 mod plan;
+mod references;
 mod report;
 mod runs;
 mod scopes;
+mod server_args;
 mod servers;
 mod stats;
 mod step_profile;
@@ -62,9 +66,13 @@ struct Cli {
     /// llama-server built for portable AVX2 (REFERENCE_NATIVE=0).
     #[arg(long)]
     reference_avx2_bin: Option<PathBuf>,
-    /// Which servers to run.
-    #[arg(long, value_delimiter = ',', default_value = "gantry,reference")]
+    /// Which servers to run: gantry, reference (llama-server as started so far), reference-tuned
+    /// (the same binary with n-gram speculation and flash attention).
+    #[arg(long, value_delimiter = ',', default_value = "gantry,reference,reference-tuned")]
     servers: Vec<String>,
+    /// Leave the tuned reference out (a quicker run; targets are then judged against the plain one).
+    #[arg(long)]
+    no_tuned_reference: bool,
     /// Workloads to run: chat, shared-prefix, code-edit, prose, extract, chat-sampled, chat-top-p,
     /// cache-scopes (Gantry only).
     #[arg(
@@ -175,6 +183,13 @@ impl Cli {
         }
     }
 
+    /// The servers to run, in rotation order: `--servers` less the tuned reference under
+    /// `--no-tuned-reference`.
+    fn servers(&self) -> Vec<String> {
+        let tuned = |s: &String| matches!(s.as_str(), "reference-tuned" | "tuned");
+        self.servers.iter().filter(|s| !(self.no_tuned_reference && tuned(s))).cloned().collect()
+    }
+
     fn requests(&self) -> usize {
         self.requests.unwrap_or_else(|| self.mode().default_requests())
     }
@@ -245,7 +260,7 @@ async fn main() -> Result<()> {
         }
         println!("\nResults (means over {} passes)\n\n{}", cli.passes, report::results_table(&c.runs));
         println!(
-            "Gantry / llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}",
+            "Gantry / each llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}",
             report::ratio_table(&c.runs)
         );
         if let Some(t) = scopes::cache_scope_table(&c.runs) {
