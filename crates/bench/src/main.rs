@@ -12,8 +12,10 @@
 //! per pass measures what a long-running server does, with the caches earlier levels left behind;
 //! an idle server costs the other nothing but memory.
 
+mod bandwidth;
 mod chart;
 mod compare;
+mod gguf_weights;
 mod host;
 mod load;
 mod mode;
@@ -201,6 +203,25 @@ impl Cli {
     }
 }
 
+/// On the CPU, the memory read bandwidth (before any server starts, so none competes for it) and
+/// the weights one token reads. On the GPU the weights are read from the GPU's memory, which this
+/// does not measure: `None`.
+async fn measure_cap(
+    mode: Mode,
+    settings: &ServerSettings,
+) -> Result<Option<(bandwidth::Bandwidth, gguf_weights::WeightsPerToken)>> {
+    if mode == Mode::Gpu {
+        return Ok(None);
+    }
+    let threads = settings.threads as usize;
+    eprintln!("[bench] measuring the memory read bandwidth ({} MiB, {threads} threads)", bandwidth::BUFFER_BYTES >> 20);
+    let bw =
+        tokio::task::spawn_blocking(move || bandwidth::measure(threads, bandwidth::BUFFER_BYTES, bandwidth::REPEATS))
+            .await?;
+    eprintln!("[bench] {}", bw.describe());
+    Ok(Some((bw, gguf_weights::weights_per_token(&settings.model))))
+}
+
 fn build_info(bin: Option<&PathBuf>) -> Option<String> {
     std::fs::read_to_string(bin?.with_file_name("BUILD_INFO")).ok()
 }
@@ -243,6 +264,7 @@ async fn main() -> Result<()> {
         reference_avx2: cli.reference_avx2_bin.clone(),
     };
     let pairs = pairs(mode, &bins, &BuildNotes::from_env());
+    let one_stream_cap = measure_cap(mode, &settings).await?;
     let mut comparisons = Vec::new();
     let mut warnings = Vec::new();
     for (n, pair) in pairs.iter().enumerate() {
@@ -265,6 +287,9 @@ async fn main() -> Result<()> {
         );
         if let Some(t) = scopes::cache_scope_table(&c.runs) {
             println!("Cost of per-tenant cache scopes (Gantry only)\n\n{t}");
+        }
+        if let Some((bw, weights)) = &one_stream_cap {
+            println!("One stream against the memory-bandwidth cap\n\n{}", bandwidth::section(&c.runs, bw, weights));
         }
         comparisons.push(c);
     }
@@ -304,6 +329,7 @@ async fn main() -> Result<()> {
         chart_file: chart_ref,
         reference_builds,
         quiet_warnings: warnings,
+        one_stream_cap,
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

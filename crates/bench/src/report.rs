@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::bandwidth::{self, Bandwidth};
+use crate::gguf_weights::WeightsPerToken;
 use crate::mode::Mode;
 use crate::references::REFERENCES;
 use crate::runs::{cells, f, find, merge, pass_ratio, passes, table, ServerRun, TUNED};
@@ -111,6 +113,8 @@ pub(crate) struct Context {
     pub reference_builds: Vec<(String, String)>,
     /// Levels that started on a busy host.
     pub quiet_warnings: Vec<String>,
+    /// On the CPU: the memory read bandwidth and the weights a token reads (`bandwidth.rs`).
+    pub one_stream_cap: Option<(Bandwidth, WeightsPerToken)>,
 }
 
 pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
@@ -160,6 +164,13 @@ pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
         md += &ratio_table(&c.runs);
         let _ = writeln!(md, "\nResults (means over passes):\n");
         md += &results_table(&c.runs);
+        if let Some((bw, weights)) = &ctx.one_stream_cap {
+            let _ = writeln!(
+                md,
+                "\nOne stream against the memory-bandwidth cap:\n\n{}",
+                bandwidth::section(&c.runs, bw, weights).replace(".\n", ".  \n")
+            );
+        }
         let errors: Vec<String> = c
             .runs
             .iter()
@@ -296,6 +307,10 @@ pub(crate) mod tests {
             chart_file: "c.svg".into(),
             reference_builds: vec![],
             quiet_warnings: vec!["busy".into()],
+            one_stream_cap: (mode == Mode::Cpu).then(|| {
+                let weights = WeightsPerToken { bytes: 100_000_000, how: "the test's".into() };
+                (Bandwidth { bytes_per_s: 10e9, threads: 2 }, weights)
+            }),
         }
     }
 
@@ -317,6 +332,8 @@ pub(crate) mod tests {
             "chat c=1 tok/s ≥ 1.05",
             "- busy",
             "CPU kernels `AVX2`:",
+            "Memory read bandwidth: 10.0 GB/s",
+            "| chat                | Gantry       | 30.0  | 30%",
         ] {
             assert!(md.contains(needle), "{needle}: {md}");
         }
