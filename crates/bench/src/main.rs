@@ -302,6 +302,9 @@ async fn main() -> Result<()> {
             first.title,
             targets::targets_table(&first.runs, mode.targets())
         );
+        if let Some(m) = targets::model_targets(&settings.model) {
+            println!("Targets for {} (issue #53)\n\n{}", m.model, targets::targets_table(&first.runs, m.targets));
+        }
     }
     if cli.no_write {
         return Ok(());
@@ -330,6 +333,7 @@ async fn main() -> Result<()> {
         reference_builds,
         quiet_warnings: warnings,
         one_stream_cap,
+        model_targets: targets::model_targets(&settings.model),
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -12,7 +12,7 @@ use crate::references::REFERENCES;
 use crate::runs::{cells, f, find, merge, pass_ratio, passes, table, ServerRun, TUNED};
 use crate::scopes::{cache_scope_table, Tenancy};
 use crate::server_args::TUNED_REFERENCE_ARGS;
-use crate::targets::targets_table;
+use crate::targets::{targets_table, ModelTargets};
 
 fn ratio_cells(v: Option<(f64, f64, f64)>) -> [String; 2] {
     match v {
@@ -115,6 +115,8 @@ pub(crate) struct Context {
     pub quiet_warnings: Vec<String>,
     /// On the CPU: the memory read bandwidth and the weights a token reads (`bandwidth.rs`).
     pub one_stream_cap: Option<(Bandwidth, WeightsPerToken)>,
+    /// Issue #53's targets when the model is one of `make bench-matrix`'s.
+    pub model_targets: Option<&'static ModelTargets>,
 }
 
 pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
@@ -153,6 +155,11 @@ pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
         let _ = writeln!(md, "## Targets ({}, {})\n", ctx.mode.issue(), first.title);
         md += &targets_table(&first.runs, ctx.mode.targets());
         let _ = writeln!(md);
+        if let Some(m) = ctx.model_targets {
+            let _ = writeln!(md, "## Targets for {} (issue #53, {})\n", m.model, first.title);
+            md += &targets_table(&first.runs, m.targets);
+            let _ = writeln!(md);
+        }
     }
     let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
     for c in comparisons {
@@ -311,6 +318,7 @@ pub(crate) mod tests {
                 let weights = WeightsPerToken { bytes: 100_000_000, how: "the test's".into() };
                 (Bandwidth { bytes_per_s: 10e9, threads: 2 }, weights)
             }),
+            model_targets: (mode == Mode::Cpu).then(|| &crate::targets::MODEL_TARGETS[3]),
         }
     }
 
@@ -334,6 +342,8 @@ pub(crate) mod tests {
             "CPU kernels `AVX2`:",
             "Memory read bandwidth: 10.0 GB/s",
             "| chat                | Gantry       | 30.0  | 30%",
+            "## Targets for Gemma 3 270M (issue #53, Both native",
+            "| chat c=1 tok/s ≥ 1 ",
         ] {
             assert!(md.contains(needle), "{needle}: {md}");
         }
