@@ -65,10 +65,22 @@ const GEMMA_3_270M: [Target; 4] = matrix(1.0, 1.0);
 /// (kernels Gantry has its own of) it must beat llama-server at both levels; Gemma 3 270M (a
 /// model with sliding-window layers) must at least match it.
 pub(crate) const MODEL_TARGETS: [ModelTargets; 4] = [
-    ModelTargets { model: "Qwen2.5-Coder 1.5B Q4_K_M", file_name_has: &["1.5b", "q4_k_m"], targets: &QWEN_1_5B_Q4_K_M },
-    ModelTargets { model: "Qwen2.5-Coder 1.5B Q8_0", file_name_has: &["1.5b", "q8_0"], targets: &QWEN_1_5B_LEGACY },
-    ModelTargets { model: "Qwen2.5-Coder 1.5B Q4_0", file_name_has: &["1.5b", "q4_0"], targets: &QWEN_1_5B_LEGACY },
-    ModelTargets { model: "Gemma 3 270M", file_name_has: &["gemma", "3", "270m"], targets: &GEMMA_3_270M },
+    ModelTargets {
+        model: "Qwen2.5-Coder 1.5B Q4_K_M",
+        file_name_has: &["qwen2.5-coder-1.5b", "q4_k_m"],
+        targets: &QWEN_1_5B_Q4_K_M,
+    },
+    ModelTargets {
+        model: "Qwen2.5-Coder 1.5B Q8_0",
+        file_name_has: &["qwen2.5-coder-1.5b", "q8_0"],
+        targets: &QWEN_1_5B_LEGACY,
+    },
+    ModelTargets {
+        model: "Qwen2.5-Coder 1.5B Q4_0",
+        file_name_has: &["qwen2.5-coder-1.5b", "q4_0"],
+        targets: &QWEN_1_5B_LEGACY,
+    },
+    ModelTargets { model: "Gemma 3 270M", file_name_has: &["gemma", "270m"], targets: &GEMMA_3_270M },
 ];
 
 /// The per-model targets for the GGUF at `model`, by its file name; `None` for other models.
@@ -188,6 +200,7 @@ mod tests {
         assert_eq!(of(&format!("{dir}gemma-3-270m-q4_k_m.gguf")), Some("Gemma 3 270M"));
         assert_eq!(of(&format!("{dir}qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")), None);
         assert_eq!(of(&format!("{dir}SmolLM2-135M-Instruct.Q4_1.gguf")), None);
+        assert_eq!(of(&format!("{dir}DeepSeek-R1-Distill-Qwen-1.5B-Q4_K_M.gguf")), None, "another 1.5B");
         let bounds = |f: &str| {
             let m = model_targets(std::path::Path::new(f)).unwrap();
             m.targets.iter().map(|t| (t.workload, t.concurrency, t.bound)).collect::<Vec<_>>()
