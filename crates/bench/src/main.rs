@@ -1,46 +1,49 @@
 //! `gantry-bench`: streams chat completions against Gantry and a reference llama.cpp
-//! `llama-server` on the same GGUF and reports both with Gantry/reference ratios (console,
+//! `llama-server` on the same GGUF, started twice: as `make bench` always started it, and tuned
+//! as an expert would run it (n-gram speculation, flash attention; `--no-tuned-reference` leaves
+//! that one out). It reports all with Gantry's ratio against each reference (console,
 //! docs/benchmarks.md, docs/bench-chart.svg; with `--gpu`, CUDA builds of both on the GPU,
 //! docs/benchmarks-gpu.md and docs/bench-chart-gpu.svg).
 //!
 //! One comparison per pair of binaries: both built native for this CPU (the main table), and
-//! optionally both portable AVX2 builds. Both servers of a pair stay up for the whole comparison
+//! optionally both portable AVX2 builds. Every server of a pair stays up for the whole comparison
 //! and are measured alternately level by level, the order flipping each pass (A-B-B-A), so drift on
 //! the host (thermal, other work) weighs on both alike. Keeping them up rather than restarting them
 //! per pass measures what a long-running server does, with the caches earlier levels left behind;
 //! an idle server costs the other nothing but memory.
 
+mod bandwidth;
 mod chart;
+mod compare;
+mod gguf_weights;
 mod host;
 mod load;
 mod mode;
 mod pairs;
 mod plan;
+mod references;
 mod report;
 mod runs;
 mod scopes;
+mod server_args;
 mod servers;
 mod stats;
 mod step_profile;
 mod targets;
 mod workloads;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
-use serde_json::json;
 
-use host::{busy_share, loadavg, machine};
-use load::{run_level, stream_request, Target};
+use compare::compare;
+use host::machine;
 use mode::Mode;
-use pairs::{pairs, Bins, BuildNotes, Pair};
+use pairs::{pairs, Bins, BuildNotes};
 use plan::Plan;
-use report::Comparison;
-use runs::ServerRun;
-use servers::{Kind, Running, ServerSettings};
-use workloads::Request;
+use servers::ServerSettings;
 
 #[derive(Parser, Debug)]
 #[command(name = "gantry-bench", about = "Gantry vs llama-server streaming benchmark")]
@@ -65,9 +68,13 @@ struct Cli {
     /// llama-server built for portable AVX2 (REFERENCE_NATIVE=0).
     #[arg(long)]
     reference_avx2_bin: Option<PathBuf>,
-    /// Which servers to run.
-    #[arg(long, value_delimiter = ',', default_value = "gantry,reference")]
+    /// Which servers to run: gantry, reference (llama-server as started so far), reference-tuned
+    /// (the same binary with n-gram speculation and flash attention).
+    #[arg(long, value_delimiter = ',', default_value = "gantry,reference,reference-tuned")]
     servers: Vec<String>,
+    /// Leave the tuned reference out (a quicker run; targets are then judged against the plain one).
+    #[arg(long)]
+    no_tuned_reference: bool,
     /// Workloads to run: chat, shared-prefix, code-edit, prose, extract, chat-sampled, chat-top-p,
     /// cache-scopes (Gantry only).
     #[arg(
@@ -178,6 +185,13 @@ impl Cli {
         }
     }
 
+    /// The servers to run, in rotation order: `--servers` less the tuned reference under
+    /// `--no-tuned-reference`.
+    fn servers(&self) -> Vec<String> {
+        let tuned = |s: &String| matches!(s.as_str(), "reference-tuned" | "tuned");
+        self.servers.iter().filter(|s| !(self.no_tuned_reference && tuned(s))).cloned().collect()
+    }
+
     fn requests(&self) -> usize {
         self.requests.unwrap_or_else(|| self.mode().default_requests())
     }
@@ -189,178 +203,23 @@ impl Cli {
     }
 }
 
-struct Up {
-    running: Running,
-    target: Target,
-    run: ServerRun,
-    /// cache-scopes (Gantry only): the keys of each combination's tenants.
-    scope_keys: Vec<(scopes::Tenancy, Vec<String>)>,
-}
-
-async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettings) -> Result<Up> {
-    if !bin.is_file() {
-        bail!("{} binary {} not found", kind.label(), bin.display());
-    }
-    let load_before = loadavg();
-    let running = servers::start(kind, bin, settings).await?;
-    // No connection reuse: llama-server (cpp-httplib) closes idle keep-alive connections, and a
-    // request racing that close fails. A fresh localhost connection per request costs both the same.
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(900)).pool_max_idle_per_host(0).build()?;
-    let target = Target {
-        client,
-        base_url: running.base_url.clone(),
-        api_keys: running.api_key.iter().cloned().collect(),
-        model: running.model_id.clone(),
-    };
-    let hello =
-        Request { temperature: cli.temperature, ..Request::greedy(json!([{"role": "user", "content": "Say hello."}])) };
-    let warm = stream_request(&target, hello, 8).await;
-    if let Some(e) = warm.error {
-        let tail = running.log_tail();
-        running.stop().await.ok();
-        bail!("{} warm-up failed: {e}\n{tail}", kind.label());
-    }
-    let cpu_features = running.cpu_features().await;
-    eprintln!("[bench] {} runs CPU kernels: {}", kind.label(), cpu_features.as_deref().unwrap_or("unknown"));
-    let gpu_offload = if settings.gpu { Some(check_gpu_offload(&running, &settings.model).await?) } else { None };
-    let run = ServerRun {
-        name: kind.label().to_string(),
-        version: running.version.clone(),
-        command: running.command.clone(),
-        cpu_features: cpu_features.unwrap_or_else(|| "unknown".into()),
-        gpu_offload,
-        load_before,
-        levels: Vec::new(),
-    };
-    Ok(Up { running, target, run, scope_keys: Vec::new() })
-}
-
-/// GPU mode: what the server says of its offload. A Gantry that found no GPU (a CPU build, or
-/// no usable driver) would make the comparison meaningless, so it stops the run; llama-server's
-/// log is not ours to rely on, so a missing or partial offload there is written into the report
-/// and warned about instead.
-async fn check_gpu_offload(running: &Running, model: &Path) -> Result<String> {
-    let offload = running.gpu_offload().await;
-    let label = running.kind.label();
-    let model_bytes = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
-    if offload.complete(model_bytes) {
-        return Ok(offload.describe());
-    }
-    if running.kind == Kind::Gantry {
-        bail!(
-            "Gantry reports no GPU ({}): is --gantry-bin the CUDA build (`make build-gpu`), and does it find the \
-             driver, libcudart and libcublas (LD_LIBRARY_PATH)?\n{}",
-            offload.describe(),
-            running.log_tail()
-        );
-    }
-    eprintln!(
-        "[bench] warning: {label} may not run wholly on the GPU: {} (built with REFERENCE_CUDA=1?)",
-        offload.describe()
-    );
-    Ok(format!("{}; NOT CONFIRMED on the GPU", offload.describe()))
-}
-
-async fn compare(
-    pair: &Pair,
-    cli: &Cli,
+/// On the CPU, the memory read bandwidth (before any server starts, so none competes for it) and
+/// the weights one token reads. On the GPU the weights are read from the GPU's memory, which this
+/// does not measure: `None`.
+async fn measure_cap(
+    mode: Mode,
     settings: &ServerSettings,
-    workloads: &Plan,
-    warnings: &mut Vec<String>,
-) -> Result<Comparison> {
-    eprintln!("[bench] == {} ==", pair.title);
-    let mut up: Vec<Up> = Vec::new();
-    for name in &cli.servers {
-        let (kind, bin) = match name.as_str() {
-            "gantry" => (Kind::Gantry, pair.gantry.as_ref()),
-            "reference" | "llama-server" => (Kind::Reference, pair.reference.as_ref()),
-            other => bail!("unknown server {other:?} (gantry, reference)"),
-        };
-        let Some(bin) = bin else {
-            eprintln!("[bench] no {} binary for {}; skipping it", kind.label(), pair.title);
-            continue;
-        };
-        match start_server(kind, bin, cli, settings).await {
-            Ok(mut u) => {
-                let tenancies = workloads.iter().filter_map(|(w, _)| w.tenancy.filter(|_| kind == Kind::Gantry));
-                for tenancy in tenancies.collect::<Vec<_>>() {
-                    match scopes::create_keys(&u.running, tenancy).await {
-                        Ok(keys) => u.scope_keys.push((tenancy, keys)),
-                        Err(e) => {
-                            u.running.stop().await.ok();
-                            for u in up {
-                                u.running.stop().await.ok();
-                            }
-                            return Err(e.context("creating the cache-scopes keys"));
-                        }
-                    }
-                }
-                up.push(u)
-            }
-            Err(e) => {
-                for u in up {
-                    u.running.stop().await.ok();
-                }
-                return Err(e.context(format!("starting {}", kind.label())));
-            }
-        }
+) -> Result<Option<(bandwidth::Bandwidth, gguf_weights::WeightsPerToken)>> {
+    if mode == Mode::Gpu {
+        return Ok(None);
     }
-    for pass in 0..cli.passes {
-        for (workload, plan) in workloads {
-            for &(concurrency, requests) in plan {
-                // A-B-B-A: the first server first on even passes, last on odd ones.
-                let order: Vec<usize> =
-                    if pass % 2 == 0 { (0..up.len()).collect() } else { (0..up.len()).rev().collect() };
-                for i in order {
-                    if workload.kind.gantry_only() && up[i].running.kind != Kind::Gantry {
-                        continue;
-                    }
-                    let mut target = up[i].target.clone();
-                    if let Some(tenancy) = workload.tenancy {
-                        let keys = up[i].scope_keys.iter().find(|(t, _)| *t == tenancy).map(|(_, k)| k.clone());
-                        target.api_keys = keys.unwrap_or_default();
-                    }
-                    let label = up[i].run.name.clone();
-                    if let Some(busy) = busy_share(Duration::from_secs(1)).await {
-                        if busy > 0.15 {
-                            let w = format!(
-                                "{label} {} c={concurrency} pass {pass}: {:.0}% of the CPU busy with other work just before",
-                                workload.label(),
-                                busy * 100.0
-                            );
-                            eprintln!("[bench] warning: {w}");
-                            warnings.push(w);
-                        }
-                    }
-                    eprintln!("[bench] pass {pass} {label} {} c={concurrency} n={requests} ...", workload.label());
-                    let steps_before = up[i].running.step_profile().await;
-                    let r = run_level(&target, workload, pass, concurrency, requests).await;
-                    if let (Some(before), Some(after)) = (steps_before, up[i].running.step_profile().await) {
-                        eprintln!("[bench]   Gantry's steps: {}", after.since(&before).describe());
-                    }
-                    eprintln!(
-                        "[bench]   {:.1} tok/s ({} tokens; {} of {} prompt tokens cached), TTFT p50 {} ms, ITL p50 {} ms, {} failed{}",
-                        r.tokens_per_s,
-                        r.completion_tokens,
-                        r.cached_tokens,
-                        r.prompt_tokens,
-                        r.ttft_p50_ms.map(|v| format!("{v:.0}")).unwrap_or("n/a".into()),
-                        r.itl_p50_ms.map(|v| format!("{v:.1}")).unwrap_or("n/a".into()),
-                        r.failed,
-                        r.first_error.as_ref().map(|e| format!(" (first: {e})")).unwrap_or_default()
-                    );
-                    up[i].run.levels.push(r);
-                }
-            }
-        }
-    }
-    let mut runs = Vec::new();
-    for u in up {
-        u.running.stop().await?;
-        runs.push(u.run);
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await; // let the servers' memory go
-    Ok(Comparison { title: pair.title.clone(), kernels: pair.kernels.clone(), runs })
+    let threads = settings.threads as usize;
+    eprintln!("[bench] measuring the memory read bandwidth ({} MiB, {threads} threads)", bandwidth::BUFFER_BYTES >> 20);
+    let bw =
+        tokio::task::spawn_blocking(move || bandwidth::measure(threads, bandwidth::BUFFER_BYTES, bandwidth::REPEATS))
+            .await?;
+    eprintln!("[bench] {}", bw.describe());
+    Ok(Some((bw, gguf_weights::weights_per_token(&settings.model))))
 }
 
 fn build_info(bin: Option<&PathBuf>) -> Option<String> {
@@ -405,6 +264,7 @@ async fn main() -> Result<()> {
         reference_avx2: cli.reference_avx2_bin.clone(),
     };
     let pairs = pairs(mode, &bins, &BuildNotes::from_env());
+    let one_stream_cap = measure_cap(mode, &settings).await?;
     let mut comparisons = Vec::new();
     let mut warnings = Vec::new();
     for (n, pair) in pairs.iter().enumerate() {
@@ -422,11 +282,14 @@ async fn main() -> Result<()> {
         }
         println!("\nResults (means over {} passes)\n\n{}", cli.passes, report::results_table(&c.runs));
         println!(
-            "Gantry / llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}",
+            "Gantry / each llama-server (tok/s: higher is better; TTFT, ITL: lower is better)\n\n{}",
             report::ratio_table(&c.runs)
         );
         if let Some(t) = scopes::cache_scope_table(&c.runs) {
             println!("Cost of per-tenant cache scopes (Gantry only)\n\n{t}");
+        }
+        if let Some((bw, weights)) = &one_stream_cap {
+            println!("One stream against the memory-bandwidth cap\n\n{}", bandwidth::section(&c.runs, bw, weights));
         }
         comparisons.push(c);
     }
@@ -439,6 +302,9 @@ async fn main() -> Result<()> {
             first.title,
             targets::targets_table(&first.runs, mode.targets())
         );
+        if let Some(m) = targets::model_targets(&settings.model) {
+            println!("Targets for {} (issue #53)\n\n{}", m.model, targets::targets_table(&first.runs, m.targets));
+        }
     }
     if cli.no_write {
         return Ok(());
@@ -466,6 +332,8 @@ async fn main() -> Result<()> {
         chart_file: chart_ref,
         reference_builds,
         quiet_warnings: warnings,
+        one_stream_cap,
+        model_targets: targets::model_targets(&settings.model),
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

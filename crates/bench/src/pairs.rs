@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::mode::Mode;
-use crate::servers::REFERENCE_ALL_LAYERS;
+use crate::server_args::REFERENCE_ALL_LAYERS;
 
 /// A pair of binaries to compare.
 pub(crate) struct Pair {

@@ -22,6 +22,8 @@ pub(crate) struct ServerRun {
 
 pub(crate) const GANTRY: &str = "Gantry";
 pub(crate) const REFERENCE: &str = "llama-server";
+/// llama-server with n-gram speculation and flash attention (`server_args::TUNED_REFERENCE_ARGS`).
+pub(crate) const TUNED: &str = "llama-server tuned";
 
 pub(crate) fn f(v: Option<f64>, digits: usize) -> String {
     v.map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "n/a".into())
@@ -104,14 +106,15 @@ pub(crate) fn find(runs: &[ServerRun], server: &str, key: &(String, usize)) -> O
     merge(&passes(runs, server, key))
 }
 
-/// Gantry ÷ reference of `metric` for `key`: the ratio of the means over passes, and the lowest
-/// and highest ratio of a single pass (Gantry's pass p against the reference's pass p).
+/// Gantry ÷ `reference` of `metric` for `key`: the ratio of the means over passes, and the
+/// lowest and highest ratio of a single pass (Gantry's pass p against the reference's pass p).
 pub(crate) fn pass_ratio(
     runs: &[ServerRun],
+    reference: &str,
     key: &(String, usize),
     metric: fn(&LevelResult) -> Option<f64>,
 ) -> Option<(f64, f64, f64)> {
-    let (g, r) = (passes(runs, GANTRY, key), passes(runs, REFERENCE, key));
+    let (g, r) = (passes(runs, GANTRY, key), passes(runs, reference, key));
     let overall = ratio(mean(g.iter().filter_map(|l| metric(l))), mean(r.iter().filter_map(|l| metric(l))))?;
     let per_pass: Vec<f64> = g
         .iter()

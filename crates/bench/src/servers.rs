@@ -1,4 +1,4 @@
-//! Starting and stopping the two servers under test, one at a time.
+//! Starting and stopping the servers under test (their command lines are in `server_args.rs`).
 #![allow(unsafe_code, reason = "kill(2) of the bench's own child server through libc")]
 
 use std::path::{Path, PathBuf};
@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::runs::{GANTRY, REFERENCE, TUNED};
+use crate::server_args::server_args;
 use crate::step_profile::StepProfile;
 
 /// Settings both servers get.
@@ -29,14 +31,18 @@ pub(crate) struct ServerSettings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Gantry,
+    /// llama-server as `make bench` has always started it.
     Reference,
+    /// The same llama-server binary run as an expert would (`server_args::TUNED_REFERENCE_ARGS`).
+    TunedReference,
 }
 
 impl Kind {
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Kind::Gantry => "Gantry",
-            Kind::Reference => "llama-server",
+            Kind::Gantry => GANTRY,
+            Kind::Reference => REFERENCE,
+            Kind::TunedReference => TUNED,
         }
     }
 }
@@ -54,9 +60,6 @@ pub(crate) struct Running {
     log: PathBuf,
     dir: tempfile::TempDir,
 }
-
-/// llama-server's "every layer on the GPU": more layers than any model has.
-pub(crate) const REFERENCE_ALL_LAYERS: [&str; 2] = ["-ngl", "999"];
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -78,60 +81,6 @@ pub(crate) async fn version_of(bin: &Path) -> String {
             line.unwrap_or("unknown").trim().to_string()
         }
         Err(e) => format!("unknown ({e})"),
-    }
-}
-
-/// The command-line arguments for `kind`, and the API key Gantry is started with.
-fn server_args(kind: Kind, model: &str, port: u16, dir: &Path, s: &ServerSettings) -> (Vec<String>, Option<String>) {
-    match kind {
-        Kind::Gantry => {
-            let key = format!("sk-gantry-bench-key-{port:05}");
-            let a = [
-                "serve",
-                "--model",
-                model,
-                "--port",
-                &port.to_string(),
-                "--host",
-                "127.0.0.1",
-                "--data-dir",
-                &dir.join("data").display().to_string(),
-                "--api-key",
-                &key,
-                "--parallel",
-                &s.parallel.to_string(),
-                "--ctx-size",
-                &s.ctx_per_seq.to_string(),
-                "--threads",
-                &s.threads.to_string(),
-                // The bench reads the kernels, GPUs and step profile from /metrics, which a
-                // single listener serves only to the admin token unless told otherwise.
-                "--public-metrics",
-            ];
-            (a.iter().map(|x| x.to_string()).collect(), Some(key))
-        }
-        Kind::Reference => {
-            let a = [
-                "-m",
-                model,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "-t",
-                &s.threads.to_string(),
-                "-np",
-                &s.parallel.to_string(),
-                "-c",
-                &(s.ctx_per_seq * s.parallel).to_string(),
-                "--cont-batching",
-            ];
-            let mut a: Vec<String> = a.iter().map(|x| x.to_string()).collect();
-            if s.gpu {
-                a.extend(REFERENCE_ALL_LAYERS.iter().map(|x| x.to_string()));
-            }
-            (a, None)
-        }
     }
 }
 
@@ -183,7 +132,7 @@ pub(crate) async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<
             });
             id.unwrap()
         }
-        Kind::Reference => {
+        Kind::Reference | Kind::TunedReference => {
             let client = reqwest::Client::new();
             loop {
                 if let Ok(Some(status)) = child.try_wait() {
@@ -251,7 +200,9 @@ impl Running {
     pub(crate) async fn gpu_offload(&self) -> GpuOffload {
         let stated = match self.kind {
             Kind::Gantry => gantry_gpus(&self.metrics().await.unwrap_or_default()),
-            Kind::Reference => llama_server_offload(&std::fs::read_to_string(&self.log).unwrap_or_default()),
+            Kind::Reference | Kind::TunedReference => {
+                llama_server_offload(&std::fs::read_to_string(&self.log).unwrap_or_default())
+            }
         };
         let smi = tokio::process::Command::new("nvidia-smi")
             .args(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
@@ -268,7 +219,7 @@ impl Running {
     pub(crate) async fn step_profile(&self) -> Option<StepProfile> {
         match self.kind {
             Kind::Gantry => StepProfile::parse(&self.metrics().await?),
-            Kind::Reference => None,
+            Kind::Reference | Kind::TunedReference => None,
         }
     }
 
@@ -288,8 +239,11 @@ impl Running {
             Kind::Gantry => gantry_features(&self.metrics().await?),
             // This llama-server does not log them at its default verbosity; its build script wrote
             // the compiler's view of the same flags next to it.
-            Kind::Reference => llama_server_features(&std::fs::read_to_string(&self.log).unwrap_or_default())
-                .or_else(|| build_info_features(&std::fs::read_to_string(self.bin.with_file_name("BUILD_INFO")).ok()?)),
+            Kind::Reference | Kind::TunedReference => {
+                llama_server_features(&std::fs::read_to_string(&self.log).unwrap_or_default()).or_else(|| {
+                    build_info_features(&std::fs::read_to_string(self.bin.with_file_name("BUILD_INFO")).ok()?)
+                })
+            }
         }
     }
 }
@@ -421,31 +375,6 @@ mod tests {
         let info = "llama.cpp build: b11434\ncpu features: AVX AVX2 FMA\nbuilt: x\n";
         assert_eq!(build_info_features(info).as_deref(), Some("AVX AVX2 FMA (from BUILD_INFO)"));
         assert_eq!(build_info_features("cpu features: \n"), None);
-    }
-
-    #[test]
-    fn gpu_mode_offloads_every_layer_of_both_with_the_same_slots_and_threads() {
-        let mut s = ServerSettings {
-            model: "m.gguf".into(),
-            threads: 16,
-            parallel: 64,
-            ctx_per_seq: 4096,
-            ready_timeout: Duration::from_secs(1),
-            gpu: false,
-        };
-        let dir = Path::new("/tmp/x");
-        let joined = |kind, s: &ServerSettings| server_args(kind, "m.gguf", 8080, dir, s).0.join(" ");
-        assert!(!joined(Kind::Reference, &s).contains("-ngl"), "the CPU reference has no GPU flag");
-        s.gpu = true;
-        let reference = joined(Kind::Reference, &s);
-        assert!(reference.ends_with("-ngl 999"), "{reference}");
-        assert!(reference.contains("-t 16 -np 64 -c 262144"), "{reference}");
-        let gantry = joined(Kind::Gantry, &s);
-        assert!(gantry.contains("--parallel 64 --ctx-size 4096 --threads 16"), "{gantry}");
-        // Its kernels, GPUs and step profile are read from /metrics, admin-only by default.
-        assert!(gantry.contains("--public-metrics"), "{gantry}");
-        // A CUDA build of Gantry offloads every layer when --n-gpu-layers is left unset.
-        assert!(!gantry.contains("--n-gpu-layers"), "{gantry}");
     }
 
     #[test]

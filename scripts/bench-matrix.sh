@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `make bench-matrix` (issue #53): gantry-bench on several models rather than one, the chat and
+# chat-sampled workloads at 1 and 4 streams, each against the plain and the tuned reference.
+#
+# The models: the catalogue's MATRIX_MODELS, pulled with `gantry models pull` into
+# ~/.cache/gantry/models, and the 1.5B requantized from its Q4_K_M to each of MATRIX_QUANTS with
+# the reference build's llama-quantize (`--allow-requantize`; written once beside the pulled
+# file as qwen2.5-coder-1.5b-instruct-<quant>.gguf, whose names crates/bench/src/targets.rs
+# matches). Requantizing a Q4_K_M loses what Q4_K_M already lost: these files are for speed, the
+# kernels Gantry has for Q8_0 and Q4_0, not for quality.
+#
+# Each model's report goes to MATRIX_DIR/<file stem>.md (+ .svg), not docs/benchmarks.md. A full
+# run takes hours on a small machine; BENCH_ARGS are passed on (e.g. --passes 1 --requests 4).
+#
+# Environment (the Makefile sets them): GANTRY_BIN, BENCH_BIN, MATRIX_MODELS, MATRIX_QUANTS,
+# MATRIX_DIR, MATRIX_ARGS, BENCH_ARGS, GANTRY_NATIVE_CFLAGS.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+GANTRY_BIN="${GANTRY_BIN:-target/release/gantry}"
+BENCH_BIN="${BENCH_BIN:-target/release/gantry-bench}"
+MATRIX_MODELS="${MATRIX_MODELS:-qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m}"
+MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0}"
+MATRIX_DIR="${MATRIX_DIR:-docs/bench-matrix}"
+MATRIX_ARGS="${MATRIX_ARGS:---workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4}"
+log() { echo "[bench-matrix] $*" >&2; }
+
+ref="$("$HERE/build-reference-llama-server.sh")"
+quantize="$(REFERENCE_TOOL=llama-quantize "$HERE/build-reference-llama-server.sh")"
+
+models=()
+for name in $MATRIX_MODELS; do
+  models+=("$("$GANTRY_BIN" models pull --quiet "$name" | tail -n 1)")
+done
+# The requantized 1.5B files, each made once.
+source_1_5b="$("$GANTRY_BIN" models pull --quiet qwen2.5-coder-1.5b | tail -n 1)"
+for quant in $MATRIX_QUANTS; do
+  out="$(dirname "$source_1_5b")/qwen2.5-coder-1.5b-instruct-${quant,,}.gguf"
+  if [ ! -f "$out" ]; then
+    log "requantizing $(basename "$source_1_5b") to $quant"
+    "$quantize" --allow-requantize "$source_1_5b" "$out.part" "$quant" >&2
+    mv "$out.part" "$out"
+  fi
+  models+=("$out")
+done
+
+mkdir -p "$MATRIX_DIR"
+for model in "${models[@]}"; do
+  stem="$(basename "$model" .gguf)"
+  log "== $stem =="
+  # shellcheck disable=SC2086 # MATRIX_ARGS and BENCH_ARGS are lists of flags
+  (set -x && "$BENCH_BIN" --gantry-bin "$GANTRY_BIN" --reference-bin "$ref" --model "$model" \
+    $MATRIX_ARGS --out "$MATRIX_DIR/$stem.md" --chart "$MATRIX_DIR/$stem.svg" ${BENCH_ARGS:-})
+done
+log "reports in $MATRIX_DIR/"
