@@ -59,6 +59,11 @@ impl Level {
         }
     }
 
+    /// The weight types the level's kernels serve, one activation row and a few.
+    pub(super) fn served(self) -> Vec<ggml_type> {
+        self.table().into_iter().map(|(ty, _)| ty).collect()
+    }
+
     /// Every kernel the level puts in ggml's table, with its weight type.
     fn table(self) -> Vec<(ggml_type, VecDot)> {
         let (q8_0, q5_0) = self.kernels();

@@ -54,9 +54,12 @@ pub enum CpuKernels {
 /// Puts Gantry's kernels in ggml's table, and its small-batch products in llamafile's place
 /// where the build lets them (once per process; later calls return the first answer), and says
 /// which dot products now serve: `gantry-avx512` or `gantry-avx2`, or `ggml` where they were not
-/// wanted or cannot run here.
-pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
+/// wanted or cannot run here. ggml's repacked copies of weights are skipped where Gantry's
+/// kernels serve every type of `models` (all the process may load) that ggml would copy.
+pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'static str {
     static CHOSEN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    #[cfg(not(ggml_cpu_static))]
+    let _ = models;
     CHOSEN.get_or_init(|| {
         if choice == CpuKernels::Ggml {
             return "ggml";
@@ -66,9 +69,15 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
             Ok(level) => {
                 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
                 match small_batches::enable(level) {
-                    // Gantry's K-quant kernels read Q4_K weights as loaded: no repacked copies.
+                    // Gantry's kernels read the weights as loaded: repacked copies would only
+                    // cost memory, where they serve every type ggml would copy.
                     #[cfg(ggml_cpu_static)]
-                    Ok(()) if level.k_quants().is_some() => repack::skip(),
+                    Ok(()) => match repack::tensor_types(models) {
+                        Some(types) if repack::costs_nothing(&level.served(), &types) => repack::skip(),
+                        Some(_) => tracing::info!("ggml's repacked kernels serve some of the models' weights"),
+                        None => tracing::warn!("a model's GGUF header is unreadable: ggml keeps repacking"),
+                    },
+                    #[cfg(not(ggml_cpu_static))]
                     Ok(()) => {}
                     Err(e) => tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches"),
                 }
@@ -80,8 +89,9 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
     })
 }
 
-/// Whether ggml keeps repacked copies of Q4_K (and Q4_0, IQ4_NL) weights: not where Gantry's
-/// K-quant kernels serve them ([`use_cpu_kernels`] decides, before any model loads).
+/// Whether ggml keeps repacked copies of Q4_0, Q4_K, IQ4_NL and MXFP4 weights: not where
+/// Gantry's kernels serve every such type of the models ([`use_cpu_kernels`] decides, before any
+/// model loads).
 pub fn weights_repacked() -> bool {
     #[cfg(ggml_cpu_static)]
     return !repack::skipped();
