@@ -54,8 +54,8 @@ pub fn estimate_memory(
     let weights = file_len(model)? + projector.map(file_len).transpose()?.unwrap_or(0);
     Ok(MemoryEstimate {
         // Plus a twentieth: where ggml keeps repacked copies (`dot_kernels::weights_repacked`;
-        // not where Gantry's K-quant kernels serve) it copies some tensors into a second buffer
-        // (28 MiB of the 0.5B's 469; for a model all Q4_K, its Q4_K bytes).
+        // not where Gantry's kernels serve every type it copies) it copies some tensors into a
+        // second buffer (28 MiB of the 0.5B's 469; for a model all Q4_K, its Q4_K bytes).
         weights: weights + weights / 20,
         kv_cache: shape.layers * kv_type.bytes(shape.kv_width) * cells,
         // llama.cpp reserves its worst graph: one ubatch's logits, and its activations (about

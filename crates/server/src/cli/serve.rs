@@ -60,7 +60,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::cli::CpuKernelsArg::Gantry => gantry_engine::CpuKernels::Gantry,
         crate::cli::CpuKernelsArg::Ggml => gantry_engine::CpuKernels::Ggml,
     };
-    crate::telemetry::report_cpu_backend(kernels)?;
+    // Every model the server may load: whether ggml's repacked weight copies are needed depends
+    // on their types, and ggml asks once per process.
+    let model_paths: Vec<&std::path::Path> = specs.iter().map(|s| s.config.model_path.as_path()).collect();
+    crate::telemetry::report_cpu_backend(kernels, &model_paths)?;
     crate::telemetry::report_accelerators(args.n_gpu_layers.is_some_and(|n| n > 0));
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
     for spec in &mut specs {

@@ -1,5 +1,5 @@
-//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0, Q5_0 · Q8_0 and (AVX-512 only) Q4_K · Q8_K and
-//! Q6_K · Q8_K dot products, put in place of ggml's at start.
+//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0, Q5_0 · Q8_0 and (AVX-512 only) Q4_0 · Q8_0,
+//! Q4_K · Q8_K and Q6_K · Q8_K dot products, put in place of ggml's at start.
 //!
 //! A step with one decoding stream multiplies each weight row by a single row of activations: one
 //! dot product per weight row (ggml's `vec_dot`; two or more rows of activations go to llamafile's
@@ -19,7 +19,8 @@
 //! The AVX-512 level also serves the K-quants of every Q4_K_M model, Q4_K and Q6_K
 //! (`gantry-cpu-kernels`' `k_quants`), one row here and a few rows in `small_batches`: ggml's
 //! x86 Q6_K kernel multiplies each activation row separately, and its Q4_K one reads a repacked
-//! copy (`repack` says why that copy is no longer made).
+//! copy (`repack` says why that copy is no longer made where it costs nothing). And Q4_0, which
+//! ggml also reads from a repacked copy: Gantry's kernel is Q5_0's without the fifth bit.
 //!
 //! ggml looks its kernels up in a constant table (`ggml_get_type_traits_cpu`) at every matrix
 //! product, so putting ours there needs no change to llama.cpp: the table's page is made
@@ -33,6 +34,8 @@
 mod install;
 #[cfg(all(test, ggml_cpu_static))]
 mod k_quant_tests;
+#[cfg(all(test, ggml_cpu_static))]
+mod q4_0_tests;
 #[cfg(ggml_cpu_static)]
 mod repack;
 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
@@ -42,7 +45,8 @@ mod small_batches_tests;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
 mod tests;
 
-/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_K and Q6_K weights on the CPU (`--cpu-kernels`).
+/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights on the CPU
+/// (`--cpu-kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuKernels {
     /// Gantry's, where this CPU and build allow them; else ggml's.
@@ -54,9 +58,12 @@ pub enum CpuKernels {
 /// Puts Gantry's kernels in ggml's table, and its small-batch products in llamafile's place
 /// where the build lets them (once per process; later calls return the first answer), and says
 /// which dot products now serve: `gantry-avx512` or `gantry-avx2`, or `ggml` where they were not
-/// wanted or cannot run here.
-pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
+/// wanted or cannot run here. ggml's repacked copies of weights are skipped where Gantry's
+/// kernels serve every type of `models` (all the process may load) that ggml would copy.
+pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'static str {
     static CHOSEN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    #[cfg(not(ggml_cpu_static))]
+    let _ = models;
     CHOSEN.get_or_init(|| {
         if choice == CpuKernels::Ggml {
             return "ggml";
@@ -66,9 +73,15 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
             Ok(level) => {
                 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
                 match small_batches::enable(level) {
-                    // Gantry's K-quant kernels read Q4_K weights as loaded: no repacked copies.
+                    // Gantry's kernels read the weights as loaded: repacked copies would only
+                    // cost memory, where they serve every type ggml would copy.
                     #[cfg(ggml_cpu_static)]
-                    Ok(()) if level.k_quants().is_some() => repack::skip(),
+                    Ok(()) => match repack::tensor_types(models) {
+                        Some(types) if repack::costs_nothing(&level.served(), &types) => repack::skip(),
+                        Some(_) => tracing::info!("ggml's repacked kernels serve some of the models' weights"),
+                        None => tracing::warn!("a model's GGUF header is unreadable: ggml keeps repacking"),
+                    },
+                    #[cfg(not(ggml_cpu_static))]
                     Ok(()) => {}
                     Err(e) => tracing::warn!(error = %e, "llamafile's kernels keep multiplying small batches"),
                 }
@@ -80,8 +93,9 @@ pub fn use_cpu_kernels(choice: CpuKernels) -> &'static str {
     })
 }
 
-/// Whether ggml keeps repacked copies of Q4_K (and Q4_0, IQ4_NL) weights: not where Gantry's
-/// K-quant kernels serve them ([`use_cpu_kernels`] decides, before any model loads).
+/// Whether ggml keeps repacked copies of Q4_0, Q4_K, IQ4_NL and MXFP4 weights: not where
+/// Gantry's kernels serve every such type of the models ([`use_cpu_kernels`] decides, before any
+/// model loads).
 pub fn weights_repacked() -> bool {
     #[cfg(ggml_cpu_static)]
     return !repack::skipped();
@@ -89,7 +103,7 @@ pub fn weights_repacked() -> bool {
     true
 }
 
-/// Whose kernels multiply Q8_0, Q5_0, Q4_K and Q6_K weights by a few rows of activations (`small_batches`):
+/// Whose kernels multiply Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights by a few rows of activations (`small_batches`):
 /// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
 /// CPU backend is linked in, else `llamafile`.
 pub fn small_batch_kernels() -> &'static str {

@@ -1,12 +1,17 @@
 //! Whether ggml copies weights into its repacked layouts at load (its CPU "extra" buffer type).
 //!
-//! On x86 ggml repacks Q4_K (and Q4_0, IQ4_NL) weights into 8-row interleaved copies that its own
-//! kernels multiply with one or four activation rows at a time. Where Gantry's K-quant kernels
-//! serve (AVX-512), they take Q4_K weights as the GGUF lays them out, so no copy is made: ggml
-//! then hands one activation row to the table's `vec_dot` (Gantry's), two to seven to
-//! `llamafile_sgemm` (Gantry's `small_batches`), and eight or more to its tiled K-quant kernel.
-//! Measured on qwen2.5-coder-1.5b Q4_K_M (2-core Xeon, AVX-512): ggml's repacked one-row kernel
-//! streams the weights at about 19 GB/s where Gantry's Q6_K one reaches 33.
+//! On x86 ggml repacks Q4_0, Q4_K, IQ4_NL and MXFP4 weights (and with AVX-512 Q2_K) into 8-row
+//! interleaved copies that its own kernels multiply with one or four activation rows at a time.
+//! Gantry's AVX-512 kernels take Q4_0 and Q4_K weights as the GGUF lays them out: ggml then hands
+//! one activation row to the table's `vec_dot` (Gantry's), two to seven (Q4_0: to 512) to
+//! `llamafile_sgemm` (Gantry's `small_batches`), and eight or more Q4_K rows to its tiled K-quant
+//! kernel. Measured on
+//! qwen2.5-coder-1.5b Q4_K_M (2-core Xeon, AVX-512): ggml's repacked one-row kernel streams the
+//! weights at about 19 GB/s where Gantry's Q6_K one reaches 33.
+//!
+//! But the choice is the whole process's, and a weight of a type only ggml's repacked kernels
+//! serve (IQ4_NL, say) would lose them: so the copies are skipped only where every model the
+//! server may load holds no such weight ([`costs_nothing`], from the models' GGUF headers).
 //!
 //! ggml builds its list of extra buffer types once, from `ggml_backend_cpu_repack_buffer_type` (a
 //! C++ function: its symbol is the Itanium-mangled `_Z35ggml_backend_cpu_repack_buffer_typev`);
@@ -17,9 +22,39 @@
 #![allow(unsafe_code, reason = "stands in for a ggml C function")]
 
 use std::os::raw::c_void;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Set once Gantry's kernels take Q4_K weights unpacked.
+use llama_cpp_sys_2::{ggml_type, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q2_K, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K};
+
+/// The weight types ggml's repacking copies on x86 (`ggml_repack_get_optimal_repack_type` in
+/// its repack.cpp): Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K with AVX-512. ggml copies only
+/// matrices of a multiple of 8 rows; every matrix is counted here, which errs towards copying.
+const REPACKED: [ggml_type; 5] = [GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q2_K];
+
+/// Whether skipping ggml's repacked copies loses nothing: no weight of `types` is of a type
+/// ggml would copy that is not also `served` by Gantry's kernels.
+pub(super) fn costs_nothing(served: &[ggml_type], types: &[ggml_type]) -> bool {
+    types.iter().all(|ty| !REPACKED.contains(ty) || served.contains(ty))
+}
+
+/// The tensor types of every model in `models`, from their GGUF headers; `None` where one cannot
+/// be read (the load will say why).
+pub(super) fn tensor_types(models: &[&Path]) -> Option<Vec<ggml_type>> {
+    let mut types = Vec::new();
+    for model in models {
+        let header = crate::model::gguf_header::Header::open(model)?;
+        for id in 0..header.n_tensors() {
+            let ty = header.tensor_type(id);
+            if !types.contains(&ty) {
+                types.push(ty);
+            }
+        }
+    }
+    Some(types)
+}
+
+/// Set once Gantry's kernels take every repacked type of the models unpacked.
 static SKIP: AtomicBool = AtomicBool::new(false);
 /// How often ggml asked (once per process: it keeps the answer), for tests.
 static ASKED: AtomicU64 = AtomicU64::new(0);
@@ -56,4 +91,27 @@ extern "C" fn wrapped_repack_buffer_type() -> *mut c_void {
     }
     // SAFETY: ggml's function takes no arguments and returns its static buffer type.
     unsafe { real_repack_buffer_type() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
+
+    const V4: [ggml_type; 5] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K];
+    const V3: [ggml_type; 2] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0];
+
+    #[test]
+    fn repacking_is_skipped_only_where_gantry_serves_every_type_ggml_would_copy() {
+        let q4_k_m = [GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0];
+        assert!(costs_nothing(&V4, &q4_k_m), "Gantry's AVX-512 kernels serve a Q4_K_M model");
+        assert!(costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "and a Q4_0 one");
+        assert!(!costs_nothing(&V3, &q4_k_m), "with AVX2 ggml's repacked Q4_K kernels serve");
+        assert!(!costs_nothing(&V4, &[GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL]), "no one but ggml serves IQ4_NL");
+        assert!(!costs_nothing(&V4, &[GGML_TYPE_MXFP4]));
+        assert!(!costs_nothing(&V4, &[GGML_TYPE_Q2_K, GGML_TYPE_Q4_K]));
+        // Types ggml never copies on x86 cost nothing either way.
+        assert!(costs_nothing(&V3, &[GGML_TYPE_F32, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K]));
+        assert!(costs_nothing(&[], &[]));
+    }
 }
