@@ -1,6 +1,6 @@
-//! Gantry's x86 kernels for the dot product of one row of Q8_0 or Q5_0 (with AVX-512 also Q4_0)
-//! weights with one row of Q8_0 activations, and (AVX-512) of Q4_K and Q6_K weights with Q8_K
-//! activations, in ggml's block layouts, and their products with a few rows of activations at once. `gantry-engine` puts them in ggml's kernel table
+//! Gantry's x86 kernels for the dot product of one row of Q8_0 or Q5_0 weights with one row of
+//! Q8_0 activations, and (AVX-512) of Q4_K and Q6_K weights with Q8_K activations, in ggml's block layouts, and their
+//! products with a few rows of activations at once. `gantry-engine` puts them in ggml's kernel table
 //! (its `model::dot_kernels` says why and how, and tests them against ggml's own). A crate of
 //! their own so that they are compiled optimised in every profile (the root `Cargo.toml`): at
 //! the debug profile's level intrinsics stay calls and the kernels run slower than ggml's.

@@ -1,6 +1,5 @@
 //! The kernels, for two x86 feature levels: `v3` (AVX2, FMA, F16C: every x86 CPU these
-//! servers run on) and `v4` (adds AVX-512 BW/VL and VNNI; only it has Q4_0 and K-quant kernels,
-//! `k_quants.rs`).
+//! servers run on) and `v4` (adds AVX-512 BW/VL and VNNI; only it has K-quant kernels, `k_quants.rs`).
 //! Each computes a block's 32 products as ggml's x86 kernels do (absolute values of `x` times `y`
 //! with `x`'s signs, summed in int32) and scales the block's sum by the same two f16 scales; it
 //! only keeps four float accumulators where ggml keeps one, so consecutive blocks do not wait on
@@ -11,7 +10,7 @@
 use std::arch::x86_64::*;
 use std::ptr::{addr_of, read_unaligned};
 
-/// Values per block of Q8_0, Q5_0 and Q4_0.
+/// Values per block of both types.
 pub const QK: usize = 32;
 
 /// ggml's `block_q8_0`: an f16 scale and 32 signed bytes.
@@ -31,19 +30,7 @@ pub struct BlockQ5 {
     pub qs: [u8; QK / 2],
 }
 
-/// ggml's `block_q4_0`: an f16 scale and the low nibbles of 32 values as Q5_0 lays them out; a
-/// value is its nibble less 8.
-#[repr(C, packed)]
-pub struct BlockQ4 {
-    pub d: u16,
-    pub qs: [u8; QK / 2],
-}
-
-const _: () = assert!(
-    std::mem::size_of::<BlockQ8>() == 34
-        && std::mem::size_of::<BlockQ5>() == 22
-        && std::mem::size_of::<BlockQ4>() == 18
-);
+const _: () = assert!(std::mem::size_of::<BlockQ8>() == 34 && std::mem::size_of::<BlockQ5>() == 22);
 
 /// The block types a weight row can hold.
 pub trait Block {
@@ -68,13 +55,6 @@ impl Block for BlockQ5 {
     }
 }
 
-impl Block for BlockQ4 {
-    unsafe fn scale_bits(this: *const Self) -> u16 {
-        // SAFETY: the caller's.
-        unsafe { read_unaligned(addr_of!((*this).d)) }
-    }
-}
-
 /// How far ahead of the block being multiplied the weights are fetched into cache, in bytes. A
 /// decode step streams every weight once, and ggml hands each thread runs of 16-64 rows of under
 /// 1 KiB: the hardware prefetchers, which restart at each run and each 4 KiB page, left both
@@ -84,22 +64,21 @@ impl Block for BlockQ4 {
 /// (prefetches never fault).
 const PREFETCH_AHEAD: usize = 4096;
 
-/// The 32 nibbles of a Q5_0 or Q4_0 block's 16 bytes `qs` in value order (value `j` in byte `j`),
-/// every level's first step.
+/// A Q5_0 block's 32 low nibbles in value order (value `j` in byte `j`), both levels' first step.
 ///
 /// # Safety
-/// `qs` points to 16 bytes.
+/// `b` points to a whole block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn low_nibbles(qs: *const u8) -> __m256i {
+unsafe fn low_nibbles(b: *const BlockQ5) -> __m256i {
     // SAFETY: the caller's.
-    let packed = unsafe { _mm_loadu_si128(qs.cast()) };
+    let packed = unsafe { _mm_loadu_si128(addr_of!((*b).qs).cast()) };
     let low = _mm_set1_epi8(0x0f);
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low))
 }
 
 /// Fetches into L1 the three cache lines `ahead` bytes past block `at` of each of `rows`: as far
-/// as four blocks of any type reach (4 × 34 bytes span two or three lines).
+/// as four blocks of either type reach (4 × 34 bytes span two or three lines).
 #[inline(always)]
 fn fetch_ahead<B, const R: usize>(rows: [*const B; R], at: usize, ahead: usize) {
     for row in rows {
@@ -260,32 +239,9 @@ macro_rules! gemm {
     };
 }
 
-/// The AVX-512 level's Q4_0 kernel, stamped out in its module (with its `dot_body`): the Q5_0
-/// one without the fifth bit. With AVX2 ggml's own serve Q4_0, from the copies it repacks the
-/// weights into.
-macro_rules! q4_0 {
-    ($features:literal) => {
-        /// A Q4_0 block's 32 values in value order: its nibbles less 8.
-        #[target_feature(enable = $features)]
-        #[inline]
-        pub(crate) fn values_q4(b: *const BlockQ4) -> __m256i {
-            _mm256_sub_epi8(unsafe { low_nibbles(addr_of!((*b).qs).cast()) }, _mm256_set1_epi8(8))
-        }
-
-        /// Σ over `nb` blocks of `x · y`.
-        ///
-        /// # Safety
-        /// `x` and `y` point to `nb` blocks each, and this CPU has the level's features.
-        #[target_feature(enable = $features)]
-        pub unsafe fn dot_q4_0(nb: usize, x: *const BlockQ4, y: *const BlockQ8) -> f32 {
-            dot_body!(nb, x, y, values_q4)
-        }
-    };
-}
-
 /// Stamps out one feature level: `$values_q5` unpacks a Q5_0 block into 32 signed bytes,
 /// `$mul_sum` turns 32 signed byte pairs into 8 float lanes of their int32 pair sums, and
-/// `$tail` holds the level's products with a few rows of activations and its own kernels.
+/// `$tail` is the level's `gemm_q8_0` and `gemm_q5_0` for a few rows of activations.
 macro_rules! level {
     ($level:ident, $features:literal, $values_q5:item, $mul_sum:item, $($tail:item)*) => {
         pub mod $level {
@@ -391,7 +347,7 @@ level!(
     v3,
     "avx2,fma,f16c",
     fn values_q5(b: *const BlockQ5) -> __m256i {
-        let nibbles = unsafe { low_nibbles(addr_of!((*b).qs).cast()) };
+        let nibbles = unsafe { low_nibbles(b) };
         unsafe {
             // Byte j gets bit j of the fifth bits (ggml's bytes_from_bits_32): spread the word
             // over the bytes, set every other bit, and see which bytes are all ones.
@@ -422,7 +378,7 @@ level!(
     v4,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     pub(crate) fn values_q5(b: *const BlockQ5) -> __m256i {
-        let nibbles = unsafe { low_nibbles(addr_of!((*b).qs).cast()) };
+        let nibbles = unsafe { low_nibbles(b) };
         unsafe {
             let fifth = u32::from_le_bytes(read_unaligned(addr_of!((*b).qh)));
             // Where the fifth bit is clear the value is its nibble less 16 (0xF0 above it).
@@ -433,11 +389,10 @@ level!(
         let pairs = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
         _mm256_cvtepi32_ps(pairs)
     },
-    q4_0!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
     pub use super::{
         q4_k::{dot_q4_k, gemm_q4_k},
         q6_k::{dot_q6_k, gemm_q6_k},
-        wide::{gemm_q4_0, gemm_q5_0, gemm_q8_0},
+        wide::{gemm_q5_0, gemm_q8_0},
     };
 );
 

@@ -11,7 +11,7 @@
 //! added differs.
 #![allow(clippy::needless_range_loop, reason = "tiles index rows and columns of fixed arrays")]
 
-use super::v4::{f16_to_f32, values_q4, values_q5, values_q8};
+use super::v4::{f16_to_f32, values_q5, values_q8};
 use super::*;
 
 /// The activation columns, repacked: per column, its blocks in pairs as 64 unsigned bytes
@@ -158,4 +158,3 @@ macro_rules! wide {
 
 wide!(tile_q8_0, gemm_q8_0, BlockQ8, values_q8);
 wide!(tile_q5_0, gemm_q5_0, BlockQ5, values_q5);
-wide!(tile_q4_0, gemm_q4_0, BlockQ4, values_q4);

@@ -3,10 +3,10 @@
 use std::os::raw::{c_int, c_void};
 
 use llama_cpp_sys_2::{
-    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
 };
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
 
 /// ggml's `ggml_vec_dot_t`: `s[0] = x · y` over `n` values; `bs`, `bx`, `by` and `nrc` only
 /// matter for kernels that compute several rows at once, which these types do not on x86 (their
@@ -64,25 +64,11 @@ impl Level {
         self.table().into_iter().map(|(ty, _)| ty).collect()
     }
 
-    /// The level's Q4_0 · Q8_0 kernel: only AVX-512 has one (with AVX2, ggml's serve, from the
-    /// copies it repacks them into).
-    pub(super) fn q4_0(self) -> Option<VecDot> {
-        match self {
-            Self::V4 => Some(q4_0_v4),
-            Self::V3 => None,
-        }
-    }
-
     /// Every kernel the level puts in ggml's table, with its weight type.
     fn table(self) -> Vec<(ggml_type, VecDot)> {
         let (q8_0, q5_0) = self.kernels();
-        let q4_0 = self.q4_0().map(|q4_0| (GGML_TYPE_Q4_0, q4_0));
         let k_quants = self.k_quants().map(|(q4_k, q6_k)| [(GGML_TYPE_Q4_K, q4_k), (GGML_TYPE_Q6_K, q6_k)]);
-        [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)]
-            .into_iter()
-            .chain(q4_0)
-            .chain(k_quants.into_iter().flatten())
-            .collect()
+        [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)].into_iter().chain(k_quants.into_iter().flatten()).collect()
     }
 }
 
@@ -116,7 +102,6 @@ entry!(q8_0_v3, v3, dot_q8_0, BlockQ8);
 entry!(q5_0_v3, v3, dot_q5_0, BlockQ5);
 entry!(q8_0_v4, v4, dot_q8_0, BlockQ8);
 entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
-entry!(q4_0_v4, v4, dot_q4_0, BlockQ4);
 
 entry!(q4_k_v4, v4, dot_q4_k, BlockQ4K, QK_K, BlockQ8K);
 entry!(q6_k_v4, v4, dot_q6_k, BlockQ6K, QK_K, BlockQ8K);

@@ -18,7 +18,7 @@ const Q8_K_BYTES: usize = std::mem::size_of::<BlockQ8K>();
 const TYPES: [(ggml_type, usize); 2] = [(GGML_TYPE_Q4_K, 144), (GGML_TYPE_Q6_K, 210)];
 
 /// Values spread as a layer's weights or activations are: mostly small, a few large.
-pub(super) fn floats(rng: &mut Rng, n: usize) -> Vec<f32> {
+fn floats(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
         .map(|_| {
             let u = (rng.next() >> 11) as f32 / (1u64 << 53) as f32 - 0.5;

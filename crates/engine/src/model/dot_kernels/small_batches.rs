@@ -7,11 +7,10 @@
 //! without fetching ahead, so a few rows wait on memory like one does, and more. This module
 //! answers those calls for Q8_0 and Q5_0 weights with Gantry's tile kernels (crate
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
-//! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_0 weights too
-//! (with Q8_0 activations, as Q5_0), and Q4_K and Q6_K: ggml asks for those with Q8_K
-//! activations, for 2 to 7 rows (its own tiled kernel takes 8 and more first), and each weight
-//! row is unpacked once for up to eight of them. Everything else (more rows, other types) goes on
-//! to llamafile.
+//! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K and Q6_K weights
+//! too: ggml asks for those with Q8_K activations, for 2 to 7 rows (its own tiled kernel takes 8 and more
+//! first), and each weight row is unpacked once for up to eight of them. Everything else (more
+//! rows, other types) goes on to llamafile.
 //!
 //! How ggml's calls get here (build.rs): where its CPU backend is linked in, the linker's
 //! `--wrap=llamafile_sgemm` sends them to `__wrap_llamafile_sgemm` and names llamafile's own
@@ -25,11 +24,9 @@ use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-use llama_cpp_sys_2::{
-    GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
-};
+use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K};
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K};
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K};
 
 use super::install::Level;
 
@@ -91,8 +88,7 @@ fn enabled() -> Option<Level> {
     }
 }
 
-/// Whose kernels multiply small batches of Q8_0 and Q5_0 (and with AVX-512 Q4_0, Q4_K, Q6_K)
-/// weights: the level's name
+/// Whose kernels multiply small batches of Q8_0 and Q5_0 weights: the level's name
 /// (`gantry-avx512`, `gantry-avx2`) or `llamafile`.
 pub(crate) fn kernels() -> &'static str {
     enabled().map_or("llamafile", Level::name)
@@ -195,13 +191,12 @@ pub(super) struct Product {
 pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams, p: Product) -> bool {
     let is = |ty: c_int, of: u32| ty == of as c_int;
     let fits = level.is_some_and(|level| (2..=max_columns(level)).contains(&p.n)) && is(p.c_type, GGML_TYPE_F32);
-    let v4 = level == Some(Level::V4);
-    // Q4_0 only with AVX-512 (with AVX2 ggml multiplies it from its repacked copies).
-    let zero_types = is(p.b_type, GGML_TYPE_Q8_0)
-        && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0) || (v4 && is(p.a_type, GGML_TYPE_Q4_0)));
+    let zero_types = is(p.b_type, GGML_TYPE_Q8_0) && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
     // K-quants only with AVX-512; ggml asks with Q8_K activations, after its own tiled kernel
     // declined (it takes eight rows and more).
-    let k_quant = v4 && (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q6_K)) && is(p.b_type, GGML_TYPE_Q8_K);
+    let k_quant = level == Some(Level::V4)
+        && (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q6_K))
+        && is(p.b_type, GGML_TYPE_Q8_K);
     let ours = fits && (zero_types || k_quant);
     if !ours {
         // Without llamafile's (a portable build whose backend is not loaded), ggml multiplies
@@ -218,16 +213,15 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
     let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
     let (a, c) = (p.a, p.c.cast::<f32>());
-    // Q8_0 activations for Q8_0, Q5_0 and Q4_0 weights, Q8_K for the K-quants (`ours` checked
-    // which).
+    // Q8_0 activations for Q8_0 and Q5_0 weights, Q8_K for the K-quants (`ours` checked which).
     let (q8_0, q8_k) = (p.b.cast::<BlockQ8>(), p.b.cast::<BlockQ8K>());
+    let v4 = level == Some(Level::V4);
     // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU
-    // (Q4_0 and the K-quants only reach here with AVX-512).
+    // (the K-quants only reach here with AVX-512).
     unsafe {
         match u32::try_from(p.a_type).unwrap_or(u32::MAX) {
             GGML_TYPE_Q4_K => v4::gemm_q4_k(rows, n, k, a.cast::<BlockQ4K>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_Q6_K => v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, q8_k, ldb, c, ldc),
-            GGML_TYPE_Q4_0 => v4::gemm_q4_0(rows, n, k, a.cast::<BlockQ4>(), lda, q8_0, ldb, c, ldc),
             GGML_TYPE_Q8_0 if v4 => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
             GGML_TYPE_Q8_0 => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
             _ if v4 => v4::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
