@@ -24,9 +24,7 @@ use std::os::raw::c_void;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use llama_cpp_sys_2::{
-    ggml_type, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q2_K, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K,
-};
+use llama_cpp_sys_2::{ggml_type, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q2_K, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K};
 
 /// The weight types ggml's repacking copies on x86 (`ggml_repack_get_optimal_repack_type` in
 /// its repack.cpp): Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K with AVX-512. ggml copies only
@@ -106,7 +104,10 @@ mod tests {
     fn repacking_is_skipped_only_where_gantry_serves_every_type_ggml_would_copy() {
         let q4_k_m = [GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0];
         assert!(costs_nothing(&V4, &q4_k_m), "Gantry's AVX-512 kernels serve a Q4_K_M model");
-        assert!(!costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "ggml's Q4_0 kernels are repacked");
+        assert!(
+            !costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]),
+            "ggml's Q4_0 kernels are repacked"
+        );
         assert!(!costs_nothing(&V3, &q4_k_m), "with AVX2 ggml's repacked Q4_K kernels serve");
         assert!(!costs_nothing(&V4, &[GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL]), "no one but ggml serves IQ4_NL");
         assert!(!costs_nothing(&V4, &[GGML_TYPE_MXFP4]));
