@@ -103,7 +103,7 @@ pub struct ServeArgs {
     pub kv_unified: bool,
     /// The type KV entries are stored in: f16, or q8_0 (about half the memory: twice the
     /// sequences or context in the same budget) or q4_0 (about a quarter, and a measurable loss);
-    /// llama.cpp's `-ctk`/`-ctv` for both. `gantry kv-quality` measures what a type costs a model
+    /// llama.cpp's `-ctk`/`-ctv` for both. `gantry models kv-quality` measures what a type costs a model
     /// (docs/configuration.md#kv-cache-type). A models file may set a model's own (`kv_type`).
     #[arg(long, value_name = "TYPE", default_value = "f16")]
     pub kv_type: gantry_engine::KvType,
