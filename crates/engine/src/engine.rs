@@ -23,8 +23,8 @@ use crate::model::vision::ImageInput;
 use crate::model::{LoadError, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, Limits, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle};
-use crate::scheduler::device_sampling::{DeviceSampling, AUTO_MAX_STREAMS};
-use crate::scheduler::queue_shares::QueueShares;
+use crate::scheduler::queue::shares::QueueShares;
+use crate::scheduler::sample::device::{DeviceSampling, AUTO_MAX_STREAMS};
 use crate::scheduler::Job;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::speculation::SpeculationConfig;
@@ -69,7 +69,7 @@ pub struct EngineConfig {
     /// a GPU, through host memory elsewhere.
     pub kv_copies: Option<StreamCopies>,
     /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
-    /// once, so one key cannot take every slot; `None` is no limit (see `admission`).
+    /// once, so one key cannot take every slot; `None` is no limit (see `scheduler::queue`).
     pub max_running_per_key: Option<u32>,
     /// Client text that spells a control token (`<|im_end|>`) becomes that token, as the
     /// template's own markup does; off, it is tokenized as plain text (see `typed_text`).
@@ -78,7 +78,7 @@ pub struct EngineConfig {
     /// `deterministic`).
     pub deterministic_greedy: bool,
     /// Where sampled choices are sampled: on the GPU that computed their logits, or on the
-    /// host (see `device_sampling`).
+    /// host (see `scheduler::sample::device`).
     pub device_sampling: DeviceSampling,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
@@ -87,12 +87,15 @@ pub struct EngineConfig {
     /// Tests only: the scheduler appends each admitted request's `fairness_key` here, in order.
     #[cfg(test)]
     pub(crate) admission_log: Option<Arc<Mutex<Vec<u64>>>>,
+    /// Tests only: every request's end, as the scheduler counts it (`Scheduler::end`).
+    #[cfg(test)]
+    pub(crate) endings_log: Option<Arc<Mutex<Vec<crate::scheduler::end::EndingRecord>>>>,
     /// Tests only: `device_sampling_max_streams` in place of `AUTO_MAX_STREAMS` (for `On` too).
     #[cfg(test)]
     pub(crate) device_sampling_max_streams: Option<usize>,
     /// Tests only: the scheduler appends each step's moves of sequences down into gaps, `(from, to)`.
     #[cfg(test)]
-    pub(crate) moves_log: Option<crate::scheduler::compact::MovesLog>,
+    pub(crate) moves_log: Option<crate::scheduler::step::compact::MovesLog>,
 }
 
 /// Default `host_cache_bytes`, in MiB: about 340k tokens of the 0.5B's KV entries, 150k of the
@@ -128,6 +131,8 @@ impl EngineConfig {
             panic_after_tokens: None,
             #[cfg(test)]
             admission_log: None,
+            #[cfg(test)]
+            endings_log: None,
             #[cfg(test)]
             moves_log: None,
             #[cfg(test)]
@@ -226,6 +231,8 @@ impl Engine {
             #[cfg(test)]
             admission_log: config.admission_log.clone(),
             #[cfg(test)]
+            endings_log: config.endings_log.clone(),
+            #[cfg(test)]
             moves_log: config.moves_log.clone(),
         };
         let spec_stats = Arc::new(SpeculationStats::default());
@@ -264,7 +271,7 @@ impl Engine {
                     let why = panic_message(payload.as_ref());
                     tracing::error!(reason = %why, "the scheduler thread panicked; failing every request");
                     thread_health.send_replace(Health::Failed(why.clone()));
-                    scheduler.fail_after_panic(&EngineError::Crashed(why), &jobs_rx);
+                    scheduler.fail_after_panic(&mut ctx, &EngineError::Crashed(why), &jobs_rx);
                 }
             })
             .map_err(|e| LoadError::Context(e.to_string()))?;

@@ -17,6 +17,8 @@ pub const FAULTS_ARMED: &str = "prompt-markers";
 /// Where in one request's step a fault fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FaultPoint {
+    /// Starting the request on its sequences (`ActiveRequest::new`: its grammar's matchers).
+    Starting,
     /// Sampling the next token (the sampler chain, a grammar included).
     Sampling,
     /// Planning the draft tokens to verify after the next one (`Scheduler::fill_batch`).
@@ -28,7 +30,7 @@ pub(crate) enum FaultPoint {
 }
 
 /// A request's planned fault: none, except where the hook is armed and the prompt carries the
-/// marker `gantry-fault:<sampling|drafting|watching|producing>@<tokens>`, which panics at that
+/// marker `gantry-fault:<starting|sampling|drafting|watching|producing>@<tokens>`, which panics at that
 /// point once the request has produced `<tokens>` tokens.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Fault {
@@ -67,6 +69,7 @@ impl Fault {
         let planned = text.split("gantry-fault:").nth(1).and_then(|rest| {
             let (point, after) = rest.split_once('@')?;
             let point = match point {
+                "starting" => FaultPoint::Starting,
                 "sampling" => FaultPoint::Sampling,
                 "drafting" => FaultPoint::Drafting,
                 "watching" => FaultPoint::Watching,

@@ -9,8 +9,9 @@
 //!   one (template, tokens, grammar, limits), and how one fails;
 //! - `model`: loading a GGUF model and what it brings (backends, devices, chat template, vision
 //!   projector, memory estimate, Q5_0 → Q8_0 twins);
-//! - `scheduler`: the loop that admits, batches, decodes and samples, with the active request's
-//!   state, the samplers and stop strings;
+//! - `scheduler`: the loop that admits, batches, decodes and samples: its waiting requests
+//!   (`queue`), one running request (`request`), the step's stages (`step`), the samplers
+//!   (`sample`) and the one way a request ends (`end`);
 //! - `kv`: what each sequence's KV cells hold (the mirror of llama.cpp's cells), the host cache of
 //!   idle sequences, and the layout of the KV streams;
 //! - `speculation`: drafts without a draft model, their verification cost and shared drafts;
@@ -61,6 +62,6 @@ pub use request::{
     CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Prompt, SamplingParams,
     TokenLogprob, TopLogprob, Usage,
 };
-pub use scheduler::device_sampling::DeviceSampling;
-pub use scheduler::text;
+pub use scheduler::request::stop_strings;
+pub use scheduler::sample::device::DeviceSampling;
 pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};

@@ -104,7 +104,7 @@ impl Markers {
     }
 }
 
-/// How the scheduler handles one request's thinking (see `scheduler::thinking`).
+/// How the scheduler handles one request's thinking (see `scheduler::request::thinking`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReasoningPlan {
     /// Forced as the output's first tokens: the opening marker, where the prompt did not write

@@ -70,7 +70,7 @@ pub struct GenerateRequest {
     /// Only prefixes cached under this scope are reused.
     pub cache_scope: CacheScope,
     /// Whose request this is (the server puts the API key's id here): waiting requests are
-    /// admitted fairly between these, and `max_running_per_key` caps each (see `admission`).
+    /// admitted fairly between these, and `max_running_per_key` caps each (see `scheduler::queue`).
     /// Requests left at the default 0 share one queue.
     pub fairness_key: u64,
     /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).

@@ -68,7 +68,7 @@ pub(crate) fn describe() {
         "gantry_decode_graphs_reused_total",
         Unit::Count,
         "Ubatches for which llama.cpp reused the previous compute graph instead of building one \
-         (scheduler/graph_reuse.rs). Against gantry_decode_ubatches_total."
+         (scheduler/step/graph_reuse.rs). Against gantry_decode_ubatches_total."
     );
     describe_counter!(
         "gantry_step_phase_microseconds_total",

@@ -29,7 +29,7 @@ pub(crate) struct KvCache {
 }
 
 /// How KV entries are copied from one stream into another (per-sequence layout): a running
-/// sequence moved down into a gap (`scheduler/compact.rs`), a cached prefix shared with a new
+/// sequence moved down into a gap (`scheduler/step/compact.rs`), a cached prefix shared with a new
 /// request, a prompt spread to a request's other choices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StreamCopies {
@@ -205,7 +205,7 @@ impl KvCache {
     }
 
     /// Moves sequence `src`'s entries into the empty sequence `dst` and leaves `src` empty, so the
-    /// scheduler can close a gap in the running sequences' ids (`scheduler::compact`). On failure
+    /// scheduler can close a gap in the running sequences' ids (`scheduler::step::compact`). On failure
     /// nothing moved.
     pub(crate) fn relocate(&mut self, ctx: &mut LlamaContext<'_>, src: SeqId, dst: SeqId) -> Result<(), String> {
         debug_assert!(self.slots.tokens(dst).is_empty(), "a sequence is moved into an empty one only");

@@ -2,34 +2,16 @@
 //! the next token of every decoding sequence plus a chunk of pending prompt tokens (continuous
 //! batching with chunked prefill), decodes it, samples every sequence and streams the text out.
 //!
-//! A step, by file: [`admit`] takes waiting requests into free sequences; [`plan`] fills the
-//! batch; `step` here decodes it; [`verify`] samples every choice and walks its drafts; finished
-//! requests retire. [`active`] is one running request's state, [`admission`] the fair queue
-//! between API keys, [`sampling`], [`draw`], [`sample_step`] and [`device_sampling`] the samplers,
-//! [`text`] stop strings and UTF-8, [`deterministic`] the batch-invariant greedy path.
+//! Its folders: [`queue`], the waiting requests, fair between API keys; [`request`], one running
+//! request (its choices, what it streams, its tool watch, answer gate, thinking, stop strings);
+//! [`step`], a file per stage of `Scheduler::step` in the order it runs; [`sample`], the
+//! samplers. `step` here runs the stages and the decode between them.
 
-pub(crate) mod active;
-pub(crate) mod admission;
-mod admit;
-mod answer_gate;
-pub(crate) mod compact;
-pub(crate) mod deterministic;
-pub(crate) mod device_sampling;
-pub(crate) mod draw;
-mod graph_reuse;
-mod held_output;
-mod plan;
-mod planner;
-mod prompt_turns;
-pub(crate) mod queue_shares;
-pub(crate) mod sample_step;
-pub(crate) mod sampling;
-mod share_waits;
-pub(crate) mod step_plan;
-pub mod text;
-mod thinking;
-mod thinking_block;
-mod verify;
+pub(crate) mod end;
+pub(crate) mod queue;
+pub(crate) mod request;
+pub(crate) mod sample;
+pub(crate) mod step;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -39,18 +21,20 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 
-use self::prompt_turns::PromptDeficits;
-use self::queue_shares::QueueShares;
+use self::end::Ending;
+use self::queue::shares::QueueShares;
+use self::step::graph_reuse;
+use self::step::prompt_turns::PromptDeficits;
 use crate::error::EngineError;
 use crate::kv::cache::{KvCache, StreamCopies};
 use crate::kv::layout::KvLayout;
 use crate::kv::seq_id::SeqId;
 use crate::model::LoadedModel;
-use crate::request::{Event, FinishReason, GenerateRequest, Outcome, Usage};
-use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::admission::{FairQueue, Waiting};
-use crate::scheduler::device_sampling::DeviceSamplers;
-use crate::scheduler::step_plan::StepPlan;
+use crate::request::{Event, FinishReason, GenerateRequest, Usage};
+use crate::scheduler::queue::{FairQueue, Waiting};
+use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::sample::device::DeviceSamplers;
+use crate::scheduler::step::plan::rows::StepPlan;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
@@ -82,20 +66,23 @@ pub(crate) struct SchedulerConfig {
     pub layout: KvLayout,
     /// How KV entries are copied between streams (moves, shared prefixes, spread prompts).
     pub kv_copies: StreamCopies,
-    /// Most sequences one API key's requests may run at once (see `admission`).
+    /// Most sequences one API key's requests may run at once (see `queue`).
     pub max_running_per_key: Option<u32>,
     /// Greedy requests compute apart from everything else (see `deterministic`).
     pub deterministic_greedy: bool,
     /// Sampled choices that only need a temperature are sampled on the device (see
-    /// `device_sampling`).
+    /// `sample::device`).
     pub device_sampling: bool,
     /// Most busy sequences, a new request's included, for it to sample on the device
-    /// (`device_sampling::AUTO_MAX_STREAMS` under `auto`).
+    /// (`sample::device::AUTO_MAX_STREAMS` under `auto`).
     pub device_sampling_max_streams: usize,
     #[cfg(test)]
     pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
+    /// Tests only: every request's end, as `Scheduler::end` counts it.
     #[cfg(test)]
-    pub moves_log: Option<crate::scheduler::compact::MovesLog>,
+    pub endings_log: Option<Arc<std::sync::Mutex<Vec<end::EndingRecord>>>>,
+    #[cfg(test)]
+    pub moves_log: Option<crate::scheduler::step::compact::MovesLog>,
 }
 
 pub(crate) struct Scheduler {
@@ -121,7 +108,7 @@ pub(crate) struct Scheduler {
     shared: DraftFamilies,
     /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
     batch_prompt_tokens: usize,
-    /// This step's rows (see `step_plan`), put in the batch in the layout's order.
+    /// This step's rows (see `step::plan::rows`), put in the batch in the layout's order.
     plan: StepPlan,
     /// Ubatches llama.cpp cuts this step's batch into (see `kv::ubatches`).
     batch_ubatches: usize,
@@ -193,13 +180,13 @@ impl Scheduler {
                 // sequence still "running") until the next request.
                 telemetry::step(&self.step_stats(0));
                 match jobs.recv() {
-                    Ok(job) => self.enqueue(job),
+                    Ok(job) => self.enqueue(ctx, job),
                     Err(_) => return,
                 }
             }
             loop {
                 match jobs.try_recv() {
-                    Ok(job) => self.enqueue(job),
+                    Ok(job) => self.enqueue(ctx, job),
                     Err(TryRecvError::Empty) => break,
                     // Keep draining the work already accepted, then stop.
                     Err(TryRecvError::Disconnected) => break,
@@ -215,7 +202,7 @@ impl Scheduler {
             return;
         }
         let step_started = Instant::now();
-        self.drop_cancelled();
+        self.drop_cancelled(ctx);
         // A source whose request ended since the last step is copied from before admission
         // can hand its sequence to a new request.
         self.resolve_shares(ctx);
@@ -262,7 +249,7 @@ impl Scheduler {
         }
         self.step_cost.ran(rows);
         self.panic_if_asked();
-        self.retire_finished();
+        self.retire_finished(ctx);
         telemetry::step_phases(&StepPhases {
             plan: PlanParts {
                 admit: admitted - step_started,
@@ -303,7 +290,7 @@ impl Scheduler {
             let jobs = self.waiting.drain();
             let ended = jobs.len();
             for job in jobs {
-                self.end_unadmitted(job, Some(EngineError::Stalled(why.clone())));
+                self.end(ctx, job.into(), Ending::Failed(EngineError::Stalled(why.clone())));
             }
             ended
         } else {
@@ -340,7 +327,7 @@ impl Scheduler {
     }
 
     /// Client disconnects cancel their sequences before any more compute is spent on them.
-    fn drop_cancelled(&mut self) {
+    fn drop_cancelled(&mut self, ctx: &mut LlamaContext<'_>) {
         for req in &mut self.active {
             if req.client_gone() {
                 for i in 0..req.choices.len() {
@@ -350,51 +337,26 @@ impl Scheduler {
         }
         // Jobs still waiting never reached the model: nothing was computed, nothing is billed.
         for job in self.waiting.remove_where(|job| job.events.is_closed()) {
-            self.end_unadmitted(job, None);
+            self.end(ctx, job.into(), Ending::Finished);
         }
-        self.retire_finished();
-    }
-
-    /// A job that never reached a sequence leaves the queue: its usage (nothing computed,
-    /// nothing billed) is reported and counted, after `error` when it ends in one (else it was
-    /// cancelled).
-    fn end_unadmitted(&mut self, job: Job, error: Option<EngineError>) {
-        self.queued.leave(job.request.fairness_key);
-        let outcome = match error {
-            Some(error) => {
-                let _ = job.events.send(Event::Error(error));
-                Outcome::Error
-            }
-            None => Outcome::Cancelled,
-        };
-        let usage = Usage { outcome, ..Usage::default() };
-        self.totals.request_done(&usage);
-        let _ = job.usage.send(usage);
+        self.retire_finished(ctx);
     }
 
     /// Queues a job for admission; one that could never run (more choices than sequences,
     /// which `prepare` refuses) is answered at once rather than held.
-    fn enqueue(&mut self, job: Job) {
+    fn enqueue(&mut self, ctx: &mut LlamaContext<'_>, job: Job) {
         let n = job.request.n as usize;
         if n == 0 || n > self.cfg.parallel as usize {
             let msg = format!("n={n} must be between 1 and the server's {} parallel sequences", self.cfg.parallel);
-            self.end_unadmitted(job, Some(EngineError::Rejected(msg)));
+            self.end(ctx, job.into(), Ending::Failed(EngineError::Rejected(msg)));
             return;
         }
         self.waiting.push(job);
     }
 
-    /// Ends the requests whose processing panicked (`(index in active, why)`): see
-    /// [`Scheduler::end_alone`].
-    fn end_panicked(&mut self, ctx: &mut LlamaContext<'_>, panicked: Vec<(usize, String)>) {
-        let failed = panicked.into_iter().map(|(r, why)| (r, EngineError::RequestFailed(why))).collect();
-        self.end_alone(ctx, failed);
-    }
-
     /// Ends requests that cannot go on (`(index in active, the error they end with)`): a panic
-    /// while processing one, or a grammar that failed. Each reports the tokens it produced, which
-    /// are billed; its sequences are emptied, since a panic may have left them half-updated,
-    /// and freed. Other requests go on.
+    /// while processing one, a grammar that failed, a stall. Each reports the tokens it produced,
+    /// which are billed; other requests go on.
     fn end_alone(&mut self, ctx: &mut LlamaContext<'_>, mut failed: Vec<(usize, EngineError)>) {
         // Highest index first, so each `swap_remove` leaves the lower ones in place.
         failed.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
@@ -406,81 +368,62 @@ impl Scheduler {
                 other => tracing::warn!(reason = %other, "a request cannot go on; ending it alone"),
             }
             let req = self.active.swap_remove(r);
-            for seq in req.seq_ids() {
-                self.kv.cut(ctx, seq, 0);
-            }
-            self.release(&req);
-            let usage = req.complete(Some(error));
-            self.totals.request_done(&usage);
+            self.end(ctx, req.into(), Ending::Failed(error));
         }
     }
 
-    /// Frees the KV cells of finished requests and reports their usage.
-    fn retire_finished(&mut self) {
+    /// Ends the requests whose every choice finished.
+    fn retire_finished(&mut self, ctx: &mut LlamaContext<'_>) {
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].all_finished() {
                 let req = self.active.swap_remove(i);
-                self.release(&req);
-                let usage = req.complete(None);
-                self.totals.request_done(&usage);
+                self.end(ctx, req.into(), Ending::Finished);
             } else {
                 i += 1;
             }
         }
     }
 
-    /// Returns the request's sequences to the idle pool. Their KV entries stay: the next
-    /// prompt with the same prefix reuses them (see `KvSlots`).
-    fn release(&mut self, req: &ActiveRequest) {
-        self.waiting.finished(req.fairness_key, req.choices.len());
-        for c in &req.choices {
-            self.kv.touch(c.seq_id);
-            self.free_seqs.push(c.seq_id);
-            // Whole answers only: one cut short says little about how answers go on.
-            if matches!(c.finished, Some(FinishReason::Stop | FinishReason::Length)) {
-                self.shared.record(c.drafter.family(), c.drafter.answer());
-            }
-        }
-    }
-
     /// Ends every running and waiting request with an error; what was generated is billed.
     fn abort_everything(&mut self, ctx: &mut LlamaContext<'_>) {
-        self.answer_waiting(&EngineError::ShuttingDown);
+        for job in self.waiting.drain() {
+            self.end(ctx, job.into(), Ending::Failed(EngineError::ShuttingDown));
+        }
         if !self.active.is_empty() {
             self.fail_all(ctx, &EngineError::ShuttingDown);
         }
     }
 
-    /// Jobs that never reached the model: nothing was computed, nothing is billed.
-    fn answer_waiting(&mut self, error: &EngineError) {
-        for job in self.waiting.drain() {
-            self.queued.leave(job.request.fairness_key);
-            answer_unstarted(job, error);
-        }
-    }
-
+    /// Ends every running request with `error` and empties the whole cache (a failed decode
+    /// leaves every sequence's cells in doubt).
     fn fail_all(&mut self, ctx: &mut LlamaContext<'_>, error: &EngineError) {
         for req in std::mem::take(&mut self.active) {
-            self.release(&req);
-            let usage = req.complete(Some(error.clone()));
-            self.totals.request_done(&usage);
+            self.end(ctx, req.into(), Ending::Failed(error.clone()));
         }
         self.kv.clear_all(ctx);
     }
 
-    /// After a panic in `run`: every running request ends with `error` and reports the tokens
-    /// it generated; waiting and still-queued jobs are answered. Touches neither the llama.cpp
-    /// context nor the slot bookkeeping, which the panic may have left half-updated.
-    pub(crate) fn fail_after_panic(&mut self, error: &EngineError, jobs: &Receiver<Job>) {
+    /// After a panic in `run`: every running, waiting and still-queued request ends with `error`
+    /// ([`Ending::Crashed`]: the context and the slot bookkeeping, which the panic may have left
+    /// half-updated, are not touched).
+    pub(crate) fn fail_after_panic(&mut self, ctx: &mut LlamaContext<'_>, error: &EngineError, jobs: &Receiver<Job>) {
         for req in std::mem::take(&mut self.active) {
-            req.complete(Some(error.clone()));
+            self.end(ctx, req.into(), Ending::Crashed(error.clone()));
         }
-        self.answer_waiting(error);
+        for job in self.waiting.drain() {
+            self.end(ctx, job.into(), Ending::Crashed(error.clone()));
+        }
         while let Ok(job) = jobs.try_recv() {
-            self.queued.leave(job.request.fairness_key);
-            answer_unstarted(job, error);
+            self.end(ctx, job.into(), Ending::Crashed(error.clone()));
         }
+    }
+
+    /// Ends the requests whose processing panicked (`(index in active, why)`): see
+    /// [`Scheduler::end_alone`].
+    fn end_panicked(&mut self, ctx: &mut LlamaContext<'_>, panicked: Vec<(usize, String)>) {
+        let failed = panicked.into_iter().map(|(r, why)| (r, EngineError::RequestFailed(why))).collect();
+        self.end_alone(ctx, failed);
     }
 }
 
@@ -500,9 +443,4 @@ impl Waiting for Job {
     fn sequences(&self) -> usize {
         self.request.n as usize
     }
-}
-
-fn answer_unstarted(job: Job, error: &EngineError) {
-    let _ = job.events.send(Event::Error(error.clone()));
-    let _ = job.usage.send(Usage { outcome: Outcome::Error, ..Usage::default() });
 }

@@ -102,8 +102,8 @@ pub(crate) fn submit_together(
 /// `submit_together`).
 pub(crate) fn logging_moves(
     config: &mut crate::EngineConfig,
-) -> (crate::scheduler::compact::MovesLog, std::sync::Arc<std::sync::Mutex<()>>) {
-    let (moves, turns) = (crate::scheduler::compact::MovesLog::default(), std::sync::Arc::default());
+) -> (crate::scheduler::step::compact::MovesLog, std::sync::Arc<std::sync::Mutex<()>>) {
+    let (moves, turns) = (crate::scheduler::step::compact::MovesLog::default(), std::sync::Arc::default());
     (config.moves_log, config.decode_turns) = (Some(moves.clone()), Some(std::sync::Arc::clone(&turns)));
     (moves, turns)
 }

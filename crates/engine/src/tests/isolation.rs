@@ -3,8 +3,7 @@
 
 use tokio::sync::mpsc::error::TryRecvError;
 
-use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::Job;
+use crate::scheduler::request::ActiveRequest;
 use crate::tests::engine::{drain, eos, tiny_model};
 use crate::tests::kv_layout::greedy;
 use crate::{
@@ -42,11 +41,10 @@ fn chat(text: &str, max_tokens: u32) -> ChatInput {
 fn admitted(engine: &Engine, input: ChatInput) -> ActiveRequest {
     let request = engine.prepare(input).unwrap();
     let (events, _) = tokio::sync::mpsc::unbounded_channel();
-    let (usage, _) = tokio::sync::oneshot::channel();
-    let job = Job { request, events, usage, submitted_at: std::time::Instant::now() };
     let spec = SpeculationConfig::default();
-    ActiveRequest::new(job, vec![crate::kv::seq_id::SeqId::new(0)], engine.model(), 256, spec)
-        .unwrap_or_else(|rejected| panic!("{}", rejected.1))
+    let seqs = vec![crate::kv::seq_id::SeqId::new(0)];
+    ActiveRequest::new(request, events, std::time::Instant::now(), seqs, engine.model(), 256, spec)
+        .unwrap_or_else(|rejected| panic!("{rejected}"))
 }
 
 /// The tiny model's first 256 tokens are the bytes (id == byte), so any output can be fed.

@@ -114,7 +114,7 @@ fn start_logging_moves(
     parallel: u32,
     copies: StreamCopies,
     host_cache_bytes: usize,
-) -> (Engine, crate::scheduler::compact::MovesLog, Arc<Mutex<()>>) {
+) -> (Engine, crate::scheduler::step::compact::MovesLog, Arc<Mutex<()>>) {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (512, parallel, Some(1));
     (config.kv_copies, config.host_cache_bytes) = (Some(copies), host_cache_bytes);
@@ -122,7 +122,7 @@ fn start_logging_moves(
     (Engine::start(config).unwrap(), moves, turns)
 }
 
-/// A sequence moved down into a gap (`scheduler/compact.rs`) decodes on from the entries it had.
+/// A sequence moved down into a gap (`scheduler/step/compact.rs`) decodes on from the entries it had.
 /// A two-token request takes sequence 0 and a three-choice request 1–3; when the first ends, the
 /// choice on 3 moves into 0 while the others stay. The three greedy choices decode in the same
 /// batches, so a move that lost or misplaced an entry would make the moved one's text differ.

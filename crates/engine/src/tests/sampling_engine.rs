@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::scheduler::sampling::tests::{chi_square, reference};
+use crate::scheduler::sample::sampler::tests::{chi_square, reference};
 use crate::tests::engine::{drain, input, start};
 use crate::{Engine, Event, Generator, SamplingParams};
 

@@ -1,8 +1,8 @@
 //! The step planner: a function from what the running requests bring to a step (each decoding
 //! choice's token and the drafts its drafter offers, each prompt still being read) to the step's
-//! rows, under the step's token budget, with only the drafts worth verifying fed. `plan.rs`
-//! gathers the inputs from the requests and commits the decision to them and to the KV mirror;
-//! nothing here touches llama.cpp or a request, so it is unit-tested alone (`planner_tests.rs`).
+//! rows, under the step's token budget, with only the drafts worth verifying fed. `gather.rs`
+//! asks the requests for the inputs and `batch.rs` commits the decision to them and to the KV
+//! mirror; nothing here touches llama.cpp or a request, so it is unit-tested alone (`tests.rs`).
 //!
 //! The rules, in order:
 //! - every decoding choice's token first, so no stream stalls;
@@ -17,12 +17,14 @@
 //!   of them while choices decode, so a step stays short (a prompt whose rest fits in two such
 //!   caps is read whole all the same).
 
+pub(crate) mod rows;
+
 use crate::kv::seq_id::SeqId;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{AcceptanceByKind, AcceptanceKind, Chain, Lookup, MAX_DRAFTING_STREAMS};
 
-use super::prompt_turns::{PromptDeficits, AGED_AFTER_STEPS};
-use super::step_plan::{prompt_chunk_end, Budget, PendingPrompt, RowKind, StepPlan};
+use self::rows::{prompt_chunk_end, Budget, PendingPrompt, RowKind, StepPlan};
+use crate::scheduler::step::prompt_turns::{PromptDeficits, AGED_AFTER_STEPS};
 
 /// A choice that decodes this step.
 #[derive(Debug, Clone)]
@@ -194,5 +196,4 @@ fn prompt_order(prompts: &[PromptToRead<'_>], deficits: &PromptDeficits) -> Vec<
 }
 
 #[cfg(test)]
-#[path = "planner_tests.rs"]
 mod tests;

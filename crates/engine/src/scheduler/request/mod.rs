@@ -1,6 +1,12 @@
 //! State of one admitted request inside the scheduler: its prompt, its choices (one llama.cpp
 //! sequence each) and the channels back to its owner.
 
+pub(crate) mod answer_gate;
+pub(crate) mod held_output;
+pub mod stop_strings;
+pub(crate) mod thinking;
+pub(crate) mod thinking_block;
+
 use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
@@ -12,12 +18,11 @@ use crate::faults::{Fault, FaultPoint};
 use crate::kv::seq_id::SeqId;
 use crate::model::vision::PromptImage;
 use crate::model::LoadedModel;
-use crate::request::{CacheScope, Event, FinishReason, LazyTools, Outcome, TokenLogprob, Usage};
-use crate::scheduler::held_output::Held;
-use crate::scheduler::sampling::{build_sampler, logprobs_for, Sampler};
-use crate::scheduler::text::TextAssembler;
-use crate::scheduler::thinking_block::ChoiceThinking;
-use crate::scheduler::Job;
+use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
+use crate::scheduler::request::held_output::Held;
+use crate::scheduler::request::stop_strings::TextAssembler;
+use crate::scheduler::request::thinking_block::ChoiceThinking;
+use crate::scheduler::sample::sampler::{build_sampler, logprobs_for, Sampler};
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
 use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
@@ -48,7 +53,7 @@ pub(crate) struct Choice {
     /// Sampled under a grammar right now (`response_format`, a forced call, or a call the model
     /// started): stop strings do not apply, since cutting the text would break the JSON.
     pub constrained: bool,
-    /// Sampled by its sequence's chain on the device (see `device_sampling`), not `sampler`.
+    /// Sampled by its sequence's chain on the device (see `sample::device`), not `sampler`.
     pub on_device: bool,
     /// Inside a reasoning model's thinking block (see `thinking`); `None` once it closed.
     pub thinking: Option<ChoiceThinking>,
@@ -101,40 +106,44 @@ pub(crate) struct ActiveRequest {
     pub(crate) lazy_tools: Option<LazyTools>,
     /// Tests only: a panic planned in this request's step (see `faults`).
     pub fault: Fault,
-    /// Whose request it is, for fair admission (see `admission`).
+    /// Whose request it is, for fair admission (see `queue`).
     pub fairness_key: u64,
     /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
     pub(crate) grammars: PreparedGrammars,
 }
 
 impl ActiveRequest {
-    /// Fails (handing the job back with the reason) only if the request's grammar does not
-    /// compile, which the server checks before queueing.
+    /// Fails (with the reason) only if the request's grammar does not compile, which the server
+    /// checks before queueing. The usage report's sender is attached once it started
+    /// ([`Self::report_usage_to`]), so a request that fails to start still has it to answer.
     pub(crate) fn new(
-        job: Job,
+        request: GenerateRequest,
+        events: mpsc::UnboundedSender<Event>,
+        submitted_at: Instant,
         seq_ids: Vec<SeqId>,
         model: &LoadedModel,
         ctx_size: u32,
         speculation: SpeculationConfig,
-    ) -> Result<Self, Box<(Job, String)>> {
+    ) -> Result<Self, String> {
         // `prepare` compiled the grammar: each choice only instantiates a matcher from it. Where
         // the model decides between answer and call (`answer_gate`: `prepare` compiles the
         // answer's grammar only for a model with a tag token), no grammar starts.
-        let gated = job.request.grammars.answer.is_some();
+        let fault = Fault::from_prompt(&request.prompt.text);
+        fault.check(FaultPoint::Starting, 0);
+        let gated = request.grammars.answer.is_some();
         let mut grammars = Vec::with_capacity(seq_ids.len());
         for _ in &seq_ids {
-            let matcher = match (&job.request.grammars.output, &job.request.constraint) {
+            let matcher = match (&request.grammars.output, &request.constraint) {
                 _ if gated => None,
                 (Some(compiled), _) => Some(compiled.matcher()),
-                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, job.request.cache_scope, &[])),
+                (None, Some(constraint)) => Some(model.constraint_matcher(constraint, request.cache_scope, &[])),
                 (None, None) => None,
             };
             match matcher.transpose() {
                 Ok(g) => grammars.push(g),
-                Err(e) => return Err(Box::new((job, e))),
+                Err(e) => return Err(e),
             }
         }
-        let Job { request, events, usage, submitted_at } = job;
         let window = request.max_tokens.min(ctx_size) as i32;
         let speculation = speculation.for_request(&request.sampling);
         let family =
@@ -193,7 +202,6 @@ impl ActiveRequest {
             })
             .collect();
         let prompt_tokens = crate::units::count_u32(request.prompt.tokens.len());
-        let fault = Fault::from_prompt(&request.prompt.text);
         let mut req = Self {
             prompt: request.prompt.tokens,
             images: request.prompt.images,
@@ -209,7 +217,7 @@ impl ActiveRequest {
             submitted_at,
             usage: Usage { prompt_tokens, ..Usage::default() },
             events,
-            usage_tx: Some(usage),
+            usage_tx: None,
             lazy_tools: request.lazy_tools,
             fault,
             fairness_key: request.fairness_key,
@@ -220,6 +228,11 @@ impl ActiveRequest {
             (0..req.choices.len()).for_each(|i| req.arm_gate(i, model));
         }
         Ok(req)
+    }
+
+    /// Where the usage report goes when the request ends.
+    pub(crate) fn report_usage_to(&mut self, tx: oneshot::Sender<Usage>) {
+        self.usage_tx = Some(tx);
     }
 
     /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool

@@ -12,6 +12,8 @@
 //! up next are added, until it fits. Smaller requests go ahead of it only until its turn comes,
 //! at most one per other key.
 
+pub(crate) mod shares;
+
 use std::collections::{HashMap, VecDeque};
 
 /// What the queue needs to know of a waiting request.

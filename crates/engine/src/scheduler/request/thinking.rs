@@ -3,8 +3,8 @@
 //! choice to its answer, with the answer's grammar or answer-or-call gate.
 
 use crate::request::FinishReason;
-use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::thinking_block::ThinkStep;
+use crate::scheduler::request::thinking_block::ThinkStep;
+use crate::scheduler::request::ActiveRequest;
 
 impl ActiveRequest {
     /// A token inside choice `i`'s thinking block: streamed as thinking (without logprobs: its

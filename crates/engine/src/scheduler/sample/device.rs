@@ -6,7 +6,7 @@
 //! Only choices whose whole sampler is a temperature run there: no top-p, no logit bias, no
 //! penalties, no grammar, no logprobs, no seed (seeded requests keep the host's exact,
 //! reproducible sampler), one choice per request, no images, no tools that may start a grammar
-//! mid-way. Everything else samples on the host as before (`sampling`), in the same batch.
+//! mid-way. Everything else samples on the host as before (`sampler`), in the same batch.
 //!
 //! A chain stays attached to its sequence after its request ends: llama.cpp rebuilds its
 //! scheduler (`sched_reserve`) whenever a sequence's sampler changes, so the next request on
@@ -155,7 +155,7 @@ fn new_chain(key: ChainKey) -> NonNull<sys::llama_sampler> {
 /// The `llama_context` behind `ctx`. llama-cpp-2 0.1.160 wraps backend sampling only at context
 /// creation, for samplers fixed for the context's life, and keeps the handle private; its
 /// `Debug` prints it. Where that output has no handle, device sampling is off; the handle found
-/// is checked against the context's own sizes before use. `device_sampling_tests` pins this for
+/// is checked against the context's own sizes before use. `device_tests` pins this for
 /// the locked version, so an upgrade that changes it fails there, not in production.
 pub(crate) fn raw_context(ctx: &LlamaContext<'_>) -> Option<NonNull<sys::llama_context>> {
     let shown = format!("{ctx:?}");
@@ -173,5 +173,5 @@ pub(crate) fn raw_context(ctx: &LlamaContext<'_>) -> Option<NonNull<sys::llama_c
 }
 
 #[cfg(test)]
-#[path = "device_sampling_tests.rs"]
+#[path = "device_tests.rs"]
 mod tests;

@@ -1,16 +1,13 @@
 //! The step as a value: the rows one decode computes, typed, and the pure rules that decide them
 //! (the token budget and what drafts may take of it, how far each pending prompt is read, the
-//! order rows go into the batch for the KV layout). `plan.rs` asks the running requests for
-//! their tokens and drafts under these rules; [`write_batch`] copies the result into llama.cpp's
+//! order rows go into the batch for the KV layout). `gather.rs` asks the running requests for
+//! their tokens and drafts under these rules; `batch.rs` copies the result into llama.cpp's
 //! batch. Nothing here touches llama.cpp or a request, so all of it is unit-tested alone.
-
-use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::token::LlamaToken;
 
 use crate::kv::layout::{self, KvLayout};
 use crate::kv::seq_id::SeqId;
 
-use super::deterministic;
+use crate::scheduler::step::deterministic;
 
 /// What a row of the batch is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,14 +69,6 @@ impl StepPlan {
             rows[at[i]] = row;
         }
         (rows, at)
-    }
-}
-
-/// Fills `batch` with `rows`, in order.
-pub(crate) fn write_batch(batch: &mut LlamaBatch<'_>, rows: &[Row]) {
-    batch.clear();
-    for r in rows {
-        batch.add(LlamaToken(r.token), r.pos, &[r.seq.raw()], r.logits).expect("batch sized for the budget");
     }
 }
 
@@ -161,5 +150,5 @@ pub(crate) fn prompt_chunk_end(p: PendingPrompt, left: usize, chunk: usize) -> O
 }
 
 #[cfg(test)]
-#[path = "step_plan_tests.rs"]
+#[path = "rows_tests.rs"]
 mod tests;

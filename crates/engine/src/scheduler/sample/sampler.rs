@@ -10,7 +10,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::model::LoadedModel;
 use crate::request::{SamplingParams, TokenLogprob, TopLogprob};
-use crate::scheduler::draw::{self, Adjusted, Scratch};
+use crate::scheduler::sample::draw::{self, Adjusted, Scratch};
 
 /// The RNG seed of choice `choice`: `seed` when given (each choice of an `n > 1` request its
 /// own stream), else a random one.
@@ -289,5 +289,5 @@ pub(crate) fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top
 }
 
 #[cfg(test)]
-#[path = "sampling_tests.rs"]
+#[path = "sampler_tests.rs"]
 pub(crate) mod tests;

@@ -12,10 +12,10 @@ use llama_cpp_2::context::LlamaContext;
 use rayon::prelude::*;
 
 use crate::faults::{Fault, FaultPoint};
-use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::sampling::Sampler;
+use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::sample::sampler::Sampler;
 
-/// Per running request (same order as `active`): the token sampled for each of its choices that
+/// Per running request (same order as `Scheduler::active`): the token sampled for each of its choices that
 /// had logits this step, or why its sampling panicked.
 pub(crate) type FirstTokens = Vec<Result<Vec<Option<i32>>, String>>;
 
@@ -41,7 +41,7 @@ impl Work<'_> {
 }
 
 /// The token the device sampled at batch row `idx` for a choice sampled there (see
-/// `device_sampling`). A row without one is a bug in how rows were given out; it panics, which
+/// `sample::device`). A row without one is a bug in how rows were given out; it panics, which
 /// ends that request alone.
 pub(crate) fn device_token(ctx: &LlamaContext<'_>, idx: i32) -> i32 {
     match ctx.sampled_token_ith(idx) {

@@ -10,7 +10,7 @@ use crate::faults::FaultPoint;
 use crate::speculation::AcceptanceKind;
 use crate::EngineError;
 
-use super::Scheduler;
+use crate::scheduler::Scheduler;
 
 impl Scheduler {
     /// Samples every choice that had logits computed. A choice that fed draft tokens walks them:
@@ -23,10 +23,10 @@ impl Scheduler {
     /// watching, producing its text) ends that request alone: see `end_panicked`.
     ///
     /// Returns the time the first positions took to sample (`gantry_step_part_*`, `pick`).
-    pub(super) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) -> Duration {
+    pub(in crate::scheduler) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) -> Duration {
         let mut failed = Vec::new();
         let started = Instant::now();
-        let first_tokens = crate::scheduler::sample_step::sample_first_tokens(&mut self.active, ctx);
+        let first_tokens = crate::scheduler::sample::first_tokens::sample_first_tokens(&mut self.active, ctx);
         let pick = started.elapsed();
         for (r, first) in first_tokens.into_iter().enumerate() {
             let sampled = match first {
@@ -46,7 +46,7 @@ impl Scheduler {
     /// Walks request `r`'s choices; `first` holds each one's token sampled at its first position.
     /// Fails when a grammar could not say which tokens may come next: the token sampled then
     /// is not produced.
-    pub(super) fn sample_request(
+    pub(in crate::scheduler) fn sample_request(
         &mut self,
         r: usize,
         first: &[Option<i32>],
@@ -69,7 +69,7 @@ impl Scheduler {
                 let token = match (j, first.get(i).copied().flatten()) {
                     (0, Some(token)) => token,
                     _ if req.choices[i].on_device => {
-                        crate::scheduler::sample_step::device_token(ctx, idx + crate::units::llama_pos(j))
+                        crate::scheduler::sample::first_tokens::device_token(ctx, idx + crate::units::llama_pos(j))
                     }
                     _ => {
                         req.fault.check(FaultPoint::Sampling, req.usage.completion_tokens);

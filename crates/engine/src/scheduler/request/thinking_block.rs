@@ -6,7 +6,7 @@
 use llguidance::Matcher;
 
 use crate::reasoning::ReasoningPlan;
-use crate::scheduler::text::TextAssembler;
+use crate::scheduler::request::stop_strings::TextAssembler;
 
 pub(crate) struct ChoiceThinking {
     /// Ends at the closing marker, which is never shown (nor anything after it in its piece).

@@ -13,7 +13,7 @@ use super::{raw_context, ChainKey, DeviceSamplers};
 use crate::kv::seq_id::SeqId;
 use crate::model::backend::llama_backend;
 use crate::model::LoadedModel;
-use crate::scheduler::sampling::tests::{chi_square, reference};
+use crate::scheduler::sample::sampler::tests::{chi_square, reference};
 use crate::tests::engine::{drain, input, logging_moves, submit_together, tiny_model};
 use crate::{DeviceSampling, Engine, EngineConfig, Event, Generator, Offload, SamplingParams};
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::scheduler::draw::{self, exp_neg, nucleus_len, Adjusted, Cut, Scratch};
+use crate::scheduler::sample::draw::{self, exp_neg, nucleus_len, Adjusted, Cut, Scratch};
 
 /// Logits shaped like a language model's: a broad low mass and a few strong candidates.
 pub(crate) fn synthetic_logits(n: usize, seed: u64) -> Vec<f32> {

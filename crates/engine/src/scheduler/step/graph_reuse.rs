@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_sys_2 as sys;
 
-use super::device_sampling::raw_context;
+use crate::scheduler::sample::device::raw_context;
 
 /// Reads llama.cpp's running count of reused graphs, a step at a time.
 pub(crate) struct GraphReuse {

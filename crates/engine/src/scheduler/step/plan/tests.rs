@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::kv::layout::KvLayout;
-use crate::scheduler::prompt_turns::PromptDeficits;
+use crate::scheduler::step::prompt_turns::PromptDeficits;
 use crate::speculation::DraftSource;
 
 fn id(index: usize) -> SeqId {
@@ -54,7 +54,7 @@ fn rows(rows: &[Row]) -> Vec<(i32, i32, usize, RowKind)> {
     rows.iter().map(|r| (r.token, r.pos, r.seq.index(), r.kind)).collect()
 }
 
-use super::super::step_plan::Row;
+use super::rows::Row;
 
 #[test]
 fn each_token_then_its_drafts_then_prompt_chunks_in_what_is_left() {

@@ -11,7 +11,7 @@ use llama_cpp_2::context::LlamaContext;
 use crate::kv::layout::KvLayout;
 use crate::kv::seq_id::SeqId;
 
-use super::Scheduler;
+use crate::scheduler::Scheduler;
 
 /// Most moves in one step. Each copies a sequence's entries through host memory (~12 KB a token
 /// on the 0.5B model, a millisecond or so for a few hundred tokens), so a step that would move
@@ -24,7 +24,7 @@ pub(crate) type MovesLog = std::sync::Arc<std::sync::Mutex<Vec<Vec<(usize, usize
 
 impl Scheduler {
     /// Moves running sequences down into gaps below them, a few a step (see the module).
-    pub(super) fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
+    pub(in crate::scheduler) fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
         // Isolated requests are kept in ubatches of their own by where their ids fall
         // (`deterministic`): with one running, nothing moves.
         if self.cfg.layout != KvLayout::PerSequence || self.active.iter().any(|r| r.isolated) {
@@ -66,7 +66,7 @@ impl Scheduler {
             return None;
         }
         // A free sequence keeps the device chain of the request that last ran there
-        // (`device_sampling`); the choice moving in samples on the host, so it must go, or
+        // (`sample::device`); the choice moving in samples on the host, so it must go, or
         // llama.cpp would sample the choice itself and refuse its drafts.
         if let Some(device) = self.device.as_mut() {
             device.assign(dst, None);

@@ -12,9 +12,9 @@
 
 use crate::model::LoadedModel;
 use crate::request::TokenLogprob;
-use crate::scheduler::active::ActiveRequest;
-use crate::scheduler::held_output::{Held, MOST_HELD};
-use crate::scheduler::sampling::GateOutcome;
+use crate::scheduler::request::held_output::{Held, MOST_HELD};
+use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::sample::sampler::GateOutcome;
 
 impl ActiveRequest {
     /// Lets choice `i`'s next token decide between answer and call (see `sampling::AnswerGate`).

@@ -1,0 +1,114 @@
+//! The step's batch: the running requests offer their tokens and drafts (`gather`), the pure
+//! planner decides the rows (`plan`), `commit` applies the decision to the requests and the KV
+//! mirror, and the rows go into llama.cpp's batch in the layout's order.
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::kv::seq_id::SeqId;
+use crate::kv::ubatches::ubatches;
+use crate::scheduler::step::gather::{prompt_quantum, reads_prompt, step_inputs};
+use crate::scheduler::step::plan::rows::Row;
+use crate::scheduler::step::plan::{self, StepDecision};
+use crate::scheduler::Scheduler;
+
+impl Scheduler {
+    /// Plans the step (`plan`) and writes it into the batch: the running requests offer
+    /// their tokens, drafts and prompt chunks ([`Self::offer_drafts`], [`step_inputs`]),
+    /// the planner decides, and the decision is committed to the requests and the KV mirror.
+    /// Returns false when there is nothing to decode.
+    ///
+    /// With a KV stream per sequence, rows go in by ascending sequence (one ubatch per run of
+    /// consecutive sequences: `kv_layout`). In a unified cache the prompt chunks come first and
+    /// the decoding rows last: ggml's CPU flash attention computes batches of 64+ rows in tiles
+    /// of 64 query rows and skips a tile of KV cells only when every row of the query tile masks
+    /// it. Decoding rows of different sequences in one query tile keep alive every KV tile any of
+    /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
+    /// tiles skip the other sequences' cells.
+    pub(in crate::scheduler) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
+        self.spreading.clear();
+        self.offer_drafts(ctx);
+        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits);
+        let decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance);
+        let prompt_done = self.commit(decision);
+        let isolated: Vec<SeqId> =
+            self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
+        let (rows, at) = self.plan.ordered(self.cfg.layout, &isolated);
+        write_batch(&mut self.batch, &rows);
+        let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
+        self.batch_ubatches = ubatches(self.cfg.layout, &seqs, self.cfg.batch_size as usize);
+        let first_decode_row = self.plan.prompt.len();
+        for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
+            if let Some(row) = &mut c.batch_idx {
+                *row = crate::units::llama_pos(at[first_decode_row + *row as usize]);
+            }
+        }
+        for (r, row) in prompt_done {
+            let req = &mut self.active[r];
+            for c in &mut req.choices {
+                c.batch_idx = Some(crate::units::llama_pos(at[row]));
+                c.pos = crate::units::llama_pos(req.prompt.len());
+            }
+        }
+        self.batch.n_tokens() > 0
+    }
+
+    /// Applies the planner's decision: each decoding choice feeds its token and drafts (its
+    /// `batch_idx` an index among the decoding rows until the batch is ordered), each prompt is
+    /// read to its chunk's end (its first choice's sequence; the others get a copy once it is
+    /// read: `spread_prompts`), and the KV mirror records every row.
+    /// Returns each prompt read to its end, as (request, its last row among the prompt rows).
+    fn commit(&mut self, decision: StepDecision) -> Vec<(usize, usize)> {
+        let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
+        let mut decided = token_rows.into_iter().zip(drafts);
+        for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.next_token.is_some()) {
+            let (row, chain) = decided.next().expect("a decision per decoding choice");
+            c.next_token = None;
+            c.batch_idx = Some(crate::units::llama_pos(row));
+            c.pos += crate::units::llama_pos(1 + chain.tokens.len());
+            c.drafts = chain;
+        }
+        let mut prompt_done = Vec::new();
+        self.batch_prompt_tokens = 0;
+        let mut ends = prompt_ends.into_iter();
+        let mut prompt_rows = 0;
+        let mut read_by_key = Vec::new();
+        for (r, req) in self.active.iter_mut().enumerate() {
+            if !reads_prompt(req) {
+                continue;
+            }
+            let end = ends.next().expect("a decision per prompt");
+            read_by_key.push((req.fairness_key, end.map_or(0, |end| end - req.prefilled)));
+            let Some(end) = end else {
+                req.prompt_waits = req.prompt_waits.saturating_add(1);
+                continue;
+            };
+            req.prompt_waits = 0;
+            prompt_rows += end - req.prefilled;
+            self.batch_prompt_tokens += end - req.prefilled;
+            req.prefilled = end;
+            if !req.is_prefilling() {
+                // A prompt read to its end has its first token's logits at its last row.
+                prompt_done.push((r, prompt_rows - 1));
+                if req.choices.len() > 1 {
+                    self.spreading.push(r);
+                }
+            }
+        }
+        self.prompt_deficits.settle(read_by_key, prompt_quantum(&self.cfg));
+        for row in plan.prompt.iter().chain(&plan.decode) {
+            self.kv.record(row.seq, row.pos as usize, row.token);
+        }
+        self.plan = plan;
+        prompt_done
+    }
+}
+
+/// Fills `batch` with `rows`, in order.
+fn write_batch(batch: &mut LlamaBatch<'_>, rows: &[Row]) {
+    batch.clear();
+    for r in rows {
+        batch.add(LlamaToken(r.token), r.pos, &[r.seq.raw()], r.logits).expect("batch sized for the budget");
+    }
+}

@@ -1,0 +1,118 @@
+//! What the running requests bring to a step, for the planner: each decoding choice's token and
+//! the drafts its drafter offers, each prompt still being read and how far it may be.
+
+use std::panic::AssertUnwindSafe;
+
+use llama_cpp_2::context::LlamaContext;
+
+use crate::faults::FaultPoint;
+use crate::scheduler::request::{ActiveRequest, Choice};
+use crate::scheduler::step::deterministic;
+use crate::scheduler::step::plan::rows::PendingPrompt;
+use crate::scheduler::step::plan::{self, DecodingChoice, PromptToRead, StepInputs};
+use crate::scheduler::step::prompt_turns::PromptDeficits;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::speculation::Speculate;
+
+impl Scheduler {
+    /// Asks each decoding choice's drafter for the drafts it could feed (into `Choice::drafts`,
+    /// which the planner then cuts). A drafter runs its grammar on the choice's own output: a
+    /// panic there ends that request alone.
+    pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) {
+        let decoding = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
+        let lookups = plan::lookups_allowed(decoding);
+        let ctx_size = self.cfg.ctx_size as i32;
+        let mut panicked = Vec::new();
+        for (r, req) in self.active.iter_mut().enumerate() {
+            let shared = &self.shared;
+            let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                for c in req.choices.iter_mut().filter(|c| c.next_token.is_some()) {
+                    req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
+                    let limit = draft_limit(req.max_tokens, req.isolated, c, ctx_size);
+                    c.drafts = c.drafter.chain(limit, if lookups { limit } else { 0 }, shared.of(c.drafter.family()));
+                }
+            }));
+            if let Err(payload) = offered {
+                panicked.push((r, crate::error::panic_message(payload.as_ref())));
+            }
+        }
+        self.end_panicked(ctx, panicked);
+    }
+}
+
+/// Whether `req` reads its prompt this step, as far as the budget goes: still prefilling, and not
+/// waiting to copy a prefix another sequence is computing. `step_inputs` and `commit` must agree.
+pub(super) fn reads_prompt(req: &ActiveRequest) -> bool {
+    req.is_prefilling() && req.share.is_none()
+}
+
+/// Most drafts decoding choice `c` could use now: verifying `k` drafts produces up to `k + 1`
+/// tokens, and the last draft must sit inside the context (after the token fed at `c.pos`).
+/// Isolated requests verify none.
+fn draft_limit(max_tokens: u32, isolated: bool, c: &Choice, ctx_size: i32) -> usize {
+    if isolated {
+        return 0;
+    }
+    let produce_left = max_tokens.saturating_sub(c.generated) as usize;
+    let room = (ctx_size - (c.pos + 1)).max(0) as usize;
+    produce_left.saturating_sub(1).min(room)
+}
+
+/// The prompt rows a key with a prompt waiting is owed each step (`prompt_turns`): what one
+/// long prompt may read while streams decode, or, without that cap, a whole batch.
+pub(super) fn prompt_quantum(cfg: &SchedulerConfig) -> usize {
+    cfg.prompt_rows_while_decoding.unwrap_or(cfg.batch_size as usize)
+}
+
+/// What the running requests bring to this step, for the planner: each decoding choice's token
+/// and the drafts it was offered (taken out of `Choice::drafts`), each prompt still being read.
+pub(super) fn step_inputs<'a>(
+    active: &'a mut [ActiveRequest],
+    cfg: &SchedulerConfig,
+    deficits: &'a PromptDeficits,
+) -> StepInputs<'a> {
+    let ctx_size = cfg.ctx_size as i32;
+    let chunk = deterministic::chunk_size(cfg.batch_size, cfg.parallel);
+    // The fixed prompt chunks of isolated requests are held back from drafts.
+    let reserved: usize = active
+        .iter()
+        .filter(|r| r.isolated && reads_prompt(r))
+        .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
+        .sum();
+    let mut decoding = Vec::new();
+    for req in active.iter_mut() {
+        for c in req.choices.iter_mut() {
+            let Some(token) = c.next_token else { continue };
+            decoding.push(DecodingChoice {
+                token,
+                pos: c.pos,
+                seq: c.seq_id,
+                limit: draft_limit(req.max_tokens, req.isolated, c, ctx_size),
+                offered: std::mem::take(&mut c.drafts),
+                constrained: c.constrained,
+            });
+        }
+    }
+    let active: &'a [ActiveRequest] = active;
+    let prompts = active
+        .iter()
+        .filter(|r| reads_prompt(r))
+        .map(|r| PromptToRead {
+            seq: r.choices[0].seq_id,
+            prompt: &r.prompt,
+            pending: PendingPrompt { prefilled: r.prefilled, text_end: r.text_end(r.prefilled), isolated: r.isolated },
+            key: r.fairness_key,
+            waited: r.prompt_waits,
+        })
+        .collect();
+    StepInputs {
+        batch_size: cfg.batch_size as usize,
+        chunk,
+        reserved,
+        weigh_drafts: cfg.speculation.mode == Speculate::Auto,
+        prompt_rows_while_decoding: cfg.prompt_rows_while_decoding,
+        decoding,
+        prompts,
+        deficits,
+    }
+}

@@ -1,0 +1,49 @@
+//! Evaluating a request's images into its KV sequence, one per step.
+
+use std::time::Instant;
+
+use llama_cpp_2::context::LlamaContext;
+
+use crate::error::EngineError;
+use crate::scheduler::end::Ending;
+use crate::scheduler::Scheduler;
+use crate::telemetry;
+
+impl Scheduler {
+    /// Evaluates the next image of one prefilling request: the vision encoder runs, then its
+    /// embeddings are decoded into the request's first sequence (the others get the whole
+    /// prompt once it is read: `spread_prompts`).
+    /// One image per step, so running streams wait for at most one encode. A failure ends that
+    /// request alone. Returns whether an image was evaluated (or failed): a step of progress
+    /// even when the batch is empty.
+    pub(in crate::scheduler) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
+        let Some(vision) = self.model.vision.as_ref() else { return false };
+        let Some(i) = self.active.iter().position(|r| r.share.is_none() && r.image_at(r.prefilled).is_some()) else {
+            return false;
+        };
+        let req = &mut self.active[i];
+        let image = req.image_at(req.prefilled).expect("found above").clone();
+        let seq = req.choices[0].seq_id;
+        let (start, end) = (image.start, image.start + image.len);
+        let started = Instant::now();
+        let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let evaluated = vision.evaluate(ctx, &image, seq.raw(), self.cfg.batch_size as i32);
+        drop(turn);
+        match evaluated {
+            Ok(()) => {
+                telemetry::image_evaluated(image.len, started.elapsed());
+                for pos in start..end {
+                    self.kv.record(seq, pos, req.prompt[pos]);
+                }
+                req.prefilled = end;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "an image could not be evaluated");
+                let req = self.active.swap_remove(i);
+                let error = EngineError::Decode(format!("the image could not be encoded: {e}"));
+                self.end(ctx, req.into(), Ending::Failed(error));
+            }
+        }
+        true
+    }
+}

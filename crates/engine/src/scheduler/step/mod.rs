@@ -1,0 +1,20 @@
+//! One scheduler step, a file per stage in the order it runs: [`admit`] takes waiting requests
+//! into free sequences; the cache moves ([`admit`]'s shares and offloads, [`compact`]); [`image`]
+//! evaluates one pending image; [`batch`] gathers what the requests offer, asks the pure
+//! [`plan`] for the step's rows and writes them into llama.cpp's batch; after the decode
+//! [`batch`] spreads finished prompts to their other choices and [`verify`] samples every choice
+//! and walks its drafts. [`share_waits`], [`prompt_turns`] and [`deterministic`] are rules the
+//! stages follow; [`graph_reuse`] reads what llama.cpp did with its graph.
+
+pub(crate) mod admit;
+pub(crate) mod batch;
+pub(crate) mod cache_moves;
+pub(crate) mod compact;
+pub(crate) mod deterministic;
+pub(crate) mod gather;
+pub(crate) mod graph_reuse;
+pub(crate) mod image;
+pub(crate) mod plan;
+pub(crate) mod prompt_turns;
+pub(crate) mod share_waits;
+pub(crate) mod verify;
