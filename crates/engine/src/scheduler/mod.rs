@@ -34,7 +34,6 @@ use crate::request::{Event, FinishReason, GenerateRequest, Usage};
 use crate::scheduler::queue::{FairQueue, Waiting};
 use crate::scheduler::request::ActiveRequest;
 use crate::scheduler::sample::device::DeviceSamplers;
-use crate::scheduler::step::plan::rows::StepPlan;
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{self, AcceptanceByKind, SpeculationConfig, SpeculationStats};
@@ -106,15 +105,6 @@ pub(crate) struct Scheduler {
     acceptance: AcceptanceByKind,
     /// Recent answers, for drafts across requests, apart by schema or tools.
     shared: DraftFamilies,
-    /// Prompt tokens in the batch being built: a step with any is no measure of decode cost.
-    batch_prompt_tokens: usize,
-    /// This step's rows (see `step::plan::rows`), put in the batch in the layout's order.
-    plan: StepPlan,
-    /// Ubatches llama.cpp cuts this step's batch into (see `kv::ubatches`).
-    batch_ubatches: usize,
-    /// Requests with several choices whose prompt this step reads to its end: the other choices
-    /// get a copy once it is decoded (see `spread_prompts`).
-    spreading: Vec<usize>,
     /// Each key's account of prompt rows, which orders prompts between keys (`prompt_turns`).
     prompt_deficits: PromptDeficits,
     /// Steps in a row that gave no row to the requests active or waiting (see `no_rows`).
@@ -155,10 +145,6 @@ impl Scheduler {
             step_cost: StepCost::default(),
             acceptance: AcceptanceByKind::default(),
             shared: DraftFamilies::default(),
-            batch_prompt_tokens: 0,
-            plan: StepPlan::default(),
-            batch_ubatches: 0,
-            spreading: Vec::new(),
             prompt_deficits: PromptDeficits::default(),
             steps_without_rows: 0,
             device: None,
@@ -213,14 +199,14 @@ impl Scheduler {
         self.compact(ctx);
         let cache_moved = Instant::now();
         let image_evaluated = self.evaluate_image(ctx);
-        let has_work = self.fill_batch(ctx);
+        let written = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
-        if !has_work {
+        let Some(batch) = written else {
             if !image_evaluated {
                 self.no_rows(ctx);
             }
             return;
-        }
+        };
         self.steps_without_rows = 0;
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let started = Instant::now();
@@ -238,16 +224,15 @@ impl Scheduler {
         }
         self.kv.decoded();
         let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
-        self.spread_prompts(ctx);
+        self.spread_prompts(ctx, &batch.spreading);
         let pick = self.sample_all(ctx);
         let sampled = Instant::now();
-        let rows = self.batch.n_tokens() as usize;
-        if self.batch_prompt_tokens == 0 {
+        if batch.prompt_rows == 0 {
             // Without the reuse count (no context handle) every step counts as reusing its graph.
-            let built = graphs_reused.is_some_and(|reused| reused < self.batch_ubatches as u64);
-            self.step_cost.observe(rows, started.elapsed(), built);
+            let built = graphs_reused.is_some_and(|reused| reused < batch.ubatches as u64);
+            self.step_cost.observe(batch.rows, started.elapsed(), built);
         }
-        self.step_cost.ran(rows);
+        self.step_cost.ran(batch.rows);
         self.panic_if_asked();
         self.retire_finished(ctx);
         telemetry::step_phases(&StepPhases {
@@ -260,7 +245,7 @@ impl Scheduler {
             sync: synced - launched,
             sample: SampleParts { pick, produce: (sampled - synced).saturating_sub(pick) },
             finish: sampled.elapsed(),
-            ubatches: self.batch_ubatches,
+            ubatches: batch.ubatches,
             graphs_reused: graphs_reused.unwrap_or(0),
         });
     }

@@ -9,7 +9,7 @@ use llama_cpp_2::token::LlamaToken;
 use crate::kv::seq_id::SeqId;
 use crate::kv::ubatches::ubatches;
 use crate::scheduler::step::gather::{prompt_quantum, reads_prompt, step_inputs};
-use crate::scheduler::step::plan::rows::Row;
+use crate::scheduler::step::plan::rows::{Row, StepPlan};
 use crate::scheduler::step::plan::{self, StepDecision};
 use crate::scheduler::Scheduler;
 
@@ -17,7 +17,8 @@ impl Scheduler {
     /// Plans the step (`plan`) and writes it into the batch: the running requests offer
     /// their tokens, drafts and prompt chunks ([`Self::offer_drafts`], [`step_inputs`]),
     /// the planner decides, and the decision is committed to the requests and the KV mirror.
-    /// Returns false when there is nothing to decode.
+    /// Returns what it wrote for the stages after the decode, or `None` when there is nothing to
+    /// decode.
     ///
     /// With a KV stream per sequence, rows go in by ascending sequence (one ubatch per run of
     /// consecutive sequences: `kv_layout`). In a unified cache the prompt chunks come first and
@@ -26,19 +27,18 @@ impl Scheduler {
     /// it. Decoding rows of different sequences in one query tile keep alive every KV tile any of
     /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
     /// tiles skip the other sequences' cells.
-    pub(in crate::scheduler) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
-        self.spreading.clear();
+    pub(in crate::scheduler) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> Option<BatchRows> {
         self.offer_drafts(ctx);
         let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits);
         let decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance);
-        let prompt_done = self.commit(decision);
+        let (plan, Committed { prompt_done, prompt_rows, spreading }) = self.commit(decision);
         let isolated: Vec<SeqId> =
             self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
-        let (rows, at) = self.plan.ordered(self.cfg.layout, &isolated);
+        let (rows, at) = plan.ordered(self.cfg.layout, &isolated);
         write_batch(&mut self.batch, &rows);
         let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
-        self.batch_ubatches = ubatches(self.cfg.layout, &seqs, self.cfg.batch_size as usize);
-        let first_decode_row = self.plan.prompt.len();
+        let ubatches = ubatches(self.cfg.layout, &seqs, self.cfg.batch_size as usize);
+        let first_decode_row = plan.prompt.len();
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
             if let Some(row) = &mut c.batch_idx {
                 *row = crate::units::llama_pos(at[first_decode_row + *row as usize]);
@@ -51,15 +51,15 @@ impl Scheduler {
                 c.pos = crate::units::llama_pos(req.prompt.len());
             }
         }
-        self.batch.n_tokens() > 0
+        (!rows.is_empty()).then_some(BatchRows { rows: rows.len(), prompt_rows, ubatches, spreading })
     }
 
     /// Applies the planner's decision: each decoding choice feeds its token and drafts (its
     /// `batch_idx` an index among the decoding rows until the batch is ordered), each prompt is
     /// read to its chunk's end (its first choice's sequence; the others get a copy once it is
     /// read: `spread_prompts`), and the KV mirror records every row.
-    /// Returns each prompt read to its end, as (request, its last row among the prompt rows).
-    fn commit(&mut self, decision: StepDecision) -> Vec<(usize, usize)> {
+    /// Returns the step's rows and what reading the prompts did.
+    fn commit(&mut self, decision: StepDecision) -> (StepPlan, Committed) {
         let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
         let mut decided = token_rows.into_iter().zip(drafts);
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.next_token.is_some()) {
@@ -69,8 +69,7 @@ impl Scheduler {
             c.pos += crate::units::llama_pos(1 + chain.tokens.len());
             c.drafts = chain;
         }
-        let mut prompt_done = Vec::new();
-        self.batch_prompt_tokens = 0;
+        let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());
         let mut ends = prompt_ends.into_iter();
         let mut prompt_rows = 0;
         let mut read_by_key = Vec::new();
@@ -86,13 +85,12 @@ impl Scheduler {
             };
             req.prompt_waits = 0;
             prompt_rows += end - req.prefilled;
-            self.batch_prompt_tokens += end - req.prefilled;
             req.prefilled = end;
             if !req.is_prefilling() {
                 // A prompt read to its end has its first token's logits at its last row.
                 prompt_done.push((r, prompt_rows - 1));
                 if req.choices.len() > 1 {
-                    self.spreading.push(r);
+                    spreading.push(r);
                 }
             }
         }
@@ -100,9 +98,29 @@ impl Scheduler {
         for row in plan.prompt.iter().chain(&plan.decode) {
             self.kv.record(row.seq, row.pos as usize, row.token);
         }
-        self.plan = plan;
-        prompt_done
+        (plan, Committed { prompt_done, prompt_rows, spreading })
     }
+}
+
+/// What `fill_batch` put into llama.cpp's batch, for the stages after the decode.
+pub(crate) struct BatchRows {
+    /// Rows in the batch.
+    pub rows: usize,
+    /// Prompt rows among them: a step with any is no measure of decode cost (`StepCost`).
+    pub prompt_rows: usize,
+    /// Ubatches llama.cpp cuts the batch into (see `kv::ubatches`).
+    pub ubatches: usize,
+    /// Requests (index in `active`) with several choices whose prompt this step reads to its
+    /// end: the other choices get a copy once it is decoded (`spread_prompts`).
+    pub spreading: Vec<usize>,
+}
+
+/// What committing a decision did to the prompts being read.
+struct Committed {
+    /// Each prompt read to its end: (request, its last row among the prompt rows).
+    prompt_done: Vec<(usize, usize)>,
+    prompt_rows: usize,
+    spreading: Vec<usize>,
 }
 
 /// Fills `batch` with `rows`, in order.

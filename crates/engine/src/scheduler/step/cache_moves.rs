@@ -16,9 +16,9 @@ impl Scheduler {
     /// Copies each prompt read to its end this step from the first choice's sequence into the
     /// request's other choices' (see `kv_layout`). A request whose copy fails ends with an error
     /// (its prompt is billed, as for any decode failure).
-    pub(in crate::scheduler) fn spread_prompts(&mut self, ctx: &mut LlamaContext<'_>) {
+    pub(in crate::scheduler) fn spread_prompts(&mut self, ctx: &mut LlamaContext<'_>, spreading: &[usize]) {
         let mut failed = Vec::new();
-        for &r in &self.spreading {
+        for &r in spreading {
             let req = &self.active[r];
             let seqs = req.seq_ids();
             let len = req.prompt.len();
@@ -26,7 +26,6 @@ impl Scheduler {
                 failed.push((r, e));
             }
         }
-        self.spreading.clear();
         let failed = failed
             .into_iter()
             .map(|(r, e)| (r, EngineError::Decode(format!("the prompt could not be copied to the other choices: {e}"))))
