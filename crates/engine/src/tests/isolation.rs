@@ -3,7 +3,7 @@
 
 use tokio::sync::mpsc::error::TryRecvError;
 
-use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::request::{ActiveRequest, Phase};
 use crate::tests::engine::{drain, eos, tiny_model};
 use crate::tests::kv_layout::greedy;
 use crate::{
@@ -83,6 +83,27 @@ fn a_fenced_call_starts_its_grammar_without_compiling_on_the_scheduler() {
         assert!(req.choices[0].constrained, "{before:?}: the call is held to its grammar");
         assert_eq!(engine.model().grammar_compiles(), compiles, "{before:?}: a grammar was compiled at the fence");
     }
+    engine.shutdown();
+}
+
+/// A request's phase follows its prompt and its choices: reading, waiting for a prefix with what
+/// it read kept, decoding once all is read, finished once every choice is.
+#[test]
+fn a_requests_phase_follows_its_prompt_and_its_choices() {
+    let engine = start(1);
+    let mut req = admitted(&engine, chat("a prompt of a few tokens", 4));
+    let len = req.prompt.len();
+    assert_eq!((req.phase, req.read()), (Phase::Prefilling { read: 0 }, 0));
+    req.set_read(3);
+    req.await_prefix(crate::kv::seq_id::SeqId::new(0), len - 1);
+    assert_eq!(req.awaited_prefix(), Some((crate::kv::seq_id::SeqId::new(0), len - 1)));
+    assert!(req.is_prefilling() && req.read() == 3);
+    req.set_read(len - 1);
+    assert_eq!((req.phase, req.awaited_prefix()), (Phase::Prefilling { read: len - 1 }, None));
+    req.set_read(len);
+    assert_eq!((req.phase, req.read(), req.is_prefilling()), (Phase::Decoding, len, false));
+    req.finish_choice(0, crate::FinishReason::Stop);
+    assert!(req.all_finished());
     engine.shutdown();
 }
 

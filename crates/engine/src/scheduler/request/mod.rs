@@ -79,15 +79,27 @@ impl ToolWatch {
     }
 }
 
+/// Where a running request is. Its choices' own states (a token to feed, rows to sample, a finish
+/// reason) live in each `Choice`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Reading its prompt: the first `read` tokens are in its first sequence's cache.
+    Prefilling { read: usize },
+    /// Waiting to copy the first `len` tokens of its prompt from sequence `from`, which holds or
+    /// is computing them (`resolve_shares`); `read` of its own are in the cache meanwhile.
+    AwaitingPrefix { from: SeqId, len: usize, read: usize },
+    /// Its prompt is read: each choice decodes until it finishes.
+    Decoding,
+    /// Every choice finished: it ends at the step's end (`retire_finished`).
+    Finished,
+}
+
 pub(crate) struct ActiveRequest {
     pub prompt: Vec<i32>,
     /// The prompt's images, in order: each is evaluated in one piece (see `vision`).
     pub images: Vec<PromptImage>,
-    /// How many prompt tokens are in the KV cache so far (reused prefix plus chunked prefill).
-    pub prefilled: usize,
-    /// A longer prefix of the prompt that another sequence holds or is computing right now:
-    /// `(sequence, length)`. Prefill waits for it and copies it instead of recomputing it.
-    pub share: Option<(SeqId, usize)>,
+    /// Where it is: reading its prompt, waiting for a prefix, decoding, finished.
+    pub phase: Phase,
     /// Steps in a row its prompt read nothing (see `prompt_turns`).
     pub prompt_waits: u32,
     /// Only prefixes and answers cached under this scope are reused (see `CacheScope`).
@@ -205,8 +217,7 @@ impl ActiveRequest {
         let mut req = Self {
             prompt: request.prompt.tokens,
             images: request.prompt.images,
-            prefilled: 0,
-            share: None,
+            phase: Phase::Prefilling { read: 0 },
             prompt_waits: 0,
             scope: request.cache_scope,
             choices,
@@ -337,8 +348,36 @@ impl ActiveRequest {
         self.choices.iter().map(|c| c.seq_id).collect()
     }
 
+    /// Prompt tokens in its first sequence's cache: a reused prefix, images and chunks read so
+    /// far; the whole prompt once it decodes.
+    pub(crate) fn read(&self) -> usize {
+        match self.phase {
+            Phase::Prefilling { read } | Phase::AwaitingPrefix { read, .. } => read,
+            Phase::Decoding | Phase::Finished => self.prompt.len(),
+        }
+    }
+
+    /// The prompt is in the cache up to `read`: it goes on reading, or decodes once all is read.
+    pub(crate) fn set_read(&mut self, read: usize) {
+        self.phase = if read < self.prompt.len() { Phase::Prefilling { read } } else { Phase::Decoding };
+    }
+
+    /// Waits to copy the first `len` prompt tokens from `from`, which holds or computes them.
+    pub(crate) fn await_prefix(&mut self, from: SeqId, len: usize) {
+        self.phase = Phase::AwaitingPrefix { from, len, read: self.read() };
+    }
+
+    /// The sequence and length of the prefix it waits to copy, if it waits for one.
+    pub(crate) fn awaited_prefix(&self) -> Option<(SeqId, usize)> {
+        match self.phase {
+            Phase::AwaitingPrefix { from, len, .. } => Some((from, len)),
+            _ => None,
+        }
+    }
+
+    /// Reading its prompt, or waiting for part of it from another sequence.
     pub(crate) fn is_prefilling(&self) -> bool {
-        self.prefilled < self.prompt.len()
+        matches!(self.phase, Phase::Prefilling { .. } | Phase::AwaitingPrefix { .. })
     }
 
     pub(crate) fn client_gone(&self) -> bool {
@@ -346,7 +385,7 @@ impl ActiveRequest {
     }
 
     pub(crate) fn all_finished(&self) -> bool {
-        self.choices.iter().all(|c| c.finished.is_some())
+        self.phase == Phase::Finished
     }
 
     /// Streams a delta of choice `choice`, unless its output is held back (see `answer_gate`).
@@ -377,6 +416,9 @@ impl ActiveRequest {
         c.batch_idx = None;
         c.drafts = Chain::default();
         let index = c.index;
+        if self.choices.iter().all(|c| c.finished.is_some()) {
+            self.phase = Phase::Finished;
+        }
         if reason != FinishReason::Cancelled {
             let _ = self.events.send(Event::Finished { choice: index, reason });
         }

@@ -96,7 +96,7 @@ impl Scheduler {
                 // What the slot held beyond the part reused goes to host memory first.
                 self.kv.take(ctx, c.seq_id, req.scope, keep);
             }
-            req.prefilled = keep;
+            req.set_read(keep);
             // A longer prefix elsewhere: in another slot, or being prefilled right now by a
             // request admitted earlier (a burst sharing one system prompt computes it once).
             let own = req.seq_ids();
@@ -116,7 +116,7 @@ impl Scheduler {
                 continue;
             }
             match best {
-                Some((src, len)) if len.min(req.reusable_len()) > keep => req.share = Some((src, len)),
+                Some((src, len)) if len.min(req.reusable_len()) > keep => req.await_prefix(src, len),
                 _ => share_prefix(&mut self.kv, ctx, &mut req, own[0], keep),
             }
             self.active.push(req);

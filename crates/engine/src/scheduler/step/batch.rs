@@ -78,14 +78,14 @@ impl Scheduler {
                 continue;
             }
             let end = ends.next().expect("a decision per prompt");
-            read_by_key.push((req.fairness_key, end.map_or(0, |end| end - req.prefilled)));
+            read_by_key.push((req.fairness_key, end.map_or(0, |end| end - req.read())));
             let Some(end) = end else {
                 req.prompt_waits = req.prompt_waits.saturating_add(1);
                 continue;
             };
             req.prompt_waits = 0;
-            prompt_rows += end - req.prefilled;
-            req.prefilled = end;
+            prompt_rows += end - req.read();
+            req.set_read(end);
             if !req.is_prefilling() {
                 // A prompt read to its end has its first token's logits at its last row.
                 prompt_done.push((r, prompt_rows - 1));

@@ -43,7 +43,7 @@ impl Scheduler {
             .active
             .iter()
             .map(|req| {
-                let (src, want) = req.share?;
+                let (src, want) = req.awaited_prefix()?;
                 // The source was picked under the request's scope; should the slot have been
                 // taken by another scope since, it has nothing for this request.
                 if slots.scope(src) != req.scope || slots.tokens(src).len() >= want {
@@ -54,15 +54,15 @@ impl Scheduler {
             .collect();
         let keep_waiting = share_waits::waits_that_end(&waiting_on);
         for (req, keep_waiting) in self.active.iter_mut().zip(keep_waiting) {
-            let Some((src, _)) = req.share else { continue };
+            let Some((src, _)) = req.awaited_prefix() else { continue };
             if keep_waiting {
                 continue;
             }
             let same_scope = self.kv.slots().scope(src) == req.scope;
             let have = if same_scope { self.kv.slots().tokens(src) } else { &[] };
             let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
-            let len = len.max(req.prefilled);
-            let from = if len > req.prefilled { src } else { req.choices[0].seq_id };
+            let len = len.max(req.read());
+            let from = if len > req.read() { src } else { req.choices[0].seq_id };
             share_prefix(&mut self.kv, ctx, req, from, len);
         }
     }
@@ -75,7 +75,7 @@ impl Scheduler {
             return;
         }
         for seq in self.free_seqs.clone() {
-            let awaited = self.active.iter().any(|r| r.share.is_some_and(|(src, _)| src == seq));
+            let awaited = self.active.iter().any(|r| r.awaited_prefix().is_some_and(|(src, _)| src == seq));
             if !awaited && !self.kv.slots().tokens(seq).is_empty() {
                 self.kv.offload(ctx, seq);
             }
@@ -102,8 +102,7 @@ pub(super) fn share_prefix(
         tracing::warn!(error = %e, src = %src, dst = %first, len, "could not copy a shared prefix; computing it instead");
         len = 0;
     }
-    req.prefilled = len;
+    req.set_read(len);
     req.usage.cached_tokens = crate::units::count_u32(len);
-    req.share = None;
     req.announce_cached();
 }

@@ -46,7 +46,7 @@ impl Scheduler {
     fn move_one_down(&mut self, ctx: &mut LlamaContext<'_>) -> Option<(SeqId, SeqId)> {
         // Only decoding choices move: a prompt being read, an awaited prefix and a chain on
         // the device are tied to their sequence.
-        let awaited: Vec<SeqId> = self.active.iter().filter_map(|r| r.share.map(|(src, _)| src)).collect();
+        let awaited: Vec<SeqId> = self.active.iter().filter_map(|r| r.awaited_prefix().map(|(src, _)| src)).collect();
         let movable: Vec<SeqId> = self
             .active
             .iter()

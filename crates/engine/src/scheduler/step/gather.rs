@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use llama_cpp_2::context::LlamaContext;
 
 use crate::faults::FaultPoint;
-use crate::scheduler::request::{ActiveRequest, Choice};
+use crate::scheduler::request::{ActiveRequest, Choice, Phase};
 use crate::scheduler::step::deterministic;
 use crate::scheduler::step::plan::rows::PendingPrompt;
 use crate::scheduler::step::plan::{self, DecodingChoice, PromptToRead, StepInputs};
@@ -43,7 +43,7 @@ impl Scheduler {
 /// Whether `req` reads its prompt this step, as far as the budget goes: still prefilling, and not
 /// waiting to copy a prefix another sequence is computing. `step_inputs` and `commit` must agree.
 pub(super) fn reads_prompt(req: &ActiveRequest) -> bool {
-    req.is_prefilling() && req.share.is_none()
+    matches!(req.phase, Phase::Prefilling { .. })
 }
 
 /// Most drafts decoding choice `c` could use now: verifying `k` drafts produces up to `k + 1`
@@ -77,7 +77,7 @@ pub(super) fn step_inputs<'a>(
     let reserved: usize = active
         .iter()
         .filter(|r| r.isolated && reads_prompt(r))
-        .map(|r| deterministic::chunk_end(r.prefilled, chunk, r.text_end(r.prefilled)) - r.prefilled)
+        .map(|r| deterministic::chunk_end(r.read(), chunk, r.text_end(r.read())) - r.read())
         .sum();
     let mut decoding = Vec::new();
     for req in active.iter_mut() {
@@ -100,7 +100,7 @@ pub(super) fn step_inputs<'a>(
         .map(|r| PromptToRead {
             seq: r.choices[0].seq_id,
             prompt: &r.prompt,
-            pending: PendingPrompt { prefilled: r.prefilled, text_end: r.text_end(r.prefilled), isolated: r.isolated },
+            pending: PendingPrompt { prefilled: r.read(), text_end: r.text_end(r.read()), isolated: r.isolated },
             key: r.fairness_key,
             waited: r.prompt_waits,
         })

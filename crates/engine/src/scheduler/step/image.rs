@@ -6,6 +6,7 @@ use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
 use crate::scheduler::end::Ending;
+use crate::scheduler::request::{ActiveRequest, Phase};
 use crate::scheduler::Scheduler;
 use crate::telemetry;
 
@@ -18,11 +19,15 @@ impl Scheduler {
     /// even when the batch is empty.
     pub(in crate::scheduler) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
         let Some(vision) = self.model.vision.as_ref() else { return false };
-        let Some(i) = self.active.iter().position(|r| r.share.is_none() && r.image_at(r.prefilled).is_some()) else {
+        let at_image = |r: &ActiveRequest| match r.phase {
+            Phase::Prefilling { read } => r.image_at(read).is_some(),
+            _ => false,
+        };
+        let Some(i) = self.active.iter().position(at_image) else {
             return false;
         };
         let req = &mut self.active[i];
-        let image = req.image_at(req.prefilled).expect("found above").clone();
+        let image = req.image_at(req.read()).expect("found above").clone();
         let seq = req.choices[0].seq_id;
         let (start, end) = (image.start, image.start + image.len);
         let started = Instant::now();
@@ -35,7 +40,7 @@ impl Scheduler {
                 for pos in start..end {
                     self.kv.record(seq, pos, req.prompt[pos]);
                 }
-                req.prefilled = end;
+                req.set_read(end);
             }
             Err(e) => {
                 tracing::error!(error = %e, "an image could not be evaluated");
