@@ -201,7 +201,7 @@ impl Scheduler {
         let image_evaluated = self.evaluate_image(ctx);
         let written = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
-        let Some(batch) = written else {
+        let Some(mut batch) = written else {
             if !image_evaluated {
                 self.no_rows(ctx);
             }
@@ -225,7 +225,7 @@ impl Scheduler {
         self.kv.decoded();
         let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
         self.spread_prompts(ctx, &batch.spreading);
-        let pick = self.sample_all(ctx);
+        let pick = self.sample_all(ctx, &mut batch.choices);
         let sampled = Instant::now();
         if batch.prompt_rows == 0 {
             // Without the reuse count (no context handle) every step counts as reusing its graph.

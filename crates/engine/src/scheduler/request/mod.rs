@@ -24,7 +24,7 @@ use crate::scheduler::request::stop_strings::TextAssembler;
 use crate::scheduler::request::thinking_block::ChoiceThinking;
 use crate::scheduler::sample::sampler::{build_sampler, logprobs_for, Sampler};
 use crate::speculation::shared_drafts::DraftFamilies;
-use crate::speculation::{Chain, Drafter, Speculate, SpeculationConfig};
+use crate::speculation::{Drafter, Speculate, SpeculationConfig};
 use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
 
 pub(crate) struct Choice {
@@ -37,12 +37,6 @@ pub(crate) struct Choice {
     pub pos: i32,
     /// Token to feed at the next step, once decoding.
     pub next_token: Option<i32>,
-    /// Index in the current batch whose logits this choice samples from (the fed token's; the
-    /// draft tokens' logits follow at the next indices).
-    pub batch_idx: Option<i32>,
-    /// Draft tokens fed after `next_token` in the current batch, to be verified, each marked
-    /// forced by the grammar (jump-forward) or looked up.
-    pub drafts: Chain,
     pub drafter: Drafter,
     pub finished: Option<FinishReason>,
     /// When this choice last produced a token, for latency metrics.
@@ -194,8 +188,6 @@ impl ActiveRequest {
                     generated: 0,
                     pos: 0,
                     next_token: None,
-                    batch_idx: None,
-                    drafts: Chain::default(),
                     drafter,
                     finished: None,
                     last_token_at: None,
@@ -413,8 +405,6 @@ impl ActiveRequest {
         let c = &mut self.choices[i];
         c.finished = Some(reason);
         c.next_token = None;
-        c.batch_idx = None;
-        c.drafts = Chain::default();
         let index = c.index;
         if self.choices.iter().all(|c| c.finished.is_some()) {
             self.phase = Phase::Finished;

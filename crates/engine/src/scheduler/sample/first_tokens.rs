@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use crate::faults::{Fault, FaultPoint};
 use crate::scheduler::request::ActiveRequest;
 use crate::scheduler::sample::sampler::Sampler;
+use crate::scheduler::step::batch::ChoiceRows;
 
 /// Per running request (same order as `Scheduler::active`): the token sampled for each of its choices that
 /// had logits this step, or why its sampling panicked.
@@ -50,9 +51,13 @@ pub(crate) fn device_token(ctx: &LlamaContext<'_>, idx: i32) -> i32 {
     }
 }
 
-/// Samples the first position of every choice with a `batch_idx`, on rayon's pool; choices
+/// Samples the first position of every choice with rows in the batch, on rayon's pool; choices
 /// sampled on the device only read their token.
-pub(crate) fn sample_first_tokens(active: &mut [ActiveRequest], ctx: &LlamaContext<'_>) -> FirstTokens {
+pub(crate) fn sample_first_tokens(
+    active: &mut [ActiveRequest],
+    rows: &[Option<ChoiceRows>],
+    ctx: &LlamaContext<'_>,
+) -> FirstTokens {
     let mut out: FirstTokens = active.iter().map(|req| Ok(vec![None; req.choices.len()])).collect();
     let mut work = Vec::new();
     for (r, req) in active.iter_mut().enumerate() {
@@ -61,7 +66,7 @@ pub(crate) fn sample_first_tokens(active: &mut [ActiveRequest], ctx: &LlamaConte
         let gathered = std::panic::catch_unwind(AssertUnwindSafe(move || {
             let (choices, mut mine, mut on_device) = (choices, Vec::new(), Vec::new());
             for (i, c) in choices.iter_mut().enumerate() {
-                match c.batch_idx {
+                match rows[c.seq_id.index()].as_ref().map(|rows| rows.row) {
                     Some(idx) if c.on_device => {
                         fault.check(FaultPoint::Sampling, produced);
                         on_device.push((i, device_token(ctx, idx)));

@@ -12,6 +12,7 @@ use crate::scheduler::step::gather::{prompt_quantum, reads_prompt, step_inputs};
 use crate::scheduler::step::plan::rows::{Row, StepPlan};
 use crate::scheduler::step::plan::{self, StepDecision};
 use crate::scheduler::Scheduler;
+use crate::speculation::Chain;
 
 impl Scheduler {
     /// Plans the step (`plan`) and writes it into the batch: the running requests offer
@@ -28,46 +29,49 @@ impl Scheduler {
     /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
     /// tiles skip the other sequences' cells.
     pub(in crate::scheduler) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> Option<BatchRows> {
-        self.offer_drafts(ctx);
-        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits);
+        let mut offers = self.offer_drafts(ctx);
+        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits, &mut offers);
         let decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance);
-        let (plan, Committed { prompt_done, prompt_rows, spreading }) = self.commit(decision);
+        let (plan, Committed { decoding, prompt_done, prompt_rows, spreading }) = self.commit(decision);
         let isolated: Vec<SeqId> =
             self.active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
         let (rows, at) = plan.ordered(self.cfg.layout, &isolated);
         write_batch(&mut self.batch, &rows);
         let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
         let ubatches = ubatches(self.cfg.layout, &seqs, self.cfg.batch_size as usize);
+        // Each choice's rows, by sequence: decoding rows were numbered among themselves, and
+        // every choice of a prompt read to its end samples its first token at the prompt's last.
+        let mut choices: Vec<Option<ChoiceRows>> =
+            std::iter::repeat_with(|| None).take(self.cfg.parallel as usize).collect();
         let first_decode_row = plan.prompt.len();
-        for c in self.active.iter_mut().flat_map(|r| &mut r.choices) {
-            if let Some(row) = &mut c.batch_idx {
-                *row = crate::units::llama_pos(at[first_decode_row + *row as usize]);
-            }
+        for (seq, row, fed_pos, drafts) in decoding {
+            let row = crate::units::llama_pos(at[first_decode_row + row]);
+            choices[seq.index()] = Some(ChoiceRows { row, fed_pos, drafts });
         }
         for (r, row) in prompt_done {
-            let req = &mut self.active[r];
-            for c in &mut req.choices {
-                c.batch_idx = Some(crate::units::llama_pos(at[row]));
-                c.pos = crate::units::llama_pos(req.prompt.len());
+            let req = &self.active[r];
+            let fed_pos = crate::units::llama_pos(req.prompt.len() - 1);
+            for c in &req.choices {
+                let row = crate::units::llama_pos(at[row]);
+                choices[c.seq_id.index()] = Some(ChoiceRows { row, fed_pos, drafts: Chain::default() });
             }
         }
-        (!rows.is_empty()).then_some(BatchRows { rows: rows.len(), prompt_rows, ubatches, spreading })
+        (!rows.is_empty()).then_some(BatchRows { rows: rows.len(), prompt_rows, ubatches, spreading, choices })
     }
 
-    /// Applies the planner's decision: each decoding choice feeds its token and drafts (its
-    /// `batch_idx` an index among the decoding rows until the batch is ordered), each prompt is
+    /// Applies the planner's decision: each decoding choice feeds its token and drafts (their
+    /// rows numbered among the decoding rows until the batch is ordered), each prompt is
     /// read to its chunk's end (its first choice's sequence; the others get a copy once it is
     /// read: `spread_prompts`), and the KV mirror records every row.
     /// Returns the step's rows and what reading the prompts did.
     fn commit(&mut self, decision: StepDecision) -> (StepPlan, Committed) {
         let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
         let mut decided = token_rows.into_iter().zip(drafts);
+        let mut decoding = Vec::new();
         for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.next_token.is_some()) {
             let (row, chain) = decided.next().expect("a decision per decoding choice");
             c.next_token = None;
-            c.batch_idx = Some(crate::units::llama_pos(row));
-            c.pos += crate::units::llama_pos(1 + chain.tokens.len());
-            c.drafts = chain;
+            decoding.push((c.seq_id, row, c.pos, chain));
         }
         let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());
         let mut ends = prompt_ends.into_iter();
@@ -98,7 +102,7 @@ impl Scheduler {
         for row in plan.prompt.iter().chain(&plan.decode) {
             self.kv.record(row.seq, row.pos as usize, row.token);
         }
-        (plan, Committed { prompt_done, prompt_rows, spreading })
+        (plan, Committed { decoding, prompt_done, prompt_rows, spreading })
     }
 }
 
@@ -113,10 +117,26 @@ pub(crate) struct BatchRows {
     /// Requests (index in `active`) with several choices whose prompt this step reads to its
     /// end: the other choices get a copy once it is decoded (`spread_prompts`).
     pub spreading: Vec<usize>,
+    /// Each sampled choice's rows, by sequence (`SeqId::index`): what `sample_all` verifies.
+    pub choices: Vec<Option<ChoiceRows>>,
+}
+
+/// One choice's rows in the batch.
+pub(crate) struct ChoiceRows {
+    /// Where its first logits are: the row of the token it fed (or of its prompt's last); the
+    /// drafts' logits follow at the next rows.
+    pub row: i32,
+    /// The position of the token fed at `row`; the drafts follow it.
+    pub fed_pos: i32,
+    /// The drafts fed after it, to verify.
+    pub drafts: Chain,
 }
 
 /// What committing a decision did to the prompts being read.
 struct Committed {
+    /// Each decoding choice's sequence, its row among the decoding rows, the position of the
+    /// token it feeds, and its drafts.
+    decoding: Vec<(SeqId, usize, i32, Chain)>,
     /// Each prompt read to its end: (request, its last row among the prompt rows).
     prompt_done: Vec<(usize, usize)>,
     prompt_rows: usize,

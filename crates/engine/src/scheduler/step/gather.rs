@@ -12,24 +12,27 @@ use crate::scheduler::step::plan::rows::PendingPrompt;
 use crate::scheduler::step::plan::{self, DecodingChoice, PromptToRead, StepInputs};
 use crate::scheduler::step::prompt_turns::PromptDeficits;
 use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::speculation::Speculate;
+use crate::speculation::{Chain, Speculate};
 
 impl Scheduler {
-    /// Asks each decoding choice's drafter for the drafts it could feed (into `Choice::drafts`,
-    /// which the planner then cuts). A drafter runs its grammar on the choice's own output: a
-    /// panic there ends that request alone.
-    pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) {
+    /// Asks each decoding choice's drafter for the drafts it could feed, which the planner then
+    /// cuts: by sequence (`SeqId::index`). A drafter runs its grammar on the choice's own output:
+    /// a panic there ends that request alone.
+    pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) -> Vec<Option<Chain>> {
         let decoding = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
         let lookups = plan::lookups_allowed(decoding);
         let ctx_size = self.cfg.ctx_size as i32;
         let mut panicked = Vec::new();
+        let mut offers: Vec<Option<Chain>> = std::iter::repeat_with(|| None).take(self.cfg.parallel as usize).collect();
         for (r, req) in self.active.iter_mut().enumerate() {
             let shared = &self.shared;
+            let offers = &mut offers;
             let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 for c in req.choices.iter_mut().filter(|c| c.next_token.is_some()) {
                     req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
                     let limit = draft_limit(req.max_tokens, req.isolated, c, ctx_size);
-                    c.drafts = c.drafter.chain(limit, if lookups { limit } else { 0 }, shared.of(c.drafter.family()));
+                    let chain = c.drafter.chain(limit, if lookups { limit } else { 0 }, shared.of(c.drafter.family()));
+                    offers[c.seq_id.index()] = Some(chain);
                 }
             }));
             if let Err(payload) = offered {
@@ -37,6 +40,7 @@ impl Scheduler {
             }
         }
         self.end_panicked(ctx, panicked);
+        offers
     }
 }
 
@@ -70,6 +74,7 @@ pub(super) fn step_inputs<'a>(
     active: &'a mut [ActiveRequest],
     cfg: &SchedulerConfig,
     deficits: &'a PromptDeficits,
+    offers: &mut [Option<Chain>],
 ) -> StepInputs<'a> {
     let ctx_size = cfg.ctx_size as i32;
     let chunk = deterministic::chunk_size(cfg.batch_size, cfg.parallel);
@@ -88,7 +93,7 @@ pub(super) fn step_inputs<'a>(
                 pos: c.pos,
                 seq: c.seq_id,
                 limit: draft_limit(req.max_tokens, req.isolated, c, ctx_size),
-                offered: std::mem::take(&mut c.drafts),
+                offered: offers[c.seq_id.index()].take().unwrap_or_default(),
                 constrained: c.constrained,
             });
         }

@@ -10,6 +10,7 @@ use crate::faults::FaultPoint;
 use crate::speculation::AcceptanceKind;
 use crate::EngineError;
 
+use crate::scheduler::step::batch::ChoiceRows;
 use crate::scheduler::Scheduler;
 
 impl Scheduler {
@@ -23,14 +24,18 @@ impl Scheduler {
     /// watching, producing its text) ends that request alone: see `end_panicked`.
     ///
     /// Returns the time the first positions took to sample (`gantry_step_part_*`, `pick`).
-    pub(in crate::scheduler) fn sample_all(&mut self, ctx: &mut LlamaContext<'_>) -> Duration {
+    pub(in crate::scheduler) fn sample_all(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        rows: &mut [Option<ChoiceRows>],
+    ) -> Duration {
         let mut failed = Vec::new();
         let started = Instant::now();
-        let first_tokens = crate::scheduler::sample::first_tokens::sample_first_tokens(&mut self.active, ctx);
+        let first_tokens = crate::scheduler::sample::first_tokens::sample_first_tokens(&mut self.active, rows, ctx);
         let pick = started.elapsed();
         for (r, first) in first_tokens.into_iter().enumerate() {
             let sampled = match first {
-                Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, ctx)))
+                Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, rows, ctx)))
                     .map_err(|payload| EngineError::RequestFailed(crate::error::panic_message(payload.as_ref()))),
                 Err(why) => Err(EngineError::RequestFailed(why)),
             };
@@ -50,20 +55,19 @@ impl Scheduler {
         &mut self,
         r: usize,
         first: &[Option<i32>],
+        rows: &mut [Option<ChoiceRows>],
         ctx: &mut LlamaContext<'_>,
     ) -> Result<(), EngineError> {
         let model = &self.model;
         let ctx_size = self.cfg.ctx_size as i32;
         let req = &mut self.active[r];
         for i in 0..req.choices.len() {
-            let Some(idx) = req.choices[i].batch_idx.take() else {
+            let Some(ChoiceRows { row: idx, fed_pos, drafts: chain }) = rows[req.choices[i].seq_id.index()].take()
+            else {
                 continue;
             };
-            let chain = std::mem::take(&mut req.choices[i].drafts);
             let drafts = &chain.tokens;
             let k = drafts.len();
-            // Position of the token fed at `idx`; drafts follow it.
-            let fed_pos = req.choices[i].pos - 1 - crate::units::llama_pos(k);
             let mut accepted = 0;
             for j in 0..=k {
                 let token = match (j, first.get(i).copied().flatten()) {
