@@ -64,6 +64,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
         .route("/v1/chat/completions", post(pipeline::chat_completions))
+        .route("/v1/completions", post(pipeline::completions))
+        .route("/infill", post(pipeline::infill))
         .route("/v1/messages", post(pipeline::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(pipeline::responses))
