@@ -454,7 +454,7 @@ impl Generator for Engine {
     }
 
     fn detokenize(&self, tokens: &[i32]) -> String {
-        self.inner.model.detokenize(tokens, false)
+        self.inner.model.detokenize(tokens, true)
     }
 
     fn attach_images(&self, request: &mut GenerateRequest, images: Vec<ImageInput>) -> Result<(), PrepareError> {

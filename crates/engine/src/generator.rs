@@ -36,8 +36,8 @@ pub trait Generator: Send + Sync {
         Vec::new()
     }
 
-    /// The text of token ids (`/detokenize`, a token prompt's `echo`); ids outside the
-    /// vocabulary write nothing.
+    /// The text of token ids (`/detokenize`, a token prompt's `echo`), control tokens written
+    /// out; ids outside the vocabulary write nothing.
     fn detokenize(&self, tokens: &[i32]) -> String {
         let _ = tokens;
         String::new()

@@ -52,5 +52,7 @@ mod several_prompts;
 pub mod state;
 /// `/metrics` (Prometheus) and the per-route request counters.
 mod telemetry;
+/// `/tokenize` and `/detokenize`, in llama-server's and vLLM's shapes.
+mod tokenize;
 /// A connection's writes that make no progress end it (`--write-timeout`).
 mod write_deadline;

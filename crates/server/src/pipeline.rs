@@ -313,7 +313,7 @@ async fn admitted(
 }
 
 /// The first model the key may use: llama.cpp's clients (`/infill`) name none.
-fn default_model(state: &AppState, key: &KeyInfo) -> Result<String, ApiError> {
+pub(crate) fn default_model(state: &AppState, key: &KeyInfo) -> Result<String, ApiError> {
     let spec = state.models.specs().iter().find(|spec| key_allows(key, &spec.id, spec));
     spec.map(|spec| spec.id.clone()).ok_or_else(|| ApiError::model_not_found(""))
 }

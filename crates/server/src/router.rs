@@ -11,7 +11,7 @@ use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
 use crate::openai::{auth, models};
 use crate::state::AppState;
-use crate::{anthropic, cors, errors, health, pipeline, request_id, responses, telemetry};
+use crate::{anthropic, cors, errors, health, pipeline, request_id, responses, telemetry, tokenize};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -66,6 +66,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/chat/completions", post(pipeline::chat_completions))
         .route("/v1/completions", post(pipeline::completions))
         .route("/infill", post(pipeline::infill))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/messages", post(pipeline::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(pipeline::responses))
