@@ -11,6 +11,8 @@ pub(crate) mod auth_failures;
 pub(crate) mod chat;
 /// `POST /v1/completions`: raw prompts, fill-in-the-middle, `text_completion` answers.
 pub(crate) mod completions;
+#[cfg(test)]
+mod completions_tests;
 /// The engine's usage and logprobs as the API's types.
 pub(crate) mod convert;
 /// Fetching and bounding `image_url` parts.
