@@ -75,6 +75,9 @@ impl FimTokens {
 /// (under the repository marker, each after a file separator, then the current file's
 /// separator), BOS where the vocabulary wants one, then prefix, suffix and middle markers each
 /// before its part (PSM order, as llama.cpp's server builds it without `--spm-infill`).
+/// Unlike llama.cpp's, a request without other files gets no repository header: on
+/// qwen2.5-coder-0.5b the header alone took the FIM pass rate (`test_fim_pass_rate.py`) from
+/// 4/6 to 3/6, the model answering with test code instead of the body.
 pub(crate) struct FimParts<'a> {
     pub tokens: FimTokens,
     pub bos: Option<i32>,
