@@ -7,13 +7,14 @@ and refuses a `suffix` with a 400 naming it. llama.cpp's `/infill` as llama.vim 
 from __future__ import annotations
 
 import ast
+import json
 import time
 import uuid
 
 import openai
 import pytest
 
-from _util import httpx, ledger_rows
+from _util import ledger_rows, sse_payloads
 from conftest import _models, serving
 
 BASE = "gemma-3-270m-q4_k_m"
@@ -157,6 +158,13 @@ def test_infill_as_llama_vim_sends_it(server, http, auth):
     # The middle ends where the model ends it or the suffix stop rule does: the file parses.
     ast.parse(body["input_prefix"] + body["prompt"] + reply["content"] + body["input_suffix"])
     assert _booked(server, request_id) == (reply["tokens_evaluated"], reply["tokens_predicted"])
+    # Streamed as llama-server streams: `data:` objects, the last one `stop: true` with the counts.
+    streamed = http.post("/infill", json={**body, "temperature": 0, "stream": True}, headers=auth)
+    lines = [json.loads(p) for p in sse_payloads(streamed.text)]
+    assert "[DONE]" not in streamed.text and lines[-1]["stop"] is True, streamed.text
+    assert all(line["stop"] is False for line in lines[:-1]), lines
+    assert "".join(line["content"] for line in lines) == reply["content"], lines
+    assert lines[-1]["tokens_predicted"] == reply["tokens_predicted"], lines[-1]
     # llama.vim's warm-up: empty parts, one token.
     warm = {**body, "input_prefix": "", "input_suffix": "", "prompt": "", "n_predict": 1}
     assert http.post("/infill", json=warm, headers=auth).status_code == 200
