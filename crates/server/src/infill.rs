@@ -98,7 +98,9 @@ fn final_object(answer: &InfillAnswer, ending: &Ending, usage: Usage, clock: &Cl
         "model": answer.model,
         "tokens_predicted": usage.completion_tokens,
         "tokens_evaluated": usage.prompt_tokens,
-        "tokens_cached": usage.cached_tokens + usage.completion_tokens,
+        // llama-server's `n_past`: what the sequence holds at the end (llama.vim shows it
+        // against `n_ctx`).
+        "tokens_cached": usage.prompt_tokens + usage.completion_tokens,
         "generation_settings": {
             "n_ctx": answer.n_ctx,
             "n_predict": answer.n_predict.map_or(-1, i64::from),

@@ -227,7 +227,8 @@ async fn admitted(
     let n = jobs.first().map_or(1, |j| j.n);
     let choices = n * jobs.len() as u32;
     let prompt_tokens: usize = jobs.iter().map(|j| j.prompt.tokens.len()).sum();
-    let stop = jobs.first().map(|j| j.stop.clone()).unwrap_or_default();
+    // `/infill` names the stop string that ended its answer (`stopping_word`).
+    let stop = jobs.first().filter(|_| dialect == Dialect::Infill).map(|j| j.stop.clone()).unwrap_or_default();
     // Full admission: tokens per minute and the budget reservation (the request itself was
     // counted by the pre-admission). The ticket settles with the engine's usage report or,
     // dropped unsettled (submission refused, handler dropped), releases.
