@@ -64,7 +64,7 @@ def _pass_rate(server, client, **extra) -> tuple[int, list[str]]:
 def test_greedy_fim_fills_most_bodies_so_that_their_tests_pass(server, client):
     passed, middles = _pass_rate(server, client)
     without_rule, _ = _pass_rate(server, client, extra_body={"fim_stop_rule": False})
-    print(f"\nFIM pass rate: {passed}/{len(CASES)} with the suffix stop rule, {without_rule}/{len(CASES)} without")
+    print(f"\nFIM pass rate: {passed}/{len(CASES)} with the FIM stop rule, {without_rule}/{len(CASES)} without")
     assert passed >= 4, (passed, middles)
     # The rule never makes it worse than the model's own end.
     assert passed >= without_rule, (passed, without_rule)

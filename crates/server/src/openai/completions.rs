@@ -120,7 +120,27 @@ pub(crate) async fn prepare(
     })
     .await
     .map_err(|e| task_failed("prompt preparation", e))?;
-    prepared.map_err(IntoApiError::into_api_error)
+    prepared.map_err(in_prompt_terms)
+}
+
+/// The engine's refusal, a context overflow in OpenAI's Completions words (a prompt, not
+/// messages).
+fn in_prompt_terms(e: gantry_engine::PrepareError) -> ApiError {
+    let gantry_engine::PrepareError::ContextLength { limit, prompt_tokens, max_tokens } = e else {
+        return e.into_api_error();
+    };
+    let message = match max_tokens {
+        Some(m) => format!(
+            "This model's maximum context length is {limit} tokens, however you requested {} tokens ({prompt_tokens} in your prompt; {m} for the completion). Please reduce your prompt; or completion length.",
+            u64::from(prompt_tokens) + u64::from(m)
+        ),
+        None => format!(
+            "This model's maximum context length is {limit} tokens, however your prompt is {prompt_tokens} tokens. Please reduce your prompt."
+        ),
+    };
+    let mut error = ApiError::context_length_exceeded(message);
+    error.param = Some("prompt".into());
+    error
 }
 
 /// The answer: SSE chunks, or one `text_completion`.

@@ -108,3 +108,21 @@ async fn refusals_are_openais_400s_before_the_engine() {
     }
     assert!(engine.prompts.lock().unwrap().is_empty(), "nothing reached the engine");
 }
+
+#[tokio::test]
+async fn a_prompt_beyond_the_context_is_named_as_a_prompt() {
+    let h = harness(Arc::new(ScriptedEngine::new(hello(), usage(2)))).await;
+    let long = "word ".repeat(100);
+    let (status, text) =
+        post(&h, "/v1/completions", json!({"model": "scripted", "prompt": long, "max_tokens": 10})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (&error["error"]["code"], &error["error"]["param"]),
+        (&json!("context_length_exceeded"), &json!("prompt"))
+    );
+    assert!(
+        error["error"]["message"].as_str().unwrap().contains("100 in your prompt; 10 for the completion"),
+        "{text}"
+    );
+}
