@@ -1,7 +1,9 @@
 //! OpenAI Chat Completions wire types, request validation, and the one API error type; the
-//! other dialects (`anthropic`, `responses`) as translations onto them. No I/O.
+//! other dialects (`anthropic`, `responses`, `completions` with llama.cpp's `/infill`) as
+//! translations onto them. No I/O.
 
 pub mod anthropic;
+pub mod completions;
 mod error;
 mod fields;
 mod image;

@@ -251,7 +251,7 @@ fn check_cache_retention(v: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+pub(crate) fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     let strings: Vec<String> = match v {
         None => return Ok(Vec::new()),
         Some(Value::String(s)) => vec![s.clone()],
@@ -269,7 +269,7 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(strings.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-fn parse_logit_bias(v: Option<&Value>) -> Result<Vec<(i32, f32)>, ApiError> {
+pub(crate) fn parse_logit_bias(v: Option<&Value>) -> Result<Vec<(i32, f32)>, ApiError> {
     let obj = match v {
         None => return Ok(Vec::new()),
         Some(Value::Object(o)) => o,

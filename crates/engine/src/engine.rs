@@ -19,6 +19,7 @@ use crate::kv::layout::KvLayout;
 use crate::model::devices::accelerators;
 use crate::model::devices::Offload;
 use crate::model::q5_as_q8;
+use crate::model::raw_prompt::RawPrompt;
 use crate::model::vision::ImageInput;
 use crate::model::{LoadError, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, Limits, PrepareError};
@@ -442,6 +443,25 @@ impl Generator for Engine {
         request.grammars = grammars;
         request.reasoning = reasoning;
         Ok(request)
+    }
+
+    fn prepare_raw(&self, input: ChatInput, raw: RawPrompt) -> Result<GenerateRequest, PrepareError> {
+        let limits = self.limits();
+        limits.check_request(&input)?;
+        // A FIM prompt's other files take what the completion leaves of the context.
+        let ctx = limits.ctx_size as usize;
+        let room = ctx.saturating_sub(input.max_tokens.map_or(ctx / 4, |m| m as usize));
+        let prompt = self.inner.model.prepare_raw(&raw, room)?;
+        let max_tokens = limits.completion_budget(units::count_u32(prompt.tokens.len()), input.max_tokens)?;
+        Ok(input.into_request(prompt, max_tokens))
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<i32> {
+        self.inner.model.tokenize_with(text, add_special, parse_special)
+    }
+
+    fn detokenize(&self, tokens: &[i32]) -> String {
+        self.inner.model.detokenize(tokens, true)
     }
 
     fn attach_images(&self, request: &mut GenerateRequest, images: Vec<ImageInput>) -> Result<(), PrepareError> {

@@ -2,6 +2,7 @@
 //! it, and the server's router tests drive the same handlers with a scripted one.
 
 use crate::error::SubmitError;
+use crate::model::raw_prompt::RawPrompt;
 use crate::model::ModelInfo;
 use crate::prepare::{ChatInput, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle};
@@ -23,6 +24,24 @@ pub trait Generator: Send + Sync {
     /// Checks and tokenizes a request (see [`crate::prepare`]). Blocking: renders the template
     /// and compiles grammars, so call it off the async runtime.
     fn prepare(&self, input: ChatInput) -> Result<GenerateRequest, PrepareError>;
+
+    /// [`Self::prepare`] for a prompt no template renders (`/v1/completions`, `/infill`): `raw`
+    /// is the prompt, `input` the rest of the request (its `messages` unused). Blocking.
+    fn prepare_raw(&self, input: ChatInput, raw: RawPrompt) -> Result<GenerateRequest, PrepareError>;
+
+    /// `text` as the model's token ids (`/tokenize`): `add_special` adds BOS where the
+    /// vocabulary wants one, `parse_special` reads control tokens' texts as those tokens.
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<i32> {
+        let _ = (text, add_special, parse_special);
+        Vec::new()
+    }
+
+    /// The text of token ids (`/detokenize`, a token prompt's `echo`), control tokens written
+    /// out; ids outside the vocabulary write nothing.
+    fn detokenize(&self, tokens: &[i32]) -> String {
+        let _ = tokens;
+        String::new()
+    }
 
     /// Puts the request's images, fetched after admission, into its prompt: decodes them,
     /// tokenizes them for the model's projector and checks the context again, now exactly.

@@ -53,6 +53,7 @@ pub use model::backend::{cpu_backend_features, cpu_backend_variant, load_cpu_bac
 pub use model::devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
 pub use model::dot_kernels::{small_batch_kernels, use_cpu_kernels, weights_repacked, CpuKernels};
 pub use model::memory::{estimate_memory, MemoryEstimate};
+pub use model::raw_prompt::{Fim, FimFile, PromptSource, RawPrompt, RawPromptError};
 pub use model::template::TemplateError;
 pub use model::vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAIL_SIDE};
 pub use model::{cpu_variants, template, LoadError, LoadedModel, ModelInfo};

@@ -54,6 +54,9 @@ pub enum PrepareError {
     Template(#[from] TemplateError),
     #[error("{0}")]
     Image(#[from] crate::model::vision::ImageError),
+    /// A completion's prompt (`/v1/completions`, `/infill`) that cannot be built.
+    #[error("{0}")]
+    RawPrompt(#[from] crate::model::raw_prompt::RawPromptError),
 }
 
 fn context_message(limit: &u32, prompt_tokens: &u32, max_tokens: &Option<u32>) -> String {

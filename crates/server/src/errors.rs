@@ -18,7 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gantry_accounts::{AccountsError, KeyInfo, RateRefusal, Refusal, Refused};
 use gantry_api::ApiError;
-use gantry_engine::{EngineError, ImageError, PrepareError, SubmitError, TemplateError};
+use gantry_engine::{EngineError, ImageError, PrepareError, RawPromptError, SubmitError, TemplateError};
 
 use crate::openai::rate_limit::{self, format_reset};
 use crate::pool::PoolError;
@@ -43,6 +43,8 @@ impl IntoApiError for PrepareError {
             PrepareError::Image(ImageError::Unreadable { param, .. }) => ApiError::invalid_value(&param, message),
             PrepareError::Image(ImageError::Placement { .. }) => ApiError::invalid_value("messages", message),
             PrepareError::Image(ImageError::NoVision) => ApiError::invalid_request(message, Some("messages")),
+            PrepareError::RawPrompt(RawPromptError::NoFim) => ApiError::invalid_value("suffix", message),
+            PrepareError::RawPrompt(_) => ApiError::invalid_value("prompt", message),
         }
     }
 }

@@ -26,6 +26,8 @@ mod cors;
 mod errors;
 /// Liveness and readiness probes.
 pub mod health;
+/// llama.cpp's `/infill`: a fill-in-the-middle request answered in llama-server's shape.
+mod infill;
 /// The model catalogue and its downloader (`gantry models pull`).
 pub mod models;
 /// The OpenAI-compatible API (`/v1`): authentication, chat, tool calls, images, the model list.
@@ -44,9 +46,13 @@ mod responses;
 pub mod router;
 #[cfg(test)]
 mod router_tests;
+/// Several prompts of one request: their engine jobs joined into one answer and one settlement.
+mod several_prompts;
 /// The state every handler shares ([`state::AppState`]).
 pub mod state;
 /// `/metrics` (Prometheus) and the per-route request counters.
 mod telemetry;
+/// `/tokenize` and `/detokenize`, in llama-server's and vLLM's shapes.
+mod tokenize;
 /// A connection's writes that make no progress end it (`--write-timeout`).
 mod write_deadline;

@@ -1,7 +1,10 @@
 //! One request's path, whatever its wire format: pre-admission → parse (each dialect onto a
 //! `ValidatedChat`) → model → prepare → admission → images → engine → settlement, then the
-//! dialect's answer. Chat Completions (`openai::chat`), Anthropic's Messages (`anthropic`) and
-//! OpenAI's Responses (`responses`) only translate at its two ends.
+//! dialect's answer. Chat Completions (`openai::chat`), Anthropic's Messages (`anthropic`),
+//! OpenAI's Responses (`responses`), and the raw-prompt dialects, OpenAI's Completions
+//! (`openai::completions`) and llama.cpp's `/infill` (`infill`), only translate at its two
+//! ends. A raw request of several prompts runs one engine job per prompt, joined into one
+//! answer and one settlement (`several_prompts`).
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -31,6 +34,10 @@ pub(crate) enum Dialect {
     Messages,
     /// OpenAI's Responses (`crate::responses`).
     Responses,
+    /// OpenAI's legacy Completions (`crate::openai::completions`): a raw prompt, no template.
+    Completions,
+    /// llama.cpp's `/infill` (`crate::infill`): a fill-in-the-middle raw prompt.
+    Infill,
 }
 
 /// `POST /v1/chat/completions`.
@@ -69,6 +76,30 @@ pub(crate) async fn responses(
     serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses).await
 }
 
+/// `POST /v1/completions`.
+pub(crate) async fn completions(
+    state: State<AppState>,
+    key: Extension<KeyInfo>,
+    request_id: Extension<RequestId>,
+    client_request_id: Extension<ClientRequestId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Completions).await
+}
+
+/// `POST /infill` (llama.cpp's).
+pub(crate) async fn infill(
+    state: State<AppState>,
+    key: Extension<KeyInfo>,
+    request_id: Extension<RequestId>,
+    client_request_id: Extension<ClientRequestId>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Infill).await
+}
+
 /// One request of any dialect, from the pre-admission to its answer.
 pub(crate) async fn serve(
     State(state): State<AppState>,
@@ -93,7 +124,8 @@ pub(crate) async fn serve(
         Ok(response) => response,
         // The shared path's errors (tools, prompt, grammar, images) in the dialect's own terms.
         Err(e) => match dialect {
-            Dialect::Chat => e,
+            Dialect::Chat | Dialect::Completions => e,
+            Dialect::Infill => crate::infill::in_infill_terms(e),
             Dialect::Messages => gantry_api::anthropic::in_messages_terms(e),
             Dialect::Responses => gantry_api::responses::in_responses_terms(e),
         }
@@ -121,6 +153,7 @@ async fn admitted(
     chat::require_json_content_type(&headers)?;
     // A Responses request keeps its parse (the fields its Response repeats, what it stores).
     // The conversation it continues is read only once it holds its preparation turn (below).
+    let mut completion = None;
     let (mut chat, mut responses_request) = match dialect {
         Dialect::Chat => (gantry_api::parse_chat_request(&body)?, None),
         Dialect::Messages => (gantry_api::anthropic::parse_messages_request(&body)?, None),
@@ -130,6 +163,20 @@ async fn admitted(
                 state.response_storage.check_room()?;
             }
             (request.chat.clone(), Some(request))
+        }
+        Dialect::Completions | Dialect::Infill => {
+            let mut request = if dialect == Dialect::Completions {
+                gantry_api::completions::parse_completion_request(&body)?
+            } else {
+                gantry_api::completions::parse_infill_request(&body)?
+            };
+            // llama.cpp's clients name no model: the first the key may use.
+            if request.chat.model.is_empty() {
+                request.chat.model = default_model(&state, &key)?;
+            }
+            let chat = request.chat.clone();
+            completion = Some(request);
+            (chat, None)
         }
     };
     // A model the key may not use is reported as missing, as OpenAI does.
@@ -144,7 +191,8 @@ async fn admitted(
     // model's.
     let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
     let mut context_capped = false;
-    let mut generate = {
+    let mut answer_plan = None;
+    let mut jobs = {
         // Bounded per key and overall, so one key's flood of huge prompts waits for its own
         // turns instead of taking every blocking thread.
         let _turn = state.prepare_gate.enter(key.id).await;
@@ -159,15 +207,28 @@ async fn admitted(
                 let (generate, capped) =
                     crate::anthropic::prepare_within_context(&model, &chat, tools.as_ref(), scope).await?;
                 context_capped = capped;
-                generate
+                vec![generate]
             }
-            _ => chat::prepare(&model, &chat, tools.as_ref(), scope).await?,
+            Dialect::Completions | Dialect::Infill => {
+                let request =
+                    completion.as_ref().ok_or_else(|| ApiError::internal("a completion without its parse"))?;
+                let prepared = crate::openai::completions::prepare(&model, request, scope).await?;
+                answer_plan = Some(prepared.answer);
+                prepared.jobs
+            }
+            _ => vec![chat::prepare(&model, &chat, tools.as_ref(), scope).await?],
         }
     };
     // The engine admits waiting requests fairly between keys, and caps each key's sequences.
-    generate.fairness_key = key.id as u64;
-    let n = generate.n;
-    let prompt_tokens = generate.prompt.tokens.len();
+    for job in &mut jobs {
+        job.fairness_key = key.id as u64;
+    }
+    // Choices per job (per prompt), and over the whole request.
+    let n = jobs.first().map_or(1, |j| j.n);
+    let choices = n * jobs.len() as u32;
+    let prompt_tokens: usize = jobs.iter().map(|j| j.prompt.tokens.len()).sum();
+    // `/infill` names the stop string that ended its answer (`stopping_word`).
+    let stop = jobs.first().filter(|_| dialect == Dialect::Infill).map(|j| j.stop.clone()).unwrap_or_default();
     // Full admission: tokens per minute and the budget reservation (the request itself was
     // counted by the pre-admission). The ticket settles with the engine's usage report or,
     // dropped unsettled (submission refused, handler dropped), releases.
@@ -176,8 +237,8 @@ async fn admitted(
         client_request_id,
         model: chat.model.to_string(),
         price,
-        prompt_tokens: generate.prompt.tokens.len() as u64,
-        max_completion_tokens: u64::from(generate.max_tokens) * u64::from(n),
+        prompt_tokens: prompt_tokens as u64,
+        max_completion_tokens: jobs.iter().map(|j| u64::from(j.max_tokens) * u64::from(j.n)).sum(),
     };
     let ticket = match state.meter.admit_passed(pass, &key, charge).await {
         Ok(ticket) => ticket,
@@ -186,15 +247,22 @@ async fn admitted(
     let rate = ticket.rate();
     // Images are fetched only now, once the key is known to be allowed to spend: an unadmitted
     // request makes the server fetch nothing. Refused here, the dropped ticket releases.
-    let generate = match attach_images(&state, key.id, &model, &chat, generate).await {
-        Ok(generate) => generate,
-        Err(e) => {
-            let mut response = e.into_response();
-            crate::openai::rate_limit::apply(&rate, response.headers_mut());
-            return Ok(response);
+    // Only chat dialects have images, and they run one job.
+    if let Some(job) = jobs.pop_if(|_| !chat.images.is_empty()) {
+        match attach_images(&state, key.id, &model, &chat, job).await {
+            Ok(job) => jobs.push(job),
+            Err(e) => {
+                let mut response = e.into_response();
+                crate::openai::rate_limit::apply(&rate, response.headers_mut());
+                return Ok(response);
+            }
         }
-    };
-    let GenerationHandle { events, usage } = model.submit(generate).map_err(IntoApiError::into_api_error)?;
+    }
+    let handles = jobs
+        .into_iter()
+        .map(|job| model.submit(job).map_err(IntoApiError::into_api_error))
+        .collect::<Result<Vec<_>, _>>()?;
+    let GenerationHandle { events, usage } = crate::several_prompts::join(handles, n);
     let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
     let events = hold_done_until(events, journalled, model);
 
@@ -223,9 +291,32 @@ async fn admitted(
                 responses_request.ok_or_else(|| ApiError::internal("a Responses request without its parse"))?;
             crate::responses::respond(&state, &key, ids, request, tools, events).await?
         }
+        Dialect::Completions => {
+            let request = completion.as_ref().ok_or_else(|| ApiError::internal("a completion without its parse"))?;
+            let plan = answer_plan.unwrap_or_default();
+            let id = format!("cmpl-{request_id}");
+            crate::openai::completions::respond(id, created, model_id, request, plan, choices, events).await?
+        }
+        Dialect::Infill => {
+            let answer = crate::infill::InfillAnswer {
+                n_ctx: state.models.resolve(&model_id).map_or(0, |spec| spec.config.ctx_size),
+                model: model_id,
+                n_predict: chat.max_tokens,
+                temperature: chat.temperature.unwrap_or(1.0),
+                stream: chat.stream,
+                plan: answer_plan.unwrap_or_default(),
+            };
+            crate::infill::respond(answer, stop, events).await?
+        }
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
+}
+
+/// The first model the key may use: llama.cpp's clients (`/infill`) name none.
+pub(crate) fn default_model(state: &AppState, key: &KeyInfo) -> Result<String, ApiError> {
+    let spec = state.models.specs().iter().find(|spec| key_allows(key, &spec.id, spec));
+    spec.map(|spec| spec.id.clone()).ok_or_else(|| ApiError::model_not_found(""))
 }
 
 /// Fetches the request's images and puts them into its prompt (decoded, tokenized for the

@@ -11,7 +11,7 @@ use crate::admin::{self, console};
 use crate::openai::auth_failures::AuthFailures;
 use crate::openai::{auth, models};
 use crate::state::AppState;
-use crate::{anthropic, cors, errors, health, pipeline, request_id, responses, telemetry};
+use crate::{anthropic, cors, errors, health, pipeline, request_id, responses, telemetry, tokenize};
 
 pub struct RouterOptions {
     pub body_limit: usize,
@@ -64,6 +64,10 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let key_auth = auth::KeyAuth { state: state.clone(), failures: AuthFailures::new(opts.auth_failures_per_minute) };
     let authed = Router::new()
         .route("/v1/chat/completions", post(pipeline::chat_completions))
+        .route("/v1/completions", post(pipeline::completions))
+        .route("/infill", post(pipeline::infill))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/messages", post(pipeline::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(pipeline::responses))

@@ -102,6 +102,18 @@ impl Generator for ScriptedEngine {
         ))
     }
 
+    fn prepare_raw(&self, input: ChatInput, raw: gantry_engine::RawPrompt) -> Result<GenerateRequest, PrepareError> {
+        self.limits.check_request(&input)?;
+        // One token per word, as for chat.
+        let tokens: Vec<i32> = match &raw.prompt {
+            gantry_engine::PromptSource::Text(text) => text.split_whitespace().map(|w| w.len() as i32).collect(),
+            gantry_engine::PromptSource::Tokens(tokens) => tokens.clone(),
+        };
+        let max_tokens = self.limits.completion_budget(tokens.len() as u32, input.max_tokens)?;
+        Ok(input
+            .into_request(Prompt { text: String::new(), tokens, images: Vec::new(), typed: Vec::new() }, max_tokens))
+    }
+
     fn attach_images(&self, _: &mut GenerateRequest, _: Vec<ImageInput>) -> Result<(), PrepareError> {
         let probe = self.on_attach.as_ref().ok_or(PrepareError::Image(ImageError::NoVision))?;
         probe();

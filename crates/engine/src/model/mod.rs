@@ -8,6 +8,7 @@ pub(crate) mod dot_kernels;
 pub(crate) mod gguf_header;
 pub(crate) mod memory;
 pub(crate) mod q5_as_q8;
+pub(crate) mod raw_prompt;
 pub mod template;
 pub(crate) mod typed_text;
 pub(crate) mod vision;

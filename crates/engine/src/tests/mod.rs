@@ -10,6 +10,7 @@ mod grammar_cache;
 mod isolation;
 mod kv_layout;
 mod kv_type;
+mod raw_prompt;
 mod reasoning;
 mod sampling_engine;
 mod speculation;

@@ -9,8 +9,12 @@ pub(crate) mod auth;
 pub(crate) mod auth_failures;
 /// `POST /v1/chat/completions`.
 pub(crate) mod chat;
+/// `POST /v1/completions`: raw prompts, fill-in-the-middle, `text_completion` answers.
+pub(crate) mod completions;
+#[cfg(test)]
+mod completions_tests;
 /// The engine's usage and logprobs as the API's types.
-mod convert;
+pub(crate) mod convert;
 /// Fetching and bounding `image_url` parts.
 pub(crate) mod images;
 /// `GET /v1/models` and `GET /v1/models/{id}`.

@@ -25,6 +25,9 @@ impl Generator for Fake {
     fn prepare(&self, _: ChatInput) -> Result<GenerateRequest, PrepareError> {
         unreachable!("the pool never prepares")
     }
+    fn prepare_raw(&self, _: ChatInput, _: gantry_engine::RawPrompt) -> Result<GenerateRequest, PrepareError> {
+        unreachable!("the pool never prepares")
+    }
     fn submit(&self, _: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
         unreachable!("the pool never submits")
     }
