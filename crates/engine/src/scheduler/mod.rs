@@ -191,9 +191,9 @@ impl Scheduler {
         self.drop_cancelled(ctx);
         // A source whose request ended since the last step is copied from before admission
         // can hand its sequence to a new request.
-        self.resolve_shares(ctx);
+        self.copy_awaited_prefixes(ctx);
         self.admit(ctx);
-        self.resolve_shares(ctx);
+        self.copy_awaited_prefixes(ctx);
         let admitted = Instant::now();
         self.offload_idle(ctx);
         self.compact(ctx);
@@ -225,7 +225,7 @@ impl Scheduler {
         self.kv.decoded();
         let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
         self.spread_prompts(ctx, &batch.spreading);
-        let pick = self.sample_all(ctx, &mut batch.choices);
+        let pick = self.verify(ctx, &mut batch.choices);
         let sampled = Instant::now();
         if batch.prompt_rows == 0 {
             // Without the reuse count (no context handle) every step counts as reusing its graph.
@@ -252,7 +252,7 @@ impl Scheduler {
 
     /// A step that gave nothing a row and evaluated no image while requests are active or
     /// waiting. Each active request is read, decoding, or waiting on a prompt being read
-    /// (`share_waits`), and admission takes a waiting job whenever nothing runs, so this is a
+    /// (`prefix_waits`), and admission takes a waiting job whenever nothing runs, so this is a
     /// bug: a few such steps in a row end what is stuck, loudly, rather than spin on it
     /// forever (the running requests with what they computed billed; else the waiting jobs).
     fn no_rows(&mut self, ctx: &mut LlamaContext<'_>) {

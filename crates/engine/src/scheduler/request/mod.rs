@@ -80,7 +80,7 @@ pub(crate) enum Phase {
     /// Reading its prompt: the first `read` tokens are in its first sequence's cache.
     Prefilling { read: usize },
     /// Waiting to copy the first `len` tokens of its prompt from sequence `from`, which holds or
-    /// is computing them (`resolve_shares`); `read` of its own are in the cache meanwhile.
+    /// is computing them (`copy_awaited_prefixes`); `read` of its own are in the cache meanwhile.
     AwaitingPrefix { from: SeqId, len: usize, read: usize },
     /// Its prompt is read: each choice decodes until it finishes.
     Decoding,

@@ -13,7 +13,7 @@ use crate::scheduler::sample::device::ChainKey;
 use crate::speculation::Speculate;
 
 use crate::scheduler::end::{Ending, Leaving, Unstarted};
-use crate::scheduler::step::cache_moves::share_prefix;
+use crate::scheduler::step::cache_moves::copy_prefix;
 use crate::scheduler::{Job, Scheduler};
 
 impl Scheduler {
@@ -111,13 +111,13 @@ impl Scheduler {
             let resident = best.map_or(keep, |(_, len)| len.min(req.reusable_len()).max(keep));
             let usable = &req.prompt[..req.reusable_len()];
             if let Some(len) = self.kv.restore(ctx, own[0], req.scope, usable, resident) {
-                share_prefix(&mut self.kv, ctx, &mut req, own[0], len);
+                copy_prefix(&mut self.kv, ctx, &mut req, own[0], len);
                 self.active.push(req);
                 continue;
             }
             match best {
                 Some((src, len)) if len.min(req.reusable_len()) > keep => req.await_prefix(src, len),
-                _ => share_prefix(&mut self.kv, ctx, &mut req, own[0], keep),
+                _ => copy_prefix(&mut self.kv, ctx, &mut req, own[0], keep),
             }
             self.active.push(req);
         }

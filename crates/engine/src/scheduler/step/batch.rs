@@ -117,7 +117,7 @@ pub(crate) struct BatchRows {
     /// Requests (index in `active`) with several choices whose prompt this step reads to its
     /// end: the other choices get a copy once it is decoded (`spread_prompts`).
     pub spreading: Vec<usize>,
-    /// Each sampled choice's rows, by sequence (`SeqId::index`): what `sample_all` verifies.
+    /// Each sampled choice's rows, by sequence (`SeqId::index`): what `verify` verifies.
     pub choices: Vec<Option<ChoiceRows>>,
 }
 

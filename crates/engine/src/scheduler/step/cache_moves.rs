@@ -1,6 +1,6 @@
-//! Moves between sequences around a step: prefixes copied from the sequence that holds or computes
-//! them (`resolve_shares`), idle sequences offloaded to host memory, and a prompt read to its end
-//! copied into the request's other choices after the decode (`spread_prompts`).
+//! Moves between sequences around a step: prefixes copied from the sequence that holds or
+//! computes them (`copy_awaited_prefixes`), idle sequences offloaded to host memory, and a prompt
+//! read to its end copied into the request's other choices after the decode (`spread_prompts`).
 
 use llama_cpp_2::context::LlamaContext;
 
@@ -9,7 +9,7 @@ use crate::kv::cache::KvCache;
 use crate::kv::seq_id::SeqId;
 use crate::kv::slots::common_prefix;
 use crate::scheduler::request::ActiveRequest;
-use crate::scheduler::step::share_waits;
+use crate::scheduler::step::prefix_waits;
 use crate::scheduler::Scheduler;
 
 impl Scheduler {
@@ -36,8 +36,8 @@ impl Scheduler {
     /// Requests waiting on a prefix from another sequence take it once it is computed, or as
     /// much of it as exists once its computation stopped (its request finished or was cut).
     /// A request waits only on a chain of waits that ends in a prompt being read
-    /// (`share_waits`), so no wait lasts forever.
-    pub(in crate::scheduler) fn resolve_shares(&mut self, ctx: &mut LlamaContext<'_>) {
+    /// (`prefix_waits`), so no wait lasts forever.
+    pub(in crate::scheduler) fn copy_awaited_prefixes(&mut self, ctx: &mut LlamaContext<'_>) {
         let slots = self.kv.slots();
         let waiting_on: Vec<Option<usize>> = self
             .active
@@ -52,7 +52,7 @@ impl Scheduler {
                 self.active.iter().position(|r| r.is_prefilling() && r.choices[0].seq_id == src)
             })
             .collect();
-        let keep_waiting = share_waits::waits_that_end(&waiting_on);
+        let keep_waiting = prefix_waits::waits_that_end(&waiting_on);
         for (req, keep_waiting) in self.active.iter_mut().zip(keep_waiting) {
             let Some((src, _)) = req.awaited_prefix() else { continue };
             if keep_waiting {
@@ -63,7 +63,7 @@ impl Scheduler {
             let len = req.whole_images(common_prefix(have, &req.prompt).min(req.reusable_len()));
             let len = len.max(req.read());
             let from = if len > req.read() { src } else { req.choices[0].seq_id };
-            share_prefix(&mut self.kv, ctx, req, from, len);
+            copy_prefix(&mut self.kv, ctx, req, from, len);
         }
     }
 
@@ -86,7 +86,7 @@ impl Scheduler {
 /// Copies the first `len` cached tokens of `src` into the request's first sequence (fewer if
 /// `len` would cut an image: see `ActiveRequest::whole_images`; none if the copy fails). The
 /// other choices get the whole prompt once it is read (`spread_prompts`).
-pub(super) fn share_prefix(
+pub(super) fn copy_prefix(
     kv: &mut KvCache,
     ctx: &mut LlamaContext<'_>,
     req: &mut ActiveRequest,

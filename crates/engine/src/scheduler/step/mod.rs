@@ -3,7 +3,7 @@
 //! evaluates one pending image; [`batch`] gathers what the requests offer, asks the pure
 //! [`plan`] for the step's rows and writes them into llama.cpp's batch; after the decode
 //! [`batch`] spreads finished prompts to their other choices and [`verify`] samples every choice
-//! and walks its drafts. [`share_waits`], [`prompt_turns`] and [`deterministic`] are rules the
+//! and walks its drafts. [`prefix_waits`], [`prompt_turns`] and [`deterministic`] are rules the
 //! stages follow; [`graph_reuse`] reads what llama.cpp did with its graph.
 
 pub(crate) mod admit;
@@ -15,6 +15,6 @@ pub(crate) mod gather;
 pub(crate) mod graph_reuse;
 pub(crate) mod image;
 pub(crate) mod plan;
+pub(crate) mod prefix_waits;
 pub(crate) mod prompt_turns;
-pub(crate) mod share_waits;
 pub(crate) mod verify;

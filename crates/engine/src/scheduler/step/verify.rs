@@ -24,7 +24,7 @@ impl Scheduler {
     /// watching, producing its text) ends that request alone: see `end_panicked`.
     ///
     /// Returns the time the first positions took to sample (`gantry_step_part_*`, `pick`).
-    pub(in crate::scheduler) fn sample_all(
+    pub(in crate::scheduler) fn verify(
         &mut self,
         ctx: &mut LlamaContext<'_>,
         rows: &mut [Option<ChoiceRows>],
@@ -35,7 +35,7 @@ impl Scheduler {
         let pick = started.elapsed();
         for (r, first) in first_tokens.into_iter().enumerate() {
             let sampled = match first {
-                Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.sample_request(r, &first, rows, ctx)))
+                Ok(first) => std::panic::catch_unwind(AssertUnwindSafe(|| self.verify_request(r, &first, rows, ctx)))
                     .map_err(|payload| EngineError::RequestFailed(crate::error::panic_message(payload.as_ref()))),
                 Err(why) => Err(EngineError::RequestFailed(why)),
             };
@@ -51,7 +51,7 @@ impl Scheduler {
     /// Walks request `r`'s choices; `first` holds each one's token sampled at its first position.
     /// Fails when a grammar could not say which tokens may come next: the token sampled then
     /// is not produced.
-    pub(in crate::scheduler) fn sample_request(
+    pub(in crate::scheduler) fn verify_request(
         &mut self,
         r: usize,
         first: &[Option<i32>],
