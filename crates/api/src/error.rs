@@ -164,12 +164,19 @@ impl ApiError {
     pub fn to_json(&self) -> Value {
         json!({
             "error": {
-                "message": capped(&self.message, MAX_MESSAGE_BYTES),
+                "message": self.wire_message(),
                 "type": self.error_type,
                 "param": self.param.as_deref().map(|p| capped(p, MAX_PARAM_BYTES)),
                 "code": self.code,
             }
         })
+    }
+}
+
+impl ApiError {
+    /// The message as every dialect sends it: capped, since it may quote what the client sent.
+    pub fn wire_message(&self) -> std::borrow::Cow<'_, str> {
+        capped(&self.message, MAX_MESSAGE_BYTES)
     }
 }
 
@@ -199,6 +206,9 @@ impl IntoResponse for ApiError {
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        // The typed error rides along, so a dialect renders it in its own shape without
+        // parsing the body back (as axum carries its rejections).
+        response.extensions_mut().insert(self);
         response
     }
 }

@@ -105,8 +105,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
             crate::body_guard::guard_body,
         ))
         .layer(middleware::from_fn(errors::errors_as_json))
-        .layer(middleware::from_fn(anthropic::errors_in_anthropic_shape))
         .layer(CatchPanicLayer::custom(|_| errors::internal_error().into_response()))
+        .layer(middleware::from_fn(anthropic::errors_in_anthropic_shape))
         .layer(middleware::from_fn(telemetry::track_http))
         .layer(middleware::from_fn(request_id::assign))
         .layer(middleware::from_fn(cors::api_cors))

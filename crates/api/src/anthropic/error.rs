@@ -4,6 +4,8 @@
 use http::StatusCode;
 use serde_json::{json, Value};
 
+use crate::ApiError;
+
 /// Anthropic's error type for an answer of `status`; `openai_type` tells a spent budget
 /// (`insufficient_quota`, Anthropic's `billing_error`) from a rate limit.
 pub fn error_type(status: StatusCode, openai_type: &str) -> &'static str {
@@ -22,13 +24,10 @@ pub fn error_type(status: StatusCode, openai_type: &str) -> &'static str {
     }
 }
 
-/// The Anthropic error body for an OpenAI-shaped one (`{"error": {"message", "type", …}}`);
-/// `None` when `openai` is not one.
-pub fn error_body(status: StatusCode, openai: &Value) -> Option<Value> {
-    let error = openai.get("error")?;
-    let message = error.get("message").and_then(Value::as_str)?;
-    let openai_type = error.get("type").and_then(Value::as_str).unwrap_or("");
-    Some(json!({"type": "error", "error": {"type": error_type(status, openai_type), "message": message}}))
+/// `error` in Anthropic's shape.
+pub fn error_body(error: &ApiError) -> Value {
+    let kind = error_type(error.status, error.error_type);
+    json!({"type": "error", "error": {"type": kind, "message": error.wire_message()}})
 }
 
 #[cfg(test)]
@@ -54,11 +53,11 @@ mod tests {
     }
 
     #[test]
-    fn an_openai_error_body_becomes_anthropics() {
-        let openai =
-            json!({"error": {"message": "no", "type": "requests", "param": null, "code": "rate_limit_exceeded"}});
-        let body = error_body(StatusCode::TOO_MANY_REQUESTS, &openai).unwrap();
+    fn an_api_error_is_rendered_in_anthropics_shape() {
+        let limited = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "requests", "no", None, Some("rate_limit_exceeded"));
+        let body = error_body(&limited);
         assert_eq!(body, json!({"type": "error", "error": {"type": "rate_limit_error", "message": "no"}}));
-        assert!(error_body(StatusCode::BAD_REQUEST, &json!({"detail": "x"})).is_none());
+        let missing = ApiError::model_not_found("m");
+        assert_eq!(error_body(&missing)["error"]["type"], "not_found_error");
     }
 }

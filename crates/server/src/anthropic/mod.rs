@@ -224,7 +224,9 @@ async fn count(state: &AppState, key: &KeyInfo, headers: &HeaderMap, body: &[u8]
 }
 
 /// Every error answered under `/v1/messages` (the handlers', authentication's, the body
-/// limit's, an unknown route's) leaves in Anthropic's shape, with the same status.
+/// limit's, an unknown route's, a panic's) leaves in Anthropic's shape, with the same status,
+/// rendered from the `ApiError` the response carries in its extensions (`errors_as_json`,
+/// inside this layer, turns any other error into one).
 pub(crate) async fn errors_in_anthropic_shape(req: Request, next: Next) -> Response {
     let anthropic = req.uri().path().starts_with("/v1/messages");
     let response = next.run(req).await;
@@ -232,27 +234,22 @@ pub(crate) async fn errors_in_anthropic_shape(req: Request, next: Next) -> Respo
     if !anthropic || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
-    let (mut parts, body) = response.into_parts();
-    // Errors are capped well below this (`ApiError::to_json`); a larger body still gets the
-    // shape, with its type.
-    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
-        let openai = json!({"error": {"message": "The error's description was too large to send."}});
-        let body = gantry_api::anthropic::error_body(status, &openai).unwrap_or_default();
-        return (parts.status, Json(body)).into_response();
-    };
-    let converted = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|openai| gantry_api::anthropic::error_body(status, &openai));
-    let Some(converted) = converted else { return Response::from_parts(parts, Body::from(bytes)) };
+    let (mut parts, _) = response.into_parts();
+    let error = parts.extensions.remove::<ApiError>().unwrap_or_else(|| {
+        // Not expected: an error answered without an `ApiError`; its status still says what it is.
+        tracing::warn!(%status, "an error under /v1/messages without its ApiError");
+        ApiError::new(status, "", status.canonical_reason().unwrap_or("error"), None, None)
+    });
     // A spent budget is Anthropic's 402 `billing_error`, which its SDK does not retry (a 429
     // it retries twice, in vain).
-    if converted["error"]["type"] == "billing_error" {
+    let body = gantry_api::anthropic::error_body(&error);
+    if body["error"]["type"] == "billing_error" {
         parts.status = StatusCode::PAYMENT_REQUIRED;
     }
-    let body = converted.to_string();
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(body))
+    parts.extensions.insert(error);
+    Response::from_parts(parts, Body::from(body.to_string()))
 }
 
 #[cfg(test)]
