@@ -7,6 +7,7 @@
 //! - `generator`: the [`Generator`] trait, what the HTTP side sees of an engine;
 //! - `request`, `prepare`, `error`: a request as the scheduler takes it, how a chat becomes
 //!   one (template, tokens, grammar, limits), and how one fails;
+//! - `embedder`: sentence embeddings on an embedding model's own thread (not the scheduler);
 //! - `model`: loading a GGUF model and what it brings (backends, devices, chat template, vision
 //!   projector, memory estimate, Q5_0 → Q8_0 twins);
 //! - `scheduler`: the loop that admits, batches, decodes and samples: its waiting requests
@@ -22,6 +23,7 @@
 #![cfg_attr(not(test), warn(clippy::cast_possible_truncation))]
 
 pub mod constraint;
+mod embedder;
 mod engine;
 mod error;
 mod faults;
@@ -41,6 +43,7 @@ pub mod tools;
 mod units;
 
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
+pub use embedder::{EmbedError, Embedder, Embeddings};
 pub use engine::{default_threads, Engine, EngineConfig, DEFAULT_HOST_CACHE_MIB};
 pub use error::{EngineError, SubmitError};
 pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};

@@ -1,21 +1,23 @@
-//! GGUF v3 encoding: metadata, F32 tensors, alignment. Shared by the model and projector writers.
+//! GGUF v3 encoding: metadata, F32 tensors, alignment. Shared by the model and projector writers,
+//! and public for the server's model pull, which writes converted Hugging Face models with it
+//! (`gantry-server`'s `models/pull/sentence_transformer/`).
 
 /// GGUF metadata value types (subset used here).
-pub(crate) const GGUF_TYPE_UINT32: u32 = 4;
-pub(crate) const GGUF_TYPE_INT32: u32 = 5;
-pub(crate) const GGUF_TYPE_FLOAT32: u32 = 6;
-pub(crate) const GGUF_TYPE_BOOL: u32 = 7;
-pub(crate) const GGUF_TYPE_STRING: u32 = 8;
-pub(crate) const GGUF_TYPE_ARRAY: u32 = 9;
+pub const GGUF_TYPE_UINT32: u32 = 4;
+pub const GGUF_TYPE_INT32: u32 = 5;
+pub const GGUF_TYPE_FLOAT32: u32 = 6;
+pub const GGUF_TYPE_BOOL: u32 = 7;
+pub const GGUF_TYPE_STRING: u32 = 8;
+pub const GGUF_TYPE_ARRAY: u32 = 9;
 
 /// ggml tensor type F32.
-pub(crate) const GGML_TYPE_F32: u32 = 0;
+pub const GGML_TYPE_F32: u32 = 0;
 
 /// Tensor data alignment (`general.alignment`).
-pub(crate) const ALIGNMENT: usize = 32;
+pub const ALIGNMENT: usize = 32;
 
 /// The whole file: header, metadata, tensor infos, aligned tensor data.
-pub(crate) fn assemble(kv: &KvWriter, tensors: &[Tensor]) -> Vec<u8> {
+pub fn assemble(kv: &KvWriter, tensors: &[Tensor]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(b"GGUF");
     put_u32(&mut out, 3);
@@ -54,11 +56,11 @@ fn pad_to(n: usize) -> usize {
 // Tensors and PRNG
 // ---------------------------------------------------------------------------
 
-pub(crate) struct Tensor {
-    pub(crate) name: String,
+pub struct Tensor {
+    pub name: String,
     /// GGUF order: `shape[0]` is the fastest-varying (row length) dimension.
-    pub(crate) shape: Vec<u64>,
-    pub(crate) data: Vec<f32>,
+    pub shape: Vec<u64>,
+    pub data: Vec<f32>,
 }
 
 impl Tensor {
@@ -106,7 +108,7 @@ impl SplitMix64 {
 // ---------------------------------------------------------------------------
 
 #[derive(Default)]
-pub(crate) struct KvWriter {
+pub struct KvWriter {
     buf: Vec<u8>,
     count: u64,
 }
@@ -118,27 +120,27 @@ impl KvWriter {
         self.count += 1;
     }
 
-    pub(crate) fn u32(&mut self, key: &str, v: u32) {
+    pub fn u32(&mut self, key: &str, v: u32) {
         self.key(key, GGUF_TYPE_UINT32);
         put_u32(&mut self.buf, v);
     }
 
-    pub(crate) fn f32(&mut self, key: &str, v: f32) {
+    pub fn f32(&mut self, key: &str, v: f32) {
         self.key(key, GGUF_TYPE_FLOAT32);
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
 
-    pub(crate) fn bool(&mut self, key: &str, v: bool) {
+    pub fn bool(&mut self, key: &str, v: bool) {
         self.key(key, GGUF_TYPE_BOOL);
         self.buf.push(u8::from(v));
     }
 
-    pub(crate) fn string(&mut self, key: &str, v: &str) {
+    pub fn string(&mut self, key: &str, v: &str) {
         self.key(key, GGUF_TYPE_STRING);
         put_str(&mut self.buf, v);
     }
 
-    pub(crate) fn string_array(&mut self, key: &str, vs: &[String]) {
+    pub fn string_array(&mut self, key: &str, vs: &[String]) {
         self.key(key, GGUF_TYPE_ARRAY);
         put_u32(&mut self.buf, GGUF_TYPE_STRING);
         put_u64(&mut self.buf, vs.len() as u64);
@@ -147,7 +149,7 @@ impl KvWriter {
         }
     }
 
-    pub(crate) fn f32_array(&mut self, key: &str, vs: &[f32]) {
+    pub fn f32_array(&mut self, key: &str, vs: &[f32]) {
         self.key(key, GGUF_TYPE_ARRAY);
         put_u32(&mut self.buf, GGUF_TYPE_FLOAT32);
         put_u64(&mut self.buf, vs.len() as u64);
@@ -156,7 +158,7 @@ impl KvWriter {
         }
     }
 
-    pub(crate) fn i32_array(&mut self, key: &str, vs: &[i32]) {
+    pub fn i32_array(&mut self, key: &str, vs: &[i32]) {
         self.key(key, GGUF_TYPE_ARRAY);
         put_u32(&mut self.buf, GGUF_TYPE_INT32);
         put_u64(&mut self.buf, vs.len() as u64);

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-mod gguf_writer;
+pub mod gguf_writer;
 mod projector;
 
 use gguf_writer::ALIGNMENT;

@@ -43,6 +43,9 @@ pub enum LoadError {
     Context(String),
     #[error("{0}")]
     Projector(String),
+    /// A model served for embeddings that cannot give them (see `embedder`).
+    #[error("{0}")]
+    NotEmbedding(String),
 }
 
 /// Facts about the served model that the API layer needs.

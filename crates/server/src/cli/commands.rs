@@ -238,6 +238,18 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
             println!("max KL          {:.6} nats", q.max_kl);
             println!("top-1 agreement {:.2}%", q.top1_agreement * 100.0);
         }
+        ModelsCommand::Embed { model, texts, threads } => {
+            let path = models::resolve_model(&model, &cache)?;
+            let threads = threads.unwrap_or_else(gantry_engine::default_threads) as i32;
+            let answer = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                let embedder = gantry_engine::Embedder::start(&path, threads, &gantry_engine::Offload::default())?;
+                let tokens: Vec<Vec<i32>> = texts.iter().map(|t| embedder.tokenize(t)).collect();
+                let vectors = embedder.embed_blocking(tokens.clone())?;
+                Ok(serde_json::json!({ "tokens": tokens, "embeddings": vectors }))
+            })
+            .await??;
+            println!("{answer}");
+        }
         ModelsCommand::List => {
             println!("{:<22} {:<46} {:>10} {:<7}", "NAME", "FILE", "SIZE", "CACHED");
             for row in models::list_rows(&cache) {

@@ -254,4 +254,16 @@ pub enum ModelsCommand {
         #[arg(long)]
         threads: Option<u32>,
     },
+    /// Embed texts with an embedding model (`all-minilm-l6-v2`) and print, as one JSON object,
+    /// each text's token ids and unit vector: what the model computes, without a server.
+    Embed {
+        /// A catalogue name (pulled) or a .gguf path.
+        model: String,
+        /// The texts, each embedded on its own.
+        #[arg(required = true)]
+        texts: Vec<String>,
+        /// CPU threads (default: the physical cores).
+        #[arg(long)]
+        threads: Option<u32>,
+    },
 }

