@@ -74,19 +74,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
         ));
     }
 
-    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
-    let include_usage = match get(obj, "stream_options") {
-        None => false,
-        Some(Value::Object(o)) => opt_bool_at(o, "include_usage", "stream_options.include_usage")?.unwrap_or(false),
-        Some(other) => return Err(type_error("stream_options", "an object", other)),
-    };
-    // OpenAI refuses stream options on a request that does not stream, rather than ignoring them.
-    if get(obj, "stream_options").is_some() && !stream {
-        return Err(ApiError::invalid_value(
-            "stream_options",
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-        ));
-    }
+    let (stream, include_usage) = parse_stream(obj)?;
 
     let temperature = opt_num(obj, "temperature", 0.0, 2.0)?.map(|v| v as f32);
     let top_p = opt_num(obj, "top_p", 0.0, 1.0)?.map(|v| v as f32);
@@ -249,6 +237,24 @@ fn check_cache_retention(v: Option<&str>) -> Result<(), ApiError> {
             format!("Invalid value for 'prompt_cache_retention': '{other}'. Supported values are: 'in-memory' and '24h'."),
         )),
     }
+}
+
+/// `stream` and `stream_options.include_usage`. OpenAI refuses stream options on a request that
+/// does not stream, rather than ignoring them.
+pub(crate) fn parse_stream(obj: &serde_json::Map<String, Value>) -> Result<(bool, bool), ApiError> {
+    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    let include_usage = match get(obj, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => opt_bool_at(o, "include_usage", "stream_options.include_usage")?.unwrap_or(false),
+        Some(other) => return Err(type_error("stream_options", "an object", other)),
+    };
+    if get(obj, "stream_options").is_some() && !stream {
+        return Err(ApiError::invalid_value(
+            "stream_options",
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        ));
+    }
+    Ok((stream, include_usage))
 }
 
 pub(crate) fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {

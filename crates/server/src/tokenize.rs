@@ -30,22 +30,35 @@ pub(crate) async fn tokenize(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let pass = match state.meter.pre_admit(&key).await {
+    let counted = async {
+        let answer = tokens_of(&state, &key, &headers, &body).await?;
+        Ok((answer["count"].as_u64().unwrap_or(0), answer))
+    };
+    metered_count(&state, &key, counted).await
+}
+
+/// A request that counts tokens without generating (`/tokenize`, Anthropic's `count_tokens`):
+/// it counts against the key's requests per minute, then `count` runs (a future, so nothing of
+/// it runs before that), and the tokens it counted against the key's tokens per minute (a 429
+/// when they do not fit); nothing is booked. `count` gives the tokens and the answer's body.
+pub(crate) async fn metered_count(
+    state: &AppState,
+    key: &KeyInfo,
+    count: impl std::future::Future<Output = Result<(u64, Value), ApiError>>,
+) -> Result<Response, ApiError> {
+    let pass = match state.meter.pre_admit(key).await {
         Ok(pass) => pass,
-        Err(refused) => return Ok(refusal_response(&key, refused)),
+        Err(refused) => return Ok(refusal_response(key, refused)),
     };
     let mut rate = pass.rate();
-    let mut response = match tokens_of(&state, &key, &headers, &body).await {
-        Ok(answer) => {
-            let n = answer["count"].as_u64().unwrap_or(0);
-            match state.meter.count_passed_tokens(&pass, &key, n).await {
-                Ok(counted) => {
-                    rate = counted;
-                    Json(answer).into_response()
-                }
-                Err(refused) => return Ok(refusal_response(&key, refused)),
+    let mut response = match count.await {
+        Ok((n, answer)) => match state.meter.count_passed_tokens(&pass, key, n).await {
+            Ok(counted) => {
+                rate = counted;
+                Json(answer).into_response()
             }
-        }
+            Err(refused) => return Ok(refusal_response(key, refused)),
+        },
         Err(e) => e.into_response(),
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());

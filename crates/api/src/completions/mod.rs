@@ -12,9 +12,9 @@ mod tests;
 
 use serde_json::{Map, Value};
 
-use crate::fields::{check_array_len, get, opt_bool, opt_bool_at, opt_int, opt_num, opt_str, type_error, type_name};
+use crate::fields::{check_array_len, get, opt_bool, opt_int, opt_num, opt_str, type_error, type_name};
 use crate::request::ValidatedChat;
-use crate::validate::{parse_logit_bias, parse_stop, too_deep};
+use crate::validate::{parse_logit_bias, parse_stop, parse_stream, too_deep};
 use crate::ApiError;
 
 pub use fim_stop::FimStop;
@@ -190,18 +190,7 @@ pub(crate) fn shared_fields(
         Some(Value::String(s)) => s.clone(),
         Some(other) => return Err(type_error("model", "a string", other)),
     };
-    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
-    let include_usage = match get(obj, "stream_options") {
-        None => false,
-        Some(Value::Object(o)) => opt_bool_at(o, "include_usage", "stream_options.include_usage")?.unwrap_or(false),
-        Some(other) => return Err(type_error("stream_options", "an object", other)),
-    };
-    if get(obj, "stream_options").is_some() && !stream {
-        return Err(ApiError::invalid_value(
-            "stream_options",
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-        ));
-    }
+    let (stream, include_usage) = parse_stream(obj)?;
     let max_tokens = match opt_int(obj, max_key, -1, i64::MAX)? {
         None => (default_max > 0).then_some(default_max),
         // llama.cpp's "no limit": what the context leaves.

@@ -20,7 +20,7 @@ use gantry_api::{ApiError, ValidatedChat};
 use gantry_engine::Event;
 use serde_json::{json, Value};
 
-use crate::errors::{refusal_response, IntoApiError};
+use crate::errors::IntoApiError;
 use crate::openai::chat;
 use crate::openai::models::key_allows;
 use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
@@ -178,23 +178,11 @@ pub(crate) async fn count_tokens(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let pass = match state.meter.pre_admit(&key).await {
-        Ok(pass) => pass,
-        Err(refused) => return Ok(refusal_response(&key, refused)),
+    let counted = async {
+        let n = count(&state, &key, &headers, &body).await?;
+        Ok((n as u64, json!({"input_tokens": n})))
     };
-    let mut rate = pass.rate();
-    let mut response = match count(&state, &key, &headers, &body).await {
-        Ok(n) => match state.meter.count_passed_tokens(&pass, &key, n as u64).await {
-            Ok(counted) => {
-                rate = counted;
-                Json(json!({"input_tokens": n})).into_response()
-            }
-            Err(refused) => return Ok(refusal_response(&key, refused)),
-        },
-        Err(e) => e.into_response(),
-    };
-    crate::openai::rate_limit::apply(&rate, response.headers_mut());
-    Ok(response)
+    crate::tokenize::metered_count(&state, &key, counted).await
 }
 
 async fn count(state: &AppState, key: &KeyInfo, headers: &HeaderMap, body: &[u8]) -> Result<usize, ApiError> {

@@ -73,15 +73,7 @@ pub(crate) async fn prepare_or_refusal(
         n: chat.n,
         max_tokens: chat.max_tokens,
         stop: chat.stop.clone(),
-        sampling: SamplingParams {
-            temperature: chat.temperature.unwrap_or(1.0),
-            top_p: chat.top_p.unwrap_or(1.0),
-            top_k: chat.top_k.unwrap_or(0),
-            presence_penalty: chat.presence_penalty,
-            frequency_penalty: chat.frequency_penalty,
-            seed: chat.seed.map(|s| s as u64),
-            logit_bias: chat.logit_bias.clone(),
-        },
+        sampling: sampling_of(chat),
         logprobs: chat.logprobs.then_some(chat.top_logprobs),
         constraint: constraint.map(|c| (c, param)),
         lazy_tools: tools.and_then(ToolPlan::engine_lazy),
@@ -95,6 +87,19 @@ pub(crate) async fn prepare_or_refusal(
     };
     let engine = model.generator();
     tokio::task::spawn_blocking(move || engine.prepare(input)).await.map_err(|e| task_failed("prompt preparation", e))
+}
+
+/// The request's sampling parameters as the engine takes them (OpenAI's defaults where unset).
+pub(crate) fn sampling_of(chat: &ValidatedChat) -> SamplingParams {
+    SamplingParams {
+        temperature: chat.temperature.unwrap_or(1.0),
+        top_p: chat.top_p.unwrap_or(1.0),
+        top_k: chat.top_k.unwrap_or(0),
+        presence_penalty: chat.presence_penalty,
+        frequency_penalty: chat.frequency_penalty,
+        seed: chat.seed.map(|s| s as u64),
+        logit_bias: chat.logit_bias.clone(),
+    }
 }
 
 /// The refusal of a chat on a model whose GGUF has no chat template (a base model): the engine

@@ -13,9 +13,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use gantry_api::completions::response::{LegacyLogprobs, TextChoice, TextCompletion};
 use gantry_api::completions::{PromptInput, ValidatedCompletion};
 use gantry_api::ApiError;
-use gantry_engine::{
-    ChatInput, Event, Fim, FimFile, FinishReason, GenerateRequest, PromptSource, RawPrompt, SamplingParams,
-};
+use gantry_engine::{ChatInput, Event, Fim, FimFile, FinishReason, GenerateRequest, PromptSource, RawPrompt};
 
 use crate::errors::{task_failed, IntoApiError};
 use crate::openai::convert::{to_api_logprobs, to_api_usage};
@@ -71,15 +69,7 @@ pub(crate) async fn prepare(
         n: chat.n,
         max_tokens: chat.max_tokens,
         stop,
-        sampling: SamplingParams {
-            temperature: chat.temperature.unwrap_or(1.0),
-            top_p: chat.top_p.unwrap_or(1.0),
-            top_k: chat.top_k.unwrap_or(0),
-            presence_penalty: chat.presence_penalty,
-            frequency_penalty: chat.frequency_penalty,
-            seed: chat.seed.map(|s| s as u64),
-            logit_bias: chat.logit_bias.clone(),
-        },
+        sampling: crate::openai::chat::sampling_of(chat),
         logprobs: c.logprobs,
         constraint: None,
         lazy_tools: None,
