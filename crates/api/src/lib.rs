@@ -1,9 +1,10 @@
 //! OpenAI Chat Completions wire types, request validation, and the one API error type; the
 //! other dialects (`anthropic`, `responses`, `completions` with llama.cpp's `/infill`) as
-//! translations onto them. No I/O.
+//! translations onto them, and `embeddings`' request and answer. No I/O.
 
 pub mod anthropic;
 pub mod completions;
+pub mod embeddings;
 mod error;
 mod fields;
 mod image;

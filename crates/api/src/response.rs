@@ -173,6 +173,9 @@ pub struct ModelObject {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: String,
+    /// Gantry's: what the model serves (`chat`, `completions`, `fill_in_the_middle`, `vision`,
+    /// `embeddings`, `rerank`), so a client picks a model for a route without trying it.
+    pub capabilities: Vec<&'static str>,
 }
 
 /// `object: "list"`.
@@ -323,11 +326,17 @@ mod tests {
     fn models_serialise() {
         let l = ModelList {
             object: "list",
-            data: vec![ModelObject { id: "m".into(), object: "model", created: 9, owned_by: "gantry".into() }],
+            data: vec![ModelObject {
+                id: "m".into(),
+                object: "model",
+                created: 9,
+                owned_by: "gantry".into(),
+                capabilities: vec!["chat"],
+            }],
         };
         assert_eq!(
             serde_json::to_value(&l).unwrap(),
-            json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 9, "owned_by": "gantry"}]})
+            json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 9, "owned_by": "gantry", "capabilities": ["chat"]}]})
         );
     }
 }

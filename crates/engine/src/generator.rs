@@ -1,6 +1,9 @@
 //! What the HTTP layer needs from an engine, as a trait: the real [`crate::Engine`] implements
 //! it, and the server's router tests drive the same handlers with a scripted one.
 
+use tokio::sync::oneshot;
+
+use crate::embedder::{EmbedError, EmbeddingShape, Embeddings};
 use crate::error::SubmitError;
 use crate::model::raw_prompt::RawPrompt;
 use crate::model::ModelInfo;
@@ -64,6 +67,22 @@ pub trait Generator: Send + Sync {
     /// whose engine turns `Failed`); `None` for one that cannot.
     fn watch_health(&self) -> Option<tokio::sync::watch::Receiver<Health>> {
         None
+    }
+
+    /// What it embeds, for an embedding model ([`crate::Embedder`]); `None` for one that
+    /// generates.
+    fn embedding_shape(&self) -> Option<EmbeddingShape> {
+        None
+    }
+
+    /// Embeds `inputs` (token ids, the model's special tokens included) for the API key `key`
+    /// (batches are shared fairly between keys): one unit vector per input on the receiver.
+    fn embed(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
+        let _ = (key, inputs);
+        let (reply, answer) = oneshot::channel();
+        let model = self.model_info().path.display().to_string();
+        let _ = reply.send(Err(EmbedError::NotEmbeddingModel { model }));
+        answer
     }
 
     /// Cuts every running request (shutdown's grace period ran out).

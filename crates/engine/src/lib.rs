@@ -43,7 +43,7 @@ pub mod tools;
 mod units;
 
 pub use constraint::{CompiledGrammar, Constraint, PreparedGrammars, GRAMMAR_CACHE_ENTRIES};
-pub use embedder::{EmbedError, Embedder, Embeddings};
+pub use embedder::{check_inputs as check_embedding_inputs, EmbedError, Embedder, EmbeddingShape, Embeddings};
 pub use engine::{default_threads, Engine, EngineConfig, DEFAULT_HOST_CACHE_MIB};
 pub use error::{EngineError, SubmitError};
 pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
@@ -53,6 +53,7 @@ pub use kv::kv_type::KvType;
 pub use kv::layout::KvLayout;
 pub use kv::quality::{measure_kv_quality, KvQuality};
 pub use model::backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
+pub use model::capabilities::{Capabilities, Pooling};
 pub use model::devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
 pub use model::dot_kernels::{small_batch_kernels, use_cpu_kernels, weights_repacked, CpuKernels};
 pub use model::memory::{estimate_memory, MemoryEstimate};

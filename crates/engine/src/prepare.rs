@@ -57,6 +57,11 @@ pub enum PrepareError {
     /// A completion's prompt (`/v1/completions`, `/infill`) that cannot be built.
     #[error("{0}")]
     RawPrompt(#[from] crate::model::raw_prompt::RawPromptError),
+    /// A text request to an embedding model.
+    #[error(
+        "This model is an embedding model: it generates no text. Send it to /v1/embeddings, or name a chat model."
+    )]
+    NotGenerative,
 }
 
 fn context_message(limit: &u32, prompt_tokens: &u32, max_tokens: &Option<u32>) -> String {

@@ -18,13 +18,33 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use gantry_accounts::{AccountsError, KeyInfo, RateRefusal, Refusal, Refused};
 use gantry_api::ApiError;
-use gantry_engine::{EngineError, ImageError, PrepareError, RawPromptError, SubmitError, TemplateError};
+use gantry_engine::{EmbedError, EngineError, ImageError, PrepareError, RawPromptError, SubmitError, TemplateError};
 
 use crate::openai::rate_limit::{self, format_reset};
 use crate::pool::PoolError;
 
 pub(crate) trait IntoApiError {
     fn into_api_error(self) -> ApiError;
+}
+
+/// An embedding job's failures: the inputs' are the client's to fix (400s naming `input`).
+impl IntoApiError for EmbedError {
+    fn into_api_error(self) -> ApiError {
+        let message = self.to_string();
+        match self {
+            EmbedError::NotEmbeddingModel { .. } => ApiError::invalid_request(message, Some("model")),
+            EmbedError::TooLong { .. } => {
+                let mut e = ApiError::invalid_value("input", message);
+                e.code = Some("context_length_exceeded".into());
+                e
+            }
+            EmbedError::Empty { .. } | EmbedError::OutsideVocabulary { .. } => {
+                ApiError::invalid_value("input", message)
+            }
+            EmbedError::Decode(_) => ApiError::internal(message),
+            EmbedError::Stopped => ApiError::overloaded("The embedding model stopped; try again.").with_retry_after(5),
+        }
+    }
 }
 
 /// Refusals before queueing: the client's to fix, so 400s naming the parameter.
@@ -45,6 +65,7 @@ impl IntoApiError for PrepareError {
             PrepareError::Image(ImageError::NoVision) => ApiError::invalid_request(message, Some("messages")),
             PrepareError::RawPrompt(RawPromptError::NoFim) => ApiError::invalid_value("suffix", message),
             PrepareError::RawPrompt(_) => ApiError::invalid_value("prompt", message),
+            PrepareError::NotGenerative => ApiError::invalid_request(message, Some("model")),
         }
     }
 }
@@ -351,6 +372,7 @@ mod tests {
             ("bad tools", PrepareError::Grammar { param: "tools", reason: "bad".into() }.into_api_error(), 400, BAD, None, Some("tools"), None),
             ("template refuses", PrepareError::Template(gantry_engine::TemplateError::Render("no".into())).into_api_error(), 400, BAD, None, Some("messages"), None),
             ("no chat template", PrepareError::Template(TemplateError::Missing).into_api_error(), 400, BAD, None, Some("model"), None),
+            ("an embedding model", PrepareError::NotGenerative.into_api_error(), 400, BAD, None, Some("model"), None),
             ("chat on a base model", crate::openai::chat::no_chat_template("base"), 400, BAD, None, Some("model"), None),
             ("unreadable image", PrepareError::Image(ImageError::Unreadable { param: "messages[0].content[1]".into(), reason: "x".into() }).into_api_error(), 400, BAD, None, Some("messages[0].content[1]"), None),
             ("image places", PrepareError::Image(ImageError::Placement { markers: 1, images: 2 }).into_api_error(), 400, BAD, None, Some("messages"), None),

@@ -4,7 +4,8 @@
 //! OpenAI's Responses (`responses`), and the raw-prompt dialects, OpenAI's Completions
 //! (`openai::completions`) and llama.cpp's `/infill` (`infill`), only translate at its two
 //! ends. A raw request of several prompts runs one engine job per prompt, joined into one
-//! answer and one settlement (`several_prompts`).
+//! answer and one settlement (`several_prompts`). Embeddings (`openai::embeddings`) share its
+//! first gate, [`pre_admitted`].
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -110,28 +111,42 @@ pub(crate) async fn serve(
     body: Bytes,
     dialect: Dialect,
 ) -> Result<Response, ApiError> {
+    let (st, k) = (state.clone(), key.clone());
+    pre_admitted(&state, &key, |pass| async move {
+        match admitted(st, k, request_id, client_request_id, pass, headers, body, dialect).await {
+            Ok(response) => response,
+            // The shared path's errors (tools, prompt, grammar, images) in the dialect's own terms.
+            Err(e) => match dialect {
+                Dialect::Chat | Dialect::Completions => e,
+                Dialect::Infill => crate::infill::in_infill_terms(e),
+                Dialect::Messages => gantry_api::anthropic::in_messages_terms(e),
+                Dialect::Responses => gantry_api::responses::in_responses_terms(e),
+            }
+            .into_response(),
+        }
+    })
+    .await
+}
+
+/// A metered request's first gate: refused while the server drains, then the key's rate limits
+/// and "any budget left" before the body is even parsed (a refused request costs no parsing,
+/// templating, tokenizing, grammar compiling or model loading); `run` does the rest with the
+/// pass. An answer given before the full admission (a bad body) reports the pre-admission's
+/// count in its `x-ratelimit-*` headers.
+pub(crate) async fn pre_admitted<F, Fut>(state: &AppState, key: &KeyInfo, run: F) -> Result<Response, ApiError>
+where
+    F: FnOnce(Pass) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     if state.draining.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    // Rate limits and "any budget left" before the body is even parsed: a refused request
-    // costs no parsing, templating, tokenizing, grammar compiling or model loading.
-    let pass = match state.meter.pre_admit(&key).await {
+    let pass = match state.meter.pre_admit(key).await {
         Ok(pass) => pass,
-        Err(refused) => return Ok(refusal_response(&key, refused)),
+        Err(refused) => return Ok(refusal_response(key, refused)),
     };
     let rate = pass.rate();
-    let mut response = match admitted(state, key, request_id, client_request_id, pass, headers, body, dialect).await {
-        Ok(response) => response,
-        // The shared path's errors (tools, prompt, grammar, images) in the dialect's own terms.
-        Err(e) => match dialect {
-            Dialect::Chat | Dialect::Completions => e,
-            Dialect::Infill => crate::infill::in_infill_terms(e),
-            Dialect::Messages => gantry_api::anthropic::in_messages_terms(e),
-            Dialect::Responses => gantry_api::responses::in_responses_terms(e),
-        }
-        .into_response(),
-    };
-    // Answers before the full admission (a bad body) report the pre-admission's count.
+    let mut response = run(pass).await;
     if !response.headers().contains_key("x-ratelimit-limit-requests") {
         crate::openai::rate_limit::apply(&rate, response.headers_mut());
     }
@@ -180,8 +195,12 @@ async fn admitted(
         }
     };
     // A model the key may not use is reported as missing, as OpenAI does.
-    if !state.models.resolve(&chat.model).is_some_and(|spec| key_allows(&key, &chat.model, spec)) {
+    let Some(spec) = state.models.resolve(&chat.model).filter(|spec| key_allows(&key, &chat.model, spec)) else {
         return Err(ApiError::model_not_found(&chat.model));
+    };
+    // Refused before the model is loaded for nothing.
+    if !spec.capabilities.generates() {
+        return Err(gantry_engine::PrepareError::NotGenerative.into_api_error());
     }
     let tools = ToolPlan::from_request(&chat)?;
     // Held until the request's last event: the model is not unloaded under it.

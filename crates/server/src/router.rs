@@ -65,6 +65,7 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let authed = Router::new()
         .route("/v1/chat/completions", post(pipeline::chat_completions))
         .route("/v1/completions", post(pipeline::completions))
+        .route("/v1/embeddings", post(crate::openai::embeddings::embeddings))
         .route("/infill", post(pipeline::infill))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))

@@ -169,7 +169,7 @@ pub(crate) struct Harness {
     pub app: axum::Router,
     draining: crate::state::Draining,
     pub accounts: Accounts,
-    meter: gantry_accounts::Meter,
+    pub meter: gantry_accounts::Meter,
     pub stats: crate::admin::stats::StatsHistory,
     /// How many times the pool loaded the model.
     pub loads: Arc<AtomicUsize>,
@@ -231,6 +231,7 @@ pub(crate) async fn harness_tweaked(
         idle_unload: None,
         created: 0,
         shrinkable: crate::pool::Shrinkable::ALL,
+        capabilities: gantry_engine::Capabilities::default(),
     };
     let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
     let loads = Arc::new(AtomicUsize::new(0));

@@ -104,7 +104,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "fim_stop_rule",
 ];
 
-const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
+pub(crate) const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
 
 /// Parses and validates a Completions request body, with OpenAI's 400s. `null` is absent.
 pub fn parse_completion_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError> {
@@ -228,31 +228,38 @@ pub(crate) fn shared_fields(
 
 /// `prompt`: a string, strings, token ids, or arrays of token ids.
 fn parse_prompt(v: &Value) -> Result<Vec<PromptInput>, ApiError> {
+    parse_inputs("prompt", v, MAX_PROMPTS)
+}
+
+/// A string, an array of strings, an array of token ids, or an array of token arrays (at most
+/// `max` items), as Completions' `prompt` and Embeddings' `input` take.
+pub(crate) fn parse_inputs(param: &str, v: &Value, max: usize) -> Result<Vec<PromptInput>, ApiError> {
     let items = match v {
         Value::String(s) => return Ok(vec![PromptInput::Text(s.clone())]),
         Value::Array(items) => items,
-        other => return Err(type_error("prompt", "a string or array", other)),
+        other => return Err(type_error(param, "a string or array", other)),
     };
     if items.is_empty() {
         return Err(ApiError::invalid_value(
-            "prompt",
-            "Invalid 'prompt': empty array. Expected a string, an array of strings or tokens, or an array of token arrays.",
+            param,
+            format!("Invalid '{param}': empty array. Expected a string, an array of strings or tokens, or an array of token arrays."),
         ));
     }
     if items.iter().all(Value::is_number) {
-        return Ok(vec![PromptInput::Tokens(token_ids("prompt", items)?)]);
+        return Ok(vec![PromptInput::Tokens(token_ids(param, items)?)]);
     }
-    check_array_len("prompt", items, MAX_PROMPTS)?;
+    check_array_len(param, items, max)?;
     items
         .iter()
         .enumerate()
         .map(|(i, item)| match item {
             Value::String(s) => Ok(PromptInput::Text(s.clone())),
-            Value::Array(ids) if !ids.is_empty() => Ok(PromptInput::Tokens(token_ids(&format!("prompt[{i}]"), ids)?)),
-            Value::Array(_) => {
-                Err(ApiError::invalid_value(&format!("prompt[{i}]"), "Invalid 'prompt': an empty token array."))
-            }
-            other => Err(type_error(&format!("prompt[{i}]"), "a string or an array of token ids", other)),
+            Value::Array(ids) if !ids.is_empty() => Ok(PromptInput::Tokens(token_ids(&format!("{param}[{i}]"), ids)?)),
+            Value::Array(_) => Err(ApiError::invalid_value(
+                &format!("{param}[{i}]"),
+                format!("Invalid '{param}': an empty token array."),
+            )),
+            other => Err(type_error(&format!("{param}[{i}]"), "a string or an array of token ids", other)),
         })
         .collect()
 }

@@ -70,6 +70,9 @@ pub fn estimate_memory(
 impl EngineConfig {
     /// [`estimate_memory`] for this configuration.
     pub fn estimate_memory(&self) -> Result<MemoryEstimate, LoadError> {
+        if declares_pooling(&self.model_path) {
+            return embedder_memory(&self.model_path);
+        }
         let cells = u64::from(self.ctx_size.max(16)) * u64::from(self.parallel.max(1));
         let batch = u64::from(self.batch_size.max(self.parallel + 16));
         let mut estimate = estimate_memory(&self.model_path, self.mmproj_path.as_deref(), cells, self.kv_type, batch)?;
@@ -79,6 +82,28 @@ impl EngineConfig {
         }
         Ok(estimate)
     }
+}
+
+/// Whether the GGUF declares a pooling type that embeds (see `capabilities`): it is served by
+/// an [`crate::Embedder`], not a scheduler.
+fn declares_pooling(model: &Path) -> bool {
+    Header::open(model).is_some_and(|gguf| {
+        let arch = gguf.string("general.architecture").unwrap_or_default();
+        matches!(gguf.u32(&format!("{arch}.pooling_type")), Some(1..=3))
+    })
+}
+
+/// An embedding model's: its weights, the cells of one batch (a decoder embedding model keeps
+/// them while it decodes; an encoder keeps none), and activations for a batch, with no logits.
+fn embedder_memory(model: &Path) -> Result<MemoryEstimate, LoadError> {
+    let batch = u64::from(crate::embedder::BATCH_TOKENS);
+    let shape = read_shape(model)?;
+    let weights = std::fs::metadata(model).map(|m| m.len()).map_err(|_| LoadError::Missing(model.to_path_buf()))?;
+    Ok(MemoryEstimate {
+        weights,
+        kv_cache: shape.layers * KvType::F16.bytes(shape.kv_width) * batch,
+        compute: shape.embedding * 20 * batch * 4 + (8 << 20),
+    })
 }
 
 fn read_shape(model: &Path) -> Result<Shape, LoadError> {

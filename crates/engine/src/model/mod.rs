@@ -2,6 +2,7 @@
 //! Shared read-only between HTTP handlers (tokenizing) and the scheduler thread (decoding).
 
 pub(crate) mod backend;
+pub(crate) mod capabilities;
 pub mod cpu_variants;
 pub(crate) mod devices;
 pub(crate) mod dot_kernels;

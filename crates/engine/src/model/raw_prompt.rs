@@ -65,6 +65,12 @@ const NULL_TOKEN: i32 = -1;
 
 impl FimTokens {
     /// The tokens as llama.cpp reads them from the GGUF; `None` without all three of pre, suf, mid.
+    /// The vocabulary's, as llama.cpp found them (declared, or known by their text).
+    pub(crate) fn of(llama: &llama_cpp_2::model::LlamaModel) -> Option<Self> {
+        let v = llama.vocab();
+        Self::from_ids(v.fim_pre().0, v.fim_suf().0, v.fim_mid().0, v.fim_rep().0, v.fim_sep().0)
+    }
+
     pub(crate) fn from_ids(pre: i32, suf: i32, mid: i32, rep: i32, sep: i32) -> Option<Self> {
         let some = |t: i32| (t != NULL_TOKEN).then_some(t);
         Some(Self { pre: some(pre)?, suf: some(suf)?, mid: some(mid)?, rep: some(rep), sep: some(sep) })
@@ -127,8 +133,7 @@ impl FimParts<'_> {
 impl LoadedModel {
     /// The vocabulary's FIM tokens, or `None` for a model that has none.
     pub(crate) fn fim_tokens(&self) -> Option<FimTokens> {
-        let v = self.llama.vocab();
-        FimTokens::from_ids(v.fim_pre().0, v.fim_suf().0, v.fim_mid().0, v.fim_rep().0, v.fim_sep().0)
+        FimTokens::of(&self.llama)
     }
 
     /// Whether the model can fill in the middle.

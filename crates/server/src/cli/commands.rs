@@ -242,7 +242,8 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
             let path = models::resolve_model(&model, &cache)?;
             let threads = threads.unwrap_or_else(gantry_engine::default_threads) as i32;
             let answer = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let embedder = gantry_engine::Embedder::start(&path, threads, &gantry_engine::Offload::default())?;
+                let embedder =
+                    gantry_engine::Embedder::start(&path, threads, &gantry_engine::Offload::default(), None)?;
                 let tokens: Vec<Vec<i32>> = texts.iter().map(|t| embedder.tokenize(t)).collect();
                 let vectors = embedder.embed_blocking(tokens.clone())?;
                 Ok(serde_json::json!({ "tokens": tokens, "embeddings": vectors }))

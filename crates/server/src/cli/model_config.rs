@@ -151,7 +151,12 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
     config.metrics_label = id.clone();
     // Settings left at their defaults may be lowered to fit the memory budget; given ones not.
     let shrinkable = Shrinkable { parallel: args.parallel.is_none(), batch: args.batch_size.is_none() };
-    ModelSpec { id, aliases: Vec::new(), config, pin: false, idle_unload: None, created, shrinkable }
+    // An unreadable file is served as a chat model: its load then says what is wrong with it.
+    let capabilities = gantry_engine::Capabilities::read(&path).unwrap_or_else(|e| {
+        tracing::warn!(model = %path.display(), "could not read what the model can do: {e}");
+        gantry_engine::Capabilities::default()
+    });
+    ModelSpec { id, aliases: Vec::new(), config, pin: false, idle_unload: None, created, shrinkable, capabilities }
 }
 
 fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Result<Vec<ModelSpec>> {

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible API (`/v1`): key authentication, chat completions (streamed or
-//! collected), tool calls, images, rate-limit headers and the model list.
+//! collected), completions, embeddings, tool calls, images, rate-limit headers and the model
+//! list.
 
 #[cfg(test)]
 mod admission_tests;
@@ -15,6 +16,10 @@ pub(crate) mod completions;
 mod completions_tests;
 /// The engine's usage and logprobs as the API's types.
 pub(crate) mod convert;
+/// `POST /v1/embeddings`: vectors from an embedding model, metered as prompt tokens.
+pub(crate) mod embeddings;
+#[cfg(test)]
+mod embeddings_tests;
 /// Fetching and bounding `image_url` parts.
 pub(crate) mod images;
 /// `GET /v1/models` and `GET /v1/models/{id}`.

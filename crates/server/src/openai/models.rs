@@ -11,7 +11,30 @@ use serde_json::{json, Value};
 use crate::state::AppState;
 
 fn model_object(name: &str, spec: &crate::pool::ModelSpec) -> ModelObject {
-    ModelObject { id: name.to_string(), object: "model", created: spec.created, owned_by: "gantry".into() }
+    ModelObject {
+        id: name.to_string(),
+        object: "model",
+        created: spec.created,
+        owned_by: "gantry".into(),
+        capabilities: capabilities(spec),
+    }
+}
+
+/// What the model serves, by the names `/v1/models` lists: read from its GGUF (and whether it
+/// has a projector) when the server started, so a model not loaded says it too.
+pub(crate) fn capabilities(spec: &crate::pool::ModelSpec) -> Vec<&'static str> {
+    let c = &spec.capabilities;
+    [
+        ("chat", c.generates() && c.chat_template),
+        ("completions", c.generates()),
+        ("fill_in_the_middle", c.generates() && c.fill_in_the_middle),
+        ("vision", c.generates() && spec.config.mmproj_path.is_some()),
+        ("embeddings", c.embeds()),
+        ("rerank", c.ranks()),
+    ]
+    .into_iter()
+    .filter_map(|(name, has)| has.then_some(name))
+    .collect()
 }
 
 /// Whether `key` may use the model reached as `name` (allowed by that name or by its id).

@@ -1,8 +1,9 @@
-//! What the pool loads: engines, behind traits so tests can load scripted ones.
+//! What the pool loads: engines (an [`Embedder`] for a model that embeds), behind traits so
+//! tests can load scripted ones.
 
 use std::sync::Arc;
 
-use gantry_engine::{Engine, Generator};
+use gantry_engine::{default_threads, Embedder, Engine, Generator};
 
 use super::{process_rss, ModelSpec};
 
@@ -25,7 +26,13 @@ impl ModelLoader for EngineLoader {
     /// Measures what the process grew by while loading: loads run one at a time.
     fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn Generator>, u64)> {
         let before = process_rss();
-        let engine: Arc<dyn Generator> = Arc::new(Engine::start(spec.config.clone())?);
+        let config = &spec.config;
+        let engine: Arc<dyn Generator> = if spec.capabilities.embeds() {
+            let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
+            Arc::new(Embedder::start(&config.model_path, threads, &config.offload, config.decode_turns.clone())?)
+        } else {
+            Arc::new(Engine::start(config.clone())?)
+        };
         Ok((engine, process_rss().saturating_sub(before)))
     }
 }

@@ -41,6 +41,8 @@ pub struct ModelSpec {
     pub created: u64,
     /// What may be lowered to fit the memory budget.
     pub shrinkable: Shrinkable,
+    /// What it serves (generation, embeddings, fill-in-the-middle), read from its GGUF.
+    pub capabilities: gantry_engine::Capabilities,
 }
 
 /// Why a request could not get its model.

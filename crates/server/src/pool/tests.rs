@@ -85,6 +85,7 @@ fn spec(id: &str, bytes: u32, pin: bool) -> ModelSpec {
         idle_unload: None,
         created: 0,
         shrinkable: Shrinkable::ALL,
+        capabilities: gantry_engine::Capabilities::default(),
     }
 }
 

@@ -144,6 +144,7 @@ fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
                 idle_unload: None,
                 created: 0,
                 shrinkable: crate::pool::Shrinkable::ALL,
+                capabilities: gantry_engine::Capabilities::default(),
             })
             .collect()
     };

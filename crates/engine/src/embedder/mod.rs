@@ -1,0 +1,238 @@
+//! Sentence embeddings: an embedding model (a GGUF that declares a pooling type: BERT
+//! sentence-transformers, decoder embedding models) served by a thread of its own,
+//! `gantry-embedder` (`run`), the only owner of its `LlamaContext` (embeddings on, the model's
+//! own pooling).
+//!
+//! It is not the scheduler: an embedding is one forward pass with no sampling, no decode loop and
+//! no KV reuse between inputs, so its loop is short. It packs the inputs of every job waiting
+//! into batches (one sequence each, `BATCH_TOKENS` tokens and `MAX_SEQUENCES` sequences at
+//! most, filled fairly between API keys), decodes each batch once, reads each sequence's pooled
+//! vector and L2-normalises it (as sentence-transformers' `Normalize` module does), then answers
+//! each job. So many inputs and many requests share one decode.
+//!
+//! To the server it is a [`Generator`] like any engine (the pool loads, leases and unloads it
+//! the same way) that embeds and generates nothing. A model whose GGUF declares no pooling type
+//! (a chat model) is refused at [`Embedder::start`]: its per-token states pooled by nothing
+//! would be vectors without meaning.
+
+mod run;
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::token::LlamaToken;
+use tokio::sync::oneshot;
+
+use crate::error::SubmitError;
+use crate::model::capabilities::Pooling;
+use crate::model::raw_prompt::RawPrompt;
+use crate::model::{backend, devices::Offload, LoadedModel, ModelInfo};
+use crate::prepare::{ChatInput, PrepareError};
+use crate::request::{GenerateRequest, GenerationHandle};
+use crate::{Generator, Health, LoadError};
+
+/// Tokens decoded at once: one ubatch (non-causal attention needs each sequence whole in one).
+pub(crate) const BATCH_TOKENS: u32 = 8192;
+/// Sequences (inputs) in one decode.
+const MAX_SEQUENCES: u32 = 64;
+
+/// Why inputs could not be embedded.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EmbedError {
+    #[error("The model `{model}` is not an embedding model: its GGUF declares no pooling type.")]
+    NotEmbeddingModel { model: String },
+    #[error("Input {index} has {tokens} tokens; this model embeds at most {limit} tokens per input.")]
+    TooLong { index: usize, tokens: usize, limit: usize },
+    #[error("Input {index} is empty.")]
+    Empty { index: usize },
+    #[error("Input {index} has the token id {token}, outside the model's vocabulary (0..{n_vocab}).")]
+    OutsideVocabulary { index: usize, token: i32, n_vocab: i32 },
+    #[error("llama.cpp failed to embed: {0}")]
+    Decode(String),
+    #[error("the embedder has stopped")]
+    Stopped,
+}
+
+/// Unit vectors, one per input, in input order.
+pub type Embeddings = Vec<Vec<f32>>;
+
+/// What an embedding model gives and takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingShape {
+    /// The length of every vector.
+    pub dimensions: usize,
+    /// The most tokens one input may have: the model's training context.
+    pub max_input_tokens: usize,
+}
+
+/// The handle to an embedding model's thread; dropping it stops the thread once its jobs end.
+pub struct Embedder {
+    model: Arc<LoadedModel>,
+    jobs: mpsc::Sender<run::Job>,
+    shape: EmbeddingShape,
+}
+
+impl Embedder {
+    /// Loads the model at `path` and starts its thread; refuses a model without pooling. With
+    /// `turns`, each decode takes its turn on the cores with other models' engines.
+    pub fn start(
+        path: &Path,
+        threads: i32,
+        offload: &Offload,
+        turns: Option<Arc<Mutex<()>>>,
+    ) -> Result<Self, LoadError> {
+        let model = LoadedModel::load(path, None, threads, offload)?;
+        if !Pooling::of(&model.llama).embeds() {
+            let model = path.display().to_string();
+            return Err(LoadError::NotEmbedding(EmbedError::NotEmbeddingModel { model }.to_string()));
+        }
+        let shape = EmbeddingShape {
+            dimensions: usize::try_from(model.llama.n_embd_out()).unwrap_or(0),
+            max_input_tokens: (model.info().n_ctx_train as usize).min(BATCH_TOKENS as usize),
+        };
+        let (jobs, queue) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread_model = Arc::clone(&model);
+        std::thread::Builder::new()
+            .name("gantry-embedder".into())
+            .spawn(move || match new_context(&thread_model, threads) {
+                Ok(ctx) => {
+                    let _ = ready_tx.send(Ok(()));
+                    run::run(ctx, &queue, turns.as_ref());
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| LoadError::Context(e.to_string()))?;
+        ready_rx
+            .recv()
+            .map_err(|_| LoadError::Context("the embedder thread ended".into()))?
+            .map_err(LoadError::Context)?;
+        Ok(Self { model, jobs, shape })
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+
+    /// `text` as the model reads it for an embedding: with its special tokens (BERT's
+    /// `[CLS] … [SEP]`, a decoder's BOS), client text never read as control tokens.
+    pub fn tokenize(&self, text: &str) -> Vec<i32> {
+        self.model.tokenize_with(text, true, false)
+    }
+
+    /// [`Generator::embed`], waited for on this thread (not inside an async task).
+    pub fn embed_blocking(&self, inputs: Vec<Vec<i32>>) -> Result<Embeddings, EmbedError> {
+        self.submit_inputs(0, inputs).blocking_recv().unwrap_or(Err(EmbedError::Stopped))
+    }
+
+    fn submit_inputs(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
+        let (reply, answer) = oneshot::channel();
+        if let Err(e) = check_inputs(&inputs, self.shape.max_input_tokens, self.model.info().n_vocab) {
+            let _ = reply.send(Err(e));
+            return answer;
+        }
+        if inputs.is_empty() {
+            let _ = reply.send(Ok(Vec::new()));
+            return answer;
+        }
+        let inputs = inputs.into_iter().map(|i| i.into_iter().map(LlamaToken).collect()).collect();
+        if let Err(mpsc::SendError(job)) = self.jobs.send(run::Job { key, inputs, reply }) {
+            let _ = job.reply.send(Err(EmbedError::Stopped));
+        }
+        answer
+    }
+}
+
+/// Refuses inputs out of the model's bounds: empty, too long, or with ids outside its vocabulary.
+pub fn check_inputs(inputs: &[Vec<i32>], max_input_tokens: usize, n_vocab: i32) -> Result<(), EmbedError> {
+    for (index, input) in inputs.iter().enumerate() {
+        if input.is_empty() {
+            return Err(EmbedError::Empty { index });
+        }
+        if input.len() > max_input_tokens {
+            return Err(EmbedError::TooLong { index, tokens: input.len(), limit: max_input_tokens });
+        }
+        if let Some(&token) = input.iter().find(|&&t| t < 0 || t >= n_vocab) {
+            return Err(EmbedError::OutsideVocabulary { index, token, n_vocab });
+        }
+    }
+    Ok(())
+}
+
+impl Generator for Embedder {
+    fn model_info(&self) -> &ModelInfo {
+        self.model.info()
+    }
+
+    fn prepare(&self, _: ChatInput) -> Result<GenerateRequest, PrepareError> {
+        Err(PrepareError::NotGenerative)
+    }
+
+    fn prepare_raw(&self, _: ChatInput, _: RawPrompt) -> Result<GenerateRequest, PrepareError> {
+        Err(PrepareError::NotGenerative)
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<i32> {
+        self.model.tokenize_with(text, add_special, parse_special)
+    }
+
+    fn detokenize(&self, tokens: &[i32]) -> String {
+        self.model.detokenize(tokens, true)
+    }
+
+    fn submit(&self, _: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
+        Err(SubmitError::Failed("an embedding model generates no text".into()))
+    }
+
+    fn health(&self) -> Health {
+        Health::Ready
+    }
+
+    fn embedding_shape(&self) -> Option<EmbeddingShape> {
+        Some(self.shape)
+    }
+
+    fn embed(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
+        self.submit_inputs(key, inputs)
+    }
+}
+
+fn new_context(model: &LoadedModel, threads: i32) -> Result<LlamaContext<'_>, String> {
+    let params = LlamaContextParams::default()
+        .with_embeddings(true)
+        .with_n_ctx(NonZeroU32::new(BATCH_TOKENS))
+        .with_n_batch(BATCH_TOKENS)
+        .with_n_ubatch(BATCH_TOKENS)
+        .with_n_seq_max(MAX_SEQUENCES)
+        // A decoder embedding model's sequences share the cells: any input may take all of them.
+        .with_kv_unified(true)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads);
+    model.llama.new_context(backend::llama_backend(), params).map_err(|e| e.to_string())
+}
+
+/// `v / max(‖v‖, 1e-12)`, as `torch.nn.functional.normalize` (sentence-transformers) divides;
+/// the norm summed in f64 so that long vectors lose nothing to rounding.
+pub(crate) fn normalised(v: &[f32]) -> Vec<f32> {
+    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt().max(1e-12);
+    // A unit vector's components lie in [-1, 1]: the cast to f32 only rounds.
+    #[allow(clippy::cast_possible_truncation)]
+    v.iter().map(|&x| (f64::from(x) / norm) as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalised_vectors_have_unit_length_and_zero_stays_zero() {
+        let v = normalised(&[3.0, 4.0]);
+        assert_eq!(v, vec![0.6, 0.8]);
+        assert_eq!(normalised(&[0.0, 0.0]), vec![0.0, 0.0]);
+    }
+}

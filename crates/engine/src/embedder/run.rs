@@ -1,0 +1,217 @@
+//! The `gantry-embedder` thread: it takes every job waiting, decodes one batch of their inputs,
+//! reads each sequence's pooled vector, and answers each job once all its inputs are done.
+//!
+//! A batch is filled one input at a time from each API key in turn (a key's oldest job first),
+//! so that one key's thousand inputs hold another key's single input back by at most one batch,
+//! as the scheduler's fair queue does for generation. Jobs that arrive while a batch decodes
+//! join the next one: many requests share one decode.
+
+use std::sync::{mpsc, Arc, Mutex};
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+use tokio::sync::oneshot;
+
+use super::{normalised, EmbedError, Embeddings, BATCH_TOKENS, MAX_SEQUENCES};
+
+/// One request's inputs, as the thread takes them.
+pub(super) struct Job {
+    /// Whose: batches are filled fairly between keys.
+    pub(super) key: u64,
+    pub(super) inputs: Vec<Vec<LlamaToken>>,
+    pub(super) reply: oneshot::Sender<Result<Embeddings, EmbedError>>,
+}
+
+/// A job being embedded: its vectors so far, and how many of its inputs a batch has taken.
+struct Pending {
+    job: Job,
+    vectors: Embeddings,
+    taken: usize,
+    failed: Option<EmbedError>,
+}
+
+/// One input in a batch: which pending job, which of its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot {
+    pub(super) job: usize,
+    pub(super) input: usize,
+}
+
+/// What [`next_batch`] sees of a pending job.
+pub(super) struct Waiting<'a> {
+    pub(super) key: u64,
+    /// Its inputs' lengths, in tokens.
+    pub(super) lengths: &'a [usize],
+    /// Inputs taken by earlier batches: the next is this one.
+    pub(super) taken: usize,
+}
+
+/// The thread's loop; it ends when the [`super::Embedder`] handle is dropped and no job is left.
+pub(super) fn run(mut ctx: LlamaContext<'_>, queue: &mpsc::Receiver<Job>, turns: Option<&Arc<Mutex<()>>>) {
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        if pending.is_empty() {
+            let Ok(job) = queue.recv() else { return };
+            pending.push(Pending::new(job));
+        }
+        pending.extend(queue.try_iter().map(Pending::new));
+        // Nobody waits for these any more (the server stopped waiting for the request).
+        pending.retain(|p| !p.job.reply.is_closed());
+        let lengths: Vec<Vec<usize>> = pending.iter().map(|p| p.job.inputs.iter().map(Vec::len).collect()).collect();
+        let waiting: Vec<Waiting<'_>> = pending
+            .iter()
+            .zip(&lengths)
+            .map(|(p, lengths)| Waiting { key: p.job.key, lengths, taken: p.taken })
+            .collect();
+        let batch = next_batch(&waiting);
+        if batch.is_empty() {
+            // Every job left was closed; `submit` answers a job of no inputs itself.
+            continue;
+        }
+        let inputs = batch.iter().map(|s| pending[s.job].job.inputs[s.input].as_slice());
+        let decoded = {
+            // Engines of other models take turns with this one on the cores.
+            let _turn = turns.map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            embed_batch(&mut ctx, inputs)
+        };
+        match decoded {
+            Ok(vectors) => {
+                for (slot, vector) in batch.iter().zip(vectors) {
+                    pending[slot.job].vectors[slot.input] = vector;
+                }
+            }
+            Err(e) => batch.iter().for_each(|s| pending[s.job].failed = Some(e.clone())),
+        }
+        for slot in &batch {
+            pending[slot.job].taken = pending[slot.job].taken.max(slot.input + 1);
+        }
+        let (done, left): (Vec<Pending>, Vec<Pending>) =
+            pending.into_iter().partition(|p| p.failed.is_some() || p.taken == p.job.inputs.len());
+        pending = left;
+        for p in done {
+            let _ = p.job.reply.send(p.failed.map_or(Ok(p.vectors), Err));
+        }
+    }
+}
+
+impl Pending {
+    fn new(job: Job) -> Self {
+        let vectors = vec![Vec::new(); job.inputs.len()];
+        Self { job, vectors, taken: 0, failed: None }
+    }
+}
+
+/// The inputs the next decode takes: one from each key in turn, a key's jobs in the order they
+/// came and each job's inputs in order, until the batch holds `BATCH_TOKENS` tokens or
+/// `MAX_SEQUENCES` sequences. A key whose next input does not fit is done for this batch, so
+/// its inputs stay in order. The first input always fits: `submit` bounds every input's length.
+pub(super) fn next_batch(waiting: &[Waiting<'_>]) -> Vec<Slot> {
+    // Each key's cursor: (job, input), moving through its jobs in order.
+    let mut keys: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (i, w) in waiting.iter().enumerate() {
+        match keys.iter_mut().find(|(k, _)| *k == w.key) {
+            Some((_, jobs)) => jobs.push(i),
+            None => keys.push((w.key, vec![i])),
+        }
+    }
+    let mut cursors: Vec<Option<(usize, usize)>> =
+        keys.iter().map(|(_, jobs)| next_input(waiting, jobs, jobs[0], waiting[jobs[0]].taken)).collect();
+    let (mut batch, mut tokens) = (Vec::new(), 0);
+    while batch.len() < MAX_SEQUENCES as usize {
+        let mut took = false;
+        for (k, (_, jobs)) in keys.iter().enumerate() {
+            let Some((job, input)) = cursors[k] else { continue };
+            let n = waiting[job].lengths[input];
+            if batch.len() == MAX_SEQUENCES as usize || (!batch.is_empty() && tokens + n > BATCH_TOKENS as usize) {
+                cursors[k] = None;
+                continue;
+            }
+            batch.push(Slot { job, input });
+            tokens += n;
+            took = true;
+            cursors[k] = next_input(waiting, jobs, job, input + 1);
+        }
+        if !took {
+            break;
+        }
+    }
+    batch
+}
+
+/// The first input not yet taken at or after `input` of `job`, or of the key's later jobs.
+fn next_input(waiting: &[Waiting<'_>], jobs: &[usize], job: usize, input: usize) -> Option<(usize, usize)> {
+    if input < waiting[job].lengths.len() {
+        return Some((job, input));
+    }
+    let later = jobs.iter().skip_while(|&&j| j != job).skip(1);
+    later.map(|&j| (j, waiting[j].taken)).find(|&(j, i)| i < waiting[j].lengths.len())
+}
+
+/// One decode of `inputs`, sequence `i` for the `i`th; their pooled vectors, L2-normalised.
+fn embed_batch<'a>(
+    ctx: &mut LlamaContext<'_>,
+    inputs: impl Iterator<Item = &'a [LlamaToken]> + Clone,
+) -> Result<Embeddings, EmbedError> {
+    let failed = |e: &dyn std::fmt::Display| EmbedError::Decode(e.to_string());
+    let total: usize = inputs.clone().map(<[LlamaToken]>::len).sum();
+    let count = inputs.clone().count();
+    let mut batch = LlamaBatch::new(total, i32::try_from(count).map_err(|e| failed(&e))?);
+    for (seq, input) in inputs.enumerate() {
+        let seq = i32::try_from(seq).map_err(|e| failed(&e))?;
+        batch.add_sequence(input, seq, true).map_err(|e| failed(&e))?;
+    }
+    // A decoder model's cells hold the previous batch; an encoder has none to clear.
+    ctx.clear_kv_cache();
+    ctx.decode(&mut batch).map_err(|e| failed(&e))?;
+    (0..count)
+        .map(|seq| {
+            let seq = i32::try_from(seq).map_err(|e| failed(&e))?;
+            let pooled = ctx.embeddings_seq_ith(seq).map_err(|e| failed(&e))?;
+            Ok(normalised(pooled))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(batch: &[Slot]) -> Vec<(usize, usize)> {
+        batch.iter().map(|s| (s.job, s.input)).collect()
+    }
+
+    #[test]
+    fn a_batch_takes_one_input_per_key_in_turn() {
+        let big = [1; 200];
+        let small = [1; 2];
+        let waiting = [
+            Waiting { key: 1, lengths: &big, taken: 0 },
+            Waiting { key: 2, lengths: &small, taken: 0 },
+            Waiting { key: 1, lengths: &small, taken: 0 },
+        ];
+        let batch = next_batch(&waiting);
+        assert_eq!(batch.len(), MAX_SEQUENCES as usize);
+        // Key 2's two inputs go in the first two rounds; key 1's big job goes first among its.
+        assert_eq!(slots(&batch[..4]), [(0, 0), (1, 0), (0, 1), (1, 1)]);
+        assert!(batch[4..].iter().all(|s| s.job == 0), "key 1's later job waits behind its first");
+    }
+
+    #[test]
+    fn a_key_resumes_where_the_last_batch_stopped_and_moves_to_its_next_job() {
+        let two = [1; 2];
+        let waiting = [Waiting { key: 7, lengths: &two, taken: 1 }, Waiting { key: 7, lengths: &two, taken: 0 }];
+        assert_eq!(slots(&next_batch(&waiting)), [(0, 1), (1, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn the_token_bound_cuts_the_batch_but_the_first_input_always_goes() {
+        let whole = [BATCH_TOKENS as usize];
+        let half = [BATCH_TOKENS as usize / 2 + 1, 1];
+        let waiting = [Waiting { key: 1, lengths: &whole, taken: 0 }, Waiting { key: 2, lengths: &half, taken: 0 }];
+        assert_eq!(slots(&next_batch(&waiting)), [(0, 0)]);
+        // Once key 1's input does not fit, key 1 is done for this batch; key 2 goes on.
+        let waiting = [Waiting { key: 2, lengths: &half, taken: 0 }, Waiting { key: 1, lengths: &half, taken: 0 }];
+        assert_eq!(slots(&next_batch(&waiting)), [(0, 0), (0, 1)]);
+    }
+}
