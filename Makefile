@@ -218,8 +218,9 @@ bench-cpu: build
 	  avx2_args="--gantry-avx2-bin $(PORTABLE_DIR)/release/gantry --reference-avx2-bin $$ref_avx2"; \
 	fi && \
 	model="$$($(RELEASE_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
+	embedder="$$($(RELEASE_BIN) models pull --quiet all-minilm-l6-v2 | tail -n 1)" && \
 	set -x && GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" target/release/gantry-bench --gantry-bin $(RELEASE_BIN) \
-	  --reference-bin "$$ref" $$avx2_args --model "$$model" $(BENCH_ARGS)
+	  --reference-bin "$$ref" $$avx2_args --model "$$model" --embedding-model "$$embedder" $(BENCH_ARGS)
 
 # The model matrix (issue #53): make bench's CPU comparison on each of MATRIX_MODELS and on the
 # 1.5B requantized to each of MATRIX_QUANTS with the reference build's llama-quantize (made once,

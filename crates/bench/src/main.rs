@@ -15,6 +15,7 @@
 mod bandwidth;
 mod chart;
 mod compare;
+mod embeddings;
 mod gguf_weights;
 mod host;
 mod load;
@@ -170,6 +171,13 @@ struct Cli {
     /// Print the tables only; write no files.
     #[arg(long)]
     no_write: bool,
+    /// An embedding GGUF (`make bench`: all-MiniLM-L6-v2): also compare `/v1/embeddings` with
+    /// llama-server `--embeddings` on it (issue #55), after the chat comparison.
+    #[arg(long)]
+    embedding_model: Option<PathBuf>,
+    /// Requests of 32 inputs per embeddings level and pass.
+    #[arg(long, default_value_t = 32)]
+    embedding_requests: usize,
 }
 
 impl Cli {
@@ -256,6 +264,7 @@ async fn main() -> Result<()> {
         ctx_per_seq: cli.ctx_size,
         ready_timeout: Duration::from_secs(cli.ready_timeout),
         gpu: mode == Mode::Gpu,
+        embeddings: false,
     };
     let bins = Bins {
         gantry: cli.gantry_bin.clone(),
@@ -293,6 +302,17 @@ async fn main() -> Result<()> {
         }
         comparisons.push(c);
     }
+    let embeddings = match (&cli.embedding_model, &cli.reference_bin) {
+        (Some(model), Some(reference)) if mode == Mode::Cpu => {
+            let settings = embeddings::settings(model, settings.threads, settings.ready_timeout);
+            let section =
+                embeddings::compare(&cli.gantry_bin, reference, &settings, cli.passes, cli.embedding_requests)
+                    .await
+                    .context("the embeddings comparison")?;
+            Some(section)
+        }
+        _ => None,
+    };
     let machine = machine(mode == Mode::Gpu);
     println!("{machine}\n");
     if let Some(first) = comparisons.first() {
@@ -334,6 +354,7 @@ async fn main() -> Result<()> {
         quiet_warnings: warnings,
         one_stream_cap,
         model_targets: targets::model_targets(&settings.model),
+        embeddings,
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

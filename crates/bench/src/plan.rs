@@ -183,6 +183,7 @@ mod tests {
             ctx_per_seq: 4096,
             ready_timeout: std::time::Duration::from_secs(1),
             gpu: true,
+            embeddings: false,
         };
         let text = describe(&cli, &settings, 491.0);
         for needle in [

@@ -117,6 +117,8 @@ pub(crate) struct Context {
     pub one_stream_cap: Option<(Bandwidth, WeightsPerToken)>,
     /// Issue #53's targets when the model is one of `make bench-matrix`'s.
     pub model_targets: Option<&'static ModelTargets>,
+    /// The embeddings comparison's section (`embeddings.rs`), when it ran.
+    pub embeddings: Option<String>,
 }
 
 pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
@@ -160,6 +162,9 @@ pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
             md += &targets_table(&first.runs, m.targets);
             let _ = writeln!(md);
         }
+    }
+    if let Some(section) = &ctx.embeddings {
+        md += section;
     }
     let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
     for c in comparisons {
@@ -319,6 +324,7 @@ pub(crate) mod tests {
                 (Bandwidth { bytes_per_s: 10e9, threads: 2 }, weights)
             }),
             model_targets: (mode == Mode::Cpu).then(|| &crate::targets::MODEL_TARGETS[3]),
+            embeddings: None,
         }
     }
 

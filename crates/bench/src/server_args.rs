@@ -84,7 +84,15 @@ pub(crate) fn server_args(
                 "--cont-batching",
             ];
             let mut a = strings(&a);
-            if kind == Kind::TunedReference {
+            if s.embeddings {
+                // Tuned: a batch that holds many slots' inputs at once (its default, 512
+                // tokens, holds a dozen sentences).
+                a.push("--embeddings".into());
+                if kind == Kind::TunedReference {
+                    let batch = crate::embeddings::BATCH_TOKENS.to_string();
+                    a.extend(strings(&["-b", &batch, "-ub", &batch]));
+                }
+            } else if kind == Kind::TunedReference {
                 a.extend(strings(&TUNED_REFERENCE_ARGS));
             }
             if s.gpu {
@@ -109,6 +117,7 @@ mod tests {
             ctx_per_seq: 4096,
             ready_timeout: Duration::from_secs(1),
             gpu,
+            embeddings: false,
         }
     }
 
@@ -153,5 +162,16 @@ mod tests {
             assert_eq!(tuned.ends_with("-ngl 999"), gpu, "{tuned}");
             assert_eq!(server_args(Kind::TunedReference, "m", 1, Path::new("/"), &s).1, None, "no API key");
         }
+    }
+
+    #[test]
+    fn an_embedding_model_gets_llama_servers_embeddings_flag_and_tuned_a_larger_batch() {
+        let s = crate::embeddings::settings(Path::new("e.gguf"), 2, Duration::from_secs(1));
+        let reference = joined(Kind::Reference, &s);
+        assert!(reference.contains("-np 64 -c 32768"), "{reference}");
+        assert!(reference.ends_with("--embeddings"), "{reference}");
+        let tuned = joined(Kind::TunedReference, &s);
+        assert!(tuned.ends_with("--embeddings -b 8192 -ub 8192"), "no n-gram speculation: {tuned}");
+        assert!(!joined(Kind::Gantry, &s).contains("--embeddings"), "Gantry knows its model embeds");
     }
 }

@@ -26,6 +26,9 @@ pub(crate) struct ServerSettings {
     /// `--n-gpu-layers` left unset means all); llama-server needs `-ngl`, or it keeps the model
     /// on the CPU.
     pub gpu: bool,
+    /// The model is an embedding model: llama-server is started with `--embeddings` and a
+    /// batch that holds every slot's input (see `embeddings`).
+    pub embeddings: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
