@@ -338,9 +338,13 @@ impl Engine {
 
     /// Queues a request. Events stream on the returned handle; dropping it cancels the request.
     pub fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
-        let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
-        let job = Job { request, events: events_tx, usage: usage_tx, submitted_at: std::time::Instant::now() };
+        let mut handles = self.submit_all(vec![request])?;
+        handles.pop().ok_or(SubmitError::Stopped)
+    }
+
+    /// Queues every request or none (a completion of several prompts runs a job per prompt: a
+    /// part refused would leave the others computing for an answer never given or billed).
+    pub fn submit_all(&self, requests: Vec<GenerateRequest>) -> Result<Vec<GenerationHandle>, SubmitError> {
         let guard = self.inner.jobs.lock().expect("jobs lock");
         if let Health::Failed(why) = self.health() {
             return Err(SubmitError::Failed(why));
@@ -348,13 +352,26 @@ impl Engine {
         let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
         // Counted before sending (the scheduler lets go once it takes the job), within the key's
         // share of the queue (`QueueShares`): one key's flood does not refuse the others.
-        let key = job.request.fairness_key;
-        self.inner.queued.try_enter(key, self.inner.config.max_queue).map_err(SubmitError::QueueFull)?;
-        if sender.send(job).is_err() {
-            self.inner.queued.leave(key);
-            return Err(SubmitError::Stopped);
+        let keys: Vec<u64> = requests.iter().map(|r| r.fairness_key).collect();
+        for (entered, &key) in keys.iter().enumerate() {
+            if let Err(waiting) = self.inner.queued.try_enter(key, self.inner.config.max_queue) {
+                keys[..entered].iter().for_each(|&k| self.inner.queued.leave(k));
+                return Err(SubmitError::QueueFull(waiting));
+            }
         }
-        Ok(GenerationHandle { events: events_rx, usage: usage_rx })
+        let mut handles = Vec::with_capacity(requests.len());
+        for (sent, request) in requests.into_iter().enumerate() {
+            let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
+            let (usage_tx, usage_rx) = tokio::sync::oneshot::channel();
+            let job = Job { request, events: events_tx, usage: usage_tx, submitted_at: std::time::Instant::now() };
+            // Only a scheduler gone sends nothing more: those sent are answered as it ends.
+            if sender.send(job).is_err() {
+                keys[sent..].iter().for_each(|&k| self.inner.queued.leave(k));
+                return Err(SubmitError::Stopped);
+            }
+            handles.push(GenerationHandle { events: events_rx, usage: usage_rx });
+        }
+        Ok(handles)
     }
 
     /// Watches the engine's health: the server exits once it turns `Failed`.
@@ -473,6 +490,10 @@ impl Generator for Engine {
 
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError> {
         Engine::submit(self, request)
+    }
+
+    fn submit_all(&self, requests: Vec<GenerateRequest>) -> Result<Vec<GenerationHandle>, SubmitError> {
+        Engine::submit_all(self, requests)
     }
 
     fn health(&self) -> Health {

@@ -61,6 +61,12 @@ pub trait Generator: Send + Sync {
     /// Queues a prepared request. Events stream on the handle; dropping it cancels the request.
     fn submit(&self, request: GenerateRequest) -> Result<GenerationHandle, SubmitError>;
 
+    /// Queues every request or none (the jobs of one completion's several prompts). This
+    /// default, for scripted engines, submits them one by one.
+    fn submit_all(&self, requests: Vec<GenerateRequest>) -> Result<Vec<GenerationHandle>, SubmitError> {
+        requests.into_iter().map(|r| self.submit(r)).collect()
+    }
+
     fn health(&self) -> Health;
 
     /// Its health as it changes, for engines that can fail (the server stops serving a model

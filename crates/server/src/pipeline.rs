@@ -277,10 +277,7 @@ async fn admitted(
             }
         }
     }
-    let handles = jobs
-        .into_iter()
-        .map(|job| model.submit(job).map_err(IntoApiError::into_api_error))
-        .collect::<Result<Vec<_>, _>>()?;
+    let handles = model.submit_all(jobs).map_err(IntoApiError::into_api_error)?;
     let GenerationHandle { events, usage } = crate::several_prompts::join(handles, n);
     let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
     let events = hold_done_until(events, journalled, model);

@@ -289,3 +289,29 @@ async fn a_key_filling_the_queue_leaves_the_others_their_share() {
     drop(held);
     engine.shutdown();
 }
+
+/// The jobs of one request (a completion's several prompts) are queued all or none: a part
+/// refused leaves none of the others waiting or computing.
+#[tokio::test]
+async fn several_jobs_are_queued_all_or_none() {
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads, config.max_queue) = (256, 1, Some(1), 3);
+    let engine = Engine::start(config).unwrap();
+    let eos = eos(&engine);
+    let request = || {
+        let mut request = engine.prepare(greedy("hello there", 1, 200)).unwrap();
+        request.sampling.logit_bias = vec![(eos, -100.0)];
+        request
+    };
+    let running = engine.submit(request()).unwrap();
+    while engine.queued() > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let refused = engine.submit_all((0..4).map(|_| request()).collect());
+    assert!(matches!(refused, Err(crate::SubmitError::QueueFull(3))), "{:?}", refused.map(|h| h.len()));
+    assert_eq!(engine.queued(), 0, "none of the refused request's jobs waits");
+    let taken = engine.submit_all((0..3).map(|_| request()).collect()).unwrap();
+    assert_eq!((taken.len(), engine.queued()), (3, 3));
+    drop((running, taken));
+    engine.shutdown();
+}
