@@ -1,6 +1,6 @@
 //! OpenAI Chat Completions wire types, request validation, and the one API error type; the
 //! other dialects (`anthropic`, `responses`, `completions` with llama.cpp's `/infill`) as
-//! translations onto them, and `embeddings`' request and answer. No I/O.
+//! translations onto them, and `embeddings`' and `rerank`'s requests and answers. No I/O.
 
 pub mod anthropic;
 pub mod completions;
@@ -9,6 +9,7 @@ mod error;
 mod fields;
 mod image;
 mod request;
+pub mod rerank;
 mod response;
 pub mod responses;
 mod tools;

@@ -91,6 +91,13 @@ pub trait Generator: Send + Sync {
         answer
     }
 
+    /// A reranker's input for one (query, document) pair, to [`Self::embed`] (which then gives
+    /// the pair's relevance logit); `None` for a model that does not rank.
+    fn ranking_input(&self, query: &str, document: &str) -> Option<Vec<i32>> {
+        let _ = (query, document);
+        None
+    }
+
     /// Cuts every running request (shutdown's grace period ran out).
     fn abort_all(&self) {}
 

@@ -38,6 +38,8 @@ mod pipeline;
 pub mod pool;
 /// The server's id for every request, and the client's `x-request-id`.
 mod request_id;
+/// `POST /v1/rerank`, `/rerank`: a cross-encoder's scores for (query, document) pairs.
+mod rerank;
 /// What stored responses may take of the disk: per response, per key, and the free space floor.
 pub mod response_storage;
 /// OpenAI's Responses API, translated onto the chat path.

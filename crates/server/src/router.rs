@@ -66,6 +66,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/chat/completions", post(pipeline::chat_completions))
         .route("/v1/completions", post(pipeline::completions))
         .route("/v1/embeddings", post(crate::openai::embeddings::embeddings))
+        .route("/v1/rerank", post(crate::rerank::rerank))
+        .route("/rerank", post(crate::rerank::rerank))
         .route("/infill", post(pipeline::infill))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))

@@ -11,13 +11,16 @@
 //! * then the control tokens `<|endoftext|>` (bos/pad), `<|im_start|>` and
 //!   `<|im_end|>` (eos/eot).
 //!
-//! Output is fully deterministic for a given [`TinyModelSpec`].
+//! Output is fully deterministic for a given [`TinyModelSpec`]. `bert` writes tiny BERT
+//! encoders (an embedding model, a reranker) the same way.
 
 use std::collections::HashMap;
 
+mod bert;
 pub mod gguf_writer;
 mod projector;
 
+pub use bert::{tiny_bert_bytes, write_tiny_bert, BertPooling, TinyBertSpec, BERT_VOCAB};
 use gguf_writer::ALIGNMENT;
 use gguf_writer::{assemble, KvWriter, SplitMix64, Tensor};
 pub use projector::{tiny_projector_bytes, write_tiny_projector, ProjectorKind, TinyProjectorSpec, GEMMA3_MERGE};

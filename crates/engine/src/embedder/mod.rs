@@ -10,6 +10,9 @@
 //! vector and L2-normalises it (as sentence-transformers' `Normalize` module does), then answers
 //! each job. So many inputs and many requests share one decode.
 //!
+//! A reranker (rank pooling: a cross-encoder's classification head) runs here too: its input
+//! is a (query, document) pair framed as one sequence (`ranking_input`), its output a logit.
+//!
 //! To the server it is a [`Generator`] like any engine (the pool loads, leases and unloads it
 //! the same way) that embeds and generates nothing. A model whose GGUF declares no pooling type
 //! (a chat model) is refused at [`Embedder::start`]: its per-token states pooled by nothing
@@ -73,6 +76,7 @@ pub struct Embedder {
     model: Arc<LoadedModel>,
     jobs: mpsc::Sender<run::Job>,
     shape: EmbeddingShape,
+    pooling: Pooling,
 }
 
 impl Embedder {
@@ -85,14 +89,18 @@ impl Embedder {
         turns: Option<Arc<Mutex<()>>>,
     ) -> Result<Self, LoadError> {
         let model = LoadedModel::load(path, None, threads, offload)?;
-        if !Pooling::of(&model.llama).embeds() {
+        let pooling = Pooling::of(&model.llama);
+        if !pooling.embeds() && pooling != Pooling::Rank {
             let model = path.display().to_string();
             return Err(LoadError::NotEmbedding(EmbedError::NotEmbeddingModel { model }.to_string()));
         }
+        // A reranker's output is its classification head's: one logit per input.
+        let width = if pooling == Pooling::Rank { model.llama.n_cls_out() } else { model.llama.n_embd_out() as u32 };
         let shape = EmbeddingShape {
-            dimensions: usize::try_from(model.llama.n_embd_out()).unwrap_or(0),
+            dimensions: usize::try_from(width).unwrap_or(0),
             max_input_tokens: (model.info().n_ctx_train as usize).min(BATCH_TOKENS as usize),
         };
+        let normalise = pooling.embeds();
         let (jobs, queue) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread_model = Arc::clone(&model);
@@ -101,7 +109,7 @@ impl Embedder {
             .spawn(move || match new_context(&thread_model, threads) {
                 Ok(ctx) => {
                     let _ = ready_tx.send(Ok(()));
-                    run::run(ctx, &queue, turns.as_ref());
+                    run::run(ctx, &queue, turns.as_ref(), normalise);
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -112,7 +120,7 @@ impl Embedder {
             .recv()
             .map_err(|_| LoadError::Context("the embedder thread ended".into()))?
             .map_err(LoadError::Context)?;
-        Ok(Self { model, jobs, shape })
+        Ok(Self { model, jobs, shape, pooling })
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {
@@ -200,6 +208,37 @@ impl Generator for Embedder {
     fn embed(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
         self.submit_inputs(key, inputs)
     }
+
+    fn ranking_input(&self, query: &str, document: &str) -> Option<Vec<i32>> {
+        (self.pooling == Pooling::Rank).then(|| ranking_input(&self.model, query, document))
+    }
+}
+
+/// A cross-encoder's input for one (query, document) pair, framed as llama.cpp's server frames
+/// it: BOS (BERT's `[CLS]`), the query, EOS (else SEP) and SEP where the vocabulary adds them,
+/// the document, EOS (BERT's: SEP). Both texts are tokenized as plain text: no control tokens from a client.
+fn ranking_input(model: &LoadedModel, query: &str, document: &str) -> Vec<i32> {
+    let vocab = model.llama.vocab();
+    let eos = if vocab.eos().0 >= 0 { vocab.eos().0 } else { vocab.sep().0 };
+    let mut out = Vec::new();
+    if vocab.should_add_bos() {
+        out.push(vocab.bos().0);
+    }
+    out.extend(model.tokenize_with(query, false, false));
+    if vocab.should_add_eos() {
+        out.push(eos);
+    }
+    if vocab.should_add_sep() {
+        out.push(vocab.sep().0);
+    }
+    out.extend(model.tokenize_with(document, false, false));
+    // A BERT vocabulary (no EOS added) closes the pair with its SEP, as its tokenizer does.
+    if vocab.should_add_eos() {
+        out.push(eos);
+    } else if vocab.should_add_sep() {
+        out.push(vocab.sep().0);
+    }
+    out
 }
 
 fn new_context(model: &LoadedModel, threads: i32) -> Result<LlamaContext<'_>, String> {

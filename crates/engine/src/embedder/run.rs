@@ -48,7 +48,12 @@ pub(super) struct Waiting<'a> {
 }
 
 /// The thread's loop; it ends when the [`super::Embedder`] handle is dropped and no job is left.
-pub(super) fn run(mut ctx: LlamaContext<'_>, queue: &mpsc::Receiver<Job>, turns: Option<&Arc<Mutex<()>>>) {
+pub(super) fn run(
+    mut ctx: LlamaContext<'_>,
+    queue: &mpsc::Receiver<Job>,
+    turns: Option<&Arc<Mutex<()>>>,
+    normalise: bool,
+) {
     let mut pending: Vec<Pending> = Vec::new();
     loop {
         if pending.is_empty() {
@@ -73,7 +78,7 @@ pub(super) fn run(mut ctx: LlamaContext<'_>, queue: &mpsc::Receiver<Job>, turns:
         let decoded = {
             // Engines of other models take turns with this one on the cores.
             let _turn = turns.map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-            embed_batch(&mut ctx, inputs)
+            embed_batch(&mut ctx, inputs, normalise)
         };
         match decoded {
             Ok(vectors) => {
@@ -148,10 +153,12 @@ fn next_input(waiting: &[Waiting<'_>], jobs: &[usize], job: usize, input: usize)
     later.map(|&j| (j, waiting[j].taken)).find(|&(j, i)| i < waiting[j].lengths.len())
 }
 
-/// One decode of `inputs`, sequence `i` for the `i`th; their pooled vectors, L2-normalised.
+/// One decode of `inputs`, sequence `i` for the `i`th; their pooled vectors (L2-normalised with
+/// `normalise`; a reranker's scores are left as they are).
 fn embed_batch<'a>(
     ctx: &mut LlamaContext<'_>,
     inputs: impl Iterator<Item = &'a [LlamaToken]> + Clone,
+    normalise: bool,
 ) -> Result<Embeddings, EmbedError> {
     let failed = |e: &dyn std::fmt::Display| EmbedError::Decode(e.to_string());
     let total: usize = inputs.clone().map(<[LlamaToken]>::len).sum();
@@ -168,7 +175,7 @@ fn embed_batch<'a>(
         .map(|seq| {
             let seq = i32::try_from(seq).map_err(|e| failed(&e))?;
             let pooled = ctx.embeddings_seq_ith(seq).map_err(|e| failed(&e))?;
-            Ok(normalised(pooled))
+            Ok(if normalise { normalised(pooled) } else { pooled.to_vec() })
         })
         .collect()
 }

@@ -84,12 +84,12 @@ impl EngineConfig {
     }
 }
 
-/// Whether the GGUF declares a pooling type that embeds (see `capabilities`): it is served by
-/// an [`crate::Embedder`], not a scheduler.
+/// Whether the GGUF declares a pooling type (see `capabilities`: it embeds, or ranks): it is
+/// served by an [`crate::Embedder`], not a scheduler.
 fn declares_pooling(model: &Path) -> bool {
     Header::open(model).is_some_and(|gguf| {
         let arch = gguf.string("general.architecture").unwrap_or_default();
-        matches!(gguf.u32(&format!("{arch}.pooling_type")), Some(1..=3))
+        matches!(gguf.u32(&format!("{arch}.pooling_type")), Some(1..=4))
     })
 }
 

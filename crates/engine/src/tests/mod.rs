@@ -4,6 +4,7 @@
 mod answer_gate;
 mod cache_scope;
 mod deterministic;
+mod embedder;
 mod endings;
 pub(crate) mod engine;
 mod grammar_cache;

@@ -237,6 +237,16 @@ static CATALOG: LazyLock<Vec<CatalogEntry>> = LazyLock::new(|| {
             projector: None,
         },
         CatalogEntry {
+            // gpustack/bge-reranker-v2-m3-GGUF, pinned to revision 3093af03b1a6: BAAI's
+            // multilingual cross-encoder (XLM-RoBERTa, rank pooling) for `/v1/rerank`.
+            name: "bge-reranker-v2-m3",
+            file: "bge-reranker-v2-m3-Q8_0.gguf",
+            size: Some(635_676_416),
+            sha256: "a43c7c9b11a4c1517e5bf95151960e1621d1b72f7a493364b01e386cf1aaa1d3",
+            sources: vec![Source::Url("https://huggingface.co/gpustack/bge-reranker-v2-m3-GGUF/resolve/3093af03b1a635e67b084b1d8c03c5f5e020fd05/bge-reranker-v2-m3-Q8_0.gguf".into())],
+            projector: None,
+        },
+        CatalogEntry {
             // ggml-org/gpt-oss-20b-GGUF, revision ef9b12f2ff56 (the file name is upper-case MXFP4).
             name: "gpt-oss-20b",
             file: "gpt-oss-20b-MXFP4.gguf",

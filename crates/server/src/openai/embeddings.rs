@@ -58,7 +58,6 @@ async fn embed(
             Some("model"),
         ));
     }
-    // Held until the vectors are computed: the model is not unloaded under its job.
     let model = state.models.acquire(name).await.map_err(IntoApiError::into_api_error)?;
     let engine = model.generator();
     let shape = engine
@@ -93,23 +92,56 @@ async fn embed(
     };
     gantry_engine::check_embedding_inputs(&inputs, shape.max_input_tokens, engine.model_info().n_vocab)
         .map_err(IntoApiError::into_api_error)?;
+    let metered = Metered { request_id, client_request_id, name: name.to_string(), price };
+    let (vectors, prompt_tokens, rate) = match run_metered(state, key, pass, model, metered, inputs).await? {
+        Ok(done) => done,
+        Err(refusal) => return Ok(refusal),
+    };
+    let mut response =
+        Json(embedding_list(&model_id, &vectors, request.encoding_format, prompt_tokens)).into_response();
+    crate::openai::rate_limit::apply(&rate, response.headers_mut());
+    Ok(response)
+}
+
+/// What a metered embedding job is booked under.
+pub(crate) struct Metered {
+    pub request_id: String,
+    pub client_request_id: Option<String>,
+    /// The model as the client named it (an alias stays an alias in the ledger).
+    pub name: String,
+    pub price: gantry_accounts::Price,
+}
+
+/// Admits `inputs` (their tokens against the key's tokens per minute and budget), embeds them
+/// on the model, and settles from a task of its own that waits for the vectors: a client that
+/// leaves is billed for what was computed. Gives the vectors, the tokens billed and the rate
+/// state for the headers once the record is journalled, or the refusal's response.
+pub(crate) async fn run_metered(
+    state: &AppState,
+    key: &KeyInfo,
+    pass: Pass,
+    model: crate::pool::Lease,
+    metered: Metered,
+    inputs: Vec<Vec<i32>>,
+) -> Result<Result<(gantry_engine::Embeddings, u64, gantry_accounts::RateStatus), Response>, ApiError> {
     let prompt_tokens = inputs.iter().map(Vec::len).sum::<usize>() as u64;
     let charge = Charge {
-        request_id,
-        client_request_id,
-        model: name.to_string(),
-        price,
+        request_id: metered.request_id,
+        client_request_id: metered.client_request_id,
+        model: metered.name,
+        price: metered.price,
         prompt_tokens,
         max_completion_tokens: 0,
     };
     let ticket = match state.meter.admit_passed(pass, key, charge).await {
         Ok(ticket) => ticket,
-        Err(refused) => return Ok(refusal_response(key, refused)),
+        Err(refused) => return Ok(Err(refusal_response(key, refused))),
     };
     let rate = ticket.rate();
-    let answer = engine.embed(key.id as u64, inputs);
+    let answer = model.embed(key.id as u64, inputs);
     let (vectors_tx, vectors_rx) = tokio::sync::oneshot::channel();
     let journalled = ticket.settle_when(async move {
+        // Held until the vectors are computed: the model is not unloaded under its job.
         let _model = model;
         let result = answer.await.unwrap_or(Err(EmbedError::Stopped));
         let computed = result.is_ok();
@@ -125,8 +157,5 @@ async fn embed(
     });
     let vectors = vectors_rx.await.unwrap_or(Err(EmbedError::Stopped)).map_err(IntoApiError::into_api_error)?;
     let _ = journalled.await;
-    let mut response =
-        Json(embedding_list(&model_id, &vectors, request.encoding_format, prompt_tokens)).into_response();
-    crate::openai::rate_limit::apply(&rate, response.headers_mut());
-    Ok(response)
+    Ok(Ok((vectors, prompt_tokens, rate)))
 }

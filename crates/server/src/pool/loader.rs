@@ -1,5 +1,5 @@
-//! What the pool loads: engines (an [`Embedder`] for a model that embeds), behind traits so
-//! tests can load scripted ones.
+//! What the pool loads: engines (an [`Embedder`] for a model that embeds or ranks), behind
+//! traits so tests can load scripted ones.
 
 use std::sync::Arc;
 
@@ -27,7 +27,7 @@ impl ModelLoader for EngineLoader {
     fn load(&self, spec: &ModelSpec) -> anyhow::Result<(Arc<dyn Generator>, u64)> {
         let before = process_rss();
         let config = &spec.config;
-        let engine: Arc<dyn Generator> = if spec.capabilities.embeds() {
+        let engine: Arc<dyn Generator> = if spec.capabilities.embeds() || spec.capabilities.ranks() {
             let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
             Arc::new(Embedder::start(&config.model_path, threads, &config.offload, config.decode_turns.clone())?)
         } else {

@@ -1,0 +1,64 @@
+//! The `Embedder` on tiny random BERTs (`tiny_gguf::write_tiny_bert`): a reranker's pairs are
+//! framed as its tokenizer frames them and scored the same alone or batched with others; an
+//! embedding model's vectors have unit length; the capabilities read from each GGUF say which.
+
+use std::path::PathBuf;
+
+use tiny_gguf::{BertPooling, TinyBertSpec};
+
+use crate::{Capabilities, Embedder, Generator, Offload, Pooling};
+
+fn written(name: &str, pooling: BertPooling) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gantry-engine-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.gguf"));
+    tiny_gguf::write_tiny_bert(&path, &TinyBertSpec { pooling, ..Default::default() }).unwrap();
+    path
+}
+
+#[test]
+fn a_reranker_scores_each_pair_the_same_alone_or_beside_others() {
+    let path = written("tiny-reranker", BertPooling::Rank);
+    let caps = Capabilities::read(&path).unwrap();
+    assert_eq!((caps.pooling, caps.ranks(), caps.embeds(), caps.generates()), (Pooling::Rank, true, false, false));
+    let ranker = Embedder::start(&path, 1, &Offload::default(), None).unwrap();
+    assert_eq!(ranker.embedding_shape().map(|s| s.dimensions), Some(1), "one logit per pair");
+    // [CLS] query [SEP] document [SEP], each text as plain words.
+    let pair = ranker.ranking_input("the capital of france?", "paris").unwrap();
+    let word = |w: &str| tiny_gguf::BERT_VOCAB.iter().position(|t| *t == w).unwrap() as i32;
+    let want = [2, word("the"), word("capital"), word("of"), word("france"), word("?"), 3, word("paris"), 3];
+    assert_eq!(pair, want);
+    // Text that spells a control token stays text.
+    assert!(!ranker.ranking_input("[SEP]", "x").unwrap()[1..].starts_with(&[3]));
+
+    let docs = ["paris", "the cat sat on the mat", "the stock market fell", "rates rose"];
+    let inputs: Vec<Vec<i32>> =
+        docs.iter().map(|d| ranker.ranking_input("where is the capital?", d).unwrap()).collect();
+    let together = ranker.embed_blocking(inputs.clone()).unwrap();
+    assert_eq!(together.len(), docs.len());
+    for (input, score) in inputs.into_iter().zip(&together) {
+        let alone = ranker.embed_blocking(vec![input]).unwrap();
+        assert_eq!(score.len(), 1);
+        assert!(score[0].is_finite());
+        assert!((alone[0][0] - score[0]).abs() < 1e-4, "{} alone, {} in a batch", alone[0][0], score[0]);
+    }
+    assert!(together.iter().any(|s| (s[0] - together[0][0]).abs() > 1e-6), "the documents score differently");
+}
+
+#[test]
+fn an_embedding_model_gives_unit_vectors_and_no_ranking() {
+    let path = written("tiny-bert-mean", BertPooling::Mean);
+    let caps = Capabilities::read(&path).unwrap();
+    assert_eq!((caps.embeds(), caps.ranks(), caps.generates(), caps.chat_template), (true, false, false, false));
+    let embedder = Embedder::start(&path, 1, &Offload::default(), None).unwrap();
+    assert_eq!(embedder.ranking_input("a", "b"), None);
+    let vectors = embedder.embed_blocking(vec![embedder.tokenize("the cat sat"), embedder.tokenize("paris")]).unwrap();
+    for v in &vectors {
+        assert_eq!(v.len(), 32);
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+    // A chat model is refused: its states pooled by nothing mean nothing.
+    let chat = crate::tests::engine::tiny_model();
+    assert!(Embedder::start(chat, 1, &Offload::default(), None).is_err());
+}
