@@ -5,7 +5,7 @@ use super::*;
 #[test]
 fn catalogue_is_well_formed() {
     let all = catalog();
-    assert_eq!(all.len(), 14);
+    assert_eq!(all.len(), 15);
     assert!(find(DEFAULT_MODEL).is_some(), "default model must be in the catalogue");
     for e in all {
         assert_eq!(e.sha256.len(), 64, "{}", e.name);
