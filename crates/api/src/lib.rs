@@ -3,6 +3,8 @@
 //! translations onto them. No I/O.
 
 pub mod anthropic;
+mod chat_delta;
+mod chunks;
 pub mod completions;
 mod error;
 mod fields;
@@ -13,6 +15,8 @@ pub mod responses;
 mod tools;
 mod validate;
 
+pub use chat_delta::{ChatDelta, FinishReason};
+pub use chunks::{ChunkEncoder, ChunkFrame};
 pub use error::ApiError;
 pub use image::{parse_image_url, sniff_image_mime, ImageRef};
 pub use request::{ChatMessage, ImageDetail, ImagePart, ReasoningEffort, Role, ValidatedChat};

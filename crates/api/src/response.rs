@@ -4,6 +4,8 @@ use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::FinishReason;
+
 /// `object: "chat.completion"`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatCompletionResponse {
@@ -23,7 +25,7 @@ pub struct Choice {
     pub message: ResponseMessage,
     /// `null` when logprobs were not requested.
     pub logprobs: Option<ChoiceLogprobs>,
-    pub finish_reason: String,
+    pub finish_reason: FinishReason,
 }
 
 /// Serialises as `{"role", "content" (null when None), "tool_calls"? , "refusal": null}`.
@@ -63,25 +65,6 @@ pub struct Usage {
     pub prompt_tokens_details: Option<PromptTokensDetails>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionTokensDetails>,
-}
-
-impl Usage {
-    /// The usage of a chat chunk's `usage` JSON (what the other dialects' streams read back);
-    /// missing numbers count 0.
-    pub(crate) fn from_json(v: &Value) -> Usage {
-        let n = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
-        Usage {
-            prompt_tokens: n(&v["prompt_tokens"]),
-            completion_tokens: n(&v["completion_tokens"]),
-            total_tokens: n(&v["total_tokens"]),
-            prompt_tokens_details: Some(PromptTokensDetails {
-                cached_tokens: n(&v["prompt_tokens_details"]["cached_tokens"]),
-            }),
-            completion_tokens_details: Some(CompletionTokensDetails {
-                reasoning_tokens: n(&v["completion_tokens_details"]["reasoning_tokens"]),
-            }),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -148,7 +131,7 @@ pub struct ChunkChoice {
     /// `null` when absent.
     pub logprobs: Option<ChoiceLogprobs>,
     /// `null` until the choice finishes.
-    pub finish_reason: Option<String>,
+    pub finish_reason: Option<FinishReason>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -188,7 +171,7 @@ pub struct ModelList {
 pub(crate) fn one_choice_for_tests(
     content: Option<&str>,
     calls: Option<Vec<Value>>,
-    finish: &str,
+    finish: FinishReason,
 ) -> ChatCompletionResponse {
     ChatCompletionResponse {
         id: "chatcmpl-1".into(),
@@ -205,7 +188,7 @@ pub(crate) fn one_choice_for_tests(
                 reasoning: None,
             },
             logprobs: None,
-            finish_reason: finish.into(),
+            finish_reason: finish,
         }],
         usage: Usage {
             prompt_tokens: 10,
@@ -234,7 +217,7 @@ mod tests {
                 index: 0,
                 message: ResponseMessage { role: "assistant", content: None, tool_calls: None, reasoning: None },
                 logprobs: None,
-                finish_reason: "stop".into(),
+                finish_reason: FinishReason::Stop,
             }],
             usage: Usage {
                 prompt_tokens: 1,

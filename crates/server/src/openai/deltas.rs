@@ -1,17 +1,21 @@
-//! Streaming as a small state machine: engine events in, OpenAI SSE `data:` payloads out.
-//! Kept free of I/O so every transition is unit-tested.
+//! A request's engine events as the dialect-neutral [`ChatDelta`]s every dialect's stream
+//! renders (`gantry_api::ChunkEncoder`, `MessageStream`, `ResponseStream`): tool calls read out
+//! of the text as they are written, logprobs in the API's types, the stop string named. Kept
+//! free of I/O so every transition is unit-tested; [`deltas`] drives it over the channel.
 
-use gantry_api::{ChatCompletionChunk, ChunkChoice, Delta};
-use gantry_engine::tools::{ParsedCall, StreamPiece, ToolCallStreamer};
-use gantry_engine::{Event, FinishReason, TokenLogprob, Usage};
-use serde_json::Value;
+use futures_util::stream::{self, Stream, StreamExt};
+use gantry_api::ChatDelta;
+use gantry_engine::tools::{new_call_id, StreamPiece, ToolCallStreamer};
+use gantry_engine::{Event, FinishReason, TokenLogprob};
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::openai::convert::{to_api_logprobs, to_api_usage};
-use crate::openai::tool_calls::{call_json, ToolPlan};
+use crate::errors::IntoApiError;
+use crate::openai::convert::{to_api_finish_reason, to_api_logprobs, to_api_usage};
+use crate::openai::tool_calls::ToolPlan;
 
 /// The engine's next event for a request; a closed channel (the engine thread died) is read as
 /// its error, so every stream ends with one.
-pub(crate) async fn next_event(events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>) -> Event {
+pub(crate) async fn next_event(events: &mut UnboundedReceiver<Event>) -> Event {
     events.recv().await.unwrap_or_else(|| Event::Error(engine_stopped()))
 }
 
@@ -19,24 +23,30 @@ fn engine_stopped() -> gantry_engine::EngineError {
     gantry_engine::EngineError::Crashed("the engine stopped before finishing the request".into())
 }
 
-/// What the SSE writer sends next.
-#[derive(Debug, PartialEq)]
-pub(crate) enum SseFrame {
-    /// A `data: {json}` event.
-    Data(Value),
-    /// The terminating `data: [DONE]`.
-    Done,
+/// The request's deltas as they come, ending with its `Done` or `Error`. The receiver moves
+/// into the stream: when the client disconnects, axum drops the stream, the receiver closes
+/// and the scheduler cancels the request at its next step.
+pub(crate) fn deltas(events: UnboundedReceiver<Event>, reader: ChatDeltas) -> impl Stream<Item = ChatDelta> {
+    stream::unfold((events, reader), |(mut events, mut reader)| async move {
+        if reader.is_finished() {
+            return None;
+        }
+        let deltas = reader.on_event(next_event(&mut events).await);
+        Some((stream::iter(deltas), (events, reader)))
+    })
+    .flatten()
 }
 
-pub(crate) struct ChunkEncoder {
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
+/// Reads one request's events into deltas.
+pub(crate) struct ChatDeltas {
     with_logprobs: bool,
+    /// The request's stop strings, which the engine names by index.
+    stops: Vec<String>,
+    /// The stop string that ended a choice, told right before that choice finishes.
+    matched_stop: Option<(u32, String)>,
     finished: bool,
-    /// With tools, text goes through one streamer per choice so calls leave as `tool_calls`
-    /// deltas, never as raw text.
+    /// With tools, text goes through one streamer per choice so calls leave as call deltas,
+    /// never as raw text.
     tools: Option<StreamingTools>,
 }
 
@@ -44,14 +54,18 @@ struct StreamingTools {
     streamers: Vec<Option<ToolCallStreamer>>,
     calls: Vec<usize>,
     single: bool,
-    /// The output is a forced call: no text comes, so the turn opens without `content`, which
-    /// the SDK's accumulated message then reads as `null`, as OpenAI's forced calls do.
     forced: bool,
 }
 
-impl ChunkEncoder {
-    pub(crate) fn new(id: String, created: u64, model: String, include_usage: bool, with_logprobs: bool) -> Self {
-        Self { id, created, model, include_usage, with_logprobs, finished: false, tools: None }
+impl ChatDeltas {
+    /// The reader of a request's `n` choices, which reads calls out of the text when its
+    /// `tools` ask for it (not under `tool_choice: "none"`).
+    pub(crate) fn for_request(chat: &gantry_api::ValidatedChat, tools: Option<ToolPlan>, n: u32) -> Self {
+        Self::new(chat.logprobs, chat.stop.clone()).with_tools(tools.filter(|t| t.parse), n)
+    }
+
+    pub(crate) fn new(with_logprobs: bool, stops: Vec<String>) -> Self {
+        Self { with_logprobs, stops, matched_stop: None, finished: false, tools: None }
     }
 
     pub(crate) fn with_tools(mut self, plan: Option<ToolPlan>, n: u32) -> Self {
@@ -64,125 +78,98 @@ impl ChunkEncoder {
         self
     }
 
-    fn content_frame(&self, choice: u32, text: String, logprobs: Option<Vec<TokenLogprob>>) -> SseFrame {
-        let delta = Delta { role: None, content: Some(text), ..Delta::default() };
-        let logprobs = logprobs.filter(|_| self.with_logprobs).map(to_api_logprobs);
-        self.frame(vec![ChunkChoice { index: choice, delta, logprobs, finish_reason: None }], None)
+    /// Every choice's turn opening, before the engine's first event.
+    pub(crate) fn opening(&self, n: u32) -> Vec<ChatDelta> {
+        let forced_call = self.tools.as_ref().is_some_and(|t| t.forced);
+        (0..n).map(|choice| ChatDelta::TurnStart { choice, forced_call }).collect()
     }
 
-    /// Frames for pieces the tool streamer released (content, or whole calls).
-    fn piece_frames(
+    fn text(&self, choice: u32, text: String, logprobs: Option<Vec<TokenLogprob>>) -> ChatDelta {
+        let logprobs = logprobs.filter(|_| self.with_logprobs).map(|lp| to_api_logprobs(lp).content);
+        ChatDelta::Text { choice, text, logprobs }
+    }
+
+    /// Deltas for pieces the tool streamer released (content, or calls). The event's logprobs
+    /// ride its first content, or else a text delta of their own.
+    fn piece_deltas(
         &mut self,
         choice: u32,
         pieces: Vec<StreamPiece>,
         mut logprobs: Option<Vec<TokenLogprob>>,
-    ) -> Vec<SseFrame> {
-        let mut frames = Vec::new();
+    ) -> Vec<ChatDelta> {
+        let mut deltas = Vec::new();
         for piece in pieces {
             match piece {
-                StreamPiece::Content(text) => frames.push(self.content_frame(choice, text, logprobs.take())),
-                // As OpenAI streams a call: the first delta names it (id, type, name, empty
-                // arguments), the next ones carry the arguments. `index` is the streamer's count.
+                StreamPiece::Content(text) => deltas.push(self.text(choice, text, logprobs.take())),
                 StreamPiece::Call { index, name, arguments } => {
-                    if let Some(head) = self.call_head(choice, index, name) {
-                        frames.push(head);
-                        frames.push(self.call_arguments(choice, index, arguments));
+                    if let Some(start) = self.call_start(choice, index, name) {
+                        deltas.push(start);
+                        deltas.push(ChatDelta::ToolCallArguments { choice, index, fragment: arguments });
                     }
                 }
-                StreamPiece::CallStart { index, name } => frames.extend(self.call_head(choice, index, name)),
+                StreamPiece::CallStart { index, name } => deltas.extend(self.call_start(choice, index, name)),
                 StreamPiece::CallArguments { index, fragment } => {
                     if !self.tools.as_ref().is_some_and(|t| t.single && index > 0) {
-                        frames.push(self.call_arguments(choice, index, fragment));
+                        deltas.push(ChatDelta::ToolCallArguments { choice, index, fragment });
                     }
                 }
             }
         }
         if let Some(lp) = logprobs.filter(|lp| !lp.is_empty()) {
-            frames.push(self.content_frame(choice, String::new(), Some(lp)));
+            deltas.push(self.text(choice, String::new(), Some(lp)));
         }
-        frames
+        deltas
     }
 
     /// The delta that opens call `index`, unless `parallel_tool_calls: false` drops it.
-    fn call_head(&mut self, choice: u32, index: usize, name: String) -> Option<SseFrame> {
+    fn call_start(&mut self, choice: u32, index: usize, name: String) -> Option<ChatDelta> {
         let tools = self.tools.as_mut().expect("pieces come from tools");
         if tools.single && index > 0 {
             return None;
         }
         tools.calls[choice as usize] += 1;
-        let head = call_json(&ParsedCall { name, arguments: String::new() }, Some(index));
-        let delta = Delta { role: None, content: None, tool_calls: Some(vec![head]), ..Delta::default() };
-        Some(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None))
+        Some(ChatDelta::ToolCallStart { choice, index, id: new_call_id(), name })
     }
 
-    fn call_arguments(&self, choice: u32, index: usize, arguments: String) -> SseFrame {
-        let call = serde_json::json!({"index": index, "function": {"arguments": arguments}});
-        let delta = Delta { role: None, content: None, tool_calls: Some(vec![call]), ..Delta::default() };
-        self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)
-    }
-
-    /// The first chunk of every choice: `delta: {role: "assistant", content: ""}` (without
-    /// `content` for a forced call).
-    pub(crate) fn opening(&self, n: u32) -> Vec<SseFrame> {
-        let content = match &self.tools {
-            Some(tools) if tools.forced => None,
-            _ => Some(String::new()),
-        };
-        (0..n)
-            .map(|index| {
-                let delta = Delta { role: Some("assistant"), content: content.clone(), ..Delta::default() };
-                self.frame(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: None }], None)
-            })
-            .collect()
-    }
-
-    /// Frames for one engine event; empty once the stream has ended.
-    pub(crate) fn on_event(&mut self, event: Event) -> Vec<SseFrame> {
+    /// Deltas for one engine event; none once the stream has ended.
+    pub(crate) fn on_event(&mut self, event: Event) -> Vec<ChatDelta> {
         if self.finished {
             return Vec::new();
         }
         match event {
+            Event::Cached { tokens } => vec![ChatDelta::PromptCached { tokens }],
             Event::Delta { choice, text, logprobs } => {
                 let pieces = match self.tools.as_mut().and_then(|t| t.streamers[choice as usize].as_mut()) {
                     Some(streamer) => streamer.push(&text),
-                    None => return vec![self.content_frame(choice, text, Some(logprobs))],
+                    None => return vec![self.text(choice, text, Some(logprobs))],
                 };
-                self.piece_frames(choice, pieces, Some(logprobs))
+                self.piece_deltas(choice, pieces, Some(logprobs))
             }
-            Event::Reasoning { choice, text } => {
-                let delta = Delta { reasoning_content: Some(text.clone()), reasoning: Some(text), ..Delta::default() };
-                vec![self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason: None }], None)]
+            Event::Reasoning { choice, text } => vec![ChatDelta::Reasoning { choice, text }],
+            Event::StopSequence { choice, index } => {
+                self.matched_stop = self.stops.get(index as usize).map(|stop| (choice, stop.clone()));
+                Vec::new()
             }
-            // Chat Completions does not say which stop string ended a choice, and tells the cached
-            // part of the prompt in the final usage only.
-            Event::StopSequence { .. } | Event::Cached { .. } => Vec::new(),
             Event::Finished { choice, reason } => {
                 let streamer = self.tools.as_mut().and_then(|t| t.streamers[choice as usize].take());
                 let rest = streamer.map(|s| if reason == FinishReason::Length { s.finish_cut() } else { s.finish() });
-                let mut frames = match rest {
-                    Some(pieces) => self.piece_frames(choice, pieces, None),
+                let mut deltas = match rest {
+                    Some(pieces) => self.piece_deltas(choice, pieces, None),
                     None => Vec::new(),
                 };
                 let called = self.tools.as_ref().is_some_and(|t| t.calls[choice as usize] > 0);
-                let reason = if called && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
-                let delta = Delta { role: None, content: None, ..Delta::default() };
-                let finish_reason = Some(reason.to_string());
-                frames
-                    .push(self.frame(vec![ChunkChoice { index: choice, delta, logprobs: None, finish_reason }], None));
-                frames
+                let reason = to_api_finish_reason(reason, called);
+                let stop_sequence = self.matched_stop.take().filter(|(c, _)| *c == choice).map(|(_, stop)| stop);
+                deltas.push(ChatDelta::Finished { choice, reason, stop_sequence });
+                deltas
             }
             Event::Done(usage) => {
                 self.finished = true;
-                let mut frames = Vec::new();
-                if self.include_usage {
-                    frames.push(self.frame(Vec::new(), Some(usage)));
-                }
-                frames.push(SseFrame::Done);
-                frames
+                vec![ChatDelta::Done { usage: to_api_usage(usage) }]
             }
             Event::Error(error) => {
                 self.finished = true;
-                vec![SseFrame::Data(crate::errors::IntoApiError::into_api_error(error).to_json())]
+                vec![ChatDelta::Error(error.into_api_error())]
             }
         }
     }
@@ -190,39 +177,48 @@ impl ChunkEncoder {
     pub(crate) fn is_finished(&self) -> bool {
         self.finished
     }
-
-    fn frame(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> SseFrame {
-        let chunk = ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: None,
-            choices,
-            usage: usage.map(to_api_usage),
-        };
-        let mut value = serde_json::to_value(&chunk).expect("chunk serialises");
-        // OpenAI sends `"usage": null` on every chunk but the last when usage was asked for.
-        if self.include_usage && value.get("usage").is_none() {
-            value["usage"] = Value::Null;
-        }
-        SseFrame::Data(value)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gantry_engine::FinishReason;
+    use gantry_api::{ChunkEncoder, ChunkFrame};
+    use gantry_engine::Usage;
+    use serde_json::Value;
 
-    fn enc(include_usage: bool) -> ChunkEncoder {
-        ChunkEncoder::new("chatcmpl-1".into(), 7, "m".into(), include_usage, false)
+    /// The reader and Chat Completions' encoder together: engine events in, chunks out.
+    struct Chunks {
+        reader: ChatDeltas,
+        encoder: ChunkEncoder,
     }
 
-    fn data(f: &SseFrame) -> &Value {
+    impl Chunks {
+        fn with_tools(self, plan: Option<ToolPlan>, n: u32) -> Self {
+            Self { reader: self.reader.with_tools(plan, n), ..self }
+        }
+
+        fn opening(&self, n: u32) -> Vec<ChunkFrame> {
+            self.reader.opening(n).into_iter().flat_map(|d| self.encoder.encode(d)).collect()
+        }
+
+        fn on_event(&mut self, event: Event) -> Vec<ChunkFrame> {
+            self.reader.on_event(event).into_iter().flat_map(|d| self.encoder.encode(d)).collect()
+        }
+
+        fn is_finished(&self) -> bool {
+            self.reader.is_finished()
+        }
+    }
+
+    fn enc(include_usage: bool) -> Chunks {
+        let encoder = ChunkEncoder::new("chatcmpl-1".into(), 7, "m".into(), include_usage);
+        Chunks { reader: ChatDeltas::new(false, Vec::new()), encoder }
+    }
+
+    fn data(f: &ChunkFrame) -> &Value {
         match f {
-            SseFrame::Data(v) => v,
-            SseFrame::Done => panic!("expected data"),
+            ChunkFrame::Data(v) => v,
+            ChunkFrame::Done => panic!("expected data"),
         }
     }
 
@@ -254,7 +250,7 @@ mod tests {
         assert_eq!(last["usage"]["prompt_tokens"], 5);
         assert_eq!(last["usage"]["completion_tokens"], 1);
         assert_eq!(last["usage"]["total_tokens"], 6);
-        assert_eq!(frames[4], SseFrame::Done);
+        assert_eq!(frames[4], ChunkFrame::Done);
         // All chunks share one id.
         for f in &frames[..4] {
             assert_eq!(data(f)["id"], "chatcmpl-1");
@@ -265,7 +261,7 @@ mod tests {
     fn without_include_usage_no_usage_chunk() {
         let mut e = enc(false);
         let frames = e.on_event(Event::Done(Usage::default()));
-        assert_eq!(frames, vec![SseFrame::Done]);
+        assert_eq!(frames, vec![ChunkFrame::Done]);
     }
 
     #[test]
