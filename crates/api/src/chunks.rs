@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::{ChatCompletionChunk, ChatDelta, ChoiceLogprobs, ChunkChoice, Delta, Usage};
+use crate::{ChatCompletionChunk, ChatDelta, ChoiceLogprobs, ChunkChoice, Delta, ToolCall, Usage};
 
 /// What the SSE writer sends next.
 #[derive(Debug, PartialEq)]
@@ -52,8 +52,9 @@ impl ChunkEncoder {
             // As OpenAI streams a call: the first delta names it (id, type, name, empty
             // arguments), the next ones carry the arguments.
             ChatDelta::ToolCallStart { choice, index, id, name } => {
-                let head = serde_json::json!({"id": id, "type": "function",
-                                              "function": {"name": name, "arguments": ""}, "index": index});
+                let call = ToolCall { id, name, arguments: String::new() };
+                let mut head = serde_json::to_value(call).expect("a call serialises");
+                head["index"] = index.into();
                 (choice, Delta { tool_calls: Some(vec![head]), ..Delta::default() }, None, None)
             }
             ChatDelta::ToolCallArguments { choice, index, fragment } => {

@@ -22,7 +22,7 @@ pub use image::{parse_image_url, sniff_image_mime, ImageRef};
 pub use request::{ChatMessage, ImageDetail, ImagePart, ReasoningEffort, Role, ValidatedChat};
 pub use response::{
     ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, CompletionTokensDetails, Delta,
-    ModelList, ModelObject, PromptTokensDetails, ResponseMessage, TokenLogprob, TopLogprob, Usage,
+    ModelList, ModelObject, PromptTokensDetails, ResponseMessage, TokenLogprob, ToolCall, TopLogprob, Usage,
 };
 pub use tools::{tool_choice_not_offered, ResponseFormat, Tool, ToolChoice};
 pub use validate::parse_chat_request;

@@ -33,7 +33,7 @@ pub struct Choice {
 pub struct ResponseMessage {
     pub role: &'static str,
     pub content: Option<String>,
-    pub tool_calls: Option<Vec<Value>>,
+    pub tool_calls: Option<Vec<ToolCall>>,
     /// A reasoning model's thinking, sent as both `reasoning_content` (DeepSeek's, llama-server's
     /// and vLLM's older name) and `reasoning` (vLLM's and OpenRouter's newer one).
     pub reasoning: Option<String>,
@@ -52,6 +52,31 @@ impl Serialize for ResponseMessage {
             st.serialize_field("tool_calls", calls)?;
         }
         st.serialize_field("refusal", &Option::<String>::None)?;
+        st.end()
+    }
+}
+
+/// A tool call the answer made. Serialises as OpenAI's `tool_calls` entry:
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON object text (what a call cut by `max_tokens` wrote so far).
+    pub arguments: String,
+}
+
+impl Serialize for ToolCall {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            arguments: &'a str,
+        }
+        let mut st = s.serialize_struct("ToolCall", 3)?;
+        st.serialize_field("id", &self.id)?;
+        st.serialize_field("type", "function")?;
+        st.serialize_field("function", &Function { name: &self.name, arguments: &self.arguments })?;
         st.end()
     }
 }
@@ -170,7 +195,7 @@ pub struct ModelList {
 #[cfg(test)]
 pub(crate) fn one_choice_for_tests(
     content: Option<&str>,
-    calls: Option<Vec<Value>>,
+    calls: Option<Vec<ToolCall>>,
     finish: FinishReason,
 ) -> ChatCompletionResponse {
     ChatCompletionResponse {
@@ -267,11 +292,14 @@ mod tests {
         let m = ResponseMessage {
             role: "assistant",
             content: Some("x".into()),
-            tool_calls: Some(vec![json!({})]),
+            tool_calls: Some(vec![ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{}".into() }]),
             reasoning: None,
         };
         let v = serde_json::to_value(&m).unwrap();
-        assert_eq!(v["tool_calls"], json!([{}]));
+        assert_eq!(
+            v["tool_calls"],
+            json!([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}])
+        );
         assert!(v.get("reasoning").is_none() && v.get("reasoning_content").is_none(), "{v}");
         let m = ResponseMessage { reasoning: Some("Hmm.".into()), ..m };
         let v = serde_json::to_value(&m).unwrap();

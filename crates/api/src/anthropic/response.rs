@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::{ChatCompletionResponse, FinishReason, Usage};
+use crate::{ChatCompletionResponse, FinishReason, ToolCall, Usage};
 
 /// Anthropic's `stop_reason` for why the answer ended; `stop_sequence` is the stop sequence
 /// that ended the text, if one did.
@@ -73,13 +73,13 @@ pub(crate) fn tool_use_id(chat_id: &str) -> String {
     chat_id.strip_prefix("call_").map_or_else(|| chat_id.to_owned(), |rest| format!("toolu_{rest}"))
 }
 
-/// A chat tool call (`{"id", "function": {"name", "arguments"}}`) as a `tool_use` block. Its
-/// input is the arguments' object; a call cut short by `max_tokens` has unparsable arguments,
-/// and is given an empty input (its `stop_reason` says `max_tokens`).
-fn tool_use_block(call: &Value) -> Value {
-    let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
-    let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-    json!({"type": "tool_use", "id": call["id"].as_str().map(tool_use_id), "name": call["function"]["name"], "input": input})
+/// A tool call as a `tool_use` block. Its input is the arguments' object; a call cut short by
+/// `max_tokens` has unparsable arguments, and is given an empty input (its `stop_reason` says
+/// `max_tokens`).
+fn tool_use_block(call: &ToolCall) -> Value {
+    let input =
+        serde_json::from_str::<Value>(&call.arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    json!({"type": "tool_use", "id": tool_use_id(&call.id), "name": call.name, "input": input})
 }
 
 #[cfg(test)]
@@ -121,11 +121,11 @@ mod tests {
 
     #[test]
     fn calls_become_tool_use_blocks_with_their_arguments_as_input() {
-        let call = json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}});
+        let call = ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{\"a\": 1}".into() };
         let m = message_from_chat("msg_1", &chat(Some(""), Some(vec![call]), FinishReason::ToolCalls), None);
         assert_eq!(m["content"], json!([{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]));
         assert_eq!(m["stop_reason"], "tool_use");
-        let cut = json!({"id": "call_2", "type": "function", "function": {"name": "f", "arguments": "{\"a\": "}});
+        let cut = ToolCall { id: "call_2".into(), name: "f".into(), arguments: "{\"a\": ".into() };
         let m = message_from_chat("msg_1", &chat(None, Some(vec![cut]), FinishReason::Length), None);
         assert_eq!(m["content"][0]["input"], json!({}));
         assert_eq!(m["stop_reason"], "max_tokens");

@@ -109,8 +109,7 @@ pub fn response_from_chat(ids: &ResponseIds, echo: &Map<String, Value>, chat: &C
         output.push(item);
     }
     for call in choice.and_then(|c| c.message.tool_calls.as_deref()).unwrap_or_default() {
-        let s = |p: &str| call.pointer(p).and_then(Value::as_str).unwrap_or_default();
-        output.push(function_call_item(s("/id"), s("/function/name"), s("/function/arguments"), "completed"));
+        output.push(function_call_item(&call.id, &call.name, &call.arguments, "completed"));
     }
     response_object(ids, echo, status, details, output, Some(&chat.usage))
 }
@@ -157,7 +156,7 @@ mod tests {
 
     #[test]
     fn calls_are_function_call_items() {
-        let call = json!({"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}});
+        let call = crate::ToolCall { id: "call_9".into(), name: "f".into(), arguments: "{\"a\":1}".into() };
         let r = response_from_chat(&ids(), &Map::new(), &chat(None, Some(vec![call]), FinishReason::ToolCalls));
         assert_eq!(
             r["output"],

@@ -76,16 +76,12 @@ pub(crate) async fn respond(
     let collected =
         chat::collect_response(answer.id.clone(), answer.created, answer.model, chat, tools.as_ref(), 1, events)
             .await?;
-    let stop = stop_string(chat, collected.stop_sequences.first().copied().flatten());
-    let mut message = message_from_chat(&answer.id, &collected.response, stop);
+    let stop = collected.stop_sequences.into_iter().next().flatten();
+    let mut message = message_from_chat(&answer.id, &collected.response, stop.as_deref());
     if answer.context_capped && message["stop_reason"] == "max_tokens" {
         message["stop_reason"] = CONTEXT_END.into();
     }
     Ok(Json(message).into_response())
-}
-
-fn stop_string(chat: &ValidatedChat, index: Option<u32>) -> Option<&str> {
-    index.and_then(|k| chat.stop.get(k as usize)).map(String::as_str)
 }
 
 /// The answer's deltas (tool calls read out of its text) as Messages events. Dropping it

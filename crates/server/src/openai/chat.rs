@@ -148,7 +148,7 @@ pub(crate) async fn respond(
 /// A collected answer, and which stop string ended each choice (Messages reports it).
 pub(crate) struct Collected {
     pub response: ChatCompletionResponse,
-    pub stop_sequences: Vec<Option<u32>>,
+    pub stop_sequences: Vec<Option<String>>,
 }
 
 pub(crate) async fn collect_response(
@@ -173,7 +173,9 @@ pub(crate) async fn collect_response(
             }
             Event::Reasoning { choice, text } => thoughts[choice as usize].get_or_insert_default().push_str(&text),
             Event::Finished { choice, reason } => reasons[choice as usize] = reason,
-            Event::StopSequence { choice, index } => stop_sequences[choice as usize] = Some(index),
+            Event::StopSequence { choice, index } => {
+                stop_sequences[choice as usize] = chat.stop.get(index as usize).cloned();
+            }
             Event::Done(usage) => break usage,
             Event::Error(error) => return Err(error.into_api_error()),
             // The usage at the end says it too.
