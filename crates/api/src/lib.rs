@@ -1,6 +1,7 @@
-//! OpenAI Chat Completions wire types, request validation, and the one API error type; the
-//! other dialects (`anthropic`, `responses`, `completions` with llama.cpp's `/infill`) as
-//! translations onto them. No I/O.
+//! OpenAI Chat Completions wire types, request validation, the one API error type, and the
+//! typed deltas of a streamed answer that every dialect renders; the other dialects
+//! (`anthropic`, `responses`, `completions` with llama.cpp's `/infill`) as translations onto
+//! them. No I/O.
 
 pub mod anthropic;
 mod chat_delta;
