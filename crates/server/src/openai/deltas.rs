@@ -53,7 +53,9 @@ pub(crate) struct ChatDeltas {
 struct StreamingTools {
     streamers: Vec<Option<ToolCallStreamer>>,
     calls: Vec<usize>,
+    /// `parallel_tool_calls: false`: calls after the first are dropped.
     single: bool,
+    /// The output is a forced call: every turn opens saying no text will come.
     forced: bool,
 }
 
@@ -304,5 +306,21 @@ mod tests {
         assert!(args.get("id").is_none() && args["function"].get("name").is_none());
         assert_eq!(args["function"]["arguments"], "{\"city\":\"Oslo\"}");
         assert_eq!(values.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn the_stop_string_is_named_with_its_choices_finish_and_the_cache_told_first() {
+        let mut reader = ChatDeltas::new(false, vec!["X".into(), "END".into()]);
+        assert_eq!(reader.on_event(Event::Cached { tokens: 3 }), [ChatDelta::PromptCached { tokens: 3 }]);
+        assert!(reader.on_event(Event::StopSequence { choice: 0, index: 1 }).is_empty());
+        let finished = reader.on_event(Event::Finished { choice: 0, reason: FinishReason::Stop });
+        let stop_sequence = Some("END".to_string());
+        assert_eq!(
+            finished,
+            [ChatDelta::Finished { choice: 0, reason: gantry_api::FinishReason::Stop, stop_sequence }]
+        );
+        let cancelled = reader.on_event(Event::Finished { choice: 1, reason: FinishReason::Cancelled });
+        let reason = gantry_api::FinishReason::Length;
+        assert_eq!(cancelled, [ChatDelta::Finished { choice: 1, reason, stop_sequence: None }]);
     }
 }
