@@ -4,6 +4,8 @@ use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::FinishReason;
+
 /// `object: "chat.completion"`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatCompletionResponse {
@@ -23,7 +25,7 @@ pub struct Choice {
     pub message: ResponseMessage,
     /// `null` when logprobs were not requested.
     pub logprobs: Option<ChoiceLogprobs>,
-    pub finish_reason: String,
+    pub finish_reason: FinishReason,
 }
 
 /// Serialises as `{"role", "content" (null when None), "tool_calls"? , "refusal": null}`.
@@ -31,7 +33,7 @@ pub struct Choice {
 pub struct ResponseMessage {
     pub role: &'static str,
     pub content: Option<String>,
-    pub tool_calls: Option<Vec<Value>>,
+    pub tool_calls: Option<Vec<ToolCall>>,
     /// A reasoning model's thinking, sent as both `reasoning_content` (DeepSeek's, llama-server's
     /// and vLLM's older name) and `reasoning` (vLLM's and OpenRouter's newer one).
     pub reasoning: Option<String>,
@@ -54,6 +56,31 @@ impl Serialize for ResponseMessage {
     }
 }
 
+/// A tool call the answer made. Serialises as OpenAI's `tool_calls` entry:
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON object text (what a call cut by `max_tokens` wrote so far).
+    pub arguments: String,
+}
+
+impl Serialize for ToolCall {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            arguments: &'a str,
+        }
+        let mut st = s.serialize_struct("ToolCall", 3)?;
+        st.serialize_field("id", &self.id)?;
+        st.serialize_field("type", "function")?;
+        st.serialize_field("function", &Function { name: &self.name, arguments: &self.arguments })?;
+        st.end()
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub prompt_tokens: u32,
@@ -63,25 +90,6 @@ pub struct Usage {
     pub prompt_tokens_details: Option<PromptTokensDetails>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionTokensDetails>,
-}
-
-impl Usage {
-    /// The usage of a chat chunk's `usage` JSON (what the other dialects' streams read back);
-    /// missing numbers count 0.
-    pub(crate) fn from_json(v: &Value) -> Usage {
-        let n = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
-        Usage {
-            prompt_tokens: n(&v["prompt_tokens"]),
-            completion_tokens: n(&v["completion_tokens"]),
-            total_tokens: n(&v["total_tokens"]),
-            prompt_tokens_details: Some(PromptTokensDetails {
-                cached_tokens: n(&v["prompt_tokens_details"]["cached_tokens"]),
-            }),
-            completion_tokens_details: Some(CompletionTokensDetails {
-                reasoning_tokens: n(&v["completion_tokens_details"]["reasoning_tokens"]),
-            }),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -148,7 +156,7 @@ pub struct ChunkChoice {
     /// `null` when absent.
     pub logprobs: Option<ChoiceLogprobs>,
     /// `null` until the choice finishes.
-    pub finish_reason: Option<String>,
+    pub finish_reason: Option<FinishReason>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -190,8 +198,8 @@ pub struct ModelList {
 #[cfg(test)]
 pub(crate) fn one_choice_for_tests(
     content: Option<&str>,
-    calls: Option<Vec<Value>>,
-    finish: &str,
+    calls: Option<Vec<ToolCall>>,
+    finish: FinishReason,
 ) -> ChatCompletionResponse {
     ChatCompletionResponse {
         id: "chatcmpl-1".into(),
@@ -208,7 +216,7 @@ pub(crate) fn one_choice_for_tests(
                 reasoning: None,
             },
             logprobs: None,
-            finish_reason: finish.into(),
+            finish_reason: finish,
         }],
         usage: Usage {
             prompt_tokens: 10,
@@ -237,7 +245,7 @@ mod tests {
                 index: 0,
                 message: ResponseMessage { role: "assistant", content: None, tool_calls: None, reasoning: None },
                 logprobs: None,
-                finish_reason: "stop".into(),
+                finish_reason: FinishReason::Stop,
             }],
             usage: Usage {
                 prompt_tokens: 1,
@@ -287,11 +295,14 @@ mod tests {
         let m = ResponseMessage {
             role: "assistant",
             content: Some("x".into()),
-            tool_calls: Some(vec![json!({})]),
+            tool_calls: Some(vec![ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{}".into() }]),
             reasoning: None,
         };
         let v = serde_json::to_value(&m).unwrap();
-        assert_eq!(v["tool_calls"], json!([{}]));
+        assert_eq!(
+            v["tool_calls"],
+            json!([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}])
+        );
         assert!(v.get("reasoning").is_none() && v.get("reasoning_content").is_none(), "{v}");
         let m = ResponseMessage { reasoning: Some("Hmm.".into()), ..m };
         let v = serde_json::to_value(&m).unwrap();

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::errors::IntoApiError;
 use crate::openai::completions::AnswerPlan;
-use crate::openai::stream::next_event;
+use crate::openai::deltas::next_event;
 
 /// What the answer repeats about the request and the model.
 pub(crate) struct InfillAnswer {

@@ -18,13 +18,13 @@ use gantry_accounts::KeyInfo;
 use gantry_api::responses::{
     response_from_chat, turn_items, ResponseEvent, ResponseIds, ResponseStream, ResponsesRequest,
 };
-use gantry_api::ApiError;
+use gantry_api::{ApiError, ChatDelta};
 use gantry_engine::Event;
 use serde_json::{json, Map, Value};
 
 use crate::clock::now_ms;
 use crate::openai::chat;
-use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
+use crate::openai::deltas::{deltas, ChatDeltas};
 use crate::openai::tool_calls::ToolPlan;
 use crate::response_storage::ResponseStorage;
 use crate::state::AppState;
@@ -244,7 +244,8 @@ pub(crate) async fn respond(
         items,
     });
     if chat.stream {
-        return Ok(stream(ids, echo, tools, chat.logprobs, events, keeper).into_response());
+        let deltas = deltas(events, ChatDeltas::for_request(&chat, tools, 1));
+        return Ok(stream(ids, echo, deltas, keeper).into_response());
     }
     let collected =
         chat::collect_response(ids.id.clone(), ids.created_at, ids.model.clone(), &chat, tools.as_ref(), 1, events)
@@ -256,39 +257,25 @@ pub(crate) async fn respond(
     Ok(Json(response).into_response())
 }
 
-/// The chat stream's chunks (tool calls included) as Responses events. Dropping it (client
-/// gone) drops the engine's receiver: the request is cancelled.
+/// The answer's deltas (tool calls read out of its text) as Responses events, the finished
+/// Response kept before its last event leaves. Dropping it (client gone) drops the engine's
+/// receiver: the request is cancelled.
 fn stream(
     ids: ResponseIds,
     echo: Map<String, Value>,
-    tools: Option<ToolPlan>,
-    logprobs: bool,
-    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    deltas: impl futures_util::Stream<Item = ChatDelta> + Send + 'static,
     keeper: Option<Keeper>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let encoder = ChunkEncoder::new(ids.id.clone(), ids.created_at, ids.model.clone(), true, logprobs)
-        .with_tools(tools.filter(|t| t.parse), 1);
     let (translator, opening) = ResponseStream::start(ids, echo);
-    let state = (events, encoder, translator, keeper);
-    let body = stream::unfold(state, |(mut events, mut encoder, mut translator, keeper)| async move {
-        if encoder.is_finished() {
-            return None;
+    let state = (Box::pin(deltas), translator, keeper);
+    let body = stream::unfold(state, |(mut deltas, mut translator, keeper)| async move {
+        let delta = deltas.next().await?;
+        let done = matches!(delta, ChatDelta::Done { .. });
+        let mut out = translator.on_delta(delta);
+        if let (true, Some(keeper), Some(end)) = (done, &keeper, out.last_mut()) {
+            keeper.keep(&mut end.data["response"]).await;
         }
-        let event = next_event(&mut events).await;
-        let mut out = Vec::new();
-        for frame in encoder.on_event(event) {
-            match frame {
-                SseFrame::Data(chunk) => out.extend(translator.on_chunk(&chunk)),
-                SseFrame::Done => {
-                    let mut last = translator.finish();
-                    if let (Some(keeper), Some(end)) = (&keeper, last.last_mut()) {
-                        keeper.keep(&mut end.data["response"]).await;
-                    }
-                    out.extend(last);
-                }
-            }
-        }
-        Some((stream::iter(out), (events, encoder, translator, keeper)))
+        Some((stream::iter(out), (deltas, translator, keeper)))
     })
     .flatten();
     let frames = stream::iter(opening).chain(body).map(|e| Ok(to_sse(e)));

@@ -2,16 +2,16 @@
 
 use serde_json::{json, Value};
 
-use crate::{ChatCompletionResponse, Usage};
+use crate::{ChatCompletionResponse, FinishReason, ToolCall, Usage};
 
-/// Anthropic's `stop_reason` for a chat `finish_reason`; `stop_sequence` is the stop sequence
+/// Anthropic's `stop_reason` for why the answer ended; `stop_sequence` is the stop sequence
 /// that ended the text, if one did.
-pub fn stop_reason(finish_reason: &str, stop_sequence: Option<&str>) -> &'static str {
+pub fn stop_reason(finish_reason: FinishReason, stop_sequence: Option<&str>) -> &'static str {
     match finish_reason {
-        "length" => "max_tokens",
-        "tool_calls" => "tool_use",
-        _ if stop_sequence.is_some() => "stop_sequence",
-        _ => "end_turn",
+        FinishReason::Length => "max_tokens",
+        FinishReason::ToolCalls => "tool_use",
+        FinishReason::Stop if stop_sequence.is_some() => "stop_sequence",
+        FinishReason::Stop => "end_turn",
     }
 }
 
@@ -31,8 +31,8 @@ pub fn usage_json(usage: &Usage) -> Value {
 pub fn message_from_chat(id: &str, chat: &ChatCompletionResponse, stop_sequence: Option<&str>) -> Value {
     let mut content = Vec::new();
     let (finish_reason, message) = match chat.choices.first() {
-        Some(c) => (c.finish_reason.as_str(), Some(&c.message)),
-        None => ("stop", None),
+        Some(c) => (c.finish_reason, Some(&c.message)),
+        None => (FinishReason::Stop, None),
     };
     if let Some(thinking) = message.and_then(|m| m.reasoning.as_deref()) {
         content.push(json!({"type": "thinking", "thinking": thinking, "signature": signature(thinking)}));
@@ -69,20 +69,17 @@ pub(crate) fn signature(thinking: &str) -> String {
 
 /// A call's id as Anthropic spells its own (`toolu_…`): the chat path's `call_…`, renamed. The
 /// client sends it back in its `tool_use` and `tool_result` blocks alike, so they still match.
-pub(crate) fn tool_use_id(chat_id: &Value) -> Value {
-    match chat_id.as_str() {
-        Some(id) => id.strip_prefix("call_").map_or_else(|| id.to_owned(), |rest| format!("toolu_{rest}")).into(),
-        None => chat_id.clone(),
-    }
+pub(crate) fn tool_use_id(chat_id: &str) -> String {
+    chat_id.strip_prefix("call_").map_or_else(|| chat_id.to_owned(), |rest| format!("toolu_{rest}"))
 }
 
-/// A chat tool call (`{"id", "function": {"name", "arguments"}}`) as a `tool_use` block. Its
-/// input is the arguments' object; a call cut short by `max_tokens` has unparsable arguments,
-/// and is given an empty input (its `stop_reason` says `max_tokens`).
-fn tool_use_block(call: &Value) -> Value {
-    let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
-    let input = serde_json::from_str::<Value>(arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
-    json!({"type": "tool_use", "id": tool_use_id(&call["id"]), "name": call["function"]["name"], "input": input})
+/// A tool call as a `tool_use` block. Its input is the arguments' object; a call cut short by
+/// `max_tokens` has unparsable arguments, and is given an empty input (its `stop_reason` says
+/// `max_tokens`).
+fn tool_use_block(call: &ToolCall) -> Value {
+    let input =
+        serde_json::from_str::<Value>(&call.arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    json!({"type": "tool_use", "id": tool_use_id(&call.id), "name": call.name, "input": input})
 }
 
 #[cfg(test)]
@@ -93,7 +90,7 @@ mod tests {
 
     #[test]
     fn text_answers_carry_the_stop_reason_and_anthropics_usage_split() {
-        let m = message_from_chat("msg_1", &chat(Some("Hi"), None, "stop"), None);
+        let m = message_from_chat("msg_1", &chat(Some("Hi"), None, FinishReason::Stop), None);
         assert_eq!(m["content"], json!([{"type": "text", "text": "Hi"}]));
         assert_eq!(m["stop_reason"], "end_turn");
         assert_eq!(m["stop_sequence"], Value::Null);
@@ -101,14 +98,17 @@ mod tests {
             m["usage"],
             json!({"input_tokens": 4, "output_tokens": 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 6})
         );
-        let m = message_from_chat("msg_1", &chat(Some("Hi"), None, "stop"), Some("END"));
+        let m = message_from_chat("msg_1", &chat(Some("Hi"), None, FinishReason::Stop), Some("END"));
         assert_eq!((m["stop_reason"].as_str(), m["stop_sequence"].as_str()), (Some("stop_sequence"), Some("END")));
-        assert_eq!(message_from_chat("x", &chat(Some("Hi"), None, "length"), None)["stop_reason"], "max_tokens");
+        assert_eq!(
+            message_from_chat("x", &chat(Some("Hi"), None, FinishReason::Length), None)["stop_reason"],
+            "max_tokens"
+        );
     }
 
     #[test]
     fn thinking_comes_first_as_a_thinking_block() {
-        let mut c = chat(Some("4"), None, "stop");
+        let mut c = chat(Some("4"), None, FinishReason::Stop);
         c.choices[0].message.reasoning = Some("2 + 2.".into());
         let m = message_from_chat("msg_1", &c, None);
         assert_eq!(
@@ -121,12 +121,12 @@ mod tests {
 
     #[test]
     fn calls_become_tool_use_blocks_with_their_arguments_as_input() {
-        let call = json!({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}});
-        let m = message_from_chat("msg_1", &chat(Some(""), Some(vec![call]), "tool_calls"), None);
+        let call = ToolCall { id: "call_1".into(), name: "f".into(), arguments: "{\"a\": 1}".into() };
+        let m = message_from_chat("msg_1", &chat(Some(""), Some(vec![call]), FinishReason::ToolCalls), None);
         assert_eq!(m["content"], json!([{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]));
         assert_eq!(m["stop_reason"], "tool_use");
-        let cut = json!({"id": "call_2", "type": "function", "function": {"name": "f", "arguments": "{\"a\": "}});
-        let m = message_from_chat("msg_1", &chat(None, Some(vec![cut]), "length"), None);
+        let cut = ToolCall { id: "call_2".into(), name: "f".into(), arguments: "{\"a\": ".into() };
+        let m = message_from_chat("msg_1", &chat(None, Some(vec![cut]), FinishReason::Length), None);
         assert_eq!(m["content"][0]["input"], json!({}));
         assert_eq!(m["stop_reason"], "max_tokens");
     }

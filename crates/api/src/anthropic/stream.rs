@@ -1,12 +1,12 @@
 //! A streamed chat answer as Messages events: `message_start`, then per content block
 //! `content_block_start` / `_delta` / `_stop` (text, or a `tool_use` whose input arrives as
 //! `input_json_delta`s), then `message_delta` with the stop reason and usage, and
-//! `message_stop`. Fed the chat stream's chunks in order; no I/O.
+//! `message_stop`. Fed the answer's [`ChatDelta`]s in order; no I/O.
 
 use serde_json::{json, Value};
 
-use crate::anthropic::response::stop_reason;
-use crate::Usage;
+use crate::anthropic::response::{stop_reason, tool_use_id};
+use crate::{ChatDelta, FinishReason, Usage};
 
 /// One server-sent event: its `event:` name and `data:` JSON.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,8 +33,9 @@ pub struct MessageStream {
     /// The open thinking block's text so far, for its signature.
     thought: String,
     next_index: usize,
-    finish_reason: Option<String>,
-    usage: Option<Usage>,
+    finish_reason: Option<FinishReason>,
+    /// The stop string that ended the answer, if one did.
+    stop_sequence: Option<String>,
     ended: bool,
 }
 
@@ -50,85 +51,74 @@ impl MessageStream {
             "usage": {"input_tokens": prompt_tokens - cached, "output_tokens": 0,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached},
         });
-        let stream =
-            Self { open: None, thought: String::new(), next_index: 0, finish_reason: None, usage: None, ended: false };
+        let stream = Self {
+            open: None,
+            thought: String::new(),
+            next_index: 0,
+            finish_reason: None,
+            stop_sequence: None,
+            ended: false,
+        };
         (stream, vec![event("message_start", json!({"type": "message_start", "message": message})), ping()])
     }
 
-    /// The events for one chat chunk (or error body) of the chat stream.
-    pub fn on_chunk(&mut self, chunk: &Value) -> Vec<StreamEvent> {
+    /// The events for the answer's next step. A Messages request has one choice: other
+    /// choices' steps, and what Messages does not say mid-stream, make none.
+    pub fn on_delta(&mut self, delta: ChatDelta) -> Vec<StreamEvent> {
         if self.ended {
             return Vec::new();
         }
         let mut out = Vec::new();
-        if let Some(error) = chunk.get("error") {
-            self.ended = true;
-            let message = error.get("message").and_then(Value::as_str).unwrap_or("the request failed");
-            let kind = if error.get("type").and_then(Value::as_str) == Some("server_error") {
-                "api_error"
-            } else {
-                "invalid_request_error"
-            };
-            out.push(event("error", json!({"type": "error", "error": {"type": kind, "message": message}})));
-            return out;
-        }
-        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            self.usage = Some(Usage::from_json(usage));
-        }
-        // A Messages request has one choice.
-        let Some(choice) = chunk["choices"].as_array().and_then(|c| c.iter().find(|c| c["index"] == 0)) else {
-            return out;
-        };
-        let delta = &choice["delta"];
-        if let Some(text) = delta["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
-            let head = json!({"type": "thinking", "thinking": "", "signature": ""});
-            self.open_block(Block::Thinking, head, &mut out);
-            self.thought.push_str(text);
-            let index = self.next_index - 1;
-            out.push(event(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": text}}),
-            ));
-        }
-        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-            self.open_block(Block::Text, json!({"type": "text", "text": ""}), &mut out);
-            let index = self.next_index - 1;
-            out.push(event(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}),
-            ));
-        }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            if let Some(id) = call.get("id") {
-                let head = json!({"type": "tool_use", "id": super::response::tool_use_id(id), "name": call["function"]["name"], "input": {}});
+        match delta {
+            ChatDelta::Reasoning { choice: 0, text } if !text.is_empty() => {
+                let head = json!({"type": "thinking", "thinking": "", "signature": ""});
+                self.open_block(Block::Thinking, head, &mut out);
+                self.thought.push_str(&text);
+                let delta = json!({"type": "thinking_delta", "thinking": text});
+                out.push(self.block_delta(delta));
+            }
+            ChatDelta::Text { choice: 0, text, .. } if !text.is_empty() => {
+                self.open_block(Block::Text, json!({"type": "text", "text": ""}), &mut out);
+                out.push(self.block_delta(json!({"type": "text_delta", "text": text})));
+            }
+            ChatDelta::ToolCallStart { choice: 0, id, name, .. } => {
+                let head = json!({"type": "tool_use", "id": tool_use_id(&id), "name": name, "input": {}});
                 self.open_block(Block::ToolUse, head, &mut out);
             }
-            let fragment = call["function"]["arguments"].as_str().unwrap_or("");
-            if let (false, Some((index, Block::ToolUse))) = (fragment.is_empty(), self.open) {
-                out.push(event(
-                    "content_block_delta",
-                    json!({"type": "content_block_delta", "index": index,
-                           "delta": {"type": "input_json_delta", "partial_json": fragment}}),
-                ));
+            ChatDelta::ToolCallArguments { choice: 0, fragment, .. } => {
+                if let (false, Some((_, Block::ToolUse))) = (fragment.is_empty(), self.open) {
+                    out.push(self.block_delta(json!({"type": "input_json_delta", "partial_json": fragment})));
+                }
             }
-        }
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            self.finish_reason = Some(reason.to_string());
+            ChatDelta::Finished { choice: 0, reason, stop_sequence } => {
+                self.finish_reason = Some(reason);
+                self.stop_sequence = stop_sequence;
+            }
+            ChatDelta::Done { usage } => return self.finish(&usage),
+            ChatDelta::Error(error) => {
+                self.ended = true;
+                out.push(event("error", crate::anthropic::error_body(&error)));
+            }
+            _ => {}
         }
         out
     }
 
-    /// The closing events once the chat stream ended (its `[DONE]`): the last block's stop,
-    /// `message_delta` with the stop reason and the usage, and `message_stop`.
-    pub fn finish(&mut self, stop_sequence: Option<&str>) -> Vec<StreamEvent> {
-        if self.ended {
-            return Vec::new();
-        }
+    /// A `content_block_delta` of the open block.
+    fn block_delta(&self, delta: Value) -> StreamEvent {
+        let index = self.next_index - 1;
+        event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}))
+    }
+
+    /// The closing events once the answer is complete: the last block's stop, `message_delta`
+    /// with the stop reason and the usage, and `message_stop`.
+    fn finish(&mut self, usage: &Usage) -> Vec<StreamEvent> {
         self.ended = true;
         let mut out = Vec::new();
         self.close(&mut out);
-        let reason = stop_reason(self.finish_reason.as_deref().unwrap_or("stop"), stop_sequence);
-        let usage = self.usage.map_or_else(|| json!({"output_tokens": 0}), |u| crate::anthropic::usage_json(&u));
+        let stop_sequence = self.stop_sequence.as_deref();
+        let reason = stop_reason(self.finish_reason.unwrap_or(FinishReason::Stop), stop_sequence);
+        let usage = crate::anthropic::usage_json(usage);
         out.push(event(
             "message_delta",
             json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence}, "usage": usage}),

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::{ChatCompletionResponse, Usage};
+use crate::{ChatCompletionResponse, FinishReason, Usage};
 
 /// What names a Response: its id (`resp_…`), creation time and model.
 #[derive(Debug, Clone)]
@@ -24,9 +24,9 @@ impl ResponseIds {
     }
 }
 
-/// `status` and `incomplete_details` for a chat `finish_reason`.
-pub(crate) fn status_of(finish_reason: &str) -> (&'static str, Value) {
-    if finish_reason == "length" {
+/// `status` and `incomplete_details` for why the answer ended.
+pub(crate) fn status_of(finish_reason: FinishReason) -> (&'static str, Value) {
+    if finish_reason == FinishReason::Length {
         ("incomplete", json!({"reason": "max_output_tokens"}))
     } else {
         ("completed", Value::Null)
@@ -95,7 +95,7 @@ pub(crate) fn response_object(
 /// The Response for a collected chat answer (its first choice: a Responses request has one).
 pub fn response_from_chat(ids: &ResponseIds, echo: &Map<String, Value>, chat: &ChatCompletionResponse) -> Value {
     let choice = chat.choices.first();
-    let finish = choice.map_or("stop", |c| c.finish_reason.as_str());
+    let finish = choice.map_or(FinishReason::Stop, |c| c.finish_reason);
     let (status, details) = status_of(finish);
     let mut output = Vec::new();
     if let Some(thinking) = choice.and_then(|c| c.message.reasoning.as_deref()) {
@@ -109,8 +109,7 @@ pub fn response_from_chat(ids: &ResponseIds, echo: &Map<String, Value>, chat: &C
         output.push(item);
     }
     for call in choice.and_then(|c| c.message.tool_calls.as_deref()).unwrap_or_default() {
-        let s = |p: &str| call.pointer(p).and_then(Value::as_str).unwrap_or_default();
-        output.push(function_call_item(s("/id"), s("/function/name"), s("/function/arguments"), "completed"));
+        output.push(function_call_item(&call.id, &call.name, &call.arguments, "completed"));
     }
     response_object(ids, echo, status, details, output, Some(&chat.usage))
 }
@@ -128,21 +127,21 @@ mod tests {
     #[test]
     fn a_text_answer_is_one_message_item_with_usage() {
         let echo = Map::from_iter([("tools".to_string(), json!([]))]);
-        let r = response_from_chat(&ids(), &echo, &chat(Some("Hi"), None, "stop"));
+        let r = response_from_chat(&ids(), &echo, &chat(Some("Hi"), None, FinishReason::Stop));
         assert_eq!((r["object"].as_str(), r["status"].as_str()), (Some("response"), Some("completed")));
         assert_eq!(r["output"][0]["id"], "msg_abc");
         assert_eq!(r["output"][0]["content"][0]["text"], "Hi");
         assert_eq!(r["usage"]["input_tokens_details"], json!({"cached_tokens": 6, "cache_write_tokens": 0}));
         assert_eq!(r["usage"]["total_tokens"], 14);
         assert_eq!(r["tools"], json!([]));
-        let cut = response_from_chat(&ids(), &echo, &chat(Some("Hi"), None, "length"));
+        let cut = response_from_chat(&ids(), &echo, &chat(Some("Hi"), None, FinishReason::Length));
         assert_eq!(cut["status"], "incomplete");
         assert_eq!(cut["incomplete_details"]["reason"], "max_output_tokens");
     }
 
     #[test]
     fn thinking_is_a_reasoning_item_before_the_message() {
-        let mut c = chat(Some("4"), None, "stop");
+        let mut c = chat(Some("4"), None, FinishReason::Stop);
         c.choices[0].message.reasoning = Some("Add.".into());
         c.usage.completion_tokens_details = Some(crate::CompletionTokensDetails { reasoning_tokens: 3 });
         let r = response_from_chat(&ids(), &Map::new(), &c);
@@ -157,8 +156,8 @@ mod tests {
 
     #[test]
     fn calls_are_function_call_items() {
-        let call = json!({"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}});
-        let r = response_from_chat(&ids(), &Map::new(), &chat(None, Some(vec![call]), "tool_calls"));
+        let call = crate::ToolCall { id: "call_9".into(), name: "f".into(), arguments: "{\"a\":1}".into() };
+        let r = response_from_chat(&ids(), &Map::new(), &chat(None, Some(vec![call]), FinishReason::ToolCalls));
         assert_eq!(
             r["output"],
             json!([{"type": "function_call", "id": "fc_9", "call_id": "call_9", "name": "f", "arguments": "{\"a\":1}", "status": "completed"}])

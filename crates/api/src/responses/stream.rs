@@ -2,14 +2,14 @@
 //! `response.in_progress`, then per output item `response.output_item.added` … `.done` (a
 //! message's `content_part` and `output_text` deltas, or a function call's
 //! `function_call_arguments` deltas), then `response.completed` (or `response.incomplete`) with
-//! the whole Response. Fed the chat stream's chunks in order; no I/O.
+//! the whole Response. Fed the answer's [`ChatDelta`]s in order; no I/O.
 
 use serde_json::{json, Map, Value};
 
 use crate::responses::response::{
     function_call_item, message_item, reasoning_item, response_object, status_of, ResponseIds,
 };
-use crate::Usage;
+use crate::{ChatDelta, FinishReason, TokenLogprob, Usage};
 
 /// One server-sent event: its `event:` name (the `type`) and `data:` JSON.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +28,7 @@ enum Open {
     Message {
         index: usize,
         text: String,
-        logprobs: Vec<Value>,
+        logprobs: Vec<TokenLogprob>,
     },
     Call {
         index: usize,
@@ -46,24 +46,14 @@ pub struct ResponseStream {
     sequence: u64,
     items: Vec<Value>,
     open: Option<Open>,
-    finish_reason: Option<String>,
-    usage: Option<Usage>,
+    finish_reason: Option<FinishReason>,
     ended: bool,
 }
 
 impl ResponseStream {
     /// The stream and its first events: `response.created` and `response.in_progress`.
     pub fn start(ids: ResponseIds, echo: Map<String, Value>) -> (Self, Vec<ResponseEvent>) {
-        let mut s = Self {
-            ids,
-            echo,
-            sequence: 0,
-            items: Vec::new(),
-            open: None,
-            finish_reason: None,
-            usage: None,
-            ended: false,
-        };
+        let mut s = Self { ids, echo, sequence: 0, items: Vec::new(), open: None, finish_reason: None, ended: false };
         let shell = s.object("in_progress", Value::Null, None);
         let events = vec![
             s.event("response.created", json!({"response": &shell})),
@@ -72,70 +62,71 @@ impl ResponseStream {
         (s, events)
     }
 
-    /// The events for one chat chunk (or error body) of the chat stream.
-    pub fn on_chunk(&mut self, chunk: &Value) -> Vec<ResponseEvent> {
+    /// The events for the answer's next step. A Responses request has one choice: other
+    /// choices' steps, and what Responses does not say mid-stream, make none.
+    pub fn on_delta(&mut self, delta: ChatDelta) -> Vec<ResponseEvent> {
         let mut out = Vec::new();
         if self.ended {
             return out;
         }
-        if let Some(error) = chunk.get("error") {
-            self.ended = true;
-            let message = error.get("message").and_then(Value::as_str).unwrap_or("the request failed");
-            let mut failed = self.object("failed", Value::Null, None);
-            failed["error"] = json!({"code": "server_error", "message": message});
-            out.push(self.event("response.failed", json!({"response": failed})));
-            return out;
-        }
-        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-            self.usage = Some(Usage::from_json(u));
-        }
-        let Some(choice) = chunk["choices"].as_array().and_then(|c| c.iter().find(|c| c["index"] == 0)) else {
-            return out;
-        };
-        let delta = &choice["delta"];
-        if let Some(text) = delta["reasoning_content"].as_str().filter(|t| !t.is_empty()) {
-            self.reasoning_delta(text, &mut out);
-        }
-        let logprobs = choice["logprobs"]["content"].as_array().cloned().unwrap_or_default();
-        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-            if !matches!(self.open, Some(Open::Message { .. })) {
-                let id = self.ids.message_id();
-                let item = message_item(&id, "", "in_progress");
-                let index = self.open_item_with_part(&mut out, &id, item, output_text_part(""));
-                self.open = Some(Open::Message { index, text: String::new(), logprobs: Vec::new() });
+        match delta {
+            ChatDelta::Reasoning { choice: 0, text } if !text.is_empty() => self.reasoning_delta(&text, &mut out),
+            ChatDelta::Text { choice: 0, text, logprobs } => {
+                self.text_delta(text, logprobs.unwrap_or_default(), &mut out);
             }
-            if let Some(Open::Message { index, text: so_far, logprobs: all }) = &mut self.open {
-                so_far.push_str(text);
-                all.extend(logprobs.iter().cloned());
-                let data = json!({"item_id": self.ids.message_id(), "output_index": *index, "content_index": 0,
-                                  "delta": text, "logprobs": logprobs});
-                out.push(self.event("response.output_text.delta", data));
-            }
-        } else if let Some(Open::Message { logprobs: all, .. }) = &mut self.open {
-            // A token with no text of its own (the end of the answer) has its entry all the same.
-            all.extend(logprobs);
-        }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            if let Some(call_id) = call.get("id").and_then(Value::as_str) {
+            ChatDelta::ToolCallStart { choice: 0, id, name, .. } => {
                 self.close(&mut out);
                 let index = self.items.len();
-                let name = call["function"]["name"].as_str().unwrap_or_default().to_string();
-                let item = function_call_item(call_id, &name, "", "in_progress");
+                let item = function_call_item(&id, &name, "", "in_progress");
                 out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-                self.open = Some(Open::Call { index, call_id: call_id.to_string(), name, arguments: String::new() });
+                self.open = Some(Open::Call { index, call_id: id, name, arguments: String::new() });
             }
-            let fragment = call["function"]["arguments"].as_str().unwrap_or("");
-            if let (false, Some(Open::Call { index, call_id, arguments, .. })) = (fragment.is_empty(), &mut self.open) {
-                arguments.push_str(fragment);
-                let item_id = format!("fc_{}", call_id.trim_start_matches("call_"));
-                let data = json!({"item_id": item_id, "output_index": *index, "delta": fragment});
-                out.push(self.event("response.function_call_arguments.delta", data));
+            ChatDelta::ToolCallArguments { choice: 0, fragment, .. } => {
+                if let (false, Some(Open::Call { index, call_id, arguments, .. })) =
+                    (fragment.is_empty(), &mut self.open)
+                {
+                    arguments.push_str(&fragment);
+                    let item_id = format!("fc_{}", call_id.trim_start_matches("call_"));
+                    let data = json!({"item_id": item_id, "output_index": *index, "delta": fragment});
+                    out.push(self.event("response.function_call_arguments.delta", data));
+                }
             }
-        }
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            self.finish_reason = Some(reason.to_string());
+            ChatDelta::Finished { choice: 0, reason, .. } => self.finish_reason = Some(reason),
+            ChatDelta::Done { usage } => return self.finish(&usage),
+            ChatDelta::Error(error) => {
+                self.ended = true;
+                let mut failed = self.object("failed", Value::Null, None);
+                failed["error"] = json!({"code": "server_error", "message": error.wire_message()});
+                out.push(self.event("response.failed", json!({"response": failed})));
+            }
+            _ => {}
         }
         out
+    }
+
+    /// Answer text: the message item (opened at the first text), its `output_text` part, and
+    /// the delta. A token with no text of its own (the end of the answer) has its logprobs
+    /// entry all the same.
+    fn text_delta(&mut self, text: String, logprobs: Vec<TokenLogprob>, out: &mut Vec<ResponseEvent>) {
+        if text.is_empty() {
+            if let Some(Open::Message { logprobs: all, .. }) = &mut self.open {
+                all.extend(logprobs);
+            }
+            return;
+        }
+        if !matches!(self.open, Some(Open::Message { .. })) {
+            let id = self.ids.message_id();
+            let item = message_item(&id, "", "in_progress");
+            let index = self.open_item_with_part(out, &id, item, output_text_part(""));
+            self.open = Some(Open::Message { index, text: String::new(), logprobs: Vec::new() });
+        }
+        if let Some(Open::Message { index, text: so_far, logprobs: all }) = &mut self.open {
+            so_far.push_str(&text);
+            all.extend(logprobs.iter().cloned());
+            let data = json!({"item_id": self.ids.message_id(), "output_index": *index, "content_index": 0,
+                              "delta": text, "logprobs": logprobs});
+            out.push(self.event("response.output_text.delta", data));
+        }
     }
 
     /// Thinking text: the reasoning item (opened at the first), its `reasoning_text` part, and
@@ -154,18 +145,15 @@ impl ResponseStream {
         }
     }
 
-    /// The closing events once the chat stream ended (its `[DONE]`).
-    pub fn finish(&mut self) -> Vec<ResponseEvent> {
+    /// The closing events once the answer is complete, `response.completed` (or
+    /// `.incomplete`) with the whole Response last.
+    fn finish(&mut self, usage: &Usage) -> Vec<ResponseEvent> {
         let mut out = Vec::new();
-        if self.ended {
-            return out;
-        }
         self.ended = true;
-        let (status, details) = status_of(self.finish_reason.as_deref().unwrap_or("stop"));
+        let (status, details) = status_of(self.finish_reason.unwrap_or(FinishReason::Stop));
         // The message the answer ends in is cut with it, as in the collected Response.
         self.close_as(&mut out, status);
-        let usage = self.usage;
-        let whole = self.object(status, details, usage.as_ref());
+        let whole = self.object(status, details, Some(usage));
         let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
         out.push(self.event(kind, json!({"response": whole})));
         out
@@ -190,10 +178,10 @@ impl ResponseStream {
             Some(Open::Message { index, text, logprobs }) => {
                 let id = self.ids.message_id();
                 let mut item = message_item(&id, &text, message_status);
-                item["content"][0]["logprobs"] = logprobs.clone().into();
+                item["content"][0]["logprobs"] = json!(logprobs);
                 let done = json!({"text": text, "logprobs": logprobs});
                 let mut part = output_text_part(&text);
-                part["logprobs"] = logprobs.into();
+                part["logprobs"] = json!(logprobs);
                 self.close_item_with_part(out, &id, index, ("response.output_text.done", done), part, item);
             }
             Some(Open::Call { index, call_id, name, arguments }) => {

@@ -16,14 +16,14 @@ use axum::{Extension, Json};
 use futures_util::stream::{self, StreamExt};
 use gantry_accounts::KeyInfo;
 use gantry_api::anthropic::{message_from_chat, MessageStream, StreamEvent};
-use gantry_api::{ApiError, ValidatedChat};
+use gantry_api::{ApiError, ChatDelta, ValidatedChat};
 use gantry_engine::Event;
 use serde_json::{json, Value};
 
 use crate::errors::IntoApiError;
 use crate::openai::chat;
+use crate::openai::deltas::{deltas, ChatDeltas};
 use crate::openai::models::key_allows;
-use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
 use crate::openai::tool_calls::ToolPlan;
 use crate::state::AppState;
 
@@ -76,68 +76,45 @@ pub(crate) async fn respond(
     let collected =
         chat::collect_response(answer.id.clone(), answer.created, answer.model, chat, tools.as_ref(), 1, events)
             .await?;
-    let stop = stop_string(chat, collected.stop_sequences.first().copied().flatten());
-    let mut message = message_from_chat(&answer.id, &collected.response, stop);
+    let stop = collected.stop_sequences.into_iter().next().flatten();
+    let mut message = message_from_chat(&answer.id, &collected.response, stop.as_deref());
     if answer.context_capped && message["stop_reason"] == "max_tokens" {
         message["stop_reason"] = CONTEXT_END.into();
     }
     Ok(Json(message).into_response())
 }
 
-fn stop_string(chat: &ValidatedChat, index: Option<u32>) -> Option<&str> {
-    index.and_then(|k| chat.stop.get(k as usize)).map(String::as_str)
-}
-
-/// The chat stream's chunks, as the chat encoder makes them (tool calls included), translated
-/// into Messages events. Dropping it (client gone) drops the engine's receiver: cancelled.
+/// The answer's deltas (tool calls read out of its text) as Messages events. Dropping it
+/// (client gone) drops the engine's receiver: cancelled.
 fn stream(
     answer: Answer,
     chat: &ValidatedChat,
     tools: Option<ToolPlan>,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let encoder = ChunkEncoder::new(answer.id.clone(), answer.created, answer.model.clone(), true, false)
-        .with_tools(tools.filter(|t| t.parse), 1);
-    let state =
-        Translation { events, encoder, messages: None, answer, stops: chat.stop.clone(), stop: None, done: false };
-    let body = stream::unfold(state, |mut t| async move {
-        if t.done {
-            return None;
-        }
-        let event = next_event(&mut t.events).await;
-        let out = t.translate(event);
-        Some((stream::iter(out), t))
-    })
-    .flatten();
-    let frames = body.map(|e| Ok(to_sse(e)));
+    let mut translation = Translation { messages: None, answer };
+    let frames = deltas(events, ChatDeltas::for_request(chat, tools, 1))
+        .flat_map(move |delta| stream::iter(translation.translate(delta)))
+        .map(|e| Ok(to_sse(e)));
     Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
 struct Translation {
-    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    encoder: ChunkEncoder,
-    /// Opened at the engine's first event: `Event::Cached`, once the request holds its cached
+    /// Opened at the first delta: the prompt's cached part, once the request holds its cached
     /// prefix, so `message_start` splits the prompt as the final usage will (or anything else,
     /// such as an error before it ran, with nothing cached).
     messages: Option<MessageStream>,
     /// What `message_start` says of the message, known before the engine runs it.
     answer: Answer,
-    stops: Vec<String>,
-    /// The stop string that ended the answer, once the engine said which.
-    stop: Option<String>,
-    done: bool,
 }
 
 impl Translation {
-    fn translate(&mut self, event: Event) -> Vec<StreamEvent> {
-        if let Event::StopSequence { choice: 0, index } = event {
-            self.stop = self.stops.get(index as usize).cloned();
-        }
+    fn translate(&mut self, delta: ChatDelta) -> Vec<StreamEvent> {
         let mut out = Vec::new();
         let messages = match &mut self.messages {
             Some(messages) => messages,
             None => {
-                let cached = if let Event::Cached { tokens } = event { tokens } else { 0 };
+                let cached = if let ChatDelta::PromptCached { tokens } = delta { tokens } else { 0 };
                 let a = &self.answer;
                 let prompt_tokens = u32::try_from(a.prompt_tokens).unwrap_or(u32::MAX);
                 let (messages, opening) = MessageStream::start(&a.id, &a.model, prompt_tokens, cached);
@@ -145,12 +122,7 @@ impl Translation {
                 self.messages.insert(messages)
             }
         };
-        for frame in self.encoder.on_event(event) {
-            match frame {
-                SseFrame::Data(chunk) => out.extend(messages.on_chunk(&chunk)),
-                SseFrame::Done => out.extend(messages.finish(self.stop.as_deref())),
-            }
-        }
+        out.extend(messages.on_delta(delta));
         if self.answer.context_capped {
             for e in out.iter_mut().filter(|e| e.event == "message_delta") {
                 if e.data["delta"]["stop_reason"] == "max_tokens" {
@@ -158,7 +130,6 @@ impl Translation {
                 }
             }
         }
-        self.done = self.encoder.is_finished();
         out
     }
 }

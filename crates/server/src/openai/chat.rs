@@ -10,12 +10,14 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use gantry_api::{ApiError, ChatCompletionResponse, Choice, ResponseFormat, ResponseMessage, ValidatedChat};
+use gantry_api::{
+    ApiError, ChatCompletionResponse, Choice, ChunkEncoder, ChunkFrame, ResponseFormat, ResponseMessage, ValidatedChat,
+};
 use gantry_engine::{ChatInput, Constraint, Event, FinishReason, GenerateRequest, SamplingParams, TokenLogprob};
 
 use crate::errors::{task_failed, IntoApiError};
-use crate::openai::convert::{to_api_logprobs, to_api_usage};
-use crate::openai::stream::{next_event, ChunkEncoder, SseFrame};
+use crate::openai::convert::{to_api_finish_reason, to_api_logprobs, to_api_usage};
+use crate::openai::deltas::{deltas, next_event, ChatDeltas};
 use crate::openai::tool_calls::ToolPlan;
 use crate::pool::Lease;
 
@@ -146,7 +148,7 @@ pub(crate) async fn respond(
 /// A collected answer, and which stop string ended each choice (Messages reports it).
 pub(crate) struct Collected {
     pub response: ChatCompletionResponse,
-    pub stop_sequences: Vec<Option<u32>>,
+    pub stop_sequences: Vec<Option<String>>,
 }
 
 pub(crate) async fn collect_response(
@@ -171,7 +173,9 @@ pub(crate) async fn collect_response(
             }
             Event::Reasoning { choice, text } => thoughts[choice as usize].get_or_insert_default().push_str(&text),
             Event::Finished { choice, reason } => reasons[choice as usize] = reason,
-            Event::StopSequence { choice, index } => stop_sequences[choice as usize] = Some(index),
+            Event::StopSequence { choice, index } => {
+                stop_sequences[choice as usize] = chat.stop.get(index as usize).cloned();
+            }
             Event::Done(usage) => break usage,
             Event::Error(error) => return Err(error.into_api_error()),
             // The usage at the end says it too.
@@ -189,14 +193,13 @@ pub(crate) async fn collect_response(
                 Some(plan) if reason != FinishReason::Cancelled => plan.read(text, reason),
                 _ => (Some(text), None),
             };
-            // A call cut by max_tokens is returned, but the reason stays `length`, as OpenAI's.
-            let finish_reason =
-                if tool_calls.is_some() && reason == FinishReason::Stop { "tool_calls" } else { reason.as_openai() };
+            // A call cut by max_tokens is returned, but the reason stays `length`.
+            let finish_reason = to_api_finish_reason(reason, tool_calls.is_some());
             Choice {
                 index: index as u32,
                 message: ResponseMessage { role: "assistant", content, tool_calls, reasoning },
                 logprobs: chat.logprobs.then(|| to_api_logprobs(lp)),
-                finish_reason: finish_reason.to_string(),
+                finish_reason,
             }
         })
         .collect();
@@ -221,26 +224,16 @@ fn stream_response(
     n: u32,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage, chat.logprobs)
-        .with_tools(tools.filter(|t| t.parse), n);
-    let opening = encoder.opening(n);
-    // The receiver moves into the stream: when the client disconnects, axum drops the stream,
-    // the receiver closes and the scheduler cancels the sequence at its next step.
-    let body = stream::unfold((events, encoder), |(mut events, mut encoder)| async move {
-        if encoder.is_finished() {
-            return None;
-        }
-        let frames = encoder.on_event(next_event(&mut events).await);
-        Some((stream::iter(frames), (events, encoder)))
-    })
-    .flatten();
-    let frames = stream::iter(opening).chain(body).map(|frame| Ok(to_sse(frame)));
-    Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage);
+    let reader = ChatDeltas::for_request(chat, tools, n);
+    let opening = stream::iter(reader.opening(n));
+    let frames = opening.chain(deltas(events, reader)).flat_map(move |d| stream::iter(encoder.encode(d)));
+    Sse::new(frames.map(|frame| Ok(to_sse(frame)))).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-fn to_sse(frame: SseFrame) -> SseEvent {
+fn to_sse(frame: ChunkFrame) -> SseEvent {
     match frame {
-        SseFrame::Data(v) => SseEvent::default().data(v.to_string()),
-        SseFrame::Done => SseEvent::default().data("[DONE]"),
+        ChunkFrame::Data(v) => SseEvent::default().data(v.to_string()),
+        ChunkFrame::Done => SseEvent::default().data("[DONE]"),
     }
 }

@@ -17,7 +17,7 @@ use gantry_engine::{ChatInput, Event, Fim, FimFile, FinishReason, GenerateReques
 
 use crate::errors::{task_failed, IntoApiError};
 use crate::openai::convert::{to_api_logprobs, to_api_usage};
-use crate::openai::stream::next_event;
+use crate::openai::deltas::next_event;
 use crate::pool::Lease;
 
 /// A completions request ready to submit: one job per prompt, and what its answer needs.

@@ -1,7 +1,21 @@
-//! The engine's usage and logprobs as the API's types, for streamed and collected answers alike.
+//! The engine's usage, logprobs and finish reasons as the API's types, for streamed and
+//! collected answers alike.
 
-use gantry_api::{ChoiceLogprobs, TokenLogprob as ApiTokenLogprob, TopLogprob as ApiTopLogprob, Usage as ApiUsage};
-use gantry_engine::{TokenLogprob, Usage};
+use gantry_api::{
+    ChoiceLogprobs, FinishReason as ApiFinishReason, TokenLogprob as ApiTokenLogprob, TopLogprob as ApiTopLogprob,
+    Usage as ApiUsage,
+};
+use gantry_engine::{FinishReason, TokenLogprob, Usage};
+
+/// Why a choice ended, `called`: whether it made tool calls. A call cut by `max_tokens` keeps
+/// the reason `length`, as OpenAI's; a cancelled choice reads as cut.
+pub(crate) fn to_api_finish_reason(reason: FinishReason, called: bool) -> ApiFinishReason {
+    match reason {
+        FinishReason::Stop if called => ApiFinishReason::ToolCalls,
+        FinishReason::Stop => ApiFinishReason::Stop,
+        FinishReason::Length | FinishReason::Cancelled => ApiFinishReason::Length,
+    }
+}
 
 pub(crate) fn to_api_usage(u: Usage) -> ApiUsage {
     ApiUsage {

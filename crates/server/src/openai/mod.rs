@@ -14,8 +14,10 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 #[cfg(test)]
 mod completions_tests;
-/// The engine's usage and logprobs as the API's types.
+/// The engine's usage, logprobs and finish reasons as the API's types.
 pub(crate) mod convert;
+/// A request's engine events as the typed deltas every dialect's stream renders.
+pub(crate) mod deltas;
 /// `POST /v1/embeddings`: vectors from an embedding model, metered as prompt tokens.
 pub(crate) mod embeddings;
 #[cfg(test)]
@@ -28,7 +30,5 @@ pub(crate) mod models;
 pub mod prepare_gate;
 /// OpenAI's `x-ratelimit-*` headers.
 pub(crate) mod rate_limit;
-/// The engine's events as SSE chunks.
-pub(crate) mod stream;
 /// `tools` and `tool_choice`: the grammar and the parsing of tool calls.
 pub(crate) mod tool_calls;

@@ -1,7 +1,7 @@
 //! `tools` and `tool_choice`: which functions the model may call, how its output is read back as
 //! `tool_calls`, and when the call is forced with a grammar.
 
-use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolChoice, ValidatedChat};
+use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolCall, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{
     answer_or_call, call_schema, close_objects, forced_cut_call, hoist_definitions, lazy_grammars, new_call_id,
     parse_cut_output, parse_tool_calls, CallRoots, ParsedCall, ToolCallStreamer,
@@ -146,7 +146,7 @@ impl ToolPlan {
     /// Reads a finished choice: `(content, tool_calls)`. Output cut by `max_tokens` inside a
     /// call returns the call with the arguments written so far; under a forced choice the whole
     /// output is the call, even cut before its name was closed.
-    pub(crate) fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<Value>>) {
+    pub(crate) fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<ToolCall>>) {
         if !self.parse {
             return (Some(text), None);
         }
@@ -158,26 +158,18 @@ impl ToolPlan {
         if parsed.calls.is_empty() {
             let forced_cut = self.forced.is_some() && reason == FinishReason::Length;
             return match forced_cut.then(|| forced_cut_call(&text, &self.callable())).flatten() {
-                Some(call) => (None, Some(vec![call_json(&call, None)])),
+                Some(call) => (None, Some(vec![tool_call(call)])),
                 None => (Some(text), None),
             };
         }
         let calls = parsed.calls.into_iter().take(if self.single { 1 } else { usize::MAX });
-        (parsed.content, Some(calls.map(|c| call_json(&c, None)).collect()))
+        (parsed.content, Some(calls.map(tool_call).collect()))
     }
 }
 
-/// OpenAI's `tool_calls` entry; streamed deltas also carry their `index`.
-pub(crate) fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
-    let mut v = json!({
-        "id": new_call_id(),
-        "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments}
-    });
-    if let Some(i) = index {
-        v["index"] = json!(i);
-    }
-    v
+/// A parsed call as the answer's, under a new id.
+fn tool_call(call: ParsedCall) -> ToolCall {
+    ToolCall { id: new_call_id(), name: call.name, arguments: call.arguments }
 }
 
 #[cfg(test)]
@@ -207,9 +199,9 @@ mod tests {
             plan.read(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.into(), FinishReason::Stop);
         assert_eq!(content, None);
         let calls = calls.unwrap();
-        assert_eq!(calls[0]["function"]["name"], "get_weather");
-        assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Paris"}"#);
-        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+        assert!(calls[0].id.starts_with("call_"));
     }
 
     #[test]
@@ -293,8 +285,8 @@ mod tests {
         let (content, calls) = plan.read(cut.into(), FinishReason::Length);
         assert_eq!(content, None);
         let calls = calls.unwrap();
-        assert_eq!(calls[0]["function"]["name"], "get_weather");
-        assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Par");
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, "{\"city\":\"Par");
         // Prose cut by max_tokens stays prose.
         let (content, calls) = plan.read("The weather in Par".into(), FinishReason::Length);
         assert_eq!((content.as_deref(), calls), (Some("The weather in Par"), None));
@@ -308,10 +300,7 @@ mod tests {
             let (content, calls) = plan.read(cut.into(), FinishReason::Length);
             assert_eq!(content, None, "{choice}");
             let calls = calls.unwrap();
-            assert_eq!(
-                (calls[0]["function"]["name"].as_str(), calls[0]["function"]["arguments"].as_str()),
-                (Some("get_weather"), Some(""))
-            );
+            assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", ""));
         }
         // Streamed: the same call at the end, and no content.
         let plan = ToolPlan::from_request(&chat(json!({"tool_choice": "required"}))).unwrap().unwrap();
