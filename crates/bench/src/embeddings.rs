@@ -5,10 +5,11 @@
 //!
 //! The three servers stay up for the whole comparison and are measured in turn level by level,
 //! the order reversing each pass, as the chat comparison is. llama-server runs twice: as its
-//! docs start it for embeddings (`--embeddings`, 64 slots of the model's 512 tokens), and tuned,
-//! with a logical and physical batch of 8192 tokens (`BATCH_TOKENS`, what Gantry decodes at
-//! once; its default 512 holds a dozen sentences per decode). Gantry is judged against the
-//! faster of the two at each level.
+//! docs start it for embeddings (`--embeddings`, 64 slots of the model's 512 tokens, batches of
+//! its default 512 tokens), and with a logical and physical batch of 8192 tokens
+//! (`BATCH_TOKENS`: many slots' inputs in one decode, as batching guides advise). Gantry is
+//! judged against the faster of the two at each level (on 2 cores the default one: attention
+//! over a batch costs its square).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -25,7 +26,7 @@ use crate::servers::{self, Kind, Running, ServerSettings};
 pub(crate) const LEVELS: [usize; 2] = [1, 16];
 /// Inputs per request.
 pub(crate) const INPUTS_PER_REQUEST: usize = 32;
-/// The logical and physical batch llama-server gets: Gantry's own bound on one decode.
+/// The logical and physical batch the second llama-server gets.
 pub(crate) const BATCH_TOKENS: u32 = 8192;
 /// The target: Gantry's inputs per second over llama-server's, at every level.
 pub(crate) const TARGET: f64 = 1.2;

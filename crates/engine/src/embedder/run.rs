@@ -13,7 +13,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 use tokio::sync::oneshot;
 
-use super::{normalised, EmbedError, Embeddings, BATCH_TOKENS, MAX_SEQUENCES};
+use super::{normalised, EmbedError, Embeddings, DECODE_TOKENS, MAX_SEQUENCES};
 
 /// One request's inputs, as the thread takes them.
 pub(super) struct Job {
@@ -108,7 +108,7 @@ impl Pending {
 }
 
 /// The inputs the next decode takes: one from each key in turn, a key's jobs in the order they
-/// came and each job's inputs in order, until the batch holds `BATCH_TOKENS` tokens or
+/// came and each job's inputs in order, until the batch holds `DECODE_TOKENS` tokens or
 /// `MAX_SEQUENCES` sequences. A key whose next input does not fit is done for this batch, so
 /// its inputs stay in order. The first input always fits: `submit` bounds every input's length.
 pub(super) fn next_batch(waiting: &[Waiting<'_>]) -> Vec<Slot> {
@@ -128,7 +128,7 @@ pub(super) fn next_batch(waiting: &[Waiting<'_>]) -> Vec<Slot> {
         for (k, (_, jobs)) in keys.iter().enumerate() {
             let Some((job, input)) = cursors[k] else { continue };
             let n = waiting[job].lengths[input];
-            if batch.len() == MAX_SEQUENCES as usize || (!batch.is_empty() && tokens + n > BATCH_TOKENS as usize) {
+            if batch.len() == MAX_SEQUENCES as usize || (!batch.is_empty() && tokens + n > DECODE_TOKENS) {
                 cursors[k] = None;
                 continue;
             }
@@ -213,8 +213,8 @@ mod tests {
 
     #[test]
     fn the_token_bound_cuts_the_batch_but_the_first_input_always_goes() {
-        let whole = [BATCH_TOKENS as usize];
-        let half = [BATCH_TOKENS as usize / 2 + 1, 1];
+        let whole = [crate::embedder::BATCH_TOKENS as usize];
+        let half = [DECODE_TOKENS / 2 + 1, 1];
         let waiting = [Waiting { key: 1, lengths: &whole, taken: 0 }, Waiting { key: 2, lengths: &half, taken: 0 }];
         assert_eq!(slots(&next_batch(&waiting)), [(0, 0)]);
         // Once key 1's input does not fit, key 1 is done for this batch; key 2 goes on.
