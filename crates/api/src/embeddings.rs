@@ -5,9 +5,8 @@
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use crate::completions::{body_object, parse_inputs, PromptInput};
+use crate::completions::{body_object, parse_inputs, request_object, PromptInput};
 use crate::fields::{get, opt_int, opt_str, type_error};
-use crate::validate::too_deep;
 use crate::ApiError;
 
 /// Most inputs one request may carry, as OpenAI allows.
@@ -36,15 +35,8 @@ const KNOWN_FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions
 
 /// Parses and validates an Embeddings request body. `null` is absent.
 pub fn parse_embedding_request(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(crate::completions::BAD_JSON, None)))?;
+    let value = request_object(body, KNOWN_FIELDS)?;
     let obj = body_object(&value)?;
-    if let Some(unknown) = obj.iter().find(|(k, v)| !v.is_null() && !KNOWN_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::invalid_request(
-            format!("Unrecognized request argument supplied: {}", unknown.0),
-            Some(unknown.0),
-        ));
-    }
     let model = match get(obj, "model") {
         None => return Err(ApiError::invalid_request("you must provide a model parameter", None)),
         Some(Value::String(s)) => s.clone(),

@@ -4,9 +4,8 @@
 
 use serde_json::{json, Value};
 
-use crate::completions::body_object;
+use crate::completions::{body_object, request_object};
 use crate::fields::{check_array_len, get, opt_bool, opt_int, type_error};
-use crate::validate::too_deep;
 use crate::ApiError;
 
 /// Most documents one request may rank.
@@ -29,15 +28,8 @@ const KNOWN_FIELDS: &[&str] = &["model", "query", "documents", "top_n", "return_
 
 /// Parses and validates a rerank request body. `null` is absent.
 pub fn parse_rerank_request(body: &[u8]) -> Result<RerankRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(crate::completions::BAD_JSON, None)))?;
+    let value = request_object(body, KNOWN_FIELDS)?;
     let obj = body_object(&value)?;
-    if let Some(unknown) = obj.iter().find(|(k, v)| !v.is_null() && !KNOWN_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::invalid_request(
-            format!("Unrecognized request argument supplied: {}", unknown.0),
-            Some(unknown.0),
-        ));
-    }
     let model = match get(obj, "model") {
         None => String::new(),
         Some(Value::String(s)) => s.clone(),

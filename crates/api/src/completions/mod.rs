@@ -104,19 +104,12 @@ const KNOWN_FIELDS: &[&str] = &[
     "fim_stop_rule",
 ];
 
-pub(crate) const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
+const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
 
 /// Parses and validates a Completions request body, with OpenAI's 400s. `null` is absent.
 pub fn parse_completion_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(BAD_JSON, None)))?;
+    let value = request_object(body, KNOWN_FIELDS)?;
     let obj = body_object(&value)?;
-    if let Some(unknown) = obj.iter().find(|(k, v)| !v.is_null() && !KNOWN_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::invalid_request(
-            format!("Unrecognized request argument supplied: {}", unknown.0),
-            Some(unknown.0),
-        ));
-    }
     let prompts = match get(obj, "prompt") {
         None => return Err(ApiError::invalid_value("prompt", "Missing required parameter: 'prompt'.")),
         Some(v) => parse_prompt(v)?,
@@ -164,6 +157,22 @@ pub fn parse_completion_request(body: &[u8]) -> Result<ValidatedCompletion, ApiE
     }
     let fim_stop_rule = opt_bool(obj, "fim_stop_rule")?.unwrap_or(true);
     Ok(ValidatedCompletion { chat, prompts, suffix, extra: Vec::new(), echo, logprobs, fim_stop_rule })
+}
+
+/// A request body: JSON (OpenAI's 400 when it is not, or nests too deep), an object, with no
+/// field outside `known` ("Unrecognized request argument supplied", as OpenAI refuses one).
+/// `null` fields count as absent.
+pub(crate) fn request_object(body: &[u8], known: &[&str]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| too_deep(&e).unwrap_or_else(|| ApiError::invalid_request(BAD_JSON, None)))?;
+    let obj = body_object(&value)?;
+    if let Some(unknown) = obj.iter().find(|(k, v)| !v.is_null() && !known.contains(&k.as_str())) {
+        return Err(ApiError::invalid_request(
+            format!("Unrecognized request argument supplied: {}", unknown.0),
+            Some(unknown.0),
+        ));
+    }
+    Ok(value)
 }
 
 pub(crate) fn body_object(value: &Value) -> Result<&Map<String, Value>, ApiError> {
