@@ -43,6 +43,7 @@ impl IntoApiError for EmbedError {
             }
             EmbedError::Decode(_) => ApiError::internal(message),
             EmbedError::Stopped => ApiError::overloaded("The embedding model stopped; try again.").with_retry_after(5),
+            EmbedError::QueueFull(_) => ApiError::overloaded(message).with_retry_after(1),
         }
     }
 }

@@ -35,6 +35,7 @@ use crate::model::raw_prompt::RawPrompt;
 use crate::model::{backend, devices::Offload, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle};
+use crate::scheduler::queue::shares::QueueShares;
 use crate::{Generator, Health, LoadError};
 
 /// The longest input, and the context: one ubatch (non-causal attention needs each sequence
@@ -47,6 +48,9 @@ pub(crate) const BATCH_TOKENS: u32 = 8192;
 pub(crate) const DECODE_TOKENS: usize = 512;
 /// Sequences (inputs) in one decode.
 const MAX_SEQUENCES: u32 = 64;
+/// Jobs that may wait, shared between keys as the scheduler's queue is (`QueueShares`): past
+/// it a job is refused (a retryable 503) instead of piling up in memory.
+const MAX_QUEUED_JOBS: usize = 256;
 
 /// Why inputs could not be embedded.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -63,6 +67,8 @@ pub enum EmbedError {
     Decode(String),
     #[error("the embedder has stopped")]
     Stopped,
+    #[error("{0} embedding requests are already waiting; try again shortly")]
+    QueueFull(usize),
 }
 
 /// Unit vectors, one per input, in input order.
@@ -81,6 +87,8 @@ pub struct EmbeddingShape {
 pub struct Embedder {
     model: Arc<LoadedModel>,
     jobs: mpsc::Sender<run::Job>,
+    /// Jobs sent and not yet answered, by key.
+    pub(crate) queued: Arc<QueueShares>,
     shape: EmbeddingShape,
     pooling: Pooling,
 }
@@ -110,12 +118,14 @@ impl Embedder {
         let (jobs, queue) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread_model = Arc::clone(&model);
+        let queued = Arc::new(QueueShares::default());
+        let thread_queued = Arc::clone(&queued);
         std::thread::Builder::new()
             .name("gantry-embedder".into())
             .spawn(move || match new_context(&thread_model, threads) {
                 Ok(ctx) => {
                     let _ = ready_tx.send(Ok(()));
-                    run::run(ctx, &queue, turns.as_ref(), normalise);
+                    run::run(ctx, &queue, turns.as_ref(), normalise, &thread_queued);
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -126,7 +136,7 @@ impl Embedder {
             .recv()
             .map_err(|_| LoadError::Context("the embedder thread ended".into()))?
             .map_err(LoadError::Context)?;
-        Ok(Self { model, jobs, shape, pooling })
+        Ok(Self { model, jobs, queued, shape, pooling })
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {
@@ -154,8 +164,13 @@ impl Embedder {
             let _ = reply.send(Ok(Vec::new()));
             return answer;
         }
+        if let Err(waiting) = self.queued.try_enter(key, MAX_QUEUED_JOBS) {
+            let _ = reply.send(Err(EmbedError::QueueFull(waiting)));
+            return answer;
+        }
         let inputs = inputs.into_iter().map(|i| i.into_iter().map(LlamaToken).collect()).collect();
         if let Err(mpsc::SendError(job)) = self.jobs.send(run::Job { key, inputs, reply }) {
+            self.queued.leave(key);
             let _ = job.reply.send(Err(EmbedError::Stopped));
         }
         answer

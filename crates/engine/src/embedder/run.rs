@@ -14,6 +14,7 @@ use llama_cpp_2::token::LlamaToken;
 use tokio::sync::oneshot;
 
 use super::{normalised, EmbedError, Embeddings, DECODE_TOKENS, MAX_SEQUENCES};
+use crate::scheduler::queue::shares::QueueShares;
 
 /// One request's inputs, as the thread takes them.
 pub(super) struct Job {
@@ -53,6 +54,7 @@ pub(super) fn run(
     queue: &mpsc::Receiver<Job>,
     turns: Option<&Arc<Mutex<()>>>,
     normalise: bool,
+    queued: &QueueShares,
 ) {
     let mut pending: Vec<Pending> = Vec::new();
     loop {
@@ -62,7 +64,13 @@ pub(super) fn run(
         }
         pending.extend(queue.try_iter().map(Pending::new));
         // Nobody waits for these any more (the server stopped waiting for the request).
-        pending.retain(|p| !p.job.reply.is_closed());
+        pending.retain(|p| {
+            let open = !p.job.reply.is_closed();
+            if !open {
+                queued.leave(p.job.key);
+            }
+            open
+        });
         let lengths: Vec<Vec<usize>> = pending.iter().map(|p| p.job.inputs.iter().map(Vec::len).collect()).collect();
         let waiting: Vec<Waiting<'_>> = pending
             .iter()
@@ -71,7 +79,7 @@ pub(super) fn run(
             .collect();
         let batch = next_batch(&waiting);
         if batch.is_empty() {
-            // Every job left was closed; `submit` answers a job of no inputs itself.
+            // Every job left was dropped; `submit_inputs` answers a job of no inputs itself.
             continue;
         }
         let inputs = batch.iter().map(|s| pending[s.job].job.inputs[s.input].as_slice());
@@ -95,6 +103,7 @@ pub(super) fn run(
             pending.into_iter().partition(|p| p.failed.is_some() || p.taken == p.job.inputs.len());
         pending = left;
         for p in done {
+            queued.leave(p.job.key);
             let _ = p.job.reply.send(p.failed.map_or(Ok(p.vectors), Err));
         }
     }

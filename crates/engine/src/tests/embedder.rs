@@ -43,6 +43,7 @@ fn a_reranker_scores_each_pair_the_same_alone_or_beside_others() {
         assert!((alone[0][0] - score[0]).abs() < 1e-4, "{} alone, {} in a batch", alone[0][0], score[0]);
     }
     assert!(together.iter().any(|s| (s[0] - together[0][0]).abs() > 1e-6), "the documents score differently");
+    assert_eq!(ranker.queued.total(), 0, "every answered job left the queue");
 }
 
 #[test]
