@@ -15,9 +15,19 @@ type Endings = Arc<Mutex<Vec<EndingRecord>>>;
 
 /// An engine on the tiny model with `parallel` sequences that logs every request's end.
 fn start(parallel: u32, panic_after_tokens: Option<u32>) -> (Engine, Endings) {
+    start_taking_turns(parallel, panic_after_tokens, None)
+}
+
+/// [`start`], each decode step taking its turn of `turns`.
+fn start_taking_turns(
+    parallel: u32,
+    panic_after_tokens: Option<u32>,
+    turns: Option<Arc<Mutex<()>>>,
+) -> (Engine, Endings) {
     let mut config = EngineConfig::new(tiny_model());
     (config.ctx_size, config.parallel, config.threads) = (256, parallel, Some(1));
     config.panic_after_tokens = panic_after_tokens;
+    config.decode_turns = turns;
     let endings = Endings::default();
     config.endings_log = Some(endings.clone());
     (Engine::start(config).unwrap(), endings)
@@ -156,9 +166,14 @@ async fn shutdown_past_its_grace_ends_running_and_waiting_requests_with_an_error
 
 #[tokio::test]
 async fn a_scheduler_panic_ends_every_request_it_held_once() {
-    let (engine, endings) = start(1, Some(5));
+    // The scheduler's first decode waits for this turn, so both are queued before the
+    // running one can reach its 5 tokens (a second submitted after that would be refused).
+    let turns = Arc::new(Mutex::new(()));
+    let (engine, endings) = start_taking_turns(1, Some(5), Some(turns.clone()));
+    let turn = turns.lock().unwrap();
     let running = submit(&engine, ask(&engine, "the one running", 50));
     let waiting = submit(&engine, ask(&engine, "the one waiting", 4));
+    drop(turn);
     let (events, usage) = drain(running).await;
     assert!(matches!(events.last(), Some(Event::Error(EngineError::Crashed(_)))), "{events:?}");
     assert!(usage.outcome == Outcome::Error && usage.completion_tokens >= 5, "{usage:?}");
