@@ -49,7 +49,7 @@ async fn ranked(
     // llama.cpp's clients name no model: the first reranker the key may use.
     let name = if request.model.is_empty() {
         let spec = state.models.specs().iter().find(|s| s.capabilities.ranks() && key_allows(key, &s.id, s));
-        spec.map(|s| s.id.clone()).ok_or_else(|| ApiError::model_not_found(""))?
+        spec.map(|s| s.id.clone()).ok_or_else(|| crate::pipeline::no_model_named("reranker"))?
     } else {
         request.model.clone()
     };
@@ -115,5 +115,12 @@ mod tests {
     fn a_pair_too_long_loses_its_documents_tail_and_keeps_its_end() {
         assert_eq!(super::fit(vec![2, 5, 3, 7, 8, 9, 3], 5), [2, 5, 3, 7, 3]);
         assert_eq!(super::fit(vec![2, 5, 3], 5), [2, 5, 3]);
+    }
+
+    #[test]
+    fn no_reranker_for_the_key_is_a_404_that_says_so() {
+        let e = crate::pipeline::no_model_named("reranker");
+        assert_eq!((e.status.as_u16(), e.code.as_deref()), (404, Some("model_not_found")));
+        assert!(e.message.contains("no reranker") && !e.message.contains("``"), "{}", e.message);
     }
 }
