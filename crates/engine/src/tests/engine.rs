@@ -2,7 +2,7 @@
 //! what happens when the scheduler thread dies.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::json;
 
@@ -166,12 +166,20 @@ async fn a_model_without_a_chat_template_loads_and_refuses_chats() {
 
 #[tokio::test]
 async fn a_panicking_scheduler_fails_every_request_bills_what_ran_and_refuses_new_work() {
-    let engine = start(1, Some(3));
+    // One slot: the first request runs (and trips the panic), the second waits in the queue.
+    // The scheduler's first decode waits for this turn, so both are queued before the panic (a
+    // request submitted after it would be refused).
+    let turns = Arc::new(Mutex::new(()));
+    let mut config = EngineConfig::new(tiny_model());
+    (config.ctx_size, config.parallel, config.threads) = (256, 1, Some(1));
+    (config.panic_after_tokens, config.decode_turns) = (Some(3), Some(turns.clone()));
+    let engine = Engine::start(config).unwrap();
     let eos = eos(&engine);
     let mut health = engine.watch_health();
-    // One slot: the first request runs (and trips the panic), the second waits in the queue.
+    let turn = turns.lock().unwrap();
     let running = engine.submit(engine.prepare(input(50, vec![(eos, -100.0)])).unwrap()).unwrap();
     let queued = engine.submit(engine.prepare(input(50, vec![(eos, -100.0)])).unwrap()).unwrap();
+    drop(turn);
     let (events, usage) = drain(running).await;
     assert!(matches!(events.last(), Some(Event::Error(EngineError::Crashed(_)))), "{events:?}");
     assert_eq!(usage.outcome, Outcome::Error);
