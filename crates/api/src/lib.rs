@@ -4,6 +4,7 @@
 //! them, and `embeddings`' and `rerank`'s requests and answers. No I/O.
 
 pub mod anthropic;
+mod chat_answer;
 mod chat_delta;
 mod chunks;
 pub mod completions;
@@ -18,6 +19,7 @@ pub mod responses;
 mod tools;
 mod validate;
 
+pub use chat_answer::ChatAnswer;
 pub use chat_delta::{ChatDelta, FinishReason};
 pub use chunks::{ChunkEncoder, ChunkFrame};
 pub use error::ApiError;

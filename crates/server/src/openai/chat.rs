@@ -11,13 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_api::{
-    ApiError, ChatCompletionResponse, Choice, ChunkEncoder, ChunkFrame, ResponseFormat, ResponseMessage, ValidatedChat,
+    ApiError, ChatAnswer, ChatCompletionResponse, ChunkEncoder, ChunkFrame, ResponseFormat, ValidatedChat,
 };
-use gantry_engine::{ChatInput, Constraint, Event, FinishReason, GenerateRequest, SamplingParams, TokenLogprob};
+use gantry_engine::{ChatInput, Constraint, Event, GenerateRequest, SamplingParams};
 
 use crate::errors::{task_failed, IntoApiError};
-use crate::openai::convert::{to_api_finish_reason, to_api_logprobs, to_api_usage};
-use crate::openai::deltas::{deltas, next_event, ChatDeltas};
+use crate::openai::deltas::{deltas, ChatDeltas};
 use crate::openai::tool_calls::ToolPlan;
 use crate::pool::Lease;
 
@@ -151,6 +150,7 @@ pub(crate) struct Collected {
     pub stop_sequences: Vec<Option<String>>,
 }
 
+/// The answer collected from the same deltas its stream would render (`ChatAnswer`).
 pub(crate) async fn collect_response(
     id: String,
     created: u64,
@@ -158,51 +158,18 @@ pub(crate) async fn collect_response(
     chat: &ValidatedChat,
     tools: Option<&ToolPlan>,
     n: u32,
-    mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Result<Collected, ApiError> {
-    let mut stop_sequences = vec![None; n as usize];
-    let mut texts = vec![String::new(); n as usize];
-    let mut thoughts: Vec<Option<String>> = vec![None; n as usize];
-    let mut logprobs: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n as usize];
-    let mut reasons = vec![FinishReason::Length; n as usize];
+    let mut answer = ChatAnswer::new(n, chat.logprobs);
+    let mut deltas = std::pin::pin!(deltas(events, ChatDeltas::for_request(chat, tools.cloned(), n)));
     let usage = loop {
-        match next_event(&mut events).await {
-            Event::Delta { choice, text, logprobs: lp } => {
-                texts[choice as usize].push_str(&text);
-                logprobs[choice as usize].extend(lp);
-            }
-            Event::Reasoning { choice, text } => thoughts[choice as usize].get_or_insert_default().push_str(&text),
-            Event::Finished { choice, reason } => reasons[choice as usize] = reason,
-            Event::StopSequence { choice, index } => {
-                stop_sequences[choice as usize] = chat.stop.get(index as usize).cloned();
-            }
-            Event::Done(usage) => break usage,
-            Event::Error(error) => return Err(error.into_api_error()),
-            // The usage at the end says it too.
-            Event::Cached { .. } => {}
+        // The deltas end with `Done` or `Error` (a closed channel is read as an error).
+        let delta = deltas.next().await.ok_or_else(|| ApiError::internal("the answer ended unfinished"))?;
+        if let Some(usage) = answer.take(delta)? {
+            break usage;
         }
     };
-    let choices = texts
-        .into_iter()
-        .zip(logprobs)
-        .zip(reasons)
-        .zip(thoughts)
-        .enumerate()
-        .map(|(index, (((text, lp), reason), reasoning))| {
-            let (content, tool_calls) = match tools {
-                Some(plan) if reason != FinishReason::Cancelled => plan.read(text, reason),
-                _ => (Some(text), None),
-            };
-            // A call cut by max_tokens is returned, but the reason stays `length`.
-            let finish_reason = to_api_finish_reason(reason, tool_calls.is_some());
-            Choice {
-                index: index as u32,
-                message: ResponseMessage { role: "assistant", content, tool_calls, reasoning },
-                logprobs: chat.logprobs.then(|| to_api_logprobs(lp)),
-                finish_reason,
-            }
-        })
-        .collect();
+    let (choices, stop_sequences) = answer.into_choices();
     let response = ChatCompletionResponse {
         id,
         object: "chat.completion",
@@ -210,7 +177,7 @@ pub(crate) async fn collect_response(
         model,
         system_fingerprint: None,
         choices,
-        usage: to_api_usage(usage),
+        usage,
     };
     Ok(Collected { response, stop_sequences })
 }

@@ -1,12 +1,11 @@
 //! `tools` and `tool_choice`: which functions the model may call, how its output is read back as
 //! `tool_calls`, and when the call is forced with a grammar.
 
-use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolCall, ToolChoice, ValidatedChat};
+use gantry_api::{tool_choice_not_offered, ApiError, ResponseFormat, ToolChoice, ValidatedChat};
 use gantry_engine::tools::{
-    answer_or_call, call_schema, close_objects, forced_cut_call, hoist_definitions, lazy_grammars, new_call_id,
-    parse_cut_output, parse_tool_calls, CallRoots, ParsedCall, ToolCallStreamer,
+    answer_or_call, call_schema, close_objects, hoist_definitions, lazy_grammars, CallRoots, ToolCallStreamer,
 };
-use gantry_engine::{Constraint, FinishReason, LazyTools};
+use gantry_engine::{Constraint, LazyTools};
 use serde_json::{json, Value};
 
 /// The tool set-up of one request.
@@ -142,39 +141,33 @@ impl ToolPlan {
     fn callable(&self) -> Vec<&str> {
         self.forced_names.iter().map(String::as_str).collect()
     }
-
-    /// Reads a finished choice: `(content, tool_calls)`. Output cut by `max_tokens` inside a
-    /// call returns the call with the arguments written so far; under a forced choice the whole
-    /// output is the call, even cut before its name was closed.
-    pub(crate) fn read(&self, text: String, reason: FinishReason) -> (Option<String>, Option<Vec<ToolCall>>) {
-        if !self.parse {
-            return (Some(text), None);
-        }
-        let parsed = if reason == FinishReason::Length {
-            parse_cut_output(&text, &self.known())
-        } else {
-            parse_tool_calls(&text, &self.known())
-        };
-        if parsed.calls.is_empty() {
-            let forced_cut = self.forced.is_some() && reason == FinishReason::Length;
-            return match forced_cut.then(|| forced_cut_call(&text, &self.callable())).flatten() {
-                Some(call) => (None, Some(vec![tool_call(call)])),
-                None => (Some(text), None),
-            };
-        }
-        let calls = parsed.calls.into_iter().take(if self.single { 1 } else { usize::MAX });
-        (parsed.content, Some(calls.map(tool_call).collect()))
-    }
-}
-
-/// A parsed call as the answer's, under a new id.
-fn tool_call(call: ParsedCall) -> ToolCall {
-    ToolCall { id: new_call_id(), name: call.name, arguments: call.arguments }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::openai::deltas::ChatDeltas;
+    use gantry_api::{ChatAnswer, ToolCall};
+    use gantry_engine::{Event, FinishReason, Usage};
+
+    /// What a collected answer says for `text` ended by `reason`, `(content, tool_calls)`: the
+    /// server's reader (fed the text in small pieces, as the engine sends it) and its fold.
+    fn read(plan: &ToolPlan, text: &str, reason: FinishReason) -> (Option<String>, Option<Vec<ToolCall>>) {
+        let mut reader = ChatDeltas::new(false, Vec::new()).with_tools(Some(plan.clone()).filter(|p| p.parse), 1);
+        let mut answer = ChatAnswer::new(1, false);
+        let chars: Vec<char> = text.chars().collect();
+        let mut events: Vec<Event> = chars
+            .chunks(3)
+            .map(|piece| Event::Delta { choice: 0, text: piece.iter().collect(), logprobs: Vec::new() })
+            .collect();
+        events.extend([Event::Finished { choice: 0, reason }, Event::Done(Usage::default())]);
+        for delta in events.into_iter().flat_map(|e| reader.on_event(e)) {
+            answer.take(delta).unwrap();
+        }
+        let (mut choices, _) = answer.into_choices();
+        let message = choices.remove(0).message;
+        (message.content, message.tool_calls)
+    }
 
     fn chat(extra: Value) -> ValidatedChat {
         let mut body = json!({
@@ -196,7 +189,7 @@ mod tests {
         let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
         assert!(plan.parse && plan.forced.is_none());
         let (content, calls) =
-            plan.read(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.into(), FinishReason::Stop);
+            read(&plan, r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#, FinishReason::Stop);
         assert_eq!(content, None);
         let calls = calls.unwrap();
         assert_eq!(calls[0].name, "get_weather");
@@ -225,7 +218,7 @@ mod tests {
     fn none_leaves_text_alone() {
         let plan = ToolPlan::from_request(&chat(json!({"tool_choice": "none"}))).unwrap().unwrap();
         let text = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#.to_string();
-        assert_eq!(plan.read(text.clone(), FinishReason::Stop), (Some(text), None));
+        assert_eq!(read(&plan, &text, FinishReason::Stop), (Some(text), None));
     }
 
     #[test]
@@ -282,13 +275,13 @@ mod tests {
     fn a_call_cut_by_max_tokens_is_read_with_its_partial_arguments() {
         let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
         let cut = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par";
-        let (content, calls) = plan.read(cut.into(), FinishReason::Length);
+        let (content, calls) = read(&plan, cut, FinishReason::Length);
         assert_eq!(content, None);
         let calls = calls.unwrap();
         assert_eq!(calls[0].name, "get_weather");
         assert_eq!(calls[0].arguments, "{\"city\":\"Par");
         // Prose cut by max_tokens stays prose.
-        let (content, calls) = plan.read("The weather in Par".into(), FinishReason::Length);
+        let (content, calls) = read(&plan, "The weather in Par", FinishReason::Length);
         assert_eq!((content.as_deref(), calls), (Some("The weather in Par"), None));
     }
 
@@ -297,7 +290,7 @@ mod tests {
         let cut = r#"{"name": "get_weat"#;
         for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
             let plan = ToolPlan::from_request(&chat(json!({"tool_choice": choice}))).unwrap().unwrap();
-            let (content, calls) = plan.read(cut.into(), FinishReason::Length);
+            let (content, calls) = read(&plan, cut, FinishReason::Length);
             assert_eq!(content, None, "{choice}");
             let calls = calls.unwrap();
             assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", ""));
@@ -317,13 +310,13 @@ mod tests {
         );
         // Not forced, the same text is content, as prose cut short would be.
         let plan = ToolPlan::from_request(&chat(json!({}))).unwrap().unwrap();
-        assert_eq!(plan.read(cut.into(), FinishReason::Length), (Some(cut.to_string()), None));
+        assert_eq!(read(&plan, cut, FinishReason::Length), (Some(cut.to_string()), None));
     }
 
     #[test]
     fn parallel_false_keeps_one_call() {
         let plan = ToolPlan::from_request(&chat(json!({"parallel_tool_calls": false}))).unwrap().unwrap();
         let text = r#"[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]"#;
-        assert_eq!(plan.read(text.into(), FinishReason::Stop).1.unwrap().len(), 1);
+        assert_eq!(read(&plan, text, FinishReason::Stop).1.unwrap().len(), 1);
     }
 }
