@@ -105,7 +105,7 @@ impl Scheduler {
             self.kv.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);
             // Whole answers only: one cut short says little about how answers go on.
-            if matches!(c.finished, Some(FinishReason::Stop | FinishReason::Length)) {
+            if matches!(c.finished(), Some(FinishReason::Stop | FinishReason::Length)) {
                 self.shared.record(c.drafter.family(), c.drafter.answer());
             }
         }

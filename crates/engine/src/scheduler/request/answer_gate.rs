@@ -101,7 +101,7 @@ impl ActiveRequest {
         let (token, pos) = held.anchor;
         c.generated -= held.tokens;
         c.pos = pos;
-        c.next_token = Some(token);
+        c.feed(token);
         c.last_token = token;
         c.answer_unstarted = false;
         c.text.reset();

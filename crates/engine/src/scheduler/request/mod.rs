@@ -21,7 +21,7 @@ use crate::model::vision::PromptImage;
 use crate::model::LoadedModel;
 use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools, Outcome, TokenLogprob, Usage};
 use crate::scheduler::request::held_output::Held;
-pub(crate) use crate::scheduler::request::phase::Phase;
+pub(crate) use crate::scheduler::request::phase::{ChoiceState, Phase};
 use crate::scheduler::request::stop_strings::TextAssembler;
 use crate::scheduler::request::thinking_block::ChoiceThinking;
 use crate::scheduler::sample::sampler::{build_sampler, logprobs_for, Sampler};
@@ -37,10 +37,9 @@ pub(crate) struct Choice {
     pub generated: u32,
     /// Position the next fed token takes in this sequence.
     pub pos: i32,
-    /// Token to feed at the next step, once decoding.
-    pub next_token: Option<i32>,
+    /// Waiting, a token to feed at the next step, or finished.
+    pub state: ChoiceState,
     pub drafter: Drafter,
-    pub finished: Option<FinishReason>,
     /// When this choice last produced a token, for latency metrics.
     pub last_token_at: Option<Instant>,
     /// Watching for a tool call to constrain (`tool_choice: "auto"`); `None` once it started
@@ -174,9 +173,8 @@ impl ActiveRequest {
                     text: TextAssembler::new(request.stop.clone()),
                     generated: 0,
                     pos: 0,
-                    next_token: None,
+                    state: ChoiceState::Waiting,
                     drafter,
-                    finished: None,
                     last_token_at: None,
                     tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch {
                         tokens: Vec::new(),
@@ -349,15 +347,14 @@ impl ActiveRequest {
     }
 
     pub(crate) fn finish_choice(&mut self, i: usize, reason: FinishReason) {
-        if self.choices[i].finished.is_some() {
+        if self.choices[i].finished().is_some() {
             return;
         }
         self.release_held(i);
         let c = &mut self.choices[i];
-        c.finished = Some(reason);
-        c.next_token = None;
+        c.state = ChoiceState::Finished(reason);
         let index = c.index;
-        if self.choices.iter().all(|c| c.finished.is_some()) {
+        if self.choices.iter().all(|c| c.finished().is_some()) {
             self.phase = Phase::Finished;
         }
         if reason != FinishReason::Cancelled {
@@ -465,7 +462,7 @@ impl ActiveRequest {
 
     /// Ends the request: the owner gets `Done` (or the error) and the usage report.
     pub(crate) fn complete(mut self, error: Option<EngineError>) -> Usage {
-        let reasons = || self.choices.iter().filter_map(|c| c.finished);
+        let reasons = || self.choices.iter().filter_map(Choice::finished);
         self.usage.outcome = if error.is_some() {
             Outcome::Error
         } else if reasons().any(|r| r == FinishReason::Cancelled) {

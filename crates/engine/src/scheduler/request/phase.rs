@@ -1,11 +1,13 @@
 //! Where a running request is, as one value: reading its prompt, waiting to copy part of it
-//! from another sequence, decoding, finished. What depends on it is a `match` on [`Phase`].
+//! from another sequence, decoding, finished ([`Phase`]); and where each of its choices is:
+//! waiting, with a token to feed, finished ([`ChoiceState`]). What depends on either is a
+//! `match`, not a mix of flags.
 
 use crate::kv::seq_id::SeqId;
-use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::request::{ActiveRequest, Choice};
+use crate::FinishReason;
 
-/// Where a running request is. Its choices' own states (a token to feed, rows to sample, a finish
-/// reason) live in each `Choice`.
+/// Where a running request is. Its choices' own states live in each `Choice` ([`ChoiceState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
     /// Reading its prompt: the first `read` tokens are in its first sequence's cache.
@@ -55,5 +57,49 @@ impl ActiveRequest {
     /// Every choice finished (`finish_choice` moves it there).
     pub(crate) fn all_finished(&self) -> bool {
         self.phase == Phase::Finished
+    }
+}
+
+/// Where one choice is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChoiceState {
+    /// Nothing to feed: the prompt is still being read, or the token it fed is in the batch
+    /// decoding now (its logits are sampled after the decode).
+    Waiting,
+    /// This token is fed at the next step.
+    Ready(i32),
+    /// It ended, for this reason.
+    Finished(FinishReason),
+}
+
+impl Choice {
+    /// The token the next step feeds, if it has one.
+    pub(crate) fn ready(&self) -> Option<i32> {
+        match self.state {
+            ChoiceState::Ready(token) => Some(token),
+            ChoiceState::Waiting | ChoiceState::Finished(_) => None,
+        }
+    }
+
+    /// `token` is fed at the next step (a finished choice feeds nothing more).
+    pub(crate) fn feed(&mut self, token: i32) {
+        if !matches!(self.state, ChoiceState::Finished(_)) {
+            self.state = ChoiceState::Ready(token);
+        }
+    }
+
+    /// Its token goes into the batch now: it waits for the decode.
+    pub(crate) fn take_ready(&mut self) -> Option<i32> {
+        let token = self.ready()?;
+        self.state = ChoiceState::Waiting;
+        Some(token)
+    }
+
+    /// Why it ended, once it has.
+    pub(crate) fn finished(&self) -> Option<FinishReason> {
+        match self.state {
+            ChoiceState::Finished(reason) => Some(reason),
+            ChoiceState::Waiting | ChoiceState::Ready(_) => None,
+        }
     }
 }

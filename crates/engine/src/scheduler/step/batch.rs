@@ -68,9 +68,9 @@ impl Scheduler {
         let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
         let mut decided = token_rows.into_iter().zip(drafts);
         let mut decoding = Vec::new();
-        for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.next_token.is_some()) {
+        for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.ready().is_some()) {
             let (row, chain) = decided.next().expect("a decision per decoding choice");
-            c.next_token = None;
+            c.take_ready();
             decoding.push((c.seq_id, row, c.pos, chain));
         }
         let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());

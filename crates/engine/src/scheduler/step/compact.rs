@@ -52,7 +52,7 @@ impl Scheduler {
             .iter()
             .filter(|r| !r.is_prefilling())
             .flat_map(|r| &r.choices)
-            .filter(|c| c.next_token.is_some() && !c.on_device && !awaited.contains(&c.seq_id))
+            .filter(|c| c.ready().is_some() && !c.on_device && !awaited.contains(&c.seq_id))
             .map(|c| c.seq_id)
             .collect();
         // Idle sequences are empty once offloaded (`offload_idle`). Without host memory they keep

@@ -19,7 +19,7 @@ impl Scheduler {
     /// cuts: by sequence (`SeqId::index`). A drafter runs its grammar on the choice's own output:
     /// a panic there ends that request alone.
     pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) -> Vec<Option<Chain>> {
-        let decoding = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.next_token.is_some()).count();
+        let decoding = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.ready().is_some()).count();
         let lookups = plan::lookups_allowed(decoding);
         let ctx_size = self.cfg.ctx_size as i32;
         let mut panicked = Vec::new();
@@ -28,7 +28,7 @@ impl Scheduler {
             let shared = &self.shared;
             let offers = &mut offers;
             let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                for c in req.choices.iter_mut().filter(|c| c.next_token.is_some()) {
+                for c in req.choices.iter_mut().filter(|c| c.ready().is_some()) {
                     req.fault.check(FaultPoint::Drafting, req.usage.completion_tokens);
                     let limit = draft_limit(req.max_tokens, req.isolated, c, ctx_size);
                     let chain = c.drafter.chain(limit, if lookups { limit } else { 0 }, shared.of(c.drafter.family()));
@@ -87,7 +87,7 @@ pub(super) fn step_inputs<'a>(
     let mut decoding = Vec::new();
     for req in active.iter_mut() {
         for c in req.choices.iter_mut() {
-            let Some(token) = c.next_token else { continue };
+            let Some(token) = c.ready() else { continue };
             decoding.push(DecodingChoice {
                 token,
                 pos: c.pos,

@@ -91,7 +91,7 @@ impl Scheduler {
                     accepted += 1;
                     continue;
                 }
-                req.choices[i].next_token = Some(token);
+                req.choices[i].feed(token);
                 break;
             }
             if k > 0 && tracing::enabled!(tracing::Level::TRACE) {
