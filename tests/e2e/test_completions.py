@@ -170,6 +170,29 @@ def test_infill_as_llama_vim_sends_it(server, http, auth):
     assert http.post("/infill", json=warm, headers=auth).status_code == 200
 
 
+def test_infill_cuts_a_prefix_and_suffix_too_long_for_the_context(server, http, auth, client):
+    # About 6,000 tokens on each side of the cursor, three times the context: llama-server keeps
+    # the prefix's end and the suffix's start, and so does /infill; /v1/completions refuses it.
+    filler = "".join(f"def helper_{i}(x):\n    return x + {i}\n\n" for i in range(400))
+    body = {
+        "input_prefix": filler + "def is_even(n):\n", "input_suffix": "\n\nassert is_even(4)\n" + filler,
+        "prompt": "    return", "n_predict": 16, "temperature": 0,
+    }
+    r = http.post("/infill", json=body, headers=auth)
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    n_ctx = reply["generation_settings"]["n_ctx"]
+    assert n_ctx // 2 < reply["tokens_evaluated"] <= n_ctx - 16, reply
+    # The code at the cursor survived the cut: the model completes `is_even`'s return.
+    assert reply["content"].strip() and "\n" not in reply["content"].strip(), reply
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(
+            model=server.model_id, prompt=body["input_prefix"] + body["prompt"], suffix=body["input_suffix"],
+            max_tokens=16,
+        )
+    assert refused.value.body["code"] == "context_length_exceeded", refused.value.body
+
+
 @pytest.fixture(scope="module")
 def beside():
     with serving(_models()[0], ("--model", "gemma3-270m")) as (srv, c):

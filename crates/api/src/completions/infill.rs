@@ -60,6 +60,7 @@ pub fn parse_infill_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError
         echo: false,
         logprobs: None,
         fim_stop_rule,
+        cut_to_fit: true,
     })
 }
 

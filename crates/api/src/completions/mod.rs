@@ -59,6 +59,9 @@ pub struct ValidatedCompletion {
     pub logprobs: Option<u32>,
     /// Stop where the middle runs into the suffix or leaves the cursor's block (`fim_stop_rule`).
     pub fim_stop_rule: bool,
+    /// `/infill`: a prefix and suffix too long for the context are cut to fit, as llama-server
+    /// cuts them; `/v1/completions` refuses them, as OpenAI does.
+    pub cut_to_fit: bool,
 }
 
 impl ValidatedCompletion {
@@ -156,7 +159,16 @@ pub fn parse_completion_request(body: &[u8]) -> Result<ValidatedCompletion, ApiE
         ));
     }
     let fim_stop_rule = opt_bool(obj, "fim_stop_rule")?.unwrap_or(true);
-    Ok(ValidatedCompletion { chat, prompts, suffix, extra: Vec::new(), echo, logprobs, fim_stop_rule })
+    Ok(ValidatedCompletion {
+        chat,
+        prompts,
+        suffix,
+        extra: Vec::new(),
+        echo,
+        logprobs,
+        fim_stop_rule,
+        cut_to_fit: false,
+    })
 }
 
 /// A request body: JSON (OpenAI's 400 when it is not, or nests too deep), an object, with no

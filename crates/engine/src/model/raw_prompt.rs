@@ -29,6 +29,9 @@ pub struct Fim {
     pub suffix: String,
     /// Other files for context (llama.cpp's `input_extra`), oldest first.
     pub files: Vec<FimFile>,
+    /// llama.cpp's `/infill`: a prefix and suffix too long for the context are cut to fit (see
+    /// [`cut_to_fit`]), as llama-server cuts them, where `/v1/completions` refuses them.
+    pub cut_to_fit: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -146,7 +149,8 @@ impl LoadedModel {
     /// parsed (a raw prompt is the model's input format, written by the client). A FIM prompt's
     /// code is plain text: code that spells `<|fim_middle|>` stays text.
     /// `room`: the most tokens the prompt may take; a FIM prompt's other files are left out,
-    /// oldest first, until it fits (llama.cpp's server cuts them too), never its prefix or suffix.
+    /// oldest first, until it fits (llama.cpp's server cuts them too), and its prefix and suffix
+    /// are cut only with `cut_to_fit`.
     pub fn prepare_raw(&self, raw: &RawPrompt, room: usize) -> Result<Prompt, RawPromptError> {
         let n_vocab = self.info.n_vocab;
         if let PromptSource::Tokens(tokens) = &raw.prompt {
@@ -178,6 +182,9 @@ impl LoadedModel {
             PromptSource::Tokens(tokens) => tokens.clone(),
         };
         let suffix = self.tokenize_text(&fim.suffix);
+        // The three FIM markers and BOS.
+        let (prefix, suffix) =
+            if fim.cut_to_fit { cut_to_fit(prefix, suffix, room.saturating_sub(4)) } else { (prefix, suffix) };
         let (repo_name, current_file) = (self.tokenize_text("myproject\n"), self.tokenize_text("filename\n"));
         let chunk_separator = self.tokenize_text("\n\n--- snippet ---\n\n");
         // The newest files are kept first: they are the ones a client sent last.
@@ -225,9 +232,41 @@ impl LoadedModel {
     }
 }
 
+/// A prefix and suffix cut to `room` tokens together where they are longer: the prefix keeps
+/// its end (the code just before the cursor) and the suffix its start. The suffix keeps at least
+/// a quarter of `room` where it has that much, as llama-server's `format_prompt_infill` gives the
+/// prefix three quarters of a batch and the suffix one; whatever one part leaves, the other may
+/// use. Room too small for anything leaves both empty.
+pub(crate) fn cut_to_fit(mut prefix: Vec<i32>, mut suffix: Vec<i32>, room: usize) -> (Vec<i32>, Vec<i32>) {
+    if prefix.len() + suffix.len() <= room {
+        return (prefix, suffix);
+    }
+    let suffix_take = suffix.len().min((room / 4).max(room.saturating_sub(prefix.len())));
+    let prefix_take = prefix.len().min(room - suffix_take);
+    prefix.drain(..prefix.len() - prefix_take);
+    suffix.truncate(suffix_take);
+    (prefix, suffix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_prefix_keeps_its_end_and_a_long_suffix_its_start() {
+        let (prefix, suffix): (Vec<i32>, Vec<i32>) = ((0..100).collect(), (100..200).collect());
+        // Both fit: nothing is cut.
+        assert_eq!(cut_to_fit(prefix.clone(), suffix.clone(), 200), (prefix.clone(), suffix.clone()));
+        // Both long: three quarters for the prefix's end, a quarter for the suffix's start.
+        let (p, s) = cut_to_fit(prefix.clone(), suffix.clone(), 40);
+        assert_eq!((p, s), ((70..100).collect(), (100..110).collect()));
+        // A short suffix leaves the rest to the prefix, and a short prefix to the suffix.
+        let (p, s) = cut_to_fit(prefix.clone(), vec![7, 8], 40);
+        assert_eq!((p, s), ((62..100).collect(), vec![7, 8]));
+        let (p, s) = cut_to_fit(vec![1, 2, 3], suffix, 40);
+        assert_eq!((p, s), (vec![1, 2, 3], (100..137).collect()));
+        assert_eq!(cut_to_fit(prefix, vec![5], 0), (Vec::new(), Vec::new()));
+    }
 
     const QWEN: FimTokens = FimTokens { pre: 1, suf: 2, mid: 3, rep: Some(4), sep: Some(5) };
 

@@ -37,7 +37,7 @@ async fn token_prompts_and_fim_are_checked_before_anything_runs() {
     let e = engine.prepare_raw(input(3, vec![]), raw(PromptSource::Tokens(Vec::new()), None)).unwrap_err();
     assert!(matches!(e, PrepareError::RawPrompt(RawPromptError::Empty)), "{e:?}");
     // The tiny vocabulary declares no FIM tokens.
-    let fim = Fim { suffix: "\n    return x\n".into(), files: Vec::new() };
+    let fim = Fim { suffix: "\n    return x\n".into(), files: Vec::new(), cut_to_fit: false };
     let e = engine.prepare_raw(input(3, vec![]), raw(PromptSource::Text("def f(x):\n".into()), Some(fim))).unwrap_err();
     assert!(matches!(e, PrepareError::RawPrompt(RawPromptError::NoFim)), "{e:?}");
     assert!(e.to_string().contains("fill-in-the-middle"), "{e}");

@@ -80,6 +80,7 @@ pub(crate) async fn prepare(
     let fim = c.suffix.as_ref().map(|suffix| Fim {
         suffix: suffix.clone(),
         files: c.extra.iter().map(|f| FimFile { filename: f.filename.clone(), text: f.text.clone() }).collect(),
+        cut_to_fit: c.cut_to_fit,
     });
     let raws: Vec<RawPrompt> = c
         .prompts
