@@ -170,6 +170,24 @@ def test_infill_as_llama_vim_sends_it(server, http, auth):
     assert http.post("/infill", json=warm, headers=auth).status_code == 200
 
 
+def test_infill_stops_at_a_line_indented_less_than_n_indent(server, http, auth):
+    # llama.cpp's `n_indent`: past the first line, a line indented less (a blank one too) ends
+    # the answer, which keeps the line break and indentation before it. The FIM stop rule is off,
+    # so the limit alone stops it; without it the model writes the class on.
+    body = {
+        "input_prefix": "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",
+        "prompt": "    ", "input_suffix": "", "n_predict": 64, "temperature": 0, "fim_stop_rule": False,
+    }
+    free = http.post("/infill", json=body, headers=auth).json()
+    limited = http.post("/infill", json={**body, "n_indent": 4}, headers=auth).json()
+    later_lines = [line for line in limited["content"].split("\n")[1:] if line.strip()]
+    assert all(len(line) - len(line.lstrip(" \t")) >= 4 for line in later_lines), limited
+    assert limited["tokens_predicted"] < free["tokens_predicted"], (limited, free)
+    assert limited["content"].strip() and free["content"].startswith(limited["content"]), (limited, free)
+    assert (limited["stop_type"], limited["stopping_word"]) == ("limit", ""), limited
+    assert free["stop_type"] in ("limit", "eos"), free
+
+
 def test_infill_cuts_a_prefix_and_suffix_too_long_for_the_context(server, http, auth, client):
     # About 6,000 tokens on each side of the cursor, three times the context: llama-server keeps
     # the prefix's end and the suffix's start, and so does /infill; /v1/completions refuses it.

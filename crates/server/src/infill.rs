@@ -41,6 +41,31 @@ struct Ending {
     stopping_word: String,
 }
 
+impl Ending {
+    /// Stop string `index` (of the job's `stop`) ended it; returns what the content gets back.
+    fn stopped(&mut self, plan: &AnswerPlan, stop: &[String], index: u32) -> String {
+        let word = stop.get(index as usize).map_or("", String::as_str);
+        let tail = if plan.indent_limited(index) {
+            // llama.cpp's indentation limit: `limit`, no word.
+            self.stop_type = "limit";
+            word.get(..word.len().saturating_sub(1)).unwrap_or_default()
+        } else {
+            self.stop_type = "word";
+            self.stopping_word = word.to_string();
+            plan.tail(index)
+        };
+        self.content.push_str(tail);
+        tail.to_string()
+    }
+
+    /// The choice finished: the model's end (`eos`) or its length, unless a stop string ended it.
+    fn finished(&mut self, reason: FinishReason, stopped: bool) {
+        if !stopped {
+            self.stop_type = if reason == FinishReason::Stop { "eos" } else { "limit" };
+        }
+    }
+}
+
 pub(crate) async fn respond(
     answer: InfillAnswer,
     stop: Vec<String>,
@@ -53,6 +78,7 @@ pub(crate) async fn respond(
     let mut events = events;
     let mut clock = clock;
     let mut ending = Ending { content: String::new(), stop_type: "limit", stopping_word: String::new() };
+    let mut stopped = false;
     let usage = loop {
         match next_event(&mut events).await {
             Event::Delta { text, .. } => {
@@ -60,13 +86,10 @@ pub(crate) async fn respond(
                 ending.content.push_str(&text);
             }
             Event::StopSequence { index, .. } => {
-                ending.content.push_str(answer.plan.tail(index));
-                ending.stop_type = "word";
-                ending.stopping_word = stop.get(index as usize).cloned().unwrap_or_default();
+                ending.stopped(&answer.plan, &stop, index);
+                stopped = true;
             }
-            Event::Finished { reason, .. } if ending.stop_type != "word" => {
-                ending.stop_type = if reason == FinishReason::Stop { "eos" } else { "limit" };
-            }
+            Event::Finished { reason, .. } => ending.finished(reason, stopped),
             Event::Done(usage) => break usage,
             Event::Error(error) => return Err(error.into_api_error()),
             _ => {}
@@ -133,9 +156,9 @@ fn stream_response(
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let ending = Ending { content: String::new(), stop_type: "limit", stopping_word: String::new() };
-    let state = Some((events, answer, stop, clock, ending, 0u32));
+    let state = Some((events, answer, stop, clock, ending, 0u32, false));
     let body = stream::unfold(state, |state| async move {
-        let (mut events, answer, stop, mut clock, mut ending, mut predicted) = state?;
+        let (mut events, answer, stop, mut clock, mut ending, mut predicted, mut stopped) = state?;
         let frame = match next_event(&mut events).await {
             Event::Delta { text, .. } => {
                 clock.first.get_or_insert_with(Instant::now);
@@ -144,16 +167,12 @@ fn stream_response(
                 (!text.is_empty()).then(|| json!({"index": 0, "content": text, "tokens": [], "stop": false, "id_slot": -1, "tokens_predicted": predicted}))
             }
             Event::StopSequence { index, .. } => {
-                ending.stop_type = "word";
-                ending.stopping_word = stop.get(index as usize).cloned().unwrap_or_default();
-                let tail = answer.plan.tail(index);
-                ending.content.push_str(tail);
+                stopped = true;
+                let tail = ending.stopped(&answer.plan, &stop, index);
                 (!tail.is_empty()).then(|| json!({"index": 0, "content": tail, "tokens": [], "stop": false, "id_slot": -1}))
             }
             Event::Finished { reason, .. } => {
-                if ending.stop_type != "word" {
-                    ending.stop_type = if reason == FinishReason::Stop { "eos" } else { "limit" };
-                }
+                ending.finished(reason, stopped);
                 None
             }
             Event::Done(usage) => {
@@ -163,7 +182,7 @@ fn stream_response(
             Event::Error(error) => return Some((Some(error.into_api_error().to_json()), None)),
             Event::Cached { .. } | Event::Reasoning { .. } => None,
         };
-        Some((frame, Some((events, answer, stop, clock, ending, predicted))))
+        Some((frame, Some((events, answer, stop, clock, ending, predicted, stopped))))
     })
     .filter_map(|frame| async move { frame })
     .map(|frame| Ok(SseEvent::default().data(frame.to_string())));

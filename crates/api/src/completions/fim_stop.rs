@@ -21,6 +21,29 @@ pub struct FimStop {
 /// The characters a dedented line may start with: printable ASCII but space.
 const LINE_STARTS: std::ops::RangeInclusive<u8> = b'!'..=b'~';
 
+/// The deepest indentation limit [`indent_stops`] draws: llama.cpp's `n_indent` is the cursor
+/// line's indentation, and each level costs the stop matcher about 190 strings.
+pub const MAX_INDENT: u32 = 16;
+
+/// llama.cpp's `n_indent` as stop strings: after a line break, fewer than `n_indent` spaces or
+/// tabs, then anything but a space or tab (a blank line too, as llama.cpp counts it), for a
+/// limit of at most [`MAX_INDENT`]. A line indented with spaces and tabs mixed is not seen.
+/// llama-server keeps the line break and the indentation it cut after: the matched stop string
+/// but its last character (ASCII) is what the answer gets back.
+pub fn indent_stops(n_indent: u32) -> Vec<String> {
+    let starts = || LINE_STARTS.chain([b'\n']).map(char::from);
+    let mut stops: Vec<String> = starts().map(|c| format!("\n{c}")).collect();
+    for width in 1..n_indent.min(MAX_INDENT) as usize {
+        for pad in [" ", "\t"] {
+            stops.extend(starts().map(|c| format!("\n{}{c}", pad.repeat(width))));
+        }
+    }
+    if n_indent == 0 {
+        stops.clear();
+    }
+    stops
+}
+
 impl FimStop {
     /// The rule for a middle between `prefix` and `suffix`; `None` where neither part applies.
     pub fn for_suffix(prefix: &str, suffix: &str) -> Option<Self> {
@@ -88,6 +111,22 @@ mod tests {
             None => (run_on, ""),
         };
         format!("{prefix}{middle}{tail}{suffix}")
+    }
+
+    #[test]
+    fn the_indentation_limit_stops_a_line_indented_less_or_blank() {
+        assert!(indent_stops(0).is_empty());
+        let stops = indent_stops(4);
+        let cut = |text: &str| stops.iter().filter_map(|s| text.find(s.as_str())).min();
+        // The first line is never checked; deeper lines go on.
+        assert_eq!(cut("x = 1\n    y = 2\n        z = 3"), None);
+        assert_eq!(cut("x = 1\n    y = 2\n  z = 3"), Some(15));
+        // A tab counts as one, as llama.cpp counts it.
+        assert_eq!(cut("x = 1\n\t\t\t\ty\nz"), Some(11));
+        assert_eq!(cut("x = 1\n\t\t\ty"), Some(5));
+        assert_eq!(cut("x = 1\n\n    y"), Some(5));
+        assert_eq!(indent_stops(100).len(), indent_stops(MAX_INDENT).len());
+        assert_eq!(indent_stops(2).len(), 3 * 95);
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub fn parse_infill_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError
     // llama.cpp's `n_probs`: alternatives per token, reported as `completion_probabilities`.
     opt_int(obj, "n_probs", 0, MAX_PROMPTS as i64)?;
     let fim_stop_rule = opt_bool(obj, "fim_stop_rule")?.unwrap_or(true);
+    // llama.cpp reads any integer; none above 0 sets no limit.
+    let n_indent = opt_int(obj, "n_indent", i64::MIN, i64::MAX)?.unwrap_or(0).clamp(0, i64::from(u32::MAX));
     Ok(ValidatedCompletion {
         chat,
         prompts: vec![PromptInput::Text(prefix + &prompt)],
@@ -61,6 +63,7 @@ pub fn parse_infill_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError
         logprobs: None,
         fim_stop_rule,
         cut_to_fit: true,
+        n_indent: u32::try_from(n_indent).unwrap_or(u32::MAX),
     })
 }
 

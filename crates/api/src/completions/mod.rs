@@ -17,7 +17,7 @@ use crate::request::ValidatedChat;
 use crate::validate::{parse_logit_bias, parse_stop, parse_stream, too_deep};
 use crate::ApiError;
 
-pub use fim_stop::FimStop;
+pub use fim_stop::{indent_stops, FimStop};
 pub use infill::parse_infill_request;
 
 /// Most prompts one request may carry (`prompt` as an array), and most choices over all of them:
@@ -62,6 +62,9 @@ pub struct ValidatedCompletion {
     /// `/infill`: a prefix and suffix too long for the context are cut to fit, as llama-server
     /// cuts them; `/v1/completions` refuses them, as OpenAI does.
     pub cut_to_fit: bool,
+    /// `/infill`'s `n_indent`: lines after the first indented less than this end the answer
+    /// ([`fim_stop::indent_stops`]); 0 for none.
+    pub n_indent: u32,
 }
 
 impl ValidatedCompletion {
@@ -168,6 +171,7 @@ pub fn parse_completion_request(body: &[u8]) -> Result<ValidatedCompletion, ApiE
         logprobs,
         fim_stop_rule,
         cut_to_fit: false,
+        n_indent: 0,
     })
 }
 

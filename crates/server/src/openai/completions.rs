@@ -33,6 +33,9 @@ pub(crate) struct Prepared {
 pub(crate) struct AnswerPlan {
     pub echoes: Vec<String>,
     pub fim_stop: Option<(u32, &'static str)>,
+    /// The index of `/infill`'s indentation limit's first stop string (they come after the FIM
+    /// rule's): a choice one stopped ended by the limit, not a word.
+    pub indent_stop: Option<u32>,
     /// Choices per prompt.
     pub n: u32,
 }
@@ -42,9 +45,18 @@ impl AnswerPlan {
         self.echoes.get((choice / self.n.max(1)) as usize).map_or("", String::as_str)
     }
 
-    /// What a choice that stopped on stop string `index` gets appended.
+    /// What a choice that stopped on stop string `index` gets appended (the FIM rule's tail; the
+    /// indentation limit's are [`Self::indent_limited`]'s).
     pub(crate) fn tail(&self, index: u32) -> &'static str {
-        self.fim_stop.filter(|(first, _)| index >= *first).map_or("", |(_, tail)| tail)
+        let rule = self.fim_stop.filter(|(first, _)| index >= *first && !self.indent_limited(index));
+        rule.map_or("", |(_, tail)| tail)
+    }
+
+    /// Whether stop string `index` is the indentation limit's: llama-server keeps the line
+    /// break and indentation before the line it cut, which is that stop string but its last
+    /// character.
+    pub(crate) fn indent_limited(&self, index: u32) -> bool {
+        self.indent_stop.is_some_and(|first| index >= first)
     }
 }
 
@@ -62,6 +74,11 @@ pub(crate) async fn prepare(
         let first = stop.len() as u32;
         stop.extend(rule.stops);
         (first, rule.tail)
+    });
+    let indent_stop = (c.n_indent > 0).then(|| {
+        let first = stop.len() as u32;
+        stop.extend(gantry_api::completions::indent_stops(c.n_indent));
+        first
     });
     let input = ChatInput {
         messages: Vec::new(),
@@ -96,7 +113,7 @@ pub(crate) async fn prepare(
     let (echo, n) = (c.echo, chat.n);
     let engine = model.generator();
     let prepared = tokio::task::spawn_blocking(move || {
-        let mut answer = AnswerPlan { echoes: Vec::new(), fim_stop, n };
+        let mut answer = AnswerPlan { echoes: Vec::new(), fim_stop, indent_stop, n };
         let mut jobs = Vec::with_capacity(raws.len());
         for raw in raws {
             if echo {
