@@ -39,7 +39,13 @@ pub(crate) fn describe() {
         Unit::Count,
         "Tokens held in the KV cache, summed over sequences (shared prefixes counted per sequence)."
     );
-    describe_gauge!("gantry_kv_cache_capacity_tokens", Unit::Count, "KV cache size in tokens.");
+    describe_gauge!(
+        "gantry_kv_cache_active_tokens",
+        Unit::Count,
+        "Tokens the KV cache holds for running requests' sequences: gantry_kv_cache_tokens less the \
+         prefixes idle sequences keep for reuse."
+    );
+    describe_gauge!("gantry_kv_cache_capacity_tokens", Unit::Count, "KV cache size in tokens (0 once unloaded).");
     describe_gauge!("gantry_host_cache_bytes", Unit::Bytes, "Idle sequences' KV entries held in host memory.");
     describe_gauge!("gantry_host_cache_entries", Unit::Count, "Token lists whose KV entries host memory holds.");
     describe_histogram!("gantry_batch_tokens", Unit::Count, "Tokens per llama.cpp decode call.");
@@ -89,11 +95,14 @@ pub(crate) fn describe() {
     );
 }
 
+#[derive(Debug, Default)]
 pub(crate) struct StepStats {
     pub batch_tokens: usize,
     pub running: usize,
     pub waiting: usize,
     pub kv_tokens: usize,
+    /// Of `kv_tokens`, those of running requests' sequences.
+    pub kv_active_tokens: usize,
     pub kv_capacity: usize,
     pub host_cache_bytes: usize,
     pub host_cache_entries: usize,
@@ -106,6 +115,7 @@ pub(crate) fn step(s: &StepStats) {
     gauge!("gantry_running_sequences", "model" => model()).set(s.running as f64);
     gauge!("gantry_queue_depth", "model" => model()).set(s.waiting as f64);
     gauge!("gantry_kv_cache_tokens", "model" => model()).set(s.kv_tokens as f64);
+    gauge!("gantry_kv_cache_active_tokens", "model" => model()).set(s.kv_active_tokens as f64);
     gauge!("gantry_kv_cache_capacity_tokens", "model" => model()).set(s.kv_capacity as f64);
     gauge!("gantry_host_cache_bytes", "model" => model()).set(s.host_cache_bytes as f64);
     gauge!("gantry_host_cache_entries", "model" => model()).set(s.host_cache_entries as f64);

@@ -52,6 +52,8 @@ pub enum Routes {
     /// The API only: the public listener with `--admin-listen` (and `/metrics` with
     /// `--public-metrics`).
     Public,
+    /// `/metrics` to anyone, and health: `--metrics-listen`.
+    Metrics,
 }
 
 /// Everything on one listener: what `gantry serve` does without `--admin-listen`.
@@ -80,26 +82,31 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/models/{*id}", get(models::get_model))
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
-    let mut app = Router::new()
+    let health = Router::new()
         .route("/health", get(health::live))
         // Liveness is what /health always said: restart only once the engine failed.
         .route("/health/live", get(health::live))
         .route("/health/ready", {
             let database = opts.database_state.clone();
             get(move |state: axum::extract::State<AppState>| health::ready(state, database))
-        })
-        .merge(authed);
+        });
+    let open_metrics = || Router::new().route("/metrics", get(telemetry::render));
     // Prometheus scrapes the admin listener without credentials; the one listener of a server
     // without it is public, so there /metrics is an operator's route like the admin API.
     let gate = admin::AdminGate::new(state.clone());
-    if opts.public_metrics || which == Routes::Admin {
-        app = app.route("/metrics", get(telemetry::render));
-    } else if which == Routes::All {
-        app = app.merge(admin::guarded(&gate, Router::new().route("/metrics", get(telemetry::render))));
-    }
-    if which != Routes::Public {
-        app = app.nest("/admin/v1", admin::router(&gate)).merge(console::router());
-    }
+    let operator = || admin::router(&gate);
+    let app = match which {
+        Routes::Metrics => health.merge(open_metrics()),
+        Routes::Public if opts.public_metrics => health.merge(authed).merge(open_metrics()),
+        Routes::Public => health.merge(authed),
+        Routes::Admin => {
+            health.merge(authed).merge(open_metrics()).nest("/admin/v1", operator()).merge(console::router())
+        }
+        Routes::All => {
+            let metrics = if opts.public_metrics { open_metrics() } else { admin::guarded(&gate, open_metrics()) };
+            health.merge(authed).merge(metrics).nest("/admin/v1", operator()).merge(console::router())
+        }
+    };
     app.fallback(errors::unknown_route)
         .method_not_allowed_fallback(errors::method_not_allowed)
         .with_state(state)

@@ -13,7 +13,9 @@ use axum::response::{IntoResponse, Response};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::admin::stats::tap::TeeRecorder;
+use crate::admin::stats::tap::{TeeRecorder, TAP};
+
+mod server_gauges;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -142,8 +144,19 @@ pub(crate) fn model_unloaded(model: &str, evicted: bool) {
 }
 
 pub(crate) async fn render() -> Response {
-    let body = HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default();
+    let mut body = HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default();
+    if HANDLE.get().is_some_and(Option::is_some) {
+        body.push_str(&server_gauges::render(&TAP.gauges(), VLLM_MODEL_NAME.get().map(String::as_str)));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+/// The `model_name` of the vLLM aliases, once `--metrics-compat vllm` asks for them.
+static VLLM_MODEL_NAME: OnceLock<String> = OnceLock::new();
+
+/// `/metrics` also exports the whole-server gauges under vLLM's names, labelled `model_name`.
+pub(crate) fn export_vllm_aliases(model_name: &str) {
+    let _ = VLLM_MODEL_NAME.set(model_name.to_string());
 }
 
 /// A bounded set of route labels, so arbitrary URLs cannot blow up metric cardinality.

@@ -167,7 +167,11 @@ impl Scheduler {
                 telemetry::step(&self.step_stats(0));
                 match jobs.recv() {
                     Ok(job) => self.enqueue(ctx, job),
-                    Err(_) => return,
+                    Err(_) => {
+                        // Stopping (the model unloads): nothing of it counts any more.
+                        telemetry::step(&StepStats::default());
+                        return;
+                    }
                 }
             }
             loop {
@@ -297,6 +301,12 @@ impl Scheduler {
             running: self.active.iter().map(|r| r.choices.len()).sum(),
             waiting: self.queued.total(),
             kv_tokens: self.kv.slots().total_tokens(),
+            kv_active_tokens: self
+                .active
+                .iter()
+                .flat_map(|r| &r.choices)
+                .map(|c| self.kv.slots().tokens(c.seq_id).len())
+                .sum(),
             kv_capacity: (self.cfg.ctx_size * self.cfg.parallel) as usize,
             host_cache_bytes,
             host_cache_entries,

@@ -32,6 +32,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let metrics_listener = match &args.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr.as_str())
+                .await
+                .with_context(|| format!("binding --metrics-listen {addr}"))?,
+        ),
+        None => None,
+    };
+    if args.metrics_compat == Some(crate::cli::serve_args::MetricsCompat::Vllm) {
+        crate::telemetry::export_vllm_aliases(&first_id);
+    }
 
     let data_dir = args.data.resolve();
     let accounts = args.data.open().await?;
@@ -136,6 +147,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         public_metrics: args.public_metrics,
         database_state: database_state.clone(),
     };
+    let metrics_app = metrics_listener.map(|listener| (listener, routes(state.clone(), options(), Routes::Metrics)));
     // With --admin-listen the operator's routes leave the public listener for their own.
     let (app, admin) = match admin_listener {
         None => (router(state, options()), None),
@@ -165,6 +177,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             println!("Admin API, console and /metrics at http://{addr} (not on the public listener)");
             let stop = admin_stop.clone();
             Some(tokio::spawn(crate::connections::serve(listener, admin_app, limits.clone(), stop.cancelled_owned())))
+        }
+        None => None,
+    };
+    let metrics_server = match metrics_app {
+        Some((listener, metrics_app)) => {
+            println!(
+                "/metrics also at http://{}/metrics (open: only the picker and Prometheus should reach it)",
+                listener.local_addr()?
+            );
+            let stop = admin_stop.clone();
+            Some(tokio::spawn(crate::connections::serve(listener, metrics_app, limits.clone(), stop.cancelled_owned())))
         }
         None => None,
     };
@@ -217,11 +240,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Also when the public listener failed on its own: the admin listener must not outlive it.
     admin_stop.cancel();
-    if let Some(admin_server) = admin_server {
-        // Admin requests are short; one still running after this is cut with the process.
-        match tokio::time::timeout(Duration::from_secs(5), admin_server).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the admin listener failed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "the admin listener's task failed"),
+    for (name, side) in [("admin", admin_server), ("metrics", metrics_server)] {
+        let Some(side) = side else { continue };
+        // Their requests are short; one still running after this is cut with the process.
+        match tokio::time::timeout(Duration::from_secs(5), side).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, listener = name, "a listener failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, listener = name, "a listener's task failed"),
             Ok(Ok(Ok(()))) | Err(_) => {}
         }
     }

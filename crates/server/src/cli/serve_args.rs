@@ -186,6 +186,17 @@ pub struct ServeArgs {
     /// (as a bearer token).
     #[arg(long, env = "GANTRY_PUBLIC_METRICS")]
     pub public_metrics: bool,
+    /// Also serves `/metrics` (and `/health`) on this address, to anyone and with nothing else:
+    /// for the inference gateway's endpoint picker and Prometheus, which a NetworkPolicy lets
+    /// reach it (docs/replicas.md).
+    #[arg(long, env = "GANTRY_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// Also exports the whole-server gauges under vLLM's names (`vllm:num_requests_waiting`,
+    /// `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, `vllm:cache_config_info`, labelled
+    /// with the first model's id as `model_name`), for pickers and autoscaling recipes written
+    /// for vLLM.
+    #[arg(long, value_enum, env = "GANTRY_METRICS_COMPAT")]
+    pub metrics_compat: Option<MetricsCompat>,
     /// Requests with unknown API keys one client address (an IPv6 /64) may make per minute;
     /// beyond that, 429 without a key lookup. 0 disables the limit (behind a proxy every client
     /// shares its address).
@@ -365,4 +376,10 @@ mod tests {
             assert!(parse_price(bad).is_err(), "{bad}");
         }
     }
+}
+
+/// Another server's metric names that `/metrics` also speaks (`--metrics-compat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MetricsCompat {
+    Vllm,
 }

@@ -21,9 +21,14 @@ pub(crate) const COUNTERS: &[&str] = &[
     "gantry_cached_prompt_tokens_total",
     "gantry_completion_tokens_total",
 ];
-/// Gauges the console reads, each kept per label set.
-pub(crate) const GAUGES: &[&str] =
-    &["gantry_queue_depth", "gantry_running_sequences", "gantry_kv_cache_tokens", "gantry_kv_cache_capacity_tokens"];
+/// Gauges the console and `/metrics`' whole-server gauges read, each kept per label set.
+pub(crate) const GAUGES: &[&str] = &[
+    "gantry_queue_depth",
+    "gantry_running_sequences",
+    "gantry_kv_cache_tokens",
+    "gantry_kv_cache_active_tokens",
+    "gantry_kv_cache_capacity_tokens",
+];
 /// Histograms the console reads, summed over labels (models).
 pub(crate) const HISTOGRAMS: &[&str] = &["gantry_time_to_first_token_seconds", "gantry_inter_token_latency_seconds"];
 
