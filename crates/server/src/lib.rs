@@ -36,6 +36,8 @@ pub mod openai;
 mod pipeline;
 /// The models served, loaded on demand within a memory budget.
 pub mod pool;
+/// `POST /v1/chat/completions/render`, `/v1/completions/render`: a request's token ids, unrun.
+mod render;
 /// The server's id for every request, and the client's `x-request-id`.
 mod request_id;
 /// `POST /v1/rerank`, `/rerank`: a cross-encoder's scores for (query, document) pairs.

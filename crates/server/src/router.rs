@@ -67,6 +67,8 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
     let authed = Router::new()
         .route("/v1/chat/completions", post(pipeline::chat_completions))
         .route("/v1/completions", post(pipeline::completions))
+        .route("/v1/chat/completions/render", post(crate::render::chat_render))
+        .route("/v1/completions/render", post(crate::render::completions_render))
         .route("/v1/embeddings", post(crate::openai::embeddings::embeddings))
         .route("/v1/rerank", post(crate::rerank::rerank))
         .route("/rerank", post(crate::rerank::rerank))
