@@ -144,6 +144,7 @@ async fn the_load_gauges_follow_a_burst_and_idle_prefixes_count_as_free() {
         ("vllm:num_requests_waiting", "gantry_requests_waiting"),
         ("vllm:num_requests_running", "gantry_requests_running"),
         ("vllm:kv_cache_usage_perc", "gantry_kv_cache_utilization"),
+        ("vllm:gpu_cache_usage_perc", "gantry_kv_cache_utilization"),
     ] {
         let sample = one(&busy, alias);
         assert_eq!(label(sample, "model_name"), Some(s.model_id.clone()), "{alias}");

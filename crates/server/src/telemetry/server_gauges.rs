@@ -85,6 +85,8 @@ pub(crate) fn render(gauges: &[Reading], vllm_model: Option<&str>) -> String {
             &label,
             utilisation,
         );
+        // Its name before vLLM v1, which pickers older than the inference extension's v1 read.
+        gauge("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc, under vLLM's older name.", &label, utilisation);
         let info = format!(
             "{{model_name=\"{}\",block_size=\"{KV_BLOCK_TOKENS}\",num_gpu_blocks=\"{blocks}\"}}",
             escaped(model)
@@ -161,6 +163,7 @@ mod tests {
             [(&*format!("vllm:num_requests_waiting{label}"), 4.0)]
         );
         assert_eq!(samples(&aliased, "vllm:kv_cache_usage_perc")[0].1, 0.125);
+        assert_eq!(samples(&aliased, "vllm:gpu_cache_usage_perc")[0].1, 0.125);
         assert!(aliased.contains("# TYPE vllm:num_requests_running gauge\n"), "{aliased}");
     }
 }
