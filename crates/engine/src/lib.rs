@@ -32,13 +32,13 @@ mod keyed_hash;
 mod kv;
 mod model;
 mod prepare;
-mod reasoning;
 mod request;
 mod scheduler;
 mod speculation;
 mod telemetry;
 #[cfg(test)]
 mod tests;
+mod thinking;
 pub mod tools;
 mod units;
 
@@ -62,7 +62,6 @@ pub use model::template::TemplateError;
 pub use model::vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAIL_SIDE};
 pub use model::{cpu_variants, template, LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
-pub use reasoning::{answer_room, ReasoningPlan, Thinking};
 pub use request::{
     CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Prompt, SamplingParams,
     TokenLogprob, TopLogprob, Usage,
@@ -70,3 +69,4 @@ pub use request::{
 pub use scheduler::request::stop_strings;
 pub use scheduler::sample::device::DeviceSampling;
 pub use speculation::{Speculate, SpeculationConfig, SpeculationStats};
+pub use thinking::{answer_room, Thinking, ThinkingPlan};

@@ -34,7 +34,7 @@ pub struct ChatInput {
     /// Who may share cached prefixes with this request (see `CacheScope`).
     pub cache_scope: CacheScope,
     /// Whether and how long a reasoning model thinks (ignored by other models).
-    pub thinking: crate::reasoning::Thinking,
+    pub thinking: crate::thinking::Thinking,
 }
 
 /// Why the engine refuses a request before queueing it: always the client's to fix.
@@ -135,7 +135,7 @@ impl ChatInput {
             cache_scope: self.cache_scope,
             fairness_key: 0,
             grammars: Default::default(),
-            reasoning: None,
+            thinking: None,
         }
     }
 }

@@ -76,7 +76,7 @@ pub struct GenerateRequest {
     /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
     pub grammars: crate::constraint::PreparedGrammars,
     /// The output starts with a thinking block (a reasoning model): how it is handled.
-    pub reasoning: Option<crate::reasoning::ReasoningPlan>,
+    pub thinking: Option<crate::thinking::ThinkingPlan>,
 }
 
 impl GenerateRequest {
@@ -90,7 +90,7 @@ impl GenerateRequest {
             || self.constraint.is_some()
             || self.grammars.output.is_some()
             || self.lazy_tools.is_some()
-            || self.reasoning.is_some()
+            || self.thinking.is_some()
             || !self.prompt.images.is_empty()
     }
 }

@@ -1,7 +1,7 @@
 //! Reasoning models: a template with a thinking block (`<think>…</think>`: DeepSeek-R1 distills,
 //! Qwen3; harmony's `analysis` channel before its `final` one: gpt-oss) lets the model think
 //! before it answers. Here the request's wish (think or not, and for
-//! how long) becomes the prompt's last words and a [`ReasoningPlan`] the scheduler follows: the
+//! how long) becomes the prompt's last words and a [`ThinkingPlan`] the scheduler follows: the
 //! thinking is streamed apart from the answer, counted, and closed by the model's own end marker
 //! when its budget runs out, so a thinking loop never eats the answer's tokens.
 
@@ -77,7 +77,7 @@ impl Markers {
     ///   distills open it after the generation prompt and have no switch).
     /// - Otherwise the output is thinking from its first token: where the template did not open
     ///   the block, the opening marker is the output's first token(s), forced.
-    pub(crate) fn plan(&self, text: &mut String, thinking: Thinking) -> Option<ReasoningPlan> {
+    pub(crate) fn plan(&self, text: &mut String, thinking: Thinking) -> Option<ThinkingPlan> {
         let Format { open, close, header, gap } = self.format;
         let tail = text.trim_end();
         if tail.ends_with(&format!("{close}{header}")) {
@@ -94,7 +94,7 @@ impl Markers {
             Thinking::Budget(b) => b,
             Thinking::Default | Thinking::Off => u32::MAX,
         };
-        Some(ReasoningPlan {
+        Some(ThinkingPlan {
             open: if opened { Vec::new() } else { self.open_tokens.clone() },
             close: self.close_tokens.clone(),
             close_text: close,
@@ -106,7 +106,7 @@ impl Markers {
 
 /// How the scheduler handles one request's thinking (see `scheduler::request::thinking`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReasoningPlan {
+pub struct ThinkingPlan {
     /// Forced as the output's first tokens: the opening marker, where the prompt did not write
     /// it. Their text is not shown.
     pub open: Vec<i32>,
@@ -120,7 +120,7 @@ pub struct ReasoningPlan {
     pub budget: u32,
 }
 
-impl ReasoningPlan {
+impl ThinkingPlan {
     /// Caps the budget so that an answer fits in `max_tokens` after the thinking: at least a
     /// quarter of it (a thinking cut by `max_tokens` leaves no answer at all).
     pub(crate) fn fit(&mut self, max_tokens: u32) {

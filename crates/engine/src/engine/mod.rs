@@ -304,8 +304,7 @@ impl Generator for Engine {
         let limits = self.limits();
         limits.check_request(&input)?;
         let model = &self.inner.model;
-        let (prompt, mut reasoning) =
-            model.prepare_thinking(&input.messages, input.tools.as_deref(), input.thinking)?;
+        let (prompt, mut thinking) = model.prepare_thinking(&input.messages, input.tools.as_deref(), input.thinking)?;
         // The context is checked before any grammar is compiled: a prompt that cannot fit costs
         // no compile. Images not yet fetched count as admission's reservation in `tokens`, but
         // the context is checked without them here and exactly once they are attached.
@@ -330,7 +329,7 @@ impl Generator for Engine {
             grammars.tagged_call = Some(compile(&l.tagged)?);
             grammars.fenced_call = Some(compile(&Constraint::Lark(tools::fenced_call_grammar(&l.fenced_calls_rules)))?);
         }
-        if let Some(plan) = reasoning.as_mut() {
+        if let Some(plan) = thinking.as_mut() {
             plan.fit(max_tokens);
         }
         if let Some(answer) = &input.answer_constraint {
@@ -343,7 +342,7 @@ impl Generator for Engine {
         }
         let mut request = input.into_request(prompt, max_tokens);
         request.grammars = grammars;
-        request.reasoning = reasoning;
+        request.thinking = thinking;
         Ok(request)
     }
 

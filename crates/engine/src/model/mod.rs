@@ -85,7 +85,7 @@ pub struct LoadedModel {
     /// The `<tool_call>` tag's own token, where the vocabulary has one (Qwen, Hermes).
     tool_call_tag: Option<i32>,
     /// The thinking block's markers, when the template has one (a reasoning model).
-    thinking: Option<crate::reasoning::Markers>,
+    thinking: Option<crate::thinking::Markers>,
     /// `--special-tokens-in-content`: client text is parsed for control tokens like the
     /// template's own (trusted single-user deployments that want the old behaviour).
     special_tokens_in_content: bool,
@@ -148,7 +148,7 @@ impl LoadedModel {
         };
         let tokenize_special =
             |text: &str| vocab.tokenize(text.as_bytes(), false, true).into_iter().map(|t| t.0).collect();
-        let thinking = crate::reasoning::Markers::detect(template_text, tokenize_special);
+        let thinking = crate::thinking::Markers::detect(template_text, tokenize_special);
         Ok(Arc::new(Self {
             llama,
             thinking,
@@ -181,21 +181,21 @@ impl LoadedModel {
     /// client's, so it is tokenized as plain text, like any content.
     ///
     /// A reasoning model's template gets its thinking switch (`enable_thinking`) from `thinking`,
-    /// and the prompt ends as [`crate::reasoning::Markers::plan`] says; its plan comes back
+    /// and the prompt ends as [`crate::thinking::Markers::plan`] says; its plan comes back
     /// (`None` for other models, and for a prefilled answer, which is past any thinking).
     pub fn prepare_thinking(
         &self,
         messages: &[Json],
         tools: Option<&[Json]>,
-        thinking: crate::reasoning::Thinking,
-    ) -> Result<(Prompt, Option<crate::reasoning::ReasoningPlan>), TemplateError> {
+        thinking: crate::thinking::Thinking,
+    ) -> Result<(Prompt, Option<crate::thinking::ThinkingPlan>), TemplateError> {
         let (messages, prefix) = match messages.split_last() {
             Some((last, before)) if last["prefix"] == Json::Bool(true) && last["role"] == "assistant" => {
                 (before, last["content"].as_str())
             }
             _ => (messages, None),
         };
-        let switch = self.thinking.as_ref().map(|_| thinking != crate::reasoning::Thinking::Off);
+        let switch = self.thinking.as_ref().map(|_| thinking != crate::thinking::Thinking::Off);
         let (mut text, mut typed) = self.render(messages, tools, switch)?;
         let plan = match &self.thinking {
             Some(markers) if prefix.is_none() => markers.plan(&mut text, thinking),
@@ -217,7 +217,7 @@ impl LoadedModel {
 
     /// [`Self::prepare_thinking`] with the model's own thinking default, the plan left out.
     pub fn prepare(&self, messages: &[Json], tools: Option<&[Json]>) -> Result<Prompt, TemplateError> {
-        Ok(self.prepare_thinking(messages, tools, crate::reasoning::Thinking::Default)?.0)
+        Ok(self.prepare_thinking(messages, tools, crate::thinking::Thinking::Default)?.0)
     }
 
     /// The prompt text, and the byte ranges in it where a client's string spelled a control

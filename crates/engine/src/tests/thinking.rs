@@ -62,13 +62,13 @@ async fn thinking_off_writes_an_empty_block_into_the_prompt() {
     input.thinking = Thinking::Off;
     let request = engine.prepare(input.clone()).unwrap();
     assert!(request.prompt.text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{}", request.prompt.text);
-    assert!(request.reasoning.is_none());
+    assert!(request.thinking.is_none());
     let (thought, _, usage) = run(&engine, Thinking::Off, None).await;
     assert_eq!((thought.as_str(), usage.reasoning_tokens), ("", 0));
     input.thinking = Thinking::Budget(5);
     let request = engine.prepare(input).unwrap();
     assert!(request.prompt.text.ends_with("<|im_start|>assistant\n"), "{}", request.prompt.text);
-    assert_eq!(request.reasoning.map(|r| (r.open.len(), r.budget)), Some((1, 5)));
+    assert_eq!(request.thinking.map(|r| (r.open.len(), r.budget)), Some((1, 5)));
     engine.shutdown();
 }
 

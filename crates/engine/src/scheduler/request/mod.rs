@@ -6,7 +6,6 @@ pub(crate) mod held_output;
 pub(crate) mod phase;
 pub mod stop_strings;
 pub(crate) mod thinking;
-pub(crate) mod thinking_block;
 
 use std::time::Instant;
 
@@ -23,7 +22,7 @@ use crate::request::{CacheScope, Event, FinishReason, GenerateRequest, LazyTools
 use crate::scheduler::request::held_output::Held;
 pub(crate) use crate::scheduler::request::phase::{ChoiceState, Phase};
 use crate::scheduler::request::stop_strings::TextAssembler;
-use crate::scheduler::request::thinking_block::ChoiceThinking;
+use crate::scheduler::request::thinking::block::ChoiceThinking;
 use crate::scheduler::sample::sampler::{build_sampler, logprobs_for, Sampler};
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::{Drafter, Speculate, SpeculationConfig};
@@ -158,12 +157,12 @@ impl ActiveRequest {
                     drafter.draft_json_layout(marks.clone());
                 }
                 // A thinking block comes first: the answer's grammar waits for its end.
-                let (grammar, thinking) = match &request.reasoning {
+                let (grammar, thinking) = match &request.thinking {
                     Some(plan) => (None, Some(ChoiceThinking::new(plan, grammar))),
                     None => (grammar.map(|m| drafter.follow_grammar(m)), None),
                 };
                 let mut sampler = build_sampler(&request.sampling, crate::units::count_u32(i), window, grammar);
-                if let Some(plan) = &request.reasoning {
+                if let Some(plan) = &request.thinking {
                     sampler.force(&plan.open);
                 }
                 Choice {

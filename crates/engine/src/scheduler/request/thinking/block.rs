@@ -1,12 +1,12 @@
-//! One choice's thinking block, while the model is in it (see `crate::reasoning`): its text as
+//! One choice's thinking block, while the model is in it (see `crate::thinking`): its text as
 //! shown, its tokens counted, and when its end marker must be forced. The answer's grammar (a
 //! `response_format`, a forced tool call) waits here until the block closes, so it shapes the
 //! answer and never the thinking. What the scheduler does with each step is in `thinking`.
 
 use llguidance::Matcher;
 
-use crate::reasoning::ReasoningPlan;
 use crate::scheduler::request::stop_strings::TextAssembler;
+use crate::thinking::ThinkingPlan;
 
 pub(crate) struct ChoiceThinking {
     /// Ends at the closing marker, which is never shown (nor anything after it in its piece).
@@ -43,7 +43,7 @@ pub(crate) enum ThinkStep {
 }
 
 impl ChoiceThinking {
-    pub(crate) fn new(plan: &ReasoningPlan, deferred: Option<Matcher>) -> Self {
+    pub(crate) fn new(plan: &ThinkingPlan, deferred: Option<Matcher>) -> Self {
         Self {
             text: TextAssembler::new(vec![plan.close_text.to_string()]),
             hidden: plan.open.len(),
@@ -125,14 +125,14 @@ mod tests {
 
     fn thinking(open: usize, budget: u32) -> ChoiceThinking {
         let plan =
-            ReasoningPlan { open: vec![1; open], close: vec![10, 2], close_text: "</think>", header: vec![], budget };
+            ThinkingPlan { open: vec![1; open], close: vec![10, 2], close_text: "</think>", header: vec![], budget };
         ChoiceThinking::new(&plan, None)
     }
 
     #[test]
     fn harmonys_final_header_is_forced_hidden_and_counted() {
         let plan =
-            ReasoningPlan { open: vec![1], close: vec![2], close_text: "<|end|>", header: vec![3, 4, 5], budget: 6 };
+            ThinkingPlan { open: vec![1], close: vec![2], close_text: "<|end|>", header: vec![3, 4, 5], budget: 6 };
         let mut t = ChoiceThinking::new(&plan, None);
         assert_eq!(t.push(b"<|channel|>"), ThinkStep::Thinking { emit: String::new(), force_close: false });
         // 2 tokens, then the close and the header's 3: 6.

@@ -1,9 +1,11 @@
 //! A reasoning model's thinking in a running request: each thinking token is streamed as
-//! thinking (see `thinking_block` for the text and the budget), and the block's end hands the
+//! thinking (see `block` for the text and the budget), and the block's end hands the
 //! choice to its answer, with the answer's grammar or answer-or-call gate.
 
+pub(crate) mod block;
+
 use crate::request::FinishReason;
-use crate::scheduler::request::thinking_block::ThinkStep;
+use crate::scheduler::request::thinking::block::ThinkStep;
 use crate::scheduler::request::ActiveRequest;
 
 impl ActiveRequest {
