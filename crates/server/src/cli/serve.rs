@@ -24,22 +24,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
-    let admin_listener = match &args.admin_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr.as_str())
-                .await
-                .with_context(|| format!("binding --admin-listen {addr}"))?,
-        ),
-        None => None,
-    };
-    let metrics_listener = match &args.metrics_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr.as_str())
-                .await
-                .with_context(|| format!("binding --metrics-listen {addr}"))?,
-        ),
-        None => None,
-    };
+    let admin_listener = bind_if_asked(args.admin_listen.as_deref(), "--admin-listen").await?;
+    let metrics_listener = bind_if_asked(args.metrics_listen.as_deref(), "--metrics-listen").await?;
     if args.metrics_compat == Some(crate::cli::serve_args::MetricsCompat::Vllm) {
         crate::telemetry::export_vllm_aliases(&first_id);
     }
@@ -343,4 +329,11 @@ fn warn_about_fault_injection() {
             gantry_engine::FAULTS_ARMED
         );
     }
+}
+
+/// The listener `flag` asks for at `addr`, if it does.
+async fn bind_if_asked(addr: Option<&str>, flag: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {flag} {addr}"))?;
+    Ok(Some(listener))
 }
