@@ -28,11 +28,23 @@ pub struct TinyBertSpec {
     /// `bert.context_length`: the most tokens one input may have.
     pub n_ctx_train: u32,
     pub seed: u64,
+    /// `tokenizer.chat_template.rerank`: a reranker's own framing of a pair (`{query}`,
+    /// `{document}`), as decoder rerankers' GGUFs carry it.
+    pub rerank_template: Option<String>,
 }
 
 impl Default for TinyBertSpec {
     fn default() -> Self {
-        Self { pooling: BertPooling::Mean, n_layer: 2, n_embd: 32, n_head: 2, n_ff: 64, n_ctx_train: 128, seed: 0 }
+        Self {
+            pooling: BertPooling::Mean,
+            n_layer: 2,
+            n_embd: 32,
+            n_head: 2,
+            n_ff: 64,
+            n_ctx_train: 128,
+            seed: 0,
+            rerank_template: None,
+        }
     }
 }
 
@@ -88,6 +100,9 @@ pub fn tiny_bert_bytes(spec: &TinyBertSpec) -> Vec<u8> {
     kv.bool("tokenizer.ggml.add_bos_token", true);
     kv.bool("tokenizer.ggml.add_sep_token", true);
     kv.bool("tokenizer.ggml.add_eos_token", false);
+    if let Some(template) = &spec.rerank_template {
+        kv.string("tokenizer.chat_template.rerank", template);
+    }
     assemble(&kv, &tensors(spec))
 }
 

@@ -91,6 +91,8 @@ pub struct Embedder {
     pub(crate) queued: Arc<QueueShares>,
     shape: EmbeddingShape,
     pooling: Pooling,
+    /// A reranker's own framing of a pair, where its GGUF has one (`tokenizer.chat_template.rerank`).
+    rerank_template: Option<String>,
 }
 
 impl Embedder {
@@ -136,7 +138,8 @@ impl Embedder {
             .recv()
             .map_err(|_| LoadError::Context("the embedder thread ended".into()))?
             .map_err(LoadError::Context)?;
-        Ok(Self { model, jobs, queued, shape, pooling })
+        let rerank_template = model.llama.meta_val_str("tokenizer.chat_template.rerank").ok();
+        Ok(Self { model, jobs, queued, shape, pooling, rerank_template })
     }
 
     pub fn model(&self) -> &Arc<LoadedModel> {
@@ -231,7 +234,10 @@ impl Generator for Embedder {
     }
 
     fn ranking_input(&self, query: &str, document: &str) -> Option<Vec<i32>> {
-        (self.pooling == Pooling::Rank).then(|| ranking_input(&self.model, query, document))
+        (self.pooling == Pooling::Rank).then(|| match &self.rerank_template {
+            Some(template) => templated_ranking_input(&self.model, template, query, document),
+            None => ranking_input(&self.model, query, document),
+        })
     }
 }
 
@@ -260,6 +266,27 @@ fn ranking_input(model: &LoadedModel, query: &str, document: &str) -> Vec<i32> {
         out.push(vocab.sep().0);
     }
     out
+}
+
+/// A pair in the reranker's own template, as llama.cpp's server fills it: `{query}` and
+/// `{document}` replaced, nothing added around it. The template's text is read with its control
+/// tokens; the client's texts are plain text, so they cannot spell the template's markers.
+fn templated_ranking_input(model: &LoadedModel, template: &str, query: &str, document: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    loop {
+        let next = [("{query}", query), ("{document}", document)]
+            .into_iter()
+            .filter_map(|(placeholder, text)| rest.find(placeholder).map(|at| (at, placeholder, text)))
+            .min_by_key(|(at, _, _)| *at);
+        let Some((at, placeholder, text)) = next else {
+            out.extend(model.tokenize_with(rest, false, true));
+            return out;
+        };
+        out.extend(model.tokenize_with(&rest[..at], false, true));
+        out.extend(model.tokenize_with(text, false, false));
+        rest = &rest[at + placeholder.len()..];
+    }
 }
 
 fn new_context(model: &LoadedModel, threads: i32) -> Result<LlamaContext<'_>, String> {

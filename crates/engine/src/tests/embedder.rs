@@ -47,6 +47,26 @@ fn a_reranker_scores_each_pair_the_same_alone_or_beside_others() {
 }
 
 #[test]
+fn a_rerankers_own_template_frames_its_pairs() {
+    let dir = std::env::temp_dir().join(format!("gantry-engine-templated-ranker-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("templated-ranker.gguf");
+    let template = "[CLS] what is {query} [SEP] in {document} [SEP] [MASK]".to_string();
+    let spec = TinyBertSpec { pooling: BertPooling::Rank, rerank_template: Some(template), ..Default::default() };
+    tiny_gguf::write_tiny_bert(&path, &spec).unwrap();
+    let ranker = Embedder::start(&path, 1, &Offload::default(), None).unwrap();
+    let word = |w: &str| tiny_gguf::BERT_VOCAB.iter().position(|t| *t == w).unwrap() as i32;
+    // The template's markers are its control tokens, and nothing is added around it.
+    let pair = ranker.ranking_input("the capital", "paris").unwrap();
+    let want = [2, word("what"), word("is"), word("the"), word("capital"), 3, word("in"), word("paris"), 3, 4];
+    assert_eq!(pair, want);
+    // A client's text that spells a marker stays text.
+    let spelled = ranker.ranking_input("[MASK]", "[SEP]").unwrap();
+    assert_eq!(spelled.iter().filter(|&&t| t == 3 || t == 4).count(), 3, "{spelled:?}");
+    assert!(ranker.embed_blocking(vec![pair]).unwrap()[0][0].is_finite());
+}
+
+#[test]
 fn an_embedding_model_gives_unit_vectors_and_no_ranking() {
     let path = written("tiny-bert-mean", BertPooling::Mean);
     let caps = Capabilities::read(&path).unwrap();
