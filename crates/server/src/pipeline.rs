@@ -187,7 +187,7 @@ async fn admitted(
             };
             // llama.cpp's clients name no model: the first the key may use.
             if request.chat.model.is_empty() {
-                request.chat.model = default_model(&state, &key)?;
+                request.chat.model = crate::openai::models::default_model(&state, &key)?;
             }
             let chat = request.chat.clone();
             completion = Some(request);
@@ -327,20 +327,6 @@ async fn admitted(
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
-}
-
-/// The first model the key may use: llama.cpp's clients (`/infill`) name none.
-pub(crate) fn default_model(state: &AppState, key: &KeyInfo) -> Result<String, ApiError> {
-    let spec = state.models.specs().iter().find(|spec| key_allows(key, &spec.id, spec));
-    spec.map(|spec| spec.id.clone()).ok_or_else(|| no_model_named("model"))
-}
-
-/// The 404 of a request that named no model when the key may use none of the kind it needs
-/// (`what`: "model", "reranker"), saying so instead of naming an empty model.
-pub(crate) fn no_model_named(what: &str) -> ApiError {
-    let mut e = ApiError::model_not_found("");
-    e.message = format!("The request names no `model`, and this key may use no {what} here; name one.");
-    e
 }
 
 /// Fetches the request's images and puts them into its prompt (decoded, tokenized for the

@@ -49,7 +49,7 @@ async fn ranked(
     // llama.cpp's clients name no model: the first reranker the key may use.
     let name = if request.model.is_empty() {
         let spec = state.models.specs().iter().find(|s| s.capabilities.ranks() && key_allows(key, &s.id, s));
-        spec.map(|s| s.id.clone()).ok_or_else(|| crate::pipeline::no_model_named("reranker"))?
+        spec.map(|s| s.id.clone()).ok_or_else(|| crate::openai::models::no_model_named("reranker"))?
     } else {
         request.model.clone()
     };
@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn no_reranker_for_the_key_is_a_404_that_says_so() {
-        let e = crate::pipeline::no_model_named("reranker");
+        let e = crate::openai::models::no_model_named("reranker");
         assert_eq!((e.status.as_u16(), e.code.as_deref()), (404, Some("model_not_found")));
         assert!(e.message.contains("no reranker") && !e.message.contains("``"), "{}", e.message);
     }

@@ -106,8 +106,8 @@ fn flag(obj: &serde_json::Map<String, Value>, name: &str, default: bool) -> Resu
 /// the request holds its preparation turn.
 async fn model_of(state: &AppState, key: &KeyInfo, obj: &serde_json::Map<String, Value>) -> Result<Lease, ApiError> {
     let name = match obj.get("model") {
-        None | Some(Value::Null) => crate::pipeline::default_model(state, key)?,
-        Some(Value::String(s)) if s.is_empty() => crate::pipeline::default_model(state, key)?,
+        None | Some(Value::Null) => crate::openai::models::default_model(state, key)?,
+        Some(Value::String(s)) if s.is_empty() => crate::openai::models::default_model(state, key)?,
         Some(Value::String(s)) => s.clone(),
         Some(_) => return Err(ApiError::invalid_value("model", "Invalid type for 'model': expected a string.")),
     };
@@ -127,7 +127,7 @@ async fn tokens_of(state: &AppState, key: &KeyInfo, headers: &HeaderMap, body: &
         request.insert("max_tokens".into(), json!(1));
         let mut chat = gantry_api::parse_chat_request(Value::Object(request).to_string().as_bytes())?;
         if obj.get("model").and_then(Value::as_str).is_none_or(str::is_empty) {
-            chat.model = crate::pipeline::default_model(state, key)?;
+            chat.model = crate::openai::models::default_model(state, key)?;
         }
         Some(chat)
     } else {

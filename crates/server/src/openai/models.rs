@@ -93,3 +93,17 @@ pub(crate) async fn get_model(
         _ => Err(ApiError::model_not_found(&id)),
     }
 }
+
+/// The first model the key may use: llama.cpp's clients (`/infill`) name none.
+pub(crate) fn default_model(state: &AppState, key: &KeyInfo) -> Result<String, ApiError> {
+    let spec = state.models.specs().iter().find(|spec| key_allows(key, &spec.id, spec));
+    spec.map(|spec| spec.id.clone()).ok_or_else(|| no_model_named("model"))
+}
+
+/// The 404 of a request that named no model when the key may use none of the kind it needs
+/// (`what`: "model", "reranker"), saying so instead of naming an empty model.
+pub(crate) fn no_model_named(what: &str) -> ApiError {
+    let mut e = ApiError::model_not_found("");
+    e.message = format!("The request names no `model`, and this key may use no {what} here; name one.");
+    e
+}
