@@ -6,13 +6,14 @@ pub(crate) mod held_output;
 pub(crate) mod phase;
 pub mod stop_strings;
 pub(crate) mod thinking;
+pub(crate) mod tool_watch;
 
 use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::constraint::{Constraint, PreparedGrammars};
+use crate::constraint::PreparedGrammars;
 use crate::error::EngineError;
 use crate::faults::{Fault, FaultPoint};
 use crate::kv::seq_id::SeqId;
@@ -23,10 +24,10 @@ use crate::scheduler::request::held_output::Held;
 pub(crate) use crate::scheduler::request::phase::{ChoiceState, Phase};
 use crate::scheduler::request::stop_strings::TextAssembler;
 use crate::scheduler::request::thinking::block::ChoiceThinking;
+pub(crate) use crate::scheduler::request::tool_watch::ToolWatch;
 use crate::scheduler::sample::sampler::{build_sampler, logprobs_for, Sampler};
 use crate::speculation::shared_drafts::DraftFamilies;
 use crate::speculation::{Drafter, Speculate, SpeculationConfig};
-use crate::tools::{fenced_call_grammar, CallStart, CallWatch};
 
 pub(crate) struct Choice {
     pub index: u32,
@@ -57,20 +58,6 @@ pub(crate) struct Choice {
     pub last_token: i32,
     /// Output held back while it may still be a call (see `answer_gate`).
     pub held: Option<Held>,
-}
-
-/// The output so far of a choice that may still start a tool call.
-pub(crate) struct ToolWatch {
-    tokens: Vec<i32>,
-    /// Where each token's text ends in the output's bytes.
-    ends: Vec<usize>,
-    calls: CallWatch,
-}
-
-impl ToolWatch {
-    pub(crate) fn call_may_follow(&self, names: &[String]) -> bool {
-        self.calls.call_may_follow(names)
-    }
 }
 
 pub(crate) struct ActiveRequest {
@@ -175,11 +162,7 @@ impl ActiveRequest {
                     state: ChoiceState::Waiting,
                     drafter,
                     last_token_at: None,
-                    tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch {
-                        tokens: Vec::new(),
-                        ends: Vec::new(),
-                        calls: CallWatch::new(),
-                    }),
+                    tool_watch: request.lazy_tools.as_ref().map(|_| ToolWatch::new()),
                     constrained: request.constraint.is_some() && thinking.is_none() && !gated,
                     on_device: false,
                     thinking,
@@ -220,72 +203,6 @@ impl ActiveRequest {
     /// Where the usage report goes when the request ends.
     pub(crate) fn report_usage_to(&mut self, tx: oneshot::Sender<Usage>) {
         self.usage_tx = Some(tx);
-    }
-
-    /// With `tool_choice: "auto"`, the model may answer in text; once its output starts a tool
-    /// call, the rest of the call is sampled under a grammar, so it parses and its arguments match
-    /// the schema. Called after every token that does not end the generation.
-    /// `piece` is the token's text, as the scheduler already decoded it.
-    ///
-    /// The model's native syntax (`<tool_call>`) switches to the call grammar at once. The fallback
-    /// forms (bare JSON, a ```json fence) are also how models write answers — after a tool result,
-    /// Qwen echoes the call with a `"result"` key as its answer — so they are only constrained once
-    /// the output is committed to a call: `{"name": "<offered function>", "arguments": {` (or that
-    /// inside `[`). Up to there the model samples freely; from there the grammar still lets the
-    /// object go on with other keys, and such an object is then read back as content. A fenced
-    /// call is constrained from its fence on, wherever it starts, by the grammar `prepare`
-    /// compiled (`tools::fenced_call_grammar`): nothing is compiled here.
-    ///
-    /// Returns where in `piece` (the offset of its `>`) the `<tool_call>` tag's text ends when
-    /// plain-text tokens wrote it on a model whose tag is a token of its own: not a call, but
-    /// text the model copied (a client's).
-    pub(crate) fn watch_for_tool_call(
-        &mut self,
-        i: usize,
-        token: i32,
-        piece: &[u8],
-        model: &LoadedModel,
-    ) -> Option<usize> {
-        let lazy = self.lazy_tools.as_ref()?;
-        let watch = self.choices[i].tool_watch.as_mut()?;
-        watch.tokens.push(token);
-        watch.ends.push(watch.ends.last().copied().unwrap_or(0) + piece.len());
-        self.fault.check(FaultPoint::Watching, self.usage.completion_tokens);
-        let tag_token = model.tool_call_tag().map(|tag| tag == token);
-        let Some(start) = watch.calls.push(piece, &lazy.names, tag_token) else {
-            return watch.calls.tag_end_in_last(piece.len()).filter(|_| tag_token == Some(false));
-        };
-        let fenced;
-        let (constraint, consumed, compiled) = match start {
-            CallStart::Tagged => (&lazy.tagged, &[][..], self.grammars.tagged_call.as_ref()),
-            CallStart::Bare => (&lazy.bare, watch.tokens.as_slice(), self.grammars.bare_call.as_ref()),
-            CallStart::Fenced { prefix } => {
-                // From the token that holds the fence's first byte on; the grammar lets that
-                // token's text before the fence lead.
-                let first = watch.ends.partition_point(|&end| end <= prefix);
-                fenced = Constraint::Lark(fenced_call_grammar(&lazy.fenced_calls_rules));
-                (&fenced, &watch.tokens[first..], self.grammars.fenced_call.as_ref())
-            }
-        };
-        let matcher = match compiled {
-            Some(compiled) => compiled.matcher_after(consumed),
-            None => model.constraint_matcher(constraint, self.scope, consumed),
-        };
-        match matcher {
-            Ok(matcher) => {
-                let c = &mut self.choices[i];
-                c.sampler.constrain(c.drafter.follow_grammar(matcher));
-                self.choices[i].tool_watch = None;
-                self.choices[i].constrained = true;
-            }
-            Err(e) => {
-                // The model's own layout does not fit the grammar: leave this call unconstrained
-                // (the parser still reads a well-formed call) and watch for later ones.
-                tracing::debug!(error = %e, ?start, "output does not start a tool call the grammar accepts");
-                watch.calls.rejected(&start);
-            }
-        }
-        None
     }
 
     /// Most prompt tokens that may come from the cache: the last one is always decoded, since
