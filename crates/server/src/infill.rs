@@ -35,15 +35,19 @@ pub(crate) fn in_infill_terms(e: ApiError) -> ApiError {
 }
 
 /// How the answer ended, in llama.cpp's words.
+#[derive(Default)]
 struct Ending {
     content: String,
     stop_type: &'static str,
     stopping_word: String,
+    /// A stop string ended it: the model's own end does not name the stop.
+    ended_by_stop: bool,
 }
 
 impl Ending {
     /// Stop string `index` (of the job's `stop`) ended it; returns what the content gets back.
     fn stopped(&mut self, plan: &AnswerPlan, stop: &[String], index: u32) -> String {
+        self.ended_by_stop = true;
         let word = stop.get(index as usize).map_or("", String::as_str);
         let tail = if plan.indent_limited(index) {
             // llama.cpp's indentation limit: `limit`, no word.
@@ -59,8 +63,8 @@ impl Ending {
     }
 
     /// The choice finished: the model's end (`eos`) or its length, unless a stop string ended it.
-    fn finished(&mut self, reason: FinishReason, stopped: bool) {
-        if !stopped {
+    fn finished(&mut self, reason: FinishReason) {
+        if !self.ended_by_stop {
             self.stop_type = if reason == FinishReason::Stop { "eos" } else { "limit" };
         }
     }
@@ -77,8 +81,7 @@ pub(crate) async fn respond(
     }
     let mut events = events;
     let mut clock = clock;
-    let mut ending = Ending { content: String::new(), stop_type: "limit", stopping_word: String::new() };
-    let mut stopped = false;
+    let mut ending = Ending { stop_type: "limit", ..Ending::default() };
     let usage = loop {
         match next_event(&mut events).await {
             Event::Delta { text, .. } => {
@@ -87,9 +90,8 @@ pub(crate) async fn respond(
             }
             Event::StopSequence { index, .. } => {
                 ending.stopped(&answer.plan, &stop, index);
-                stopped = true;
             }
-            Event::Finished { reason, .. } => ending.finished(reason, stopped),
+            Event::Finished { reason, .. } => ending.finished(reason),
             Event::Done(usage) => break usage,
             Event::Error(error) => return Err(error.into_api_error()),
             _ => {}
@@ -155,10 +157,10 @@ fn stream_response(
     clock: Clock,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let ending = Ending { content: String::new(), stop_type: "limit", stopping_word: String::new() };
-    let state = Some((events, answer, stop, clock, ending, 0u32, false));
+    let ending = Ending { stop_type: "limit", ..Ending::default() };
+    let state = Some((events, answer, stop, clock, ending, 0u32));
     let body = stream::unfold(state, |state| async move {
-        let (mut events, answer, stop, mut clock, mut ending, mut predicted, mut stopped) = state?;
+        let (mut events, answer, stop, mut clock, mut ending, mut predicted) = state?;
         let frame = match next_event(&mut events).await {
             Event::Delta { text, .. } => {
                 clock.first.get_or_insert_with(Instant::now);
@@ -167,12 +169,11 @@ fn stream_response(
                 (!text.is_empty()).then(|| json!({"index": 0, "content": text, "tokens": [], "stop": false, "id_slot": -1, "tokens_predicted": predicted}))
             }
             Event::StopSequence { index, .. } => {
-                stopped = true;
                 let tail = ending.stopped(&answer.plan, &stop, index);
                 (!tail.is_empty()).then(|| json!({"index": 0, "content": tail, "tokens": [], "stop": false, "id_slot": -1}))
             }
             Event::Finished { reason, .. } => {
-                ending.finished(reason, stopped);
+                ending.finished(reason);
                 None
             }
             Event::Done(usage) => {
@@ -182,7 +183,7 @@ fn stream_response(
             Event::Error(error) => return Some((Some(error.into_api_error().to_json()), None)),
             Event::Cached { .. } | Event::Reasoning { .. } => None,
         };
-        Some((frame, Some((events, answer, stop, clock, ending, predicted, stopped))))
+        Some((frame, Some((events, answer, stop, clock, ending, predicted))))
     })
     .filter_map(|frame| async move { frame })
     .map(|frame| Ok(SseEvent::default().data(frame.to_string())));

@@ -144,10 +144,13 @@ pub(crate) fn model_unloaded(model: &str, evicted: bool) {
 }
 
 pub(crate) async fn render() -> Response {
-    let mut body = HANDLE.get().and_then(Option::as_ref).map(PrometheusHandle::render).unwrap_or_default();
-    if HANDLE.get().is_some_and(Option::is_some) {
-        body.push_str(&server_gauges::render(&TAP.gauges(), VLLM_MODEL_NAME.get().map(String::as_str)));
-    }
+    let body = match HANDLE.get().and_then(Option::as_ref) {
+        Some(handle) => {
+            let vllm_model = VLLM_MODEL_NAME.get().map(String::as_str);
+            handle.render() + &server_gauges::render(&TAP.gauges(), vllm_model)
+        }
+        None => String::new(),
+    };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 

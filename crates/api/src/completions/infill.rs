@@ -53,7 +53,7 @@ pub fn parse_infill_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError
     opt_int(obj, "n_probs", 0, MAX_PROMPTS as i64)?;
     let fim_stop_rule = opt_bool(obj, "fim_stop_rule")?.unwrap_or(true);
     // llama.cpp reads any integer; none above 0 sets no limit.
-    let n_indent = opt_int(obj, "n_indent", i64::MIN, i64::MAX)?.unwrap_or(0).clamp(0, i64::from(u32::MAX));
+    let n_indent = opt_int(obj, "n_indent", i64::MIN, i64::MAX)?.unwrap_or(0).max(0);
     Ok(ValidatedCompletion {
         chat,
         prompts: vec![PromptInput::Text(prefix + &prompt)],
