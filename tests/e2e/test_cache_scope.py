@@ -177,6 +177,6 @@ def test_cache_scope_round_trips_through_the_admin_api_and_the_cli(srv):
     assert '"cache_scope": "tenant"' in shown.stdout, shown.stdout
     listing = cli("list")
     row = next(line for line in listing.stdout.splitlines() if "scope-admin" in line)
-    assert row.split()[-1] == "shared", row
+    assert row.split()[-2:] == ["shared", "1"], row  # its cache scope, then its weight
     refused = cli("update", "scope-cli", "--cache-scope", "org")
     assert refused.returncode != 0 and "tenant, key or shared" in refused.stderr, refused.stderr

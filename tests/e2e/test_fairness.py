@@ -11,7 +11,9 @@ minute: the next one over its `rpm_limit` is a 429 `rate_limit_exceeded`."""
 from __future__ import annotations
 
 import itertools
+import json
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -20,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from _util import error_body, httpx
+from _util import error_body, gantry_bin, httpx
 from conftest import _models, serving
 
 ADMIN_TOKEN = "fairness-e2e-admin-token-0123456789abcdef"
@@ -117,3 +119,70 @@ def test_cancelling_queued_requests_still_spends_the_keys_rpm(srv):
     assert (err["type"], err["code"]) == ("requests", "rate_limit_exceeded"), err
     for s in running:
         s.close()
+
+
+def _admin(srv, method: str, path: str, body=None, token: str | None = ADMIN_TOKEN):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.request(method, f"{srv.root_url}/admin/v1{path}", json=body, headers=headers, timeout=60)
+
+
+def test_tenant_weights_are_set_shown_and_checked_by_the_admin_api(srv):
+    t = f"weighed-{uuid.uuid4().hex[:6]}"
+    r = _admin(srv, "PATCH", f"/tenants/{t}", {"weight": 4})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"object": "tenant", "name": t, "weight": 4, "active_keys": 0}
+    name, _ = _key(srv, {"tenant": t, "weight": 2})
+    shown = _admin(srv, "GET", f"/keys/{name}").json()
+    assert (shown["weight"], shown["tenant_weight"]) == (2, 4), shown
+    listed = {x["name"]: x for x in _admin(srv, "GET", "/tenants").json()["data"]}
+    assert listed[t]["active_keys"] == 1, listed
+    for bad in ({"weight": 0}, {"weight": 1001}, {"weight": "3"}, {"weight": 2, "color": "red"}, {}):
+        r = _admin(srv, "PATCH", f"/tenants/{t}", bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error", r.text
+    r = _admin(srv, "POST", "/keys", {"name": f"w-{uuid.uuid4().hex[:6]}", "weight": 0})
+    assert r.status_code == 400 and "weight" in r.json()["error"]["message"], r.text
+    assert _admin(srv, "GET", "/tenants/no-such-tenant").status_code == 404
+    assert _admin(srv, "PATCH", f"/tenants/{t}", {"weight": 9}, token=None).status_code == 401
+    assert _admin(srv, "GET", f"/tenants/{t}").json()["weight"] == 4, "refused changes changed nothing"
+
+
+def test_tenants_share_sequences_by_weight_however_many_keys_they_hold(srv):
+    """Tenant H (weight 3, one key) and tenant L (weight 1, ten keys) flood two sequences with
+    requests alike. Shared by key, L's ten keys would get 10 of every 11 starts; shared by
+    tenant weight, H gets 3 of every 4."""
+    suffix = uuid.uuid4().hex[:6]
+    heavy, light = f"heavy-{suffix}", f"light-{suffix}"
+    assert _admin(srv, "PATCH", f"/tenants/{heavy}", {"weight": 3}).status_code == 200
+    _, h = _key(srv, {"tenant": heavy})
+    lights = [_key(srv, {"tenant": light})[1] for _ in range(10)]
+    order = Order()
+    with ThreadPoolExecutor(60) as pool:
+        hs = [pool.submit(_first_token_at, srv, h, order, f"Count from {i} to {i + 9}.") for i in range(30)]
+        ls = [pool.submit(_first_token_at, srv, lights[i % 10], order, f"Count from {i} to {i + 9}.") for i in range(30)]
+        h_first, l_first = [f.result() for f in hs], [f.result() for f in ls]
+    # Past the first few (whoever's request came first), while both still have requests waiting.
+    window = range(4, 28)
+    h_in = sum(t in window for t in h_first)
+    l_in = sum(t in window for t in l_first)
+    assert h_in + l_in == len(window)
+    assert 15 <= h_in <= 22, f"the weight-3 tenant started {h_in} of {len(window)}: {sorted(h_first)}"
+
+
+def test_weights_set_by_the_cli_reach_the_server(srv):
+    def gantry(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([gantry_bin(), *args, "--data-dir", srv.data_dir], capture_output=True, text=True, timeout=120)
+
+    t = f"cli-{uuid.uuid4().hex[:6]}"
+    done = gantry("tenants", "set", t, "--weight", "6")
+    assert done.returncode == 0 and "weighs 6" in done.stdout, done.stderr
+    made = gantry("keys", "create", "--name", f"{t}-key", "--tenant", t, "--weight", "5")
+    assert made.returncode == 0, made.stderr
+    shown = _admin(srv, "GET", f"/keys/{t}-key").json()
+    assert (shown["weight"], shown["tenant_weight"]) == (5, 6), "the server reads what the CLI wrote"
+    listed = json.loads(gantry("tenants", "list", "--format", "json").stdout)
+    assert {"name": t, "weight": 6, "active_keys": 1} in listed, listed
+    for bad in (["tenants", "set", t, "--weight", "0"], ["keys", "update", f"{t}-key", "--weight", "1001"]):
+        refused = gantry(*bad)
+        assert refused.returncode != 0 and "1..=1000" in refused.stderr, refused.stderr
+    assert _admin(srv, "GET", f"/tenants/{t}").json()["weight"] == 6

@@ -56,16 +56,19 @@ impl FromStr for CacheScopeSetting {
     }
 }
 
+/// A stable nonzero id for `value` of `kind` (a tenant name, a key id): the same on every replica
+/// and across restarts, apart between kinds.
+pub(crate) fn digest(kind: &str, value: &str) -> u64 {
+    let d = Sha256::new().chain_update(kind).chain_update([0]).chain_update(value).finalize();
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")).max(1)
+}
+
 impl KeyInfo {
     /// The id of the prompt-cache scope this key's requests run in: a digest of the tenant name
     /// or of the key id (the same on every replica and across restarts), or
     /// [`SHARED_CACHE_SCOPE`]. Tenant and key digests are taken over distinct prefixes, so a
     /// tenant named like a key id gets another scope.
     pub fn cache_scope_id(&self) -> u64 {
-        let digest = |kind: &str, value: &str| {
-            let d = Sha256::new().chain_update(kind).chain_update([0]).chain_update(value).finalize();
-            u64::from_le_bytes(d[..8].try_into().expect("8 bytes")).max(1)
-        };
         match self.cache_scope {
             CacheScopeSetting::Tenant => digest("tenant", &self.tenant),
             CacheScopeSetting::Key => digest("key", &self.id.to_string()),
@@ -93,6 +96,8 @@ mod tests {
             budget: Budget::default(),
             allowed_models: None,
             cache_scope,
+            weight: 1,
+            tenant_weight: 1,
         }
     }
 

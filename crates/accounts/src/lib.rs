@@ -18,6 +18,7 @@ mod money;
 pub mod outbox;
 mod rate;
 mod stored_responses;
+mod tenants;
 #[doc(hidden)]
 pub mod testing;
 mod unknown_keys;
@@ -30,7 +31,7 @@ pub use money::{Budget, BudgetPeriod, Price, NANOS_PER_USD};
 pub use db::{Backend, BUSY_TIMEOUT, DB_FILE_NAME};
 pub use keys::{
     generate_secret, looks_like_key, CreatedKey, KeyInfo, KeyLimits, KeyUpdate, NewKey, DISPLAY_PREFIX_LEN,
-    MAX_KEY_LEN, MIN_KEY_LEN, SECRET_PREFIX,
+    MAX_KEY_LEN, MAX_WEIGHT, MIN_KEY_LEN, SECRET_PREFIX,
 };
 pub use metering::{
     Charge, DefaultLimits, Meter, MeterConfig, Outcome, Pass, Refusal, Refused, Settlement, Ticket, UNLIMITED_RPM,
@@ -38,6 +39,7 @@ pub use metering::{
 };
 pub use rate::{Allowance, Count, LocalWindows, RateRefusal, RateStatus, RateWindow};
 pub use stored_responses::{NewStoredResponse, StoredQuota, MAX_CONVERSATION_BYTES, MAX_CONVERSATION_DEPTH};
+pub use tenants::TenantInfo;
 pub use unknown_keys::{UNKNOWN_KEY_CAPACITY, UNKNOWN_KEY_TTL};
 pub use usage::{RequestRow, UsageQuery, UsageRecord, UsageRow};
 
@@ -211,6 +213,20 @@ impl Accounts {
     }
 
     /// A new secret for the same key; the old secret stops working at once.
+    /// Every tenant named by a key or given a setting.
+    pub async fn list_tenants(&self) -> Result<Vec<TenantInfo>, AccountsError> {
+        tenants::list(&self.pool).await
+    }
+
+    pub async fn find_tenant(&self, name: &str) -> Result<TenantInfo, AccountsError> {
+        tenants::find(&self.pool, name).await
+    }
+
+    /// Sets a tenant's weight (1..=[`MAX_WEIGHT`]); its keys' next requests share by it.
+    pub async fn set_tenant_weight(&self, name: &str, weight: i64) -> Result<TenantInfo, AccountsError> {
+        tenants::set_weight(&self.pool, name, weight).await
+    }
+
     pub async fn rotate_key(&self, id_or_name: &str) -> Result<CreatedKey, AccountsError> {
         self.known(keys::rotate(&self.pool, id_or_name).await)
     }

@@ -63,8 +63,8 @@ pub use model::vision::{Detail as ImageDetail, ImageError, ImageInput, LOW_DETAI
 pub use model::{cpu_variants, template, LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
-    CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Prompt, SamplingParams,
-    TokenLogprob, TopLogprob, Usage,
+    CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Owner, Prompt,
+    SamplingParams, TokenLogprob, TopLogprob, Usage,
 };
 pub use scheduler::request::stop_strings;
 pub use scheduler::sample::device::DeviceSampling;

@@ -133,7 +133,7 @@ impl ChatInput {
             constraint: self.constraint.map(|(c, _)| c),
             lazy_tools: self.lazy_tools,
             cache_scope: self.cache_scope,
-            fairness_key: 0,
+            owner: crate::request::Owner::default(),
             grammars: Default::default(),
             thinking: None,
         }

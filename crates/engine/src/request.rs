@@ -69,10 +69,10 @@ pub struct GenerateRequest {
     pub lazy_tools: Option<LazyTools>,
     /// Only prefixes cached under this scope are reused.
     pub cache_scope: CacheScope,
-    /// Whose request this is (the server puts the API key's id here): waiting requests are
-    /// admitted fairly between these, and `max_running_per_key` caps each (see `scheduler::queue`).
-    /// Requests left at the default 0 share one queue.
-    pub fairness_key: u64,
+    /// Whose request this is: the queue shares sequences and prompt rows between owners by their
+    /// weights, and `max_running_per_key` caps each key (see `scheduler::queue`). Requests left
+    /// at the default share one queue.
+    pub owner: Owner,
     /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
     pub grammars: crate::constraint::PreparedGrammars,
     /// The output starts with a thinking block (a reasoning model): how it is handled.
@@ -211,4 +211,32 @@ pub enum Event {
 pub struct GenerationHandle {
     pub events: mpsc::UnboundedReceiver<Event>,
     pub usage: oneshot::Receiver<Usage>,
+}
+
+/// Whose request it is, for weighted fair sharing (`scheduler::queue`): tenants share the server
+/// by their weights, and a tenant's keys share what it gets by theirs, so a tenant's many keys
+/// together get its one weight. The server fills it from the API key; ids are opaque.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Owner {
+    /// The API key (its id).
+    pub key: u64,
+    /// Its share among its tenant's keys, at least 1.
+    pub key_weight: u32,
+    /// The tenant the key belongs to (an opaque id: keys of one tenant name have the same).
+    pub tenant: u64,
+    /// The tenant's share among tenants, at least 1.
+    pub tenant_weight: u32,
+}
+
+impl Owner {
+    /// Key `key` of the one default tenant, both weighing 1.
+    pub fn key(key: u64) -> Self {
+        Self { key, key_weight: 1, tenant: 0, tenant_weight: 1 }
+    }
+}
+
+impl Default for Owner {
+    fn default() -> Self {
+        Self::key(0)
+    }
 }

@@ -342,6 +342,8 @@ mod tests {
             budget: Default::default(),
             allowed_models: None,
             cache_scope: Default::default(),
+            weight: 1,
+            tenant_weight: 1,
         }
     }
 

@@ -13,6 +13,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(*args).await,
             Command::Keys(cmd) => commands::keys(cmd).await,
+            Command::Tenants(cmd) => commands::tenants(cmd).await,
             Command::Usage(args) => commands::usage(args).await,
             Command::Models(cmd) => commands::models_cmd(cmd).await,
         }

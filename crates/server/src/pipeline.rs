@@ -238,9 +238,17 @@ async fn admitted(
             _ => vec![chat::prepare(&model, &chat, tools.as_ref(), scope).await?],
         }
     };
-    // The engine admits waiting requests fairly between keys, and caps each key's sequences.
+    // The engine shares sequences and prompt rows between tenants, and a tenant's between its
+    // keys, by their weights, and caps each key's sequences.
+    let weight = |w: i64| u32::try_from(w.clamp(1, gantry_accounts::MAX_WEIGHT)).unwrap_or(1);
+    let owner = gantry_engine::Owner {
+        key: key.id as u64,
+        key_weight: weight(key.weight),
+        tenant: key.tenant_id(),
+        tenant_weight: weight(key.tenant_weight),
+    };
     for job in &mut jobs {
-        job.fairness_key = key.id as u64;
+        job.owner = owner;
     }
     // Choices per job (per prompt), and over the whole request.
     let n = jobs.first().map_or(1, |j| j.n);

@@ -49,7 +49,21 @@ pub struct KeyInfo {
     /// Whose cached prompt prefixes the key's requests may reuse (see `cache_scope`).
     #[serde(default)]
     pub cache_scope: CacheScopeSetting,
+    /// Its share of the engine among its tenant's keys (weighted fair sharing), 1..=`MAX_WEIGHT`.
+    #[serde(default = "one")]
+    pub weight: i64,
+    /// Its tenant's share among tenants (`tenants`), 1 for a tenant never given one.
+    #[serde(default = "one")]
+    pub tenant_weight: i64,
 }
+
+fn one() -> i64 {
+    1
+}
+
+/// The largest weight a key or tenant may have: enough to give one a thousand times another's
+/// share, small enough that a typo does not starve everyone else for good.
+pub const MAX_WEIGHT: i64 = 1000;
 
 /// Limits set on a key at creation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,6 +86,11 @@ impl KeyInfo {
         self.is_expired_at(now_unix())
     }
 
+    /// The id the engine shares by for the key's tenant (a digest of its name).
+    pub fn tenant_id(&self) -> u64 {
+        crate::cache_scope::digest("tenant", &self.tenant)
+    }
+
     pub fn allows_model(&self, model: &str) -> bool {
         self.allowed_models.as_ref().is_none_or(|m| m.iter().any(|x| x == model))
     }
@@ -88,6 +107,8 @@ pub struct NewKey {
     pub allowed_models: Option<Vec<String>>,
     pub expires_at: Option<i64>,
     pub cache_scope: CacheScopeSetting,
+    /// `None` weighs 1.
+    pub weight: Option<i64>,
 }
 
 /// A partial change to a key: `None` leaves a field alone, `Some(None)` clears an optional one.
@@ -103,6 +124,7 @@ pub struct KeyUpdate {
     pub allowed_models: Option<Option<Vec<String>>>,
     pub expires_at: Option<Option<i64>>,
     pub cache_scope: Option<CacheScopeSetting>,
+    pub weight: Option<i64>,
 }
 
 /// A freshly created key together with its plaintext secret, which is shown once and
@@ -159,6 +181,6 @@ pub(crate) fn now_unix() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-mod store;
+pub(crate) mod store;
 
 pub(crate) use store::*;

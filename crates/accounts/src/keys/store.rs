@@ -6,7 +6,7 @@ use subtle::ConstantTimeEq;
 
 use super::{
     display_prefix, generate_secret, hash_secret, looks_like_key, now_unix, CreatedKey, KeyInfo, KeyLimits, KeyUpdate,
-    NewKey, DISPLAY_PREFIX_LEN, MAX_KEY_LEN, MAX_NAME_LEN, MIN_KEY_LEN, SECRET_PREFIX,
+    NewKey, DISPLAY_PREFIX_LEN, MAX_KEY_LEN, MAX_NAME_LEN, MAX_WEIGHT, MIN_KEY_LEN, SECRET_PREFIX,
 };
 use crate::cache_scope::CacheScopeSetting;
 use crate::money::{Budget, BudgetPeriod};
@@ -51,6 +51,8 @@ struct KeyRow {
     budget_period: String,
     allowed_models: Option<String>,
     cache_scope: String,
+    weight: i64,
+    tenant_weight: i64,
 }
 
 fn to_info(r: KeyRow) -> KeyInfo {
@@ -74,13 +76,16 @@ fn to_info(r: KeyRow) -> KeyInfo {
         allowed_models: r.allowed_models.map(|j| serde_json::from_str(&j).unwrap_or_default()),
         // Unreadable means the narrowest scope rather than a shared one.
         cache_scope: r.cache_scope.parse().unwrap_or(CacheScopeSetting::Key),
+        weight: r.weight,
+        tenant_weight: r.tenant_weight,
     }
 }
 
 const KEY_COLUMNS: &str = "id, name, tenant, prefix, created_at, revoked_at, expires_at, rpm_limit, tpm_limit, \
-                           budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope";
+                           budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope, weight, \
+                           COALESCE((SELECT t.weight FROM tenants t WHERE t.name = api_keys.tenant), 1) AS tenant_weight";
 
-fn validate_tenant(tenant: &str) -> Result<&str, AccountsError> {
+pub(crate) fn validate_tenant(tenant: &str) -> Result<&str, AccountsError> {
     let t = tenant.trim();
     if t.is_empty() || t.len() > MAX_NAME_LEN || t.chars().any(char::is_control) {
         return Err(AccountsError::Invalid(format!(
@@ -88,6 +93,15 @@ fn validate_tenant(tenant: &str) -> Result<&str, AccountsError> {
         )));
     }
     Ok(t)
+}
+
+pub(crate) fn validate_weight(what: &str, v: Option<i64>) -> Result<(), AccountsError> {
+    match v {
+        Some(n) if !(1..=MAX_WEIGHT).contains(&n) => {
+            Err(AccountsError::Invalid(format!("{what} weight must be a whole number in 1..={MAX_WEIGHT}, not {n}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn validate_positive(what: &str, v: Option<i64>) -> Result<(), AccountsError> {
@@ -117,13 +131,14 @@ pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, 
     validate_positive("tpm limit", spec.tpm_limit)?;
     validate_positive("token budget", spec.budget.tokens)?;
     validate_positive("money budget", spec.budget.nanos)?;
+    validate_weight("key", spec.weight)?;
     let models = models_json(spec.allowed_models.as_deref())?;
     let secret = generate_secret();
     let prefix = display_prefix(&secret);
     let row: KeyRow = sqlx::query_as(&format!(
         "INSERT INTO api_keys (name, tenant, prefix, secret_hash, created_at, expires_at, rpm_limit, tpm_limit, \
-         budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING {KEY_COLUMNS}"
+         budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope, weight) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING {KEY_COLUMNS}"
     ))
     .bind(name)
     .bind(tenant)
@@ -138,6 +153,7 @@ pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, 
     .bind(spec.budget.period.as_str())
     .bind(models)
     .bind(spec.cache_scope.as_str())
+    .bind(spec.weight.unwrap_or(1))
     .fetch_one(pool)
     .await?;
     let key = to_info(row);
@@ -154,6 +170,7 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
     validate_positive("tpm limit", u.tpm_limit.flatten())?;
     validate_positive("token budget", u.budget_tokens.flatten())?;
     validate_positive("money budget", u.budget_nanos.flatten())?;
+    validate_weight("key", u.weight)?;
     let models = match &u.allowed_models {
         Some(m) => Some(models_json(m.as_deref())?),
         None => None,
@@ -170,8 +187,9 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
            budget_period = CASE WHEN $13 THEN $14 ELSE budget_period END, \
            allowed_models = CASE WHEN $15 THEN $16 ELSE allowed_models END, \
            expires_at = CASE WHEN $17 THEN $18 ELSE expires_at END, \
-           cache_scope = CASE WHEN $19 THEN $20 ELSE cache_scope END \
-         WHERE id = $21 RETURNING {KEY_COLUMNS}"
+           cache_scope = CASE WHEN $19 THEN $20 ELSE cache_scope END, \
+           weight = CASE WHEN $21 THEN $22 ELSE weight END \
+         WHERE id = $23 RETURNING {KEY_COLUMNS}"
     ))
     .bind(name.is_some())
     .bind(name)
@@ -193,6 +211,8 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
     .bind(u.expires_at.flatten())
     .bind(u.cache_scope.is_some())
     .bind(u.cache_scope.map(CacheScopeSetting::as_str))
+    .bind(u.weight.is_some())
+    .bind(u.weight)
     .bind(key.id)
     .fetch_one(pool)
     .await?;

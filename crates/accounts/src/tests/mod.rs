@@ -36,6 +36,7 @@ mod budget;
 mod cache_scope;
 mod metering;
 mod stored_responses;
+mod tenants;
 mod unknown_keys;
 mod usage;
 

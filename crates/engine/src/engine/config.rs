@@ -48,7 +48,7 @@ pub struct EngineConfig {
     /// How KV entries are copied between streams; `None`: on the device where the KV cache is on
     /// a GPU, through host memory elsewhere.
     pub kv_copies: Option<StreamCopies>,
-    /// Most sequences the requests of one API key (`GenerateRequest::fairness_key`) may run at
+    /// Most sequences the requests of one API key (`Owner::key`) may run at
     /// once, so one key cannot take every slot; `None` is no limit (see `scheduler::queue`).
     pub max_running_per_key: Option<u32>,
     /// Client text that spells a control token (`<|im_end|>`) becomes that token, as the
@@ -64,7 +64,7 @@ pub struct EngineConfig {
     /// engine death.
     #[cfg(test)]
     pub(crate) panic_after_tokens: Option<u32>,
-    /// Tests only: the scheduler appends each admitted request's `fairness_key` here, in order.
+    /// Tests only: the scheduler appends each admitted request's key (`Owner::key`) here, in order.
     #[cfg(test)]
     pub(crate) admission_log: Option<Arc<Mutex<Vec<u64>>>>,
     /// Tests only: every request's end, as the scheduler counts it (`Scheduler::end`).

@@ -237,7 +237,7 @@ impl Engine {
         let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
         // Counted before sending (the scheduler lets go once it takes the job), within the key's
         // share of the queue (`QueueShares`): one key's flood does not refuse the others.
-        let keys: Vec<u64> = requests.iter().map(|r| r.fairness_key).collect();
+        let keys: Vec<u64> = requests.iter().map(|r| r.owner.key).collect();
         for (entered, &key) in keys.iter().enumerate() {
             if let Err(waiting) = self.inner.queued.try_enter(key, self.inner.config.max_queue) {
                 keys[..entered].iter().for_each(|&k| self.inner.queued.leave(k));

@@ -36,7 +36,7 @@ impl From<ActiveRequest> for Leaving {
 
 impl From<Job> for Leaving {
     fn from(job: Job) -> Self {
-        Leaving::Unstarted(Unstarted { key: job.request.fairness_key, events: job.events, usage: job.usage })
+        Leaving::Unstarted(Unstarted { key: job.request.owner.key, events: job.events, usage: job.usage })
     }
 }
 
@@ -100,7 +100,7 @@ impl Scheduler {
     /// fair queue. Their KV entries stay (emptied before, for a failure): the next prompt with
     /// the same prefix reuses them (see `KvSlots`).
     fn release(&mut self, req: &ActiveRequest) {
-        self.waiting.finished(req.fairness_key, req.choices.len());
+        self.waiting.finished(req.owner, req.choices.len());
         for c in &req.choices {
             self.kv.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);

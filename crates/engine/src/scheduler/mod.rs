@@ -431,8 +431,8 @@ pub(crate) struct Job {
 }
 
 impl Waiting for Job {
-    fn fairness_key(&self) -> u64 {
-        self.request.fairness_key
+    fn owner(&self) -> crate::request::Owner {
+        self.request.owner
     }
 
     fn sequences(&self) -> usize {

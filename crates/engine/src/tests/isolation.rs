@@ -110,7 +110,7 @@ fn a_requests_phase_follows_its_prompt_and_its_choices() {
 /// Submits `input` as a request of API key `key`.
 fn submit(engine: &Engine, input: ChatInput, key: u64) -> GenerationHandle {
     let mut request = engine.prepare(input).unwrap();
-    request.fairness_key = key;
+    request.owner = crate::Owner::key(key);
     engine.submit(request).unwrap()
 }
 
@@ -176,7 +176,7 @@ async fn a_key_flooding_the_queue_delays_another_keys_request_by_one_round() {
     let engine = Engine::start(config).unwrap();
     let prepared = |text: &str, key| {
         let mut request = engine.prepare(long(&engine, text, 2)).unwrap();
-        request.fairness_key = key;
+        request.owner = crate::Owner::key(key);
         request
     };
     let flood: Vec<_> = (0..40).map(|i| prepared(&format!("flood {i}"), 1)).collect();
@@ -270,7 +270,7 @@ async fn a_key_filling_the_queue_leaves_the_others_their_share() {
     let submit = |key: u64| {
         let mut request = engine.prepare(greedy("hello there", 1, 200)).unwrap();
         request.sampling.logit_bias = vec![(eos, -100.0)];
-        request.fairness_key = key;
+        request.owner = crate::Owner::key(key);
         engine.submit(request)
     };
     let mut held = vec![submit(1).unwrap()];

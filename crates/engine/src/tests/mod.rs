@@ -13,6 +13,7 @@ mod kv_layout;
 mod kv_type;
 mod raw_prompt;
 mod sampling_engine;
+mod sharing;
 mod speculation;
 mod stalls;
 mod thinking;

@@ -30,6 +30,8 @@ pub struct KeyFields {
     pub expires_at: Option<Option<String>>,
     /// Whose cached prompt prefixes the key's requests reuse: `tenant` (default), `key`, `shared`.
     pub cache_scope: Option<CacheScopeSetting>,
+    /// The key's share of the engine among its tenant's keys (default 1).
+    pub weight: Option<i64>,
 }
 
 /// Present (even as `null`) → `Some(..)`; absent → `None` via `#[serde(default)]`.
@@ -53,6 +55,7 @@ impl KeyFields {
             allowed_models: self.models.clone().flatten().map(clean_models),
             expires_at: self.expires_at.as_ref().and_then(|e| e.as_deref()).map(parse_future_time).transpose()?,
             cache_scope: self.cache_scope.unwrap_or_default(),
+            weight: self.weight,
         })
     }
 
@@ -68,6 +71,7 @@ impl KeyFields {
             allowed_models: self.models.clone().map(|m| m.map(clean_models)),
             expires_at: self.expires_at.as_ref().map(|e| e.as_deref().map(parse_time).transpose()).transpose()?,
             cache_scope: self.cache_scope,
+            weight: self.weight,
         })
     }
 }
@@ -137,6 +141,8 @@ pub(crate) fn key_view(k: &KeyInfo, spend: Option<&Spend>) -> Value {
         "budget_period": k.budget.period,
         "models": k.allowed_models,
         "cache_scope": k.cache_scope,
+        "weight": k.weight,
+        "tenant_weight": k.tenant_weight,
     });
     if let Some(s) = spend {
         v["spend"] = json!({

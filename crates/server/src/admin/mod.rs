@@ -1,4 +1,4 @@
-//! The operator's side: `/admin/v1` (keys, usage, models, live stats) and the web console.
+//! The operator's side: `/admin/v1` (keys, tenants, usage, models, live stats) and the web console.
 //! Guarded by the admin token (`--admin-token`), never by an ordinary API key; without a token
 //! configured the admin API is off.
 
@@ -20,10 +20,12 @@ mod models;
 mod models_tests;
 /// The live figures behind `/admin/v1/stats` and the console's overview.
 pub(crate) mod stats;
+/// `/admin/v1/tenants`: tenants and their weights.
+mod tenants;
 /// `/admin/v1/usage`: the ledger as JSON or CSV.
 mod usage;
 
-pub(crate) use usage::{requests_csv, usage_csv, UsageParams};
+pub(crate) use usage::{csv_field, requests_csv, usage_csv, UsageParams};
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -39,6 +41,7 @@ use serde_json::Value;
 
 use crate::admin::guard::FailureThrottle;
 use crate::admin::keys::{create_key, list_keys, revoke_key, rotate_key, show_key, update_key};
+use crate::admin::tenants::{list_tenants, show_tenant, update_tenant};
 use crate::admin::usage::{usage, usage_requests};
 use crate::errors::{AdminRefusal, IntoApiError};
 use crate::state::AppState;
@@ -51,6 +54,8 @@ pub(crate) fn router(gate: &AdminGate) -> Router<AppState> {
             .route("/keys", get(list_keys).post(create_key))
             .route("/keys/{key}", get(show_key).patch(update_key).delete(revoke_key))
             .route("/keys/{key}/rotate", post(rotate_key))
+            .route("/tenants", get(list_tenants))
+            .route("/tenants/{tenant}", get(show_tenant).patch(update_tenant))
             .route("/usage", get(usage))
             .route("/usage/requests", get(usage_requests))
             .route("/stats", get(stats))

@@ -133,7 +133,7 @@ pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
     out
 }
 
-fn csv_field(s: &str) -> String {
+pub(crate) fn csv_field(s: &str) -> String {
     // Names and tenants are anyone's text: one a spreadsheet would read as a formula (`=`, `+`,
     // `-`, `@`, tab, CR first) is written as text (OWASP's CSV injection advice).
     let neutral;

@@ -4,8 +4,8 @@ use anyhow::Context;
 use gantry_accounts::Accounts;
 
 use crate::admin::keyspec::{format_time, key_view, nanos_to_usd};
-use crate::admin::{requests_csv, usage_csv, UsageParams};
-use crate::cli::{DataDirArg, KeysCommand, ModelsCommand, OutputFormat, UsageArgs};
+use crate::admin::{csv_field, requests_csv, usage_csv, UsageParams};
+use crate::cli::{DataDirArg, KeysCommand, ModelsCommand, OutputFormat, TenantsCommand, UsageArgs};
 use crate::clock::now_ms;
 use crate::models;
 
@@ -16,6 +16,34 @@ async fn open(data: &DataDirArg) -> anyhow::Result<Accounts> {
 /// For commands that read or change what exists: no database is an error, not a new one.
 async fn open_existing(data: &DataDirArg) -> anyhow::Result<Accounts> {
     data.open_existing().await
+}
+
+pub async fn tenants(cmd: TenantsCommand) -> anyhow::Result<()> {
+    match cmd {
+        TenantsCommand::List { format, data } => {
+            let tenants = open_existing(&data).await?.list_tenants().await?;
+            match format {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&tenants)?),
+                OutputFormat::Csv => {
+                    println!("tenant,weight,active_keys");
+                    for t in &tenants {
+                        println!("{},{},{}", csv_field(&t.name), t.weight, t.active_keys);
+                    }
+                }
+                OutputFormat::Table => {
+                    println!("{:<24} {:>6} {:>11}", "TENANT", "WEIGHT", "ACTIVE_KEYS");
+                    for t in &tenants {
+                        println!("{:<24} {:>6} {:>11}", t.name, t.weight, t.active_keys);
+                    }
+                }
+            }
+        }
+        TenantsCommand::Set { tenant, weight, data } => {
+            let t = open(&data).await?.set_tenant_weight(&tenant, weight).await?;
+            println!("Tenant {} weighs {} ({} active keys).", t.name, t.weight, t.active_keys);
+        }
+    }
+    Ok(())
 }
 
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
@@ -29,7 +57,7 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
         KeysCommand::List { data } => {
             let keys = open_existing(&data).await?.list_keys().await?;
             println!(
-                "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6}",
+                "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6} {:>6}",
                 "ID",
                 "NAME",
                 "TENANT",
@@ -41,13 +69,14 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
                 "BUDGET_USD",
                 "PERIOD",
                 "EXPIRES",
-                "CACHE"
+                "CACHE",
+                "WEIGHT"
             );
             let limit = |l: Option<i64>| l.map_or("-".to_string(), |n| n.to_string());
             for k in keys {
                 let v = key_view(&k, None);
                 println!(
-                    "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6}",
+                    "{:<6} {:<20} {:<12} {:<16} {:<8} {:>7} {:>9} {:>12} {:>10} {:<7} {:<20} {:<6} {:>6}",
                     k.id,
                     k.name,
                     k.tenant,
@@ -60,6 +89,7 @@ pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
                     k.budget.period.as_str(),
                     k.expires_at.map_or("-".to_string(), format_time),
                     k.cache_scope.as_str(),
+                    k.weight,
                 );
             }
         }

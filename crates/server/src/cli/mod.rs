@@ -36,6 +36,9 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Show tenants and set their weights.
+    #[command(subcommand)]
+    Tenants(TenantsCommand),
     /// Report token usage per key and model.
     Usage(UsageArgs),
     /// Fetch and list models.
@@ -74,6 +77,10 @@ pub struct KeyFlags {
     /// the default), `key` (this key alone) or `shared` (every `shared` key).
     #[arg(long, value_parser = str::parse::<gantry_accounts::CacheScopeSetting>)]
     pub cache_scope: Option<gantry_accounts::CacheScopeSetting>,
+    /// The key's share of the engine among its tenant's keys, 1..=1000 (default 1); tenants
+    /// share by their own weights (`gantry tenants set`).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..=gantry_accounts::MAX_WEIGHT))]
+    pub weight: Option<i64>,
 }
 
 impl KeyFlags {
@@ -92,6 +99,7 @@ impl KeyFlags {
             models: self.models.clone().map(|s| s.0),
             expires_at: self.expires.as_ref().map(|e| (e != "never").then(|| e.clone())),
             cache_scope: self.cache_scope,
+            weight: self.weight,
         }
     }
 }
@@ -181,6 +189,26 @@ pub enum KeysCommand {
     /// Revoke a key by id, name or displayed prefix.
     Revoke {
         key: String,
+        #[command(flatten)]
+        data: DataDirArg,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TenantsCommand {
+    /// List tenants (named by a key or given a weight) with their weights and active keys.
+    List {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+        #[command(flatten)]
+        data: DataDirArg,
+    },
+    /// Set a tenant's weight: its keys together share the engine with other tenants by it.
+    Set {
+        tenant: String,
+        /// 1..=1000; a tenant never given one weighs 1.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..=gantry_accounts::MAX_WEIGHT))]
+        weight: i64,
         #[command(flatten)]
         data: DataDirArg,
     },

@@ -1,32 +1,46 @@
-//! Which waiting request gets free sequences next: fair between API keys, so one key's backlog
-//! cannot hold back everyone else's requests.
+//! Which waiting request gets free sequences next: weighted fair sharing between tenants, and
+//! within a tenant between its API keys, so one key's or tenant's backlog cannot hold back
+//! everyone else's requests, and an operator can give one tenant or key more than another.
 //!
-//! Each key has its own queue, in arrival order. Keys take turns (round robin): a turn admits one
-//! request, then the key goes to the back of the line, so a request whose key has nothing else
-//! waiting is admitted after at most one request of each other waiting key, however many those
-//! keys queued. A key may be capped at some running sequences; while at its cap, its turns are
-//! skipped (it keeps its place in its own queue).
+//! Two levels: tenants share the server by their weights, and a tenant's keys share what it
+//! gets by theirs, so a tenant's many keys together get its one weight. At each level the
+//! party furthest behind in virtual time (tokens served divided by weight, `virtual_time`) goes
+//! next; ties go to the party whose turn came least recently, so with nothing served yet the
+//! parties take turns (round robin): a request whose key has nothing else waiting is admitted
+//! after at most one request of each other waiting key, however many those keys queued. The
+//! step charges every row it computes to its request's owner (`FairQueue::charge`), so shares
+//! follow tokens, prompt rows included, not request counts.
 //!
-//! A request needing more sequences than are free (`n` choices) is not passed over for ever: when
-//! its turn comes and it does not fit, the free sequences are held for it, and the ones that free
-//! up next are added, until it fits. Smaller requests go ahead of it only until its turn comes,
-//! at most one per other key.
+//! A key may be capped at some running sequences; while at its cap, it is passed over (it keeps
+//! its requests, in order). A request needing more sequences than are free (`n` choices) is not
+//! passed over for ever: when its turn comes and it does not fit, the free sequences are held for
+//! it, and the ones that free up next are added, until it fits. Smaller requests go ahead of it
+//! only until its turn comes.
 
 pub(crate) mod shares;
+mod virtual_time;
 
 use std::collections::{HashMap, VecDeque};
 
+use virtual_time::VirtualTimes;
+
+use crate::request::Owner;
+
 /// What the queue needs to know of a waiting request.
 pub(crate) trait Waiting {
-    /// Whose request it is (the API key), for fairness.
-    fn fairness_key(&self) -> u64;
+    /// Whose request it is, for fairness.
+    fn owner(&self) -> Owner;
     /// Sequences it needs at once (one per choice).
     fn sequences(&self) -> usize;
 }
 
 pub(crate) struct FairQueue<J> {
-    /// Keys with waiting requests, in turn order: the front key's turn is next.
-    keys: VecDeque<KeyQueue<J>>,
+    /// Tenants with waiting requests, in turn order: among those equally far behind, the first.
+    line: VecDeque<TenantLine<J>>,
+    /// Tenants' virtual times.
+    tenant_times: VirtualTimes,
+    /// Every tenant that waits or runs: its running sequences and its keys' virtual times.
+    tenants: HashMap<u64, TenantState>,
     /// Sequences running per key (keys with none are absent).
     running: HashMap<u64, usize>,
     /// The key whose first request does not fit yet: free sequences are held for it.
@@ -36,7 +50,20 @@ pub(crate) struct FairQueue<J> {
     len: usize,
 }
 
-struct KeyQueue<J> {
+#[derive(Default)]
+struct TenantState {
+    running: usize,
+    key_times: VirtualTimes,
+}
+
+/// A tenant's keys with waiting requests, in turn order.
+struct TenantLine<J> {
+    tenant: u64,
+    keys: VecDeque<KeyLine<J>>,
+}
+
+/// A key's waiting requests, in arrival order.
+struct KeyLine<J> {
     key: u64,
     jobs: VecDeque<J>,
 }
@@ -44,7 +71,9 @@ struct KeyQueue<J> {
 impl<J: Waiting> FairQueue<J> {
     pub(crate) fn new(max_running_per_key: Option<usize>) -> Self {
         Self {
-            keys: VecDeque::new(),
+            line: VecDeque::new(),
+            tenant_times: VirtualTimes::default(),
+            tenants: HashMap::new(),
             running: HashMap::new(),
             reserved_for: None,
             max_running_per_key: max_running_per_key.map(|n| n.max(1)),
@@ -61,66 +90,96 @@ impl<J: Waiting> FairQueue<J> {
         self.len == 0
     }
 
-    /// Queues `job` behind its key's earlier ones; a key new to the queue takes the last turn.
+    /// Queues `job` behind its key's earlier ones; a key or tenant new to the line takes the
+    /// last turn among those equally far behind.
     pub(crate) fn push(&mut self, job: J) {
-        let key = job.fairness_key();
+        let Owner { key, tenant, .. } = job.owner();
         self.len += 1;
-        match self.keys.iter_mut().find(|q| q.key == key) {
-            Some(q) => q.jobs.push_back(job),
-            None => self.keys.push_back(KeyQueue { key, jobs: VecDeque::from([job]) }),
+        let state = self.tenants.entry(tenant).or_default();
+        match self.line.iter_mut().find(|t| t.tenant == tenant) {
+            Some(line) => match line.keys.iter_mut().find(|k| k.key == key) {
+                Some(k) => k.jobs.push_back(job),
+                None => {
+                    state.key_times.join(key, line.keys.iter().map(|k| k.key));
+                    line.keys.push_back(KeyLine { key, jobs: VecDeque::from([job]) });
+                }
+            },
+            None => {
+                self.tenant_times.join(tenant, self.line.iter().map(|t| t.tenant));
+                state.key_times.join(key, []);
+                let keys = VecDeque::from([KeyLine { key, jobs: VecDeque::from([job]) }]);
+                self.line.push_back(TenantLine { tenant, keys });
+            }
         }
     }
 
     /// The next request to start with `free` sequences free, counted as running from now on
     /// (until [`FairQueue::finished`]); `None` when none may start now.
     pub(crate) fn pop(&mut self, free: usize) -> Option<J> {
+        // Nothing starts: whose turn comes is decided when something frees, by the times then.
+        if free == 0 {
+            return None;
+        }
         if let Some(key) = self.reserved_for {
-            match self.keys.iter().position(|q| q.key == key) {
-                Some(i) if self.keys[i].jobs[0].sequences() > free => return None,
-                Some(i) => {
+            match self.find(key) {
+                Some((t, k)) if self.line[t].keys[k].jobs[0].sequences() > free => return None,
+                Some((t, k)) => {
                     self.reserved_for = None;
-                    return Some(self.take(i));
+                    return Some(self.take(t, k));
                 }
                 // Its requests were cancelled.
                 None => self.reserved_for = None,
             }
         }
-        for _ in 0..self.keys.len() {
-            let q = &self.keys[0];
-            let need = q.jobs[0].sequences();
-            if !self.may_start(q.key, need) {
-                self.keys.rotate_left(1);
-                continue;
-            }
-            if need > free {
-                self.reserved_for = Some(q.key);
-                return None;
-            }
-            return Some(self.take(0));
+        let (t, k) = self.next()?;
+        let first = &self.line[t].keys[k];
+        if first.jobs[0].sequences() > free {
+            self.reserved_for = Some(first.key);
+            return None;
         }
-        None
+        Some(self.take(t, k))
     }
 
-    /// A request of `key` started by [`FairQueue::pop`] gave back its `sequences`.
-    pub(crate) fn finished(&mut self, key: u64, sequences: usize) {
-        if let Some(n) = self.running.get_mut(&key) {
+    /// The step computed `rows` for a running request of `owner` (prompt, token and draft rows).
+    pub(crate) fn charge(&mut self, owner: Owner, rows: usize) {
+        // Only running requests are served: a charge after the end keeps nothing alive.
+        if rows == 0 || !self.running.contains_key(&owner.key) {
+            return;
+        }
+        self.tenant_times.charge(owner.tenant, rows, owner.tenant_weight);
+        if let Some(state) = self.tenants.get_mut(&owner.tenant) {
+            state.key_times.charge(owner.key, rows, owner.key_weight);
+        }
+    }
+
+    /// A request of `owner` started by [`FairQueue::pop`] gave back its `sequences`.
+    pub(crate) fn finished(&mut self, owner: Owner, sequences: usize) {
+        if let Some(n) = self.running.get_mut(&owner.key) {
             *n = n.saturating_sub(sequences);
             if *n == 0 {
-                self.running.remove(&key);
+                self.running.remove(&owner.key);
             }
         }
+        if let Some(state) = self.tenants.get_mut(&owner.tenant) {
+            state.running = state.running.saturating_sub(sequences);
+        }
+        self.tidy(owner);
     }
 
     /// Takes every waiting request for which `gone` holds (their clients went away).
     pub(crate) fn remove_where(&mut self, mut gone: impl FnMut(&J) -> bool) -> Vec<J> {
         let mut removed = Vec::new();
-        for q in &mut self.keys {
-            let (out, kept): (Vec<J>, Vec<J>) = std::mem::take(&mut q.jobs).into_iter().partition(&mut gone);
-            q.jobs = kept.into();
+        for key in self.line.iter_mut().flat_map(|t| &mut t.keys) {
+            let (out, kept): (Vec<J>, Vec<J>) = std::mem::take(&mut key.jobs).into_iter().partition(&mut gone);
+            key.jobs = kept.into();
             removed.extend(out);
         }
-        self.keys.retain(|q| !q.jobs.is_empty());
+        self.line.iter_mut().for_each(|t| t.keys.retain(|k| !k.jobs.is_empty()));
+        self.line.retain(|t| !t.keys.is_empty());
         self.len -= removed.len();
+        for job in &removed {
+            self.tidy(job.owner());
+        }
         removed
     }
 
@@ -128,7 +187,41 @@ impl<J: Waiting> FairQueue<J> {
     pub(crate) fn drain(&mut self) -> Vec<J> {
         self.len = 0;
         self.reserved_for = None;
-        std::mem::take(&mut self.keys).into_iter().flat_map(|q| q.jobs).collect()
+        let jobs: Vec<J> =
+            std::mem::take(&mut self.line).into_iter().flat_map(|t| t.keys).flat_map(|k| k.jobs).collect();
+        for job in &jobs {
+            self.tidy(job.owner());
+        }
+        jobs
+    }
+
+    /// Where `key`'s waiting requests are in the line.
+    fn find(&self, key: u64) -> Option<(usize, usize)> {
+        self.line.iter().enumerate().find_map(|(t, line)| Some((t, line.keys.iter().position(|k| k.key == key)?)))
+    }
+
+    /// The tenant furthest behind among those with a key that may start its first request now,
+    /// and within it the key furthest behind; ties to the earlier in turn order.
+    fn next(&self) -> Option<(usize, usize)> {
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (t, line) in self.line.iter().enumerate() {
+            let time = self.tenant_times.of(line.tenant);
+            if best.is_some_and(|(b, ..)| b <= time) {
+                continue;
+            }
+            let Some(state) = self.tenants.get(&line.tenant) else { continue };
+            let key = line
+                .keys
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| self.may_start(k.key, k.jobs[0].sequences()))
+                .map(|(k, line)| (state.key_times.of(line.key), k))
+                .reduce(|a, b| if b.0 < a.0 { b } else { a });
+            if let Some((_, k)) = key {
+                best = Some((time, t, k));
+            }
+        }
+        best.map(|(_, t, k)| (t, k))
     }
 
     /// Whether `key` may start a request of `need` sequences under its cap: always when it runs
@@ -142,133 +235,39 @@ impl<J: Waiting> FairQueue<J> {
         }
     }
 
-    /// Starts the first request of the `i`th key; the key's turn is over.
-    fn take(&mut self, i: usize) -> J {
-        let mut q = self.keys.remove(i).expect("a queued key");
-        let job = q.jobs.pop_front().expect("keys in the line have requests");
+    /// Starts the first request of the `k`th key of the `t`th tenant in line; their turns are
+    /// over.
+    fn take(&mut self, t: usize, k: usize) -> J {
+        let mut tenant = self.line.remove(t).expect("a tenant in line");
+        let mut key = tenant.keys.remove(k).expect("a key in line");
+        let job = key.jobs.pop_front().expect("keys in line have requests");
         self.len -= 1;
-        *self.running.entry(q.key).or_default() += job.sequences();
-        if !q.jobs.is_empty() {
-            self.keys.push_back(q);
+        let n = job.sequences();
+        *self.running.entry(key.key).or_default() += n;
+        self.tenants.entry(tenant.tenant).or_default().running += n;
+        if !key.jobs.is_empty() {
+            tenant.keys.push_back(key);
+        }
+        if !tenant.keys.is_empty() {
+            self.line.push_back(tenant);
         }
         job
+    }
+
+    /// Forgets what is kept of `owner`'s key and tenant once they neither wait nor run.
+    fn tidy(&mut self, owner: Owner) {
+        let Owner { key, tenant, .. } = owner;
+        let line = self.line.iter().find(|t| t.tenant == tenant);
+        let Some(state) = self.tenants.get_mut(&tenant) else { return };
+        if !self.running.contains_key(&key) && !line.is_some_and(|t| t.keys.iter().any(|k| k.key == key)) {
+            state.key_times.forget(key);
+        }
+        if state.running == 0 && line.is_none() {
+            self.tenants.remove(&tenant);
+            self.tenant_times.forget(tenant);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// (key, sequences, label)
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    struct Job(u64, usize, u32);
-
-    impl Waiting for Job {
-        fn fairness_key(&self) -> u64 {
-            self.0
-        }
-        fn sequences(&self) -> usize {
-            self.1
-        }
-    }
-
-    /// Labels of the requests started while `free` sequences are free (none finishing).
-    fn start_all(q: &mut FairQueue<Job>, mut free: usize) -> Vec<u32> {
-        let mut started = Vec::new();
-        while let Some(job) = q.pop(free) {
-            free -= job.1;
-            started.push(job.2);
-        }
-        started
-    }
-
-    #[test]
-    fn a_key_with_one_request_waits_behind_at_most_one_of_a_flooding_key() {
-        let mut q = FairQueue::new(None);
-        for i in 0..40 {
-            q.push(Job(1, 1, i));
-        }
-        q.push(Job(2, 1, 100));
-        assert_eq!(q.len(), 41);
-        // One sequence at a time: A's first request, then B's, then A's backlog.
-        let mut order = Vec::new();
-        while let Some(job) = q.pop(1) {
-            q.finished(job.0, job.1);
-            order.push(job.2);
-        }
-        assert_eq!(&order[..3], &[0, 100, 1]);
-        assert_eq!(order.len(), 41);
-        assert!(q.is_empty());
-    }
-
-    #[test]
-    fn keys_take_turns_one_request_each() {
-        let mut q = FairQueue::new(None);
-        for (key, label) in [(1, 10), (1, 11), (1, 12), (2, 20), (3, 30), (3, 31)] {
-            q.push(Job(key, 1, label));
-        }
-        assert_eq!(start_all(&mut q, 6), [10, 20, 30, 11, 31, 12]);
-    }
-
-    #[test]
-    fn a_request_larger_than_the_free_sequences_holds_them_until_it_fits() {
-        let mut q = FairQueue::new(None);
-        q.push(Job(1, 1, 10));
-        q.push(Job(2, 4, 20));
-        q.push(Job(3, 1, 30));
-        q.push(Job(1, 1, 11));
-        // 2 free: key 1's request goes first; key 2's n=4 does not fit and reserves.
-        assert_eq!(start_all(&mut q, 2), [10]);
-        // Smaller requests no longer go ahead of it, whatever frees up meanwhile.
-        assert_eq!(q.pop(1), None);
-        assert_eq!(q.pop(3), None);
-        q.finished(1, 1);
-        assert_eq!(q.pop(4), Some(Job(2, 4, 20)));
-        assert_eq!(start_all(&mut q, 2), [30, 11]);
-    }
-
-    #[test]
-    fn a_reservation_whose_request_was_cancelled_is_lifted() {
-        let mut q = FairQueue::new(None);
-        q.push(Job(2, 4, 20));
-        q.push(Job(3, 1, 30));
-        assert_eq!(q.pop(2), None);
-        let gone = q.remove_where(|j| j.0 == 2);
-        assert_eq!(gone, [Job(2, 4, 20)]);
-        assert_eq!(q.pop(2), Some(Job(3, 1, 30)));
-        assert!(q.is_empty());
-    }
-
-    #[test]
-    fn a_capped_key_runs_at_most_its_cap_and_others_fill_the_rest() {
-        let mut q = FairQueue::new(Some(2));
-        for i in 0..5 {
-            q.push(Job(1, 1, i));
-        }
-        q.push(Job(2, 1, 100));
-        assert_eq!(start_all(&mut q, 8), [0, 100, 1]);
-        // Key 1 is at its cap: its next request waits though sequences are free.
-        assert_eq!(q.pop(5), None);
-        q.finished(1, 1);
-        assert_eq!(start_all(&mut q, 5), [2]);
-        // A request larger than the cap runs once the key runs nothing else.
-        let mut q = FairQueue::new(Some(2));
-        q.push(Job(1, 1, 0));
-        q.push(Job(1, 3, 1));
-        assert_eq!(start_all(&mut q, 4), [0]);
-        q.finished(1, 1);
-        assert_eq!(start_all(&mut q, 4), [1]);
-    }
-
-    #[test]
-    fn draining_returns_every_request_and_forgets_the_reservation() {
-        let mut q = FairQueue::new(None);
-        q.push(Job(1, 3, 1));
-        q.push(Job(2, 1, 2));
-        assert_eq!(q.pop(1), None);
-        assert_eq!(q.drain(), [Job(1, 3, 1), Job(2, 1, 2)]);
-        assert!(q.is_empty());
-        q.push(Job(2, 1, 3));
-        assert_eq!(q.pop(1), Some(Job(2, 1, 3)));
-    }
-}
+mod tests;

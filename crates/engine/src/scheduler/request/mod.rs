@@ -84,8 +84,8 @@ pub(crate) struct ActiveRequest {
     pub(crate) lazy_tools: Option<LazyTools>,
     /// Tests only: a panic planned in this request's step (see `faults`).
     pub fault: Fault,
-    /// Whose request it is, for fair admission (see `queue`).
-    pub fairness_key: u64,
+    /// Whose request it is, for fair sharing (see `queue`).
+    pub owner: crate::request::Owner,
     /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
     pub(crate) grammars: PreparedGrammars,
 }
@@ -190,7 +190,7 @@ impl ActiveRequest {
             usage_tx: None,
             lazy_tools: request.lazy_tools,
             fault,
-            fairness_key: request.fairness_key,
+            owner: request.owner,
             grammars: PreparedGrammars { output: None, ..request.grammars },
         };
         // With thinking first, the gate is armed once the thinking closes (see `thinking`).

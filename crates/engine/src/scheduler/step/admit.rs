@@ -21,10 +21,10 @@ impl Scheduler {
     pub(in crate::scheduler) fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
         while let Some(job) = self.waiting.pop(self.free_seqs.len()) {
             let n = job.request.n as usize;
-            let fairness_key = job.request.fairness_key;
+            let owner = job.request.owner;
             #[cfg(test)]
             if let Some(log) = &self.cfg.admission_log {
-                log.lock().unwrap().push(fairness_key);
+                log.lock().unwrap().push(owner.key);
             }
             let Job { request, events, usage, submitted_at } = job;
             let (scope, prompt) = (request.cache_scope, &request.prompt.tokens);
@@ -76,13 +76,13 @@ impl Scheduler {
                 Err(error) => {
                     // Taken back: its sequences free again, its key's running count as before.
                     self.free_seqs.extend(seqs);
-                    self.waiting.finished(fairness_key, n);
-                    let unstarted = Unstarted { key: fairness_key, events, usage };
+                    self.waiting.finished(owner, n);
+                    let unstarted = Unstarted { key: owner.key, events, usage };
                     self.end(ctx, Leaving::Unstarted(unstarted), Ending::Failed(error));
                     continue;
                 }
             };
-            self.queued.leave(fairness_key);
+            self.queued.leave(owner.key);
             req.report_usage_to(usage);
             req.isolated = isolated;
             if let Some(device) = self.device.as_mut() {

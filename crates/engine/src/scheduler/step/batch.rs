@@ -68,10 +68,15 @@ impl Scheduler {
         let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
         let mut decided = token_rows.into_iter().zip(drafts);
         let mut decoding = Vec::new();
-        for c in self.active.iter_mut().flat_map(|r| &mut r.choices).filter(|c| c.ready().is_some()) {
-            let (row, chain) = decided.next().expect("a decision per decoding choice");
-            c.take_ready();
-            decoding.push((c.seq_id, row, c.pos, chain));
+        for req in &mut self.active {
+            let mut rows = 0;
+            for c in req.choices.iter_mut().filter(|c| c.ready().is_some()) {
+                let (row, chain) = decided.next().expect("a decision per decoding choice");
+                c.take_ready();
+                rows += 1 + chain.tokens.len();
+                decoding.push((c.seq_id, row, c.pos, chain));
+            }
+            self.waiting.charge(req.owner, rows);
         }
         let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());
         let mut ends = prompt_ends.into_iter();
@@ -82,7 +87,9 @@ impl Scheduler {
                 continue;
             }
             let end = ends.next().expect("a decision per prompt");
-            read_by_key.push((req.fairness_key, end.map_or(0, |end| end - req.read())));
+            let read = end.map_or(0, |end| end - req.read());
+            read_by_key.push((req.owner, read));
+            self.waiting.charge(req.owner, read);
             let Some(end) = end else {
                 req.prompt_waits = req.prompt_waits.saturating_add(1);
                 continue;
@@ -98,7 +105,7 @@ impl Scheduler {
                 }
             }
         }
-        self.prompt_deficits.settle(read_by_key, prompt_quantum(&self.cfg));
+        self.prompt_deficits.settle(&read_by_key, prompt_quantum(&self.cfg));
         for row in plan.prompt.iter().chain(&plan.decode) {
             self.kv.record(row.seq, row.pos as usize, row.token);
         }

@@ -106,7 +106,7 @@ pub(super) fn step_inputs<'a>(
             seq: r.choices[0].seq_id,
             prompt: &r.prompt,
             pending: PendingPrompt { prefilled: r.read(), text_end: r.text_end(r.read()), isolated: r.isolated },
-            key: r.fairness_key,
+            owner: r.owner,
             waited: r.prompt_waits,
         })
         .collect();

@@ -20,6 +20,7 @@
 pub(crate) mod rows;
 
 use crate::kv::seq_id::SeqId;
+use crate::request::Owner;
 use crate::speculation::step_cost::StepCost;
 use crate::speculation::{AcceptanceByKind, AcceptanceKind, Chain, Lookup, MAX_DRAFTING_STREAMS};
 
@@ -48,8 +49,8 @@ pub(crate) struct PromptToRead<'a> {
     pub seq: SeqId,
     pub prompt: &'a [i32],
     pub pending: PendingPrompt,
-    /// The API key it is read for (`GenerateRequest::fairness_key`).
-    pub key: u64,
+    /// Whose prompt it is: prompt rows are shared by owners' weights (`prompt_turns`).
+    pub owner: Owner,
     /// Steps in a row its prompt read nothing.
     pub waited: u32,
 }
@@ -150,11 +151,11 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     // With another key's prompt waiting, a key that read more than it was owed gets no more
     // whole short prompts past the cap until its account recovers: its stream of them would
     // otherwise take most of every step from the other key's long one.
-    let first_key = prompts.iter().find(|p| !p.pending.isolated).map(|p| p.key);
-    let contended = prompts.iter().any(|p| !p.pending.isolated && Some(p.key) != first_key);
+    let first_key = prompts.iter().find(|p| !p.pending.isolated).map(|p| p.owner.key);
+    let contended = prompts.iter().any(|p| !p.pending.isolated && Some(p.owner.key) != first_key);
     for i in prompt_order(&prompts, deficits) {
         let p = &prompts[i];
-        let overdrawn = contended && deficits.of(p.key) < 0;
+        let overdrawn = contended && deficits.of(p.owner.key) < 0;
         let exempt = p.pending.isolated || (p.pending.rest() <= cap.saturating_mul(2) && !overdrawn);
         let left = if exempt { budget.left() } else { budget.left().min(prompt_rows_left) };
         let end = if left == 0 { None } else { prompt_chunk_end(p.pending, left, chunk) };
@@ -190,7 +191,7 @@ fn prompt_order(prompts: &[PromptToRead<'_>], deficits: &PromptDeficits) -> Vec<
     order.sort_by_key(|&i| {
         let p = &prompts[i];
         let aged = p.waited >= AGED_AFTER_STEPS;
-        (!p.pending.isolated, std::cmp::Reverse(deficits.of(p.key)), !aged, p.pending.rest())
+        (!p.pending.isolated, std::cmp::Reverse(deficits.of(p.owner.key)), !aged, p.pending.rest())
     });
     order
 }

@@ -40,7 +40,7 @@ fn prompt(seq: usize, tokens: &[i32], prefilled: usize, isolated: bool) -> Promp
         seq: id(seq),
         prompt: tokens,
         pending: PendingPrompt { prefilled, text_end: tokens.len(), isolated },
-        key: 0,
+        owner: Owner::default(),
         waited: 0,
     }
 }
@@ -153,9 +153,9 @@ fn a_long_prompt_reads_every_step_beside_another_keys_stream_of_short_ones() {
     let (mut reads, mut shorts_whole) = (Vec::new(), 0);
     for _ in 0..12 {
         let mut shorts = vec![prompt(1, &short, 0, false), prompt(2, &short, 0, false)];
-        shorts.iter_mut().for_each(|p| p.key = 1);
+        shorts.iter_mut().for_each(|p| p.owner = Owner::key(1));
         let mut waiting = prompt(3, &long, prefilled, false);
-        (waiting.key, waiting.waited) = (2, 0);
+        (waiting.owner, waiting.waited) = (Owner::key(2), 0);
         let d = plan(StepInputs {
             prompt_rows_while_decoding: Some(10),
             deficits: &deficits,
@@ -166,7 +166,7 @@ fn a_long_prompt_reads_every_step_beside_another_keys_stream_of_short_ones() {
         let read = d.prompt_ends[2].map_or(0, |end| end - prefilled);
         prefilled += read;
         reads.push(read);
-        deficits.settle([(1, short_reads[0]), (1, short_reads[1]), (2, read)], 10);
+        deficits.settle(&[(Owner::key(1), short_reads[0]), (Owner::key(1), short_reads[1]), (Owner::key(2), read)], 10);
     }
     assert_eq!(reads[0], 0, "the first step, as before: key 1's prompts came first");
     assert!(reads[1..].iter().all(|&r| r == 10), "its cap every step after: {reads:?}");
@@ -175,14 +175,14 @@ fn a_long_prompt_reads_every_step_beside_another_keys_stream_of_short_ones() {
     let mut alone = PromptDeficits::default();
     for _ in 0..6 {
         let mut shorts = vec![prompt(1, &short, 0, false), prompt(2, &short, 0, false)];
-        shorts.iter_mut().for_each(|p| p.key = 1);
+        shorts.iter_mut().for_each(|p| p.owner = Owner::key(1));
         let d = plan(StepInputs {
             prompt_rows_while_decoding: Some(10),
             deficits: &alone,
             ..inputs(64, vec![choice(0, 1, 3, Chain::default())], shorts)
         });
         assert_eq!(d.prompt_ends, [Some(20), Some(20)]);
-        alone.settle([(1, 20), (1, 20)], 10);
+        alone.settle(&[(Owner::key(1), 20), (Owner::key(1), 20)], 10);
     }
 }
 
