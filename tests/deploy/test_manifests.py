@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.32.0"
 CORE_KINDS = {"Deployment", "Service", "PodDisruptionBudget", "PersistentVolumeClaim", "ConfigMap", "NetworkPolicy"}
+# Every kind Kubernetes itself defines, checked against its schemas wherever a kustomization has one.
+VALIDATED_KINDS = CORE_KINDS | {"ServiceAccount", "Role", "RoleBinding"}
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 KUSTOMIZATIONS = [KUBE / "base"] + sorted(p for p in (KUBE / "overlays").iterdir() if p.is_dir())
 
@@ -30,21 +32,48 @@ def ids(paths):
     return [str(p.relative_to(KUBE)) for p in paths]
 
 
-@pytest.fixture(scope="module", params=KUSTOMIZATIONS, ids=ids(KUSTOMIZATIONS))
-def rendered(request) -> dict[str, dict]:
-    """The kustomization's documents by kind (one of each kind is all Gantry has)."""
+def render(kustomization: Path) -> dict[tuple[str, str], dict]:
+    """`kubectl kustomize`'s documents by (kind, name); an overlay may hold several of one kind."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed: the Kustomize manifests were not rendered or checked")
-    out = subprocess.run([kubectl, "kustomize", str(request.param)], check=True, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run([kubectl, "kustomize", str(kustomization)], check=True, capture_output=True, text=True, timeout=60).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
-    by_kind = {d["kind"]: d for d in docs}
-    assert len(by_kind) == len(docs), f"two documents of one kind: {[d['kind'] for d in docs]}"
-    return by_kind
+    by_key = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert len(by_key) == len(docs), f"two documents of one kind and name: {sorted((d['kind'], d['metadata']['name']) for d in docs)}"
+    return by_key
+
+
+@pytest.fixture(scope="module", params=KUSTOMIZATIONS, ids=ids(KUSTOMIZATIONS))
+def rendered(request) -> dict[tuple[str, str], dict]:
+    """The kustomization's documents by (kind, name)."""
+    return render(request.param)
+
+
+def of_kind(rendered, kind: str) -> list[dict]:
+    return [d for (k, _), d in rendered.items() if k == kind]
+
+
+def doc(rendered, kind: str, name: str) -> dict:
+    assert (kind, name) in rendered, f"no {kind} {name}: {sorted(rendered)}"
+    return rendered[(kind, name)]
+
+
+def deployment(rendered) -> dict:
+    """The Gantry server's Deployment (an overlay may add others, e.g. an endpoint picker)."""
+    return doc(rendered, "Deployment", "gantry")
+
+
+def service(rendered) -> dict:
+    return doc(rendered, "Service", "gantry")
 
 
 def pod_spec(rendered) -> dict:
-    return rendered["Deployment"]["spec"]["template"]["spec"]
+    return deployment(rendered)["spec"]["template"]["spec"]
+
+
+def pod_labels(rendered) -> dict:
+    return deployment(rendered)["spec"]["template"]["metadata"]["labels"]
 
 
 def server(rendered) -> dict:
@@ -69,8 +98,7 @@ def env_value(rendered, container: dict, name: str) -> str:
         return var["value"]
     ref = var["valueFrom"]
     if "configMapKeyRef" in ref:
-        cm = rendered["ConfigMap"]
-        assert cm["metadata"]["name"] == ref["configMapKeyRef"]["name"]
+        cm = doc(rendered, "ConfigMap", ref["configMapKeyRef"]["name"])
         return cm["data"][ref["configMapKeyRef"]["key"]]
     raise AssertionError(f"{name} comes from a Secret, which the manifests do not hold")
 
@@ -82,13 +110,16 @@ def expand(rendered, container: dict, arg: str) -> str:
 
 def test_core_kinds_validate_strictly_against_kubernetes_schemas(rendered):
     for kind in CORE_KINDS:
-        assert kind in rendered, f"no {kind}"
+        assert of_kind(rendered, kind), f"no {kind}"
+    validated = [d for d in rendered.values() if d["kind"] in VALIDATED_KINDS]
+    assert len(validated) >= len(CORE_KINDS)
+    for d in validated:
         # Raises on any unknown field, wrong type or missing required field.
-        kubernetes_validate.validate(rendered[kind], KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)
 
 
 def test_the_schema_check_rejects_a_misspelt_field(rendered):
-    broken = yaml.safe_load(yaml.safe_dump(rendered["Deployment"]))
+    broken = yaml.safe_load(yaml.safe_dump(deployment(rendered)))
     broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/health/ready", "port": 8080}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
@@ -132,7 +163,7 @@ def test_init_container_pulls_the_model_the_server_serves_into_its_volume(render
     assert gantry_args[2] == served
     (pull_mount,) = [m for m in init["volumeMounts"] if m["mountPath"] == "/models"]
     (models,) = [v for v in pod["volumes"] if v["name"] == pull_mount["name"]]
-    assert models["persistentVolumeClaim"]["claimName"] == rendered["PersistentVolumeClaim"]["metadata"]["name"]
+    doc(rendered, "PersistentVolumeClaim", models["persistentVolumeClaim"]["claimName"])
     assert not pull_mount.get("readOnly", False), "the init container writes the models"
     # The server reads the pulled models where the pull put them (GANTRY_CACHE_DIR/models), and
     # only reads them: a compromised server cannot plant a model for the other replicas.
@@ -148,9 +179,10 @@ def test_secrets_come_from_a_secret_the_manifests_do_not_hold(rendered):
         assert "value" not in var, f"{name} must not be inline"
         ref = var["valueFrom"]["secretKeyRef"]
         assert ref["name"] == "gantry-secrets" and not ref.get("optional", False), "a missing Secret must stop the pod"
-    assert "Secret" not in rendered, "no default secret value is committed"
+    assert not of_kind(rendered, "Secret"), "no default secret value is committed"
     for path in KUBE.rglob("*.yaml"):
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        # Patches (JSON patch lists) are documents too; only mappings are objects.
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
         assert not [d for d in docs if d.get("kind") == "Secret"], f"{path} commits a Secret"
     assert "kubectl create secret generic gantry-secrets" in (KUBE / "base" / "kustomization.yaml").read_text()
 
@@ -170,14 +202,14 @@ def test_the_admin_port_is_separate_and_not_on_the_service(rendered):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     admin_listen = flag(c["args"], "admin-listen")
     assert int(admin_listen.rsplit(":", 1)[1]) == ports["admin"] != ports["http"]
-    service_ports = rendered["Service"]["spec"]["ports"]
+    service_ports = service(rendered)["spec"]["ports"]
     assert [p["targetPort"] for p in service_ports] == ["http"]
     assert ports["admin"] not in {p["port"] for p in service_ports}
 
 
 def test_network_policy_admits_the_api_port_and_lets_out_only_dns_database_and_the_pull(rendered):
-    policy = rendered["NetworkPolicy"]["spec"]
-    labels = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    policy = doc(rendered, "NetworkPolicy", "gantry")["spec"]
+    labels = pod_labels(rendered)
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     open_ingress = [r for r in policy["ingress"] if not r.get("from")]
@@ -213,20 +245,20 @@ def test_memory_is_sized_above_the_model_budget(rendered):
 
 
 def test_service_and_pdb_select_the_deployments_pods(rendered):
-    labels = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    labels = pod_labels(rendered)
     selects = lambda selector: selector.items() <= labels.items()  # noqa: E731
-    assert selects(rendered["Deployment"]["spec"]["selector"]["matchLabels"])
-    assert selects(rendered["Service"]["spec"]["selector"])
-    assert selects(rendered["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"])
-    assert "sessionAffinity" not in rendered["Service"]["spec"] or rendered["Service"]["spec"]["sessionAffinity"] == "None"
-    port = rendered["Service"]["spec"]["ports"][0]
+    assert selects(deployment(rendered)["spec"]["selector"]["matchLabels"])
+    assert selects(service(rendered)["spec"]["selector"])
+    assert selects(doc(rendered, "PodDisruptionBudget", "gantry")["spec"]["selector"]["matchLabels"])
+    assert service(rendered)["spec"].get("sessionAffinity", "None") == "None"
+    port = service(rendered)["spec"]["ports"][0]
     assert port["targetPort"] in {p["name"] for p in server(rendered)["ports"]}
 
 
 def test_pod_monitor_scrapes_metrics_from_the_admin_port(rendered):
-    pm = rendered["PodMonitor"]
+    pm = doc(rendered, "PodMonitor", "gantry")
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
-    labels = rendered["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    labels = pod_labels(rendered)
     assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["path"] == "/metrics"
@@ -237,9 +269,9 @@ def test_pod_monitor_scrapes_metrics_from_the_admin_port(rendered):
 
 
 def test_scaled_object_scales_the_deployment_on_queue_depth(rendered):
-    so = rendered["ScaledObject"]
+    so = doc(rendered, "ScaledObject", "gantry")
     assert so["apiVersion"] == "keda.sh/v1alpha1"
-    assert so["spec"]["scaleTargetRef"]["name"] == rendered["Deployment"]["metadata"]["name"]
+    assert so["spec"]["scaleTargetRef"]["name"] == deployment(rendered)["metadata"]["name"]
     assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
     (trigger,) = so["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
@@ -248,17 +280,13 @@ def test_scaled_object_scales_the_deployment_on_queue_depth(rendered):
     float(trigger["metadata"]["threshold"])  # KEDA wants a number in a string
     assert isinstance(trigger["metadata"]["threshold"], str)
     # The PDB lets a node drain take one replica at a time even at the minimum.
-    assert rendered["PodDisruptionBudget"]["spec"]["maxUnavailable"] < so["spec"]["minReplicaCount"]
+    assert doc(rendered, "PodDisruptionBudget", "gantry")["spec"]["maxUnavailable"] < so["spec"]["minReplicaCount"]
 
 
 def test_the_overlay_changes_the_model_and_its_resources():
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    overlay = KUBE / "overlays" / "qwen2.5-coder-1.5b"
-    docs = {d["kind"]: d for d in yaml.safe_load_all(subprocess.run([kubectl, "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout) if d}
-    assert docs["ConfigMap"]["data"]["GANTRY_MODEL"] == "qwen2.5-coder-1.5b"
-    assert docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] == "3584Mi"
+    docs = render(KUBE / "overlays" / "qwen2.5-coder-1.5b")
+    assert env_value(docs, server(docs), "GANTRY_MODEL") == "qwen2.5-coder-1.5b"
+    assert server(docs)["resources"]["limits"]["memory"] == "3584Mi"
 
 
 # compose.yaml
