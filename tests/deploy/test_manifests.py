@@ -268,14 +268,16 @@ def test_pod_monitor_scrapes_metrics_from_the_admin_port(rendered):
     assert {"targetLabel": "job", "replacement": "gantry"} in endpoint["relabelings"]
 
 
-def test_scaled_object_scales_the_deployment_on_queue_depth(rendered):
+def test_scaled_object_scales_the_deployment_on_the_waiting_requests(rendered):
     so = doc(rendered, "ScaledObject", "gantry")
     assert so["apiVersion"] == "keda.sh/v1alpha1"
     assert so["spec"]["scaleTargetRef"]["name"] == deployment(rendered)["metadata"]["name"]
     assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"]
     (trigger,) = so["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
-    assert "gantry_queue_depth" in trigger["metadata"]["query"]
+    # The whole-server gauge: one series per replica whatever its models (gantry_queue_depth is
+    # per model).
+    assert re.fullmatch(r'sum\(gantry_requests_waiting\{job="gantry"\}\)', trigger["metadata"]["query"]), trigger["metadata"]["query"]
     assert trigger["metadata"]["serverAddress"].startswith("http")
     float(trigger["metadata"]["threshold"])  # KEDA wants a number in a string
     assert isinstance(trigger["metadata"]["threshold"], str)
