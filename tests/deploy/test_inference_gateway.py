@@ -255,3 +255,14 @@ def test_the_pickers_service_account_may_watch_its_pool_and_pods(gateway):
     # The Gantry pods still get no token; the picker does need one.
     assert pod_spec(gateway)["automountServiceAccountToken"] is False
     assert pod.get("automountServiceAccountToken", True) is True
+
+
+def test_the_docs_show_the_picker_config_as_it_is():
+    """docs/replicas.md prints the picker's configuration in full; it must not drift from the file."""
+    config = (GATEWAY / "endpoint-picker-config.yaml").read_text()
+    body = config[config.index("apiVersion:") :].strip()
+    docs = (ROOT / "docs" / "replicas.md").read_text()
+    section = docs[docs.index("### Behind the Kubernetes inference gateway") :]
+    block = re.search(r"```yaml\n(.*?)\n```", section, re.S).group(1).strip()
+    assert block == body
+    yaml.safe_load(block)
