@@ -98,6 +98,7 @@ mod tests {
             cache_scope,
             weight: 1,
             tenant_weight: 1,
+            priority_tier: false,
         }
     }
 

@@ -22,11 +22,17 @@ pub struct ChunkEncoder {
     created: u64,
     model: String,
     include_usage: bool,
+    service_tier: crate::ServiceTier,
 }
 
 impl ChunkEncoder {
     pub fn new(id: String, created: u64, model: String, include_usage: bool) -> Self {
-        Self { id, created, model, include_usage }
+        Self { id, created, model, include_usage, service_tier: crate::ServiceTier::Default }
+    }
+
+    /// Every chunk reports the tier the request ran in, as OpenAI's do.
+    pub fn in_tier(self, service_tier: crate::ServiceTier) -> Self {
+        Self { service_tier, ..self }
     }
 
     /// The frames of one step; none for what Chat Completions does not say (the cached part of
@@ -82,6 +88,7 @@ impl ChunkEncoder {
             created: self.created,
             model: self.model.clone(),
             system_fingerprint: None,
+            service_tier: Some(self.service_tier.as_str()),
             choices,
             usage,
         };

@@ -16,6 +16,7 @@ mod request;
 pub mod rerank;
 mod response;
 pub mod responses;
+mod service_tier;
 mod tools;
 mod validate;
 
@@ -29,5 +30,6 @@ pub use response::{
     ChatCompletionChunk, ChatCompletionResponse, Choice, ChoiceLogprobs, ChunkChoice, CompletionTokensDetails, Delta,
     ModelList, ModelObject, PromptTokensDetails, ResponseMessage, TokenLogprob, ToolCall, TopLogprob, Usage,
 };
+pub use service_tier::ServiceTier;
 pub use tools::{tool_choice_not_offered, ResponseFormat, Tool, ToolChoice};
 pub use validate::parse_chat_request;

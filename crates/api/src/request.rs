@@ -172,6 +172,8 @@ pub struct ValidatedChat {
     pub reasoning_effort: Option<ReasoningEffort>,
     /// Most thinking tokens (vLLM's `thinking_token_budget`); 0: no thinking.
     pub thinking_token_budget: Option<u32>,
+    /// The tier asked for (`service_tier`); the server grants `priority` or not.
+    pub service_tier: crate::ServiceTier,
 }
 
 /// `reasoning_effort`: OpenAI's levels. On a reasoning model each is a thinking budget (`none`

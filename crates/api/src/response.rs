@@ -15,6 +15,9 @@ pub struct ChatCompletionResponse {
     pub model: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
+    /// The tier the request ran in (`ServiceTier::as_str`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<&'static str>,
     pub choices: Vec<Choice>,
     pub usage: Usage,
 }
@@ -144,6 +147,8 @@ pub struct ChatCompletionChunk {
     pub model: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<&'static str>,
     pub choices: Vec<ChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -207,6 +212,7 @@ pub(crate) fn one_choice_for_tests(
         created: 1,
         model: "m".into(),
         system_fingerprint: None,
+        service_tier: None,
         choices: vec![Choice {
             index: 0,
             message: ResponseMessage {
@@ -241,6 +247,7 @@ mod tests {
             created: 5,
             model: "m".into(),
             system_fingerprint: None,
+            service_tier: None,
             choices: vec![Choice {
                 index: 0,
                 message: ResponseMessage { role: "assistant", content: None, tool_calls: None, reasoning: None },
@@ -317,6 +324,7 @@ mod tests {
             created: 1,
             model: "m".into(),
             system_fingerprint: Some("fp".into()),
+            service_tier: None,
             choices: vec![ChunkChoice {
                 index: 0,
                 delta: Delta { role: Some("assistant"), ..Delta::default() },

@@ -105,7 +105,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
     let parallel_tool_calls = opt_bool(obj, "parallel_tool_calls")?;
     // Fields this server does not act on are still type-checked, as OpenAI does.
     opt_bool(obj, "store")?;
-    opt_str(obj, "service_tier", "service_tier")?;
+    let service_tier = crate::service_tier::parse_service_tier(obj)?;
     // The load balancer's affinity key (docs/replicas.md); one replica's prefix cache needs none.
     opt_str(obj, "prompt_cache_key", "prompt_cache_key")?;
     check_cache_retention(opt_str(obj, "prompt_cache_retention", "prompt_cache_retention")?.as_deref())?;
@@ -152,6 +152,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
         images,
         reasoning_effort,
         thinking_token_budget,
+        service_tier,
     })
 }
 

@@ -64,7 +64,7 @@ pub use model::{cpu_variants, template, LoadError, LoadedModel, ModelInfo};
 pub use prepare::{ChatInput, Limits, PrepareError};
 pub use request::{
     CacheScope, Event, FinishReason, GenerateRequest, GenerationHandle, LazyTools, Outcome, Owner, Prompt,
-    SamplingParams, TokenLogprob, TopLogprob, Usage,
+    SamplingParams, ServiceTier, TokenLogprob, TopLogprob, Usage,
 };
 pub use scheduler::request::stop_strings;
 pub use scheduler::sample::device::DeviceSampling;

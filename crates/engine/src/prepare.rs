@@ -134,6 +134,7 @@ impl ChatInput {
             lazy_tools: self.lazy_tools,
             cache_scope: self.cache_scope,
             owner: crate::request::Owner::default(),
+            tier: crate::request::ServiceTier::Default,
             grammars: Default::default(),
             thinking: None,
         }

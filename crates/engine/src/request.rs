@@ -73,6 +73,8 @@ pub struct GenerateRequest {
     /// weights, and `max_running_per_key` caps each key (see `scheduler::queue`). Requests left
     /// at the default share one queue.
     pub owner: Owner,
+    /// Its lane in the queue (`scheduler::queue`): `Flex` waits behind every other request.
+    pub tier: ServiceTier,
     /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
     pub grammars: crate::constraint::PreparedGrammars,
     /// The output starts with a thinking block (a reasoning model): how it is handled.
@@ -239,4 +241,15 @@ impl Default for Owner {
     fn default() -> Self {
         Self::key(0)
     }
+}
+
+/// The service tier a request runs in (OpenAI's `service_tier`, as the server resolved it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ServiceTier {
+    /// Ahead of its own key's other requests.
+    Priority,
+    #[default]
+    Default,
+    /// Only on sequences no other request waits for: idle capacity, sold cheaper.
+    Flex,
 }

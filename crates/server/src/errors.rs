@@ -344,6 +344,7 @@ mod tests {
             cache_scope: Default::default(),
             weight: 1,
             tenant_weight: 1,
+            priority_tier: false,
         }
     }
 

@@ -247,8 +247,19 @@ async fn admitted(
         tenant: key.tenant_id(),
         tenant_weight: weight(key.tenant_weight),
     };
+    // `priority` only for keys allowed it; the answer reports the tier granted.
+    chat.service_tier = chat.service_tier.granted(key.priority_tier);
+    if let Some(request) = responses_request.as_mut() {
+        request.chat.service_tier = chat.service_tier;
+        request.echo.insert("service_tier".into(), chat.service_tier.as_str().into());
+    }
+    let tier = match chat.service_tier {
+        gantry_api::ServiceTier::Default => gantry_engine::ServiceTier::Default,
+        gantry_api::ServiceTier::Flex => gantry_engine::ServiceTier::Flex,
+        gantry_api::ServiceTier::Priority => gantry_engine::ServiceTier::Priority,
+    };
     for job in &mut jobs {
-        job.owner = owner;
+        (job.owner, job.tier) = (owner, tier);
     }
     // Choices per job (per prompt), and over the whole request.
     let n = jobs.first().map_or(1, |j| j.n);

@@ -55,6 +55,9 @@ pub struct KeyInfo {
     /// Its tenant's share among tenants (`tenants`), 1 for a tenant never given one.
     #[serde(default = "one")]
     pub tenant_weight: i64,
+    /// Whether its requests may run in `service_tier: "priority"` (others asking get `default`).
+    #[serde(default)]
+    pub priority_tier: bool,
 }
 
 fn one() -> i64 {
@@ -109,6 +112,7 @@ pub struct NewKey {
     pub cache_scope: CacheScopeSetting,
     /// `None` weighs 1.
     pub weight: Option<i64>,
+    pub priority_tier: bool,
 }
 
 /// A partial change to a key: `None` leaves a field alone, `Some(None)` clears an optional one.
@@ -125,6 +129,7 @@ pub struct KeyUpdate {
     pub expires_at: Option<Option<i64>>,
     pub cache_scope: Option<CacheScopeSetting>,
     pub weight: Option<i64>,
+    pub priority_tier: Option<bool>,
 }
 
 /// A freshly created key together with its plaintext secret, which is shown once and

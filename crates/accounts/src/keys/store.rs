@@ -53,6 +53,7 @@ struct KeyRow {
     cache_scope: String,
     weight: i64,
     tenant_weight: i64,
+    priority_tier: i64,
 }
 
 fn to_info(r: KeyRow) -> KeyInfo {
@@ -78,11 +79,12 @@ fn to_info(r: KeyRow) -> KeyInfo {
         cache_scope: r.cache_scope.parse().unwrap_or(CacheScopeSetting::Key),
         weight: r.weight,
         tenant_weight: r.tenant_weight,
+        priority_tier: r.priority_tier != 0,
     }
 }
 
 const KEY_COLUMNS: &str = "id, name, tenant, prefix, created_at, revoked_at, expires_at, rpm_limit, tpm_limit, \
-                           budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope, weight, \
+                           budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope, weight, priority_tier, \
                            COALESCE((SELECT t.weight FROM tenants t WHERE t.name = api_keys.tenant), 1) AS tenant_weight";
 
 pub(crate) fn validate_tenant(tenant: &str) -> Result<&str, AccountsError> {
@@ -137,8 +139,8 @@ pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, 
     let prefix = display_prefix(&secret);
     let row: KeyRow = sqlx::query_as(&format!(
         "INSERT INTO api_keys (name, tenant, prefix, secret_hash, created_at, expires_at, rpm_limit, tpm_limit, \
-         budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope, weight) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING {KEY_COLUMNS}"
+         budget_tokens, budget_nanos, budget_period, allowed_models, cache_scope, weight, priority_tier) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING {KEY_COLUMNS}"
     ))
     .bind(name)
     .bind(tenant)
@@ -154,6 +156,7 @@ pub(crate) async fn create(pool: &AnyPool, spec: &NewKey) -> Result<CreatedKey, 
     .bind(models)
     .bind(spec.cache_scope.as_str())
     .bind(spec.weight.unwrap_or(1))
+    .bind(i64::from(spec.priority_tier))
     .fetch_one(pool)
     .await?;
     let key = to_info(row);
@@ -188,8 +191,9 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
            allowed_models = CASE WHEN $15 THEN $16 ELSE allowed_models END, \
            expires_at = CASE WHEN $17 THEN $18 ELSE expires_at END, \
            cache_scope = CASE WHEN $19 THEN $20 ELSE cache_scope END, \
-           weight = CASE WHEN $21 THEN $22 ELSE weight END \
-         WHERE id = $23 RETURNING {KEY_COLUMNS}"
+           weight = CASE WHEN $21 THEN $22 ELSE weight END, \
+           priority_tier = CASE WHEN $23 THEN $24 ELSE priority_tier END \
+         WHERE id = $25 RETURNING {KEY_COLUMNS}"
     ))
     .bind(name.is_some())
     .bind(name)
@@ -213,6 +217,8 @@ pub(crate) async fn update(pool: &AnyPool, id_or_name: &str, u: &KeyUpdate) -> R
     .bind(u.cache_scope.map(CacheScopeSetting::as_str))
     .bind(u.weight.is_some())
     .bind(u.weight)
+    .bind(u.priority_tier.is_some())
+    .bind(u.priority_tier.map(i64::from))
     .bind(key.id)
     .fetch_one(pool)
     .await?;

@@ -50,3 +50,16 @@ on_both!(tenants_are_listed_from_keys_and_settings, |acc: Accounts| async move {
     assert!(matches!(acc.find_tenant("nobody").await, Err(AccountsError::NotFound(_))));
     assert!(acc.set_tenant_weight(" ", 2).await.is_err(), "a blank name");
 });
+
+on_both!(priority_tier_is_off_unless_set_and_kept_until_changed, |acc: Accounts| async move {
+    let plain = acc.create_key("plain").await.unwrap();
+    assert!(!plain.key.priority_tier);
+    let spec = NewKey { name: "fast".into(), priority_tier: true, ..Default::default() };
+    let fast = acc.create_key_from(&spec).await.unwrap();
+    assert!(acc.authenticate(&fast.secret).await.unwrap().unwrap().priority_tier);
+    let limited = KeyUpdate { rpm_limit: Some(Some(9)), ..Default::default() };
+    assert!(acc.update_key("fast", &limited).await.unwrap().priority_tier, "left alone");
+    let off = KeyUpdate { priority_tier: Some(false), ..Default::default() };
+    assert!(!acc.update_key("fast", &off).await.unwrap().priority_tier);
+    assert!(!acc.authenticate(&fast.secret).await.unwrap().unwrap().priority_tier);
+});

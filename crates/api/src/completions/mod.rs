@@ -108,6 +108,8 @@ const KNOWN_FIELDS: &[&str] = &[
     "top_k",
     // Gantry's: the FIM stop rule (docs/api.md).
     "fim_stop_rule",
+    // As on chat: the queue's lane (`flex` runs on idle capacity).
+    "service_tier",
 ];
 
 const BAD_JSON: &str = "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)";
@@ -248,6 +250,7 @@ pub(crate) fn shared_fields(
         images: Vec::new(),
         reasoning_effort: None,
         thinking_token_budget: None,
+        service_tier: crate::service_tier::parse_service_tier(obj)?,
     })
 }
 

@@ -161,6 +161,7 @@ fn to_chat_body(obj: &Map<String, Value>, prior: &[Value], items: &[Value]) -> R
         ("user", "user"),
         ("prompt_cache_key", "prompt_cache_key"),
         ("prompt_cache_retention", "prompt_cache_retention"),
+        ("service_tier", "service_tier"),
     ] {
         if let Some(v) = get(obj, from) {
             chat.insert(to.into(), v.clone());

@@ -100,7 +100,7 @@ impl Scheduler {
     /// fair queue. Their KV entries stay (emptied before, for a failure): the next prompt with
     /// the same prefix reuses them (see `KvSlots`).
     fn release(&mut self, req: &ActiveRequest) {
-        self.waiting.finished(req.owner, req.choices.len());
+        self.waiting.finished(req.owner, req.tier, req.choices.len());
         for c in &req.choices {
             self.kv.touch(c.seq_id);
             self.free_seqs.push(c.seq_id);

@@ -435,6 +435,10 @@ impl Waiting for Job {
         self.request.owner
     }
 
+    fn tier(&self) -> crate::request::ServiceTier {
+        self.request.tier
+    }
+
     fn sequences(&self) -> usize {
         self.request.n as usize
     }

@@ -32,6 +32,8 @@ pub struct KeyFields {
     pub cache_scope: Option<CacheScopeSetting>,
     /// The key's share of the engine among its tenant's keys (default 1).
     pub weight: Option<i64>,
+    /// Whether the key's requests may run in `service_tier: "priority"` (default false).
+    pub priority_tier: Option<bool>,
 }
 
 /// Present (even as `null`) → `Some(..)`; absent → `None` via `#[serde(default)]`.
@@ -56,6 +58,7 @@ impl KeyFields {
             expires_at: self.expires_at.as_ref().and_then(|e| e.as_deref()).map(parse_future_time).transpose()?,
             cache_scope: self.cache_scope.unwrap_or_default(),
             weight: self.weight,
+            priority_tier: self.priority_tier.unwrap_or(false),
         })
     }
 
@@ -72,6 +75,7 @@ impl KeyFields {
             expires_at: self.expires_at.as_ref().map(|e| e.as_deref().map(parse_time).transpose()).transpose()?,
             cache_scope: self.cache_scope,
             weight: self.weight,
+            priority_tier: self.priority_tier,
         })
     }
 }
@@ -143,6 +147,7 @@ pub(crate) fn key_view(k: &KeyInfo, spend: Option<&Spend>) -> Value {
         "cache_scope": k.cache_scope,
         "weight": k.weight,
         "tenant_weight": k.tenant_weight,
+        "priority_tier": k.priority_tier,
     });
     if let Some(s) = spend {
         v["spend"] = json!({

@@ -81,6 +81,10 @@ pub struct KeyFlags {
     /// share by their own weights (`gantry tenants set`).
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..=gantry_accounts::MAX_WEIGHT))]
     pub weight: Option<i64>,
+    /// Whether the key's requests may run in `service_tier: "priority"` (`true`/`false`; off by
+    /// default: others asking for it run in `default`).
+    #[arg(long)]
+    pub priority_tier: Option<bool>,
 }
 
 impl KeyFlags {
@@ -100,6 +104,7 @@ impl KeyFlags {
             expires_at: self.expires.as_ref().map(|e| (e != "never").then(|| e.clone())),
             cache_scope: self.cache_scope,
             weight: self.weight,
+            priority_tier: self.priority_tier,
         }
     }
 }

@@ -176,6 +176,7 @@ pub(crate) async fn collect_response(
         created,
         model,
         system_fingerprint: None,
+        service_tier: Some(chat.service_tier.as_str()),
         choices,
         usage,
     };
@@ -191,7 +192,7 @@ fn stream_response(
     n: u32,
     events: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage);
+    let encoder = ChunkEncoder::new(id, created, model, chat.include_usage).in_tier(chat.service_tier);
     let reader = ChatDeltas::for_request(chat, tools, n);
     let opening = stream::iter(reader.opening(n));
     let frames = opening.chain(deltas(events, reader)).flat_map(move |d| stream::iter(encoder.encode(d)));

@@ -1,5 +1,7 @@
 //! The fair queue's turns, caps and reservations, and weighted shares over simulated steps.
 
+use std::collections::HashMap;
+
 use super::*;
 
 /// (key, sequences, label)
@@ -12,6 +14,9 @@ impl Waiting for Job {
     }
     fn sequences(&self) -> usize {
         self.1
+    }
+    fn tier(&self) -> ServiceTier {
+        ServiceTier::Default
     }
 }
 
@@ -36,7 +41,7 @@ fn a_key_with_one_request_waits_behind_at_most_one_of_a_flooding_key() {
     // One sequence at a time: A's first request, then B's, then A's backlog.
     let mut order = Vec::new();
     while let Some(job) = q.pop(1) {
-        q.finished(Owner::key(job.0), job.1);
+        q.finished(Owner::key(job.0), ServiceTier::Default, job.1);
         order.push(job.2);
     }
     assert_eq!(&order[..3], &[0, 100, 1]);
@@ -65,7 +70,7 @@ fn a_request_larger_than_the_free_sequences_holds_them_until_it_fits() {
     // Smaller requests no longer go ahead of it, whatever frees up meanwhile.
     assert_eq!(q.pop(1), None);
     assert_eq!(q.pop(3), None);
-    q.finished(Owner::key(1), 1);
+    q.finished(Owner::key(1), ServiceTier::Default, 1);
     assert_eq!(q.pop(4), Some(Job(2, 4, 20)));
     assert_eq!(start_all(&mut q, 2), [30, 11]);
 }
@@ -92,14 +97,14 @@ fn a_capped_key_runs_at_most_its_cap_and_others_fill_the_rest() {
     assert_eq!(start_all(&mut q, 8), [0, 100, 1]);
     // Key 1 is at its cap: its next request waits though sequences are free.
     assert_eq!(q.pop(5), None);
-    q.finished(Owner::key(1), 1);
+    q.finished(Owner::key(1), ServiceTier::Default, 1);
     assert_eq!(start_all(&mut q, 5), [2]);
     // A request larger than the cap runs once the key runs nothing else.
     let mut q = FairQueue::new(Some(2));
     q.push(Job(1, 1, 0));
     q.push(Job(1, 3, 1));
     assert_eq!(start_all(&mut q, 4), [0]);
-    q.finished(Owner::key(1), 1);
+    q.finished(Owner::key(1), ServiceTier::Default, 1);
     assert_eq!(start_all(&mut q, 4), [1]);
 }
 
@@ -129,6 +134,9 @@ impl Waiting for Work {
     fn sequences(&self) -> usize {
         1
     }
+    fn tier(&self) -> ServiceTier {
+        ServiceTier::Default
+    }
 }
 
 fn owner(tenant: u64, tenant_weight: u32, key: u64, key_weight: u32) -> Owner {
@@ -154,7 +162,7 @@ impl Sim {
     fn run(&mut self, flood: &[(Owner, u32)], steps: std::ops::Range<usize>) -> HashMap<Owner, usize> {
         let q = &mut self.q;
         for &(owner, steps) in flood {
-            if !q.line.iter().flat_map(|t| &t.keys).any(|k| k.key == owner.key) {
+            if !q.standard.line.iter().flat_map(|t| &t.keys).any(|k| k.key == owner.key) {
                 q.push(Work { owner, steps });
             }
         }
@@ -165,14 +173,14 @@ impl Sim {
                 q.push(work);
             }
             for work in &mut self.running {
-                q.charge(work.owner, 1);
+                q.charge(work.owner, ServiceTier::Default, 1);
                 if step >= steps.start {
                     *ran.entry(work.owner).or_default() += 1;
                 }
                 work.steps -= 1;
             }
             for done in self.running.extract_if(.., |w| w.steps == 0) {
-                q.finished(done.owner, 1);
+                q.finished(done.owner, ServiceTier::Default, 1);
             }
         }
         ran
@@ -250,12 +258,102 @@ fn nothing_is_kept_of_owners_that_neither_wait_nor_run() {
         }
     }
     for w in &started {
-        q.charge(w.owner, 3);
-        q.finished(w.owner, 1);
+        q.charge(w.owner, ServiceTier::Default, 3);
+        q.finished(w.owner, ServiceTier::Default, 1);
     }
     q.remove_where(|w| w.owner.key % 2 == 0);
     q.drain();
     assert!(q.is_empty());
-    assert!(q.tenants.is_empty() && q.running.is_empty(), "{} tenants kept", q.tenants.len());
-    assert_eq!(q.tenant_times.len(), 0);
+    let lane = &q.standard;
+    assert!(lane.tenants.is_empty() && lane.running.is_empty(), "{} tenants kept", lane.tenants.len());
+    assert_eq!(lane.tenant_times.len(), 0);
+}
+
+/// (key, tier, label), one sequence each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tiered(u64, ServiceTier, u32);
+
+impl Waiting for Tiered {
+    fn owner(&self) -> Owner {
+        Owner::key(self.0)
+    }
+    fn sequences(&self) -> usize {
+        1
+    }
+    fn tier(&self) -> ServiceTier {
+        self.1
+    }
+}
+
+fn labels(q: &mut FairQueue<Tiered>, free: usize) -> Vec<u32> {
+    std::iter::from_fn(|| q.pop(free)).map(|j| j.2).take(free).collect()
+}
+
+#[test]
+fn flex_requests_start_only_when_no_other_request_waits() {
+    use ServiceTier::*;
+    let mut q = FairQueue::new(None);
+    q.push(Tiered(1, Flex, 10));
+    q.push(Tiered(1, Flex, 11));
+    q.push(Tiered(2, Default, 20));
+    q.push(Tiered(3, Priority, 30));
+    // Flex arrived first, and its key has nothing else: it still waits behind both.
+    assert_eq!(labels(&mut q, 3), [20, 30, 10]);
+    assert_eq!(q.len(), 1);
+    // A default request arriving later goes ahead of the flex one still waiting.
+    q.push(Tiered(4, Default, 40));
+    assert_eq!(q.pop(1).map(|j| j.2), Some(40));
+    assert_eq!(q.pop(1).map(|j| j.2), Some(11));
+    assert!(q.is_empty());
+}
+
+#[test]
+fn a_priority_request_goes_ahead_of_its_own_keys_others_not_of_other_keys() {
+    use ServiceTier::*;
+    let mut q = FairQueue::new(None);
+    for (key, tier, label) in
+        [(1, Default, 10), (1, Default, 11), (2, Default, 20), (1, Priority, 12), (1, Priority, 13)]
+    {
+        q.push(Tiered(key, tier, label));
+    }
+    // Key 1's priority requests first among its own, in their order; key 2 keeps its turn.
+    assert_eq!(labels(&mut q, 5), [12, 20, 13, 10, 11]);
+}
+
+#[test]
+fn a_waiting_request_that_does_not_fit_keeps_free_sequences_from_flex_and_caps_count_both_lanes() {
+    use ServiceTier::*;
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Wide(u64, usize, ServiceTier);
+    impl Waiting for Wide {
+        fn owner(&self) -> Owner {
+            Owner::key(self.0)
+        }
+        fn sequences(&self) -> usize {
+            self.1
+        }
+        fn tier(&self) -> ServiceTier {
+            self.2
+        }
+    }
+    let mut q = FairQueue::new(None);
+    q.push(Wide(1, 4, Default));
+    q.push(Wide(2, 1, Flex));
+    assert_eq!(q.pop(2), None, "the n=4 request holds the two free sequences");
+    assert_eq!(q.pop(4), Some(Wide(1, 4, Default)));
+    assert_eq!(q.pop(1), Some(Wide(2, 1, Flex)));
+    // A key at its cap of 2 with one flex and one default running starts neither lane's next.
+    let mut q = FairQueue::new(Some(2));
+    for w in [Wide(1, 1, Flex), Wide(1, 1, Default), Wide(1, 1, Default), Wide(1, 1, Flex)] {
+        q.push(w);
+    }
+    assert_eq!(q.pop(8), Some(Wide(1, 1, Default)));
+    assert_eq!(q.pop(8), Some(Wide(1, 1, Default)));
+    assert_eq!(q.pop(8), None, "two running: the flex ones wait though sequences are free");
+    q.finished(Owner::key(1), Default, 1);
+    assert_eq!(q.pop(8), Some(Wide(1, 1, Flex)));
+    assert_eq!(q.pop(8), None);
+    q.finished(Owner::key(1), Flex, 1);
+    q.finished(Owner::key(1), Default, 1);
+    assert_eq!(q.pop(8), Some(Wide(1, 1, Flex)));
 }

@@ -86,6 +86,8 @@ pub(crate) struct ActiveRequest {
     pub fault: Fault,
     /// Whose request it is, for fair sharing (see `queue`).
     pub owner: crate::request::Owner,
+    /// Its lane in the queue.
+    pub tier: crate::request::ServiceTier,
     /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
     pub(crate) grammars: PreparedGrammars,
 }
@@ -191,6 +193,7 @@ impl ActiveRequest {
             lazy_tools: request.lazy_tools,
             fault,
             owner: request.owner,
+            tier: request.tier,
             grammars: PreparedGrammars { output: None, ..request.grammars },
         };
         // With thinking first, the gate is armed once the thinking closes (see `thinking`).

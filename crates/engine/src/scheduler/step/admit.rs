@@ -21,7 +21,7 @@ impl Scheduler {
     pub(in crate::scheduler) fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
         while let Some(job) = self.waiting.pop(self.free_seqs.len()) {
             let n = job.request.n as usize;
-            let owner = job.request.owner;
+            let (owner, tier) = (job.request.owner, job.request.tier);
             #[cfg(test)]
             if let Some(log) = &self.cfg.admission_log {
                 log.lock().unwrap().push(owner.key);
@@ -76,7 +76,7 @@ impl Scheduler {
                 Err(error) => {
                     // Taken back: its sequences free again, its key's running count as before.
                     self.free_seqs.extend(seqs);
-                    self.waiting.finished(owner, n);
+                    self.waiting.finished(owner, tier, n);
                     let unstarted = Unstarted { key: owner.key, events, usage };
                     self.end(ctx, Leaving::Unstarted(unstarted), Ending::Failed(error));
                     continue;

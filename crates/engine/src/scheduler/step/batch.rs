@@ -76,7 +76,7 @@ impl Scheduler {
                 rows += 1 + chain.tokens.len();
                 decoding.push((c.seq_id, row, c.pos, chain));
             }
-            self.waiting.charge(req.owner, rows);
+            self.waiting.charge(req.owner, req.tier, rows);
         }
         let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());
         let mut ends = prompt_ends.into_iter();
@@ -89,7 +89,7 @@ impl Scheduler {
             let end = ends.next().expect("a decision per prompt");
             let read = end.map_or(0, |end| end - req.read());
             read_by_key.push((req.owner, read));
-            self.waiting.charge(req.owner, read);
+            self.waiting.charge(req.owner, req.tier, read);
             let Some(end) = end else {
                 req.prompt_waits = req.prompt_waits.saturating_add(1);
                 continue;
