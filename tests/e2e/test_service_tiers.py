@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -23,12 +24,16 @@ ADMIN_TOKEN = "tiers-e2e-admin-token-0123456789abcdef0"
 
 @pytest.fixture(scope="module")
 def srv():
-    with serving(_models()[0], ("--admin-token", ADMIN_TOKEN), ("--ctx-size", "1024", "--parallel", "1")) as (server, _):
+    model = _models()[0]
+    name = Path(model).stem if model.endswith(".gguf") else model
+    # USD per million prompt and completion tokens: flex has no price of its own (half), priority does.
+    prices = ("--price", f"{name}=1000,2000", "--price", f"{name}@priority=3000,9000")
+    with serving(model, ("--admin-token", ADMIN_TOKEN, *prices), ("--ctx-size", "1024", "--parallel", "1")) as (server, _):
         yield server
 
 
 def _key(srv, **settings) -> openai.OpenAI:
-    body = {"name": f"tier-{uuid.uuid4().hex[:8]}", **settings}
+    body = {"name": settings.pop("name", f"tier-{uuid.uuid4().hex[:8]}"), **settings}
     resp = httpx.post(f"{srv.root_url}/admin/v1/keys", json=body, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
     assert resp.status_code == 201, resp.text
     assert resp.json()["priority_tier"] is settings.get("priority_tier", False), resp.text
@@ -107,3 +112,28 @@ def _wait_for_queue(srv, depth: int) -> None:
             return
         assert time.monotonic() < deadline, f"the queue never held {depth}: {line}"
         time.sleep(0.05)
+
+
+def test_each_tier_is_billed_at_its_price(srv):
+    name = f"tier-bill-{uuid.uuid4().hex[:6]}"
+    client = _key(srv, name=name, priority_tier=True)
+    asked = {"default": "default", "flex": "flex", "priority": "priority", "auto": "default"}
+    for tier in asked:
+        _ask(srv, client, service_tier=tier, extra_headers={"x-request-id": f"{name}-{tier}"})
+    ids = {f"{name}-{tier}" for tier in asked}
+    deadline = time.monotonic() + 60
+    while True:
+        resp = httpx.get(f"{srv.root_url}/admin/v1/usage/requests?key_name={name}",
+                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30)
+        rows = {r["client_request_id"]: r for r in resp.json()["data"] if r["client_request_id"] in ids}
+        if set(rows) == ids:
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.2)
+    rates = {"default": (1000, 2000), "flex": (500, 1000), "priority": (3000, 9000)}
+    for tier, ran_in in asked.items():
+        row = rows[f"{name}-{tier}"]
+        prompt_rate, completion_rate = rates[ran_in]
+        # No cached price was given: cached prompt tokens cost the input rate.
+        expected = (row["prompt_tokens"] * prompt_rate + row["completion_tokens"] * completion_rate) / 1e6
+        assert row["cost"] == pytest.approx(expected, rel=1e-6), (tier, row)

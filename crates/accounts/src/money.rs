@@ -86,6 +86,15 @@ pub struct Price {
 }
 
 impl Price {
+    /// Every rate times `factor` (a tier's discount or surcharge).
+    pub fn scaled(self, factor: f64) -> Self {
+        Self {
+            input_per_mtok: self.input_per_mtok * factor,
+            output_per_mtok: self.output_per_mtok * factor,
+            cached_input_per_mtok: self.cached_input_per_mtok.map(|p| p * factor),
+        }
+    }
+
     /// Cost in nano-dollars, rounded up so a non-zero price never rounds to free.
     /// `cached_tokens` (at most `prompt_tokens`) are priced at the cached rate.
     pub fn cost_nanos(&self, prompt_tokens: u64, cached_tokens: u64, completion_tokens: u64) -> i64 {

@@ -36,6 +36,8 @@ pub mod openai;
 mod pipeline;
 /// The models served, loaded on demand within a memory budget.
 pub mod pool;
+/// Prices per model and service tier (`--price`).
+pub mod prices;
 /// `POST /v1/chat/completions/render`, `/v1/completions/render`: a request's token ids, unrun.
 mod render;
 /// The server's id for every request, and the client's `x-request-id`.

@@ -206,9 +206,6 @@ async fn admitted(
     // Held until the request's last event: the model is not unloaded under it.
     let model = state.models.acquire(&chat.model).await.map_err(IntoApiError::into_api_error)?;
     let model_id = model.id().to_string();
-    // The ledger keeps the name the client sent (an alias stays an alias); its price, else the
-    // model's.
-    let price = state.prices.get(&*chat.model).copied().unwrap_or_else(|| state.price_of(&model_id));
     let mut context_capped = false;
     let mut answer_plan = None;
     let mut jobs = {
@@ -261,6 +258,9 @@ async fn admitted(
     for job in &mut jobs {
         (job.owner, job.tier) = (owner, tier);
     }
+    // The ledger keeps the name the client sent (an alias stays an alias); its price in the tier
+    // granted, else the model's.
+    let price = state.prices.price(&chat.model, &model_id, chat.service_tier);
     // Choices per job (per prompt), and over the whole request.
     let n = jobs.first().map_or(1, |j| j.n);
     let choices = n * jobs.len() as u32;

@@ -65,7 +65,7 @@ async fn ranked(
     let engine = model.generator();
     let limit = engine.embedding_shape().map_or(0, |s| s.max_input_tokens);
     let model_id = model.id().to_string();
-    let price = state.prices.get(&*name).copied().unwrap_or_else(|| state.price_of(&model_id));
+    let price = state.prices.price(&name, &model_id, gantry_api::ServiceTier::Default);
     let (query_only, pairs) = {
         let _turn = state.prepare_gate.enter(key.id).await;
         let (engine, query, documents) = (engine.clone(), request.query.clone(), request.documents.clone());

@@ -1,11 +1,10 @@
 //! The state every handler shares: the model pool, the accounts, the meter, the admin token and
 //! the draining flag. It imports no handler, so every handler may import it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use gantry_accounts::{Accounts, Meter, Price};
+use gantry_accounts::{Accounts, Meter};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -17,7 +16,7 @@ pub struct AppState {
     /// Admission (rate limits, budget reservations) and settlement into the usage ledger.
     pub meter: Meter,
     /// USD per million tokens, by model id; models without an entry cost nothing.
-    pub prices: Arc<HashMap<String, Price>>,
+    pub prices: Arc<crate::prices::PriceList>,
     /// Guards `/admin/v1`; `None` disables the admin API.
     pub admin_token: Option<Arc<str>>,
     /// Set by a shutdown signal: readiness turns 503 and new chat requests are refused.
@@ -30,12 +29,6 @@ pub struct AppState {
     pub response_retention: std::time::Duration,
     /// What stored responses may take: per response, per key, and the disk's free space floor.
     pub response_storage: crate::response_storage::ResponseStorage,
-}
-
-impl AppState {
-    pub fn price_of(&self, model: &str) -> Price {
-        self.prices.get(model).copied().unwrap_or_default()
-    }
 }
 
 /// Set once, when a shutdown signal arrives: from then on readiness answers 503 and new chat

@@ -102,7 +102,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         meter: meter.clone(),
-        prices: Arc::new(args.prices.iter().cloned().collect()),
+        prices: Arc::new(crate::prices::PriceList::new(&args.prices)),
         admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
         stats: Default::default(),

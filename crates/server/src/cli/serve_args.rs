@@ -245,11 +245,13 @@ pub struct ServeArgs {
     /// be public.
     #[arg(long = "allow-image-host", value_name = "HOST")]
     pub allow_image_hosts: Vec<String>,
-    /// Price of a model for money budgets and the ledger's cost: `MODEL=INPUT,OUTPUT[,CACHED]` in
-    /// USD per million prompt, completion and cached prompt tokens (prompt tokens read from the
-    /// prefix cache; the input price when not given). Repeatable.
-    #[arg(long = "price", value_name = "MODEL=IN,OUT[,CACHED]", value_parser = parse_price)]
-    pub prices: Vec<(String, gantry_accounts::Price)>,
+    /// Price of a model for money budgets and the ledger's cost: `MODEL[@TIER]=INPUT,OUTPUT[,CACHED]`
+    /// in USD per million prompt, completion and cached prompt tokens (prompt tokens read from
+    /// the prefix cache; the input price when not given). `@flex` or `@priority` prices that
+    /// service tier; without one, flex costs half the model's price and priority the same.
+    /// Repeatable.
+    #[arg(long = "price", value_name = "MODEL[@TIER]=IN,OUT[,CACHED]", value_parser = parse_price)]
+    pub prices: Vec<crate::prices::PriceEntry>,
     /// Enables the admin API under /admin/v1, guarded by this bearer token (at least 32 random
     /// characters; a shorter or placeholder token stops the server at start).
     #[arg(long, env = "GANTRY_ADMIN_TOKEN", hide_env_values = true)]
@@ -330,9 +332,16 @@ pub enum SpeculateArg {
     Off,
 }
 
-fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
-    const SHAPE: &str = "expected MODEL=INPUT,OUTPUT[,CACHED] (USD per million tokens)";
+fn parse_price(s: &str) -> Result<crate::prices::PriceEntry, String> {
+    const SHAPE: &str = "expected MODEL[@TIER]=INPUT,OUTPUT[,CACHED] (USD per million tokens)";
     let (model, prices) = s.split_once('=').ok_or(SHAPE)?;
+    let (model, tier) = match model.trim().rsplit_once('@') {
+        Some((model, "default")) => (model, gantry_api::ServiceTier::Default),
+        Some((model, "flex")) => (model, gantry_api::ServiceTier::Flex),
+        Some((model, "priority")) => (model, gantry_api::ServiceTier::Priority),
+        Some((_, tier)) => return Err(format!("{tier:?} is not a service tier (default, flex or priority)")),
+        None => (model, gantry_api::ServiceTier::Default),
+    };
     let parts: Vec<&str> = prices.split(',').collect();
     let (input, output, cached) = match parts[..] {
         [input, output] => (input, output, None),
@@ -351,6 +360,7 @@ fn parse_price(s: &str) -> Result<(String, gantry_accounts::Price), String> {
     }
     Ok((
         model.trim().to_string(),
+        tier,
         gantry_accounts::Price {
             input_per_mtok: parse(input)?,
             output_per_mtok: parse(output)?,
@@ -365,14 +375,17 @@ mod tests {
 
     #[test]
     fn a_price_has_input_output_and_an_optional_cached_rate() {
-        let (model, p) = parse_price("m=1.5,3").unwrap();
+        let (model, tier, p) = parse_price("m=1.5,3").unwrap();
         assert_eq!(
-            (model.as_str(), p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok),
-            ("m", 1.5, 3.0, None)
+            (model.as_str(), tier, p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok),
+            ("m", gantry_api::ServiceTier::Default, 1.5, 3.0, None)
         );
-        let (_, p) = parse_price("m = 1,2,0.25").unwrap();
+        let (_, _, p) = parse_price("m = 1,2,0.25").unwrap();
         assert_eq!(p.cached_input_per_mtok, Some(0.25));
-        for bad in ["m", "m=1", "m=1,2,3,4", "=1,2", "m=1,-2", "m=1,2,x"] {
+        let (model, tier, _) = parse_price("org/m:q4@flex=0.5,1").unwrap();
+        assert_eq!((model.as_str(), tier), ("org/m:q4", gantry_api::ServiceTier::Flex));
+        assert_eq!(parse_price("m@priority=3,9").unwrap().1, gantry_api::ServiceTier::Priority);
+        for bad in ["m", "m=1", "m=1,2,3,4", "=1,2", "m=1,-2", "m=1,2,x", "m@turbo=1,2", "@flex=1,2"] {
             assert!(parse_price(bad).is_err(), "{bad}");
         }
     }

@@ -73,7 +73,7 @@ async fn embed(
         ));
     }
     let model_id = model.id().to_string();
-    let price = state.prices.get(name).copied().unwrap_or_else(|| state.price_of(model.id()));
+    let price = state.prices.price(name, model.id(), gantry_api::ServiceTier::Default);
     let inputs = {
         let _turn = state.prepare_gate.enter(key.id).await;
         let (engine, inputs) = (engine.clone(), request.inputs.clone());
