@@ -137,3 +137,7 @@ def test_each_tier_is_billed_at_its_price(srv):
         # No cached price was given: cached prompt tokens cost the input rate.
         expected = (row["prompt_tokens"] * prompt_rate + row["completion_tokens"] * completion_rate) / 1e6
         assert row["cost"] == pytest.approx(expected, rel=1e-6), (tier, row)
+        assert row["service_tier"] == ran_in, row
+    report = httpx.get(f"{srv.root_url}/admin/v1/usage?key_name={name}",
+                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).json()["data"]
+    assert sorted((r["service_tier"], r["requests"]) for r in report) == [("default", 2), ("flex", 1), ("priority", 1)]

@@ -77,6 +77,8 @@ pub struct Charge {
     pub client_request_id: Option<String>,
     pub model: String,
     pub price: Price,
+    /// The service tier it runs in (`default`, `flex`, `priority`), kept on its ledger row.
+    pub service_tier: &'static str,
     pub prompt_tokens: u64,
     /// `max_tokens × n`.
     pub max_completion_tokens: u64,
@@ -353,6 +355,7 @@ impl Ticket {
                 u64::from(used.completion_tokens),
             ),
             outcome: used.outcome.as_str().to_string(),
+            service_tier: c.service_tier.to_string(),
             started_at_ms: self.started_at_ms,
             finished_at_ms: self.meter.inner.clock.now_ms(),
         };

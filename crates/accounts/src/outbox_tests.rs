@@ -16,6 +16,7 @@ fn settle(id: &str) -> Entry {
             reasoning_tokens: 0,
             cost_nanos: 0,
             outcome: "completed".into(),
+            service_tier: "default".into(),
             started_at_ms: 1,
             finished_at_ms: 2,
         },

@@ -26,6 +26,10 @@ pub struct UsageRecord {
     pub reasoning_tokens: u32,
     /// Cost at the model's configured price, USD × 1e9 (0 when the model has no price).
     pub cost_nanos: i64,
+    /// The service tier it ran in: `default`, `flex` or `priority`. Outbox lines written before
+    /// the field existed read as `default`.
+    #[serde(default = "default_tier")]
+    pub service_tier: String,
     /// `"completed"`, `"length"`, `"cancelled"` or `"error"`.
     pub outcome: String,
     /// Unix milliseconds.
@@ -34,7 +38,11 @@ pub struct UsageRecord {
     pub finished_at_ms: i64,
 }
 
-/// Usage totals for one group (key, tenant, model and, when asked for, day). Keys are grouped by
+fn default_tier() -> String {
+    "default".into()
+}
+
+/// Usage totals for one group (key, tenant, model, service tier and, when asked for, day). Keys are grouped by
 /// id: two keys may share a name, and a renamed key keeps its usage under its current name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageRow {
@@ -46,6 +54,8 @@ pub struct UsageRow {
     /// `YYYY-MM-DD` (UTC) when grouped by day.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub day: Option<String>,
+    #[serde(default = "default_tier")]
+    pub service_tier: String,
     pub requests: u64,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
@@ -92,15 +102,18 @@ pub struct RequestRow {
     /// Unix milliseconds.
     pub started_at_ms: i64,
     pub finished_at_ms: i64,
+    #[serde(default = "default_tier")]
+    pub service_tier: String,
 }
 
-type RequestTuple = (String, Option<String>, String, String, String, i64, i64, i64, i64, i64, String, i64, i64);
+type RequestTuple = (String, Option<String>, String, String, String, i64, i64, i64, i64, i64, String, i64, i64, String);
 
 /// The requests matching `q` (its `by_day` is ignored), oldest first.
 pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<RequestRow>, AccountsError> {
     let rows: Vec<RequestTuple> = sqlx::query_as(
         "SELECT u.request_id, u.client_request_id, k.name, u.tenant, u.model, u.prompt_tokens, u.cached_tokens, \
-                u.completion_tokens, u.reasoning_tokens, u.cost_nanos, u.outcome, u.started_at_ms, u.finished_at_ms \
+                u.completion_tokens, u.reasoning_tokens, u.cost_nanos, u.outcome, u.started_at_ms, u.finished_at_ms, \
+                u.service_tier \
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
@@ -131,6 +144,7 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
                 outcome,
                 started,
                 finished,
+                service_tier,
             )| {
                 RequestRow {
                     request_id,
@@ -146,19 +160,20 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
                     outcome,
                     started_at_ms: started,
                     finished_at_ms: finished,
+                    service_tier,
                 }
             },
         )
         .collect())
 }
 
-type ReportRow = (i64, String, String, String, Option<String>, i64, i64, i64, i64, i64, i64);
+type ReportRow = (i64, String, String, String, Option<String>, String, i64, i64, i64, i64, i64, i64);
 
 pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
     let day = if q.by_day { backend.day_of_ms("u.started_at_ms") } else { "CAST(NULL AS TEXT)".to_string() };
     // CASTs keep the result types BIGINT on PostgreSQL too, where SUM(bigint) is NUMERIC.
     let sql = format!(
-        "SELECT k.id, k.name, u.tenant, u.model, {day} AS day, \
+        "SELECT k.id, k.name, u.tenant, u.model, {day} AS day, u.service_tier, \
                 CAST(COUNT(*) AS BIGINT), \
                 CAST(COALESCE(SUM(u.prompt_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cached_tokens), 0) AS BIGINT), \
@@ -168,8 +183,8 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
-         GROUP BY k.id, k.name, u.tenant, u.model, day \
-         ORDER BY k.name, k.id, u.tenant, u.model, day"
+         GROUP BY k.id, k.name, u.tenant, u.model, day, u.service_tier \
+         ORDER BY k.name, k.id, u.tenant, u.model, day, u.service_tier"
     );
     let rows: Vec<ReportRow> = sqlx::query_as(&sql)
         .bind(&q.key_name)
@@ -182,20 +197,36 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(rows
         .into_iter()
-        .map(|(key_id, key_name, tenant, model, day, requests, prompt, cached, completion, reasoning, nanos)| {
-            UsageRow {
+        .map(
+            |(
                 key_id,
                 key_name,
                 tenant,
                 model,
                 day,
-                requests: to_u64(requests),
-                prompt_tokens: to_u64(prompt),
-                cached_tokens: to_u64(cached),
-                completion_tokens: to_u64(completion),
-                reasoning_tokens: to_u64(reasoning),
-                cost: nanos as f64 / NANOS_PER_USD as f64,
-            }
-        })
+                service_tier,
+                requests,
+                prompt,
+                cached,
+                completion,
+                reasoning,
+                nanos,
+            )| {
+                UsageRow {
+                    key_id,
+                    key_name,
+                    tenant,
+                    model,
+                    day,
+                    service_tier,
+                    requests: to_u64(requests),
+                    prompt_tokens: to_u64(prompt),
+                    cached_tokens: to_u64(cached),
+                    completion_tokens: to_u64(completion),
+                    reasoning_tokens: to_u64(reasoning),
+                    cost: nanos as f64 / NANOS_PER_USD as f64,
+                }
+            },
+        )
         .collect())
 }

@@ -275,6 +275,7 @@ async fn admitted(
         client_request_id,
         model: chat.model.to_string(),
         price,
+        service_tier: chat.service_tier.as_str(),
         prompt_tokens: prompt_tokens as u64,
         max_completion_tokens: jobs.iter().map(|j| u64::from(j.max_tokens) * u64::from(j.n)).sum(),
     };

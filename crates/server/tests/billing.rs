@@ -233,11 +233,13 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
     let csv = c.get(s.url("/admin/v1/usage?format=csv")).bearer_auth(ADMIN).send().await.unwrap().text().await.unwrap();
     assert!(
         csv.starts_with(
-            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n"
+            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,\
+             service_tier\n"
         ),
         "{csv}"
     );
     assert!(csv.contains("svc,acme,"), "{csv}");
+    assert!(rows.iter().all(|r| r["service_tier"] == "default"), "{per_request}");
 
     let revoked = c.delete(s.url(&format!("/admin/v1/keys/{id}"))).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(revoked.status(), 200);

@@ -12,6 +12,7 @@ fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> 
         reasoning_tokens: 0,
         cost_nanos: 0,
         outcome: "completed".into(),
+        service_tier: "default".into(),
         started_at_ms: 1_700_000_000_000,
         finished_at_ms: 1_700_000_000_500,
     }
@@ -33,6 +34,7 @@ on_both!(usage_is_recorded_exactly_once, |acc: Accounts| async move {
             tenant: "default".into(),
             model: "tiny".into(),
             day: None,
+            service_tier: "default".into(),
             cost: 0.0,
             requests: 1,
             prompt_tokens: 10,
@@ -61,6 +63,7 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
         tenant: "default".into(),
         model: m.into(),
         day: None,
+        service_tier: "default".into(),
         cost: 0.0,
         requests: r,
         prompt_tokens: p,
@@ -93,4 +96,18 @@ on_both!(usage_for_unknown_key_is_rejected, |acc: Accounts| async move {
     let err = acc.record_usage(&usage("r1", 12345, "m", 1, 0, 1)).await;
     assert!(matches!(err, Err(AccountsError::NotFound(_))), "{err:?}");
     assert!(acc.usage_summary().await.unwrap().is_empty());
+});
+
+on_both!(usage_is_reported_by_service_tier, |acc: Accounts| async move {
+    let a = acc.create_key("alice").await.unwrap().key.id;
+    let tier = |rec: UsageRecord, tier: &str| UsageRecord { service_tier: tier.into(), cost_nanos: 10, ..rec };
+    acc.record_usage(&tier(usage("t1", a, "m", 10, 0, 5), "default")).await.unwrap();
+    acc.record_usage(&tier(usage("t2", a, "m", 20, 0, 6), "flex")).await.unwrap();
+    acc.record_usage(&tier(usage("t3", a, "m", 30, 0, 7), "flex")).await.unwrap();
+    let rows: Vec<_> =
+        acc.usage_summary().await.unwrap().into_iter().map(|r| (r.service_tier, r.requests, r.prompt_tokens)).collect();
+    assert_eq!(rows, [("default".to_string(), 1, 10), ("flex".to_string(), 2, 50)]);
+    let requests = acc.usage_requests(&UsageQuery::default()).await.unwrap();
+    let tiers: Vec<_> = requests.iter().map(|r| (r.request_id.as_str(), r.service_tier.as_str())).collect();
+    assert_eq!(tiers, [("t1", "default"), ("t2", "flex"), ("t3", "flex")]);
 });

@@ -86,11 +86,11 @@ pub(super) async fn usage_requests(
 /// CSV of the per-request listing; the same text `gantry usage --requests --format csv` prints.
 pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
     let mut out = String::from(
-        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms\n",
+        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms,service_tier\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{:.9},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9},{},{},{},{}\n",
             r.request_id,
             r.client_request_id.as_deref().unwrap_or(""),
             csv_field(&r.key_name),
@@ -103,7 +103,8 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
             r.cost,
             r.outcome,
             r.started_at_ms,
-            r.finished_at_ms
+            r.finished_at_ms,
+            csv_field(&r.service_tier)
         ));
     }
     out
@@ -112,11 +113,11 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
 /// CSV with a header row; the same text `gantry usage --format csv` prints.
 pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
     let mut out = String::from(
-        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n",
+        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,service_tier\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{:.9},{}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9},{},{}\n",
             csv_field(&r.key_name),
             csv_field(&r.tenant),
             csv_field(&r.model),
@@ -127,7 +128,8 @@ pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
             r.completion_tokens,
             r.reasoning_tokens,
             r.cost,
-            r.key_id
+            r.key_id,
+            csv_field(&r.service_tier)
         ));
     }
     out
@@ -162,6 +164,7 @@ mod tests {
             tenant: "t".into(),
             model: "m".into(),
             day: Some("2026-01-02".into()),
+            service_tier: "flex".into(),
             requests: 1,
             prompt_tokens: 10,
             cached_tokens: 2,
@@ -171,8 +174,9 @@ mod tests {
         };
         assert_eq!(
             usage_csv(std::slice::from_ref(&row)),
-            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id\n\
-             k,t,m,2026-01-02,1,10,2,12,7,0.500000000,1\n"
+            "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,\
+             service_tier\n\
+             k,t,m,2026-01-02,1,10,2,12,7,0.500000000,1,flex\n"
         );
         // A name a spreadsheet would run as a formula is written as text.
         let hostile = UsageRow { key_name: "=HYPERLINK(\"x\")".into(), tenant: "+cmd".into(), ..row.clone() };
@@ -196,12 +200,13 @@ mod tests {
             outcome: "completed".into(),
             started_at_ms: 1,
             finished_at_ms: 2,
+            service_tier: "priority".into(),
         };
         assert_eq!(
             requests_csv(std::slice::from_ref(&request)),
             "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,\
-             reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms\n\
-             r,,k,t,m,10,2,12,7,0.500000000,completed,1,2\n"
+             reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms,service_tier\n\
+             r,,k,t,m,10,2,12,7,0.500000000,completed,1,2,priority\n"
         );
         let keys: Vec<String> = serde_json::to_value(&request).unwrap().as_object().unwrap().keys().cloned().collect();
         let at = keys.iter().position(|k| k == "completion_tokens").unwrap();

@@ -153,12 +153,13 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         OutputFormat::Csv => print!("{}", usage_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<20} {:>6} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
+                "{:<20} {:>6} {:<12} {:<36} {:<10} {:<8} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
                 "KEY",
                 "KEY_ID",
                 "TENANT",
                 "MODEL",
                 "DAY",
+                "TIER",
                 "REQUESTS",
                 "PROMPT_TOKENS",
                 "CACHED_TOKENS",
@@ -168,12 +169,13 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
             );
             for r in rows {
                 println!(
-                    "{:<20} {:>6} {:<12} {:<36} {:<10} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
+                    "{:<20} {:>6} {:<12} {:<36} {:<10} {:<8} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
                     r.key_name,
                     r.key_id,
                     r.tenant,
                     r.model,
                     r.day.as_deref().unwrap_or("-"),
+                    r.service_tier,
                     r.requests,
                     r.prompt_tokens,
                     r.cached_tokens,

@@ -130,6 +130,7 @@ pub(crate) async fn run_metered(
         client_request_id: metered.client_request_id,
         model: metered.name,
         price: metered.price,
+        service_tier: gantry_api::ServiceTier::Default.as_str(),
         prompt_tokens,
         max_completion_tokens: 0,
     };
