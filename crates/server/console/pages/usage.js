@@ -1,4 +1,4 @@
-// Usage: tokens or cost per UTC day, stacked by key, model or tenant, from the usage report
+// Usage: tokens or cost per UTC day, stacked by key, model, tenant or service tier, from the usage report
 // (GET /admin/v1/usage?group_by=day); the table lists the report's rows and the CSV is the
 // report's own (the same text `gantry usage --by-day --format csv` prints).
 
@@ -8,7 +8,7 @@ import {clear, errorBox, field, h, table} from '../dom.js';
 import {isoDay, num, usd} from '../format.js';
 
 const DAY_MS = 86400000;
-const STACK_BY = {key_name: 'Key', model: 'Model', tenant: 'Tenant'};
+const STACK_BY = {key_name: 'Key', model: 'Model', tenant: 'Tenant', service_tier: 'Service tier'};
 
 function select(name, options, value) {
   return h('select', {name}, options.map(([v, label]) => h('option', {value: v, selected: v === value}, label)));
@@ -65,6 +65,7 @@ export function mount(main) {
       {label: 'Key', value: r => r.key_name},
       {label: 'Tenant', value: r => r.tenant || '—'},
       {label: 'Model', value: r => r.model},
+      {label: 'Tier', value: r => r.service_tier ?? 'default'},
       {label: 'Requests', value: r => num(r.requests), num: true},
       {label: 'Prompt tokens', value: r => num(r.prompt_tokens), num: true},
       {label: 'Cached tokens', value: r => num(r.cached_tokens), num: true},
