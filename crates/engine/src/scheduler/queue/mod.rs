@@ -15,11 +15,11 @@
 //! on sequences no other request waits for (idle capacity); a `priority` request goes ahead of its
 //! own key's other requests, not of other keys' (the server allows it only to keys it may).
 //!
-//! A key may be capped at some running sequences (both lanes together); while at its cap, it is passed over (it keeps
-//! its requests, in order). A request needing more sequences than are free (`n` choices) is not
-//! passed over for ever: when its turn comes and it does not fit, the free sequences are held for
-//! it, and the ones that free up next are added, until it fits. Smaller requests go ahead of it
-//! only until its turn comes.
+//! A key may be capped at some running sequences (both lanes together); while at its cap, it is
+//! passed over (it keeps its requests, in order). A request needing more sequences than are free
+//! (`n` choices) is not passed over for ever: when its turn comes and it does not fit, the free
+//! sequences are held for it, and the ones that free up next are added, until it fits. Smaller
+//! requests go ahead of it only until its turn comes.
 
 mod lane;
 pub(crate) mod shares;
@@ -53,13 +53,12 @@ impl<J: Waiting> FairQueue<J> {
         Self { standard: Lane::new(), flex: Lane::new(), max_running_per_key: max_running_per_key.map(|n| n.max(1)) }
     }
 
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.standard.len + self.flex.len
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.standard.len + self.flex.len == 0
+        self.len() == 0
     }
 
     pub(crate) fn push(&mut self, job: J) {

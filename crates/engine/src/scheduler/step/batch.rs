@@ -81,21 +81,21 @@ impl Scheduler {
         let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());
         let mut ends = prompt_ends.into_iter();
         let mut prompt_rows = 0;
-        let mut read_by_key = Vec::new();
+        let mut read_by_owner = Vec::new();
         for (r, req) in self.active.iter_mut().enumerate() {
             if !reads_prompt(req) {
                 continue;
             }
             let end = ends.next().expect("a decision per prompt");
             let read = end.map_or(0, |end| end - req.read());
-            read_by_key.push((req.owner, read));
+            read_by_owner.push((req.owner, read));
             self.waiting.charge(req.owner, req.tier, read);
             let Some(end) = end else {
                 req.prompt_waits = req.prompt_waits.saturating_add(1);
                 continue;
             };
             req.prompt_waits = 0;
-            prompt_rows += end - req.read();
+            prompt_rows += read;
             req.set_read(end);
             if !req.is_prefilling() {
                 // A prompt read to its end has its first token's logits at its last row.
@@ -105,7 +105,7 @@ impl Scheduler {
                 }
             }
         }
-        self.prompt_deficits.settle(&read_by_key, prompt_quantum(&self.cfg));
+        self.prompt_deficits.settle(&read_by_owner, prompt_quantum(&self.cfg));
         for row in plan.prompt.iter().chain(&plan.decode) {
             self.kv.record(row.seq, row.pos as usize, row.token);
         }
