@@ -136,8 +136,8 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
     let inserted = sqlx::query(
         "INSERT INTO usage_records (request_id, key_id, tenant, model, prompt_tokens, cached_tokens, \
          completion_tokens, cost_nanos, outcome, started_at_ms, finished_at_ms, client_request_id, \
-         reasoning_tokens, service_tier) \
-         SELECT $1, id, tenant, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13 FROM api_keys WHERE id = $10 \
+         reasoning_tokens, service_tier, batch_id) \
+         SELECT $1, id, tenant, $2, $3, $4, $5, $6, $7, $8, $9, $11, $12, $13, $14 FROM api_keys WHERE id = $10 \
          ON CONFLICT (request_id) DO NOTHING",
     )
     .bind(&rec.request_id)
@@ -153,6 +153,7 @@ pub(crate) async fn settle(pool: &AnyPool, rec: &UsageRecord) -> Result<(), Acco
     .bind(&rec.client_request_id)
     .bind(i64::from(rec.reasoning_tokens))
     .bind(&rec.service_tier)
+    .bind(&rec.batch_id)
     .execute(&mut *tx)
     .await?
     .rows_affected();

@@ -8,9 +8,11 @@ use std::path::Path;
 
 use sqlx::AnyPool;
 
+mod batches;
 mod budget;
 mod cache_scope;
 mod db;
+mod files;
 mod instances;
 mod keys;
 mod metering;
@@ -24,8 +26,10 @@ pub mod testing;
 mod unknown_keys;
 mod usage;
 
+pub use batches::{BatchInfo, BatchLine, ClaimedLine, Finishable, NewBatch, NewLine};
 pub use budget::{Reservation, Spend};
 pub use cache_scope::{CacheScopeSetting, SHARED_CACHE_SCOPE};
+pub use files::{FileInfo, FileQuery, FileQuota, NewFile};
 pub use money::{Budget, BudgetPeriod, Price, NANOS_PER_USD};
 
 pub use db::{Backend, BUSY_TIMEOUT, DB_FILE_NAME};

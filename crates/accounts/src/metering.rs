@@ -79,9 +79,23 @@ pub struct Charge {
     pub price: Price,
     /// The service tier it runs in (`default`, `flex`, `priority`), kept on its ledger row.
     pub service_tier: &'static str,
+    /// The batch it is a line of, kept on its ledger row.
+    pub batch_id: Option<String>,
     pub prompt_tokens: u64,
     /// `max_tokens × n`.
     pub max_completion_tokens: u64,
+}
+
+/// What an admission counts against the key's per-minute windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Windows {
+    /// The request and its tokens: the tests' request admitted in one go.
+    #[cfg(test)]
+    RequestAndTokens,
+    /// Its tokens: the request was counted by `Meter::pre_admit`.
+    Tokens,
+    /// Nothing: a batch line, outside the key's interactive limits (budgets still apply).
+    Outside,
 }
 
 /// Why admission refused a request, with the rate-limit state to report.
@@ -191,6 +205,11 @@ impl Meter {
         &self.inner.owner
     }
 
+    /// The database's time now, unix milliseconds: what heartbeats are stamped with.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
     /// Entries written to the outbox and not yet stored in the database.
     pub fn pending(&self) -> usize {
         self.inner.outbox.pending_len()
@@ -200,15 +219,15 @@ impl Meter {
     /// server does in two ([`Meter::pre_admit`], then [`Meter::admit_passed`]).
     #[cfg(test)]
     pub(crate) async fn admit(&self, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
-        self.admit_counting(key, charge, true).await
+        self.admit_counting(key, charge, Windows::RequestAndTokens).await
     }
 
-    async fn admit_counting(&self, key: &KeyInfo, charge: Charge, count_request: bool) -> Result<Ticket, Refused> {
+    async fn admit_counting(&self, key: &KeyInfo, charge: Charge, windows: Windows) -> Result<Ticket, Refused> {
         // Admission runs in its own task: a caller dropped while the reservation is being made
         // (the client went away) cannot leave it orphaned, because the finished task's ticket
         // is then dropped, which releases it.
         let (meter, key) = (self.clone(), key.clone());
-        match self.inner.tasks.spawn(async move { meter.admit_here(&key, charge, count_request).await }).await {
+        match self.inner.tasks.spawn(async move { meter.admit_here(&key, charge, windows).await }).await {
             Ok(admitted) => admitted,
             Err(e) => Err(Refused {
                 rate: RateStatus::default(),
@@ -217,12 +236,16 @@ impl Meter {
         }
     }
 
-    async fn admit_here(&self, key: &KeyInfo, charge: Charge, count_request: bool) -> Result<Ticket, Refused> {
+    async fn admit_here(&self, key: &KeyInfo, charge: Charge, windows: Windows) -> Result<Ticket, Refused> {
         let tokens = charge.prompt_tokens + charge.max_completion_tokens;
         let started_at_ms = self.inner.clock.now_ms();
         let accounts = &self.inner.accounts;
-        let count = if count_request { Count::RequestAndTokens(tokens) } else { Count::Tokens(tokens) };
-        let (rate, verdict) = self.count(key, count).await?;
+        let (rate, verdict) = match windows {
+            #[cfg(test)]
+            Windows::RequestAndTokens => self.count(key, Count::RequestAndTokens(tokens)).await?,
+            Windows::Tokens => self.count(key, Count::Tokens(tokens)).await?,
+            Windows::Outside => (RateStatus::default(), Ok(())),
+        };
         if let Err(refusal) = verdict {
             return Err(Refused { rate, reason: Refusal::RateLimited(refusal) });
         }
@@ -242,7 +265,10 @@ impl Meter {
             Err(e) => Refusal::Unavailable(e),
         };
         // Refused after its tokens were counted: it runs nothing, so it uses none of them.
-        let rate = self.refund_tokens(key, tokens, started_at_ms, rate).await;
+        let rate = match windows {
+            Windows::Outside => rate,
+            _ => self.refund_tokens(key, tokens, started_at_ms, rate).await,
+        };
         Err(Refused { rate, reason: refused })
     }
 
@@ -356,6 +382,7 @@ impl Ticket {
             ),
             outcome: used.outcome.as_str().to_string(),
             service_tier: c.service_tier.to_string(),
+            batch_id: c.batch_id.clone(),
             started_at_ms: self.started_at_ms,
             finished_at_ms: self.meter.inner.clock.now_ms(),
         };

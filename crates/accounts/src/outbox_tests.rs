@@ -17,6 +17,7 @@ fn settle(id: &str) -> Entry {
             cost_nanos: 0,
             outcome: "completed".into(),
             service_tier: "default".into(),
+            batch_id: None,
             started_at_ms: 1,
             finished_at_ms: 2,
         },

@@ -30,6 +30,9 @@ pub struct UsageRecord {
     /// the field existed read as `default`.
     #[serde(default = "default_tier")]
     pub service_tier: String,
+    /// The batch it was a line of, if any.
+    #[serde(default)]
+    pub batch_id: Option<String>,
     /// `"completed"`, `"length"`, `"cancelled"` or `"error"`.
     pub outcome: String,
     /// Unix milliseconds.
@@ -104,16 +107,19 @@ pub struct RequestRow {
     pub finished_at_ms: i64,
     #[serde(default = "default_tier")]
     pub service_tier: String,
+    #[serde(default)]
+    pub batch_id: Option<String>,
 }
 
-type RequestTuple = (String, Option<String>, String, String, String, i64, i64, i64, i64, i64, String, i64, i64, String);
+type RequestTuple =
+    (String, Option<String>, String, String, String, i64, i64, i64, i64, i64, String, i64, i64, String, Option<String>);
 
 /// The requests matching `q` (its `by_day` is ignored), oldest first.
 pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<RequestRow>, AccountsError> {
     let rows: Vec<RequestTuple> = sqlx::query_as(
         "SELECT u.request_id, u.client_request_id, k.name, u.tenant, u.model, u.prompt_tokens, u.cached_tokens, \
                 u.completion_tokens, u.reasoning_tokens, u.cost_nanos, u.outcome, u.started_at_ms, u.finished_at_ms, \
-                u.service_tier \
+                u.service_tier, u.batch_id \
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
@@ -145,6 +151,7 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
                 started,
                 finished,
                 service_tier,
+                batch_id,
             )| {
                 RequestRow {
                     request_id,
@@ -161,6 +168,7 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
                     started_at_ms: started,
                     finished_at_ms: finished,
                     service_tier,
+                    batch_id,
                 }
             },
         )

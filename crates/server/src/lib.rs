@@ -8,6 +8,8 @@ mod accept_loop_tests;
 mod admin;
 /// Anthropic's Messages API, translated onto the chat path.
 mod anthropic;
+/// OpenAI's Files and Batch APIs: a key's files of requests, run on idle capacity.
+pub mod batches;
 /// Request bodies read only after authentication, and within a deadline.
 mod body_guard;
 /// The `gantry` command line: flags, `gantry serve`, and the keys, usage and models commands.

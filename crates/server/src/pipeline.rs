@@ -16,12 +16,14 @@ use gantry_accounts::{Charge, KeyInfo, Outcome as Settled, Pass, Settlement};
 use gantry_api::{ApiError, ImageDetail, ValidatedChat};
 use gantry_engine::{Event, GenerateRequest, GenerationHandle, ImageInput, Outcome, Usage};
 
+use crate::batches::BatchLine;
 use crate::clock::now_secs;
 use crate::errors::{refusal_response, task_failed, IntoApiError};
 use crate::openai::chat;
 use crate::openai::models::key_allows;
 use crate::openai::tool_calls::ToolPlan;
 use crate::pool::Lease;
+use crate::prices::BillingTier;
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
 
@@ -47,10 +49,11 @@ pub(crate) async fn chat_completions(
     key: Extension<KeyInfo>,
     request_id: Extension<RequestId>,
     client_request_id: Extension<ClientRequestId>,
+    line: Option<Extension<BatchLine>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Chat).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Chat, line.map(|Extension(l)| l)).await
 }
 
 /// `POST /v1/messages`.
@@ -59,10 +62,11 @@ pub(crate) async fn messages(
     key: Extension<KeyInfo>,
     request_id: Extension<RequestId>,
     client_request_id: Extension<ClientRequestId>,
+    line: Option<Extension<BatchLine>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Messages).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Messages, line.map(|Extension(l)| l)).await
 }
 
 /// `POST /v1/responses`.
@@ -71,10 +75,12 @@ pub(crate) async fn responses(
     key: Extension<KeyInfo>,
     request_id: Extension<RequestId>,
     client_request_id: Extension<ClientRequestId>,
+    line: Option<Extension<BatchLine>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses, line.map(|Extension(l)| l))
+        .await
 }
 
 /// `POST /v1/completions`.
@@ -83,10 +89,12 @@ pub(crate) async fn completions(
     key: Extension<KeyInfo>,
     request_id: Extension<RequestId>,
     client_request_id: Extension<ClientRequestId>,
+    line: Option<Extension<BatchLine>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Completions).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Completions, line.map(|Extension(l)| l))
+        .await
 }
 
 /// `POST /infill` (llama.cpp's).
@@ -95,13 +103,15 @@ pub(crate) async fn infill(
     key: Extension<KeyInfo>,
     request_id: Extension<RequestId>,
     client_request_id: Extension<ClientRequestId>,
+    line: Option<Extension<BatchLine>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Infill).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Infill, line.map(|Extension(l)| l)).await
 }
 
 /// One request of any dialect, from the pre-admission to its answer.
+#[allow(clippy::too_many_arguments, reason = "the request's parts, each taken apart by axum")]
 pub(crate) async fn serve(
     State(state): State<AppState>,
     Extension(key): Extension<KeyInfo>,
@@ -110,10 +120,12 @@ pub(crate) async fn serve(
     headers: HeaderMap,
     body: Bytes,
     dialect: Dialect,
+    line: Option<BatchLine>,
 ) -> Result<Response, ApiError> {
     let (st, k) = (state.clone(), key.clone());
-    pre_admitted(&state, &key, |pass| async move {
-        match admitted(st, k, request_id, client_request_id, pass, headers, body, dialect).await {
+    pre_admitted(&state, &key, line.clone().as_ref(), |pass| async move {
+        let ids = (request_id, client_request_id);
+        match admitted(st, k, ids, line, pass, headers, body, dialect).await {
             Ok(response) => response,
             // The shared path's errors (tools, prompt, grammar, images) in the dialect's own terms.
             Err(e) => match dialect {
@@ -129,11 +141,16 @@ pub(crate) async fn serve(
 }
 
 /// A metered request's first gate: refused while the server drains, then the key's rate limits
-/// and "any budget left" before the body is even parsed (a refused request costs no parsing,
-/// templating, tokenizing, grammar compiling or model loading); `run` does the rest with the
-/// pass. An answer given before the full admission (a bad body) reports the pre-admission's
-/// count in its `x-ratelimit-*` headers.
-pub(crate) async fn pre_admitted<F, Fut>(state: &AppState, key: &KeyInfo, run: F) -> Result<Response, ApiError>
+/// (not for a batch's `line`) and "any budget left" before the body is even parsed (a refused
+/// request costs no parsing, templating, tokenizing, grammar compiling or model loading); `run`
+/// does the rest with the pass. An answer given before the full admission (a bad body) reports
+/// the pre-admission's count in its `x-ratelimit-*` headers.
+pub(crate) async fn pre_admitted<F, Fut>(
+    state: &AppState,
+    key: &KeyInfo,
+    line: Option<&BatchLine>,
+    run: F,
+) -> Result<Response, ApiError>
 where
     F: FnOnce(Pass) -> Fut,
     Fut: std::future::Future<Output = Response>,
@@ -141,7 +158,11 @@ where
     if state.draining.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    let pass = match state.meter.pre_admit(key).await {
+    let pre_admission = match line {
+        Some(_) => state.meter.pre_admit_batch_line(key).await,
+        None => state.meter.pre_admit(key).await,
+    };
+    let pass = match pre_admission {
         Ok(pass) => pass,
         Err(refused) => return Ok(refusal_response(key, refused)),
     };
@@ -158,8 +179,8 @@ where
 async fn admitted(
     state: AppState,
     key: KeyInfo,
-    request_id: String,
-    client_request_id: Option<String>,
+    (request_id, client_request_id): (String, Option<String>),
+    line: Option<BatchLine>,
     pass: Pass,
     headers: HeaderMap,
     body: Bytes,
@@ -244,13 +265,18 @@ async fn admitted(
         tenant: key.tenant_id(),
         tenant_weight: weight(key.tenant_weight),
     };
-    // `priority` only for keys allowed it; the answer reports the tier granted.
-    chat.service_tier = chat.service_tier.granted(key.priority_tier);
+    // `priority` only for keys allowed it; the answer reports the tier granted. A batch's line
+    // runs in the batch's own tier, whatever its body asked for.
+    chat.service_tier = match line {
+        Some(_) => gantry_api::ServiceTier::Default,
+        None => chat.service_tier.granted(key.priority_tier),
+    };
     if let Some(request) = responses_request.as_mut() {
         request.chat.service_tier = chat.service_tier;
         request.echo.insert("service_tier".into(), chat.service_tier.as_str().into());
     }
     let tier = match chat.service_tier {
+        _ if line.is_some() => gantry_engine::ServiceTier::Flex,
         gantry_api::ServiceTier::Default => gantry_engine::ServiceTier::Default,
         gantry_api::ServiceTier::Flex => gantry_engine::ServiceTier::Flex,
         gantry_api::ServiceTier::Priority => gantry_engine::ServiceTier::Priority,
@@ -260,7 +286,11 @@ async fn admitted(
     }
     // The ledger keeps the name the client sent (an alias stays an alias); its price in the tier
     // granted, else the model's.
-    let price = state.prices.price(&chat.model, &model_id, chat.service_tier);
+    let billing = match line {
+        Some(_) => BillingTier::Batch,
+        None => BillingTier::Service(chat.service_tier),
+    };
+    let price = state.prices.price(&chat.model, &model_id, billing);
     // Choices per job (per prompt), and over the whole request.
     let n = jobs.first().map_or(1, |j| j.n);
     let choices = n * jobs.len() as u32;
@@ -275,7 +305,8 @@ async fn admitted(
         client_request_id,
         model: chat.model.to_string(),
         price,
-        service_tier: chat.service_tier.as_str(),
+        service_tier: billing.as_str(),
+        batch_id: line.map(|line| line.batch_id),
         prompt_tokens: prompt_tokens as u64,
         max_completion_tokens: jobs.iter().map(|j| u64::from(j.max_tokens) * u64::from(j.n)).sum(),
     };
@@ -446,44 +477,5 @@ fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -
 }
 
 #[cfg(test)]
-mod settlement_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn an_engine_that_died_still_settles_its_requests() {
-        // The engine thread dropped its usage sender without reporting.
-        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
-        drop(tx);
-        let settled = settlement_of(rx.await);
-        assert_eq!(
-            settled,
-            Settlement {
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                completion_tokens: 0,
-                reasoning_tokens: 0,
-                outcome: Settled::Error
-            }
-        );
-        // A report is booked as reported.
-        let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
-        tx.send(Usage {
-            prompt_tokens: 5,
-            cached_tokens: 2,
-            completion_tokens: 7,
-            reasoning_tokens: 3,
-            outcome: Outcome::Cancelled,
-        })
-        .unwrap();
-        assert_eq!(
-            settlement_of(rx.await),
-            Settlement {
-                prompt_tokens: 5,
-                cached_tokens: 2,
-                completion_tokens: 7,
-                reasoning_tokens: 3,
-                outcome: Settled::Cancelled
-            }
-        );
-    }
-}
+#[path = "pipeline_tests.rs"]
+mod tests;

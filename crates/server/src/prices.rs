@@ -1,6 +1,7 @@
-//! What a request costs: a price per model and service tier, from `--price`. A tier without its
+//! What a request costs: a price per model and billing tier, from `--price`. A tier without its
 //! own price derives it from the model's `default` one: `flex` at `FLEX_PRICE_FACTOR` of it
-//! (OpenAI prices flex as it prices Batch, at half), `priority` at it.
+//! (OpenAI prices flex as it prices Batch, at half), a batch's lines at `BATCH_PRICE_FACTOR`,
+//! `priority` at it.
 
 use std::collections::HashMap;
 
@@ -9,9 +10,29 @@ use gantry_api::ServiceTier;
 
 /// What `flex` costs of `default` when the operator gave it no price of its own.
 pub const FLEX_PRICE_FACTOR: f64 = 0.5;
+/// What a batch's line costs of `default` when the operator gave `batch` no price of its own
+/// (OpenAI's Batch discount).
+pub const BATCH_PRICE_FACTOR: f64 = 0.5;
+
+/// The tier a request is billed in: the service tier it ran in, or `batch` for a batch's line
+/// (whatever tier its body asked for). The ledger keeps its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BillingTier {
+    Service(ServiceTier),
+    Batch,
+}
+
+impl BillingTier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Service(tier) => tier.as_str(),
+            Self::Batch => "batch",
+        }
+    }
+}
 
 /// One `--price`: a model (or alias), the tier it prices, the price.
-pub type PriceEntry = (String, ServiceTier, Price);
+pub type PriceEntry = (String, BillingTier, Price);
 
 #[derive(Debug, Clone, Default)]
 pub struct PriceList {
@@ -23,6 +44,7 @@ struct TierPrices {
     default: Option<Price>,
     flex: Option<Price>,
     priority: Option<Price>,
+    batch: Option<Price>,
 }
 
 impl PriceList {
@@ -31,9 +53,10 @@ impl PriceList {
         for (model, tier, price) in entries {
             let tiers = by_model.entry(model.clone()).or_default();
             let slot = match tier {
-                ServiceTier::Default => &mut tiers.default,
-                ServiceTier::Flex => &mut tiers.flex,
-                ServiceTier::Priority => &mut tiers.priority,
+                BillingTier::Service(ServiceTier::Default) => &mut tiers.default,
+                BillingTier::Service(ServiceTier::Flex) => &mut tiers.flex,
+                BillingTier::Service(ServiceTier::Priority) => &mut tiers.priority,
+                BillingTier::Batch => &mut tiers.batch,
             };
             *slot = Some(*price);
         }
@@ -42,15 +65,16 @@ impl PriceList {
 
     /// The price of `tier` for the model the client asked for as `asked` (an alias keeps its
     /// own prices), else for the model it resolved to, `model_id`; free when neither has one.
-    pub fn price(&self, asked: &str, model_id: &str, tier: ServiceTier) -> Price {
+    pub fn price(&self, asked: &str, model_id: &str, tier: BillingTier) -> Price {
         let Some(tiers) = self.by_model.get(asked).or_else(|| self.by_model.get(model_id)) else {
             return Price::default();
         };
         let default = tiers.default.unwrap_or_default();
         match tier {
-            ServiceTier::Default => default,
-            ServiceTier::Flex => tiers.flex.unwrap_or_else(|| default.scaled(FLEX_PRICE_FACTOR)),
-            ServiceTier::Priority => tiers.priority.unwrap_or(default),
+            BillingTier::Service(ServiceTier::Default) => default,
+            BillingTier::Service(ServiceTier::Flex) => tiers.flex.unwrap_or_else(|| default.scaled(FLEX_PRICE_FACTOR)),
+            BillingTier::Service(ServiceTier::Priority) => tiers.priority.unwrap_or(default),
+            BillingTier::Batch => tiers.batch.unwrap_or_else(|| default.scaled(BATCH_PRICE_FACTOR)),
         }
     }
 }
@@ -66,20 +90,31 @@ mod tests {
     #[test]
     fn tiers_without_a_price_derive_it_from_the_default_one() {
         let list = PriceList::new(&[
-            ("m".into(), ServiceTier::Default, Price { cached_input_per_mtok: Some(0.5), ..price(2.0, 8.0) }),
-            ("alias".into(), ServiceTier::Default, price(1.0, 1.0)),
-            ("custom".into(), ServiceTier::Default, price(2.0, 8.0)),
-            ("custom".into(), ServiceTier::Flex, price(1.5, 6.0)),
-            ("custom".into(), ServiceTier::Priority, price(4.0, 16.0)),
+            (
+                "m".into(),
+                BillingTier::Service(ServiceTier::Default),
+                Price { cached_input_per_mtok: Some(0.5), ..price(2.0, 8.0) },
+            ),
+            ("alias".into(), BillingTier::Service(ServiceTier::Default), price(1.0, 1.0)),
+            ("custom".into(), BillingTier::Service(ServiceTier::Default), price(2.0, 8.0)),
+            ("custom".into(), BillingTier::Service(ServiceTier::Flex), price(1.5, 6.0)),
+            ("custom".into(), BillingTier::Service(ServiceTier::Priority), price(4.0, 16.0)),
         ]);
-        let flex = list.price("m", "m", ServiceTier::Flex);
+        let flex = list.price("m", "m", BillingTier::Service(ServiceTier::Flex));
         assert_eq!((flex.input_per_mtok, flex.output_per_mtok, flex.cached_input_per_mtok), (1.0, 4.0, Some(0.25)));
-        assert_eq!(list.price("m", "m", ServiceTier::Priority), list.price("m", "m", ServiceTier::Default));
-        assert_eq!(list.price("custom", "custom", ServiceTier::Flex), price(1.5, 6.0));
-        assert_eq!(list.price("custom", "custom", ServiceTier::Priority), price(4.0, 16.0));
+        assert_eq!(
+            list.price("m", "m", BillingTier::Service(ServiceTier::Priority)),
+            list.price("m", "m", BillingTier::Service(ServiceTier::Default))
+        );
+        assert_eq!(list.price("custom", "custom", BillingTier::Service(ServiceTier::Flex)), price(1.5, 6.0));
+        assert_eq!(list.price("custom", "custom", BillingTier::Service(ServiceTier::Priority)), price(4.0, 16.0));
         // An alias with a price keeps it; one without takes its model's; an unpriced model is free.
-        assert_eq!(list.price("alias", "m", ServiceTier::Default), price(1.0, 1.0));
-        assert_eq!(list.price("other-name", "m", ServiceTier::Default).input_per_mtok, 2.0);
-        assert_eq!(list.price("x", "y", ServiceTier::Flex), Price::default());
+        assert_eq!(list.price("alias", "m", BillingTier::Service(ServiceTier::Default)), price(1.0, 1.0));
+        assert_eq!(list.price("other-name", "m", BillingTier::Service(ServiceTier::Default)).input_per_mtok, 2.0);
+        assert_eq!(list.price("x", "y", BillingTier::Service(ServiceTier::Flex)), Price::default());
+        let batch = list.price("m", "m", BillingTier::Batch);
+        assert_eq!((batch.input_per_mtok, batch.output_per_mtok, batch.cached_input_per_mtok), (1.0, 4.0, Some(0.25)));
+        let custom = PriceList::new(&[("m".into(), BillingTier::Batch, price(0.1, 0.2))]);
+        assert_eq!(custom.price("m", "m", BillingTier::Batch), price(0.1, 0.2));
     }
 }

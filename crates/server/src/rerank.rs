@@ -30,7 +30,7 @@ pub(crate) async fn rerank(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let ids = (request_id, client_request_id);
-    crate::pipeline::pre_admitted(&state, &key, |pass| async {
+    crate::pipeline::pre_admitted(&state, &key, None, |pass| async {
         ranked(&state, &key, ids, pass, &headers, &body).await.unwrap_or_else(IntoResponse::into_response)
     })
     .await
@@ -65,7 +65,8 @@ async fn ranked(
     let engine = model.generator();
     let limit = engine.embedding_shape().map_or(0, |s| s.max_input_tokens);
     let model_id = model.id().to_string();
-    let price = state.prices.price(&name, &model_id, gantry_api::ServiceTier::Default);
+    let billing = crate::prices::BillingTier::Service(gantry_api::ServiceTier::Default);
+    let price = state.prices.price(&name, &model_id, billing);
     let (query_only, pairs) = {
         let _turn = state.prepare_gate.enter(key.id).await;
         let (engine, query, documents) = (engine.clone(), request.query.clone(), request.documents.clone());
@@ -87,7 +88,14 @@ async fn ranked(
         return Err(e);
     }
     let pairs = pairs.into_iter().map(|p| fit(p, limit)).collect();
-    let metered = Metered { request_id: request_id.clone(), client_request_id, name: name.clone(), price };
+    let metered = Metered {
+        request_id: request_id.clone(),
+        client_request_id,
+        name: name.clone(),
+        price,
+        billing,
+        batch_id: None,
+    };
     let (scores, prompt_tokens, rate) = match run_metered(state, key, pass, model, metered, pairs).await? {
         Ok(done) => done,
         Err(refusal) => return Ok(refusal),

@@ -82,7 +82,7 @@ where
     response
 }
 
-fn storage_failed(e: gantry_accounts::AccountsError) -> ApiError {
+pub(crate) fn storage_failed(e: gantry_accounts::AccountsError) -> ApiError {
     tracing::error!(error = %e, "stored responses: the accounts database failed");
     ApiError::temporarily_unavailable("The stored responses could not be read or written; retry.")
 }

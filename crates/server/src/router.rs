@@ -82,6 +82,7 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/responses/{id}/input_items", get(responses::input_items))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
+        .merge(crate::batches::routes(state.batches.max_file_bytes))
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
     let health = Router::new()

@@ -247,6 +247,7 @@ pub(crate) async fn harness_tweaked(
         prepare_gate: crate::openai::prepare_gate::PrepareGate::new(4, 2),
         response_retention: std::time::Duration::from_secs(3600),
         response_storage: Default::default(),
+        batches: Default::default(),
     };
     tweak(&mut state);
     let (draining, stats, prepare_gate) = (state.draining.clone(), state.stats.clone(), state.prepare_gate.clone());

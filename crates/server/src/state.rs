@@ -29,6 +29,8 @@ pub struct AppState {
     pub response_retention: std::time::Duration,
     /// What stored responses may take: per response, per key, and the disk's free space floor.
     pub response_storage: crate::response_storage::ResponseStorage,
+    /// Files and batches: their limits, and the batch runner's wake-up call.
+    pub batches: crate::batches::BatchSettings,
 }
 
 /// Set once, when a shutdown signal arrives: from then on readiness answers 503 and new chat

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use super::{Meter, Refusal, Refused, Ticket};
+use super::{Meter, Refusal, Refused, Ticket, Windows};
 use crate::budget::Spend;
 use crate::keys::KeyInfo;
 use crate::money::BudgetPeriod;
@@ -22,6 +22,8 @@ use crate::{Backend, Charge};
 pub struct Pass {
     key_id: i64,
     rate: RateStatus,
+    /// Counted against the key's per-minute windows (a batch line is not).
+    windows: Windows,
 }
 
 impl Pass {
@@ -42,6 +44,31 @@ impl Meter {
         if let Err(refusal) = verdict {
             return Err(Refused { rate, reason: Refusal::RateLimited(refusal) });
         }
+        self.check_budget(key, rate).await?;
+        Ok(Pass { key_id: key.id, rate, windows: Windows::Tokens })
+    }
+
+    /// Counts a request that spends nothing (reading or managing the key's files and batches)
+    /// against the key's requests per minute; its budget is not checked, so a key that spent it
+    /// all can still read what it paid for.
+    pub async fn count_request(&self, key: &KeyInfo) -> Result<RateStatus, Refused> {
+        let (rate, verdict) = self.count(key, Count::Request).await?;
+        match verdict {
+            Ok(()) => Ok(rate),
+            Err(refusal) => Err(Refused { rate, reason: Refusal::RateLimited(refusal) }),
+        }
+    }
+
+    /// [`Self::pre_admit`] for a line of a batch: its budget is checked, but neither it nor its
+    /// tokens count against the key's per-minute windows, which are its interactive traffic's
+    /// (OpenAI limits batches apart from them).
+    pub async fn pre_admit_batch_line(&self, key: &KeyInfo) -> Result<Pass, Refused> {
+        self.check_budget(key, RateStatus::default()).await?;
+        Ok(Pass { key_id: key.id, rate: RateStatus::default(), windows: Windows::Outside })
+    }
+
+    /// Refused when the key's budget has nothing left for any request.
+    async fn check_budget(&self, key: &KeyInfo, rate: RateStatus) -> Result<(), Refused> {
         if key.budget.is_limited() {
             let spend = match self.inner.accounts.spend(key, self.inner.clock.now_ms()).await {
                 Ok(spend) => spend,
@@ -51,14 +78,14 @@ impl Meter {
                 return Err(Refused { rate, reason: Refusal::Quota(message) });
             }
         }
-        Ok(Pass { key_id: key.id, rate })
+        Ok(())
     }
 
     /// The full admission of a request that passed [`Meter::pre_admit`]: counts its tokens
     /// against the tokens per minute and reserves the most it can cost against the budget.
     pub async fn admit_passed(&self, pass: Pass, key: &KeyInfo, charge: Charge) -> Result<Ticket, Refused> {
         debug_assert_eq!(pass.key_id, key.id, "a pass is spent by the key it was given to");
-        self.admit_counting(key, charge, false).await
+        self.admit_counting(key, charge, pass.windows).await
     }
 
     /// Counts `tokens` that a request which passed [`Meter::pre_admit`] made the server read

@@ -19,6 +19,7 @@ fn record(id: &str, key_id: i64, prompt: u32, completion: u32, cost_nanos: i64) 
         cost_nanos,
         outcome: "completed".into(),
         service_tier: "default".into(),
+        batch_id: None,
         started_at_ms: 1_800_000_000_000,
         finished_at_ms: 1_800_000_000_100,
     }

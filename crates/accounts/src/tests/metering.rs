@@ -22,6 +22,7 @@ fn charge(id: &str, client: Option<&str>) -> Charge {
         model: "tiny".into(),
         price: Price::default(),
         service_tier: "default",
+        batch_id: None,
         prompt_tokens: 10,
         max_completion_tokens: 90,
     }
@@ -95,6 +96,7 @@ on_both!(reasoning_tokens_reach_the_ledger_and_the_daily_summary, |acc: Accounts
     let priced = Charge {
         price: Price { input_per_mtok: 1.0, output_per_mtok: 2.0, cached_input_per_mtok: None },
         service_tier: "default",
+        batch_id: None,
         ..charge("thinker", None)
     };
     let t = meter.admit(&key, priced).await.unwrap();
@@ -147,6 +149,7 @@ on_both!(outbox_entries_left_by_a_dead_process_are_replayed_at_start, |acc: Acco
             cost_nanos: 0,
             outcome: "completed".into(),
             service_tier: "default".into(),
+            batch_id: None,
             started_at_ms: chrono_now(),
             finished_at_ms: chrono_now(),
         };

@@ -32,6 +32,7 @@ async fn open_postgres(test: &str) -> Option<Accounts> {
     Some(Accounts::open_url(&url).await.expect("open PostgreSQL"))
 }
 
+mod batches;
 mod budget;
 mod cache_scope;
 mod metering;

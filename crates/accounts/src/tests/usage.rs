@@ -13,6 +13,7 @@ fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> 
         cost_nanos: 0,
         outcome: "completed".into(),
         service_tier: "default".into(),
+        batch_id: None,
         started_at_ms: 1_700_000_000_000,
         finished_at_ms: 1_700_000_000_500,
     }

@@ -201,6 +201,7 @@ mod tests {
             started_at_ms: 1,
             finished_at_ms: 2,
             service_tier: "priority".into(),
+            batch_id: None,
         };
         assert_eq!(
             requests_csv(std::slice::from_ref(&request)),

@@ -122,8 +122,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             watched_dir: Some(data_dir.clone()),
             min_free_bytes: args.min_free_disk,
         },
+        batches: crate::batches::BatchSettings {
+            quota: gantry_accounts::FileQuota { files: args.files_per_key, bytes: args.file_bytes_per_key },
+            max_file_bytes: args.max_file_bytes,
+            concurrency: args.batch_concurrency,
+            claim_timeout: Duration::from_secs_f64(args.heartbeat_timeout),
+            wake: Default::default(),
+        },
     };
     state.stats.start_sampling();
+    crate::batches::start_runner(state.clone());
     let draining = state.draining.clone();
     let database_state = crate::health::DatabaseState::default();
     let options = || RouterOptions {

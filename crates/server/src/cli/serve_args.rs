@@ -234,6 +234,19 @@ pub struct ServeArgs {
     /// the check off.
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = crate::pool::parse_size)]
     pub min_free_disk: u64,
+    /// The largest file one upload to /v1/files may be (a batch's input).
+    #[arg(long, value_name = "BYTES", default_value = "100MiB", value_parser = crate::pool::parse_size)]
+    pub max_file_bytes: u64,
+    /// Files one key may hold at once (its batches' output files not counted).
+    #[arg(long, default_value_t = crate::batches::DEFAULT_FILES_PER_KEY)]
+    pub files_per_key: u64,
+    /// Bytes of files one key may hold at once.
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = crate::pool::parse_size)]
+    pub file_bytes_per_key: u64,
+    /// Batch lines this server runs at once, after every interactive request; 0 runs none
+    /// (other replicas sharing the database do).
+    #[arg(long, default_value_t = crate::batches::DEFAULT_BATCH_CONCURRENCY)]
+    pub batch_concurrency: usize,
     /// Most images (`image_url` parts) one request may carry; beyond that, 400.
     #[arg(long, default_value_t = crate::openai::images::DEFAULT_MAX_IMAGES)]
     pub max_images: usize,
@@ -248,7 +261,8 @@ pub struct ServeArgs {
     /// Price of a model for money budgets and the ledger's cost: `MODEL[@TIER]=INPUT,OUTPUT[,CACHED]`
     /// in USD per million prompt, completion and cached prompt tokens (prompt tokens read from
     /// the prefix cache; the input price when not given). `@flex` or `@priority` prices that
-    /// service tier; without one, flex costs half the model's price and priority the same.
+    /// service tier, `@batch` a batch's lines; without one, flex and batch cost half the model's
+    /// price and priority the same.
     /// Repeatable.
     #[arg(long = "price", value_name = "MODEL[@TIER]=IN,OUT[,CACHED]", value_parser = parse_price)]
     pub prices: Vec<crate::prices::PriceEntry>,
@@ -333,14 +347,17 @@ pub enum SpeculateArg {
 }
 
 fn parse_price(s: &str) -> Result<crate::prices::PriceEntry, String> {
+    use crate::prices::BillingTier;
+    use gantry_api::ServiceTier;
     const SHAPE: &str = "expected MODEL[@TIER]=INPUT,OUTPUT[,CACHED] (USD per million tokens)";
     let (model, prices) = s.split_once('=').ok_or(SHAPE)?;
     let (model, tier) = match model.trim().rsplit_once('@') {
-        Some((model, "default")) => (model, gantry_api::ServiceTier::Default),
-        Some((model, "flex")) => (model, gantry_api::ServiceTier::Flex),
-        Some((model, "priority")) => (model, gantry_api::ServiceTier::Priority),
-        Some((_, tier)) => return Err(format!("{tier:?} is not a service tier (default, flex or priority)")),
-        None => (model, gantry_api::ServiceTier::Default),
+        Some((model, "default")) => (model, BillingTier::Service(ServiceTier::Default)),
+        Some((model, "flex")) => (model, BillingTier::Service(ServiceTier::Flex)),
+        Some((model, "priority")) => (model, BillingTier::Service(ServiceTier::Priority)),
+        Some((model, "batch")) => (model, BillingTier::Batch),
+        Some((_, tier)) => return Err(format!("{tier:?} is not a billing tier (default, flex, priority or batch)")),
+        None => (model, BillingTier::Service(ServiceTier::Default)),
     };
     let parts: Vec<&str> = prices.split(',').collect();
     let (input, output, cached) = match parts[..] {
@@ -372,19 +389,22 @@ fn parse_price(s: &str) -> Result<crate::prices::PriceEntry, String> {
 #[cfg(test)]
 mod tests {
     use super::parse_price;
+    use crate::prices::BillingTier;
+    use gantry_api::ServiceTier;
 
     #[test]
     fn a_price_has_input_output_and_an_optional_cached_rate() {
         let (model, tier, p) = parse_price("m=1.5,3").unwrap();
         assert_eq!(
             (model.as_str(), tier, p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok),
-            ("m", gantry_api::ServiceTier::Default, 1.5, 3.0, None)
+            ("m", BillingTier::Service(ServiceTier::Default), 1.5, 3.0, None)
         );
         let (_, _, p) = parse_price("m = 1,2,0.25").unwrap();
         assert_eq!(p.cached_input_per_mtok, Some(0.25));
         let (model, tier, _) = parse_price("org/m:q4@flex=0.5,1").unwrap();
-        assert_eq!((model.as_str(), tier), ("org/m:q4", gantry_api::ServiceTier::Flex));
-        assert_eq!(parse_price("m@priority=3,9").unwrap().1, gantry_api::ServiceTier::Priority);
+        assert_eq!((model.as_str(), tier), ("org/m:q4", BillingTier::Service(ServiceTier::Flex)));
+        assert_eq!(parse_price("m@priority=3,9").unwrap().1, BillingTier::Service(ServiceTier::Priority));
+        assert_eq!(parse_price("m@batch=0.5,1").unwrap().1, BillingTier::Batch);
         for bad in ["m", "m=1", "m=1,2,3,4", "=1,2", "m=1,-2", "m=1,2,x", "m@turbo=1,2", "@flex=1,2"] {
             assert!(parse_price(bad).is_err(), "{bad}");
         }

@@ -82,6 +82,7 @@ async fn a_key_out_of_budget_is_refused_before_its_body_is_read() {
         cost_nanos: 0,
         outcome: "completed".into(),
         service_tier: "default".into(),
+        batch_id: None,
         started_at_ms: now,
         finished_at_ms: now,
     };

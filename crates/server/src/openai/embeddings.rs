@@ -16,9 +16,11 @@ use gantry_api::embeddings::{embedding_list, parse_embedding_request};
 use gantry_api::ApiError;
 use gantry_engine::EmbedError;
 
+use crate::batches::BatchLine;
 use crate::errors::{refusal_response, task_failed, IntoApiError};
 use crate::openai::chat;
 use crate::openai::models::key_allows;
+use crate::prices::BillingTier;
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
 
@@ -28,12 +30,14 @@ pub(crate) async fn embeddings(
     Extension(key): Extension<KeyInfo>,
     Extension(RequestId(request_id)): Extension<RequestId>,
     Extension(ClientRequestId(client_request_id)): Extension<ClientRequestId>,
+    line: Option<Extension<BatchLine>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let line = line.map(|Extension(line)| line);
     let ids = (request_id, client_request_id);
-    crate::pipeline::pre_admitted(&state, &key, |pass| async {
-        embed(&state, &key, ids, pass, &headers, &body).await.unwrap_or_else(IntoResponse::into_response)
+    crate::pipeline::pre_admitted(&state, &key, line.clone().as_ref(), |pass| async {
+        embed(&state, &key, ids, line, pass, &headers, &body).await.unwrap_or_else(IntoResponse::into_response)
     })
     .await
 }
@@ -42,6 +46,7 @@ async fn embed(
     state: &AppState,
     key: &KeyInfo,
     (request_id, client_request_id): (String, Option<String>),
+    line: Option<BatchLine>,
     pass: Pass,
     headers: &HeaderMap,
     body: &[u8],
@@ -73,7 +78,11 @@ async fn embed(
         ));
     }
     let model_id = model.id().to_string();
-    let price = state.prices.price(name, model.id(), gantry_api::ServiceTier::Default);
+    let billing = match line {
+        Some(_) => BillingTier::Batch,
+        None => BillingTier::Service(gantry_api::ServiceTier::Default),
+    };
+    let price = state.prices.price(name, model.id(), billing);
     let inputs = {
         let _turn = state.prepare_gate.enter(key.id).await;
         let (engine, inputs) = (engine.clone(), request.inputs.clone());
@@ -92,7 +101,8 @@ async fn embed(
     };
     gantry_engine::check_embedding_inputs(&inputs, shape.max_input_tokens, engine.model_info().n_vocab)
         .map_err(IntoApiError::into_api_error)?;
-    let metered = Metered { request_id, client_request_id, name: name.to_string(), price };
+    let batch_id = line.map(|line| line.batch_id);
+    let metered = Metered { request_id, client_request_id, name: name.to_string(), price, billing, batch_id };
     let (vectors, prompt_tokens, rate) = match run_metered(state, key, pass, model, metered, inputs).await? {
         Ok(done) => done,
         Err(refusal) => return Ok(refusal),
@@ -110,6 +120,9 @@ pub(crate) struct Metered {
     /// The model as the client named it (an alias stays an alias in the ledger).
     pub name: String,
     pub price: gantry_accounts::Price,
+    pub billing: BillingTier,
+    /// The batch it is a line of, if any.
+    pub batch_id: Option<String>,
 }
 
 /// Admits `inputs` (their tokens against the key's tokens per minute and budget), embeds them
@@ -130,7 +143,8 @@ pub(crate) async fn run_metered(
         client_request_id: metered.client_request_id,
         model: metered.name,
         price: metered.price,
-        service_tier: gantry_api::ServiceTier::Default.as_str(),
+        service_tier: metered.billing.as_str(),
+        batch_id: metered.batch_id,
         prompt_tokens,
         max_completion_tokens: 0,
     };
