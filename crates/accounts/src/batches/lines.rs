@@ -138,6 +138,19 @@ impl Accounts {
         Ok(())
     }
 
+    /// Makes pending again every line `owner` claimed: called by a server as it starts, so that
+    /// lines an earlier process of the same instance id held when it was killed run again (its
+    /// heartbeat, fresh again, would keep them claimed forever).
+    pub async fn release_lines_of(&self, owner: &str) -> Result<u64, AccountsError> {
+        let done = sqlx::query(
+            "UPDATE batch_lines SET state = 'pending', claimed_by = NULL WHERE state = 'running' AND claimed_by = $1",
+        )
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Makes pending again every line claimed by a server without a heartbeat since `cutoff_ms`
     /// (killed, or stopped before its lines ended); returns how many.
     pub async fn reclaim_dead_lines(&self, cutoff_ms: i64) -> Result<u64, AccountsError> {

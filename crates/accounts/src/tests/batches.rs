@@ -112,6 +112,18 @@ on_both!(lines_are_claimed_once_taken_back_from_dead_servers_and_the_batch_finis
     assert_eq!(acc.file(mine.id, "file-out-2").await.unwrap(), None, "and its files written once");
     let lines = acc.batch_lines("batch_a").await.unwrap();
     assert_eq!(lines[1].response.as_deref(), Some("{\"ok\":2}"));
+    // A server restarted under the same id takes back what its killed process held.
+    acc.create_batch(&batch("batch_f", mine.id, 1_000, 2)).await.unwrap();
+    let held = acc.claim_batch_line("alive", 2_000).await.unwrap().unwrap();
+    assert_eq!(held.batch_id, "batch_f");
+    assert_eq!(acc.release_lines_of("someone-else").await.unwrap(), 0);
+    assert_eq!(acc.release_lines_of("alive").await.unwrap(), 2, "batch_b's line and batch_f's");
+    let mut again = Vec::new();
+    while let Some(line) = acc.claim_batch_line("alive", 2_000).await.unwrap() {
+        again.push((line.batch_id, line.line));
+    }
+    again.sort();
+    assert_eq!(again, [("batch_b".to_string(), 1), ("batch_f".to_string(), 1), ("batch_f".to_string(), 2)]);
 });
 
 on_both!(a_cancelled_batch_starts_no_line_and_ends_once_its_running_lines_do, |acc: Accounts| async move {

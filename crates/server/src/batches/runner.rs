@@ -56,6 +56,11 @@ fn line_routes(state: AppState) -> Router {
 
 async fn run(state: AppState) {
     let owner = state.meter.owner().to_string();
+    match state.accounts.release_lines_of(&owner).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(lines = n, "batches: took back the lines this instance held when it last stopped"),
+        Err(e) => tracing::warn!(error = %e, "batches: could not take back this instance's earlier lines"),
+    }
     let routes = line_routes(state.clone());
     let slots = Arc::new(tokio::sync::Semaphore::new(state.batches.concurrency));
     let mut swept = tokio::time::Instant::now() - POLL;
