@@ -393,9 +393,27 @@ impl Ticket {
     /// receiver fires once the usage record is on disk: tell the client its usage only then,
     /// so a crash right after the answer cannot lose the record of what it was told.
     pub fn settle_when(self, used: impl Future<Output = Settlement> + Send + 'static) -> oneshot::Receiver<()> {
+        self.settle_or_release_when(async move { Some(used.await) })
+    }
+
+    /// [`Self::settle_when`], or releases the reservation, booking nothing, when `used`
+    /// resolves to `None` (a batch's line the engine stopped, to be run again); the receiver
+    /// then fires at once.
+    pub fn settle_or_release_when(
+        self,
+        used: impl Future<Output = Option<Settlement>> + Send + 'static,
+    ) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         let tasks = self.meter.inner.tasks.clone();
-        tokio::spawn(tasks.track_future(async move { self.settle_then(used.await, Some(tx)) }));
+        tokio::spawn(tasks.track_future(async move {
+            match used.await {
+                Some(used) => self.settle_then(used, Some(tx)),
+                None => {
+                    drop(self);
+                    let _ = tx.send(());
+                }
+            }
+        }));
         rx
     }
 }

@@ -161,6 +161,9 @@ pub struct ValidatedChat {
     pub top_logprobs: u32,
     /// (token id, bias) in request order; token ids are non-negative.
     pub logit_bias: Vec<(i32, f32)>,
+    /// No end-of-generation token may be drawn: the answer runs to `max_tokens` or a stop string
+    /// (llama-server's and vLLM's `ignore_eos`, for benchmarks and fixed-length outputs).
+    pub ignore_eos: bool,
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<ToolChoice>,
     pub response_format: Option<ResponseFormat>,

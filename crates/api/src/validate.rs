@@ -90,6 +90,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
     let n = opt_int(obj, "n", 1, 128)?.unwrap_or(1) as u32;
     let seed = opt_int(obj, "seed", i64::MIN, i64::MAX)?;
     let logprobs = opt_bool(obj, "logprobs")?.unwrap_or(false);
+    let ignore_eos = opt_bool(obj, "ignore_eos")?.unwrap_or(false);
     let top_logprobs = opt_int(obj, "top_logprobs", 0, 20)?;
     if top_logprobs.is_some() && !logprobs {
         return Err(ApiError::invalid_value(
@@ -144,6 +145,7 @@ pub(crate) fn parse_chat_value(value: &Value) -> Result<ValidatedChat, ApiError>
         logprobs,
         top_logprobs,
         logit_bias,
+        ignore_eos,
         tools,
         tool_choice,
         response_format,

@@ -497,3 +497,13 @@ fn inputs_openai_refuses_are_refused() {
 
 #[path = "validate_turns_tests.rs"]
 mod turns;
+
+#[test]
+fn ignore_eos_is_read_as_llama_server_and_vllm_take_it() {
+    assert!(!ok(json!({})).ignore_eos);
+    assert!(ok(json!({"ignore_eos": true})).ignore_eos);
+    assert!(crate::parse_chat_request(
+        br#"{"model":"m","messages":[{"role":"user","content":"x"}],"ignore_eos":"yes"}"#
+    )
+    .is_err());
+}

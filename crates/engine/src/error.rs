@@ -24,6 +24,10 @@ pub enum EngineError {
     /// than hang.
     #[error("The engine could make no progress on this request ({0}); it was ended. Please retry.")]
     Stalled(String),
+    /// A batch's line was stopped for interactive work waiting for its sequence
+    /// (`ServiceTier::Batch`); it runs again later.
+    #[error("This batch request was paused for interactive work; it will run again.")]
+    Preempted,
     /// A request `prepare` should have refused reached the scheduler anyway.
     #[error("The engine could not run this request: {0}")]
     Rejected(String),

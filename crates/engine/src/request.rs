@@ -16,6 +16,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// (token id, bias) pairs, bias in -100..=100 as in OpenAI's API.
     pub logit_bias: Vec<(i32, f32)>,
+    /// No end-of-generation token may be drawn (llama-server's and vLLM's `ignore_eos`): each
+    /// choice runs to its length or a stop string. `prepare` turns it into `logit_bias` bans.
+    pub ignore_eos: bool,
 }
 
 impl Default for SamplingParams {
@@ -28,6 +31,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: None,
             logit_bias: Vec::new(),
+            ignore_eos: false,
         }
     }
 }
@@ -173,6 +177,9 @@ pub enum Outcome {
     Cancelled,
     /// The engine failed or shut down mid-request.
     Error,
+    /// A batch's line stopped for waiting interactive work before it finished: nothing of it
+    /// was delivered, and its owner runs it again (see `ServiceTier::Batch`).
+    Preempted,
 }
 
 impl Outcome {
@@ -182,6 +189,7 @@ impl Outcome {
             Outcome::Length => "length",
             Outcome::Cancelled => "cancelled",
             Outcome::Error => "error",
+            Outcome::Preempted => "preempted",
         }
     }
 }
@@ -252,4 +260,8 @@ pub enum ServiceTier {
     Default,
     /// Only on sequences no other request waits for: idle capacity, sold cheaper.
     Flex,
+    /// A batch's line: waits as `Flex` does, and is stopped (`Outcome::Preempted`) when a
+    /// `Default` or `Priority` request waits for its sequence. Nothing of it reaches a client
+    /// before it ends, so its owner can run it again from the start.
+    Batch,
 }

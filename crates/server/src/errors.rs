@@ -90,7 +90,11 @@ impl IntoApiError for SubmitError {
 /// Failures of an admitted request: OpenAI's `server_error`.
 impl IntoApiError for EngineError {
     fn into_api_error(self) -> ApiError {
-        ApiError::internal(self.to_string())
+        match self {
+            // Retryable: the batch runner runs the line again.
+            EngineError::Preempted => ApiError::temporarily_unavailable(self.to_string()),
+            _ => ApiError::internal(self.to_string()),
+        }
     }
 }
 

@@ -276,7 +276,7 @@ async fn admitted(
         request.echo.insert("service_tier".into(), chat.service_tier.as_str().into());
     }
     let tier = match chat.service_tier {
-        _ if line.is_some() => gantry_engine::ServiceTier::Flex,
+        _ if line.is_some() => gantry_engine::ServiceTier::Batch,
         gantry_api::ServiceTier::Default => gantry_engine::ServiceTier::Default,
         gantry_api::ServiceTier::Flex => gantry_engine::ServiceTier::Flex,
         gantry_api::ServiceTier::Priority => gantry_engine::ServiceTier::Priority,
@@ -330,7 +330,7 @@ async fn admitted(
     }
     let handles = model.submit_all(jobs).map_err(IntoApiError::into_api_error)?;
     let GenerationHandle { events, usage } = crate::several_prompts::join(handles, n);
-    let journalled = ticket.settle_when(async move { settlement_of(usage.await) });
+    let journalled = ticket.settle_or_release_when(async move { settlement_of(usage.await) });
     let events = hold_done_until(events, journalled, model);
 
     let created = now_secs();
@@ -460,20 +460,24 @@ fn hold_done_until(
 /// What the ledger books, from the engine's own usage report, so it is written even when the
 /// client disconnects mid-stream. A dropped sender means the engine thread died: the request
 /// still settles (as an error, with nothing the engine did not report), clearing its reservation.
-fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -> Settlement {
+/// A batch's line the engine preempted books nothing (`None`): its reservation is released, and
+/// the line, run again under the same request id, is billed once, for the run it delivers.
+fn settlement_of(usage: Result<Usage, tokio::sync::oneshot::error::RecvError>) -> Option<Settlement> {
     let usage = usage.unwrap_or(Usage { outcome: Outcome::Error, ..Usage::default() });
-    Settlement {
+    let outcome = match usage.outcome {
+        Outcome::Completed => Settled::Completed,
+        Outcome::Length => Settled::Length,
+        Outcome::Cancelled => Settled::Cancelled,
+        Outcome::Error => Settled::Error,
+        Outcome::Preempted => return None,
+    };
+    Some(Settlement {
         prompt_tokens: usage.prompt_tokens,
         cached_tokens: usage.cached_tokens,
         completion_tokens: usage.completion_tokens,
         reasoning_tokens: usage.reasoning_tokens,
-        outcome: match usage.outcome {
-            Outcome::Completed => Settled::Completed,
-            Outcome::Length => Settled::Length,
-            Outcome::Cancelled => Settled::Cancelled,
-            Outcome::Error => Settled::Error,
-        },
-    }
+        outcome,
+    })
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ async fn an_engine_that_died_still_settles_its_requests() {
     // The engine thread dropped its usage sender without reporting.
     let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
     drop(tx);
-    let settled = settlement_of(rx.await);
+    let settled = settlement_of(rx.await).unwrap();
     assert_eq!(
         settled,
         Settlement {
@@ -29,7 +29,7 @@ async fn an_engine_that_died_still_settles_its_requests() {
     })
     .unwrap();
     assert_eq!(
-        settlement_of(rx.await),
+        settlement_of(rx.await).unwrap(),
         Settlement {
             prompt_tokens: 5,
             cached_tokens: 2,
@@ -38,4 +38,8 @@ async fn an_engine_that_died_still_settles_its_requests() {
             outcome: Settled::Cancelled
         }
     );
+    // A preempted batch line books nothing: it runs again.
+    let (tx, rx) = tokio::sync::oneshot::channel::<Usage>();
+    tx.send(Usage { prompt_tokens: 5, completion_tokens: 2, outcome: Outcome::Preempted, ..Usage::default() }).unwrap();
+    assert_eq!(settlement_of(rx.await), None);
 }

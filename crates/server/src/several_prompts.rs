@@ -85,6 +85,8 @@ fn sum(a: Usage, b: Usage) -> Usage {
         Outcome::Length => 1,
         Outcome::Cancelled => 2,
         Outcome::Error => 3,
+        // One job preempted: the whole request runs again.
+        Outcome::Preempted => 4,
     };
     Usage {
         prompt_tokens: a.prompt_tokens + b.prompt_tokens,

@@ -290,6 +290,17 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// `ignore_eos`: every end-of-generation token biased to -100, as OpenAI's strongest bias
+    /// bans a token.
+    fn ban_end_tokens(&self, input: &mut ChatInput) {
+        if input.sampling.ignore_eos {
+            let ends = self.inner.model.end_tokens().iter().map(|&t| (t, -100.0));
+            input.sampling.logit_bias.extend(ends);
+        }
+    }
+}
+
 impl Generator for Engine {
     fn model_info(&self) -> &ModelInfo {
         self.inner.model.info()
@@ -303,6 +314,7 @@ impl Generator for Engine {
         }
         let limits = self.limits();
         limits.check_request(&input)?;
+        self.ban_end_tokens(&mut input);
         let model = &self.inner.model;
         let (prompt, mut thinking) = model.prepare_thinking(&input.messages, input.tools.as_deref(), input.thinking)?;
         // The context is checked before any grammar is compiled: a prompt that cannot fit costs
@@ -346,9 +358,10 @@ impl Generator for Engine {
         Ok(request)
     }
 
-    fn prepare_raw(&self, input: ChatInput, raw: RawPrompt) -> Result<GenerateRequest, PrepareError> {
+    fn prepare_raw(&self, mut input: ChatInput, raw: RawPrompt) -> Result<GenerateRequest, PrepareError> {
         let limits = self.limits();
         limits.check_request(&input)?;
+        self.ban_end_tokens(&mut input);
         // A FIM prompt's other files take what the completion leaves of the context.
         let ctx = limits.ctx_size as usize;
         let room = ctx.saturating_sub(input.max_tokens.map_or(ctx / 4, |m| m as usize));

@@ -80,6 +80,9 @@ pub struct LoadedModel {
     json_marks: OnceLock<JsonMarks>,
     /// Read from the vocabulary the first time an answer meets `auto` tools (see `answer_gate`).
     call_starts: OnceLock<Arc<Vec<u32>>>,
+    /// Every end-of-generation token, read from the vocabulary the first time a request ignores
+    /// them (`ignore_eos`).
+    end_tokens: OnceLock<Vec<i32>>,
     /// What a client's text may not spell as control tokens (see `typed_text`).
     control_texts: ControlTexts,
     /// The `<tool_call>` tag's own token, where the vocabulary has one (Qwen, Hermes).
@@ -160,6 +163,7 @@ impl LoadedModel {
             vision,
             json_marks,
             call_starts: OnceLock::new(),
+            end_tokens: OnceLock::new(),
             control_texts,
             tool_call_tag,
             special_tokens_in_content,
@@ -442,6 +446,12 @@ impl LoadedModel {
 
     pub fn is_end_of_generation(&self, token: i32) -> bool {
         self.llama.vocab().is_eog(LlamaToken(token))
+    }
+
+    /// Every token that ends generation (end of text, end of turn, ...), as llama.cpp's vocabulary
+    /// marks them: what `ignore_eos` bans.
+    pub(crate) fn end_tokens(&self) -> &[i32] {
+        self.end_tokens.get_or_init(|| (0..self.info.n_vocab).filter(|&t| self.is_end_of_generation(t)).collect())
     }
 }
 

@@ -49,6 +49,10 @@ pub(crate) enum Ending {
     /// It cannot go on, and its owner gets `error`. Its sequences are emptied: a failure may have
     /// left them half-updated.
     Failed(EngineError),
+    /// A batch's line gives its sequences to interactive work waiting for them
+    /// (`Scheduler::preempt`): it ends `preempted`, its owner told to run it again; its
+    /// sequences keep their entries, as a finished request's do.
+    Preempted,
     /// The scheduler thread panicked: the request ends with `error` and its usage, and nothing
     /// else is touched (not the llama.cpp context, the cache's mirror nor the free sequences),
     /// since the panic may have left them half-updated.
@@ -65,6 +69,10 @@ impl Scheduler {
                 self.queued.leave(job.key);
                 let outcome = match ending {
                     Ending::Finished => Outcome::Cancelled,
+                    Ending::Preempted => {
+                        let _ = job.events.send(Event::Error(EngineError::Preempted));
+                        Outcome::Preempted
+                    }
                     Ending::Failed(error) | Ending::Crashed(error) => {
                         let _ = job.events.send(Event::Error(error));
                         Outcome::Error
@@ -78,6 +86,10 @@ impl Scheduler {
                 Ending::Finished => {
                     self.release(&req);
                     req.complete(None)
+                }
+                Ending::Preempted => {
+                    self.release(&req);
+                    req.complete(Some(EngineError::Preempted))
                 }
                 Ending::Failed(error) => {
                     for seq in req.seq_ids() {
@@ -127,6 +139,7 @@ impl Ending {
     fn name(&self) -> &'static str {
         match self {
             Ending::Finished => "finished",
+            Ending::Preempted => "preempted",
             Ending::Failed(_) => "failed",
             Ending::Crashed(_) => "crashed",
         }

@@ -196,6 +196,7 @@ impl Scheduler {
         // A source whose request ended since the last step is copied from before admission
         // can hand its sequence to a new request.
         self.copy_awaited_prefixes(ctx);
+        self.preempt(ctx);
         self.admit(ctx);
         self.copy_awaited_prefixes(ctx);
         let admitted = Instant::now();

@@ -183,3 +183,34 @@ async fn a_scheduler_panic_ends_every_request_it_held_once() {
     logged.sort_by_key(|r| r.started);
     assert_eq!(logged, [record(false, "crashed", Outcome::Error), record(true, "crashed", Outcome::Error)]);
 }
+
+#[tokio::test]
+async fn a_batch_line_gives_its_sequence_to_an_interactive_request_and_ends_preempted() {
+    let (engine, endings) = start(1, None);
+    let submit_in = |text: &str, max_tokens, tier| {
+        let mut request = engine.prepare(ask(&engine, text, max_tokens)).unwrap();
+        request.tier = tier;
+        engine.submit(request).unwrap()
+    };
+    // A flex request is not stopped: the default one waits for it.
+    let mut flex = submit_in("a flex answer", 30, crate::ServiceTier::Flex);
+    while !matches!(flex.events.recv().await, Some(Event::Delta { .. })) {}
+    let (events, _) = drain(submit_in("an interactive one", 2, crate::ServiceTier::Default)).await;
+    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    assert_eq!(drain(flex).await.1.outcome, Outcome::Length);
+    // A batch line is: it ends preempted, told so, while the default request runs.
+    let mut line = submit_in("a long batch answer", 200, crate::ServiceTier::Batch);
+    while !matches!(line.events.recv().await, Some(Event::Delta { .. })) {}
+    let interactive = submit_in("an interactive one", 3, crate::ServiceTier::Default);
+    let (events, usage) = drain(line).await;
+    assert!(matches!(events.last(), Some(Event::Error(EngineError::Preempted))), "{events:?}");
+    assert_eq!(usage.outcome, Outcome::Preempted);
+    assert!(usage.completion_tokens < 200, "{usage:?}");
+    let (events, usage) = drain(interactive).await;
+    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    assert_eq!(usage.completion_tokens, 3);
+    let logged = ends(&endings, 4);
+    assert_eq!(logged.iter().filter(|r| r.ending == "preempted").count(), 1, "{logged:?}");
+    assert!(logged.contains(&record(true, "preempted", Outcome::Preempted)), "{logged:?}");
+    engine.shutdown();
+}

@@ -147,6 +147,16 @@ async fn prepare_refuses_what_the_engine_cannot_run() {
     let ok = engine.prepare(input(4, vec![])).unwrap();
     assert_eq!((ok.n, ok.max_tokens), (1, 4));
     assert!(!ok.prompt.tokens.is_empty());
+    assert!(ok.sampling.logit_bias.is_empty());
+    // `ignore_eos` bans every end-of-generation token, and only those.
+    let mut endless = input(4, vec![(7, 2.0)]);
+    endless.sampling.ignore_eos = true;
+    let banned = engine.prepare(endless).unwrap().sampling.logit_bias;
+    assert!(banned.contains(&(eos(&engine), -100.0)) && banned.contains(&(7, 2.0)), "{banned:?}");
+    assert!(banned
+        .iter()
+        .filter(|(t, _)| *t != 7)
+        .all(|&(t, b)| b == -100.0 && engine.model().is_end_of_generation(t)));
     engine.shutdown();
 }
 

@@ -100,6 +100,7 @@ pub(crate) fn sampling_of(chat: &ValidatedChat) -> SamplingParams {
         frequency_penalty: chat.frequency_penalty,
         seed: chat.seed.map(|s| s as u64),
         logit_bias: chat.logit_bias.clone(),
+        ignore_eos: chat.ignore_eos,
     }
 }
 

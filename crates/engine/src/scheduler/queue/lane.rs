@@ -102,6 +102,17 @@ impl<J: Waiting> Lane<J> {
         Some(self.take(t, k))
     }
 
+    /// The sequences the request [`Lane::pop`] would start next needs, when `free` are too few
+    /// for it; `None` when it would start, or none waits (or every waiting key is at its cap).
+    pub(super) fn wants(&self, free: usize, cap: Option<usize>, elsewhere: &HashMap<u64, usize>) -> Option<usize> {
+        let (t, k) = match self.reserved_for.and_then(|key| self.find(key)) {
+            Some(found) => found,
+            None => self.next(cap, elsewhere)?,
+        };
+        let need = self.line[t].keys[k].jobs[0].sequences();
+        (need > free).then_some(need)
+    }
+
     /// The step computed `rows` for a running request of `owner` (prompt, token and draft rows).
     pub(super) fn charge(&mut self, owner: Owner, rows: usize) {
         // Only running requests are served: a charge after the end keeps nothing alive.

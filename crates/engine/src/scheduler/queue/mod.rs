@@ -83,6 +83,12 @@ impl<J: Waiting> FairQueue<J> {
         self.flex.pop(free, cap, &self.standard.running)
     }
 
+    /// The sequences a `default` or `priority` request waits for beyond the `free` ones: the one
+    /// [`FairQueue::pop`] would start next, were they free. What preempting batch work may free.
+    pub(crate) fn standard_wants(&self, free: usize) -> Option<usize> {
+        self.standard.wants(free, self.max_running_per_key, &self.flex.running)
+    }
+
     /// The step computed `rows` for a running request of `owner` in `tier` (prompt, token and
     /// draft rows).
     pub(crate) fn charge(&mut self, owner: Owner, tier: ServiceTier, rows: usize) {
@@ -110,7 +116,7 @@ impl<J: Waiting> FairQueue<J> {
 
     fn lane(&mut self, tier: ServiceTier) -> &mut Lane<J> {
         match tier {
-            ServiceTier::Flex => &mut self.flex,
+            ServiceTier::Flex | ServiceTier::Batch => &mut self.flex,
             ServiceTier::Default | ServiceTier::Priority => &mut self.standard,
         }
     }

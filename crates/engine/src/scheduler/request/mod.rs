@@ -256,7 +256,9 @@ impl ActiveRequest {
     /// Ends the request: the owner gets `Done` (or the error) and the usage report.
     pub(crate) fn complete(mut self, error: Option<EngineError>) -> Usage {
         let reasons = || self.choices.iter().filter_map(Choice::finished);
-        self.usage.outcome = if error.is_some() {
+        self.usage.outcome = if error == Some(EngineError::Preempted) {
+            Outcome::Preempted
+        } else if error.is_some() {
             Outcome::Error
         } else if reasons().any(|r| r == FinishReason::Cancelled) {
             Outcome::Cancelled

@@ -8,6 +8,7 @@ use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
 use crate::kv::slots::common_prefix;
+use crate::request::ServiceTier;
 use crate::scheduler::request::ActiveRequest;
 use crate::scheduler::sample::device::ChainKey;
 use crate::speculation::Speculate;
@@ -17,6 +18,22 @@ use crate::scheduler::step::cache_moves::copy_prefix;
 use crate::scheduler::{Job, Scheduler};
 
 impl Scheduler {
+    /// Ends batch lines (`ServiceTier::Batch`) while a `default` or `priority` request waits
+    /// for more sequences than are free and one would start with theirs: the most recently
+    /// started first, which loses the least work. Their owners run them again (`Ending::Preempted`).
+    pub(in crate::scheduler) fn preempt(&mut self, ctx: &mut LlamaContext<'_>) {
+        while let Some(wanted) = self.waiting.standard_wants(self.free_seqs.len()) {
+            let held: usize =
+                self.active.iter().filter(|r| r.tier == ServiceTier::Batch).map(|r| r.choices.len()).sum();
+            if self.free_seqs.len() + held < wanted {
+                return;
+            }
+            let Some(last) = self.active.iter().rposition(|r| r.tier == ServiceTier::Batch) else { return };
+            let req = self.active.remove(last);
+            self.end(ctx, req.into(), Ending::Preempted);
+        }
+    }
+
     /// Starts waiting jobs on free sequences, in the order the fair `queue` picks.
     pub(in crate::scheduler) fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
         while let Some(job) = self.waiting.pop(self.free_seqs.len()) {
