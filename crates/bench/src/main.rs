@@ -18,6 +18,7 @@ mod compare;
 mod embeddings;
 mod gguf_weights;
 mod host;
+mod interference;
 mod load;
 mod mode;
 mod pairs;
@@ -178,6 +179,10 @@ struct Cli {
     /// Requests of 32 inputs per embeddings level and pass.
     #[arg(long, default_value_t = 32)]
     embedding_requests: usize,
+    /// Interactive requests of each half of the batch interference measurement (issue #56,
+    /// Gantry only, after the comparisons); 0 skips it.
+    #[arg(long, default_value_t = 16)]
+    interference_requests: usize,
 }
 
 impl Cli {
@@ -313,6 +318,16 @@ async fn main() -> Result<()> {
         }
         _ => None,
     };
+    let interference = if cli.interference_requests > 0 {
+        let server = servers::start(servers::Kind::Gantry, &cli.gantry_bin, &settings).await?;
+        let measured = interference::measure(&server, settings.parallel as usize, cli.interference_requests).await;
+        server.stop().await?;
+        let section = measured.context("the batch interference measurement")?;
+        println!("{section}");
+        Some(section)
+    } else {
+        None
+    };
     let machine = machine(mode == Mode::Gpu);
     println!("{machine}\n");
     if let Some(first) = comparisons.first() {
@@ -355,6 +370,7 @@ async fn main() -> Result<()> {
         one_stream_cap,
         model_targets: targets::model_targets(&settings.model),
         embeddings,
+        interference,
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

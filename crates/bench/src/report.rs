@@ -119,6 +119,8 @@ pub(crate) struct Context {
     pub model_targets: Option<&'static ModelTargets>,
     /// The embeddings comparison's section (`embeddings.rs`), when it ran.
     pub embeddings: Option<String>,
+    /// Batches beside interactive traffic (`interference.rs`), when it ran.
+    pub interference: Option<String>,
 }
 
 pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
@@ -165,6 +167,10 @@ pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     }
     if let Some(section) = &ctx.embeddings {
         md += section;
+    }
+    if let Some(section) = &ctx.interference {
+        md += section;
+        md.push('\n');
     }
     let _ = writeln!(md, "![tokens/s and TTFT p50 against concurrency]({})\n", ctx.chart_file);
     for c in comparisons {
@@ -325,6 +331,7 @@ pub(crate) mod tests {
             }),
             model_targets: (mode == Mode::Cpu).then(|| &crate::targets::MODEL_TARGETS[3]),
             embeddings: None,
+            interference: None,
         }
     }
 

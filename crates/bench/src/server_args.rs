@@ -61,6 +61,9 @@ pub(crate) fn server_args(
                 &s.ctx_per_seq.to_string(),
                 "--threads",
                 &s.threads.to_string(),
+                // Batches (`interference`) may fill every sequence; no other workload sends one.
+                "--batch-concurrency",
+                &s.parallel.to_string(),
                 // The bench reads the kernels, GPUs and step profile from /metrics, which a
                 // single listener serves only to the admin token unless told otherwise.
                 "--public-metrics",

@@ -114,6 +114,12 @@ pub(crate) struct Scheduler {
     /// llama.cpp's count of reused graphs, read each step; made on the first step, `None` where
     /// the context's handle cannot be had.
     graph_reuse: Option<graph_reuse::GraphReuse>,
+    /// When a step last saw interactive work (any request not a batch's line), running or
+    /// waiting: batch lines hold off for a while after it (`sit_out_batch_lines`).
+    interactive_at: Option<Instant>,
+    /// Set by a step that gave no rows because batch lines held off: `run` waits until then for
+    /// a job rather than spin.
+    held_off_until: Option<Instant>,
 }
 
 impl Scheduler {
@@ -149,6 +155,8 @@ impl Scheduler {
             steps_without_rows: 0,
             device: None,
             graph_reuse: None,
+            interactive_at: None,
+            held_off_until: None,
         }
     }
 
@@ -183,6 +191,12 @@ impl Scheduler {
                 }
             }
             self.step(ctx);
+            if let Some(until) = self.held_off_until.take() {
+                // Only batch lines run, and they hold off: a new job ends the wait.
+                if let Ok(job) = jobs.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    self.enqueue(ctx, job);
+                }
+            }
         }
     }
 
@@ -207,11 +221,12 @@ impl Scheduler {
         let written = self.fill_batch(ctx);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
         let Some(mut batch) = written else {
-            if !image_evaluated {
+            if !image_evaluated && self.held_off_until.is_none() {
                 self.no_rows(ctx);
             }
             return;
         };
+        self.held_off_until = None;
         self.steps_without_rows = 0;
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let started = Instant::now();

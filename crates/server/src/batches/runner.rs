@@ -27,6 +27,8 @@ use crate::state::AppState;
 
 /// How often the runner looks for lines when none was waiting, and for batches to finish.
 const POLL: Duration = Duration::from_secs(1);
+/// The least time between two sweeps when lines end one after another.
+const SWEEP_AT_MOST: Duration = Duration::from_millis(50);
 /// How long a line that could not run now waits before it is pending again.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 /// The largest answer a line keeps (a chat answer with logprobs of every token stays far below).
@@ -86,6 +88,11 @@ async fn run(state: AppState) {
             }
             Ok(None) => {
                 drop(permit);
+                // No line to start: a batch whose last line just ended is finished now.
+                if swept.elapsed() >= SWEEP_AT_MOST {
+                    sweep(&state).await;
+                    swept = tokio::time::Instant::now();
+                }
                 tokio::select! {
                     () = state.batches.wake.notified() => {}
                     () = tokio::time::sleep(POLL) => {}

@@ -83,6 +83,11 @@ impl<J: Waiting> FairQueue<J> {
         self.flex.pop(free, cap, &self.standard.running)
     }
 
+    /// Whether a `default` or `priority` request waits.
+    pub(crate) fn standard_waits(&self) -> bool {
+        self.standard.len > 0
+    }
+
     /// The sequences a `default` or `priority` request waits for beyond the `free` ones: the one
     /// [`FairQueue::pop`] would start next, were they free. What preempting batch work may free.
     pub(crate) fn standard_wants(&self, free: usize) -> Option<usize> {

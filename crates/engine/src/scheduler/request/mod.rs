@@ -88,6 +88,9 @@ pub(crate) struct ActiveRequest {
     pub owner: crate::request::Owner,
     /// Its lane in the queue.
     pub tier: crate::request::ServiceTier,
+    /// A batch's line that skips this step, so that interactive work computes as it would alone
+    /// (`Scheduler::sit_out_batch_lines`); set at each step's start.
+    pub(crate) sits_out: bool,
     /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
     pub(crate) grammars: PreparedGrammars,
 }
@@ -194,6 +197,7 @@ impl ActiveRequest {
             fault,
             owner: request.owner,
             tier: request.tier,
+            sits_out: false,
             grammars: PreparedGrammars { output: None, ..request.grammars },
         };
         // With thinking first, the gate is armed once the thinking closes (see `thinking`).

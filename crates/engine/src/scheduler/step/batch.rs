@@ -8,7 +8,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use crate::kv::seq_id::SeqId;
 use crate::kv::ubatches::ubatches;
-use crate::scheduler::step::gather::{prompt_quantum, reads_prompt, step_inputs};
+use crate::scheduler::step::gather::{decodes, prompt_quantum, reads_prompt, step_inputs};
 use crate::scheduler::step::plan::rows::{Row, StepPlan};
 use crate::scheduler::step::plan::{self, StepDecision};
 use crate::scheduler::Scheduler;
@@ -29,6 +29,7 @@ impl Scheduler {
     /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
     /// tiles skip the other sequences' cells.
     pub(in crate::scheduler) fn fill_batch(&mut self, ctx: &mut LlamaContext<'_>) -> Option<BatchRows> {
+        self.sit_out_batch_lines();
         let mut offers = self.offer_drafts(ctx);
         let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits, &mut offers);
         let decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance);
@@ -68,7 +69,7 @@ impl Scheduler {
         let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
         let mut decided = token_rows.into_iter().zip(drafts);
         let mut decoding = Vec::new();
-        for req in &mut self.active {
+        for req in self.active.iter_mut().filter(|r| decodes(r)) {
             let mut rows = 0;
             for c in req.choices.iter_mut().filter(|c| c.ready().is_some()) {
                 let (row, chain) = decided.next().expect("a decision per decoding choice");

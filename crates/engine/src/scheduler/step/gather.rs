@@ -2,10 +2,12 @@
 //! the drafts its drafter offers, each prompt still being read and how far it may be.
 
 use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
 
 use llama_cpp_2::context::LlamaContext;
 
 use crate::faults::FaultPoint;
+use crate::request::ServiceTier;
 use crate::scheduler::request::{ActiveRequest, Choice, Phase};
 use crate::scheduler::step::deterministic;
 use crate::scheduler::step::plan::rows::PendingPrompt;
@@ -14,17 +16,63 @@ use crate::scheduler::step::prompt_turns::PromptDeficits;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::speculation::{Chain, Speculate};
 
+/// The most a batch's lines may add to the time of a step that decodes interactive requests;
+/// past it they sit the step out (`Scheduler::sit_out_batch_lines`).
+const BATCH_SLOWDOWN: f64 = 0.10;
+/// How long batch lines hold off after interactive work was last seen: a client answered sends
+/// its next request within it, which then finds no batch step in its way.
+const BATCH_HOLD_OFF: Duration = Duration::from_millis(100);
+
 impl Scheduler {
+    /// Marks the batch lines (`ServiceTier::Batch`) that sit this step out, so that interactive
+    /// work computes as it would alone: all of them when an interactive request reads its prompt
+    /// (its time to first token is the prompt's steps); when their rows would make a step of
+    /// interactive decoding more than `BATCH_SLOWDOWN` slower by the measured step costs
+    /// (`StepCost`: on a CPU a row costs about as much as another, on a GPU little); and, with
+    /// no interactive row, for `BATCH_HOLD_OFF` after interactive work was last seen (then
+    /// `held_off_until` tells `run` to wait). A line another request waits to copy a prefix from
+    /// never sits out, so that request is not held up too.
+    pub(in crate::scheduler) fn sit_out_batch_lines(&mut self) {
+        let is_line = |r: &ActiveRequest| r.tier == ServiceTier::Batch;
+        let rows = |r: &ActiveRequest| match r.phase {
+            Phase::Prefilling { read } => (r.prompt.len() - read).min(self.cfg.batch_size as usize),
+            _ => r.choices.iter().filter(|c| c.ready().is_some()).count(),
+        };
+        let now = Instant::now();
+        if self.waiting.standard_waits() || self.active.iter().any(|r| !is_line(r)) {
+            self.interactive_at = Some(now);
+        }
+        let interactive_reads = self.active.iter().any(|r| !is_line(r) && matches!(r.phase, Phase::Prefilling { .. }));
+        let interactive: usize = self.active.iter().filter(|r| !is_line(r)).map(rows).sum();
+        let lines: usize = self.active.iter().filter(|r| is_line(r)).map(rows).sum();
+        let hold_off = self.interactive_at.map(|at| at + BATCH_HOLD_OFF).filter(|&until| until > now);
+        let costly = || match (self.step_cost.predict(interactive + lines), self.step_cost.predict(interactive)) {
+            (Some(with), Some(without)) => with > without * (1.0 + BATCH_SLOWDOWN),
+            _ => true,
+        };
+        let sit_out = lines > 0
+            && match interactive {
+                0 => hold_off.is_some(),
+                _ => interactive_reads || costly(),
+            };
+        self.held_off_until = hold_off.filter(|_| sit_out && interactive == 0);
+        let awaited: Vec<_> = self.active.iter().filter_map(|r| r.awaited_prefix().map(|(from, _)| from)).collect();
+        for r in &mut self.active {
+            r.sits_out = sit_out && is_line(r) && !r.choices.iter().any(|c| awaited.contains(&c.seq_id));
+        }
+    }
+
     /// Asks each decoding choice's drafter for the drafts it could feed, which the planner then
     /// cuts: by sequence (`SeqId::index`). A drafter runs its grammar on the choice's own output:
     /// a panic there ends that request alone.
     pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) -> Vec<Option<Chain>> {
-        let decoding = self.active.iter().flat_map(|r| &r.choices).filter(|c| c.ready().is_some()).count();
+        let taking_part = self.active.iter().filter(|r| !r.sits_out);
+        let decoding = taking_part.flat_map(|r| &r.choices).filter(|c| c.ready().is_some()).count();
         let lookups = plan::lookups_allowed(decoding);
         let ctx_size = self.cfg.ctx_size as i32;
         let mut panicked = Vec::new();
         let mut offers: Vec<Option<Chain>> = std::iter::repeat_with(|| None).take(self.cfg.parallel as usize).collect();
-        for (r, req) in self.active.iter_mut().enumerate() {
+        for (r, req) in self.active.iter_mut().enumerate().filter(|(_, req)| !req.sits_out) {
             let shared = &self.shared;
             let offers = &mut offers;
             let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -47,7 +95,13 @@ impl Scheduler {
 /// Whether `req` reads its prompt this step, as far as the budget goes: still prefilling, and not
 /// waiting to copy a prefix another sequence is computing. `step_inputs` and `commit` must agree.
 pub(super) fn reads_prompt(req: &ActiveRequest) -> bool {
-    matches!(req.phase, Phase::Prefilling { .. })
+    matches!(req.phase, Phase::Prefilling { .. }) && !req.sits_out
+}
+
+/// Whether `req`'s decoding choices feed their tokens this step (a batch's line may sit it out).
+/// `step_inputs` and `commit` must agree.
+pub(super) fn decodes(req: &ActiveRequest) -> bool {
+    !req.sits_out
 }
 
 /// Most drafts decoding choice `c` could use now: verifying `k` drafts produces up to `k + 1`
@@ -85,7 +139,7 @@ pub(super) fn step_inputs<'a>(
         .map(|r| deterministic::chunk_end(r.read(), chunk, r.text_end(r.read())) - r.read())
         .sum();
     let mut decoding = Vec::new();
-    for req in active.iter_mut() {
+    for req in active.iter_mut().filter(|r| decodes(r)) {
         for c in req.choices.iter_mut() {
             let Some(token) = c.ready() else { continue };
             decoding.push(DecodingChoice {
