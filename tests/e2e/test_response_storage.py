@@ -64,3 +64,18 @@ def test_reads_of_stored_responses_count_against_the_keys_requests_per_minute(sr
         assert headers["x-ratelimit-limit-requests"] == "5"
         assert headers["x-ratelimit-remaining-requests"] == "0"
         assert int(headers["retry-after"]) >= 1
+
+
+def test_a_key_that_spent_its_budget_still_reads_its_stored_responses(srv):
+    server, _ = srv
+    # Exactly one request's worth: its prompt and its 2 output tokens.
+    measured = _ask(_key(server), server.model_id, "Say hi.").usage
+    key = _key(server, "--budget-tokens", str(measured.input_tokens + 2), "--budget-period", "total")
+    first = _ask(key, server.model_id, "Say hi.")
+    assert first.usage.total_tokens == measured.input_tokens + 2, first.usage
+    with pytest.raises(openai.RateLimitError) as e:
+        _ask(key, server.model_id, "Say more.")
+    assert e.value.body["code"] == "insufficient_quota", e.value.body
+    # All of it spent, yet reading what it paid for spends nothing: not refused.
+    assert key.responses.retrieve(first.id).id == first.id
+    assert [item.type for item in key.responses.input_items.list(first.id)] == ["message"]

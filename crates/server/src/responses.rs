@@ -66,19 +66,20 @@ pub(crate) async fn continued(
     .map_err(|e| crate::errors::task_failed("reading a stored conversation", e))?
 }
 
-/// Counts a request on stored responses against the key's requests per minute (and its
-/// budget, as every request's pre-admission does) before `handle` runs; its answer carries the
-/// `x-ratelimit-*` headers, a refusal is a 429.
-async fn counted<F>(state: &AppState, key: &KeyInfo, handle: F) -> Response
+/// Counts a call on stored data (stored responses, files, batches) against the key's requests
+/// per minute before `handle` runs; its answer carries the `x-ratelimit-*` headers, a refusal is
+/// a 429. Not its budget: these calls spend nothing, and a key that spent its budget still reads
+/// what it paid for.
+pub(crate) async fn counted<F>(state: &AppState, key: &KeyInfo, handle: F) -> Response
 where
     F: std::future::Future<Output = Result<Response, ApiError>>,
 {
-    let pass = match state.meter.pre_admit(key).await {
-        Ok(pass) => pass,
+    let rate = match state.meter.count_request(key).await {
+        Ok(rate) => rate,
         Err(refused) => return crate::errors::refusal_response(key, refused),
     };
     let mut response = handle.await.unwrap_or_else(IntoResponse::into_response);
-    crate::openai::rate_limit::apply(&pass.rate(), response.headers_mut());
+    crate::openai::rate_limit::apply(&rate, response.headers_mut());
     response
 }
 

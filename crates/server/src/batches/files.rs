@@ -12,9 +12,8 @@ use gantry_accounts::{AccountsError, FileInfo, FileQuery, KeyInfo, NewFile};
 use gantry_api::ApiError;
 use serde_json::{json, Value};
 
-use super::counted;
 use crate::clock::now_secs;
-use crate::responses::storage_failed;
+use crate::responses::{counted, storage_failed};
 use crate::state::AppState;
 
 /// The purposes a file may be uploaded for: a batch's input only (`batch_output` is the server's).

@@ -85,23 +85,6 @@ pub(crate) fn routes(max_file_bytes: u64) -> Router<AppState> {
         .route("/v1/batches/{id}/cancel", post(routes::cancel))
 }
 
-/// Counts a call on files or batches against the key's requests per minute before `handle`
-/// runs (a refusal is a 429); its answer carries the `x-ratelimit-*` headers. Not its budget:
-/// these calls spend nothing, and a key out of budget still reads its batches' results.
-pub(crate) async fn counted<F>(state: &AppState, key: &gantry_accounts::KeyInfo, handle: F) -> axum::response::Response
-where
-    F: std::future::Future<Output = Result<axum::response::Response, gantry_api::ApiError>>,
-{
-    use axum::response::IntoResponse;
-    let rate = match state.meter.count_request(key).await {
-        Ok(rate) => rate,
-        Err(refused) => return crate::errors::refusal_response(key, refused),
-    };
-    let mut response = handle.await.unwrap_or_else(IntoResponse::into_response);
-    crate::openai::rate_limit::apply(&rate, response.headers_mut());
-    response
-}
-
 /// A new id with OpenAI's prefix for its kind (`file-`, `batch_`, `batch_req_`).
 pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())

@@ -12,12 +12,11 @@ use gantry_accounts::{AccountsError, BatchInfo, KeyInfo, NewBatch};
 use gantry_api::ApiError;
 use serde_json::{json, Map, Value};
 
-use super::counted;
 use super::files::{file_not_found, list_object};
 use super::validate::{self, ENDPOINTS};
 use super::{COMPLETION_WINDOW, MAX_BATCH_LINES};
 use crate::clock::now_secs;
-use crate::responses::storage_failed;
+use crate::responses::{counted, storage_failed};
 use crate::state::AppState;
 
 const KNOWN_FIELDS: [&str; 5] = ["input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"];
