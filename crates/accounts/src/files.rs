@@ -73,6 +73,19 @@ pub(crate) async fn insert(conn: &mut sqlx::AnyConnection, file: &NewFile) -> Re
     })
 }
 
+/// How many files the key holds, and their bytes.
+async fn held_by<'c>(
+    db: impl sqlx::Executor<'c, Database = sqlx::Any>,
+    key_id: i64,
+) -> Result<(u64, u64), AccountsError> {
+    let (files, bytes): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files WHERE key_id = $1")
+            .bind(key_id)
+            .fetch_one(db)
+            .await?;
+    Ok((files as u64, bytes as u64))
+}
+
 impl Accounts {
     /// Keeps an uploaded file, unless the key would then hold more than `quota`
     /// ([`AccountsError::QuotaExceeded`], naming the bound).
@@ -81,19 +94,15 @@ impl Accounts {
         // first statement (SQLite cannot upgrade a read under a concurrent writer).
         let mut tx = self.pool.begin().await?;
         let info = insert(&mut tx, file).await?;
-        let (files, bytes): (i64, i64) =
-            sqlx::query_as("SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files WHERE key_id = $1")
-                .bind(file.key_id)
-                .fetch_one(&mut *tx)
-                .await?;
-        if files as u64 > quota.files {
+        let (files, bytes) = held_by(&mut *tx, file.key_id).await?;
+        if files > quota.files {
             tx.rollback().await?;
             return Err(AccountsError::QuotaExceeded(format!(
                 "This key already holds {} files, the most it may; delete some before uploading more.",
                 files - 1
             )));
         }
-        if bytes as u64 > quota.bytes {
+        if bytes > quota.bytes {
             tx.rollback().await?;
             return Err(AccountsError::QuotaExceeded(format!(
                 "This file would bring the key's files to more than the {} bytes it may hold; delete some first.",
@@ -106,12 +115,7 @@ impl Accounts {
 
     /// How many files the key holds, and their bytes (batches' output files included).
     pub async fn file_usage(&self, key_id: i64) -> Result<(u64, u64), AccountsError> {
-        let (files, bytes): (i64, i64) =
-            sqlx::query_as("SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files WHERE key_id = $1")
-                .bind(key_id)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok((files as u64, bytes as u64))
+        held_by(&self.pool, key_id).await
     }
 
     /// The key's file `id`; another key's is `None`.

@@ -53,7 +53,7 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Chat, line.map(|Extension(l)| l)).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Chat, line).await
 }
 
 /// `POST /v1/messages`.
@@ -66,7 +66,7 @@ pub(crate) async fn messages(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Messages, line.map(|Extension(l)| l)).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Messages, line).await
 }
 
 /// `POST /v1/responses`.
@@ -79,8 +79,7 @@ pub(crate) async fn responses(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses, line.map(|Extension(l)| l))
-        .await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Responses, line).await
 }
 
 /// `POST /v1/completions`.
@@ -93,8 +92,7 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Completions, line.map(|Extension(l)| l))
-        .await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Completions, line).await
 }
 
 /// `POST /infill` (llama.cpp's).
@@ -107,7 +105,7 @@ pub(crate) async fn infill(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    serve(state, key, request_id, client_request_id, headers, body, Dialect::Infill, line.map(|Extension(l)| l)).await
+    serve(state, key, request_id, client_request_id, headers, body, Dialect::Infill, line).await
 }
 
 /// One request of any dialect, from the pre-admission to its answer.
@@ -120,8 +118,9 @@ pub(crate) async fn serve(
     headers: HeaderMap,
     body: Bytes,
     dialect: Dialect,
-    line: Option<BatchLine>,
+    line: Option<Extension<BatchLine>>,
 ) -> Result<Response, ApiError> {
+    let line = line.map(|Extension(line)| line);
     let (st, k) = (state.clone(), key.clone());
     pre_admitted(&state, &key, line.clone().as_ref(), |pass| async move {
         let ids = (request_id, client_request_id);
@@ -266,30 +265,31 @@ async fn admitted(
         tenant_weight: weight(key.tenant_weight),
     };
     // `priority` only for keys allowed it; the answer reports the tier granted. A batch's line
-    // runs in the batch's own tier, whatever its body asked for.
-    chat.service_tier = match line {
-        Some(_) => gantry_api::ServiceTier::Default,
-        None => chat.service_tier.granted(key.priority_tier),
+    // runs and is billed in the batch's own tier, whatever its body asked for, and reports
+    // `default`.
+    let billing = match line {
+        Some(_) => BillingTier::Batch,
+        None => BillingTier::Service(chat.service_tier.granted(key.priority_tier)),
+    };
+    chat.service_tier = match billing {
+        BillingTier::Service(tier) => tier,
+        BillingTier::Batch => gantry_api::ServiceTier::Default,
     };
     if let Some(request) = responses_request.as_mut() {
         request.chat.service_tier = chat.service_tier;
         request.echo.insert("service_tier".into(), chat.service_tier.as_str().into());
     }
-    let tier = match chat.service_tier {
-        _ if line.is_some() => gantry_engine::ServiceTier::Batch,
-        gantry_api::ServiceTier::Default => gantry_engine::ServiceTier::Default,
-        gantry_api::ServiceTier::Flex => gantry_engine::ServiceTier::Flex,
-        gantry_api::ServiceTier::Priority => gantry_engine::ServiceTier::Priority,
+    let tier = match billing {
+        BillingTier::Service(gantry_api::ServiceTier::Default) => gantry_engine::ServiceTier::Default,
+        BillingTier::Service(gantry_api::ServiceTier::Flex) => gantry_engine::ServiceTier::Flex,
+        BillingTier::Service(gantry_api::ServiceTier::Priority) => gantry_engine::ServiceTier::Priority,
+        BillingTier::Batch => gantry_engine::ServiceTier::Batch,
     };
     for job in &mut jobs {
         (job.owner, job.tier) = (owner, tier);
     }
     // The ledger keeps the name the client sent (an alias stays an alias); its price in the tier
     // granted, else the model's.
-    let billing = match line {
-        Some(_) => BillingTier::Batch,
-        None => BillingTier::Service(chat.service_tier),
-    };
     let price = state.prices.price(&chat.model, &model_id, billing);
     // Choices per job (per prompt), and over the whole request.
     let n = jobs.first().map_or(1, |j| j.n);

@@ -40,10 +40,7 @@ impl Meter {
     /// budget is not used up. Reads the database only for a key with a budget, or when the
     /// rate windows are shared (PostgreSQL).
     pub async fn pre_admit(&self, key: &KeyInfo) -> Result<Pass, Refused> {
-        let (rate, verdict) = self.count(key, Count::Request).await?;
-        if let Err(refusal) = verdict {
-            return Err(Refused { rate, reason: Refusal::RateLimited(refusal) });
-        }
+        let rate = self.count_or_refuse(key, Count::Request).await?;
         self.check_budget(key, rate).await?;
         Ok(Pass { key_id: key.id, rate, windows: Windows::Tokens })
     }
@@ -52,11 +49,7 @@ impl Meter {
     /// against the key's requests per minute; its budget is not checked, so a key that spent it
     /// all can still read what it paid for.
     pub async fn count_request(&self, key: &KeyInfo) -> Result<RateStatus, Refused> {
-        let (rate, verdict) = self.count(key, Count::Request).await?;
-        match verdict {
-            Ok(()) => Ok(rate),
-            Err(refusal) => Err(Refused { rate, reason: Refusal::RateLimited(refusal) }),
-        }
+        self.count_or_refuse(key, Count::Request).await
     }
 
     /// [`Self::pre_admit`] for a line of a batch: its budget is checked, but neither it nor its
@@ -93,10 +86,14 @@ impl Meter {
     /// key's tokens per minute. Refused, counting nothing, when they do not fit the window.
     pub async fn count_passed_tokens(&self, pass: &Pass, key: &KeyInfo, tokens: u64) -> Result<RateStatus, Refused> {
         debug_assert_eq!(pass.key_id, key.id, "a pass is spent by the key it was given to");
-        let (rate, verdict) = self.count(key, Count::Tokens(tokens)).await?;
-        match verdict {
-            Ok(()) => Ok(rate),
-            Err(refusal) => Err(Refused { rate, reason: Refusal::RateLimited(refusal) }),
+        self.count_or_refuse(key, Count::Tokens(tokens)).await
+    }
+
+    /// [`Self::count`], a verdict against the windows being a refusal.
+    async fn count_or_refuse(&self, key: &KeyInfo, count: Count) -> Result<RateStatus, Refused> {
+        match self.count(key, count).await? {
+            (rate, Ok(())) => Ok(rate),
+            (rate, Err(refusal)) => Err(Refused { rate, reason: Refusal::RateLimited(refusal) }),
         }
     }
 

@@ -55,6 +55,12 @@ pub(super) fn low_disk() -> ApiError {
     )
 }
 
+/// 400 `storage_limit_exceeded`: the key is at its file quota (`--files-per-key`,
+/// `--file-bytes-per-key`).
+pub(super) fn storage_limit(message: String, param: Option<&str>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message, param, Some("storage_limit_exceeded"))
+}
+
 /// `POST /v1/files`.
 pub(super) async fn upload(
     State(state): State<AppState>,
@@ -122,13 +128,7 @@ async fn upload_counted(state: &AppState, key: &KeyInfo, mut form: Multipart) ->
     };
     match state.accounts.store_file(&new, settings.quota).await {
         Ok(info) => Ok(Json(file_object(&info)).into_response()),
-        Err(AccountsError::QuotaExceeded(message)) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            message,
-            Some("file"),
-            Some("storage_limit_exceeded"),
-        )),
+        Err(AccountsError::QuotaExceeded(message)) => Err(storage_limit(message, Some("file"))),
         Err(e) => Err(storage_failed(e)),
     }
 }

@@ -1,7 +1,7 @@
 //! OpenAI's Files and Batch APIs. A key uploads a file of requests (`files.rs`), makes a batch of
 //! it (`routes.rs`, each line checked by `validate.rs`), and the runner (`runner.rs`) sends every
 //! line through the same routes an interactive request takes, marked as a batch's line
-//! (`BatchLine`): it runs only on sequences interactive requests leave free, outside
+//! (`BatchLine`): it runs only where it does not slow interactive requests, outside
 //! the key's per-minute windows, billed in the `batch` tier. Once every line ended, or the batch
 //! was cancelled or expired, `output.rs` writes its output and error files. Files, batches and
 //! lines live in the accounts database, so a batch survives a restart and replicas share it.
@@ -25,8 +25,9 @@ use crate::state::AppState;
 pub(crate) use runner::start_runner;
 
 /// Marks a request the batch runner (`runner.rs`) sends through the routes: a line of this
-/// batch. It runs after every interactive request (the engine's `flex` lane), outside the key's
-/// per-minute windows, and is billed in the `batch` tier with the batch's id on its record.
+/// batch. It runs in the engine's `ServiceTier::Batch` (behind every interactive request, and
+/// preempted for them), outside the key's per-minute windows, and is billed in the `batch` tier
+/// with the batch's id on its record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BatchLine {
     pub batch_id: String,
@@ -48,7 +49,7 @@ pub const COMPLETION_WINDOW: (&str, Duration) = ("24h", Duration::from_secs(24 *
 /// What `gantry serve` was told about files and batches, and the runner's wake-up call.
 #[derive(Debug, Clone)]
 pub struct BatchSettings {
-    /// What one key may keep in files (uploads; a batch's own output files are not counted).
+    /// What one key may keep in files, its batches' output files included.
     pub quota: FileQuota,
     /// The largest file one upload may be.
     pub max_file_bytes: u64,
@@ -56,7 +57,8 @@ pub struct BatchSettings {
     pub concurrency: usize,
     /// A line claimed by a server without a heartbeat for this long is taken back.
     pub claim_timeout: Duration,
-    /// Rung when a batch is made, so that its lines start without waiting for a poll.
+    /// Rung when a batch is made or a line ends, so that lines start, and a batch is finished,
+    /// without waiting for a poll.
     pub wake: Arc<tokio::sync::Notify>,
 }
 

@@ -102,13 +102,7 @@ async fn create_counted(state: &AppState, key: &KeyInfo, body: Bytes) -> Result<
             "This key holds {files} files of {bytes} bytes, at its quota ({} files, {} bytes): a batch's output would not fit. Delete files first.",
             quota.files, quota.bytes
         );
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            message,
-            None,
-            Some("storage_limit_exceeded"),
-        ));
+        return Err(super::files::storage_limit(message, None));
     }
     if !state.response_storage.has_room() {
         return Err(super::files::low_disk());

@@ -1,8 +1,8 @@
 //! The batch runner: one task per server that claims batches' lines (at most
 //! `--batch-concurrency` at once) and sends each through the same routes an interactive request
-//! takes, as the batch's key, marked as a batch's line (`BatchLine`). Every few
-//! seconds it also takes back the lines of servers that died and finishes the batches whose
-//! lines all ended (`output.rs`).
+//! takes, as the batch's key, marked as a batch's line (`BatchLine`). Every second, and when
+//! no line waits to start (a batch's last lines may just have ended), it also takes back the lines of servers that died and finishes the batches
+//! whose lines all ended (`output.rs`).
 //!
 //! A line the server could not run now (draining, queue full, its ledger reservation still held
 //! by a dead server) goes back to pending and is tried again; any other answer, an error
@@ -138,7 +138,8 @@ async fn run_line(state: &AppState, routes: Router, owner: &str, line: ClaimedLi
     match answer(state, routes, &line).await {
         Answer::Done(status, body) => {
             match state.accounts.finish_batch_line(&line, owner, status.as_u16(), &body).await {
-                Ok(true) => {}
+                // The runner looks again: its batch may be finished now.
+                Ok(true) => state.batches.wake.notify_one(),
                 Ok(false) => {
                     tracing::warn!(batch = %line.batch_id, line = line.line, "batches: a line's claim was lost; its answer is dropped")
                 }

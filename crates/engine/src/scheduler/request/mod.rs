@@ -96,6 +96,12 @@ pub(crate) struct ActiveRequest {
 }
 
 impl ActiveRequest {
+    /// A batch's line (`ServiceTier::Batch`): preempted for, and sitting out steps of,
+    /// interactive work.
+    pub(crate) fn is_batch_line(&self) -> bool {
+        self.tier == crate::request::ServiceTier::Batch
+    }
+
     /// Fails (with the reason) only if the request's grammar does not compile, which the server
     /// checks before queueing. The usage report's sender is attached once it started
     /// ([`Self::report_usage_to`]), so a request that fails to start still has it to answer.

@@ -8,7 +8,6 @@ use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
 use crate::kv::slots::common_prefix;
-use crate::request::ServiceTier;
 use crate::scheduler::request::ActiveRequest;
 use crate::scheduler::sample::device::ChainKey;
 use crate::speculation::Speculate;
@@ -23,12 +22,11 @@ impl Scheduler {
     /// started first, which loses the least work. Their owners run them again (`Ending::Preempted`).
     pub(in crate::scheduler) fn preempt(&mut self, ctx: &mut LlamaContext<'_>) {
         while let Some(wanted) = self.waiting.standard_wants(self.free_seqs.len()) {
-            let held: usize =
-                self.active.iter().filter(|r| r.tier == ServiceTier::Batch).map(|r| r.choices.len()).sum();
+            let held: usize = self.active.iter().filter(|r| r.is_batch_line()).map(|r| r.choices.len()).sum();
             if self.free_seqs.len() + held < wanted {
                 return;
             }
-            let Some(last) = self.active.iter().rposition(|r| r.tier == ServiceTier::Batch) else { return };
+            let Some(last) = self.active.iter().rposition(ActiveRequest::is_batch_line) else { return };
             let req = self.active.remove(last);
             self.end(ctx, req.into(), Ending::Preempted);
         }

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use llama_cpp_2::context::LlamaContext;
 
 use crate::faults::FaultPoint;
-use crate::request::ServiceTier;
 use crate::scheduler::request::{ActiveRequest, Choice, Phase};
 use crate::scheduler::step::deterministic;
 use crate::scheduler::step::plan::rows::PendingPrompt;
@@ -33,7 +32,7 @@ impl Scheduler {
     /// `held_off_until` tells `run` to wait). A line another request waits to copy a prefix from
     /// never sits out, so that request is not held up too.
     pub(in crate::scheduler) fn sit_out_batch_lines(&mut self) {
-        let is_line = |r: &ActiveRequest| r.tier == ServiceTier::Batch;
+        let is_line = ActiveRequest::is_batch_line;
         let rows = |r: &ActiveRequest| match r.phase {
             Phase::Prefilling { read } => (r.prompt.len() - read).min(self.cfg.batch_size as usize),
             _ => r.choices.iter().filter(|c| c.ready().is_some()).count(),
@@ -41,6 +40,11 @@ impl Scheduler {
         let now = Instant::now();
         if self.waiting.standard_waits() || self.active.iter().any(|r| !is_line(r)) {
             self.interactive_at = Some(now);
+        }
+        // No batch line is running: none sits out.
+        if !self.active.iter().any(is_line) {
+            self.held_off_until = None;
+            return;
         }
         let interactive_reads = self.active.iter().any(|r| !is_line(r) && matches!(r.phase, Phase::Prefilling { .. }));
         let interactive: usize = self.active.iter().filter(|r| !is_line(r)).map(rows).sum();
@@ -66,13 +70,13 @@ impl Scheduler {
     /// cuts: by sequence (`SeqId::index`). A drafter runs its grammar on the choice's own output:
     /// a panic there ends that request alone.
     pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) -> Vec<Option<Chain>> {
-        let taking_part = self.active.iter().filter(|r| !r.sits_out);
+        let taking_part = self.active.iter().filter(|r| decodes(r));
         let decoding = taking_part.flat_map(|r| &r.choices).filter(|c| c.ready().is_some()).count();
         let lookups = plan::lookups_allowed(decoding);
         let ctx_size = self.cfg.ctx_size as i32;
         let mut panicked = Vec::new();
         let mut offers: Vec<Option<Chain>> = std::iter::repeat_with(|| None).take(self.cfg.parallel as usize).collect();
-        for (r, req) in self.active.iter_mut().enumerate().filter(|(_, req)| !req.sits_out) {
+        for (r, req) in self.active.iter_mut().enumerate().filter(|(_, req)| decodes(req)) {
             let shared = &self.shared;
             let offers = &mut offers;
             let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
