@@ -141,3 +141,60 @@ def test_each_tier_is_billed_at_its_price(srv):
     report = httpx.get(f"{srv.root_url}/admin/v1/usage?key_name={name}",
                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30).json()["data"]
     assert sorted((r["service_tier"], r["requests"]) for r in report) == [("default", 2), ("flex", 1), ("priority", 1)]
+
+
+def _running(srv) -> float:
+    text = httpx.get(f"{srv.root_url}/metrics", timeout=30).text
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("gantry_running_sequences"))
+
+
+def _usage_rows(srv, name: str) -> list[dict]:
+    resp = httpx.get(f"{srv.root_url}/admin/v1/usage/requests?key_name={name}",
+                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"]
+
+
+def test_an_unstreamed_flex_request_gives_its_sequence_back_unbilled(srv):
+    name = f"tier-preempt-{uuid.uuid4().hex[:6]}"
+    client = _key(srv, name=name)
+    long = {"max_tokens": 400, "temperature": 0, "extra_body": {"ignore_eos": True},
+            "messages": [{"role": "user", "content": "Count from 1 to 1000."}]}
+    with ThreadPoolExecutor(1) as pool:
+        flex = pool.submit(client.chat.completions.create, model=srv.model_id, service_tier="flex",
+                           extra_headers={"x-request-id": f"{name}-flex"}, **long)
+        deadline = time.monotonic() + 60
+        while _running(srv) < 1:
+            assert time.monotonic() < deadline and not flex.done(), "the flex request never ran"
+            time.sleep(0.05)
+        answer = _ask(srv, client, extra_headers={"x-request-id": f"{name}-default"})
+        with pytest.raises(openai.RateLimitError) as raised:
+            flex.result()
+    assert answer.usage.completion_tokens == 2
+    response = raised.value.response
+    err = error_body(response)
+    assert (err["type"], err["code"]) == ("server_error", "resource_unavailable"), err
+    assert response.headers.get("retry-after") == "1"
+    # Only the default request is on the ledger: the preempted one was not billed.
+    deadline = time.monotonic() + 60
+    while not (rows := _usage_rows(srv, name)):
+        assert time.monotonic() < deadline, "the default request was never booked"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert [r["client_request_id"] for r in _usage_rows(srv, name)] == [f"{name}-default"]
+
+
+def test_a_streamed_flex_request_runs_to_its_end_once_started(srv):
+    client = _key(srv)
+    stream = iter(client.chat.completions.create(
+        model=srv.model_id, max_tokens=40, temperature=0, stream=True, service_tier="flex",
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        messages=[{"role": "user", "content": "Count from 1 to 100."}]))
+    next(stream)  # the one sequence is taken
+    with ThreadPoolExecutor(1) as pool:
+        default = pool.submit(_ask, srv, client)
+        _wait_for_queue(srv, 1)
+        chunks = list(stream)
+        assert default.result().usage.completion_tokens == 2
+    usage = next(c.usage for c in chunks if c.usage)
+    assert usage.completion_tokens == 40, usage

@@ -129,6 +129,15 @@ impl ApiError {
         Self::new(StatusCode::TOO_MANY_REQUESTS, "insufficient_quota", message, None, Some("insufficient_quota"))
     }
 
+    /// 429, type `server_error`, code `resource_unavailable`, with `Retry-After: 1`: capacity
+    /// sold cheaper (`service_tier: "flex"`) was taken back before the request finished. It is
+    /// not billed; OpenAI answers flex requests it lacks capacity for with a 429 too, which the
+    /// SDKs retry with backoff.
+    pub fn resource_unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, message, None, Some("resource_unavailable"))
+            .with_retry_after(1)
+    }
+
     /// 503, type `server_error`, code `server_overloaded`.
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message, None, Some("server_overloaded"))
@@ -266,6 +275,7 @@ mod tests {
             (ApiError::unsupported_media_type(Some("text/plain")), 400, INVALID_REQUEST, None, None),
             (ApiError::rate_limited("x"), 429, "requests", None, Some("rate_limit_exceeded")),
             (ApiError::insufficient_quota("x"), 429, "insufficient_quota", None, Some("insufficient_quota")),
+            (ApiError::resource_unavailable("x"), 429, SERVER_ERROR, None, Some("resource_unavailable")),
             (ApiError::overloaded("x"), 503, SERVER_ERROR, None, Some("server_overloaded")),
             (ApiError::temporarily_unavailable("x"), 503, SERVER_ERROR, None, Some("service_unavailable")),
             (ApiError::shutting_down(), 503, SERVER_ERROR, None, Some("server_shutting_down")),

@@ -24,9 +24,11 @@ pub enum EngineError {
     /// than hang.
     #[error("The engine could make no progress on this request ({0}); it was ended. Please retry.")]
     Stalled(String),
-    /// A batch's line was stopped for interactive work waiting for its sequence
-    /// (`ServiceTier::Batch`); it runs again later.
-    #[error("This batch request was paused for interactive work; it will run again.")]
+    /// A batch's line or an unstreamed `flex` request was stopped for interactive work waiting
+    /// for its sequence (`ActiveRequest::is_preemptible`); its owner runs it again later.
+    #[error(
+        "This request's capacity was taken by higher-tier work before it finished; it was not billed. Please retry."
+    )]
     Preempted,
     /// A request `prepare` should have refused reached the scheduler anyway.
     #[error("The engine could not run this request: {0}")]

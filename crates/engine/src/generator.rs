@@ -81,10 +81,14 @@ pub trait Generator: Send + Sync {
         None
     }
 
-    /// Embeds `inputs` (token ids, the model's special tokens included) for the API key `key`
-    /// (batches are shared fairly between keys): one unit vector per input on the receiver.
-    fn embed(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
-        let _ = (key, inputs);
+    /// Embeds `inputs` (token ids, the model's special tokens included) for `owner` (batches are
+    /// shared fairly between tenants, then keys): one unit vector per input on the receiver.
+    fn embed(
+        &self,
+        owner: crate::request::Owner,
+        inputs: Vec<Vec<i32>>,
+    ) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
+        let _ = (owner, inputs);
         let (reply, answer) = oneshot::channel();
         let model = self.model_info().path.display().to_string();
         let _ = reply.send(Err(EmbedError::NotEmbeddingModel { model }));

@@ -135,6 +135,7 @@ impl ChatInput {
             cache_scope: self.cache_scope,
             owner: crate::request::Owner::default(),
             tier: crate::request::ServiceTier::Default,
+            streamed: false,
             grammars: Default::default(),
             thinking: None,
         }

@@ -79,6 +79,10 @@ pub struct GenerateRequest {
     pub owner: Owner,
     /// Its lane in the queue (`scheduler::queue`): `Flex` waits behind every other request.
     pub tier: ServiceTier,
+    /// Its client reads the output as it is made (a stream). A `Flex` request that does not is
+    /// preempted as a batch's line is (its client sees only the end, so it may be told to try
+    /// again); one that does runs to its end once started.
+    pub streamed: bool,
     /// `constraint` and `lazy_tools` compiled by `prepare` (off the scheduler thread).
     pub grammars: crate::constraint::PreparedGrammars,
     /// The output starts with a thinking block (a reasoning model): how it is handled.
@@ -177,8 +181,8 @@ pub enum Outcome {
     Cancelled,
     /// The engine failed or shut down mid-request.
     Error,
-    /// A batch's line stopped for waiting interactive work before it finished: nothing of it
-    /// was delivered, and its owner runs it again (see `ServiceTier::Batch`).
+    /// A batch's line or an unstreamed `flex` request stopped for waiting interactive work
+    /// before it finished: nothing of it was delivered, and its owner runs it again.
     Preempted,
 }
 
@@ -258,7 +262,8 @@ pub enum ServiceTier {
     Priority,
     #[default]
     Default,
-    /// Only on sequences no other request waits for: idle capacity, sold cheaper.
+    /// Only on sequences no other request waits for: idle capacity, sold cheaper. Unless it is
+    /// `streamed`, stopped as `Batch` is (its client told to try again).
     Flex,
     /// A batch's line: waits as `Flex` does, and is stopped (`Outcome::Preempted`) when a
     /// `Default` or `Priority` request waits for its sequence. Nothing of it reaches a client

@@ -201,7 +201,7 @@ impl Totals {
         counter!("gantry_cached_prompt_tokens_total", "model" => model()).increment(usage.cached_tokens as u64);
         counter!("gantry_completion_tokens_total", "model" => model()).increment(usage.completion_tokens as u64);
         if usage.outcome == crate::request::Outcome::Preempted {
-            // What preempting batch work costs: the rows it computed, to be computed again.
+            // What preempting batch and flex work costs: the rows it computed, to be computed again.
             let rows = (usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens) as u64;
             counter!("gantry_preempted_rows_total", "model" => model()).increment(rows);
         }

@@ -91,8 +91,9 @@ impl IntoApiError for SubmitError {
 impl IntoApiError for EngineError {
     fn into_api_error(self) -> ApiError {
         match self {
-            // Retryable: the batch runner runs the line again.
-            EngineError::Preempted => ApiError::temporarily_unavailable(self.to_string()),
+            // Retryable and unbilled: the batch runner runs the line again; a `flex` client
+            // is told what OpenAI tells it when flex capacity runs out.
+            EngineError::Preempted => ApiError::resource_unavailable(self.to_string()),
             _ => ApiError::internal(self.to_string()),
         }
     }

@@ -255,15 +255,7 @@ async fn admitted(
             _ => vec![chat::prepare(&model, &chat, tools.as_ref(), scope).await?],
         }
     };
-    // The engine shares sequences and prompt rows between tenants, and a tenant's between its
-    // keys, by their weights, and caps each key's sequences.
-    let weight = |w: i64| u32::try_from(w.clamp(1, gantry_accounts::MAX_WEIGHT)).unwrap_or(1);
-    let owner = gantry_engine::Owner {
-        key: key.id as u64,
-        key_weight: weight(key.weight),
-        tenant: key.tenant_id(),
-        tenant_weight: weight(key.tenant_weight),
-    };
+    let owner = owner_of(&key);
     // `priority` only for keys allowed it; the answer reports the tier granted. A batch's line
     // runs and is billed in the batch's own tier, whatever its body asked for, and reports
     // `default`.
@@ -286,7 +278,7 @@ async fn admitted(
         BillingTier::Batch => gantry_engine::ServiceTier::Batch,
     };
     for job in &mut jobs {
-        (job.owner, job.tier) = (owner, tier);
+        (job.owner, job.tier, job.streamed) = (owner, tier, chat.stream);
     }
     // The ledger keeps the name the client sent (an alias stays an alias); its price in the tier
     // granted, else the model's.
@@ -378,6 +370,19 @@ async fn admitted(
     };
     crate::openai::rate_limit::apply(&rate, response.headers_mut());
     Ok(response)
+}
+
+/// Whose request it is, to the engine: it shares sequences, prompt rows, embedding batches and
+/// its queue's bound between tenants, and a tenant's between its keys (by their weights where
+/// the engine weighs), and caps each key's sequences.
+pub(crate) fn owner_of(key: &KeyInfo) -> gantry_engine::Owner {
+    let weight = |w: i64| u32::try_from(w.clamp(1, gantry_accounts::MAX_WEIGHT)).unwrap_or(1);
+    gantry_engine::Owner {
+        key: key.id as u64,
+        key_weight: weight(key.weight),
+        tenant: key.tenant_id(),
+        tenant_weight: weight(key.tenant_weight),
+    }
 }
 
 /// Fetches the request's images and puts them into its prompt (decoded, tokenized for the

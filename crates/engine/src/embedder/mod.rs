@@ -34,7 +34,7 @@ use crate::model::capabilities::Pooling;
 use crate::model::raw_prompt::RawPrompt;
 use crate::model::{backend, devices::Offload, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, PrepareError};
-use crate::request::{GenerateRequest, GenerationHandle};
+use crate::request::{GenerateRequest, GenerationHandle, Owner};
 use crate::scheduler::queue::shares::QueueShares;
 use crate::{Generator, Health, LoadError};
 
@@ -48,7 +48,7 @@ pub(crate) const BATCH_TOKENS: u32 = 8192;
 pub(crate) const DECODE_TOKENS: usize = 512;
 /// Sequences (inputs) in one decode.
 const MAX_SEQUENCES: u32 = 64;
-/// Jobs that may wait, shared between keys as the scheduler's queue is (`QueueShares`): past
+/// Jobs that may wait, shared between tenants and keys as the scheduler's queue is (`QueueShares`): past
 /// it a job is refused (a retryable 503) instead of piling up in memory.
 const MAX_QUEUED_JOBS: usize = 256;
 
@@ -154,10 +154,10 @@ impl Embedder {
 
     /// [`Generator::embed`], waited for on this thread (not inside an async task).
     pub fn embed_blocking(&self, inputs: Vec<Vec<i32>>) -> Result<Embeddings, EmbedError> {
-        self.submit_inputs(0, inputs).blocking_recv().unwrap_or(Err(EmbedError::Stopped))
+        self.submit_inputs(Owner::default(), inputs).blocking_recv().unwrap_or(Err(EmbedError::Stopped))
     }
 
-    fn submit_inputs(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
+    fn submit_inputs(&self, owner: Owner, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
         let (reply, answer) = oneshot::channel();
         if let Err(e) = check_inputs(&inputs, self.shape.max_input_tokens, self.model.info().n_vocab) {
             let _ = reply.send(Err(e));
@@ -167,13 +167,13 @@ impl Embedder {
             let _ = reply.send(Ok(Vec::new()));
             return answer;
         }
-        if let Err(waiting) = self.queued.try_enter(key, MAX_QUEUED_JOBS) {
+        if let Err(waiting) = self.queued.try_enter(owner, MAX_QUEUED_JOBS) {
             let _ = reply.send(Err(EmbedError::QueueFull(waiting)));
             return answer;
         }
         let inputs = inputs.into_iter().map(|i| i.into_iter().map(LlamaToken).collect()).collect();
-        if let Err(mpsc::SendError(job)) = self.jobs.send(run::Job { key, inputs, reply }) {
-            self.queued.leave(key);
+        if let Err(mpsc::SendError(job)) = self.jobs.send(run::Job { owner, inputs, reply }) {
+            self.queued.leave(owner);
             let _ = job.reply.send(Err(EmbedError::Stopped));
         }
         answer
@@ -229,8 +229,8 @@ impl Generator for Embedder {
         Some(self.shape)
     }
 
-    fn embed(&self, key: u64, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
-        self.submit_inputs(key, inputs)
+    fn embed(&self, owner: Owner, inputs: Vec<Vec<i32>>) -> oneshot::Receiver<Result<Embeddings, EmbedError>> {
+        self.submit_inputs(owner, inputs)
     }
 
     fn ranking_input(&self, query: &str, document: &str) -> Option<Vec<i32>> {

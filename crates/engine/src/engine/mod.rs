@@ -24,7 +24,7 @@ use crate::model::raw_prompt::RawPrompt;
 use crate::model::vision::ImageInput;
 use crate::model::{LoadError, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, Limits, PrepareError};
-use crate::request::{GenerateRequest, GenerationHandle};
+use crate::request::{GenerateRequest, GenerationHandle, Owner};
 use crate::scheduler::queue::shares::QueueShares;
 use crate::scheduler::sample::device::{DeviceSampling, AUTO_MAX_STREAMS};
 use crate::scheduler::Job;
@@ -236,11 +236,11 @@ impl Engine {
         }
         let sender = guard.as_ref().ok_or(SubmitError::Stopped)?;
         // Counted before sending (the scheduler lets go once it takes the job), within the key's
-        // share of the queue (`QueueShares`): one key's flood does not refuse the others.
-        let keys: Vec<u64> = requests.iter().map(|r| r.owner.key).collect();
-        for (entered, &key) in keys.iter().enumerate() {
-            if let Err(waiting) = self.inner.queued.try_enter(key, self.inner.config.max_queue) {
-                keys[..entered].iter().for_each(|&k| self.inner.queued.leave(k));
+        // share of the queue (`QueueShares`): one key's or tenant's flood does not refuse the others.
+        let owners: Vec<Owner> = requests.iter().map(|r| r.owner).collect();
+        for (entered, &owner) in owners.iter().enumerate() {
+            if let Err(waiting) = self.inner.queued.try_enter(owner, self.inner.config.max_queue) {
+                owners[..entered].iter().for_each(|&o| self.inner.queued.leave(o));
                 return Err(SubmitError::QueueFull(waiting));
             }
         }
@@ -251,7 +251,7 @@ impl Engine {
             let job = Job { request, events: events_tx, usage: usage_tx, submitted_at: std::time::Instant::now() };
             // Only a scheduler gone sends nothing more: those sent are answered as it ends.
             if sender.send(job).is_err() {
-                keys[sent..].iter().for_each(|&k| self.inner.queued.leave(k));
+                owners[sent..].iter().for_each(|&o| self.inner.queued.leave(o));
                 return Err(SubmitError::Stopped);
             }
             handles.push(GenerationHandle { events: events_rx, usage: usage_rx });

@@ -20,10 +20,10 @@ pub(crate) enum Leaving {
     Running(Box<ActiveRequest>),
 }
 
-/// What a request that never started holds: its key's place among the queued requests
-/// (`QueueShares`) and the channels back to its owner.
+/// What a request that never started holds: its owner's place among the queued requests
+/// (`QueueShares`) and the channels back to it.
 pub(crate) struct Unstarted {
-    pub key: u64,
+    pub owner: crate::request::Owner,
     pub events: mpsc::UnboundedSender<Event>,
     pub usage: oneshot::Sender<Usage>,
 }
@@ -36,7 +36,7 @@ impl From<ActiveRequest> for Leaving {
 
 impl From<Job> for Leaving {
     fn from(job: Job) -> Self {
-        Leaving::Unstarted(Unstarted { key: job.request.owner.key, events: job.events, usage: job.usage })
+        Leaving::Unstarted(Unstarted { owner: job.request.owner, events: job.events, usage: job.usage })
     }
 }
 
@@ -49,7 +49,8 @@ pub(crate) enum Ending {
     /// It cannot go on, and its owner gets `error`. Its sequences are emptied: a failure may have
     /// left them half-updated.
     Failed(EngineError),
-    /// A batch's line gives its sequences to interactive work waiting for them
+    /// A batch's line or an unstreamed `flex` request gives its sequences to interactive work
+    /// waiting for them
     /// (`Scheduler::preempt`): it ends `preempted`, its owner told to run it again; its
     /// sequences keep their entries, as a finished request's do.
     Preempted,
@@ -66,7 +67,7 @@ impl Scheduler {
         let record = (matches!(leaving, Leaving::Running(_)), ending.name());
         let usage = match leaving {
             Leaving::Unstarted(job) => {
-                self.queued.leave(job.key);
+                self.queued.leave(job.owner);
                 let outcome = match ending {
                     Ending::Finished => Outcome::Cancelled,
                     Ending::Preempted => {

@@ -185,32 +185,63 @@ async fn a_scheduler_panic_ends_every_request_it_held_once() {
 }
 
 #[tokio::test]
-async fn a_batch_line_gives_its_sequence_to_an_interactive_request_and_ends_preempted() {
+async fn batch_lines_and_unstreamed_flex_requests_give_their_sequences_and_end_preempted() {
     let (engine, endings) = start(1, None);
-    let submit_in = |text: &str, max_tokens, tier| {
+    let submit_in = |text: &str, max_tokens, tier, streamed| {
         let mut request = engine.prepare(ask(&engine, text, max_tokens)).unwrap();
+        (request.tier, request.streamed) = (tier, streamed);
+        engine.submit(request).unwrap()
+    };
+    // A streamed flex request is not stopped (its client reads it): the default one waits.
+    let mut flex = submit_in("a flex answer", 30, crate::ServiceTier::Flex, true);
+    while !matches!(flex.events.recv().await, Some(Event::Delta { .. })) {}
+    let (events, _) = drain(submit_in("an interactive one", 2, crate::ServiceTier::Default, true)).await;
+    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+    assert_eq!(drain(flex).await.1.outcome, Outcome::Length);
+    // A batch line and an unstreamed flex request are: each ends preempted, told so, while the
+    // default request runs.
+    for (text, tier) in
+        [("a long batch answer", crate::ServiceTier::Batch), ("a long flex one", crate::ServiceTier::Flex)]
+    {
+        let mut held = submit_in(text, 200, tier, false);
+        while !matches!(held.events.recv().await, Some(Event::Delta { .. })) {}
+        let interactive = submit_in("an interactive one", 3, crate::ServiceTier::Default, false);
+        let (events, usage) = drain(held).await;
+        assert!(matches!(events.last(), Some(Event::Error(EngineError::Preempted))), "{tier:?}: {events:?}");
+        assert_eq!(usage.outcome, Outcome::Preempted);
+        assert!(usage.completion_tokens < 200, "{usage:?}");
+        let (events, usage) = drain(interactive).await;
+        assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
+        assert_eq!(usage.completion_tokens, 3);
+    }
+    let logged = ends(&endings, 6);
+    assert_eq!(logged.iter().filter(|r| r.ending == "preempted").count(), 2, "{logged:?}");
+    assert!(logged.contains(&record(true, "preempted", Outcome::Preempted)), "{logged:?}");
+    engine.shutdown();
+}
+
+#[tokio::test]
+async fn batch_lines_are_preempted_before_flex_requests() {
+    let (engine, _endings) = start(2, None);
+    let submit_in = |text: &str, tier| {
+        let mut request = engine.prepare(ask(&engine, text, 200)).unwrap();
         request.tier = tier;
         engine.submit(request).unwrap()
     };
-    // A flex request is not stopped: the default one waits for it.
-    let mut flex = submit_in("a flex answer", 30, crate::ServiceTier::Flex);
-    while !matches!(flex.events.recv().await, Some(Event::Delta { .. })) {}
-    let (events, _) = drain(submit_in("an interactive one", 2, crate::ServiceTier::Default)).await;
-    assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
-    assert_eq!(drain(flex).await.1.outcome, Outcome::Length);
-    // A batch line is: it ends preempted, told so, while the default request runs.
-    let mut line = submit_in("a long batch answer", 200, crate::ServiceTier::Batch);
+    // The line starts first, so "the most recently started first" alone would not pick it.
+    let mut line = submit_in("a long batch answer", crate::ServiceTier::Batch);
     while !matches!(line.events.recv().await, Some(Event::Delta { .. })) {}
-    let interactive = submit_in("an interactive one", 3, crate::ServiceTier::Default);
-    let (events, usage) = drain(line).await;
+    let mut flex = submit_in("a long flex answer", crate::ServiceTier::Flex);
+    while !matches!(flex.events.recv().await, Some(Event::Delta { .. })) {}
+    let mut interactive = engine.prepare(ask(&engine, "an interactive one", 3)).unwrap();
+    interactive.tier = crate::ServiceTier::Default;
+    let interactive = engine.submit(interactive).unwrap();
+    let (events, _) = drain(line).await;
     assert!(matches!(events.last(), Some(Event::Error(EngineError::Preempted))), "{events:?}");
-    assert_eq!(usage.outcome, Outcome::Preempted);
-    assert!(usage.completion_tokens < 200, "{usage:?}");
     let (events, usage) = drain(interactive).await;
     assert!(matches!(events.last(), Some(Event::Done(_))), "{events:?}");
     assert_eq!(usage.completion_tokens, 3);
-    let logged = ends(&endings, 4);
-    assert_eq!(logged.iter().filter(|r| r.ending == "preempted").count(), 1, "{logged:?}");
-    assert!(logged.contains(&record(true, "preempted", Outcome::Preempted)), "{logged:?}");
+    // One sequence was enough: the flex request runs on to its length.
+    assert_eq!(drain(flex).await.1.outcome, Outcome::Length);
     engine.shutdown();
 }

@@ -179,8 +179,10 @@ async fn answer(state: &AppState, routes: Router, line: &ClaimedLine) -> Answer 
     let Ok(response) = routes.oneshot(request).await;
     let status = response.status();
     // Not run: the server drains, the engine's queue is full, the database failed, the disk is
-    // low. Another try (here or on another server) may run it.
-    if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::INSUFFICIENT_STORAGE) {
+    // low, interactive work took its sequence. Another try (here or on another server) may run it.
+    let preempted =
+        response.extensions().get::<ApiError>().is_some_and(|e| e.code.as_deref() == Some("resource_unavailable"));
+    if preempted || matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::INSUFFICIENT_STORAGE) {
         return Answer::Retry;
     }
     match axum::body::to_bytes(response.into_body(), MAX_ANSWER_BYTES).await {

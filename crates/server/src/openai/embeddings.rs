@@ -153,7 +153,7 @@ pub(crate) async fn run_metered(
         Err(refused) => return Ok(Err(refusal_response(key, refused))),
     };
     let rate = ticket.rate();
-    let answer = model.embed(key.id as u64, inputs);
+    let answer = model.embed(crate::pipeline::owner_of(key), inputs);
     let (vectors_tx, vectors_rx) = tokio::sync::oneshot::channel();
     let journalled = ticket.settle_when(async move {
         // Held until the vectors are computed: the model is not unloaded under its job.

@@ -47,7 +47,11 @@ impl Generator for ScriptedEmbedder {
     fn embedding_shape(&self) -> Option<EmbeddingShape> {
         Some(EmbeddingShape { dimensions: 2, max_input_tokens: 8 })
     }
-    fn embed(&self, _: u64, inputs: Vec<Vec<i32>>) -> tokio::sync::oneshot::Receiver<Result<Embeddings, EmbedError>> {
+    fn embed(
+        &self,
+        _: gantry_engine::Owner,
+        inputs: Vec<Vec<i32>>,
+    ) -> tokio::sync::oneshot::Receiver<Result<Embeddings, EmbedError>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let vectors = inputs.iter().enumerate().map(|(i, input)| vec![i as f32, input.len() as f32]).collect();
         let _ = tx.send(Ok(vectors));

@@ -88,6 +88,8 @@ pub(crate) struct ActiveRequest {
     pub owner: crate::request::Owner,
     /// Its lane in the queue.
     pub tier: crate::request::ServiceTier,
+    /// Its client reads the output as it is made: not preempted (see `is_preemptible`).
+    streamed: bool,
     /// A batch's line that skips this step, so that interactive work computes as it would alone
     /// (`Scheduler::sit_out_batch_lines`); set at each step's start.
     pub(crate) sits_out: bool,
@@ -100,6 +102,18 @@ impl ActiveRequest {
     /// interactive work.
     pub(crate) fn is_batch_line(&self) -> bool {
         self.tier == crate::request::ServiceTier::Batch
+    }
+
+    /// Stopped (`Ending::Preempted`) when interactive work waits for its sequences: a batch's
+    /// line, or a `flex` request whose client sees nothing before its end, so that it can be
+    /// run again from the start. A streamed one runs to its end once started.
+    pub(crate) fn is_preemptible(&self) -> bool {
+        use crate::request::ServiceTier;
+        match self.tier {
+            ServiceTier::Batch => true,
+            ServiceTier::Flex => !self.streamed,
+            ServiceTier::Default | ServiceTier::Priority => false,
+        }
     }
 
     /// Fails (with the reason) only if the request's grammar does not compile, which the server
@@ -203,6 +217,7 @@ impl ActiveRequest {
             fault,
             owner: request.owner,
             tier: request.tier,
+            streamed: request.streamed,
             sits_out: false,
             grammars: PreparedGrammars { output: None, ..request.grammars },
         };

@@ -17,16 +17,21 @@ use crate::scheduler::step::cache_moves::copy_prefix;
 use crate::scheduler::{Job, Scheduler};
 
 impl Scheduler {
-    /// Ends batch lines (`ServiceTier::Batch`) while a `default` or `priority` request waits
-    /// for more sequences than are free and one would start with theirs: the most recently
-    /// started first, which loses the least work. Their owners run them again (`Ending::Preempted`).
+    /// Ends preemptible requests (`ActiveRequest::is_preemptible`: batch lines, unstreamed
+    /// `flex` ones) while a `default` or `priority` request waits for more sequences than are
+    /// free and one would start with theirs: batch lines before `flex` requests (a person may be
+    /// waiting for those), each the most recently started first, which loses the least work.
+    /// Their owners run them again (`Ending::Preempted`), unbilled.
     pub(in crate::scheduler) fn preempt(&mut self, ctx: &mut LlamaContext<'_>) {
         while let Some(wanted) = self.waiting.standard_wants(self.free_seqs.len()) {
-            let held: usize = self.active.iter().filter(|r| r.is_batch_line()).map(|r| r.choices.len()).sum();
+            let held: usize = self.active.iter().filter(|r| r.is_preemptible()).map(|r| r.choices.len()).sum();
             if self.free_seqs.len() + held < wanted {
                 return;
             }
-            let Some(last) = self.active.iter().rposition(ActiveRequest::is_batch_line) else { return };
+            let last = self.active.iter().rposition(ActiveRequest::is_batch_line);
+            let Some(last) = last.or_else(|| self.active.iter().rposition(ActiveRequest::is_preemptible)) else {
+                return;
+            };
             let req = self.active.remove(last);
             self.end(ctx, req.into(), Ending::Preempted);
         }
@@ -92,12 +97,12 @@ impl Scheduler {
                     // Taken back: its sequences free again, its key's running count as before.
                     self.free_seqs.extend(seqs);
                     self.waiting.finished(owner, tier, n);
-                    let unstarted = Unstarted { key: owner.key, events, usage };
+                    let unstarted = Unstarted { owner, events, usage };
                     self.end(ctx, Leaving::Unstarted(unstarted), Ending::Failed(error));
                     continue;
                 }
             };
-            self.queued.leave(owner.key);
+            self.queued.leave(owner);
             req.report_usage_to(usage);
             req.isolated = isolated;
             if let Some(device) = self.device.as_mut() {
