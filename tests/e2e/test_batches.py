@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sqlite3
 import time
 import uuid
 from collections import Counter
@@ -562,6 +563,46 @@ def test_cancelling_halfway_keeps_the_finished_lines_and_bills_only_them():
         rows = _ledger(srv, key.name, {line["id"] for line in out})
         assert Counter(r["request_id"] for r in rows) == Counter(line["id"] for line in out), rows
         _check_batch_rows(rows, done.id, (300, 700))
+
+
+def test_an_expired_batch_delivers_and_bills_only_what_finished(tmp_path):
+    """The 24-hour window cannot pass in a test: the batch's expiry is moved into the past in its
+    database, as time would. What ran is delivered and billed once; the rest is `batch_expired`."""
+    model = _models()[0]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    extra = ("--admin-token", ADMIN_TOKEN, "--data-dir", str(data_dir), "--batch-concurrency", "1")
+    with serving(model, extra, ("--ctx-size", "1024", "--parallel", "1")) as (srv, _):
+        key = _key(srv)
+        n = 40
+        lines = [_chat_line(srv.model_id, f"e{i:02d}", max_tokens=16, content=COUNT) for i in range(n)]
+        batch = _submit(key.client, lines)
+        _wait(srv, key.client, batch.id, _completed_at_least(2), "two completed lines")
+        with sqlite3.connect(data_dir / "gantry.db", timeout=30) as db:
+            db.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, batch.id))
+        done = _wait(srv, key.client, batch.id)
+        assert done.status == "expired", done.to_dict()
+        assert done.expired_at is not None and done.finalizing_at <= done.expired_at, done.to_dict()
+        assert done.completed_at is None and done.cancelled_at is None, done.to_dict()
+
+        out, errors = _read(key.client, done.output_file_id), _read(key.client, done.error_file_id)
+        assert 2 <= len(out) < n, f"{len(out)} of {n} lines answered: not expired halfway"
+        assert Counter(line["custom_id"] for line in out + errors) == Counter(line["custom_id"] for line in lines), \
+            "every line is in one file, once"
+        for line in out:
+            assert line["response"]["status_code"] == 200, line
+            assert line["response"]["body"]["usage"]["completion_tokens"] == 16, "a finished line ran to its end"
+        for line in errors:
+            assert line["response"] is None, line
+            assert line["error"]["code"] == "batch_expired" and line["error"]["message"], line
+        assert (done.request_counts.total, done.request_counts.completed) == (n, len(out)), done.to_dict()
+        # Exactly the delivered lines are billed, once each (the line running at expiry included).
+        rows = _ledger(srv, key.name, {line["id"] for line in out})
+        assert Counter(r["request_id"] for r in rows) == Counter(line["id"] for line in out), rows
+        time.sleep(1)
+        billed = _ledger(srv, key.name, set())
+        assert {r["request_id"] for r in billed if r.get("batch_id") == batch.id} == {line["id"] for line in out}, \
+            "nothing of the batch billed beyond its output"
 
 
 def test_a_batch_survives_kill_9_each_line_answered_and_billed_once(tmp_path):

@@ -41,7 +41,7 @@ pub struct BatchLine {
 pub struct Finishable {
     pub id: String,
     pub key_id: i64,
-    /// `in_progress` or `cancelling`: the status it is finished from.
+    /// `in_progress`, `finalizing` or `cancelling`: the status it is finished from.
     pub from: String,
     /// `completed`, `expired` or `cancelled`.
     pub to: &'static str,
@@ -164,24 +164,44 @@ impl Accounts {
         Ok(done.rows_affected())
     }
 
-    /// Batches that may be finished now: in progress with every line done, or past their expiry,
-    /// or cancelling, each with no line still running.
+    /// Moves every batch in progress past its expiry with lines still pending to `finalizing`,
+    /// where no line starts any more; returns how many. Its lines running go on, and are
+    /// delivered and billed; [`Self::finishable_batches`] finishes it once they ended.
+    pub async fn close_expired_batches(&self, now: i64) -> Result<u64, AccountsError> {
+        let closed = sqlx::query(
+            "UPDATE batches SET status = 'finalizing', finalizing_at = $1 \
+             WHERE status = 'in_progress' AND expires_at <= $1 \
+             AND EXISTS (SELECT 1 FROM batch_lines p WHERE p.state = 'pending' AND p.batch_id = batches.id)",
+        )
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(closed.rows_affected())
+    }
+
+    /// Batches that may be finished now, each with no line still running: in progress or
+    /// finalizing with every line done (`completed`), cancelling (`cancelled`), or finalizing
+    /// with lines never run (`expired`). A batch finalizing is finished only from the second
+    /// after it was closed: a claim that read it in progress just before has ended by then, and
+    /// shows as a running line, so no line runs and is billed outside the batch's output.
     pub async fn finishable_batches(&self, now: i64) -> Result<Vec<Finishable>, AccountsError> {
-        let rows: Vec<(String, i64, String, i64, i64)> = sqlx::query_as(
-            "SELECT b.id, b.key_id, b.status, b.expires_at, \
+        let rows: Vec<(String, i64, String, Option<i64>, i64)> = sqlx::query_as(
+            "SELECT b.id, b.key_id, b.status, b.finalizing_at, \
                     (SELECT COUNT(*) FROM batch_lines p WHERE p.state = 'pending' AND p.batch_id = b.id) \
-             FROM batches b WHERE b.status IN ('in_progress', 'cancelling') \
+             FROM batches b WHERE b.status IN ('in_progress', 'finalizing', 'cancelling') \
              AND NOT EXISTS (SELECT 1 FROM batch_lines r WHERE r.state = 'running' AND r.batch_id = b.id)",
         )
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
             .into_iter()
-            .filter_map(|(id, key_id, from, expires_at, pending)| {
+            .filter_map(|(id, key_id, from, finalizing_at, pending)| {
+                let settled = finalizing_at.is_some_and(|at| at < now);
                 let to = match from.as_str() {
                     "cancelling" => "cancelled",
+                    "finalizing" if !settled => return None,
                     _ if pending == 0 => "completed",
-                    _ if expires_at <= now => "expired",
+                    "finalizing" => "expired",
                     _ => return None,
                 };
                 Some(Finishable { id, key_id, from, to })
@@ -216,7 +236,7 @@ impl Accounts {
             _ => "cancelled_at",
         };
         let changed = sqlx::query(&format!(
-            "UPDATE batches SET status = $3, finalizing_at = $4, {at_column} = $4, output_file_id = $5, \
+            "UPDATE batches SET status = $3, finalizing_at = COALESCE(finalizing_at, $4), {at_column} = $4, output_file_id = $5, \
              error_file_id = $6 WHERE id = $1 AND status = $2"
         ))
         .bind(&batch.id)

@@ -144,11 +144,25 @@ on_both!(a_cancelled_batch_starts_no_line_and_ends_once_its_running_lines_do, |a
     let done = acc.finish_batch(&finishable[0], 2_001, None, None).await.unwrap().unwrap();
     assert_eq!((done.status.as_str(), done.completed, done.cancelled_at), ("cancelled", 1, Some(2_001)));
     assert!(matches!(acc.cancel_batch(mine.id, "batch_c", 2_002).await.unwrap().status.as_str(), "cancelled"));
-    // An expired batch starts no line either, and is finished as expired.
-    acc.create_batch(&batch("batch_d", mine.id, 1_000, 1)).await.unwrap();
-    assert_eq!(acc.claim_batch_line("s", 1_000 + 86_400).await.unwrap(), None);
-    let expired = acc.finishable_batches(1_000 + 86_400).await.unwrap();
+    // An expired batch starts no line either. It is closed (finalizing) first; its line claimed
+    // just before its expiry runs on, and the batch is finished as expired once that line ended
+    // and a second went by (a claim racing the close would show as running by then).
+    acc.create_batch(&batch("batch_d", mine.id, 1_000, 2)).await.unwrap();
+    let expiry = 1_000 + 86_400;
+    let late = acc.claim_batch_line("s", expiry - 1).await.unwrap().unwrap();
+    assert_eq!(acc.claim_batch_line("s", expiry).await.unwrap(), None);
+    assert!(acc.finishable_batches(expiry).await.unwrap().is_empty(), "still in progress");
+    assert_eq!(acc.close_expired_batches(expiry).await.unwrap(), 1);
+    assert_eq!(acc.close_expired_batches(expiry).await.unwrap(), 0, "closed once");
+    assert_eq!(acc.batch(mine.id, "batch_d").await.unwrap().unwrap().status, "finalizing");
+    assert_eq!(acc.claim_batch_line("s", expiry - 1).await.unwrap(), None, "no line starts once closed");
+    assert!(acc.finish_batch_line(&late, "s", 200, "{}").await.unwrap(), "the running line is kept");
+    assert!(acc.finishable_batches(expiry).await.unwrap().is_empty(), "not in the second it was closed");
+    let expired = acc.finishable_batches(expiry + 1).await.unwrap();
     assert_eq!(expired.iter().map(|f| (f.id.as_str(), f.to)).collect::<Vec<_>>(), [("batch_d", "expired")]);
+    let done = acc.finish_batch(&expired[0], expiry + 1, None, None).await.unwrap().unwrap();
+    assert_eq!((done.status.as_str(), done.completed), ("expired", 1));
+    assert_eq!((done.finalizing_at, done.expired_at), (Some(expiry), Some(expiry + 1)));
     // A failed validation is a batch with no line, failed from the start.
     let failed = NewBatch { errors: Some("[]".into()), lines: Vec::new(), ..batch("batch_e", mine.id, 3_000, 0) };
     let failed = acc.create_batch(&failed).await.unwrap();

@@ -115,7 +115,11 @@ async fn sweep(state: &AppState) {
         Ok(n) => tracing::info!(lines = n, "batches: took back the lines of servers that stopped"),
         Err(e) => tracing::warn!(error = %e, "batches: could not take back dead servers' lines"),
     }
-    let finishable = match state.accounts.finishable_batches(now_secs() as i64).await {
+    let now = now_secs() as i64;
+    if let Err(e) = state.accounts.close_expired_batches(now).await {
+        tracing::warn!(error = %e, "batches: could not close expired batches");
+    }
+    let finishable = match state.accounts.finishable_batches(now).await {
         Ok(batches) => batches,
         Err(e) => return tracing::warn!(error = %e, "batches: could not look for batches to finish"),
     };
