@@ -1,4 +1,5 @@
-//! What a request costs: a price per model and billing tier, from `--price`. A tier without its
+//! What a request costs: a price per model and billing tier, from `--price` or a models file's
+//! `price` table (`--price` wins where both price a model's tier). A tier without its
 //! own price derives it from the model's `default` one: `flex` at `FLEX_PRICE_FACTOR` of it
 //! (OpenAI prices flex as it prices Batch, at half), a batch's lines at `BATCH_PRICE_FACTOR`,
 //! `priority` at it.
@@ -33,6 +34,40 @@ impl BillingTier {
 
 /// One `--price`: a model (or alias), the tier it prices, the price.
 pub type PriceEntry = (String, BillingTier, Price);
+
+/// A billing tier by name: `default`, `flex`, `priority` or `batch`.
+pub fn parse_tier(name: &str) -> Result<BillingTier, String> {
+    match name.trim() {
+        "default" => Ok(BillingTier::Service(ServiceTier::Default)),
+        "flex" => Ok(BillingTier::Service(ServiceTier::Flex)),
+        "priority" => Ok(BillingTier::Service(ServiceTier::Priority)),
+        "batch" => Ok(BillingTier::Batch),
+        tier => Err(format!("{tier:?} is not a billing tier (default, flex, priority or batch)")),
+    }
+}
+
+/// `INPUT,OUTPUT[,CACHED]`, USD per million tokens, each finite and not negative. An empty
+/// error means the shape is wrong (the caller says which shape it wanted).
+pub fn parse_rates(rates: &str) -> Result<Price, String> {
+    let parts: Vec<&str> = rates.split(',').collect();
+    let (input, output, cached) = match parts[..] {
+        [input, output] => (input, output, None),
+        [input, output, cached] => (input, output, Some(cached)),
+        _ => return Err(String::new()),
+    };
+    let parse = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| format!("{v:?} is not a price"))
+    };
+    Ok(Price {
+        input_per_mtok: parse(input)?,
+        output_per_mtok: parse(output)?,
+        cached_input_per_mtok: cached.map(parse).transpose()?,
+    })
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct PriceList {
@@ -116,5 +151,21 @@ mod tests {
         assert_eq!((batch.input_per_mtok, batch.output_per_mtok, batch.cached_input_per_mtok), (1.0, 4.0, Some(0.25)));
         let custom = PriceList::new(&[("m".into(), BillingTier::Batch, price(0.1, 0.2))]);
         assert_eq!(custom.price("m", "m", BillingTier::Batch), price(0.1, 0.2));
+    }
+
+    #[test]
+    fn a_later_entry_for_the_same_tier_wins() {
+        // The server lists a models file's prices before the `--price` flags.
+        let default = BillingTier::Service(ServiceTier::Default);
+        let list = PriceList::new(&[
+            ("m".into(), default, price(1.0, 2.0)),
+            ("m".into(), BillingTier::Batch, price(0.1, 0.2)),
+            ("m".into(), default, price(3.0, 4.0)),
+        ]);
+        assert_eq!(list.price("m", "m", default), price(3.0, 4.0));
+        assert_eq!(list.price("m", "m", BillingTier::Batch), price(0.1, 0.2), "the file's batch price stays");
+        assert_eq!(parse_tier(" priority "), Ok(BillingTier::Service(ServiceTier::Priority)));
+        assert_eq!(parse_rates("1,2,3").map(|p| p.cached_input_per_mtok), Ok(Some(3.0)));
+        assert_eq!(parse_rates("1"), Err(String::new()));
     }
 }

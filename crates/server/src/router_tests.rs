@@ -232,6 +232,7 @@ pub(crate) async fn harness_tweaked(
         created: 0,
         shrinkable: crate::pool::Shrinkable::ALL,
         capabilities: gantry_engine::Capabilities::default(),
+        prices: Vec::new(),
     };
     let options = PoolOptions { budget: 1 << 30, wait_for_room: std::time::Duration::from_secs(1) };
     let loads = Arc::new(AtomicUsize::new(0));

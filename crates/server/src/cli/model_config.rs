@@ -14,6 +14,7 @@
 //! mmproj = "mmproj.gguf"         # its multimodal projector
 //! pin = true                     # loaded at start, never unloaded to make room
 //! idle_unload_s = 600            # unloaded after this long without requests
+//! price = { default = "0.15,0.60,0.075", batch = "0.05,0.20" }  # USD per million tokens
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -56,6 +57,9 @@ struct FileEntry {
     #[serde(default)]
     pin: bool,
     idle_unload_s: Option<u64>,
+    /// Billing tier → `INPUT,OUTPUT[,CACHED]`, as `--price` takes them.
+    #[serde(default)]
+    price: std::collections::BTreeMap<String, String>,
 }
 
 /// Every model the flags, the models directory and the models file name, resolved to files.
@@ -156,7 +160,17 @@ fn spec(args: &ServeArgs, id: String, path: PathBuf, mmproj: Option<PathBuf>) ->
         tracing::warn!(model = %path.display(), "could not read what the model can do: {e}");
         gantry_engine::Capabilities::default()
     });
-    ModelSpec { id, aliases: Vec::new(), config, pin: false, idle_unload: None, created, shrinkable, capabilities }
+    ModelSpec {
+        id,
+        aliases: Vec::new(),
+        config,
+        pin: false,
+        idle_unload: None,
+        created,
+        shrinkable,
+        capabilities,
+        prices: Vec::new(),
+    }
 }
 
 fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Result<Vec<ModelSpec>> {
@@ -195,6 +209,16 @@ fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Resu
         spec.aliases = entry.aliases;
         spec.pin = entry.pin;
         spec.idle_unload = entry.idle_unload_s.map(Duration::from_secs);
+        for (tier, rates) in &entry.price {
+            let context = || format!("{}: model {:?}: price.{tier}", file.display(), entry.model);
+            let tier = crate::prices::parse_tier(tier).map_err(anyhow::Error::msg).with_context(context)?;
+            let price = crate::prices::parse_rates(rates)
+                .map_err(|e| {
+                    anyhow::anyhow!(if e.is_empty() { "expected \"INPUT,OUTPUT[,CACHED]\"".into() } else { e })
+                })
+                .with_context(context)?;
+            spec.prices.push((tier, price));
+        }
         specs.push(spec);
     }
     Ok(specs)

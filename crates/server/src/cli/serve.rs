@@ -19,6 +19,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     warn_about_fault_injection();
     let mut specs = crate::cli::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
+    // A models file's prices, then the flags', which win where both price a model's tier.
+    let file_prices = specs.iter().flat_map(|s| s.prices.iter().map(|(tier, price)| (s.id.clone(), *tier, *price)));
+    let prices: Vec<crate::prices::PriceEntry> = file_prices.chain(args.prices.iter().cloned()).collect();
     // Bound before anything slow (the model load): a port already taken stops the server at
     // once. Clients that connect meanwhile wait in the backlog until it serves.
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
@@ -102,7 +105,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         meter: meter.clone(),
-        prices: Arc::new(crate::prices::PriceList::new(&args.prices)),
+        prices: Arc::new(crate::prices::PriceList::new(&prices)),
         admin_token: admin_token.map(Arc::from),
         draining: Default::default(),
         stats: Default::default(),

@@ -347,43 +347,17 @@ pub enum SpeculateArg {
 }
 
 fn parse_price(s: &str) -> Result<crate::prices::PriceEntry, String> {
-    use crate::prices::BillingTier;
-    use gantry_api::ServiceTier;
     const SHAPE: &str = "expected MODEL[@TIER]=INPUT,OUTPUT[,CACHED] (USD per million tokens)";
-    let (model, prices) = s.split_once('=').ok_or(SHAPE)?;
+    let (model, rates) = s.split_once('=').ok_or(SHAPE)?;
     let (model, tier) = match model.trim().rsplit_once('@') {
-        Some((model, "default")) => (model, BillingTier::Service(ServiceTier::Default)),
-        Some((model, "flex")) => (model, BillingTier::Service(ServiceTier::Flex)),
-        Some((model, "priority")) => (model, BillingTier::Service(ServiceTier::Priority)),
-        Some((model, "batch")) => (model, BillingTier::Batch),
-        Some((_, tier)) => return Err(format!("{tier:?} is not a billing tier (default, flex, priority or batch)")),
-        None => (model, BillingTier::Service(ServiceTier::Default)),
-    };
-    let parts: Vec<&str> = prices.split(',').collect();
-    let (input, output, cached) = match parts[..] {
-        [input, output] => (input, output, None),
-        [input, output, cached] => (input, output, Some(cached)),
-        _ => return Err(SHAPE.into()),
-    };
-    let parse = |v: &str| {
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|x| x.is_finite() && *x >= 0.0)
-            .ok_or_else(|| format!("{v:?} is not a price"))
+        Some((model, tier)) => (model, crate::prices::parse_tier(tier)?),
+        None => (model, crate::prices::BillingTier::Service(gantry_api::ServiceTier::Default)),
     };
     if model.trim().is_empty() {
         return Err("the model id is empty".into());
     }
-    Ok((
-        model.trim().to_string(),
-        tier,
-        gantry_accounts::Price {
-            input_per_mtok: parse(input)?,
-            output_per_mtok: parse(output)?,
-            cached_input_per_mtok: cached.map(parse).transpose()?,
-        },
-    ))
+    let price = crate::prices::parse_rates(rates).map_err(|e| if e.is_empty() { SHAPE.to_string() } else { e })?;
+    Ok((model.trim().to_string(), tier, price))
 }
 
 #[cfg(test)]

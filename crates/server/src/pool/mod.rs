@@ -43,6 +43,8 @@ pub struct ModelSpec {
     pub shrinkable: Shrinkable,
     /// What it serves (generation, embeddings, fill-in-the-middle), read from its GGUF.
     pub capabilities: gantry_engine::Capabilities,
+    /// Its prices from a models file, by billing tier (`--price` flags are added to them).
+    pub prices: Vec<(crate::prices::BillingTier, gantry_accounts::Price)>,
 }
 
 /// Why a request could not get its model.

@@ -86,6 +86,7 @@ fn spec(id: &str, bytes: u32, pin: bool) -> ModelSpec {
         created: 0,
         shrinkable: Shrinkable::ALL,
         capabilities: gantry_engine::Capabilities::default(),
+        prices: Vec::new(),
     }
 }
 

@@ -145,6 +145,7 @@ fn several_models_split_the_cores_and_take_turns_only_when_they_must() {
                 created: 0,
                 shrinkable: crate::pool::Shrinkable::ALL,
                 capabilities: gantry_engine::Capabilities::default(),
+                prices: Vec::new(),
             })
             .collect()
     };
@@ -216,4 +217,39 @@ fn deterministic_greedy_is_asked_for_and_needs_a_kv_stream_per_sequence() {
 fn model_id_is_the_file_stem() {
     let p = std::path::Path::new("/x/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
     assert_eq!(model_id_from_path(p), "qwen2.5-coder-0.5b-instruct-q4_k_m");
+}
+
+#[test]
+fn a_models_file_prices_a_models_tiers() {
+    use crate::prices::BillingTier;
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.gguf");
+    write_tiny(&a);
+    let file = dir.path().join("models.toml");
+    let models = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        model_specs(&serve_args(&["--models-config", file.to_str().unwrap()]))
+    };
+    let specs =
+        models("[[model]]\nmodel = \"a.gguf\"\nprice = { default = \"1,2,0.5\", batch = \"0.25, 1\" }\n").unwrap();
+    let prices: Vec<(BillingTier, f64, f64, Option<f64>)> = specs[0]
+        .prices
+        .iter()
+        .map(|(tier, p)| (*tier, p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok))
+        .collect();
+    assert_eq!(
+        prices,
+        [
+            (BillingTier::Batch, 0.25, 1.0, None),
+            (BillingTier::Service(gantry_api::ServiceTier::Default), 1.0, 2.0, Some(0.5))
+        ]
+    );
+    for (bad, says) in [
+        ("turbo = \"1,2\"", "\"turbo\" is not a billing tier"),
+        ("flex = \"1\"", "expected \"INPUT,OUTPUT[,CACHED]\""),
+        ("flex = \"1,-2\"", "\"-2\" is not a price"),
+    ] {
+        let err = models(&format!("[[model]]\nmodel = \"a.gguf\"\nprice = {{ {bad} }}\n")).unwrap_err();
+        assert!(format!("{err:#}").contains(says) && format!("{err:#}").contains("price."), "{bad}: {err:#}");
+    }
 }
