@@ -170,6 +170,37 @@ def test_infill_as_llama_vim_sends_it(server, http, auth):
     assert http.post("/infill", json=warm, headers=auth).status_code == 200
 
 
+def _check_probabilities(probs: list[dict], n_probs: int) -> None:
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"}, p
+        assert isinstance(p["id"], int) and p["logprob"] <= 0 and bytes(p["bytes"]).decode("utf-8", "replace") == p["token"], p
+        top = p["top_logprobs"]
+        assert len(top) == n_probs and all(set(t) == {"id", "token", "bytes", "logprob"} for t in top), top
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True), top
+        # Greedy: the token taken is the likeliest.
+        assert top[0]["id"] == p["id"] and top[0]["logprob"] == pytest.approx(p["logprob"]), p
+
+
+def test_infill_n_probs_reports_each_tokens_probabilities(server, http, auth):
+    body = {"input_prefix": "def is_even(n):\n", "input_suffix": "\n", "prompt": "    return", "n_predict": 8,
+            "temperature": 0, "n_probs": 3}
+    reply = http.post("/infill", json=body, headers=auth).json()
+    probs = reply["completion_probabilities"]
+    assert len(probs) == reply["tokens_predicted"] > 0, reply
+    _check_probabilities(probs, 3)
+    # Streamed: each partial object carries its tokens' probabilities.
+    streamed = http.post("/infill", json={**body, "stream": True}, headers=auth)
+    lines = [json.loads(p) for p in sse_payloads(streamed.text)]
+    streamed_probs = [p for line in lines[:-1] for p in line["completion_probabilities"]]
+    assert [p["id"] for p in streamed_probs] == [p["id"] for p in probs], lines
+    _check_probabilities(streamed_probs, 3)
+    # Without n_probs, none; a sampled-after view is not offered.
+    plain = http.post("/infill", json={**body, "n_probs": 0}, headers=auth).json()
+    assert "completion_probabilities" not in plain, plain
+    refused = http.post("/infill", json={**body, "post_sampling_probs": True}, headers=auth)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "post_sampling_probs", refused.text
+
+
 def test_infill_stops_at_a_line_indented_less_than_n_indent(server, http, auth):
     # llama.cpp's `n_indent`: past the first line, a line indented less (a blank one too) ends
     # the answer, which keeps the line break and indentation before it. The FIM stop rule is off,

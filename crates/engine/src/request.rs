@@ -143,6 +143,8 @@ impl FinishReason {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopLogprob {
+    /// The token's id in the model's vocabulary (llama.cpp's `/infill` reports it).
+    pub id: i32,
     pub token: String,
     pub bytes: Vec<u8>,
     pub logprob: f32,
@@ -151,6 +153,8 @@ pub struct TopLogprob {
 /// The log-probability of one sampled token and its most likely alternatives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
+    /// The sampled token's id in the model's vocabulary.
+    pub id: i32,
     pub token: String,
     pub bytes: Vec<u8>,
     pub logprob: f32,

@@ -2,7 +2,9 @@
 //! `suffix` runs (`openai::completions::prepare`), answered in llama-server's shape
 //! (`content`, `stop`, `tokens_predicted`, `tokens_evaluated`, `stop_type`, `timings`,
 //! `generation_settings.n_ctx`, …), which llama.vim and other llama.cpp IDE clients read;
-//! streamed as llama-server streams it: `data:` lines of partial objects, no `[DONE]`.
+//! streamed as llama-server streams it: `data:` lines of partial objects, no `[DONE]`. With
+//! `n_probs`, each token's probabilities as llama-server gives them (`completion_probabilities`:
+//! `id`, `token`, `bytes`, `logprob`, `top_logprobs`), in the answer or in each partial object.
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use gantry_api::ApiError;
-use gantry_engine::{Event, FinishReason, Usage};
+use gantry_engine::{Event, FinishReason, TokenLogprob, Usage};
 use serde_json::{json, Value};
 
 use crate::errors::IntoApiError;
@@ -27,6 +29,15 @@ pub(crate) struct InfillAnswer {
     pub temperature: f32,
     pub stream: bool,
     pub plan: AnswerPlan,
+    /// `n_probs` asked for: the answer reports `completion_probabilities`.
+    pub probabilities: bool,
+}
+
+/// One token's entry of `completion_probabilities`, as llama-server writes it.
+fn probability(t: &TokenLogprob) -> Value {
+    let top: Vec<Value> =
+        t.top.iter().map(|a| json!({"id": a.id, "token": a.token, "bytes": a.bytes, "logprob": a.logprob})).collect();
+    json!({"id": t.id, "token": t.token, "bytes": t.bytes, "logprob": t.logprob, "top_logprobs": top})
 }
 
 /// The shared path's errors with `/infill`'s field names.
@@ -82,11 +93,13 @@ pub(crate) async fn respond(
     let mut events = events;
     let mut clock = clock;
     let mut ending = Ending { stop_type: "limit", ..Ending::default() };
+    let mut probabilities = Vec::new();
     let usage = loop {
         match next_event(&mut events).await {
-            Event::Delta { text, .. } => {
+            Event::Delta { text, logprobs, .. } => {
                 clock.first.get_or_insert_with(Instant::now);
                 ending.content.push_str(&text);
+                probabilities.extend(logprobs.iter().map(probability));
             }
             Event::StopSequence { index, .. } => {
                 ending.stopped(&answer.plan, &stop, index);
@@ -97,7 +110,11 @@ pub(crate) async fn respond(
             _ => {}
         }
     };
-    Ok(Json(final_object(&answer, &ending, usage, &clock, true)).into_response())
+    let mut last = final_object(&answer, &ending, usage, &clock, true);
+    if answer.probabilities {
+        last["completion_probabilities"] = Value::Array(probabilities);
+    }
+    Ok(Json(last).into_response())
 }
 
 struct Clock {
@@ -162,11 +179,18 @@ fn stream_response(
     let body = stream::unfold(state, |state| async move {
         let (mut events, answer, stop, mut clock, mut ending, mut predicted) = state?;
         let frame = match next_event(&mut events).await {
-            Event::Delta { text, .. } => {
+            Event::Delta { text, logprobs, .. } => {
                 clock.first.get_or_insert_with(Instant::now);
                 predicted += 1;
                 ending.content.push_str(&text);
-                (!text.is_empty()).then(|| json!({"index": 0, "content": text, "tokens": [], "stop": false, "id_slot": -1, "tokens_predicted": predicted}))
+                let shown = !text.is_empty() || (answer.probabilities && !logprobs.is_empty());
+                shown.then(|| {
+                    let mut partial = json!({"index": 0, "content": text, "tokens": [], "stop": false, "id_slot": -1, "tokens_predicted": predicted});
+                    if answer.probabilities {
+                        partial["completion_probabilities"] = logprobs.iter().map(probability).collect();
+                    }
+                    partial
+                })
             }
             Event::StopSequence { index, .. } => {
                 let tail = ending.stopped(&answer.plan, &stop, index);

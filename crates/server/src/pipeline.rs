@@ -364,6 +364,7 @@ async fn admitted(
                 temperature: chat.temperature.unwrap_or(1.0),
                 stream: chat.stream,
                 plan: answer_plan.unwrap_or_default(),
+                probabilities: completion.as_ref().is_some_and(|c| c.logprobs.is_some()),
             };
             crate::infill::respond(answer, stop, events).await?
         }

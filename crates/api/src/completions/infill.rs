@@ -6,10 +6,13 @@
 
 use serde_json::Value;
 
-use super::{body_object, shared_fields, ExtraFile, PromptInput, ValidatedCompletion, MAX_PROMPTS};
+use super::{body_object, shared_fields, ExtraFile, PromptInput, ValidatedCompletion};
 use crate::fields::{check_array_len, get, opt_bool, opt_int, opt_str, type_error};
 use crate::validate::too_deep;
 use crate::ApiError;
+
+/// Most alternatives `n_probs` may ask for per token (as chat's `top_logprobs`).
+const MAX_N_PROBS: i64 = 20;
 
 /// Most files `input_extra` may carry (llama.vim sends at most its ring of 16 by default).
 const MAX_EXTRA_FILES: usize = 256;
@@ -49,8 +52,16 @@ pub fn parse_infill_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError
         }
         Some(other) => return Err(type_error("input_extra", "an array", other)),
     };
-    // llama.cpp's `n_probs`: alternatives per token, reported as `completion_probabilities`.
-    opt_int(obj, "n_probs", 0, MAX_PROMPTS as i64)?;
+    // llama.cpp's `n_probs`: each token's log-probability and its `n_probs` likeliest
+    // alternatives, reported as `completion_probabilities` (the model's distribution, as
+    // llama.cpp reports it unless `post_sampling_probs`).
+    let n_probs = opt_int(obj, "n_probs", 0, MAX_N_PROBS)?.filter(|&n| n > 0).map(|n| n as u32);
+    if opt_bool(obj, "post_sampling_probs")? == Some(true) {
+        return Err(ApiError::invalid_value(
+            "post_sampling_probs",
+            "post_sampling_probs is not supported: completion_probabilities report the model's distribution before sampling (leave it false or out).",
+        ));
+    }
     let fim_stop_rule = opt_bool(obj, "fim_stop_rule")?.unwrap_or(true);
     // llama.cpp reads any integer; none above 0 sets no limit.
     let n_indent = opt_int(obj, "n_indent", i64::MIN, i64::MAX)?.unwrap_or(0).max(0);
@@ -60,7 +71,7 @@ pub fn parse_infill_request(body: &[u8]) -> Result<ValidatedCompletion, ApiError
         suffix: Some(suffix),
         extra,
         echo: false,
-        logprobs: None,
+        logprobs: n_probs,
         fim_stop_rule,
         cut_to_fit: true,
         n_indent: u32::try_from(n_indent).unwrap_or(u32::MAX),

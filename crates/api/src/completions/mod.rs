@@ -55,7 +55,8 @@ pub struct ValidatedCompletion {
     pub extra: Vec<ExtraFile>,
     /// The prompt is repeated before each choice's text.
     pub echo: bool,
-    /// `logprobs`: alternatives per token (0–5), or `None` for no logprobs.
+    /// `logprobs` (0–5 alternatives per token; `/infill`'s `n_probs`, 1–20), or `None` for no
+    /// logprobs.
     pub logprobs: Option<u32>,
     /// Stop where the middle runs into the suffix or leaves the cursor's block (`fim_stop_rule`).
     pub fim_stop_rule: bool,

@@ -128,3 +128,22 @@ fn an_infill_request_as_llama_vim_sends_it() {
     let bad = json!({"input_prefix": 5});
     assert_eq!(parse_infill_request(bad.to_string().as_bytes()).unwrap_err().param.as_deref(), Some("input_prefix"));
 }
+
+#[test]
+fn infill_n_probs_asks_for_each_tokens_alternatives() {
+    let parse = |extra: serde_json::Value| {
+        let mut body = json!({"input_prefix": "a"});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        parse_infill_request(body.to_string().as_bytes())
+    };
+    assert_eq!(parse(json!({})).unwrap().logprobs, None);
+    assert_eq!(parse(json!({"n_probs": 0})).unwrap().logprobs, None, "0: none, as llama.cpp");
+    assert_eq!(parse(json!({"n_probs": 5, "post_sampling_probs": false})).unwrap().logprobs, Some(5));
+    for (bad, param) in [
+        (json!({"n_probs": 21}), "n_probs"),
+        (json!({"n_probs": "3"}), "n_probs"),
+        (json!({"n_probs": 3, "post_sampling_probs": true}), "post_sampling_probs"),
+    ] {
+        assert_eq!(parse(bad.clone()).unwrap_err().param.as_deref(), Some(param), "{bad}");
+    }
+}

@@ -280,12 +280,12 @@ pub(crate) fn logprobs_for(model: &LoadedModel, logits: &[f32], chosen: i32, top
             .into_iter()
             .map(|id| {
                 let (token, bytes, logprob) = entry(id);
-                TopLogprob { token, bytes, logprob }
+                TopLogprob { id, token, bytes, logprob }
             })
             .collect();
     }
     let (token, bytes, logprob) = entry(chosen);
-    TokenLogprob { token, bytes, logprob, top }
+    TokenLogprob { id: chosen, token, bytes, logprob, top }
 }
 
 #[cfg(test)]
