@@ -7,7 +7,8 @@ file) that `files.content` reads back. Checked here:
 
 - a batch of 200 chat lines completes: every line answered exactly once and by its own request
   (each line asks for its own length), the batch's counts and usage add up, and the ledger holds
-  exactly one row per line, in tier `batch`, at half the model's `--price`; completions and
+  exactly one row per line, in tier `batch`, at half the model's `--price`, and the usage report
+  totals the batch in a row of its own; completions and
   responses lines too, and embeddings lines where all-MiniLM-L6-v2 is pulled (skipped, and said
   so, where it is not);
 - files: the File object, the content byte for byte, listing and paging, deleting, purposes other
@@ -270,6 +271,10 @@ def test_two_hundred_chat_lines_complete_once_each_billed_once_at_the_batch_pric
         assert (r["prompt_tokens"], r["completion_tokens"]) == (u["prompt_tokens"], u["completion_tokens"]), (r, u)
     _check_batch_rows(rows, done.id, BATCH_PRICE)
     assert done.usage.input_tokens_details.cached_tokens == sum(r["cached_tokens"] for r in rows)
+    # The usage report totals the batch in a row of its own.
+    report = _admin(srv, "GET", "/usage", params={"batch_id": done.id}).json()["data"]
+    assert [(r["batch_id"], r["service_tier"], r["requests"], r["prompt_tokens"]) for r in report] == [
+        (done.id, "batch", n, prompt)], report
 
 
 def test_completions_and_responses_lines_answer_in_their_endpoints_shape(srv):
