@@ -7,6 +7,8 @@
 //! lines live in the accounts database, so a batch survives a restart and replicas share it.
 
 mod files;
+#[cfg(test)]
+mod files_tests;
 mod output;
 mod routes;
 mod runner;
