@@ -7,11 +7,12 @@ file) that `files.content` reads back. Checked here:
 
 - a batch of 200 chat lines completes: every line answered exactly once and by its own request
   (each line asks for its own length), the batch's counts and usage add up, and the ledger holds
-  exactly one row per line, in tier `batch`, at half the model's `--price`; completions and
+  exactly one row per line, in tier `batch`, at half the model's `--price`, and the usage report
+  totals the batch in a row of its own; completions and
   responses lines too, and embeddings lines where all-MiniLM-L6-v2 is pulled (skipped, and said
   so, where it is not);
 - files: the File object, the content byte for byte, listing and paging, deleting, purposes other
-  than `batch` refused, the size and per-key limits;
+  than `batch` refused, the size limit (413 naming it) and the per-key limits;
 - a file with a bad line gives a `failed` batch naming the line (1-based); a bad window or endpoint
   is a 400, an unknown file a 404;
 - a second key can neither see, read, delete, submit nor cancel the first key's files and batches,
@@ -271,6 +272,10 @@ def test_two_hundred_chat_lines_complete_once_each_billed_once_at_the_batch_pric
         assert (r["prompt_tokens"], r["completion_tokens"]) == (u["prompt_tokens"], u["completion_tokens"]), (r, u)
     _check_batch_rows(rows, done.id, BATCH_PRICE)
     assert done.usage.input_tokens_details.cached_tokens == sum(r["cached_tokens"] for r in rows)
+    # The usage report totals the batch in a row of its own.
+    report = _admin(srv, "GET", "/usage", params={"batch_id": done.id}).json()["data"]
+    assert [(r["batch_id"], r["service_tier"], r["requests"], r["prompt_tokens"]) for r in report] == [
+        (done.id, "batch", n, prompt)], report
 
 
 def test_completions_and_responses_lines_answer_in_their_endpoints_shape(srv):
@@ -375,8 +380,11 @@ def test_a_file_is_stored_listed_read_back_and_deleted(srv):
 
 def test_a_file_over_the_size_or_a_key_over_its_quota_is_refused(srv):
     key = _key(srv)
-    err = _refused_4xx("a file over --max-file-bytes", lambda: _upload(key.client, _padded(MAX_FILE_BYTES + 1)))
-    assert err["status"] in (400, 413), err
+    # One byte over, read whole; and ten times over, cut off at the route's body limit.
+    for size in (MAX_FILE_BYTES + 1, 10 * MAX_FILE_BYTES):
+        err = _refused("a file over --max-file-bytes", lambda: _upload(key.client, _padded(size)), 413)
+        assert (err["code"], err["param"]) == ("request_too_large", "file"), err
+        assert f"at most {MAX_FILE_BYTES} bytes" in err["message"], err
     # 4,000,000 bytes held of 4 MiB: the next 1,000,000 do not fit until one file is deleted.
     held = [_upload(key.client, _padded(1_000_000)) for _ in range(4)]
     _refused_4xx("bytes over --file-bytes-per-key", lambda: _upload(key.client, _padded(1_000_000)))

@@ -230,7 +230,7 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
     table = wait_for(d, "the usage table row", lambda d: [r for r in d.find_elements(By.CSS_SELECTOR, "#usage-table tbody tr")
                                                           if "console-e2e" in r.text])
     cells = [c.text for c in table[0].find_elements(By.TAG_NAME, "td")]
-    assert cells[1:5] == ["console-e2e", "acme", srv.model_id, "default"] and cells[5] == "1", cells
+    assert cells[1:6] == ["console-e2e", "acme", srv.model_id, "default", "—"] and cells[6] == "1", cells
     labels = [c.get_attribute("data-label") for c in table[0].find_elements(By.TAG_NAME, "td")]
     assert labels[labels.index("Completion tokens") + 1] == "Reasoning tokens", labels
     bars = d.find_elements(By.CSS_SELECTOR, "#usage-chart svg rect title")
@@ -241,6 +241,9 @@ def test_sign_in_create_use_see_rotate_revoke(srv, browser):
     Select(css(d, "select[name=stack_by]")).select_by_value("service_tier")
     wait_for(d, "bars stacked by tier", lambda d: any("default" in t.get_attribute("textContent")
                                                       for t in d.find_elements(By.CSS_SELECTOR, "#usage-chart svg rect title")))
+    Select(css(d, "select[name=stack_by]")).select_by_value("batch_id")
+    wait_for(d, "bars stacked by batch", lambda d: any("(no batch)" in t.get_attribute("textContent")
+                                                       for t in d.find_elements(By.CSS_SELECTOR, "#usage-chart svg rect title")))
     Select(css(d, "select[name=stack_by]")).select_by_value("key_name")
     wait_for(d, "bars stacked by key", lambda d: "by key" in d.find_element(By.CSS_SELECTOR, "#usage-chart figcaption").text)
     shot(d, "usage")

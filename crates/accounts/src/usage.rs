@@ -45,8 +45,8 @@ fn default_tier() -> String {
     "default".into()
 }
 
-/// Usage totals for one group (key, tenant, model, service tier and, when asked for, day). Keys are grouped by
-/// id: two keys may share a name, and a renamed key keeps its usage under its current name.
+/// Usage totals for one group (key, tenant, model, service tier, batch and, when asked for, day). Keys are
+/// grouped by id: two keys may share a name, and a renamed key keeps its usage under its current name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageRow {
     #[serde(default)]
@@ -59,6 +59,10 @@ pub struct UsageRow {
     pub day: Option<String>,
     #[serde(default = "default_tier")]
     pub service_tier: String,
+    /// The batch whose lines these are; `None` for requests outside any batch. Each batch's spend
+    /// is a group of its own.
+    #[serde(default)]
+    pub batch_id: Option<String>,
     pub requests: u64,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
@@ -80,6 +84,8 @@ pub struct UsageQuery {
     pub since_ms: Option<i64>,
     /// Requests started before this moment (unix milliseconds).
     pub until_ms: Option<i64>,
+    /// Only the lines of this batch.
+    pub batch_id: Option<String>,
     /// One row per UTC day as well.
     pub by_day: bool,
 }
@@ -123,6 +129,7 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
+           AND ($6 IS NULL OR u.batch_id = $6) \
          ORDER BY u.started_at_ms, u.request_id",
     )
     .bind(&q.key_name)
@@ -130,6 +137,7 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
     .bind(&q.model)
     .bind(q.since_ms)
     .bind(q.until_ms)
+    .bind(&q.batch_id)
     .fetch_all(pool)
     .await?;
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -175,13 +183,14 @@ pub(crate) async fn requests(pool: &AnyPool, q: &UsageQuery) -> Result<Vec<Reque
         .collect())
 }
 
-type ReportRow = (i64, String, String, String, Option<String>, String, i64, i64, i64, i64, i64, i64);
+type ReportRow = (i64, String, String, String, Option<String>, String, Option<String>, i64, i64, i64, i64, i64, i64);
 
 pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> Result<Vec<UsageRow>, AccountsError> {
     let day = if q.by_day { backend.day_of_ms("u.started_at_ms") } else { "CAST(NULL AS TEXT)".to_string() };
-    // CASTs keep the result types BIGINT on PostgreSQL too, where SUM(bigint) is NUMERIC.
+    // CASTs keep the result types BIGINT on PostgreSQL too, where SUM(bigint) is NUMERIC. SQLite
+    // sorts NULL first and PostgreSQL last: the COALESCE puts requests outside a batch first on both.
     let sql = format!(
-        "SELECT k.id, k.name, u.tenant, u.model, {day} AS day, u.service_tier, \
+        "SELECT k.id, k.name, u.tenant, u.model, {day} AS day, u.service_tier, u.batch_id, \
                 CAST(COUNT(*) AS BIGINT), \
                 CAST(COALESCE(SUM(u.prompt_tokens), 0) AS BIGINT), \
                 CAST(COALESCE(SUM(u.cached_tokens), 0) AS BIGINT), \
@@ -191,8 +200,9 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
          FROM usage_records u JOIN api_keys k ON k.id = u.key_id \
          WHERE ($1 IS NULL OR k.name = $1) AND ($2 IS NULL OR u.tenant = $2) AND ($3 IS NULL OR u.model = $3) \
            AND ($4 IS NULL OR u.started_at_ms >= $4) AND ($5 IS NULL OR u.started_at_ms < $5) \
-         GROUP BY k.id, k.name, u.tenant, u.model, day, u.service_tier \
-         ORDER BY k.name, k.id, u.tenant, u.model, day, u.service_tier"
+           AND ($6 IS NULL OR u.batch_id = $6) \
+         GROUP BY k.id, k.name, u.tenant, u.model, day, u.service_tier, u.batch_id \
+         ORDER BY k.name, k.id, u.tenant, u.model, day, u.service_tier, COALESCE(u.batch_id, '')"
     );
     let rows: Vec<ReportRow> = sqlx::query_as(&sql)
         .bind(&q.key_name)
@@ -200,6 +210,7 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
         .bind(&q.model)
         .bind(q.since_ms)
         .bind(q.until_ms)
+        .bind(&q.batch_id)
         .fetch_all(pool)
         .await?;
     let to_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -213,6 +224,7 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
                 model,
                 day,
                 service_tier,
+                batch_id,
                 requests,
                 prompt,
                 cached,
@@ -227,6 +239,7 @@ pub(crate) async fn report(pool: &AnyPool, backend: Backend, q: &UsageQuery) -> 
                     model,
                     day,
                     service_tier,
+                    batch_id,
                     requests: to_u64(requests),
                     prompt_tokens: to_u64(prompt),
                     cached_tokens: to_u64(cached),

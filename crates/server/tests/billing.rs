@@ -1,4 +1,4 @@
-//! Budgets, key settings and the admin API, end to end through the real binary.
+//! Budgets, key settings, the usage report and the admin API, end to end through the real binary.
 
 mod common;
 
@@ -234,7 +234,7 @@ async fn the_admin_api_manages_keys_and_reports_usage() {
     assert!(
         csv.starts_with(
             "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,\
-             service_tier\n"
+             service_tier,batch_id\n"
         ),
         "{csv}"
     );
@@ -374,4 +374,46 @@ async fn two_replicas_on_postgres_share_limits_budgets_and_revocations() {
     let revoked = a.client().delete(a.url("/admin/v1/keys/victim")).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(revoked.status(), 200);
     assert_eq!(send(&b, &victim, 2).await.unwrap().status(), 401);
+}
+
+#[tokio::test]
+async fn gantry_usage_shows_each_batchs_spend_and_filters_to_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_string();
+    let accounts = gantry_accounts::Accounts::open_data_dir(dir.path()).await.unwrap();
+    let key_id = accounts.create_key("batcher").await.unwrap().key.id;
+    for (id, batch) in [("i1", None), ("a1", Some("batch_a")), ("a2", Some("batch_a")), ("b1", Some("batch_b"))] {
+        let record = gantry_accounts::UsageRecord {
+            request_id: id.into(),
+            client_request_id: None,
+            key_id,
+            model: "m".into(),
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 1,
+            reasoning_tokens: 0,
+            cost_nanos: 0,
+            service_tier: if batch.is_some() { "batch" } else { "default" }.into(),
+            batch_id: batch.map(String::from),
+            outcome: "completed".into(),
+            started_at_ms: 1_800_000_000_000,
+            finished_at_ms: 1_800_000_000_100,
+        };
+        accounts.record_usage(&record).await.unwrap();
+    }
+    let rows: Vec<Value> = serde_json::from_str(&cli_in(&data, &["usage", "--format", "json"])).unwrap();
+    let groups: Vec<Value> = rows.iter().map(|r| json!([r["service_tier"], r["batch_id"], r["requests"]])).collect();
+    assert_eq!(groups, [json!(["batch", "batch_a", 2]), json!(["batch", "batch_b", 1]), json!(["default", null, 1])]);
+
+    let table = cli_in(&data, &["usage", "--batch-id", "batch_a"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 2, "{table}");
+    assert!(lines[0].split_whitespace().any(|c| c == "BATCH"), "{table}");
+    assert!(lines[1].split_whitespace().any(|c| c == "batch_a"), "{table}");
+    let csv = cli_in(&data, &["usage", "--batch-id", "batch_b", "--format", "csv"]);
+    assert!(csv.lines().nth(1).is_some_and(|l| l.ends_with(",batch,batch_b")), "{csv}");
+    let requests = cli_in(&data, &["usage", "--requests", "--batch-id", "batch_a", "--format", "csv"]);
+    let ids: Vec<&str> = requests.lines().skip(1).map(|l| l.split(',').next().unwrap()).collect();
+    assert_eq!(ids, ["a1", "a2"], "{requests}");
+    assert!(requests.lines().skip(1).all(|l| l.ends_with(",batch,batch_a")), "{requests}");
 }

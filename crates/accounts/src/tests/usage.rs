@@ -36,6 +36,7 @@ on_both!(usage_is_recorded_exactly_once, |acc: Accounts| async move {
             model: "tiny".into(),
             day: None,
             service_tier: "default".into(),
+            batch_id: None,
             cost: 0.0,
             requests: 1,
             prompt_tokens: 10,
@@ -65,6 +66,7 @@ on_both!(usage_summary_sums_by_key_and_model, |acc: Accounts| async move {
         model: m.into(),
         day: None,
         service_tier: "default".into(),
+        batch_id: None,
         cost: 0.0,
         requests: r,
         prompt_tokens: p,
@@ -111,4 +113,41 @@ on_both!(usage_is_reported_by_service_tier, |acc: Accounts| async move {
     let requests = acc.usage_requests(&UsageQuery::default()).await.unwrap();
     let tiers: Vec<_> = requests.iter().map(|r| (r.request_id.as_str(), r.service_tier.as_str())).collect();
     assert_eq!(tiers, [("t1", "default"), ("t2", "flex"), ("t3", "flex")]);
+});
+
+on_both!(usage_is_reported_and_filtered_by_batch, |acc: Accounts| async move {
+    let a = acc.create_key("alice").await.unwrap().key.id;
+    let line = |rec: UsageRecord, batch: &str| UsageRecord {
+        service_tier: "batch".into(),
+        batch_id: Some(batch.into()),
+        cost_nanos: 5,
+        ..rec
+    };
+    acc.record_usage(&usage("i1", a, "m", 10, 0, 5)).await.unwrap();
+    acc.record_usage(&line(usage("b1", a, "m", 20, 0, 6), "batch_b")).await.unwrap();
+    acc.record_usage(&line(usage("b2", a, "m", 30, 0, 7), "batch_a")).await.unwrap();
+    acc.record_usage(&line(usage("b3", a, "m", 40, 0, 8), "batch_a")).await.unwrap();
+    // Each batch's lines are a row of their own, after the requests outside any batch.
+    let accounts = &acc;
+    let summary = |q: UsageQuery| async move {
+        let rows = accounts.usage_report(&q).await.unwrap();
+        rows.into_iter().map(|r| (r.service_tier, r.batch_id, r.requests, r.prompt_tokens, r.cost)).collect::<Vec<_>>()
+    };
+    let tiered = |tier: &str, batch: Option<&str>, n, p, cost| (tier.to_string(), batch.map(String::from), n, p, cost);
+    assert_eq!(
+        summary(UsageQuery::default()).await,
+        [
+            tiered("batch", Some("batch_a"), 2, 70, 10e-9),
+            tiered("batch", Some("batch_b"), 1, 20, 5e-9),
+            tiered("default", None, 1, 10, 0.0)
+        ]
+    );
+    let one = UsageQuery { batch_id: Some("batch_a".into()), ..Default::default() };
+    assert_eq!(summary(one.clone()).await, [tiered("batch", Some("batch_a"), 2, 70, 10e-9)]);
+    let by_day = summary(UsageQuery { by_day: true, ..one.clone() }).await;
+    assert_eq!(by_day, [tiered("batch", Some("batch_a"), 2, 70, 10e-9)]);
+    assert!(summary(UsageQuery { batch_id: Some("batch_none".into()), ..Default::default() }).await.is_empty());
+    let requests = acc.usage_requests(&one).await.unwrap();
+    let ids: Vec<_> = requests.iter().map(|r| (r.request_id.as_str(), r.batch_id.as_deref())).collect();
+    assert_eq!(ids, [("b2", Some("batch_a")), ("b3", Some("batch_a"))]);
 });

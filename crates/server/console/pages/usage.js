@@ -1,6 +1,6 @@
-// Usage: tokens or cost per UTC day, stacked by key, model, tenant or service tier, from the usage report
-// (GET /admin/v1/usage?group_by=day); the table lists the report's rows and the CSV is the
-// report's own (the same text `gantry usage --by-day --format csv` prints).
+// Usage: tokens or cost per UTC day, stacked by key, model, tenant, service tier or batch, from the
+// usage report (GET /admin/v1/usage?group_by=day); the table lists the report's rows and the CSV is
+// the report's own (the same text `gantry usage --by-day --format csv` prints).
 
 import {admin, query} from '../api.js';
 import {stackedBars} from '../charts.js';
@@ -8,7 +8,7 @@ import {clear, errorBox, field, h, table} from '../dom.js';
 import {isoDay, num, usd} from '../format.js';
 
 const DAY_MS = 86400000;
-const STACK_BY = {key_name: 'Key', model: 'Model', tenant: 'Tenant', service_tier: 'Service tier'};
+const STACK_BY = {key_name: 'Key', model: 'Model', tenant: 'Tenant', service_tier: 'Service tier', batch_id: 'Batch'};
 
 function select(name, options, value) {
   return h('select', {name}, options.map(([v, label]) => h('option', {value: v, selected: v === value}, label)));
@@ -30,6 +30,7 @@ export function mount(main) {
   const keySelect = select('key_name', [['', 'All keys']], '');
   const tenant = h('input', {type: 'text', name: 'tenant', placeholder: 'All tenants', autocomplete: 'off'});
   const modelSelect = select('model', [['', 'All models']], '');
+  const batch = h('input', {type: 'text', name: 'batch_id', placeholder: 'All batches', autocomplete: 'off'});
   const stackBy = select('stack_by', Object.entries(STACK_BY), 'key_name');
   const measure = select('measure', [['tokens', 'Tokens (prompt + completion)'], ['cost', 'Cost (USD)']], 'tokens');
   const problem = h('div');
@@ -38,13 +39,13 @@ export function mount(main) {
   const download = h('button', {type: 'button', id: 'usage-csv'}, 'Download CSV');
   const form = h('form', {class: 'filters', id: 'usage-filters'},
     field('From', since), field('To (inclusive)', until), field('Key', keySelect), field('Tenant', tenant),
-    field('Model', modelSelect), field('Stack by', stackBy), field('Show', measure),
+    field('Model', modelSelect), field('Batch', batch), field('Stack by', stackBy), field('Show', measure),
     h('div', {class: 'actions'}, h('button', {type: 'submit', class: 'primary'}, 'Apply'), download));
 
   function params(format) {
     const end = new Date(Date.parse(`${until.value}T00:00:00Z`) + DAY_MS);
     return query({group_by: 'day', since: since.value, until: isoDay(end), key_name: keySelect.value,
-      tenant: tenant.value.trim(), model: modelSelect.value, format});
+      tenant: tenant.value.trim(), model: modelSelect.value, batch_id: batch.value.trim(), format});
   }
 
   async function load() {
@@ -54,9 +55,11 @@ export function mount(main) {
     const value = measure.value === 'cost' ? r => r.cost : r => r.prompt_tokens + r.completion_tokens;
     const format = measure.value === 'cost' ? usd : num;
     const categories = days(since.value, until.value);
-    const groups = [...new Set(rows.map(r => r[by] || '(none)'))].sort();
+    // Requests outside any batch have no batch_id: one group of their own.
+    const groupOf = r => r[by] || (by === 'batch_id' ? '(no batch)' : '(none)');
+    const groups = [...new Set(rows.map(groupOf))].sort();
     const stacks = groups.map(g => ({label: g, values: categories.map(day =>
-      rows.filter(r => r.day === day && (r[by] || '(none)') === g).reduce((sum, r) => sum + value(r), 0))}));
+      rows.filter(r => r.day === day && groupOf(r) === g).reduce((sum, r) => sum + value(r), 0))}));
     const what = measure.value === 'cost' ? 'Cost' : 'Tokens';
     clear(chart).append(stackedBars({title: `${what} per day by ${STACK_BY[by].toLowerCase()}`, categories, stacks, format}));
     const total = rows.reduce((sum, r) => sum + value(r), 0);
@@ -66,6 +69,7 @@ export function mount(main) {
       {label: 'Tenant', value: r => r.tenant || '—'},
       {label: 'Model', value: r => r.model},
       {label: 'Tier', value: r => r.service_tier ?? 'default'},
+      {label: 'Batch', value: r => r.batch_id ?? '—'},
       {label: 'Requests', value: r => num(r.requests), num: true},
       {label: 'Prompt tokens', value: r => num(r.prompt_tokens), num: true},
       {label: 'Cached tokens', value: r => num(r.cached_tokens), num: true},

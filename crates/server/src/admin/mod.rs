@@ -24,6 +24,8 @@ pub(crate) mod stats;
 mod tenants;
 /// `/admin/v1/usage`: the ledger as JSON or CSV.
 mod usage;
+#[cfg(test)]
+mod usage_tests;
 
 pub(crate) use usage::{csv_field, requests_csv, usage_csv, UsageParams};
 

@@ -23,6 +23,8 @@ pub(crate) struct UsageParams {
     /// RFC 3339 time or a date.
     pub since: Option<String>,
     pub until: Option<String>,
+    /// Only the lines of this batch (`batch_…`).
+    pub batch_id: Option<String>,
     /// `day` adds one row per UTC day.
     pub group_by: Option<String>,
     /// `json` (default) or `csv`.
@@ -42,6 +44,7 @@ impl UsageParams {
             model: self.model.clone(),
             since_ms: self.since.as_deref().map(parse_time).transpose()?.map(|s| s * 1000),
             until_ms: self.until.as_deref().map(parse_time).transpose()?.map(|s| s * 1000),
+            batch_id: self.batch_id.clone(),
             by_day,
         })
     }
@@ -86,11 +89,11 @@ pub(super) async fn usage_requests(
 /// CSV of the per-request listing; the same text `gantry usage --requests --format csv` prints.
 pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
     let mut out = String::from(
-        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms,service_tier\n",
+        "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms,service_tier,batch_id\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{:.9},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9},{},{},{},{},{}\n",
             r.request_id,
             r.client_request_id.as_deref().unwrap_or(""),
             csv_field(&r.key_name),
@@ -104,7 +107,8 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
             r.outcome,
             r.started_at_ms,
             r.finished_at_ms,
-            csv_field(&r.service_tier)
+            csv_field(&r.service_tier),
+            r.batch_id.as_deref().map(csv_field).unwrap_or_default()
         ));
     }
     out
@@ -113,11 +117,11 @@ pub(crate) fn requests_csv(rows: &[RequestRow]) -> String {
 /// CSV with a header row; the same text `gantry usage --format csv` prints.
 pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
     let mut out = String::from(
-        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,service_tier\n",
+        "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,service_tier,batch_id\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{:.9},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{:.9},{},{},{}\n",
             csv_field(&r.key_name),
             csv_field(&r.tenant),
             csv_field(&r.model),
@@ -129,7 +133,8 @@ pub(crate) fn usage_csv(rows: &[UsageRow]) -> String {
             r.reasoning_tokens,
             r.cost,
             r.key_id,
-            csv_field(&r.service_tier)
+            csv_field(&r.service_tier),
+            r.batch_id.as_deref().map(csv_field).unwrap_or_default()
         ));
     }
     out
@@ -165,6 +170,7 @@ mod tests {
             model: "m".into(),
             day: Some("2026-01-02".into()),
             service_tier: "flex".into(),
+            batch_id: None,
             requests: 1,
             prompt_tokens: 10,
             cached_tokens: 2,
@@ -175,9 +181,11 @@ mod tests {
         assert_eq!(
             usage_csv(std::slice::from_ref(&row)),
             "key_name,tenant,model,day,requests,prompt_tokens,cached_tokens,completion_tokens,reasoning_tokens,cost,key_id,\
-             service_tier\n\
-             k,t,m,2026-01-02,1,10,2,12,7,0.500000000,1,flex\n"
+             service_tier,batch_id\n\
+             k,t,m,2026-01-02,1,10,2,12,7,0.500000000,1,flex,\n"
         );
+        let line = UsageRow { service_tier: "batch".into(), batch_id: Some("batch_1".into()), ..row.clone() };
+        assert!(usage_csv(&[line]).ends_with(",0.500000000,1,batch,batch_1\n"));
         // A name a spreadsheet would run as a formula is written as text.
         let hostile = UsageRow { key_name: "=HYPERLINK(\"x\")".into(), tenant: "+cmd".into(), ..row.clone() };
         let line = usage_csv(std::slice::from_ref(&hostile)).lines().nth(1).unwrap().to_string();
@@ -206,9 +214,11 @@ mod tests {
         assert_eq!(
             requests_csv(std::slice::from_ref(&request)),
             "request_id,client_request_id,key_name,tenant,model,prompt_tokens,cached_tokens,completion_tokens,\
-             reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms,service_tier\n\
-             r,,k,t,m,10,2,12,7,0.500000000,completed,1,2,priority\n"
+             reasoning_tokens,cost,outcome,started_at_ms,finished_at_ms,service_tier,batch_id\n\
+             r,,k,t,m,10,2,12,7,0.500000000,completed,1,2,priority,\n"
         );
+        let line = RequestRow { service_tier: "batch".into(), batch_id: Some("batch_1".into()), ..request.clone() };
+        assert!(requests_csv(&[line]).ends_with(",completed,1,2,batch,batch_1\n"));
         let keys: Vec<String> = serde_json::to_value(&request).unwrap().as_object().unwrap().keys().cloned().collect();
         let at = keys.iter().position(|k| k == "completion_tokens").unwrap();
         assert_eq!(keys[at + 1], "reasoning_tokens", "{keys:?}");

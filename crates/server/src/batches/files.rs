@@ -61,6 +61,16 @@ pub(super) fn storage_limit(message: String, param: Option<&str>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message, param, Some("storage_limit_exceeded"))
 }
 
+/// 413 `request_too_large`, naming `--max-file-bytes`: a file over it, whether it was read whole
+/// (`size`) or the upload ran past the route's body limit while it was read.
+pub(super) fn file_too_large(max_file_bytes: u64, size: Option<usize>) -> ApiError {
+    let message = match size {
+        Some(size) => format!("The file is {size} bytes; this server takes files of at most {max_file_bytes} bytes."),
+        None => format!("The upload is too large: this server takes files of at most {max_file_bytes} bytes."),
+    };
+    ApiError { message, param: Some("file".into()), ..ApiError::payload_too_large(max_file_bytes) }
+}
+
 /// `POST /v1/files`.
 pub(super) async fn upload(
     State(state): State<AppState>,
@@ -72,14 +82,16 @@ pub(super) async fn upload(
 
 async fn upload_counted(state: &AppState, key: &KeyInfo, mut form: Multipart) -> Result<Response, ApiError> {
     let settings = &state.batches;
-    let bad_form = |e: axum::extract::multipart::MultipartError| {
-        ApiError::new(
-            e.status(),
+    let bad_form = |e: axum::extract::multipart::MultipartError| match e.status() {
+        // The body limit (the largest file plus room for the form's framing) was reached.
+        StatusCode::PAYLOAD_TOO_LARGE => file_too_large(settings.max_file_bytes, None),
+        status => ApiError::new(
+            status,
             "invalid_request_error",
             format!("The upload is not a valid multipart form: {e}"),
             None,
             None,
-        )
+        ),
     };
     let (mut purpose, mut file) = (None, None);
     while let Some(field) = form.next_field().await.map_err(bad_form)? {
@@ -104,14 +116,7 @@ async fn upload_counted(state: &AppState, key: &KeyInfo, mut form: Multipart) ->
     let (filename, bytes) =
         file.ok_or_else(|| ApiError::invalid_value("file", "Missing required parameter: 'file'."))?;
     if bytes.len() as u64 > settings.max_file_bytes {
-        return Err(ApiError::invalid_value(
-            "file",
-            format!(
-                "The file is {} bytes; this server takes files of at most {} bytes.",
-                bytes.len(),
-                settings.max_file_bytes
-            ),
-        ));
+        return Err(file_too_large(settings.max_file_bytes, Some(bytes.len())));
     }
     let content = String::from_utf8(bytes.to_vec())
         .map_err(|_| ApiError::invalid_value("file", "The file is not UTF-8 text; a batch's input is JSON lines."))?;

@@ -1,12 +1,16 @@
 //! OpenAI's Files and Batch APIs. A key uploads a file of requests (`files.rs`), makes a batch of
 //! it (`routes.rs`, each line checked by `validate.rs`), and the runner (`runner.rs`) sends every
-//! line through the same routes an interactive request takes, marked as a batch's line
-//! (`BatchLine`): it runs only where it does not slow interactive requests, outside
-//! the key's per-minute windows, billed in the `batch` tier. Once every line ended, or the batch
+//! line through the same routes an interactive request takes (`endpoint.rs` lists those a batch
+//! may name), marked as a batch's line (`BatchLine`): it runs only where it does not slow
+//! interactive requests, outside the key's per-minute windows, billed in the `batch` tier. Once
+//! every line ended, or the batch
 //! was cancelled or expired, `output.rs` writes its output and error files. Files, batches and
 //! lines live in the accounts database, so a batch survives a restart and replicas share it.
 
+mod endpoint;
 mod files;
+#[cfg(test)]
+mod files_tests;
 mod output;
 mod routes;
 mod runner;

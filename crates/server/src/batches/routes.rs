@@ -12,8 +12,9 @@ use gantry_accounts::{AccountsError, BatchInfo, KeyInfo, NewBatch};
 use gantry_api::ApiError;
 use serde_json::{json, Map, Value};
 
+use super::endpoint::Endpoint;
 use super::files::{file_not_found, list_object};
-use super::validate::{self, ENDPOINTS};
+use super::validate;
 use super::{COMPLETION_WINDOW, MAX_BATCH_LINES};
 use crate::clock::now_secs;
 use crate::responses::{counted, storage_failed};
@@ -84,11 +85,11 @@ async fn create_counted(state: &AppState, key: &KeyInfo, body: Bytes) -> Result<
         None => Err(ApiError::invalid_value(field, format!("Missing required parameter: '{field}'."))),
     };
     let (input_file_id, endpoint, window) = (text("input_file_id")?, text("endpoint")?, text("completion_window")?);
-    if !ENDPOINTS.contains(&endpoint.as_str()) {
-        let message =
-            format!("Invalid value for 'endpoint': expected one of {}, got '{endpoint}'.", ENDPOINTS.join(", "));
+    let Some(kind) = Endpoint::from_path(&endpoint) else {
+        let known: Vec<&str> = Endpoint::ALL.iter().map(|e| e.path()).collect();
+        let message = format!("Invalid value for 'endpoint': expected one of {}, got '{endpoint}'.", known.join(", "));
         return Err(ApiError::invalid_value("endpoint", message));
-    }
+    };
     if window != COMPLETION_WINDOW.0 {
         let message = format!("Invalid value for 'completion_window': only '24h' is supported, got '{window}'.");
         return Err(ApiError::invalid_value("completion_window", message));
@@ -120,8 +121,8 @@ async fn create_counted(state: &AppState, key: &KeyInfo, body: Bytes) -> Result<
     let content = state.accounts.file_content(key.id, &input_file_id).await.map_err(storage_failed)?;
     let content = content.ok_or_else(|| file_not_found(&input_file_id))?;
     // Parsing every line's body is CPU work: off the async workers.
-    let (st, k, e) = (state.clone(), key.clone(), endpoint.clone());
-    let checked = tokio::task::spawn_blocking(move || validate::lines(&st, &k, &e, &content, MAX_BATCH_LINES))
+    let (st, k) = (state.clone(), key.clone());
+    let checked = tokio::task::spawn_blocking(move || validate::lines(&st, &k, kind, &content, MAX_BATCH_LINES))
         .await
         .map_err(|e| crate::errors::task_failed("validating a batch", e))?;
     let created_at = now_secs() as i64;

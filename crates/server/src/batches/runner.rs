@@ -13,15 +13,14 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use axum::routing::post;
 use axum::Router;
 use gantry_accounts::ClaimedLine;
 use gantry_api::ApiError;
 use tower::ServiceExt;
 
+use super::endpoint::Endpoint;
 use super::BatchLine;
 use crate::clock::now_secs;
-use crate::pipeline;
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
 
@@ -45,11 +44,9 @@ pub(crate) fn start_runner(state: AppState) {
 /// The routes a line may name, as the key-authenticated router serves them (the key is the
 /// batch's, put in the request by [`answer`]).
 fn line_routes(state: AppState) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(pipeline::chat_completions))
-        .route("/v1/responses", post(pipeline::responses))
-        .route("/v1/completions", post(pipeline::completions))
-        .route("/v1/embeddings", post(crate::openai::embeddings::embeddings))
+    Endpoint::ALL
+        .into_iter()
+        .fold(Router::new(), |routes, endpoint| routes.route(endpoint.path(), endpoint.handler()))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             axum::response::IntoResponse::into_response(crate::errors::internal_error())
         }))

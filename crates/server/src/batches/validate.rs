@@ -9,11 +9,10 @@ use std::collections::HashSet;
 use gantry_accounts::{KeyInfo, NewLine};
 use serde_json::{json, Value};
 
+use super::endpoint::Endpoint;
 use crate::openai::models::key_allows;
 use crate::state::AppState;
 
-/// The endpoints a batch may name.
-pub(super) const ENDPOINTS: [&str; 4] = ["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings"];
 /// The most line errors a failed batch lists.
 const MAX_ERRORS: usize = 100;
 
@@ -37,7 +36,7 @@ impl LineError {
 pub(super) fn lines(
     state: &AppState,
     key: &KeyInfo,
-    endpoint: &str,
+    endpoint: Endpoint,
     content: &str,
     max_lines: usize,
 ) -> Result<Vec<NewLine>, Vec<LineError>> {
@@ -74,7 +73,7 @@ type Refusal = (&'static str, String, Option<&'static str>);
 fn line(
     state: &AppState,
     key: &KeyInfo,
-    endpoint: &str,
+    endpoint: Endpoint,
     text: &str,
     seen: &mut HashSet<String>,
 ) -> Result<NewLine, Refusal> {
@@ -104,8 +103,9 @@ fn line(
         _ => return Err(("invalid_method", "Each line's 'method' must be 'POST'.".into(), Some("method"))),
     }
     match request.get("url").and_then(Value::as_str) {
-        Some(url) if url == endpoint => {}
+        Some(url) if url == endpoint.path() => {}
         url => {
+            let endpoint = endpoint.path();
             let message = format!("The line's url {url:?} is not the batch's endpoint '{endpoint}': a batch runs requests of one endpoint.");
             return Err(("mismatched_endpoint", message, Some("url")));
         }
@@ -114,36 +114,29 @@ fn line(
         return Err(("invalid_request", "Each line needs a 'body': the request, a JSON object.".into(), Some("body")));
     };
     // A batch's answers are collected, never streamed.
-    if endpoint != "/v1/embeddings" {
+    if !endpoint.embeds() {
         body.insert("stream".into(), Value::Bool(false));
         body.remove("stream_options");
     }
     let body = Value::Object(body).to_string();
-    let model = parsed_model(endpoint, body.as_bytes()).map_err(|e| ("invalid_request", e.message, None))?;
+    let model = endpoint.parsed_model(body.as_bytes()).map_err(|e| ("invalid_request", e.message, None))?;
     let spec = state.models.resolve(&model).filter(|spec| key_allows(key, &model, spec));
-    let serves = spec.is_some_and(|spec| match endpoint {
-        "/v1/embeddings" => spec.capabilities.embeds(),
-        _ => spec.capabilities.generates(),
-    });
+    let serves =
+        spec.is_some_and(
+            |spec| {
+                if endpoint.embeds() {
+                    spec.capabilities.embeds()
+                } else {
+                    spec.capabilities.generates()
+                }
+            },
+        );
     if !serves {
         let message = format!(
-            "The model `{model}` does not exist, you do not have access to it, or it does not serve {endpoint}."
+            "The model `{model}` does not exist, you do not have access to it, or it does not serve {}.",
+            endpoint.path()
         );
         return Err(("model_not_found", message, Some("body.model")));
     }
     Ok(NewLine { custom_id, request_id: super::new_id("batch_req_"), body })
-}
-
-/// The model a body names, once the endpoint's own parse accepts it.
-fn parsed_model(endpoint: &str, body: &[u8]) -> Result<String, gantry_api::ApiError> {
-    let model = match endpoint {
-        "/v1/chat/completions" => gantry_api::parse_chat_request(body)?.model,
-        "/v1/responses" => gantry_api::responses::parse_responses_request(body)?.chat.model,
-        "/v1/completions" => gantry_api::completions::parse_completion_request(body)?.chat.model,
-        _ => gantry_api::embeddings::parse_embedding_request(body)?.model,
-    };
-    if model.is_empty() {
-        return Err(gantry_api::ApiError::invalid_value("model", "Each line's body must name a 'model'."));
-    }
-    Ok(model)
 }

@@ -140,6 +140,7 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         model: args.model.clone(),
         since: args.since.clone(),
         until: args.until.clone(),
+        batch_id: args.batch_id.clone(),
         group_by: args.by_day.then(|| "day".to_string()),
         format: None,
     };
@@ -153,13 +154,14 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         OutputFormat::Csv => print!("{}", usage_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<20} {:>6} {:<12} {:<36} {:<10} {:<8} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
+                "{:<20} {:>6} {:<12} {:<36} {:<10} {:<8} {:<38} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12}",
                 "KEY",
                 "KEY_ID",
                 "TENANT",
                 "MODEL",
                 "DAY",
                 "TIER",
+                "BATCH",
                 "REQUESTS",
                 "PROMPT_TOKENS",
                 "CACHED_TOKENS",
@@ -169,13 +171,14 @@ pub async fn usage(args: UsageArgs) -> anyhow::Result<()> {
             );
             for r in rows {
                 println!(
-                    "{:<20} {:>6} {:<12} {:<36} {:<10} {:<8} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
+                    "{:<20} {:>6} {:<12} {:<36} {:<10} {:<8} {:<38} {:>9} {:>13} {:>13} {:>17} {:>16} {:>12.6}",
                     r.key_name,
                     r.key_id,
                     r.tenant,
                     r.model,
                     r.day.as_deref().unwrap_or("-"),
                     r.service_tier,
+                    r.batch_id.as_deref().unwrap_or("-"),
                     r.requests,
                     r.prompt_tokens,
                     r.cached_tokens,
@@ -197,7 +200,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
         OutputFormat::Csv => print!("{}", requests_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9}",
+                "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} BATCH",
                 "REQUEST_ID",
                 "CLIENT_REQUEST_ID",
                 "KEY",
@@ -212,7 +215,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
             );
             for r in rows {
                 println!(
-                    "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9}",
+                    "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} {}",
                     r.request_id,
                     r.client_request_id.as_deref().unwrap_or("-"),
                     r.key_name,
@@ -223,7 +226,8 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
                     r.reasoning_tokens,
                     r.outcome,
                     format_time(r.started_at_ms.div_euclid(1000)),
-                    r.finished_at_ms - r.started_at_ms
+                    r.finished_at_ms - r.started_at_ms,
+                    r.batch_id.as_deref().unwrap_or("-")
                 );
             }
         }

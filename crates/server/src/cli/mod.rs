@@ -238,6 +238,9 @@ pub struct UsageArgs {
     /// Requests started before this RFC 3339 time or date.
     #[arg(long)]
     pub until: Option<String>,
+    /// Only the lines of this batch (`batch_…`).
+    #[arg(long)]
+    pub batch_id: Option<String>,
     /// One row per UTC day as well.
     #[arg(long, conflicts_with = "requests")]
     pub by_day: bool,
