@@ -7,6 +7,10 @@
 //!
 //! `make test` runs the short form (tiny model, 20 s of load); `make test-cluster` runs it with
 //! `GANTRY_CLUSTER_SECONDS` and `GANTRY_CLUSTER_MODEL` (a .gguf) set for a longer, real-model run.
+//!
+//! Also a routing simulation (no database or load balancer needed): a picker that scores two
+//! replicas by their published load gauges, as the inference gateway's endpoint picker does,
+//! sends no new request to the one with a long queue.
 
 mod common;
 
@@ -15,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{nginx_binary, start_replicas, Balance, Nginx, Replica};
 use common::cluster_load::{load, Answer, Sent};
+use common::metrics::{one, scrape, scrape_until, Sample};
 use common::postgres::OwnPostgres;
-use common::{gantry, tiny_model};
+use common::{ban_special_tokens, gantry, tiny_model, TestServer, KEY};
 use serde_json::{json, Value};
 
 const BUDGET_TOKENS: i64 = 6000;
@@ -359,4 +364,81 @@ async fn a_session_header_hashed_by_the_load_balancer_brings_each_conversation_b
     );
     assert!(shares[0] > 0.8, "with affinity nearly every later turn is cached: {shares:?}");
     assert!(shares[0] > shares[1] + 0.2, "affinity caches much more than least connections: {shares:?}");
+}
+
+/// Routes as the inference gateway's endpoint picker does with its queue and KV-cache scorers:
+/// each replica's whole-server gauges scraped now, the one with the fewest requests waiting,
+/// then the fewest running, then the lowest KV-cache utilisation (the first on a tie).
+async fn pick(metrics: &[String]) -> usize {
+    let mut best = (0, (f64::INFINITY, f64::INFINITY, f64::INFINITY));
+    for (i, url) in metrics.iter().enumerate() {
+        let m = scrape(url).await;
+        let load = (
+            one(&m, "gantry_requests_waiting").value,
+            one(&m, "gantry_requests_running").value,
+            one(&m, "gantry_kv_cache_utilization").value,
+        );
+        if load < best.1 {
+            best = (i, load);
+        }
+    }
+    best.0
+}
+
+/// One replica's metrics listener, from its banner.
+fn metrics_url(s: &TestServer) -> String {
+    s.stdout_lines
+        .iter()
+        .find_map(|l| l.strip_prefix("/metrics also at ")?.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| panic!("no metrics listener in {:?}", s.stdout_lines))
+}
+
+/// Five long streamed answers on `s`'s one sequence: one runs, four wait, until dropped.
+async fn flood(s: &TestServer) -> Vec<reqwest::Response> {
+    let bias = ban_special_tokens(s, KEY).await;
+    let mut streams = Vec::new();
+    for i in 0..5 {
+        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": format!("story {i}")}],
+                          "max_tokens": 4000, "stream": true, "logit_bias": bias});
+        let resp = s.chat(body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        streams.push(resp);
+    }
+    streams
+}
+
+#[tokio::test]
+async fn a_picker_reading_the_load_gauges_sends_nothing_to_a_replica_with_a_long_queue() {
+    let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let args = ["--parallel", "1", "--ctx-size", "4096", "--metrics-listen", "127.0.0.1:0"];
+    let replicas = [TestServer::start(&args), TestServer::start(&args)];
+    let metrics: Vec<String> = replicas.iter().map(metrics_url).collect();
+    let queued = |m: &[Sample]| one(m, "gantry_requests_waiting").value == 4.0;
+    let idle = |m: &[Sample]| one(m, "gantry_requests_waiting").value + one(m, "gantry_requests_running").value == 0.0;
+    // Each new request routed by the gauges as they stand, and answered where it was sent.
+    let route = |busy: usize| {
+        let (metrics, replicas) = (&metrics, &replicas);
+        async move {
+            let mut sent = Vec::new();
+            for i in 0..4 {
+                let to = pick(metrics).await;
+                let body = json!({"model": replicas[to].model_id, "max_tokens": 4,
+                                  "messages": [{"role": "user", "content": format!("hi {i}")}]});
+                let resp = replicas[to].chat(body).send().await.unwrap();
+                assert_eq!(resp.status(), 200, "request {i} sent to replica {to}");
+                sent.push(to);
+            }
+            assert!(sent.iter().all(|&to| to != busy), "sent to the replica with the queue: {sent:?}");
+        }
+    };
+    for busy in [0, 1] {
+        let held = flood(&replicas[busy]).await;
+        scrape_until(&metrics[busy], "a long queue", queued).await;
+        route(busy).await;
+        // The queue is still there: the picker, not its end, kept requests away.
+        let left = one(&scrape(&metrics[busy]).await, "gantry_requests_waiting").value;
+        assert!(left > 0.0, "the queue drained during the test: it proves nothing");
+        drop(held);
+        scrape_until(&metrics[busy], "the queue gone once its clients left", idle).await;
+    }
 }

@@ -4,6 +4,7 @@
 
 pub(crate) mod cluster;
 pub(crate) mod cluster_load;
+pub(crate) mod metrics;
 pub(crate) mod postgres;
 
 use std::io::{BufRead, BufReader};
