@@ -182,6 +182,24 @@ def _ledger(srv, key_name: str, ids: set[str], deadline_s: float = 120) -> list[
         time.sleep(0.2)
 
 
+def _ended_halfway(client: openai.OpenAI, done, lines: list[dict], tokens: int, code: str) -> list[dict]:
+    """Checks the files of a batch cancelled or expired halfway: the finished lines answered in
+    full in the output, every other line in the error file with `code`; returns the output."""
+    n = len(lines)
+    out, errors = _read(client, done.output_file_id), _read(client, done.error_file_id)
+    assert 2 <= len(out) < n, f"{len(out)} of {n} lines answered: not ended halfway"
+    assert Counter(line["custom_id"] for line in out + errors) == Counter(line["custom_id"] for line in lines), \
+        "every line is in one file, once"
+    for line in out:
+        assert line["response"]["status_code"] == 200, line
+        assert line["response"]["body"]["usage"]["completion_tokens"] == tokens, "a finished line ran to its end"
+    for line in errors:
+        assert line["response"] is None and line["id"].startswith("batch_req_"), line
+        assert line["error"]["code"] == code and line["error"]["message"], line
+    assert (done.request_counts.total, done.request_counts.completed) == (n, len(out)), done.to_dict()
+    return out
+
+
 def _refused(what: str, call, status: int) -> dict:
     """Asserts `call` fails with `status` and OpenAI's error shape; returns the error."""
     try:
@@ -555,17 +573,7 @@ def test_cancelling_halfway_keeps_the_finished_lines_and_bills_only_them():
         assert done.cancelled_at is not None and done.cancelling_at <= done.cancelled_at, done.to_dict()
         assert done.completed_at is None, done.to_dict()
 
-        out, errors = _read(key.client, done.output_file_id), _read(key.client, done.error_file_id)
-        assert 2 <= len(out) < n, f"{len(out)} of {n} lines answered: not cancelled halfway"
-        assert Counter(line["custom_id"] for line in out + errors) == Counter(line["custom_id"] for line in lines), \
-            "every line is in one file, once"
-        for line in out:
-            assert line["response"]["status_code"] == 200, line
-            assert line["response"]["body"]["usage"]["completion_tokens"] == 16, "a finished line ran to its end"
-        for line in errors:
-            assert line["response"] is None and line["id"].startswith("batch_req_"), line
-            assert line["error"]["code"] == "batch_cancelled" and line["error"]["message"], line
-        assert (done.request_counts.total, done.request_counts.completed) == (n, len(out)), done.to_dict()
+        out = _ended_halfway(key.client, done, lines, 16, "batch_cancelled")
 
         # Exactly the answered lines are billed, once each; the cancelled ones are not.
         rows = _ledger(srv, key.name, {line["id"] for line in out})
@@ -593,17 +601,7 @@ def test_an_expired_batch_delivers_and_bills_only_what_finished(tmp_path):
         assert done.expired_at is not None and done.finalizing_at <= done.expired_at, done.to_dict()
         assert done.completed_at is None and done.cancelled_at is None, done.to_dict()
 
-        out, errors = _read(key.client, done.output_file_id), _read(key.client, done.error_file_id)
-        assert 2 <= len(out) < n, f"{len(out)} of {n} lines answered: not expired halfway"
-        assert Counter(line["custom_id"] for line in out + errors) == Counter(line["custom_id"] for line in lines), \
-            "every line is in one file, once"
-        for line in out:
-            assert line["response"]["status_code"] == 200, line
-            assert line["response"]["body"]["usage"]["completion_tokens"] == 16, "a finished line ran to its end"
-        for line in errors:
-            assert line["response"] is None, line
-            assert line["error"]["code"] == "batch_expired" and line["error"]["message"], line
-        assert (done.request_counts.total, done.request_counts.completed) == (n, len(out)), done.to_dict()
+        out = _ended_halfway(key.client, done, lines, 16, "batch_expired")
         # Exactly the delivered lines are billed, once each (the line running at expiry included).
         rows = _ledger(srv, key.name, {line["id"] for line in out})
         assert Counter(r["request_id"] for r in rows) == Counter(line["id"] for line in out), rows
