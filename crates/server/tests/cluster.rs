@@ -21,7 +21,7 @@ use common::cluster::{nginx_binary, start_replicas, Balance, Nginx, Replica};
 use common::cluster_load::{load, Answer, Sent};
 use common::metrics::{one, scrape, scrape_until, Sample};
 use common::postgres::OwnPostgres;
-use common::{ban_special_tokens, gantry, tiny_model, TestServer, KEY};
+use common::{gantry, long_streams, tiny_model, TestServer};
 use serde_json::{json, Value};
 
 const BUDGET_TOKENS: i64 = 6000;
@@ -393,20 +393,6 @@ fn metrics_url(s: &TestServer) -> String {
         .unwrap_or_else(|| panic!("no metrics listener in {:?}", s.stdout_lines))
 }
 
-/// Five long streamed answers on `s`'s one sequence: one runs, four wait, until dropped.
-async fn flood(s: &TestServer) -> Vec<reqwest::Response> {
-    let bias = ban_special_tokens(s, KEY).await;
-    let mut streams = Vec::new();
-    for i in 0..5 {
-        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": format!("story {i}")}],
-                          "max_tokens": 4000, "stream": true, "logit_bias": bias});
-        let resp = s.chat(body).send().await.unwrap();
-        assert_eq!(resp.status(), 200);
-        streams.push(resp);
-    }
-    streams
-}
-
 #[tokio::test]
 async fn a_picker_reading_the_load_gauges_sends_nothing_to_a_replica_with_a_long_queue() {
     let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
@@ -432,7 +418,8 @@ async fn a_picker_reading_the_load_gauges_sends_nothing_to_a_replica_with_a_long
         }
     };
     for busy in [0, 1] {
-        let held = flood(&replicas[busy]).await;
+        // One answer runs on its one sequence, four wait.
+        let held = long_streams(&replicas[busy], 5).await;
         scrape_until(&metrics[busy], "a long queue", queued).await;
         route(busy).await;
         // The queue is still there: the picker, not its end, kept requests away.

@@ -7,8 +7,7 @@
 mod common;
 
 use common::metrics::{one, scrape, scrape_until, Sample};
-use common::{ban_special_tokens, TestServer, KEY};
-use serde_json::json;
+use common::{long_streams, TestServer, KEY};
 
 #[tokio::test]
 async fn the_load_gauges_follow_a_burst_and_idle_prefixes_count_as_free() {
@@ -48,15 +47,7 @@ async fn the_load_gauges_follow_a_burst_and_idle_prefixes_count_as_free() {
     assert_eq!(label(info, "block_size").as_deref(), Some("64"));
     assert_eq!(label(info, "num_blocks").as_deref(), Some("128"), "2 × 4,096 tokens in blocks of 64");
 
-    let bias = ban_special_tokens(&s, KEY).await;
-    let mut streams = Vec::new();
-    for i in 0..4 {
-        let body = json!({"model": s.model_id, "messages": [{"role": "user", "content": format!("story {i}")}],
-                          "max_tokens": 4000, "stream": true, "logit_bias": bias});
-        let resp = s.chat(body).send().await.unwrap();
-        assert_eq!(resp.status(), 200);
-        streams.push(resp);
-    }
+    let streams = long_streams(&s, 4).await;
     let busy = scrape_until(&metrics, "two running and two waiting", |m| {
         one(m, "gantry_requests_running").value == 2.0 && one(m, "gantry_requests_waiting").value == 2.0
     })

@@ -185,3 +185,18 @@ pub(crate) async fn ban_special_tokens_at(base: &str, model: &str, key: &str) ->
         message.rsplit("0..").next().unwrap().trim_end_matches(").").parse().unwrap_or_else(|_| panic!("{message}"));
     serde_json::json!({(n_vocab - 3).to_string(): -100, (n_vocab - 2).to_string(): -100, (n_vocab - 1).to_string(): -100})
 }
+
+/// `n` streamed answers of up to 4,000 tokens on `s` (special tokens banned, so none ends early),
+/// each running or waiting for a sequence until its response is dropped.
+pub(crate) async fn long_streams(s: &TestServer, n: usize) -> Vec<reqwest::Response> {
+    let bias = ban_special_tokens(s, KEY).await;
+    let mut streams = Vec::new();
+    for i in 0..n {
+        let body = serde_json::json!({"model": s.model_id, "messages": [{"role": "user", "content": format!("story {i}")}],
+                                      "max_tokens": 4000, "stream": true, "logit_bias": bias});
+        let resp = s.chat(body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        streams.push(resp);
+    }
+    streams
+}
