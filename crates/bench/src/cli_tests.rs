@@ -37,3 +37,10 @@ fn the_tuned_reference_runs_unless_turned_off() {
     assert_eq!(parse(&["--servers", "gantry,tuned", "--no-tuned-reference"]).servers(), ["gantry"]);
     assert_eq!(parse(&["--servers", "reference-tuned,gantry"]).servers(), ["reference-tuned", "gantry"]);
 }
+
+#[test]
+fn the_sharing_measurement_runs_a_minute_unless_given_seconds_or_0() {
+    assert_eq!(parse(&[]).sharing_seconds, 60);
+    assert_eq!(parse(&["--sharing-seconds", "0"]).sharing_seconds, 0);
+    assert!(Cli::try_parse_from(["gantry-bench", "--model", "m", "--sharing-seconds", "-1"]).is_err());
+}

@@ -121,6 +121,9 @@ pub(crate) fn request_body(model: &str, request: &Request, max_tokens: u32) -> V
     if let Some(format) = &request.response_format {
         body["response_format"] = format.clone();
     }
+    if request.ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
     body
 }
 
@@ -272,6 +275,8 @@ mod tests {
             (Some(0.0), Some(64), Some("m"))
         );
         assert!(b.get("top_p").is_none() && b.get("seed").is_none() && b.get("response_format").is_none(), "{b}");
+        assert!(b.get("ignore_eos").is_none(), "only the sharing measurement asks for it: {b}");
+        assert_eq!(request_body("m", &Request { ignore_eos: true, ..greedy.clone() }, 8)["ignore_eos"], true);
         let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy };
         let b = request_body("m", &sampled, 128);
         assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.8), Some(0.95)));

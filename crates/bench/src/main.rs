@@ -29,6 +29,7 @@ mod runs;
 mod scopes;
 mod server_args;
 mod servers;
+mod sharing;
 mod stats;
 mod step_profile;
 mod targets;
@@ -183,6 +184,10 @@ struct Cli {
     /// Gantry only, after the comparisons); 0 skips it.
     #[arg(long, default_value_t = 16)]
     interference_requests: usize,
+    /// Seconds of the weighted-sharing measurement (issue #56, Gantry only, after the
+    /// comparisons): two tenants weighing 3:1 flood the server; 0 skips it.
+    #[arg(long, default_value_t = 60)]
+    sharing_seconds: u64,
 }
 
 impl Cli {
@@ -328,6 +333,16 @@ async fn main() -> Result<()> {
     } else {
         None
     };
+    let sharing = if cli.sharing_seconds > 0 {
+        let server = servers::start(servers::Kind::Gantry, &cli.gantry_bin, &settings).await?;
+        let measured = sharing::measure(&server, settings.parallel as usize, cli.sharing_seconds).await;
+        server.stop().await?;
+        let section = measured.context("the weighted sharing measurement")?;
+        println!("{section}");
+        Some(section)
+    } else {
+        None
+    };
     let machine = machine(mode == Mode::Gpu);
     println!("{machine}\n");
     if let Some(first) = comparisons.first() {
@@ -371,6 +386,7 @@ async fn main() -> Result<()> {
         model_targets: targets::model_targets(&settings.model),
         embeddings,
         interference,
+        sharing,
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -121,6 +121,8 @@ pub(crate) struct Context {
     pub embeddings: Option<String>,
     /// Batches beside interactive traffic (`interference.rs`), when it ran.
     pub interference: Option<String>,
+    /// Weighted sharing between tenants (`sharing.rs`), when it ran.
+    pub sharing: Option<String>,
 }
 
 pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
@@ -168,7 +170,7 @@ pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
     if let Some(section) = &ctx.embeddings {
         md += section;
     }
-    if let Some(section) = &ctx.interference {
+    for section in [&ctx.interference, &ctx.sharing].into_iter().flatten() {
         md += section;
         md.push('\n');
     }
@@ -332,6 +334,7 @@ pub(crate) mod tests {
             model_targets: (mode == Mode::Cpu).then(|| &crate::targets::MODEL_TARGETS[3]),
             embeddings: None,
             interference: None,
+            sharing: None,
         }
     }
 
@@ -362,6 +365,20 @@ pub(crate) mod tests {
         }
         assert!(!md.contains("GPU offload") && !md.contains("offloaded"), "{md}");
         assert!(!md.contains("cache scopes"), "no cache-scopes table without its workload: {md}");
+    }
+
+    #[test]
+    fn gantry_only_sections_follow_the_targets_when_they_ran() {
+        let runs = vec![run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2)])];
+        let c = Comparison { title: "Both native".into(), kernels: "k".into(), runs };
+        let mut ctx = context(Mode::Cpu, "CPU");
+        assert!(!markdown(std::slice::from_ref(&c), &ctx).contains("## Weighted sharing"));
+        ctx.interference = Some("## Batches beside interactive traffic (Gantry only)\n".into());
+        ctx.sharing = Some("## Weighted sharing between tenants (Gantry only)\n".into());
+        let md = markdown(&[c], &ctx);
+        let at = |needle: &str| md.find(needle).unwrap_or_else(|| panic!("{needle}: {md}"));
+        assert!(at("## Targets (") < at("## Batches beside") && at("## Batches beside") < at("## Weighted sharing"));
+        assert!(at("## Weighted sharing") < at("## Both native"), "{md}");
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub(crate) struct Running {
     pub base_url: String,
     pub model_id: String,
     pub api_key: Option<String>,
+    /// Gantry's admin token (`sharing` sets tenants' weights through the admin API).
+    pub admin_token: Option<String>,
     /// The command line, for the report.
     pub command: String,
     pub version: String,
@@ -102,6 +104,12 @@ pub(crate) async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<
     let log_file = std::fs::File::create(&log)?;
     let mut cmd = Command::new(bin);
     cmd.args(&args).stdin(Stdio::null()).stderr(log_file.try_clone()?).kill_on_drop(true);
+    // Through the environment, not `--admin-token`, so the report's command line does not carry
+    // it; a fresh random one each start, as Gantry refuses weak tokens.
+    let admin_token = if kind == Kind::Gantry { Some(random_token()?) } else { None };
+    if let Some(token) = &admin_token {
+        cmd.env("GANTRY_ADMIN_TOKEN", token);
+    }
     cmd.stdout(if kind == Kind::Gantry { Stdio::piped() } else { Stdio::from(log_file) });
     let mut child = cmd.spawn().with_context(|| format!("starting {}", bin.display()))?;
     let base_url = format!("http://127.0.0.1:{port}");
@@ -153,7 +161,27 @@ pub(crate) async fn start(kind: Kind, bin: &Path, s: &ServerSettings) -> Result<
             fallback_id
         }
     };
-    Ok(Running { kind, base_url, model_id, api_key, command, version, bin: bin.to_path_buf(), child, log, dir })
+    Ok(Running {
+        kind,
+        base_url,
+        model_id,
+        api_key,
+        admin_token,
+        command,
+        version,
+        bin: bin.to_path_buf(),
+        child,
+        log,
+        dir,
+    })
+}
+
+/// 32 bytes from the kernel's random source, as 64 hex characters.
+fn random_token() -> Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes).context("reading /dev/urandom")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `Gantry is serving `ID` at http://…/v1` → `ID`.
@@ -363,6 +391,14 @@ mod tests {
         let l = "Gantry is serving `qwen2.5-coder-0.5b-instruct-q4_k_m` at http://127.0.0.1:8080/v1";
         assert_eq!(parse_banner(l).as_deref(), Some("qwen2.5-coder-0.5b-instruct-q4_k_m"));
         assert_eq!(parse_banner("loading model"), None);
+    }
+
+    #[test]
+    fn admin_tokens_are_long_random_hex() {
+        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        assert_eq!(a.len(), 64, "{a}");
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b, "a fresh token each start");
     }
 
     #[test]

@@ -108,12 +108,14 @@ pub(crate) struct Request {
     pub top_p: Option<f64>,
     /// Index (modulo their number) into the target's keys.
     pub key_slot: usize,
+    /// Generate `max_tokens` whatever the model says (`sharing`: every request the same length).
+    pub ignore_eos: bool,
 }
 
 impl Request {
     /// A greedy request with one user message, sent with the target's first key.
     pub(crate) fn greedy(messages: Value) -> Request {
-        Request { messages, response_format: None, temperature: 0.0, top_p: None, key_slot: 0 }
+        Request { messages, response_format: None, temperature: 0.0, top_p: None, key_slot: 0, ignore_eos: false }
     }
 }
 
@@ -352,7 +354,14 @@ impl Workload {
                 (user(text), Some(format))
             }
         };
-        Request { messages, response_format, temperature: self.temperature, top_p: self.top_p, key_slot }
+        Request {
+            messages,
+            response_format,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            key_slot,
+            ignore_eos: false,
+        }
     }
 }
 
