@@ -416,6 +416,34 @@ def test_a_file_over_the_size_or_a_key_over_its_quota_is_refused(srv):
     assert _upload(counted.client, _padded(200)).bytes == 200, "deleting frees a file of the key's count"
 
 
+def test_one_file_submitted_again_cannot_fill_the_database(srv):
+    """A batch copies its file's requests: they count toward the key's quota until it finishes,
+    so submitting one file over and over is refused once the copies reach it."""
+    key = _key(srv)
+    lines = [_chat_line(srv.model_id, f"q{i:04d}", content="x" * 980) for i in range(850)]
+    data = _jsonl(lines)
+    assert 900_000 < len(data) < MAX_FILE_BYTES, len(data)
+    upload = _upload(key.client, data)
+    create = lambda: key.client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h")
+    accepted = []
+    try:
+        # The file and three copies of its requests (each about 0.93 MB) fit in 4 MiB; a fourth does not.
+        for _ in range(3):
+            accepted.append(create())
+        err = _refused_4xx("a fourth copy of the same file past the key's quota", create)
+        assert err["code"] == "storage_limit_exceeded" and "quota" in err["message"], err
+        assert {b.id for b in key.client.batches.list()} == {b.id for b in accepted}, "the refused batch left nothing"
+    finally:
+        for b in accepted:
+            key.client.batches.cancel(b.id)
+    for b in accepted:
+        assert _wait(srv, key.client, b.id).status == "cancelled"
+    # Finished, their copies are gone: the same file may be submitted again.
+    again = create()
+    key.client.batches.cancel(again.id)
+    assert _wait(srv, key.client, again.id).status == "cancelled"
+
+
 def test_a_bad_line_fails_the_batch_naming_the_line(srv):
     key = _key(srv)
     m = srv.model_id

@@ -1,8 +1,9 @@
 //! Files (OpenAI's Files API): text a key uploaded (a batch's input) or a batch wrote for it (its
 //! output). Every read and delete names the key, so one key never sees another's file; a key holds
-//! at most [`FileQuota`] of them, its batches' output included: an upload past it is refused (a
-//! file is not dropped to make room), and so is a new batch while the key is at it, since its
-//! output would add more. Content lives in the database, so every replica sharing it
+//! at most [`FileQuota`], counting its files (its batches' output included) and its unfinished
+//! batches (each one file to come, and the requests it copied from its input): an upload or a
+//! batch past it is refused (nothing is dropped to make room), so no key can fill the database
+//! by submitting one file many times. Content lives in the database, so every replica sharing it
 //! serves the same files.
 
 use crate::{Accounts, AccountsError};
@@ -73,16 +74,23 @@ pub(crate) async fn insert(conn: &mut sqlx::AnyConnection, file: &NewFile) -> Re
     })
 }
 
-/// How many files the key holds, and their bytes.
-async fn held_by<'c>(
+/// What the key holds against its [`FileQuota`]: its files, and its unfinished batches as one
+/// file each (its output to come); their bytes, and the characters of those batches' requests
+/// (only unfinished batches keep lines).
+pub(crate) async fn held_by<'c>(
     db: impl sqlx::Executor<'c, Database = sqlx::Any>,
     key_id: i64,
 ) -> Result<(u64, u64), AccountsError> {
-    let (files, bytes): (i64, i64) =
-        sqlx::query_as("SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files WHERE key_id = $1")
-            .bind(key_id)
-            .fetch_one(db)
-            .await?;
+    let (files, bytes): (i64, i64) = sqlx::query_as(
+        "SELECT \
+         CAST((SELECT COUNT(*) FROM files WHERE key_id = $1) \
+            + (SELECT COUNT(*) FROM batches WHERE key_id = $1 AND status IN ('in_progress', 'finalizing', 'cancelling')) AS BIGINT), \
+         CAST((SELECT COALESCE(SUM(bytes), 0) FROM files WHERE key_id = $1) \
+            + (SELECT COALESCE(SUM(LENGTH(l.body)), 0) FROM batch_lines l JOIN batches b ON b.id = l.batch_id WHERE b.key_id = $1) AS BIGINT)",
+    )
+    .bind(key_id)
+    .fetch_one(db)
+    .await?;
     Ok((files as u64, bytes as u64))
 }
 
@@ -113,7 +121,7 @@ impl Accounts {
         Ok(info)
     }
 
-    /// How many files the key holds, and their bytes (batches' output files included).
+    /// What the key holds against its quota: its files and unfinished batches, and their bytes (see `held_by`).
     pub async fn file_usage(&self, key_id: i64) -> Result<(u64, u64), AccountsError> {
         held_by(&self.pool, key_id).await
     }

@@ -253,6 +253,19 @@ impl Accounts {
         for file in output.into_iter().chain(errors) {
             insert(&mut tx, file).await?;
         }
+        // Its answers are in the files now: the counts stay on its row, the lines go, so that a
+        // key's finished batches hold nothing more than its files do.
+        sqlx::query(
+            "UPDATE batches SET \
+             total_lines = (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = $1), \
+             completed_lines = (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = $1 AND l.state = 'done' AND l.status_code = 200), \
+             failed_lines = (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = $1 AND l.state = 'done' AND l.status_code <> 200) \
+             WHERE id = $1",
+        )
+        .bind(&batch.id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM batch_lines WHERE batch_id = $1").bind(&batch.id).execute(&mut *tx).await?;
         tx.commit().await?;
         read(&self.pool, &batch.id, None).await
     }

@@ -11,7 +11,7 @@ mod lines;
 
 use sqlx::AnyPool;
 
-use crate::{Accounts, AccountsError};
+use crate::{Accounts, AccountsError, FileQuota};
 
 pub use lines::{BatchLine, ClaimedLine, Finishable};
 
@@ -78,9 +78,9 @@ pub struct NewLine {
 const BATCH_COLUMNS: &str = "b.id, b.key_id, b.endpoint, b.input_file_id, b.completion_window, b.status, \
      b.metadata, b.errors, b.output_file_id, b.error_file_id, b.created_at, b.in_progress_at, b.expires_at, \
      b.finalizing_at, b.completed_at, b.failed_at, b.expired_at, b.cancelling_at, b.cancelled_at, \
-     (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id) AS total, \
-     (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'done' AND l.status_code = 200) AS completed, \
-     (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'done' AND l.status_code <> 200) AS failed, \
+     CAST(COALESCE(b.total_lines, (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id)) AS BIGINT) AS total, \
+     CAST(COALESCE(b.completed_lines, (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'done' AND l.status_code = 200)) AS BIGINT) AS completed, \
+     CAST(COALESCE(b.failed_lines, (SELECT COUNT(*) FROM batch_lines l WHERE l.batch_id = b.id AND l.state = 'done' AND l.status_code <> 200)) AS BIGINT) AS failed, \
      (SELECT CAST(COALESCE(SUM(u.prompt_tokens), 0) AS BIGINT) FROM usage_records u WHERE u.batch_id = b.id) AS prompt_tokens, \
      (SELECT CAST(COALESCE(SUM(u.cached_tokens), 0) AS BIGINT) FROM usage_records u WHERE u.batch_id = b.id) AS cached_tokens, \
      (SELECT CAST(COALESCE(SUM(u.completion_tokens), 0) AS BIGINT) FROM usage_records u WHERE u.batch_id = b.id) AS completion_tokens, \
@@ -92,8 +92,11 @@ async fn read(pool: &AnyPool, id: &str, key_id: Option<i64>) -> Result<Option<Ba
 }
 
 impl Accounts {
-    /// Creates a batch and its lines in one transaction.
-    pub async fn create_batch(&self, new: &NewBatch) -> Result<BatchInfo, AccountsError> {
+    /// Creates a batch and its lines in one transaction, unless the key would then hold more
+    /// than `quota` (its files, and its unfinished batches with their requests; see
+    /// [`crate::files`]): [`AccountsError::QuotaExceeded`], naming the bound.
+    pub async fn create_batch(&self, new: &NewBatch, quota: FileQuota) -> Result<BatchInfo, AccountsError> {
+        // Written first, then counted with the rest (see `store_file`).
         let mut tx = self.pool.begin().await?;
         let (status, in_progress_at, failed_at) = match new.errors {
             Some(_) => ("failed", None, Some(new.created_at)),
@@ -130,6 +133,14 @@ impl Accounts {
             .bind(&line.body)
             .execute(&mut *tx)
             .await?;
+        }
+        let (files, bytes) = crate::files::held_by(&mut *tx, new.key_id).await?;
+        if files > quota.files || bytes > quota.bytes {
+            tx.rollback().await?;
+            return Err(AccountsError::QuotaExceeded(format!(
+                "This batch would bring what the key holds (its files, and its unfinished batches with the requests they copied) to {files} files and {bytes} bytes, past its quota of {} files and {} bytes; wait for its batches to finish, or delete files.",
+                quota.files, quota.bytes
+            )));
         }
         tx.commit().await?;
         read(&self.pool, &new.id, None).await?.ok_or_else(|| AccountsError::NotFound(new.id.clone()))

@@ -68,7 +68,7 @@ on_both!(files_belong_to_their_key_within_its_quota, |acc: Accounts| async move 
 on_both!(lines_are_claimed_once_taken_back_from_dead_servers_and_the_batch_finished_once, |acc: Accounts| async move {
     let mine = acc.create_key("mine").await.unwrap().key;
     let theirs = acc.create_key("theirs").await.unwrap().key;
-    let b = acc.create_batch(&batch("batch_a", mine.id, 1_000, 3)).await.unwrap();
+    let b = acc.create_batch(&batch("batch_a", mine.id, 1_000, 3), ROOMY).await.unwrap();
     assert_eq!((b.status.as_str(), b.total, b.completed, b.failed), ("in_progress", 3, 0, 0));
     assert_eq!(acc.batch(theirs.id, "batch_a").await.unwrap(), None, "another key's is not found");
     crate::instances::heartbeat(&acc.pool, "alive", 10_000).await.unwrap();
@@ -76,7 +76,7 @@ on_both!(lines_are_claimed_once_taken_back_from_dead_servers_and_the_batch_finis
     let first = acc.claim_batch_line("doomed", 2_000).await.unwrap().unwrap();
     assert_eq!((first.line, first.key_id, first.request_id.as_str()), (1, mine.id, "batch_a-req-0"));
     // A second key's batch goes first while the first key has a line running.
-    acc.create_batch(&batch("batch_b", theirs.id, 1_500, 1)).await.unwrap();
+    acc.create_batch(&batch("batch_b", theirs.id, 1_500, 1), ROOMY).await.unwrap();
     let other = acc.claim_batch_line("alive", 2_000).await.unwrap().unwrap();
     assert_eq!(other.batch_id, "batch_b");
     let second = acc.claim_batch_line("alive", 2_000).await.unwrap().unwrap();
@@ -110,10 +110,12 @@ on_both!(lines_are_claimed_once_taken_back_from_dead_servers_and_the_batch_finis
     let again = file("file-out-2", mine.id, 2_000, "out");
     assert_eq!(acc.finish_batch(done, 2_000, Some(&again), None).await.unwrap(), None, "finished once");
     assert_eq!(acc.file(mine.id, "file-out-2").await.unwrap(), None, "and its files written once");
-    let lines = acc.batch_lines("batch_a").await.unwrap();
-    assert_eq!(lines[1].response.as_deref(), Some("{\"ok\":2}"));
+    // Its answers are in its files: its lines are gone, its counts stay.
+    assert!(acc.batch_lines("batch_a").await.unwrap().is_empty());
+    let kept = acc.batch(mine.id, "batch_a").await.unwrap().unwrap();
+    assert_eq!((kept.total, kept.completed, kept.failed), (3, 2, 1));
     // A server restarted under the same id takes back what its killed process held.
-    acc.create_batch(&batch("batch_f", mine.id, 1_000, 2)).await.unwrap();
+    acc.create_batch(&batch("batch_f", mine.id, 1_000, 2), ROOMY).await.unwrap();
     let held = acc.claim_batch_line("alive", 2_000).await.unwrap().unwrap();
     assert_eq!(held.batch_id, "batch_f");
     assert_eq!(acc.release_lines_of("someone-else").await.unwrap(), 0);
@@ -130,7 +132,7 @@ on_both!(a_cancelled_batch_starts_no_line_and_ends_once_its_running_lines_do, |a
     let mine = acc.create_key("mine").await.unwrap().key;
     let theirs = acc.create_key("theirs").await.unwrap().key;
     crate::instances::heartbeat(&acc.pool, "s", 10_000).await.unwrap();
-    acc.create_batch(&batch("batch_c", mine.id, 1_000, 3)).await.unwrap();
+    acc.create_batch(&batch("batch_c", mine.id, 1_000, 3), ROOMY).await.unwrap();
     let running = acc.claim_batch_line("s", 2_000).await.unwrap().unwrap();
     assert!(matches!(acc.cancel_batch(theirs.id, "batch_c", 2_000).await, Err(AccountsError::NotFound(_))));
     let cancelling = acc.cancel_batch(mine.id, "batch_c", 2_000).await.unwrap();
@@ -147,7 +149,7 @@ on_both!(a_cancelled_batch_starts_no_line_and_ends_once_its_running_lines_do, |a
     // An expired batch starts no line either. It is closed (finalizing) first; its line claimed
     // just before its expiry runs on, and the batch is finished as expired once that line ended
     // and a second went by (a claim racing the close would show as running by then).
-    acc.create_batch(&batch("batch_d", mine.id, 1_000, 2)).await.unwrap();
+    acc.create_batch(&batch("batch_d", mine.id, 1_000, 2), ROOMY).await.unwrap();
     let expiry = 1_000 + 86_400;
     let late = acc.claim_batch_line("s", expiry - 1).await.unwrap().unwrap();
     assert_eq!(acc.claim_batch_line("s", expiry).await.unwrap(), None);
@@ -165,10 +167,38 @@ on_both!(a_cancelled_batch_starts_no_line_and_ends_once_its_running_lines_do, |a
     assert_eq!((done.finalizing_at, done.expired_at), (Some(expiry), Some(expiry + 1)));
     // A failed validation is a batch with no line, failed from the start.
     let failed = NewBatch { errors: Some("[]".into()), lines: Vec::new(), ..batch("batch_e", mine.id, 3_000, 0) };
-    let failed = acc.create_batch(&failed).await.unwrap();
+    let failed = acc.create_batch(&failed, ROOMY).await.unwrap();
     assert_eq!((failed.status.as_str(), failed.failed_at), ("failed", Some(3_000)));
     let listed = acc.list_batches(mine.id, None, 2).await.unwrap();
     assert_eq!(listed.iter().map(|b| b.id.as_str()).collect::<Vec<_>>(), ["batch_e", "batch_d", "batch_c"]);
     let after = acc.list_batches(mine.id, Some("batch_d"), 2).await.unwrap();
     assert_eq!(after.iter().map(|b| b.id.as_str()).collect::<Vec<_>>(), ["batch_c"]);
+});
+
+on_both!(unfinished_batches_count_toward_the_keys_quota_and_finished_ones_do_not, |acc: Accounts| async move {
+    let mine = acc.create_key("mine").await.unwrap().key;
+    let theirs = acc.create_key("theirs").await.unwrap().key;
+    // Each batch copies 10 requests of 2 characters: 20 bytes, and one file to come.
+    let quota = FileQuota { files: 3, bytes: 50 };
+    acc.store_file(&file("file-in", mine.id, 100, "0123456789"), quota).await.unwrap();
+    acc.create_batch(&batch("batch_1", mine.id, 1_000, 10), quota).await.unwrap();
+    assert_eq!(acc.file_usage(mine.id).await.unwrap(), (2, 30));
+    // The same file submitted again would bring the key past its bytes: refused, nothing kept.
+    let again = acc.create_batch(&batch("batch_2", mine.id, 1_001, 30), quota).await;
+    assert!(matches!(again, Err(AccountsError::QuotaExceeded(_))), "{again:?}");
+    assert_eq!(acc.batch(mine.id, "batch_2").await.unwrap(), None);
+    assert_eq!(acc.file_usage(mine.id).await.unwrap(), (2, 30), "the refused batch left nothing");
+    // Another key's quota is its own.
+    acc.create_batch(&batch("batch_t", theirs.id, 1_002, 10), quota).await.unwrap();
+    // A second small one fits; a third is past the files (two files and three batches to come).
+    acc.create_batch(&batch("batch_3", mine.id, 1_003, 5), quota).await.unwrap();
+    let third = acc.create_batch(&batch("batch_4", mine.id, 1_004, 1), quota).await;
+    assert!(matches!(third, Err(AccountsError::QuotaExceeded(_))), "{third:?}");
+    // Once a batch is finished its lines are gone: only its output file counts.
+    acc.cancel_batch(mine.id, "batch_1", 2_000).await.unwrap();
+    let finishable = acc.finishable_batches(2_000).await.unwrap();
+    let done = finishable.iter().find(|f| f.id == "batch_1").unwrap();
+    let output = file("file-out", mine.id, 2_000, "0123456789");
+    acc.finish_batch(done, 2_000, None, Some(&output)).await.unwrap().unwrap();
+    assert_eq!(acc.file_usage(mine.id).await.unwrap(), (3, 30), "two files and batch_3: 10 + 10 + 10 bytes");
 });

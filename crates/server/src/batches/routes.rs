@@ -95,12 +95,14 @@ async fn create_counted(state: &AppState, key: &KeyInfo, body: Bytes) -> Result<
         return Err(ApiError::invalid_value("completion_window", message));
     }
     let metadata = metadata(request.get("metadata"))?;
-    // Its output files will be the key's: none while the key is at its quota, or the disk low.
+    // Its output files will be the key's, and its requests are copied: none while the key is at
+    // its quota (its files and unfinished batches), or the disk low. `create_batch` checks again
+    // with the batch's own requests counted.
     let (files, bytes) = state.accounts.file_usage(key.id).await.map_err(storage_failed)?;
     let quota = state.batches.quota;
     if files >= quota.files || bytes >= quota.bytes {
         let message = format!(
-            "This key holds {files} files of {bytes} bytes, at its quota ({} files, {} bytes): a batch's output would not fit. Delete files first.",
+            "This key holds {files} files and unfinished batches of {bytes} bytes, at its quota ({} files, {} bytes): a new batch would not fit. Wait for its batches to finish, or delete files.",
             quota.files, quota.bytes
         );
         return Err(super::files::storage_limit(message, None));
@@ -142,7 +144,11 @@ async fn create_counted(state: &AppState, key: &KeyInfo, body: Bytes) -> Result<
         expires_at: created_at + COMPLETION_WINDOW.1.as_secs() as i64,
         lines,
     };
-    let batch = state.accounts.create_batch(&new).await.map_err(storage_failed)?;
+    let batch = match state.accounts.create_batch(&new, state.batches.quota).await {
+        Ok(batch) => batch,
+        Err(AccountsError::QuotaExceeded(message)) => return Err(super::files::storage_limit(message, None)),
+        Err(e) => return Err(storage_failed(e)),
+    };
     state.batches.wake.notify_one();
     Ok(Json(batch_object(&batch)).into_response())
 }
