@@ -122,7 +122,10 @@ async fn create_counted(state: &AppState, key: &KeyInfo, body: Bytes) -> Result<
     }
     let content = state.accounts.file_content(key.id, &input_file_id).await.map_err(storage_failed)?;
     let content = content.ok_or_else(|| file_not_found(&input_file_id))?;
-    // Parsing every line's body is CPU work: off the async workers.
+    // Parsing every line's body is CPU work: off the async workers, and in the key's turn of the
+    // preparation gate, so that one key's many large batches wait for each other rather than
+    // take every blocking thread.
+    let _turn = state.prepare_gate.enter(key.id).await;
     let (st, k) = (state.clone(), key.clone());
     let checked = tokio::task::spawn_blocking(move || validate::lines(&st, &k, kind, &content, MAX_BATCH_LINES))
         .await
