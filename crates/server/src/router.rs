@@ -84,7 +84,9 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .route("/v1/models/{*id}", get(models::get_model))
         .merge(crate::batches::routes(state.batches.max_file_bytes))
         .layer(DefaultBodyLimit::max(opts.body_limit))
-        .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
+        .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key))
+        // Outside the key check: a refused key's request is traced too.
+        .route_layer(middleware::from_fn(telemetry::traces::trace_request));
     let health = Router::new()
         .route("/health", get(health::live))
         // Liveness is what /health always said: restart only once the engine failed.
