@@ -27,19 +27,24 @@ SERVER_KIND = 2  # OTLP's SPAN_KIND_SERVER
 
 class Receiver:
     """An OTLP/HTTP JSON trace receiver: keeps every span posted to /v1/traces, flattened with
-    its resource's attributes."""
+    its resource's attributes; other encodings' bodies are kept whole."""
 
     def __init__(self) -> None:
         self.spans: list[dict] = []
+        self.bodies: list[tuple[str, bytes]] = []
         self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                ok = self.path == "/v1/traces" and self.headers.get("Content-Type", "").startswith("application/json")
-                if ok:
+                content_type = self.headers.get("Content-Type", "")
+                ok = self.path == "/v1/traces"
+                if ok and content_type.startswith("application/json"):
                     receiver._keep(json.loads(body))
+                elif ok:
+                    with receiver.lock:
+                        receiver.bodies.append((content_type, body))
                 self.send_response(200 if ok else 415)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
@@ -231,3 +236,33 @@ def test_a_refused_key_is_traced_without_engine_phases(srv, receiver):
     assert root["attrs"]["error.type"] == (error.get("code") or error["type"])
     assert [s["name"] for s in spans if s is not root] == ["authenticate"]
     assert "not-a-real-key" not in json.dumps(spans)
+
+
+def test_protobuf_by_default_and_nothing_lost_at_shutdown(receiver):
+    """The default encoding (`http/protobuf`), with a batch delay longer than the test: the
+    request's spans leave only because the server exports what it holds when it stops."""
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{receiver.endpoint}/v1/traces", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    server, tmp = _start(_models()[0], extra_env=env)
+    trace_id, _, traceparent = _traceparent()
+    try:
+        r = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": server.model_id, "messages": _messages("Say hi."), "max_tokens": 4},
+            headers={"Authorization": f"Bearer {server.api_key}", "traceparent": traceparent},
+            timeout=300,
+        )
+        assert r.status_code == 200
+        time.sleep(0.5)
+        with receiver.lock:
+            assert not any(bytes.fromhex(trace_id) in body for _, body in receiver.bodies), "exported before the delay"
+    finally:
+        assert _stop(server.proc) == 0
+        shutil.rmtree(tmp.name, ignore_errors=True)
+    with receiver.lock:
+        # A protobuf span carries its trace id as 16 raw bytes, and its name as it is.
+        ours = [(kind, body) for kind, body in receiver.bodies if bytes.fromhex(trace_id) in body]
+    assert len(ours) == 1 and ours[0][0] == "application/x-protobuf", [kind for kind, _ in ours]
+    body = ours[0][1]
+    for name in [b"POST /v1/chat/completions", b"authenticate", b"admission", *(p.encode() for p in ENGINE_PHASES)]:
+        assert name in body, name
+    assert PROMPT_MARKER.encode() not in body
