@@ -134,6 +134,11 @@ impl TraceExport {
     }
 }
 
+/// Whether traces are exported: [`trace_request`] is layered onto the routes only then.
+pub(crate) fn enabled() -> bool {
+    TRACER.get().is_some()
+}
+
 /// One request's trace: the context holding its root span.
 #[derive(Clone)]
 struct RequestTrace {
