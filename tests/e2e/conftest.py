@@ -72,7 +72,9 @@ SUITE_SETTINGS = ("--ctx-size", "2048", "--parallel", "8")
 
 
 def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = SUITE_SETTINGS,
-           public_metrics: bool = True) -> tuple[Server, tempfile.TemporaryDirectory]:
+           public_metrics: bool = True,
+           extra_env: dict[str, str] | None = None) -> tuple[Server, tempfile.TemporaryDirectory]:
+    """`extra_env`: variables the server gets beside this process's (e.g. `OTEL_*`)."""
     binary = gantry_bin()
     if not os.access(binary, os.X_OK):
         pytest.fail(f"gantry binary not found or not executable: {binary} (build it, or set GANTRY_BIN)")
@@ -85,6 +87,7 @@ def _start(model: str, extra: tuple[str, ...] = (), settings: tuple[str, ...] = 
     stderr_path = os.path.join(tmp.name, "server.stderr.log")
     env = dict(os.environ)
     env.pop("GANTRY_API_KEY", None)
+    env.update(extra_env or {})
     cmd = [
         binary, "serve",
         "--model", model,

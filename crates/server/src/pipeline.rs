@@ -26,6 +26,7 @@ use crate::pool::Lease;
 use crate::prices::BillingTier;
 use crate::request_id::{ClientRequestId, RequestId};
 use crate::state::AppState;
+use crate::telemetry::traces;
 
 /// The wire format a request came in, and its answer goes out, in. Each is a translation at the
 /// edge: both run the same admission, engine and settlement.
@@ -158,8 +159,8 @@ where
         return Err(ApiError::shutting_down());
     }
     let pre_admission = match line {
-        Some(_) => state.meter.pre_admit_batch_line(key).await,
-        None => state.meter.pre_admit(key).await,
+        Some(_) => traces::in_span("pre_admission", state.meter.pre_admit_batch_line(key)).await,
+        None => traces::in_span("pre_admission", state.meter.pre_admit(key)).await,
     };
     let pass = match pre_admission {
         Ok(pass) => pass,
@@ -231,6 +232,7 @@ async fn admitted(
     let mut jobs = {
         // Bounded per key and overall, so one key's flood of huge prompts waits for its own
         // turns instead of taking every blocking thread.
+        let _span = traces::span("prepare");
         let _turn = state.prepare_gate.enter(key.id).await;
         if let Some(request) = responses_request.take() {
             let request = crate::responses::continued(&state, &key, request).await?;
@@ -277,6 +279,7 @@ async fn admitted(
         BillingTier::Service(gantry_api::ServiceTier::Priority) => gantry_engine::ServiceTier::Priority,
         BillingTier::Batch => gantry_engine::ServiceTier::Batch,
     };
+    traces::annotate_request(&chat.model, &model_id, billing.as_str());
     for job in &mut jobs {
         (job.owner, job.tier, job.streamed) = (owner, tier, chat.stream);
     }
@@ -302,7 +305,7 @@ async fn admitted(
         prompt_tokens: prompt_tokens as u64,
         max_completion_tokens: jobs.iter().map(|j| u64::from(j.max_tokens) * u64::from(j.n)).sum(),
     };
-    let ticket = match state.meter.admit_passed(pass, &key, charge).await {
+    let ticket = match traces::in_span("admission", state.meter.admit_passed(pass, &key, charge)).await {
         Ok(ticket) => ticket,
         Err(refused) => return Ok(refusal_response(&key, refused)),
     };
@@ -440,6 +443,8 @@ fn hold_done_until(
     model: Lease,
 ) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // Taken here, in the request's task: the trace is not reachable from the spawned one.
+    let mut timeline = traces::EngineTimeline::start();
     tokio::spawn(async move {
         // The model stays loaded until the request's events end or its client leaves.
         let _model = model;
@@ -450,10 +455,12 @@ fn hold_done_until(
                 () = tx.closed() => return,
             };
             let Some(event) = event else { return };
+            timeline.observe(&event);
             if matches!(event, Event::Done(_)) {
                 if let Some(on_disk) = journalled.take() {
                     let _ = on_disk.await;
                 }
+                timeline.settled();
             }
             if tx.send(event).is_err() {
                 return;

@@ -85,6 +85,13 @@ pub fn routes(state: AppState, opts: RouterOptions, which: Routes) -> Router {
         .merge(crate::batches::routes(state.batches.max_file_bytes))
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .route_layer(middleware::from_fn_with_state(key_auth, auth::require_api_key));
+    // Outside the key check: a refused key's request is traced too. Only when traces are
+    // exported (started before the routes are built), so that otherwise a request pays nothing.
+    let authed = if telemetry::traces::enabled() {
+        authed.route_layer(middleware::from_fn(telemetry::traces::trace_request))
+    } else {
+        authed
+    };
     let health = Router::new()
         .route("/health", get(health::live))
         // Liveness is what /health always said: restart only once the engine failed.

@@ -1,4 +1,5 @@
-//! `GET /metrics` in Prometheus text format, and per-route request counters.
+//! `GET /metrics` in Prometheus text format, and per-route request counters; OpenTelemetry
+//! traces in `traces`.
 //!
 //! The engine records its own metrics (tokens, queue, batch sizes, latencies) through the
 //! `metrics` facade; this module installs the one process-wide Prometheus recorder they land in.
@@ -16,6 +17,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use crate::admin::stats::tap::{TeeRecorder, TAP};
 
 mod server_gauges;
+/// OpenTelemetry traces of API requests, exported over OTLP/HTTP when `OTEL_*` asks.
+pub(crate) mod traces;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 

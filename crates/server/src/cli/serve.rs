@@ -17,6 +17,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::admin::guard::check_token_strength(token).map_err(anyhow::Error::msg)?;
     }
     warn_about_fault_injection();
+    // Before anything slow: a trace export asked for but impossible stops the start at once.
+    let trace_export = crate::telemetry::traces::start_from_env()?;
     let mut specs = crate::cli::model_config::model_specs(&args)?;
     let first_id = specs[0].id.clone();
     // A models file's prices, then the flags', which win where both price a model's tier.
@@ -251,6 +253,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every request that reached the engine has its usage record journalled before exit, and
     // stored in the database unless it is down (then the next start replays the outbox).
     meter.shutdown(Duration::from_secs(10)).await;
+    // The last requests' spans, settlement included, leave before the process does.
+    if let Some(export) = trace_export {
+        tokio::task::spawn_blocking(move || export.shutdown()).await?;
+    }
     accounts.close().await;
     if let Some(why) = models.failure() {
         anyhow::bail!("the inference engine failed ({why}); exiting so a supervisor restarts the server");

@@ -27,6 +27,8 @@ pub(crate) fn bearer_credentials(value: &str) -> Option<&str> {
 
 pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Request, next: Next) -> Response {
     let state = &auth.state;
+    // Ends at any refusal's return, or below before the handler runs.
+    let span = crate::telemetry::traces::span("authenticate");
     // Set by the accept loop (through a trusted proxy, the client it names); absent only for
     // requests built in-process (tests).
     let peer = crate::client_addr::of(&req);
@@ -51,6 +53,7 @@ pub(crate) async fn require_api_key(State(auth): State<KeyAuth>, mut req: Reques
             KeyRefusal::Expired { prefix: key.prefix }.into_api_error().into_response()
         }
         Ok(Some(key)) => {
+            drop(span);
             req.extensions_mut().insert(key);
             next.run(req).await
         }
