@@ -200,7 +200,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
         OutputFormat::Csv => print!("{}", requests_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} BATCH",
+                "{:<42} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} BATCH",
                 "REQUEST_ID",
                 "CLIENT_REQUEST_ID",
                 "KEY",
@@ -215,7 +215,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
             );
             for r in rows {
                 println!(
-                    "{:<32} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} {}",
+                    "{:<42} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} {}",
                     r.request_id,
                     r.client_request_id.as_deref().unwrap_or("-"),
                     r.key_name,
