@@ -158,10 +158,13 @@ where
     if state.draining.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    let pre_admission = match line {
-        Some(_) => traces::in_span("pre_admission", state.meter.pre_admit_batch_line(key)).await,
-        None => traces::in_span("pre_admission", state.meter.pre_admit(key)).await,
-    };
+    let pre_admission = traces::in_span("pre_admission", async {
+        match line {
+            Some(_) => state.meter.pre_admit_batch_line(key).await,
+            None => state.meter.pre_admit(key).await,
+        }
+    })
+    .await;
     let pass = match pre_admission {
         Ok(pass) => pass,
         Err(refused) => return Ok(refusal_response(key, refused)),

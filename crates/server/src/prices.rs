@@ -46,14 +46,16 @@ pub fn parse_tier(name: &str) -> Result<BillingTier, String> {
     }
 }
 
-/// `INPUT,OUTPUT[,CACHED]`, USD per million tokens, each finite and not negative. An empty
-/// error means the shape is wrong (the caller says which shape it wanted).
+/// What `parse_rates` wants, in its refusal of another shape.
+pub const RATES_SHAPE: &str = "expected \"INPUT,OUTPUT[,CACHED]\" (USD per million tokens)";
+
+/// `INPUT,OUTPUT[,CACHED]`, USD per million tokens, each finite and not negative.
 pub fn parse_rates(rates: &str) -> Result<Price, String> {
     let parts: Vec<&str> = rates.split(',').collect();
     let (input, output, cached) = match parts[..] {
         [input, output] => (input, output, None),
         [input, output, cached] => (input, output, Some(cached)),
-        _ => return Err(String::new()),
+        _ => return Err(RATES_SHAPE.into()),
     };
     let parse = |v: &str| {
         v.trim()
@@ -166,6 +168,6 @@ mod tests {
         assert_eq!(list.price("m", "m", BillingTier::Batch), price(0.1, 0.2), "the file's batch price stays");
         assert_eq!(parse_tier(" priority "), Ok(BillingTier::Service(ServiceTier::Priority)));
         assert_eq!(parse_rates("1,2,3").map(|p| p.cached_input_per_mtok), Ok(Some(3.0)));
-        assert_eq!(parse_rates("1"), Err(String::new()));
+        assert_eq!(parse_rates("1"), Err(RATES_SHAPE.to_string()));
     }
 }

@@ -40,6 +40,15 @@ impl Endpoint {
         self == Endpoint::Embeddings
     }
 
+    /// Whether a model that can do `capabilities` serves it.
+    pub(super) fn served_by(self, capabilities: &gantry_engine::Capabilities) -> bool {
+        if self.embeds() {
+            capabilities.embeds()
+        } else {
+            capabilities.generates()
+        }
+    }
+
     /// The model a line's body names, once the endpoint's own parse accepts it.
     pub(super) fn parsed_model(self, body: &[u8]) -> Result<String, ApiError> {
         let model = match self {

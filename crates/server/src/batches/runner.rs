@@ -1,8 +1,8 @@
 //! The batch runner: one task per server that claims batches' lines (at most
 //! `--batch-concurrency` at once) and sends each through the same routes an interactive request
 //! takes, as the batch's key, marked as a batch's line (`BatchLine`). Every second, and when
-//! no line waits to start (a batch's last lines may just have ended), it also takes back the lines of servers that died and finishes the batches
-//! whose lines all ended (`output.rs`).
+//! no line waits to start (a batch's last lines may just have ended), it also takes back the
+//! lines of servers that died and finishes the batches whose lines all ended (`output.rs`).
 //!
 //! A line the server could not run now (draining, queue full, its ledger reservation still held
 //! by a dead server) goes back to pending and is tried again; any other answer, an error

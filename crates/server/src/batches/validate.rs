@@ -121,16 +121,7 @@ fn line(
     let body = Value::Object(body).to_string();
     let model = endpoint.parsed_model(body.as_bytes()).map_err(|e| ("invalid_request", e.message, None))?;
     let spec = state.models.resolve(&model).filter(|spec| key_allows(key, &model, spec));
-    let serves =
-        spec.is_some_and(
-            |spec| {
-                if endpoint.embeds() {
-                    spec.capabilities.embeds()
-                } else {
-                    spec.capabilities.generates()
-                }
-            },
-        );
+    let serves = spec.is_some_and(|spec| endpoint.served_by(&spec.capabilities));
     if !serves {
         let message = format!(
             "The model `{model}` does not exist, you do not have access to it, or it does not serve {}.",

@@ -212,11 +212,7 @@ fn read_models_file(args: &ServeArgs, file: &Path, cache: &Path) -> anyhow::Resu
         for (tier, rates) in &entry.price {
             let context = || format!("{}: model {:?}: price.{tier}", file.display(), entry.model);
             let tier = crate::prices::parse_tier(tier).map_err(anyhow::Error::msg).with_context(context)?;
-            let price = crate::prices::parse_rates(rates)
-                .map_err(|e| {
-                    anyhow::anyhow!(if e.is_empty() { "expected \"INPUT,OUTPUT[,CACHED]\"".into() } else { e })
-                })
-                .with_context(context)?;
+            let price = crate::prices::parse_rates(rates).map_err(anyhow::Error::msg).with_context(context)?;
             spec.prices.push((tier, price));
         }
         specs.push(spec);

@@ -356,7 +356,7 @@ fn parse_price(s: &str) -> Result<crate::prices::PriceEntry, String> {
     if model.trim().is_empty() {
         return Err("the model id is empty".into());
     }
-    let price = crate::prices::parse_rates(rates).map_err(|e| if e.is_empty() { SHAPE.to_string() } else { e })?;
+    let price = crate::prices::parse_rates(rates)?;
     Ok((model.trim().to_string(), tier, price))
 }
 
