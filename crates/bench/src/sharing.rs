@@ -11,10 +11,10 @@
 //! leaves the warm-up out: the completion tokens streamed in it, and the sequence-time (each
 //! request's first token to its end, clipped to the window). Both are continuous, so the window's
 //! edges cut no request's count whole; what stays coarse is the engine's own sharing, a whole
-//! request at a time: the section says how many requests each tenant ran, which is the measure's
-//! resolution. Tokens are the engine's own currency; sequence-time also weighs each tenant's
-//! requests by how fast the host ran them, so on a host whose speed varies it strays where tokens
-//! do not.
+//! request at a time (and, for sequences freed in one step, all to the tenant furthest behind):
+//! the section says how many requests each tenant ran, which is the measure's resolution. Tokens
+//! are the engine's own currency; sequence-time also weighs each wave of one tenant's requests by
+//! how fast the host ran it, so on a host whose speed varies it strays where tokens do not.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -256,8 +256,10 @@ fn section(shares: &[Share; 2], parallel: usize, in_flight: usize, seconds: u64)
          on {parallel} sequences, for {seconds} s after a {WARMUP_S:.0} s warm-up that is not counted. Per tenant, \
          inside that window: the completion tokens streamed in it, and the sequence-time (first token to end of \
          every request, clipped to the window). The target: H:L within {:.0}% of {TARGET_RATIO:.0}:1. The engine \
-         shares tokens, handing out sequences a whole request at a time: where each tenant ran few requests the \
-         ratio swings with where the window cuts, and sequence-time also with how fast the host ran them.\n",
+         shares tokens, handing out sequences a whole request at a time and those freed in the same step all to \
+         the tenant furthest behind: with requests of one length the shares come in waves, so where each tenant \
+         ran few requests the ratio swings with where the window cuts, and sequence-time also with how fast the \
+         host ran each wave.\n",
         TOLERANCE * 100.0
     );
     let _ = writeln!(s, "| measure | H | L | H:L | target | |\n| --- | --- | --- | --- | --- | --- |");

@@ -21,20 +21,10 @@ pub(super) struct Lane<J> {
     pub(super) len: usize,
 }
 
-/// Tokens charged to a request's owner, per sequence, when it starts: several requests started
-/// in one step (sequences that freed together) then go by the weights, not all to the party
-/// furthest behind. The rows its requests compute pay it first, and as they end what is left
-/// beyond this much per sequence still running is given back: a party is charged what it
-/// computed, give or take this much per running sequence.
-const START_CHARGE: usize = 64;
-
 #[derive(Default)]
 pub(super) struct TenantState {
     running: usize,
     key_times: VirtualTimes,
-    /// `START_CHARGE`s not yet paid by computed rows: the tenant's, and each key's.
-    prepaid: usize,
-    key_prepaid: HashMap<u64, usize>,
 }
 
 /// A tenant's keys with waiting requests, in turn order.
@@ -123,48 +113,28 @@ impl<J: Waiting> Lane<J> {
         (need > free).then_some(need)
     }
 
-    /// The step computed `rows` for a running request of `owner` (prompt, token and draft rows):
-    /// charged to the tenant and the key, beyond what they prepaid when it started.
+    /// The step computed `rows` for a running request of `owner` (prompt, token and draft rows).
     pub(super) fn charge(&mut self, owner: Owner, rows: usize) {
         // Only running requests are served: a charge after the end keeps nothing alive.
         if rows == 0 || !self.running.contains_key(&owner.key) {
             return;
         }
-        let Some(state) = self.tenants.get_mut(&owner.tenant) else { return };
-        let paid = rows.min(state.prepaid);
-        state.prepaid -= paid;
-        self.tenant_times.charge(owner.tenant, rows - paid, owner.tenant_weight);
-        let key_prepaid = state.key_prepaid.entry(owner.key).or_default();
-        let paid = rows.min(*key_prepaid);
-        *key_prepaid -= paid;
-        state.key_times.charge(owner.key, rows - paid, owner.key_weight);
+        self.tenant_times.charge(owner.tenant, rows, owner.tenant_weight);
+        if let Some(state) = self.tenants.get_mut(&owner.tenant) {
+            state.key_times.charge(owner.key, rows, owner.key_weight);
+        }
     }
 
-    /// A request of `owner` started by [`Lane::pop`] gave back its `sequences`. Its key and
-    /// tenant get back what they prepaid beyond `START_CHARGE` for each sequence they still run.
+    /// A request of `owner` started by [`Lane::pop`] gave back its `sequences`.
     pub(super) fn finished(&mut self, owner: Owner, sequences: usize) {
-        let key_running = match self.running.get_mut(&owner.key) {
-            Some(n) => {
-                *n = n.saturating_sub(sequences);
-                *n
+        if let Some(n) = self.running.get_mut(&owner.key) {
+            *n = n.saturating_sub(sequences);
+            if *n == 0 {
+                self.running.remove(&owner.key);
             }
-            None => 0,
-        };
-        if key_running == 0 {
-            self.running.remove(&owner.key);
         }
         if let Some(state) = self.tenants.get_mut(&owner.tenant) {
             state.running = state.running.saturating_sub(sequences);
-            let key_prepaid = state.key_prepaid.entry(owner.key).or_default();
-            let over = key_prepaid.saturating_sub(START_CHARGE * key_running);
-            *key_prepaid -= over;
-            state.key_times.refund(owner.key, over, owner.key_weight);
-            if key_running == 0 {
-                state.key_prepaid.remove(&owner.key);
-            }
-            let over = state.prepaid.saturating_sub(START_CHARGE * state.running);
-            state.prepaid -= over;
-            self.tenant_times.refund(owner.tenant, over, owner.tenant_weight);
         }
         self.tidy(owner);
     }
@@ -238,14 +208,7 @@ impl<J: Waiting> Lane<J> {
         self.len -= 1;
         let n = job.sequences();
         *self.running.entry(key.key).or_default() += n;
-        let owner = job.owner();
-        let state = self.tenants.entry(tenant.tenant).or_default();
-        state.running += n;
-        let prepay = START_CHARGE * n;
-        state.prepaid += prepay;
-        *state.key_prepaid.entry(key.key).or_default() += prepay;
-        state.key_times.charge(key.key, prepay, owner.key_weight);
-        self.tenant_times.charge(tenant.tenant, prepay, owner.tenant_weight);
+        self.tenants.entry(tenant.tenant).or_default().running += n;
         if !key.jobs.is_empty() {
             tenant.keys.push_back(key);
         }

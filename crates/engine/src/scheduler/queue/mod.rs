@@ -9,10 +9,7 @@
 //! parties take turns (round robin): a request whose key has nothing else waiting is admitted
 //! after at most one request of each other waiting key, however many those keys queued. The
 //! step charges every row it computes to its request's owner (`FairQueue::charge`), so shares
-//! follow tokens, prompt rows included, not request counts. A request's start is charged ahead
-//! of its rows (`lane::START_CHARGE` a sequence, paid back by the rows it computes), so that
-//! several sequences freed in one step are shared by the weights too, not all given to the
-//! party furthest behind.
+//! follow tokens, prompt rows included, not request counts.
 //!
 //! Service tiers: `flex` requests wait in a lane of their own, shared the same way, and start only
 //! on sequences no other request waits for (idle capacity); a `priority` request goes ahead of its

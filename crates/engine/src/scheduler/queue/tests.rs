@@ -201,24 +201,6 @@ fn tenants_weighing_3_to_1_run_sequences_3_to_1() {
 }
 
 #[test]
-fn sequences_freed_together_are_shared_by_the_weights_not_all_given_to_one_tenant() {
-    // Four sequences free at once, both tenants even: the starts go 3:1 within the step (each
-    // start is charged ahead of its rows), not all four to whichever is first in line.
-    let (heavy, light) = (owner(1, 3, 10, 1), owner(2, 1, 20, 1));
-    let mut q = FairQueue::new(None);
-    for _ in 0..8 {
-        q.push(Work { owner: light, steps: 16 });
-        q.push(Work { owner: heavy, steps: 16 });
-    }
-    let mut started = Vec::new();
-    for free in (1..=4).rev() {
-        started.push(q.pop(free).expect("a request starts").owner.tenant);
-    }
-    started.sort_unstable();
-    assert_eq!(started, [1, 1, 1, 2]);
-}
-
-#[test]
 fn a_tenants_ten_keys_together_get_its_one_weight() {
     let mut flood: Vec<(Owner, u32)> = (0..10).map(|k| (owner(1, 1, 100 + k, 1), 16)).collect();
     flood.push((owner(2, 1, 200, 1), 16));

@@ -50,13 +50,6 @@ impl VirtualTimes {
         *self.by_party.entry(party).or_default() += tokens as f64 / f64::from(weight.max(1));
     }
 
-    /// `party`, weighing `weight`, gets back `tokens` it was charged for and not served.
-    pub(crate) fn refund(&mut self, party: u64, tokens: usize, weight: u32) {
-        if let Some(time) = self.by_party.get_mut(&party) {
-            *time -= tokens as f64 / f64::from(weight.max(1));
-        }
-    }
-
     /// `party` neither waits nor runs: nothing of it is kept.
     pub(crate) fn forget(&mut self, party: u64) {
         self.by_party.remove(&party);
