@@ -1,5 +1,6 @@
-//! Matrix products of a few rows of activations (2 to [`max_columns`]): decode steps of a few
-//! streams, a stream's token with its drafts, prompts (with AVX-512: a whole ubatch of 512).
+//! Matrix products of one to a few rows of activations (1 to [`max_columns`]): a decoding
+//! stream's step ([`one_row`]), decode steps of a few streams, a stream's token with its drafts,
+//! prompts (with AVX-512: a whole ubatch of 512).
 //!
 //! ggml hands every product of two or more activation rows to llamafile's tiled kernels
 //! (`llamafile_sgemm`) first. With Q8_0 weights (the default model's twin) on a 2-core Zen 5
@@ -190,7 +191,7 @@ pub(super) struct Product {
 /// calling thread's.
 pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams, p: Product) -> bool {
     let is = |ty: c_int, of: u32| ty == of as c_int;
-    let fits = level.is_some_and(|level| (2..=max_columns(level)).contains(&p.n)) && is(p.c_type, GGML_TYPE_F32);
+    let fits = level.is_some_and(|level| (1..=max_columns(level)).contains(&p.n)) && is(p.c_type, GGML_TYPE_F32);
     let zero_types = is(p.b_type, GGML_TYPE_Q8_0) && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
     // K-quants only with AVX-512; ggml asks with Q8_K activations, after its own tiled kernel
     // declined (it takes eight rows and more).
@@ -216,6 +217,11 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     // Q8_0 activations for Q8_0 and Q5_0 weights, Q8_K for the K-quants (`ours` checked which).
     let (q8_0, q8_k) = (p.b.cast::<BlockQ8>(), p.b.cast::<BlockQ8K>());
     let v4 = level == Some(Level::V4);
+    if n == 1 {
+        // SAFETY: as below.
+        unsafe { one_row(v4, p.a_type, rows, k, a, lda, p.b, c) };
+        return true;
+    }
     // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU
     // (the K-quants only reach here with AVX-512).
     unsafe {
@@ -229,6 +235,46 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
         }
     }
     true
+}
+
+/// `c[i] = a_i · y` for weight rows `rows` of `a` (`lda` blocks apart, of ggml type `a_type`)
+/// and one row of activations `y` (Q8_K for the K-quants, else Q8_0), `k` blocks long: a
+/// decoding stream's product, one dot product per weight row over the thread's contiguous share.
+/// ggml would hand each thread runs of 64 rows claimed in turn, which on a 2-core Zen 5 streamed
+/// matrices of short rows (1,536 values, every projection but the FFN's down) at 36 GB/s where
+/// one run per thread reached 53 (`gantry-cpu-kernels`' `gemv_bench`): each jump restarts the
+/// prefetchers, and the kernels' own fetches 4 KiB ahead fall into the other thread's rows.
+///
+/// # Safety
+/// The sizes are ggml's for these matrices, the type is one [`multiply`] serves, and the level's
+/// features were detected on this CPU (the K-quants only with AVX-512).
+#[allow(clippy::too_many_arguments, reason = "the product's matrices")]
+unsafe fn one_row(
+    v4: bool,
+    a_type: c_int,
+    rows: Range<usize>,
+    k: usize,
+    a: *const c_void,
+    lda: usize,
+    y: *const c_void,
+    c: *mut f32,
+) {
+    macro_rules! each_row {
+        ($dot:path, $Block:ty, $Y:ty) => {
+            for i in rows {
+                // SAFETY: the caller's.
+                unsafe { *c.add(i) = $dot(k, a.cast::<$Block>().add(i * lda), y.cast::<$Y>()) };
+            }
+        };
+    }
+    match u32::try_from(a_type).unwrap_or(u32::MAX) {
+        GGML_TYPE_Q4_K => each_row!(v4::dot_q4_k, BlockQ4K, BlockQ8K),
+        GGML_TYPE_Q6_K => each_row!(v4::dot_q6_k, BlockQ6K, BlockQ8K),
+        GGML_TYPE_Q8_0 if v4 => each_row!(v4::dot_q8_0, BlockQ8, BlockQ8),
+        GGML_TYPE_Q8_0 => each_row!(v3::dot_q8_0, BlockQ8, BlockQ8),
+        _ if v4 => each_row!(v4::dot_q5_0, BlockQ5, BlockQ8),
+        _ => each_row!(v3::dot_q5_0, BlockQ5, BlockQ8),
+    }
 }
 
 /// Defines what ggml calls in place of llamafile's `llamafile_sgemm` (the same parameters):

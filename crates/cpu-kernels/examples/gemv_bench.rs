@@ -1,0 +1,199 @@
+//! A decode step's matrix-vector products on K-quant weights, timed: one activation row against
+//! a few hundred MB of Q4_K or Q6_K rows, on 2 threads as ggml runs them, against a plain read
+//! of the same bytes. `cargo run --release -p gantry-cpu-kernels --example gemv_bench`.
+#![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    bench::run();
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {}
+
+#[cfg(target_arch = "x86_64")]
+mod bench {
+    use std::arch::x86_64::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+
+    struct Rng(u64);
+    impl Rng {
+        fn byte(&mut self) -> u8 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u8
+        }
+    }
+
+    /// Spins until every thread arrived, as ggml's barrier does.
+    struct Barrier {
+        count: AtomicUsize,
+        phase: AtomicUsize,
+        n: usize,
+    }
+    impl Barrier {
+        fn wait(&self) {
+            let phase = self.phase.load(Ordering::Acquire);
+            if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+                self.count.store(0, Ordering::Release);
+                self.phase.fetch_add(1, Ordering::AcqRel);
+            } else {
+                while self.phase.load(Ordering::Acquire) == phase {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    type Kernel<B> = fn(&[B], usize, usize, std::ops::Range<usize>, &[BlockQ8K], &mut [f32]);
+
+    /// `passes` times over `mats` matrices of `rows` × `k` blocks, 2 threads, each matrix split
+    /// between them (chunks of 64 rows taken in turn, or halves), a barrier after each: GB/s.
+    fn time<B: Sync>(
+        weights: &[B],
+        mats: usize,
+        rows: usize,
+        k: usize,
+        y: &[BlockQ8K],
+        kernel: Kernel<B>,
+        chunked: bool,
+    ) -> f64 {
+        let threads = 2;
+        let barrier = Barrier { count: AtomicUsize::new(0), phase: AtomicUsize::new(0), n: threads };
+        let next: Vec<AtomicUsize> = (0..mats).map(|_| AtomicUsize::new(0)).collect();
+        let passes = 5;
+        let mut best = f64::MAX;
+        for _ in 0..passes {
+            for n in &next {
+                n.store(0, Ordering::Relaxed);
+            }
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let (barrier, next) = (&barrier, &next);
+                    s.spawn(move || {
+                        let mut out = vec![0f32; rows];
+                        for m in 0..mats {
+                            let mat = &weights[m * rows * k..(m + 1) * rows * k];
+                            if chunked {
+                                loop {
+                                    let c = next[m].fetch_add(1, Ordering::Relaxed);
+                                    if c * 64 >= rows {
+                                        break;
+                                    }
+                                    let r = c * 64..(c * 64 + 64).min(rows);
+                                    kernel(mat, rows, k, r, y, &mut out);
+                                }
+                            } else {
+                                let half = rows.div_ceil(threads).next_multiple_of(4);
+                                let r = (t * half).min(rows)..((t + 1) * half).min(rows);
+                                kernel(mat, rows, k, r, y, &mut out);
+                            }
+                            barrier.wait();
+                        }
+                        std::hint::black_box(out);
+                    });
+                }
+            });
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        std::mem::size_of_val(weights) as f64 / best / 1e9
+    }
+
+    fn read_bytes<B>(mat: &[B], _rows: usize, k: usize, r: std::ops::Range<usize>, _y: &[BlockQ8K], out: &mut [f32]) {
+        let size = std::mem::size_of::<B>() * k;
+        let base = mat.as_ptr().cast::<u8>();
+        // SAFETY: the range is within the matrix, and the machines this runs on have AVX-512.
+        unsafe {
+            let mut acc = _mm512_setzero_si512();
+            let (from, to) = (r.start * size, r.end * size);
+            let mut at = from;
+            while at + 64 <= to {
+                acc = _mm512_xor_si512(acc, _mm512_loadu_si512(base.add(at).cast()));
+                at += 64;
+            }
+            out[0] += _mm512_reduce_add_epi32(acc) as f32;
+        }
+    }
+
+    fn per_row_q4(
+        mat: &[BlockQ4K],
+        _rows: usize,
+        k: usize,
+        r: std::ops::Range<usize>,
+        y: &[BlockQ8K],
+        out: &mut [f32],
+    ) {
+        for i in r {
+            // SAFETY: row `i` and `y` hold `k` blocks; the machines this runs on have AVX-512 VNNI.
+            out[i] = unsafe { v4::dot_q4_k(k, mat.as_ptr().add(i * k), y.as_ptr()) };
+        }
+    }
+
+    fn per_row_q6(
+        mat: &[BlockQ6K],
+        _rows: usize,
+        k: usize,
+        r: std::ops::Range<usize>,
+        y: &[BlockQ8K],
+        out: &mut [f32],
+    ) {
+        for i in r {
+            // SAFETY: row `i` and `y` hold `k` blocks; the machines this runs on have AVX-512 VNNI.
+            out[i] = unsafe { v4::dot_q6_k(k, mat.as_ptr().add(i * k), y.as_ptr()) };
+        }
+    }
+
+    fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
+        let bytes = count * std::mem::size_of::<B>();
+        let mut v: Vec<B> = Vec::with_capacity(count);
+        // SAFETY: every byte of the capacity is written before the length is set; any bytes
+        // are valid blocks.
+        unsafe {
+            let p = v.as_mut_ptr().cast::<u8>();
+            for i in 0..bytes {
+                *p.add(i) = rng.byte() & 0x3b;
+            }
+            v.set_len(count);
+        }
+        v
+    }
+
+    pub(crate) fn run() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let filter = std::env::args().nth(1).unwrap_or_default();
+        // (name, rows, k): qwen2.5-coder-1.5b's gate/up (8960 × 1536) and down (1536 × 8960).
+        for (rows, k) in [(8960usize, 6usize), (1536, 35)] {
+            let target = 400usize << 20;
+            let y: Vec<BlockQ8K> = (0..k)
+                .map(|_| {
+                    let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
+                    let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
+                    BlockQ8K { d: 0.01, qs, bsums }
+                })
+                .collect();
+            if filter.is_empty() || filter == "q4" {
+                let mats = target / (rows * k * 144);
+                let w: Vec<BlockQ4K> = random(&mut rng, mats * rows * k);
+                for chunked in [true, false] {
+                    let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
+                    let one = time(&w, mats, rows, k, &y, per_row_q4, chunked);
+                    println!("q4_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
+                }
+            }
+            if filter.is_empty() || filter == "q6" {
+                let mats = target / (rows * k * 210);
+                let w: Vec<BlockQ6K> = random(&mut rng, mats * rows * k);
+                for chunked in [true, false] {
+                    let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
+                    let one = time(&w, mats, rows, k, &y, per_row_q6, chunked);
+                    println!("q6_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
+                }
+            }
+        }
+    }
+}
