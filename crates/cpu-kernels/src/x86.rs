@@ -139,6 +139,7 @@ macro_rules! each_tile {
 mod k_quants;
 mod q4_k;
 mod q6_k;
+mod q8_k;
 mod wide;
 
 pub use k_quants::{BlockQ8K, QK_K};
@@ -392,6 +393,7 @@ level!(
     pub use super::{
         q4_k::{dot_q4_k, gemm_q4_k},
         q6_k::{dot_q6_k, gemm_q6_k},
+        q8_k::quantize_q8_k,
         wide::{gemm_q5_0, gemm_q8_0},
     };
 );

@@ -3,7 +3,7 @@
 use std::os::raw::{c_int, c_void};
 
 use llama_cpp_sys_2::{
-    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
 };
 
 use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
@@ -121,6 +121,10 @@ pub(super) fn install() -> Result<Level, String> {
         // computes yet (this runs before any model is loaded).
         unsafe { write_kernel(ty, kernel)? };
     }
+    if level == Level::V4 {
+        // SAFETY: as above.
+        unsafe { write_quantizer(GGML_TYPE_Q8_K, quantize_q8_k_v4)? };
+    }
     Ok(level)
 }
 
@@ -149,14 +153,41 @@ fn traits_of_type(ty: ggml_type) -> Result<*const ggml_type_traits_cpu, String> 
 /// No other thread may be changing the protection of the table's page meanwhile.
 pub(super) unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), String> {
     let traits = traits_of_type(ty)?.cast_mut();
-    // SAFETY: a field of the entry just returned.
-    let field = unsafe { std::ptr::addr_of_mut!((*traits).vec_dot) };
+    // SAFETY: a field of the entry just returned; the caller's.
+    unsafe { write_entry(std::ptr::addr_of_mut!((*traits).vec_dot), Some(kernel)) }
+}
+
+/// ggml's `from_float` signature: quantizes `k` floats into blocks.
+pub(super) type FromFloat = unsafe extern "C" fn(*const f32, *mut c_void, i64);
+
+/// Q8_K activations, quantized as ggml's `quantize_row_q8_K_ref` does (`gantry-cpu-kernels`'
+/// `q8_k`), in ggml's calling convention.
+pub(super) unsafe extern "C" fn quantize_q8_k_v4(x: *const f32, y: *mut c_void, k: i64) {
+    // SAFETY: ggml passes `k` floats and room for their blocks; installed only with AVX-512.
+    unsafe { v4::quantize_q8_k(x, y.cast::<BlockQ8K>(), usize::try_from(k).unwrap_or(0)) };
+}
+
+/// # Safety
+/// As [`write_kernel`]'s.
+pub(super) unsafe fn write_quantizer(ty: ggml_type, quantize: FromFloat) -> Result<(), String> {
+    let traits = traits_of_type(ty)?.cast_mut();
+    // SAFETY: a field of the entry just returned; the caller's.
+    unsafe { write_entry(std::ptr::addr_of_mut!((*traits).from_float), Some(quantize)) }
+}
+
+/// Writes `value` into `field` of ggml's constant table: its page made writable for the write,
+/// then given back the protection it had.
+///
+/// # Safety
+/// `field` is an aligned, pointer-sized field of an entry of ggml's table, and no other thread
+/// may be changing the protection of its page meanwhile.
+unsafe fn write_entry<T>(field: *mut T, value: T) -> Result<(), String> {
     let addr = field as usize;
     let prot = protection_of(addr).ok_or_else(|| format!("no mapping holds ggml's kernel table at {addr:#x}"))?;
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let start = addr & !(page - 1);
-    let len = (addr + std::mem::size_of::<Option<VecDot>>()).next_multiple_of(page) - start;
+    let len = (addr + std::mem::size_of::<T>()).next_multiple_of(page) - start;
     let protect = |p: c_int| {
         // SAFETY: [start, start + len) lies within the mapping just found (an entry's field
         // does not cross out of its table's mapping), page-aligned.
@@ -167,7 +198,7 @@ pub(super) unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), S
     protect(prot | libc::PROT_WRITE)?;
     // SAFETY: the field is writable now and aligned (ggml_type_traits_cpu is a C struct); an
     // aligned pointer-sized store is seen whole by any thread that reads it later.
-    unsafe { field.write_volatile(Some(kernel)) };
+    unsafe { field.write_volatile(value) };
     protect(prot)
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
 
-use super::install::{ggml_kernel, traits_of, Level};
+use super::install::{ggml_kernel, quantize_q8_k_v4, traits_of, Level};
 use super::small_batches::{multiply, ComputeParams, Product};
 use super::tests::{ggml_ready, Rng};
 use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
@@ -239,4 +239,33 @@ fn with_avx2_k_quant_products_stay_with_ggml() {
     let done = unsafe { multiply(Some(Level::V3), &ComputeParams { ith: 0, nth: 1 }, product) };
     assert!(!done, "llamafile has no K-quant kernels, and AVX2 none of Gantry's");
     assert!(c.iter().all(|v| v.is_nan()));
+}
+
+extern "C" {
+    /// ggml's reference quantizer (`ggml-quants.c`), which its x86 CPU backend calls.
+    fn quantize_row_q8_K_ref(x: *const f32, y: *mut c_void, k: i64);
+}
+
+#[test]
+fn activations_quantize_to_the_bytes_of_ggmls_reference() {
+    assert!(avx512(), "the machines these tests run on all have AVX-512 VNNI");
+    let mut rng = Rng(0x5bd1_e995);
+    let n = 64 * QK_K;
+    let mut values = floats(&mut rng, n);
+    values[3 * QK_K..4 * QK_K].fill(0.0);
+    values[5 * QK_K + 17] = -3.5;
+    values[5 * QK_K + 90] = 3.5;
+    for scale in [1e-4f32, 1.0, 300.0] {
+        let x: Vec<f32> = values.iter().map(|v| v * scale).collect();
+        let (mut ours, mut theirs) = (vec![0u8; n / QK_K * Q8_K_BYTES], vec![0u8; n / QK_K * Q8_K_BYTES]);
+        let k = i64::try_from(n).expect("small");
+        // SAFETY: both have room for the row's blocks; ggml's reference takes the same arguments.
+        unsafe {
+            quantize_q8_k_v4(x.as_ptr(), ours.as_mut_ptr().cast(), k);
+            quantize_row_q8_K_ref(x.as_ptr(), theirs.as_mut_ptr().cast(), k);
+        }
+        for (b, (ours, theirs)) in ours.chunks(Q8_K_BYTES).zip(theirs.chunks(Q8_K_BYTES)).enumerate() {
+            assert_eq!(ours, theirs, "scale {scale}: block {b}");
+        }
+    }
 }
