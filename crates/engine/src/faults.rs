@@ -21,7 +21,7 @@ pub(crate) enum FaultPoint {
     Starting,
     /// Sampling the next token (the sampler chain, a grammar included).
     Sampling,
-    /// Planning the draft tokens to verify after the next one (`Scheduler::fill_batch`).
+    /// Planning the draft tokens to verify after the next one (`Scheduler::plan`).
     Drafting,
     /// Watching the output for a tool call to constrain (`tool_choice: "auto"`).
     Watching,

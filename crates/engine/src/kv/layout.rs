@@ -20,7 +20,7 @@
 //!   (`KvSlots::pick_free`), which keeps the running ones together.
 //!
 //! **Unified** (`--kv-unified`): one buffer; sharing a prefix only tags cells. Rows keep the order
-//! that suits the tiled kernel there: prompt chunks first, decoding rows last (`fill_batch`).
+//! that suits the tiled kernel there: prompt chunks first, decoding rows last (`batch::write`).
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvLayout {

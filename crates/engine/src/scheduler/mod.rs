@@ -23,8 +23,10 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 
 use self::end::Ending;
 use self::queue::shares::QueueShares;
+use self::step::batch;
 use self::step::graph_reuse;
 use self::step::prompt_turns::PromptDeficits;
+use self::step::verify::{self, Verdicts, Verifying};
 use crate::error::EngineError;
 use crate::kv::cache::{KvCache, StreamCopies};
 use crate::kv::layout::KvLayout;
@@ -117,9 +119,6 @@ pub(crate) struct Scheduler {
     /// When a step last saw interactive work (any request not a batch's line), running or
     /// waiting: batch lines hold off for a while after it (`sit_out_batch_lines`).
     interactive_at: Option<Instant>,
-    /// Set by a step that gave no rows because batch lines held off: `run` waits until then for
-    /// a job rather than spin.
-    held_off_until: Option<Instant>,
 }
 
 impl Scheduler {
@@ -156,7 +155,6 @@ impl Scheduler {
             device: None,
             graph_reuse: None,
             interactive_at: None,
-            held_off_until: None,
         }
     }
 
@@ -190,8 +188,7 @@ impl Scheduler {
                     Err(TryRecvError::Disconnected) => break,
                 }
             }
-            self.step(ctx);
-            if let Some(until) = self.held_off_until.take() {
+            if let Some(until) = self.step(ctx) {
                 // Only batch lines run, and they hold off: a new job ends the wait.
                 if let Ok(job) = jobs.recv_timeout(until.saturating_duration_since(Instant::now())) {
                     self.enqueue(ctx, job);
@@ -200,10 +197,12 @@ impl Scheduler {
         }
     }
 
-    fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+    /// One step: each stage a call whose result the next takes. Returns when batch lines, the
+    /// only work, hold off until (`SittingOut::held_off_until`): `run` waits for a job until then.
+    fn step(&mut self, ctx: &mut LlamaContext<'_>) -> Option<Instant> {
         if self.abort.load(Ordering::Relaxed) {
             self.abort_everything(ctx);
-            return;
+            return None;
         }
         let step_started = Instant::now();
         self.drop_cancelled(ctx);
@@ -218,15 +217,16 @@ impl Scheduler {
         self.compact(ctx);
         let cache_moved = Instant::now();
         let image_evaluated = self.evaluate_image(ctx);
-        let written = self.fill_batch(ctx);
+        let sitting = self.sit_out_batch_lines();
+        let planned = self.plan(ctx, &sitting);
+        let written = batch::write(&mut self.batch, planned, &self.active, &self.cfg);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
-        let Some(mut batch) = written else {
-            if !image_evaluated && self.held_off_until.is_none() {
+        let Some(mut rows) = written else {
+            if !image_evaluated && sitting.held_off_until.is_none() {
                 self.no_rows(ctx);
             }
-            return;
+            return sitting.held_off_until;
         };
-        self.held_off_until = None;
         self.steps_without_rows = 0;
         let turn = self.cfg.decode_turns.as_ref().map(|t| t.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let started = Instant::now();
@@ -240,19 +240,27 @@ impl Scheduler {
         if let Err(e) = decoded {
             tracing::error!(error = %e, "llama.cpp decode failed");
             self.fail_all(ctx, &EngineError::Decode(e.to_string()));
-            return;
+            return None;
         }
         self.kv.decoded();
         let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
-        self.spread_prompts(ctx, &batch.spreading);
-        let pick = self.verify(ctx, &mut batch.choices);
+        self.spread_prompts(ctx, &rows.spreading);
+        let mut with = Verifying {
+            model: &self.model,
+            ctx_size: self.cfg.ctx_size as i32,
+            kv: &mut self.kv,
+            acceptance: &mut self.acceptance,
+            spec_stats: &self.spec_stats,
+        };
+        let Verdicts { failed, pick } = verify::sample(ctx, &mut self.active, &mut rows.choices, &mut with);
+        self.end_alone(ctx, failed);
         let sampled = Instant::now();
-        if batch.prompt_rows == 0 {
+        if rows.prompt_rows == 0 {
             // Without the reuse count (no context handle) every step counts as reusing its graph.
-            let built = graphs_reused.is_some_and(|reused| reused < batch.ubatches as u64);
-            self.step_cost.observe(batch.rows, started.elapsed(), built);
+            let built = graphs_reused.is_some_and(|reused| reused < rows.ubatches as u64);
+            self.step_cost.observe(rows.rows, started.elapsed(), built);
         }
-        self.step_cost.ran(batch.rows);
+        self.step_cost.ran(rows.rows);
         self.panic_if_asked();
         self.retire_finished(ctx);
         telemetry::step_phases(&StepPhases {
@@ -265,9 +273,10 @@ impl Scheduler {
             sync: synced - launched,
             sample: SampleParts { pick, produce: (sampled - synced).saturating_sub(pick) },
             finish: sampled.elapsed(),
-            ubatches: batch.ubatches,
+            ubatches: rows.ubatches,
             graphs_reused: graphs_reused.unwrap_or(0),
         });
+        None
     }
 
     /// A step that gave nothing a row and evaluated no image while requests are active or

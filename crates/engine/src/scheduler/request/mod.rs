@@ -90,9 +90,6 @@ pub(crate) struct ActiveRequest {
     pub tier: crate::request::ServiceTier,
     /// Its client reads the output as it is made: not preempted (see `is_preemptible`).
     streamed: bool,
-    /// A batch's line that skips this step, so that interactive work computes as it would alone
-    /// (`Scheduler::sit_out_batch_lines`); set at each step's start.
-    pub(crate) sits_out: bool,
     /// The tool-call grammars `prepare` compiled (the output's is in the choices' samplers).
     pub(crate) grammars: PreparedGrammars,
 }
@@ -218,7 +215,6 @@ impl ActiveRequest {
             owner: request.owner,
             tier: request.tier,
             streamed: request.streamed,
-            sits_out: false,
             grammars: PreparedGrammars { output: None, ..request.grammars },
         };
         // With thinking first, the gate is armed once the thinking closes (see `thinking`).

@@ -1,5 +1,7 @@
-//! What the running requests bring to a step, for the planner: each decoding choice's token and
-//! the drafts its drafter offers, each prompt still being read and how far it may be.
+//! Planning a step: which batch lines sit it out ([`SittingOut`]), what the running requests
+//! bring to the planner (each decoding choice's token and the drafts its drafter offers, each
+//! prompt still being read and how far it may be), the planner's decision, committed
+//! (`commit`).
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
@@ -7,7 +9,9 @@ use std::time::{Duration, Instant};
 use llama_cpp_2::context::LlamaContext;
 
 use crate::faults::FaultPoint;
+use crate::kv::seq_id::SeqId;
 use crate::scheduler::request::{ActiveRequest, Choice, Phase};
+use crate::scheduler::step::commit::{commit, Committing, PlannedStep};
 use crate::scheduler::step::deterministic;
 use crate::scheduler::step::plan::rows::PendingPrompt;
 use crate::scheduler::step::plan::{self, DecodingChoice, PromptToRead, StepInputs};
@@ -23,15 +27,15 @@ const BATCH_SLOWDOWN: f64 = 0.10;
 const BATCH_HOLD_OFF: Duration = Duration::from_millis(100);
 
 impl Scheduler {
-    /// Marks the batch lines (`ServiceTier::Batch`) that sit this step out, so that interactive
+    /// Decides which batch lines (`ServiceTier::Batch`) sit this step out, so that interactive
     /// work computes as it would alone: all of them when an interactive request reads its prompt
     /// (its time to first token is the prompt's steps); when their rows would make a step of
     /// interactive decoding more than `BATCH_SLOWDOWN` slower by the measured step costs
     /// (`StepCost`: on a CPU a row costs about as much as another, on a GPU little); and, with
     /// no interactive row, for `BATCH_HOLD_OFF` after interactive work was last seen (then
-    /// `held_off_until` tells `run` to wait). A line another request waits to copy a prefix from
-    /// never sits out, so that request is not held up too.
-    pub(in crate::scheduler) fn sit_out_batch_lines(&mut self) {
+    /// [`SittingOut::held_off_until`] tells `run` to wait). A line another request waits to
+    /// copy a prefix from never sits out, so that request is not held up too.
+    pub(in crate::scheduler) fn sit_out_batch_lines(&mut self) -> SittingOut {
         let is_line = ActiveRequest::is_batch_line;
         let rows = |r: &ActiveRequest| match r.phase {
             Phase::Prefilling { read } => (r.prompt.len() - read).min(self.cfg.batch_size as usize),
@@ -43,8 +47,7 @@ impl Scheduler {
         }
         // No batch line is running: none sits out.
         if !self.active.iter().any(is_line) {
-            self.held_off_until = None;
-            return;
+            return SittingOut::default();
         }
         let interactive_reads = self.active.iter().any(|r| !is_line(r) && matches!(r.phase, Phase::Prefilling { .. }));
         let interactive: usize = self.active.iter().filter(|r| !is_line(r)).map(rows).sum();
@@ -59,24 +62,41 @@ impl Scheduler {
                 0 => hold_off.is_some(),
                 _ => interactive_reads || costly(),
             };
-        self.held_off_until = hold_off.filter(|_| sit_out && interactive == 0);
-        let awaited: Vec<_> = self.active.iter().filter_map(|r| r.awaited_prefix().map(|(from, _)| from)).collect();
-        for r in &mut self.active {
-            r.sits_out = sit_out && is_line(r) && !r.choices.iter().any(|c| awaited.contains(&c.seq_id));
+        SittingOut {
+            lines: sit_out,
+            awaited: self.active.iter().filter_map(|r| r.awaited_prefix().map(|(from, _)| from)).collect(),
+            held_off_until: hold_off.filter(|_| sit_out && interactive == 0),
         }
+    }
+
+    /// Plans the step: the running requests offer their tokens, drafts and prompt chunks
+    /// ([`Self::offer_drafts`], [`step_inputs`]), the pure planner decides (`plan::plan_step`),
+    /// and the decision is committed to the requests, the queue and the KV mirror (`commit`).
+    pub(in crate::scheduler) fn plan(&mut self, ctx: &mut LlamaContext<'_>, sitting: &SittingOut) -> PlannedStep {
+        let mut offers = self.offer_drafts(ctx, sitting);
+        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits, &mut offers, sitting);
+        let decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance);
+        let to = Committing {
+            active: &mut self.active,
+            waiting: &mut self.waiting,
+            deficits: &mut self.prompt_deficits,
+            kv: &mut self.kv,
+            quantum: prompt_quantum(&self.cfg),
+        };
+        commit(decision, to, sitting)
     }
 
     /// Asks each decoding choice's drafter for the drafts it could feed, which the planner then
     /// cuts: by sequence (`SeqId::index`). A drafter runs its grammar on the choice's own output:
     /// a panic there ends that request alone.
-    pub(super) fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>) -> Vec<Option<Chain>> {
-        let taking_part = self.active.iter().filter(|r| decodes(r));
+    fn offer_drafts(&mut self, ctx: &mut LlamaContext<'_>, sitting: &SittingOut) -> Vec<Option<Chain>> {
+        let taking_part = self.active.iter().filter(|r| decodes(r, sitting));
         let decoding = taking_part.flat_map(|r| &r.choices).filter(|c| c.ready().is_some()).count();
         let lookups = plan::lookups_allowed(decoding);
         let ctx_size = self.cfg.ctx_size as i32;
         let mut panicked = Vec::new();
         let mut offers: Vec<Option<Chain>> = std::iter::repeat_with(|| None).take(self.cfg.parallel as usize).collect();
-        for (r, req) in self.active.iter_mut().enumerate().filter(|(_, req)| decodes(req)) {
+        for (r, req) in self.active.iter_mut().enumerate().filter(|(_, req)| decodes(req, sitting)) {
             let shared = &self.shared;
             let offers = &mut offers;
             let offered = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -96,16 +116,36 @@ impl Scheduler {
     }
 }
 
+/// The batch lines that sit this step out (`Scheduler::sit_out_batch_lines`): every stage that
+/// gives rows asks it, so `offer_drafts`, `step_inputs` and `commit` agree.
+#[derive(Debug, Default)]
+pub(crate) struct SittingOut {
+    /// Batch lines sit this step out.
+    lines: bool,
+    /// Sequences other requests wait to copy a prefix from: a line holding one never sits out.
+    awaited: Vec<SeqId>,
+    /// Only batch lines have rows, and they hold off until then: `run` waits for a job until
+    /// then rather than spin.
+    pub held_off_until: Option<Instant>,
+}
+
+impl SittingOut {
+    /// Whether `req` skips this step.
+    pub(crate) fn sits_out(&self, req: &ActiveRequest) -> bool {
+        self.lines && req.is_batch_line() && !req.choices.iter().any(|c| self.awaited.contains(&c.seq_id))
+    }
+}
+
 /// Whether `req` reads its prompt this step, as far as the budget goes: still prefilling, and not
 /// waiting to copy a prefix another sequence is computing. `step_inputs` and `commit` must agree.
-pub(super) fn reads_prompt(req: &ActiveRequest) -> bool {
-    matches!(req.phase, Phase::Prefilling { .. }) && !req.sits_out
+pub(super) fn reads_prompt(req: &ActiveRequest, sitting: &SittingOut) -> bool {
+    matches!(req.phase, Phase::Prefilling { .. }) && !sitting.sits_out(req)
 }
 
 /// Whether `req`'s decoding choices feed their tokens this step (a batch's line may sit it out).
 /// `step_inputs` and `commit` must agree.
-pub(super) fn decodes(req: &ActiveRequest) -> bool {
-    !req.sits_out
+pub(super) fn decodes(req: &ActiveRequest, sitting: &SittingOut) -> bool {
+    !sitting.sits_out(req)
 }
 
 /// Most drafts decoding choice `c` could use now: verifying `k` drafts produces up to `k + 1`
@@ -122,28 +162,29 @@ fn draft_limit(max_tokens: u32, isolated: bool, c: &Choice, ctx_size: i32) -> us
 
 /// The prompt rows a key with a prompt waiting is owed each step (`prompt_turns`): what one
 /// long prompt may read while streams decode, or, without that cap, a whole batch.
-pub(super) fn prompt_quantum(cfg: &SchedulerConfig) -> usize {
+fn prompt_quantum(cfg: &SchedulerConfig) -> usize {
     cfg.prompt_rows_while_decoding.unwrap_or(cfg.batch_size as usize)
 }
 
 /// What the running requests bring to this step, for the planner: each decoding choice's token
 /// and the drafts it was offered (taken out of `Choice::drafts`), each prompt still being read.
-pub(super) fn step_inputs<'a>(
+fn step_inputs<'a>(
     active: &'a mut [ActiveRequest],
     cfg: &SchedulerConfig,
     deficits: &'a PromptDeficits,
     offers: &mut [Option<Chain>],
+    sitting: &SittingOut,
 ) -> StepInputs<'a> {
     let ctx_size = cfg.ctx_size as i32;
     let chunk = deterministic::chunk_size(cfg.batch_size, cfg.parallel);
     // The fixed prompt chunks of isolated requests are held back from drafts.
     let reserved: usize = active
         .iter()
-        .filter(|r| r.isolated && reads_prompt(r))
+        .filter(|r| r.isolated && reads_prompt(r, sitting))
         .map(|r| deterministic::chunk_end(r.read(), chunk, r.text_end(r.read())) - r.read())
         .sum();
     let mut decoding = Vec::new();
-    for req in active.iter_mut().filter(|r| decodes(r)) {
+    for req in active.iter_mut().filter(|r| decodes(r, sitting)) {
         for c in req.choices.iter_mut() {
             let Some(token) = c.ready() else { continue };
             decoding.push(DecodingChoice {
@@ -159,7 +200,7 @@ pub(super) fn step_inputs<'a>(
     let active: &'a [ActiveRequest] = active;
     let prompts = active
         .iter()
-        .filter(|r| reads_prompt(r))
+        .filter(|r| reads_prompt(r, sitting))
         .map(|r| PromptToRead {
             seq: r.choices[0].seq_id,
             prompt: &r.prompt,

@@ -1,14 +1,17 @@
 //! One scheduler step, a file per stage in the order it runs: [`admit`] takes waiting requests
-//! into free sequences; the cache moves ([`admit`]'s shares and offloads, [`compact`]); [`image`]
-//! evaluates one pending image; [`batch`] gathers what the requests offer, asks the pure
-//! [`plan`] for the step's rows and writes them into llama.cpp's batch; after the decode
-//! [`batch`] spreads finished prompts to their other choices and [`verify`] samples every choice
-//! and walks its drafts. [`prefix_waits`], [`prompt_turns`] and [`deterministic`] are rules the
-//! stages follow; [`graph_reuse`] reads what llama.cpp did with its graph.
+//! into free sequences; the cache moves ([`cache_moves`]' shares and offloads, [`compact`]);
+//! [`image`] evaluates one pending image; [`gather`] decides which batch lines sit the step out,
+//! gathers what the requests offer and asks the pure [`plan`] for the step's rows, which
+//! [`commit`] applies to the requests and the KV mirror; [`batch`] writes them into llama.cpp's
+//! batch; after the decode [`cache_moves`] spreads finished prompts to their other choices and
+//! [`verify`] samples every choice and walks its drafts. [`prefix_waits`], [`prompt_turns`] and
+//! [`deterministic`] are rules the stages follow; [`graph_reuse`] reads what llama.cpp did with
+//! its graph.
 
 pub(crate) mod admit;
 pub(crate) mod batch;
 pub(crate) mod cache_moves;
+pub(crate) mod commit;
 pub(crate) mod compact;
 pub(crate) mod deterministic;
 pub(crate) mod gather;

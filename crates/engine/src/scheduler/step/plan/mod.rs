@@ -1,7 +1,7 @@
 //! The step planner: a function from what the running requests bring to a step (each decoding
 //! choice's token and the drafts its drafter offers, each prompt still being read) to the step's
 //! rows, under the step's token budget, with only the drafts worth verifying fed. `gather.rs`
-//! asks the requests for the inputs and `batch.rs` commits the decision to them and to the KV
+//! asks the requests for the inputs and `commit.rs` commits the decision to them and to the KV
 //! mirror; nothing here touches llama.cpp or a request, so it is unit-tested alone (`tests.rs`).
 //!
 //! The rules, in order:

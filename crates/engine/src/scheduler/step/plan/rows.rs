@@ -53,7 +53,7 @@ impl StepPlan {
     /// `at[i]`, decoding row `j` at `at[prompt.len() + j]`. With a KV stream per sequence the rows
     /// are grouped by ascending sequence (llama.cpp makes one ubatch per run of consecutive
     /// sequences), `isolated` sequences each in a ubatch of their own (`deterministic`); in a
-    /// unified cache prompt chunks come first and decoding rows last (see `fill_batch`).
+    /// unified cache prompt chunks come first and decoding rows last (see `batch::write`).
     pub(crate) fn ordered(&self, layout: KvLayout, isolated: &[SeqId]) -> (Vec<Row>, Vec<usize>) {
         let planned: Vec<Row> = self.prompt.iter().chain(&self.decode).copied().collect();
         // The ordering rules work on llama.cpp's numbers: a run is of ids that follow on by one.
