@@ -134,7 +134,8 @@ impl Scheduler {
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as usize).rev().map(SeqId::new).collect();
-        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes).with_copies(cfg.kv_copies)
+        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes)
+            .with_copies(cfg.kv_copies)
             .with_events(cfg.kv_events.clone());
         let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();
