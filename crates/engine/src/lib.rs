@@ -48,6 +48,7 @@ pub use engine::{default_threads, Engine, EngineConfig, DEFAULT_HOST_CACHE_MIB};
 pub use error::{EngineError, SubmitError};
 pub use faults::{fault_injection_armed, fault_injection_compiled, FAULTS_ARMED, FAULTS_ENV};
 pub use generator::{Generator, Health};
+pub use kv::blocks::{KvBlockEvent, KvEventSink, Medium, KV_EVENT_BLOCK_TOKENS};
 pub use kv::cache::StreamCopies;
 pub use kv::kv_type::KvType;
 pub use kv::layout::KvLayout;

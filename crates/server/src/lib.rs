@@ -30,6 +30,8 @@ mod errors;
 pub mod health;
 /// llama.cpp's `/infill`: a fill-in-the-middle request answered in llama-server's shape.
 mod infill;
+/// KV-cache events for a prefix-aware router (`--kv-events-endpoint`).
+pub mod kv_events;
 /// The model catalogue and its downloader (`gantry models pull`).
 pub mod models;
 /// The OpenAI-compatible API (`/v1`): authentication, chat, tool calls, images, the model list.

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::kv::blocks::KvEventSink;
 use crate::kv::cache::StreamCopies;
 use crate::kv::kv_type::KvType;
 use crate::kv::layout::KvLayout;
@@ -60,6 +61,9 @@ pub struct EngineConfig {
     /// Where sampled choices are sampled: on the GPU that computed their logits, or on the
     /// host (see `scheduler::sample::device`).
     pub device_sampling: DeviceSampling,
+    /// Where the KV cache's virtual blocks are announced as they are stored and removed, for a
+    /// prefix-aware router (see `kv::blocks`); `None` keeps no account of them.
+    pub kv_events: Option<KvEventSink>,
     /// Tests only: the scheduler panics once this many tokens were generated, to exercise
     /// engine death.
     #[cfg(test)]
@@ -107,6 +111,7 @@ impl EngineConfig {
             special_tokens_in_content: false,
             deterministic_greedy: false,
             device_sampling: DeviceSampling::Auto,
+            kv_events: None,
             #[cfg(test)]
             panic_after_tokens: None,
             #[cfg(test)]

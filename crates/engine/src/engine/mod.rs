@@ -112,6 +112,7 @@ impl Engine {
                 DeviceSampling::Auto => all_on_gpu(&config, &model),
             },
             device_sampling_max_streams: device_sampling_max_streams(&config),
+            kv_events: config.kv_events.clone(),
             kv_copies: kv_copies(&config, &model),
             prompt_rows_while_decoding: prompt_rows_while_decoding(&config, &model),
             #[cfg(test)]

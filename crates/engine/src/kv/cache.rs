@@ -83,6 +83,11 @@ impl KvCache {
         self.pending = PendingCopies::default();
     }
 
+    /// Announces the virtual blocks the sequences gain and lose to `sink` (see `kv::blocks`).
+    pub(crate) fn with_events(self, sink: Option<crate::kv::blocks::KvEventSink>) -> Self {
+        Self { slots: self.slots.with_events(sink.clone()), host: self.host.with_events(sink), ..self }
+    }
+
     /// Copies between streams as `copies` says (see [`StreamCopies`]).
     pub(crate) fn with_copies(self, copies: StreamCopies) -> Self {
         Self { copies, ..self }

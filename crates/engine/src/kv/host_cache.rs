@@ -17,12 +17,18 @@
 //!
 //! Entries keep the cache scope they were computed under (`CacheScope`): a prompt is matched,
 //! and an entry covered or replaced, only by entries of its own scope.
+//!
+//! With KV-cache events on, each entry holds its virtual blocks in the `Cpu` medium
+//! (`kv::blocks`), announced as it is kept and removed as it is dropped.
 
+use crate::kv::blocks::{BlockTable, KvEventSink, Medium};
 use crate::kv::slots::common_prefix;
 use crate::request::CacheScope;
 
 /// One cached token list and its KV state.
 struct Entry<S> {
+    /// Names the entry among the holders of virtual blocks.
+    id: u64,
     scope: CacheScope,
     tokens: Vec<i32>,
     state: S,
@@ -35,12 +41,28 @@ pub(crate) struct HostCache<S> {
     bytes: usize,
     capacity: usize,
     clock: u64,
+    next_id: u64,
+    blocks: Option<BlockTable>,
 }
 
 impl<S> HostCache<S> {
     /// A cache holding at most `capacity` bytes of state; 0 disables it.
     pub(crate) fn new(capacity: usize) -> Self {
-        Self { entries: Vec::new(), bytes: 0, capacity, clock: 0 }
+        Self { entries: Vec::new(), bytes: 0, capacity, clock: 0, next_id: 0, blocks: None }
+    }
+
+    /// Announces the blocks of the entries kept and dropped to `sink`.
+    pub(crate) fn with_events(self, sink: Option<KvEventSink>) -> Self {
+        Self { blocks: sink.map(|sink| BlockTable::new(Medium::Cpu, sink)), ..self }
+    }
+
+    /// Drops entry `i`.
+    fn drop_entry(&mut self, i: usize) {
+        let entry = self.entries.swap_remove(i);
+        self.bytes -= entry.bytes;
+        if let Some(blocks) = &mut self.blocks {
+            blocks.truncate(entry.id, 0);
+        }
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -74,10 +96,16 @@ impl<S> HostCache<S> {
             e.last_used = self.clock;
             return false;
         }
+        // The new entry's blocks first: those it shares with the entries it replaces change
+        // holders without being announced removed and stored again.
+        self.next_id += 1;
+        if let Some(blocks) = &mut self.blocks {
+            blocks.set(self.next_id, &tokens, scope);
+        }
         let mut i = 0;
         while i < self.entries.len() {
             if self.entries[i].scope == scope && tokens.starts_with(&self.entries[i].tokens) {
-                self.bytes -= self.entries.swap_remove(i).bytes;
+                self.drop_entry(i);
             } else {
                 i += 1;
             }
@@ -85,10 +113,10 @@ impl<S> HostCache<S> {
         while self.bytes + bytes > self.capacity {
             let oldest = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i);
             let Some(oldest) = oldest else { break };
-            self.bytes -= self.entries.swap_remove(oldest).bytes;
+            self.drop_entry(oldest);
         }
         self.bytes += bytes;
-        self.entries.push(Entry { scope, tokens, state, bytes, last_used: self.clock });
+        self.entries.push(Entry { id: self.next_id, scope, tokens, state, bytes, last_used: self.clock });
         true
     }
 
@@ -114,7 +142,7 @@ impl<S> HostCache<S> {
     /// Drops the entry of `scope` holding exactly `tokens` (its state could not be restored).
     pub(crate) fn remove(&mut self, scope: CacheScope, tokens: &[i32]) {
         if let Some(i) = self.entries.iter().position(|e| e.scope == scope && e.tokens == tokens) {
-            self.bytes -= self.entries.swap_remove(i).bytes;
+            self.drop_entry(i);
         }
     }
 }

@@ -2,8 +2,10 @@
 //! through; [`slots`] mirrors which tokens each sequence's cells hold (what prefix reuse reads),
 //! [`host_cache`] keeps idle sequences in host memory, [`layout`] says how the KV streams lie,
 //! [`kv_type`] what type their entries are stored in (and [`quality`] what a quantized one costs),
-//! and [`scope`] within which cached entries may be shared.
+//! [`scope`] within which cached entries may be shared, and [`blocks`] the virtual blocks
+//! announced to a prefix-aware router.
 
+pub(crate) mod blocks;
 pub(crate) mod cache;
 pub(crate) mod host_cache;
 pub(crate) mod kv_type;

@@ -14,7 +14,11 @@
 //! Each slot remembers the cache scope (`CacheScope`) of the request that filled it; only a
 //! request of the same scope matches its tokens, so nothing cached for one tenant is reused, or
 //! even measurable, by another.
+//!
+//! With KV-cache events on, every change is also told to the sequences' virtual blocks
+//! (`kv::blocks`), which announce what the engine gained and lost.
 
+use crate::kv::blocks::{BlockTable, KvEventSink, Medium};
 use crate::kv::seq_id::SeqId;
 use crate::request::CacheScope;
 
@@ -27,6 +31,8 @@ pub(crate) struct KvSlots {
     /// Without a useful prefix, take the lowest free sequence instead of the least recently
     /// used (per-sequence KV streams: see `kv_layout`).
     lowest_first: bool,
+    /// The virtual blocks announced to a router, when KV-cache events are on.
+    blocks: Option<BlockTable>,
 }
 
 /// Length of the common prefix of two token lists.
@@ -42,7 +48,13 @@ impl KvSlots {
             last_used: vec![0; n_seqs],
             clock: 0,
             lowest_first,
+            blocks: None,
         }
+    }
+
+    /// Announces the blocks the sequences gain and lose to `sink`.
+    pub(crate) fn with_events(self, sink: Option<KvEventSink>) -> Self {
+        Self { blocks: sink.map(|sink| BlockTable::new(Medium::Gpu, sink)), ..self }
     }
 
     /// Tokens whose KV entries sequence `seq` holds, positions 0..len.
@@ -77,16 +89,25 @@ impl KvSlots {
         t.truncate(pos);
         debug_assert_eq!(t.len(), pos, "positions are fed in order");
         t.push(token);
+        if let Some(blocks) = &mut self.blocks {
+            blocks.recorded(seq.index() as u64, t, self.scopes[seq.index()]);
+        }
     }
 
     /// `seq` now holds `tokens`, cached under `scope` (restored from host memory).
     pub(crate) fn set(&mut self, seq: SeqId, scope: CacheScope, tokens: &[i32]) {
         self.tokens[seq.index()] = tokens.to_vec();
         self.scopes[seq.index()] = scope;
+        if let Some(blocks) = &mut self.blocks {
+            blocks.set(seq.index() as u64, tokens, scope);
+        }
     }
 
     pub(crate) fn truncate(&mut self, seq: SeqId, len: usize) {
         self.tokens[seq.index()].truncate(len);
+        if let Some(blocks) = &mut self.blocks {
+            blocks.truncate(seq.index() as u64, len);
+        }
     }
 
     /// `dst` now holds the first `len` entries of `src`.
@@ -94,6 +115,9 @@ impl KvSlots {
         let prefix = self.tokens[src.index()][..len].to_vec();
         self.tokens[dst.index()] = prefix;
         self.scopes[dst.index()] = self.scopes[src.index()];
+        if let Some(blocks) = &mut self.blocks {
+            blocks.set(dst.index() as u64, &self.tokens[dst.index()], self.scopes[dst.index()]);
+        }
     }
 
     /// Tokens held, summed over sequences.
@@ -103,6 +127,9 @@ impl KvSlots {
 
     pub(crate) fn clear_all(&mut self) {
         self.tokens.iter_mut().for_each(Vec::clear);
+        if let Some(blocks) = &mut self.blocks {
+            blocks.clear_all();
+        }
     }
 
     /// Marks `seq` as just used, for least-recently-used eviction.

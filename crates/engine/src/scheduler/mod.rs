@@ -77,6 +77,8 @@ pub(crate) struct SchedulerConfig {
     /// Most busy sequences, a new request's included, for it to sample on the device
     /// (`sample::device::AUTO_MAX_STREAMS` under `auto`).
     pub device_sampling_max_streams: usize,
+    /// Where the virtual blocks the KV cache gains and loses are announced (see `kv::blocks`).
+    pub kv_events: Option<crate::kv::blocks::KvEventSink>,
     #[cfg(test)]
     pub admission_log: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
     /// Tests only: every request's end, as `Scheduler::end` counts it.
@@ -131,7 +133,9 @@ impl Scheduler {
     ) -> Self {
         let batch = LlamaBatch::new(cfg.batch_size as usize, cfg.parallel as i32);
         let free_seqs = (0..cfg.parallel as usize).rev().map(SeqId::new).collect();
-        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes).with_copies(cfg.kv_copies);
+        let kv = KvCache::new(cfg.parallel as usize, cfg.layout, cfg.host_cache_bytes)
+            .with_copies(cfg.kv_copies)
+            .with_events(cfg.kv_events.clone());
         let waiting = FairQueue::new(cfg.max_running_per_key.map(|n| n as usize));
         telemetry::describe();
         speculation::describe();

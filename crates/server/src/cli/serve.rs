@@ -67,6 +67,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model_paths: Vec<&std::path::Path> = specs.iter().map(|s| s.config.model_path.as_path()).collect();
     crate::telemetry::report_cpu_backend(kernels, &model_paths)?;
     crate::telemetry::report_accelerators(args.n_gpu_layers.is_some_and(|n| n > 0));
+    if let Some(endpoint) = &args.kv_events_endpoint {
+        let pod = args.kv_events_pod.clone().unwrap_or_else(hostname);
+        let publisher = crate::kv_events::start(endpoint, &pod).await?;
+        for spec in &mut specs {
+            spec.config.kv_events = Some(publisher.sink(&spec.id));
+        }
+    }
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
     for spec in &mut specs {
         if let Some(refit) = pool::fit_to_budget(&mut spec.config, spec.shrinkable, budget)? {

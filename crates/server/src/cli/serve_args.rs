@@ -128,6 +128,15 @@ pub struct ServeArgs {
     /// until a request takes the slot, or a running sequence moves into it.
     #[arg(long, value_name = "MIB", env = "GANTRY_CACHE_RAM", default_value_t = gantry_engine::DEFAULT_HOST_CACHE_MIB)]
     pub cache_ram: usize,
+    /// Publish KV-cache events (blocks stored and removed, with their prompt tokens) for llm-d's
+    /// precise prefix-cache routing on a ZMQ PUB socket bound here, e.g. `tcp://*:5557`; off
+    /// unless given (see docs/replicas.md).
+    #[arg(long, value_name = "tcp://HOST:PORT", env = "GANTRY_KV_EVENTS_ENDPOINT")]
+    pub kv_events_endpoint: Option<crate::kv_events::KvEventsEndpoint>,
+    /// This pod's name in the KV-cache events' topic, `kv@<pod>@<model>`: the address the router
+    /// knows the pod by (default: the host name).
+    #[arg(long, value_name = "ID", env = "POD_IP")]
+    pub kv_events_pod: Option<String>,
     /// Register this key at start (for scripted set-ups).
     #[arg(long, env = "GANTRY_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
