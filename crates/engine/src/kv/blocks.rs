@@ -111,7 +111,7 @@ impl BlockTable {
     pub(crate) fn recorded(&mut self, holder: u64, tokens: &[i32], scope: CacheScope) {
         let len = tokens.len();
         self.truncate(holder, len - 1);
-        if len % KV_EVENT_BLOCK_TOKENS == 0 {
+        if len.is_multiple_of(KV_EVENT_BLOCK_TOKENS) {
             let blocks = self.blocks(holder);
             let (from, parent) = (blocks.len(), blocks.last().copied());
             let hash = block_hash(parent, &tokens[len - KV_EVENT_BLOCK_TOKENS..], scope);

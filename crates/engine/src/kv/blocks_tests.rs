@@ -186,7 +186,7 @@ fn host_cache_entries_hold_their_blocks_in_the_cpu_medium() {
         other => panic!("{other:?}"),
     };
     removed.sort_unstable();
-    let mut expected = hashes.clone();
+    let mut expected = hashes;
     expected.sort_unstable();
     assert_eq!(removed, expected);
 }
