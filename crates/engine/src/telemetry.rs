@@ -1,25 +1,72 @@
 //! Engine metrics through the `metrics` facade; the server installs the Prometheus recorder.
 //! Without a recorder (tests, library use) every call is a no-op.
+//!
+//! A scheduler step records some twenty series. Each is registered once per thread and its
+//! handle kept ([`counter`], [`gauge`], [`histogram`]): the facade's macros build the key anew
+//! at every call (the model label's string, the labels' vector) and look it up in the registry,
+//! which was most of the scheduler thread's allocations per token.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram, Unit};
 
 use crate::request::Usage;
+
+/// A series of this thread's model: its name and at most one more label.
+type Series = (&'static str, Option<(&'static str, &'static str)>);
+
+/// This thread's registered series.
+#[derive(Default)]
+struct Handles {
+    counters: HashMap<Series, Counter>,
+    gauges: HashMap<Series, Gauge>,
+    histograms: HashMap<Series, Histogram>,
+}
 
 thread_local! {
     /// The `model` label of this scheduler thread's metrics: each engine runs on its own.
     static MODEL: RefCell<String> = const { RefCell::new(String::new()) };
+    static HANDLES: RefCell<Handles> = RefCell::new(Handles::default());
 }
 
 /// Labels every metric this thread records with `model` (called as a scheduler thread starts).
 pub(crate) fn set_model(model: &str) {
     MODEL.with(|m| *m.borrow_mut() = model.to_string());
+    HANDLES.with(|h| *h.borrow_mut() = Handles::default());
 }
 
-pub(crate) fn model() -> String {
+fn model() -> String {
     MODEL.with(|m| m.borrow().clone())
+}
+
+/// The counter `name` of this thread's model, with `label` if any.
+pub(crate) fn counter(name: &'static str, label: Option<(&'static str, &'static str)>) -> Counter {
+    HANDLES.with(|h| {
+        let mut h = h.borrow_mut();
+        let handle = h.counters.entry((name, label)).or_insert_with(|| match label {
+            None => metrics::counter!(name, "model" => model()),
+            Some((key, value)) => metrics::counter!(name, "model" => model(), key => value),
+        });
+        handle.clone()
+    })
+}
+
+/// The gauge `name` of this thread's model.
+pub(crate) fn gauge(name: &'static str) -> Gauge {
+    HANDLES.with(|h| {
+        let mut h = h.borrow_mut();
+        h.gauges.entry((name, None)).or_insert_with(|| metrics::gauge!(name, "model" => model())).clone()
+    })
+}
+
+/// The histogram `name` of this thread's model.
+pub(crate) fn histogram(name: &'static str) -> Histogram {
+    HANDLES.with(|h| {
+        let mut h = h.borrow_mut();
+        h.histograms.entry((name, None)).or_insert_with(|| metrics::histogram!(name, "model" => model())).clone()
+    })
 }
 
 pub(crate) fn describe() {
@@ -110,15 +157,15 @@ pub(crate) struct StepStats {
 
 pub(crate) fn step(s: &StepStats) {
     if s.batch_tokens > 0 {
-        histogram!("gantry_batch_tokens", "model" => model()).record(s.batch_tokens as f64);
+        histogram("gantry_batch_tokens").record(s.batch_tokens as f64);
     }
-    gauge!("gantry_running_sequences", "model" => model()).set(s.running as f64);
-    gauge!("gantry_queue_depth", "model" => model()).set(s.waiting as f64);
-    gauge!("gantry_kv_cache_tokens", "model" => model()).set(s.kv_tokens as f64);
-    gauge!("gantry_kv_cache_active_tokens", "model" => model()).set(s.kv_active_tokens as f64);
-    gauge!("gantry_kv_cache_capacity_tokens", "model" => model()).set(s.kv_capacity as f64);
-    gauge!("gantry_host_cache_bytes", "model" => model()).set(s.host_cache_bytes as f64);
-    gauge!("gantry_host_cache_entries", "model" => model()).set(s.host_cache_entries as f64);
+    gauge("gantry_running_sequences").set(s.running as f64);
+    gauge("gantry_queue_depth").set(s.waiting as f64);
+    gauge("gantry_kv_cache_tokens").set(s.kv_tokens as f64);
+    gauge("gantry_kv_cache_active_tokens").set(s.kv_active_tokens as f64);
+    gauge("gantry_kv_cache_capacity_tokens").set(s.kv_capacity as f64);
+    gauge("gantry_host_cache_bytes").set(s.host_cache_bytes as f64);
+    gauge("gantry_host_cache_entries").set(s.host_cache_entries as f64);
 }
 
 /// The plan phase's parts (see `gantry_step_part_microseconds_total`).
@@ -157,9 +204,9 @@ pub(crate) struct StepPhases {
 }
 
 pub(crate) fn step_phases(p: &StepPhases) {
-    counter!("gantry_decode_steps_total", "model" => model()).increment(1);
-    counter!("gantry_decode_ubatches_total", "model" => model()).increment(p.ubatches as u64);
-    counter!("gantry_decode_graphs_reused_total", "model" => model()).increment(p.graphs_reused);
+    counter("gantry_decode_steps_total", None).increment(1);
+    counter("gantry_decode_ubatches_total", None).increment(p.ubatches as u64);
+    counter("gantry_decode_graphs_reused_total", None).increment(p.graphs_reused);
     let phases = [
         ("plan", p.plan.total()),
         ("decode", p.decode),
@@ -168,7 +215,7 @@ pub(crate) fn step_phases(p: &StepPhases) {
         ("finish", p.finish),
     ];
     for (phase, took) in phases {
-        counter!("gantry_step_phase_microseconds_total", "model" => model(), "phase" => phase).increment(micros(took));
+        counter("gantry_step_phase_microseconds_total", Some(("phase", phase))).increment(micros(took));
     }
     let parts = [
         ("admit", p.plan.admit),
@@ -178,7 +225,7 @@ pub(crate) fn step_phases(p: &StepPhases) {
         ("produce", p.sample.produce),
     ];
     for (part, took) in parts {
-        counter!("gantry_step_part_microseconds_total", "model" => model(), "part" => part).increment(micros(took));
+        counter("gantry_step_part_microseconds_total", Some(("part", part))).increment(micros(took));
     }
 }
 
@@ -196,38 +243,101 @@ pub(crate) struct Totals {
 
 impl Totals {
     pub(crate) fn request_done(&mut self, usage: &Usage) {
-        counter!("gantry_requests_total", "model" => model(), "outcome" => usage.outcome.as_str()).increment(1);
-        counter!("gantry_prompt_tokens_total", "model" => model()).increment(usage.prompt_tokens as u64);
-        counter!("gantry_cached_prompt_tokens_total", "model" => model()).increment(usage.cached_tokens as u64);
-        counter!("gantry_completion_tokens_total", "model" => model()).increment(usage.completion_tokens as u64);
+        counter("gantry_requests_total", Some(("outcome", usage.outcome.as_str()))).increment(1);
+        counter("gantry_prompt_tokens_total", None).increment(usage.prompt_tokens as u64);
+        counter("gantry_cached_prompt_tokens_total", None).increment(usage.cached_tokens as u64);
+        counter("gantry_completion_tokens_total", None).increment(usage.completion_tokens as u64);
         if usage.outcome == crate::request::Outcome::Preempted {
             // What preempting batch and flex work costs: the rows it computed, to be computed again.
             let rows = (usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens) as u64;
-            counter!("gantry_preempted_rows_total", "model" => model()).increment(rows);
+            counter("gantry_preempted_rows_total", None).increment(rows);
         }
         self.prompt += usage.prompt_tokens as u64;
         self.cached += usage.cached_tokens as u64;
         if self.prompt > 0 {
-            gauge!("gantry_prefix_cache_hit_ratio", "model" => model()).set(self.cached as f64 / self.prompt as f64);
+            gauge("gantry_prefix_cache_hit_ratio").set(self.cached as f64 / self.prompt as f64);
         }
     }
 }
 
 pub(crate) fn first_token(latency: Duration) {
-    histogram!("gantry_time_to_first_token_seconds", "model" => model()).record(latency.as_secs_f64());
+    histogram("gantry_time_to_first_token_seconds").record(latency.as_secs_f64());
 }
 
 pub(crate) fn inter_token(latency: Duration) {
-    histogram!("gantry_inter_token_latency_seconds", "model" => model()).record(latency.as_secs_f64());
+    histogram("gantry_inter_token_latency_seconds").record(latency.as_secs_f64());
 }
 
 /// One image's encode and decode, done by the scheduler.
 pub(crate) fn image_evaluated(positions: usize, took: Duration) {
-    counter!("gantry_image_tokens_total", "model" => model()).increment(positions as u64);
-    histogram!("gantry_image_eval_seconds", "model" => model()).record(took.as_secs_f64());
+    counter("gantry_image_tokens_total", None).increment(positions as u64);
+    histogram("gantry_image_eval_seconds").record(took.as_secs_f64());
 }
 
 /// Requests ended because no step could move them (`Scheduler::no_rows`).
 pub(crate) fn stalled(requests: usize) {
-    counter!("gantry_stalled_requests_total", "model" => model()).increment(requests as u64);
+    counter("gantry_stalled_requests_total", None).increment(requests as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{Key, KeyName, Metadata, Recorder, SharedString};
+
+    use super::*;
+
+    /// Counts registrations and keeps each counter's key and value.
+    #[derive(Default)]
+    struct Registry {
+        counters: Mutex<Vec<(Key, Arc<AtomicU64>)>>,
+    }
+
+    impl Recorder for Registry {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let cell = Arc::new(AtomicU64::new(0));
+            self.counters.lock().unwrap().push((key.clone(), cell.clone()));
+            Counter::from_arc(cell)
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    fn labels(key: &Key) -> Vec<(String, String)> {
+        key.labels().map(|l| (l.key().to_string(), l.value().to_string())).collect()
+    }
+
+    #[test]
+    fn a_series_is_registered_once_per_model_and_keeps_its_labels() {
+        let registry = Registry::default();
+        metrics::with_local_recorder(&registry, || {
+            set_model("m");
+            for _ in 0..3 {
+                counter("steps", Some(("phase", "plan"))).increment(2);
+                counter("steps", None).increment(1);
+            }
+            set_model("n");
+            counter("steps", None).increment(5);
+        });
+        let counters = registry.counters.lock().unwrap();
+        let seen: Vec<_> =
+            counters.iter().map(|(k, v)| (k.name().to_string(), labels(k), v.load(Ordering::Relaxed))).collect();
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            seen,
+            vec![
+                ("steps".to_string(), vec![pair("model", "m"), pair("phase", "plan")], 6),
+                ("steps".to_string(), vec![pair("model", "m")], 3),
+                ("steps".to_string(), vec![pair("model", "n")], 5),
+            ]
+        );
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use metrics::counter;
+use crate::telemetry;
 
 use crate::request::SamplingParams;
 
@@ -103,23 +103,20 @@ impl SpeculationStats {
     pub(crate) fn record_forced(&self, drafted: usize, accepted: usize) {
         self.forced.fetch_add(drafted as u64, Ordering::Relaxed);
         self.forced_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-        counter!("gantry_forced_tokens_total", "model" => crate::telemetry::model()).increment(drafted as u64);
-        counter!("gantry_forced_tokens_accepted_total", "model" => crate::telemetry::model())
-            .increment(accepted as u64);
+        telemetry::counter("gantry_forced_tokens_total", None).increment(drafted as u64);
+        telemetry::counter("gantry_forced_tokens_accepted_total", None).increment(accepted as u64);
     }
 
     pub(crate) fn record(&self, drafted: usize, accepted: usize, source: DraftSource) {
         self.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
         self.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-        counter!("gantry_draft_tokens_total", "model" => crate::telemetry::model()).increment(drafted as u64);
-        counter!("gantry_draft_tokens_accepted_total", "model" => crate::telemetry::model()).increment(accepted as u64);
+        telemetry::counter("gantry_draft_tokens_total", None).increment(drafted as u64);
+        telemetry::counter("gantry_draft_tokens_accepted_total", None).increment(accepted as u64);
         if source == DraftSource::Shared {
             self.shared.fetch_add(drafted as u64, Ordering::Relaxed);
             self.shared_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
-            counter!("gantry_draft_tokens_shared_total", "model" => crate::telemetry::model())
-                .increment(drafted as u64);
-            counter!("gantry_draft_tokens_shared_accepted_total", "model" => crate::telemetry::model())
-                .increment(accepted as u64);
+            telemetry::counter("gantry_draft_tokens_shared_total", None).increment(drafted as u64);
+            telemetry::counter("gantry_draft_tokens_shared_accepted_total", None).increment(accepted as u64);
         }
     }
 }
