@@ -16,7 +16,7 @@
 //!   (in a unified cache too: one path, and no token of a batch belongs to two streams).
 //! - llama.cpp cuts a batch into one ubatch per run of consecutive sequence ids
 //!   (`split_equal(sequential)`); each ubatch is one more pass over the weights. So rows go into
-//!   the batch ordered by sequence ([`batch_order`]) and a request takes the lowest free sequence
+//!   the batch ordered by sequence ([`batch_order_into`]) and a request takes the lowest free sequence
 //!   (`KvSlots::pick_free`), which keeps the running ones together.
 //!
 //! **Unified** (`--kv-unified`): one buffer; sharing a prefix only tags cells. Rows keep the order
@@ -41,16 +41,27 @@ impl KvLayout {
 /// (prompt chunks, then decoding rows): `order[i]` is row `i`'s index in the batch. Per sequence,
 /// rows are grouped by sequence id, ascending (stable, so a sequence's rows keep their order and
 /// its drafts stay right after its token); unified, the planned order stands.
+#[cfg(test)]
 pub(crate) fn batch_order(layout: KvLayout, seqs: &[i32]) -> Vec<usize> {
-    let mut by_seq: Vec<usize> = (0..seqs.len()).collect();
+    let mut order = Vec::new();
+    batch_order_into(layout, seqs, &mut Vec::new(), &mut order);
+    order
+}
+
+/// [`batch_order`] into `order`, with `by_seq` for its work: both are emptied first, so the
+/// step's vectors serve every step (`StepBuffers`).
+pub(crate) fn batch_order_into(layout: KvLayout, seqs: &[i32], by_seq: &mut Vec<usize>, order: &mut Vec<usize>) {
+    by_seq.clear();
+    by_seq.extend(0..seqs.len());
     if layout == KvLayout::PerSequence {
+        // Stable: a sequence's rows keep their order.
         by_seq.sort_by_key(|&i| seqs[i]);
     }
-    let mut order = vec![0; seqs.len()];
+    order.clear();
+    order.resize(seqs.len(), 0);
     for (k, &i) in by_seq.iter().enumerate() {
         order[i] = k;
     }
-    order
 }
 
 #[cfg(test)]

@@ -14,16 +14,34 @@
 use super::layout::KvLayout;
 
 /// Ubatches of a batch whose rows belong to `seqs` (in batch order), at most `n_ubatch` rows each.
+#[cfg(test)]
 pub(crate) fn ubatches(layout: KvLayout, seqs: &[i32], n_ubatch: usize) -> usize {
+    ubatches_with(layout, seqs, n_ubatch, &mut UbatchScratch::default())
+}
+
+/// The vectors [`ubatches_with`] works in, kept between steps (`StepBuffers`).
+#[derive(Debug, Default)]
+pub(crate) struct UbatchScratch {
+    used: Vec<bool>,
+    run: Vec<i32>,
+    next: Vec<usize>,
+    rows: Vec<usize>,
+}
+
+/// How many ubatches llama.cpp cuts a batch whose rows belong to `seqs` (in batch order) into, at
+/// most `n_ubatch` rows each, working in `scratch`.
+pub(crate) fn ubatches_with(layout: KvLayout, seqs: &[i32], n_ubatch: usize, scratch: &mut UbatchScratch) -> usize {
     let n_ubatch = n_ubatch.max(1);
     if layout == KvLayout::Unified {
         return seqs.len().div_ceil(n_ubatch);
     }
-    let mut used = vec![false; seqs.len()];
+    let UbatchScratch { used, run, next, rows } = scratch;
+    used.clear();
+    used.resize(seqs.len(), false);
     let mut count = 0;
     loop {
         // The run of sequences: from the first unused row, ids that follow on by one.
-        let mut run: Vec<i32> = Vec::new();
+        run.clear();
         for (i, &seq) in seqs.iter().enumerate() {
             if used[i] || run.contains(&seq) {
                 continue;
@@ -40,16 +58,21 @@ pub(crate) fn ubatches(layout: KvLayout, seqs: &[i32], n_ubatch: usize) -> usize
         }
         count += 1;
         // The next unused row of each sequence in the run, taken one per sequence at a time.
-        let mut next: Vec<usize> = vec![0; run.len()];
+        next.clear();
+        next.resize(run.len(), 0);
         let mut per_seq = 0;
         loop {
-            let rows: Option<Vec<usize>> = run
-                .iter()
-                .zip(&next)
-                .map(|(&seq, &from)| (from..seqs.len()).find(|&i| !used[i] && seqs[i] == seq))
-                .collect();
-            let Some(rows) = rows else { break };
-            for (k, i) in rows.into_iter().enumerate() {
+            rows.clear();
+            for (&seq, &from) in run.iter().zip(next.iter()) {
+                match (from..seqs.len()).find(|&i| !used[i] && seqs[i] == seq) {
+                    Some(i) => rows.push(i),
+                    None => break,
+                }
+            }
+            if rows.len() < run.len() {
+                break;
+            }
+            for (k, &i) in rows.iter().enumerate() {
                 used[i] = true;
                 next[k] = i + 1;
             }

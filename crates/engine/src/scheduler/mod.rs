@@ -24,7 +24,9 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use self::end::Ending;
 use self::queue::shares::QueueShares;
 use self::step::batch;
+use self::step::buffers::StepBuffers;
 use self::step::graph_reuse;
+use self::step::image::ImageStep;
 use self::step::prompt_turns::PromptDeficits;
 use self::step::verify::{self, Verdicts, Verifying};
 use crate::error::EngineError;
@@ -121,6 +123,8 @@ pub(crate) struct Scheduler {
     /// When a step last saw interactive work (any request not a batch's line), running or
     /// waiting: batch lines hold off for a while after it (`sit_out_batch_lines`).
     interactive_at: Option<Instant>,
+    /// The vectors the step's values live in, from one step to the next.
+    buffers: StepBuffers,
 }
 
 impl Scheduler {
@@ -159,6 +163,7 @@ impl Scheduler {
             device: None,
             graph_reuse: None,
             interactive_at: None,
+            buffers: StepBuffers::default(),
         }
     }
 
@@ -220,10 +225,17 @@ impl Scheduler {
         self.offload_idle(ctx);
         self.compact(ctx);
         let cache_moved = Instant::now();
-        let image_evaluated = self.evaluate_image(ctx);
+        let image_evaluated = match self.evaluate_image(ctx) {
+            ImageStep::None => false,
+            ImageStep::Evaluated => true,
+            ImageStep::Failed(r, error) => {
+                self.end_alone(ctx, vec![(r, error)]);
+                true
+            }
+        };
         let sitting = self.sit_out_batch_lines();
         let planned = self.plan(ctx, &sitting);
-        let written = batch::write(&mut self.batch, planned, &self.active, &self.cfg);
+        let written = batch::write(&mut self.batch, planned, &self.active, &self.cfg, &mut self.buffers);
         telemetry::step(&self.step_stats(self.batch.n_tokens() as usize));
         let Some(mut rows) = written else {
             if !image_evaluated && sitting.held_off_until.is_none() {
@@ -248,15 +260,18 @@ impl Scheduler {
         }
         self.kv.decoded();
         let graphs_reused = self.graph_reuse.as_mut().map(graph_reuse::GraphReuse::since_last);
-        self.spread_prompts(ctx, &rows.spreading);
+        let copy_failed = self.spread_prompts(ctx, &rows.spreading);
+        self.end_alone(ctx, copy_failed);
         let mut with = Verifying {
             model: &self.model,
             ctx_size: self.cfg.ctx_size as i32,
             kv: &mut self.kv,
             acceptance: &mut self.acceptance,
             spec_stats: &self.spec_stats,
+            first_tokens: &mut self.buffers.first_tokens,
         };
         let Verdicts { failed, pick } = verify::sample(ctx, &mut self.active, &mut rows.choices, &mut with);
+        self.buffers.choices = rows.choices;
         self.end_alone(ctx, failed);
         let sampled = Instant::now();
         if rows.prompt_rows == 0 {

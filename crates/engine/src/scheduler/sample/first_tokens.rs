@@ -16,13 +16,17 @@ use crate::scheduler::request::ActiveRequest;
 use crate::scheduler::sample::sampler::Sampler;
 use crate::scheduler::step::batch::ChoiceRows;
 
-/// Per running request (same order as `Scheduler::active`): the token sampled for each of its choices that
-/// had logits this step, or why its sampling panicked.
-pub(crate) type FirstTokens = Vec<Result<Vec<Option<i32>>, String>>;
+/// The token sampled at each choice's first position this step, by sequence (`SeqId::index`),
+/// and the requests (index in `Scheduler::active`) whose sampling panicked, with why.
+#[derive(Debug, Default)]
+pub(crate) struct FirstTokens {
+    pub by_seq: Vec<Option<i32>>,
+    pub panicked: Vec<(usize, String)>,
+}
 
 struct Work<'a> {
     request: usize,
-    choice: usize,
+    seq: usize,
     sampler: &'a mut Sampler,
     logits: &'a [f32],
     fault: &'a Fault,
@@ -52,44 +56,43 @@ pub(crate) fn device_token(ctx: &LlamaContext<'_>, idx: i32) -> i32 {
 }
 
 /// Samples the first position of every choice with rows in the batch, on rayon's pool; choices
-/// sampled on the device only read their token.
+/// sampled on the device only read their token. `into` is the last step's, emptied here.
 pub(crate) fn sample_first_tokens(
     active: &mut [ActiveRequest],
     rows: &[Option<ChoiceRows>],
     ctx: &LlamaContext<'_>,
+    mut into: FirstTokens,
 ) -> FirstTokens {
-    let mut out: FirstTokens = active.iter().map(|req| Ok(vec![None; req.choices.len()])).collect();
+    into.by_seq.clear();
+    into.by_seq.resize(rows.len(), None);
+    into.panicked.clear();
+    let FirstTokens { by_seq, panicked } = &mut into;
     let mut work = Vec::new();
     for (r, req) in active.iter_mut().enumerate() {
         let ActiveRequest { choices, fault, usage, .. } = req;
         let produced = usage.completion_tokens;
+        let before = work.len();
+        let (gathering, tokens) = (&mut work, &mut *by_seq);
         let gathered = std::panic::catch_unwind(AssertUnwindSafe(move || {
-            let (choices, mut mine, mut on_device) = (choices, Vec::new(), Vec::new());
-            for (i, c) in choices.iter_mut().enumerate() {
+            for c in choices {
                 match rows[c.seq_id.index()].as_ref().map(|rows| rows.row) {
                     Some(idx) if c.on_device => {
                         fault.check(FaultPoint::Sampling, produced);
-                        on_device.push((i, device_token(ctx, idx)));
+                        tokens[c.seq_id.index()] = Some(device_token(ctx, idx));
                     }
                     Some(idx) => {
                         let logits = ctx.get_logits_ith(idx);
-                        let sampler = &mut c.sampler;
-                        mine.push(Work { request: r, choice: i, sampler, logits, fault, produced, token: None });
+                        let (seq, sampler) = (c.seq_id.index(), &mut c.sampler);
+                        gathering.push(Work { request: r, seq, sampler, logits, fault, produced, token: None });
                     }
                     None => {}
                 }
             }
-            (mine, on_device)
         }));
-        match (gathered, &mut out[r]) {
-            (Ok((mine, on_device)), Ok(tokens)) => {
-                work.extend(mine);
-                for (i, token) in on_device {
-                    tokens[i] = Some(token);
-                }
-            }
-            (Ok(_), Err(_)) => {}
-            (Err(payload), slot) => *slot = Err(crate::error::panic_message(payload.as_ref())),
+        if let Err(payload) = gathered {
+            // None of its choices is sampled.
+            work.truncate(before);
+            panicked.push((r, crate::error::panic_message(payload.as_ref())));
         }
     }
     // One choice is sampled right here: handing it to the pool would only add a wake-up.
@@ -99,11 +102,11 @@ pub(crate) fn sample_first_tokens(
         work.iter_mut().for_each(Work::run);
     }
     for w in work {
-        match (w.token.expect("every choice was sampled"), &mut out[w.request]) {
-            (Ok(token), Ok(tokens)) => tokens[w.choice] = Some(token),
-            (Err(why), slot @ Ok(_)) => *slot = Err(why),
-            (_, Err(_)) => {}
+        match w.token.expect("every choice was sampled") {
+            Ok(token) => by_seq[w.seq] = Some(token),
+            Err(why) if !panicked.iter().any(|&(r, _)| r == w.request) => panicked.push((w.request, why)),
+            Err(_) => {}
         }
     }
-    out
+    into
 }

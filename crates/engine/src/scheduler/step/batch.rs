@@ -6,8 +6,9 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::kv::seq_id::SeqId;
-use crate::kv::ubatches::ubatches;
+use crate::kv::ubatches::ubatches_with;
 use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::step::buffers::{emptied, StepBuffers};
 use crate::scheduler::step::commit::PlannedStep;
 use crate::scheduler::step::plan::rows::Row;
 use crate::scheduler::SchedulerConfig;
@@ -23,24 +24,31 @@ use crate::speculation::Chain;
 /// it. Decoding rows of different sequences in one query tile keep alive every KV tile any of
 /// them sees; put after the prompt, they share at most one tile with it, and the prompt's own
 /// tiles skip the other sequences' cells.
+/// Its vectors come from `buffers`, and the plan's and the committed choices' go back there.
 pub(crate) fn write(
     batch: &mut LlamaBatch<'_>,
     planned: PlannedStep,
     active: &[ActiveRequest],
     cfg: &SchedulerConfig,
+    buffers: &mut StepBuffers,
 ) -> Option<BatchRows> {
-    let PlannedStep { plan, decoding, prompt_done, prompt_rows, spreading } = planned;
+    let PlannedStep { decision, mut decoding, prompt_done, prompt_rows, spreading } = planned;
     let isolated: Vec<SeqId> =
         active.iter().filter(|r| r.isolated).flat_map(|r| r.choices.iter().map(|c| c.seq_id)).collect();
-    let (rows, at) = plan.ordered(cfg.layout, &isolated);
-    write_batch(batch, &rows);
-    let seqs: Vec<i32> = rows.iter().map(|r| r.seq.raw()).collect();
-    let ubatches = ubatches(cfg.layout, &seqs, cfg.batch_size as usize);
+    let plan = &decision.plan;
+    let order = &mut buffers.order;
+    plan.order_into(cfg.layout, &isolated, order);
+    write_batch(batch, &order.rows);
+    // `order.seqs` is in planned order; the count wants batch order.
+    order.seqs.clear();
+    order.seqs.extend(order.rows.iter().map(|r| r.seq.raw()));
+    let ubatches = ubatches_with(cfg.layout, &order.seqs, cfg.batch_size as usize, &mut buffers.ubatches);
     // Each choice's rows, by sequence: decoding rows were numbered among themselves, and
     // every choice of a prompt read to its end samples its first token at the prompt's last.
-    let mut choices: Vec<Option<ChoiceRows>> = std::iter::repeat_with(|| None).take(cfg.parallel as usize).collect();
-    let first_decode_row = plan.prompt.len();
-    for (seq, row, fed_pos, drafts) in decoding {
+    let mut choices = emptied(&mut buffers.choices);
+    choices.resize_with(cfg.parallel as usize, || None);
+    let (at, first_decode_row) = (&order.at, plan.prompt.len());
+    for (seq, row, fed_pos, drafts) in decoding.drain(..) {
         let row = crate::units::llama_pos(at[first_decode_row + row]);
         choices[seq.index()] = Some(ChoiceRows { row, fed_pos, drafts });
     }
@@ -52,7 +60,14 @@ pub(crate) fn write(
             choices[c.seq_id.index()] = Some(ChoiceRows { row, fed_pos, drafts: Chain::default() });
         }
     }
-    (!rows.is_empty()).then_some(BatchRows { rows: rows.len(), prompt_rows, ubatches, spreading, choices })
+    let rows = order.rows.len();
+    buffers.decision = decision;
+    buffers.committed = decoding;
+    if rows == 0 {
+        buffers.choices = choices;
+        return None;
+    }
+    Some(BatchRows { rows, prompt_rows, ubatches, spreading, choices })
 }
 
 /// What `write` put into llama.cpp's batch, for the stages after the decode.

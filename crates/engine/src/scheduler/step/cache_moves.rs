@@ -14,23 +14,25 @@ use crate::scheduler::Scheduler;
 
 impl Scheduler {
     /// Copies each prompt read to its end this step from the first choice's sequence into the
-    /// request's other choices' (see `kv_layout`). A request whose copy fails ends with an error
-    /// (its prompt is billed, as for any decode failure).
-    pub(in crate::scheduler) fn spread_prompts(&mut self, ctx: &mut LlamaContext<'_>, spreading: &[usize]) {
+    /// request's other choices' (see `kv_layout`). Returns the requests whose copy failed
+    /// (`(index in active, error)`), which the step ends before sampling: their other choices
+    /// hold no prompt (their prompt is billed, as for any decode failure).
+    pub(in crate::scheduler) fn spread_prompts(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        spreading: &[usize],
+    ) -> Vec<(usize, EngineError)> {
         let mut failed = Vec::new();
         for &r in spreading {
             let req = &self.active[r];
             let seqs = req.seq_ids();
             let len = req.prompt.len();
             if let Err(e) = self.kv.share(ctx, seqs[0], &seqs[1..], len) {
-                failed.push((r, e));
+                let why = format!("the prompt could not be copied to the other choices: {e}");
+                failed.push((r, EngineError::Decode(why)));
             }
         }
-        let failed = failed
-            .into_iter()
-            .map(|(r, e)| (r, EngineError::Decode(format!("the prompt could not be copied to the other choices: {e}"))))
-            .collect();
-        self.end_alone(ctx, failed);
+        failed
     }
 
     /// Requests waiting on a prefix from another sequence take it once it is computed, or as
@@ -38,6 +40,9 @@ impl Scheduler {
     /// A request waits only on a chain of waits that ends in a prompt being read
     /// (`prefix_waits`), so no wait lasts forever.
     pub(in crate::scheduler) fn copy_awaited_prefixes(&mut self, ctx: &mut LlamaContext<'_>) {
+        if !self.active.iter().any(|r| r.awaited_prefix().is_some()) {
+            return;
+        }
         let slots = self.kv.slots();
         let waiting_on: Vec<Option<usize>> = self
             .active
@@ -74,7 +79,8 @@ impl Scheduler {
         if !self.kv.host_enabled() {
             return;
         }
-        for seq in self.free_seqs.clone() {
+        for i in 0..self.free_seqs.len() {
+            let seq = self.free_seqs[i];
             let awaited = self.active.iter().any(|r| r.awaited_prefix().is_some_and(|(src, _)| src == seq));
             if !awaited && !self.kv.slots().tokens(seq).is_empty() {
                 self.kv.offload(ctx, seq);

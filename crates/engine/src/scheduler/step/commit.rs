@@ -8,7 +8,6 @@ use crate::kv::seq_id::SeqId;
 use crate::scheduler::queue::FairQueue;
 use crate::scheduler::request::ActiveRequest;
 use crate::scheduler::step::gather::{decodes, reads_prompt, SittingOut};
-use crate::scheduler::step::plan::rows::StepPlan;
 use crate::scheduler::step::plan::StepDecision;
 use crate::scheduler::step::prompt_turns::PromptDeficits;
 use crate::scheduler::Job;
@@ -16,7 +15,9 @@ use crate::speculation::Chain;
 
 /// The step as committed: its rows, as planned, and what reading the prompts did.
 pub(crate) struct PlannedStep {
-    pub plan: StepPlan,
+    /// The planner's decision: its rows (`plan`), the rest of its vectors emptied for the next
+    /// step (`StepBuffers`).
+    pub decision: StepDecision,
     /// Each decoding choice's sequence, its row among the decoding rows, the position of the
     /// token it feeds, and its drafts.
     pub decoding: Vec<(SeqId, usize, i32, Chain)>,
@@ -41,11 +42,16 @@ pub(crate) struct Committing<'a> {
 /// rows numbered among the decoding rows until the batch is ordered), each prompt is
 /// read to its chunk's end (its first choice's sequence; the others get a copy once it is
 /// read: `spread_prompts`), and the KV mirror records every row.
-pub(crate) fn commit(decision: StepDecision, to: Committing<'_>, sitting: &SittingOut) -> PlannedStep {
+/// `decoding` is the last step's vector for the committed choices, empty.
+pub(crate) fn commit(
+    mut decision: StepDecision,
+    to: Committing<'_>,
+    sitting: &SittingOut,
+    mut decoding: Vec<(SeqId, usize, i32, Chain)>,
+) -> PlannedStep {
     let Committing { active, waiting, deficits, kv, quantum } = to;
-    let StepDecision { plan, token_rows, drafts, prompt_ends } = decision;
-    let mut decided = token_rows.into_iter().zip(drafts);
-    let mut decoding = Vec::new();
+    let StepDecision { token_rows, drafts, prompt_ends, .. } = &mut decision;
+    let mut decided = token_rows.iter().copied().zip(drafts.drain(..));
     for req in active.iter_mut().filter(|r| decodes(r, sitting)) {
         let mut rows = 0;
         for c in req.choices.iter_mut().filter(|c| c.ready().is_some()) {
@@ -57,7 +63,7 @@ pub(crate) fn commit(decision: StepDecision, to: Committing<'_>, sitting: &Sitti
         waiting.charge(req.owner, req.tier, rows);
     }
     let (mut prompt_done, mut spreading) = (Vec::new(), Vec::new());
-    let mut ends = prompt_ends.into_iter();
+    let mut ends = prompt_ends.iter().copied();
     let mut prompt_rows = 0;
     let mut read_by_owner = Vec::new();
     for (r, req) in active.iter_mut().enumerate() {
@@ -83,9 +89,10 @@ pub(crate) fn commit(decision: StepDecision, to: Committing<'_>, sitting: &Sitti
             }
         }
     }
+    drop(decided);
     deficits.settle(&read_by_owner, quantum);
-    for row in plan.prompt.iter().chain(&plan.decode) {
+    for row in decision.plan.prompt.iter().chain(&decision.plan.decode) {
         kv.record(row.seq, row.pos as usize, row.token);
     }
-    PlannedStep { plan, decoding, prompt_done, prompt_rows, spreading }
+    PlannedStep { decision, decoding, prompt_done, prompt_rows, spreading }
 }

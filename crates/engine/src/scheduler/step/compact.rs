@@ -46,20 +46,19 @@ impl Scheduler {
     fn move_one_down(&mut self, ctx: &mut LlamaContext<'_>) -> Option<(SeqId, SeqId)> {
         // Only decoding choices move: a prompt being read, an awaited prefix and a chain on
         // the device are tied to their sequence.
-        let awaited: Vec<SeqId> = self.active.iter().filter_map(|r| r.awaited_prefix().map(|(src, _)| src)).collect();
-        let movable: Vec<SeqId> = self
+        let awaited = |s: SeqId| self.active.iter().any(|r| r.awaited_prefix().is_some_and(|(src, _)| src == s));
+        let movable = self
             .active
             .iter()
             .filter(|r| !r.is_prefilling())
             .flat_map(|r| &r.choices)
-            .filter(|c| c.ready().is_some() && !c.on_device && !awaited.contains(&c.seq_id))
-            .map(|c| c.seq_id)
-            .collect();
+            .filter(|c| c.ready().is_some() && !c.on_device && !awaited(c.seq_id))
+            .map(|c| c.seq_id);
         // Idle sequences are empty once offloaded (`offload_idle`). Without host memory they keep
         // their entries, and a gap holding one is taken all the same, dropping them: a prefix
         // that a later prompt might reuse is worth less than a pass over the weights every step.
-        let free: Vec<SeqId> = self.free_seqs.iter().copied().filter(|s| !awaited.contains(s)).collect();
-        let (src, dst) = gap_move(&movable, &free)?;
+        let free = self.free_seqs.iter().copied().filter(|&s| !awaited(s));
+        let (src, dst) = gap_move(movable, free)?;
         self.kv.cut(ctx, dst, 0);
         if let Err(e) = self.kv.relocate(ctx, src, dst) {
             tracing::warn!(error = %e, src = src.raw(), dst = dst.raw(), "could not move a sequence down");
@@ -82,9 +81,12 @@ impl Scheduler {
 
 /// The highest of the `movable` sequences and the lowest empty `free` one, when the free one is
 /// below it: moving there closes the lowest gap and never opens another above it.
-pub(crate) fn gap_move(movable: &[SeqId], free: &[SeqId]) -> Option<(SeqId, SeqId)> {
-    let highest = movable.iter().copied().max_by_key(|s| s.index())?;
-    let lowest = free.iter().copied().min_by_key(|s| s.index())?;
+pub(crate) fn gap_move(
+    movable: impl Iterator<Item = SeqId>,
+    free: impl Iterator<Item = SeqId>,
+) -> Option<(SeqId, SeqId)> {
+    let highest = movable.max_by_key(|s| s.index())?;
+    let lowest = free.min_by_key(|s| s.index())?;
     (lowest.index() < highest.index()).then_some((highest, lowest))
 }
 
@@ -98,21 +100,21 @@ mod tests {
 
     #[test]
     fn the_highest_running_sequence_moves_into_the_lowest_gap() {
-        let m = gap_move(&ids(&[0, 1, 4, 7]), &ids(&[6, 2, 3, 5]));
+        let m = gap_move(ids(&[0, 1, 4, 7]).into_iter(), ids(&[6, 2, 3, 5]).into_iter());
         assert_eq!(m, Some((SeqId::new(7), SeqId::new(2))));
     }
 
     #[test]
     fn nothing_moves_when_the_running_sequences_are_together() {
-        assert_eq!(gap_move(&ids(&[0, 1, 2]), &ids(&[3, 4])), None);
-        assert_eq!(gap_move(&ids(&[]), &ids(&[0])), None, "nothing running");
-        assert_eq!(gap_move(&ids(&[3]), &ids(&[])), None, "nothing free");
+        assert_eq!(gap_move(ids(&[0, 1, 2]).into_iter(), ids(&[3, 4]).into_iter()), None);
+        assert_eq!(gap_move(ids(&[]).into_iter(), ids(&[0]).into_iter()), None, "nothing running");
+        assert_eq!(gap_move(ids(&[3]).into_iter(), ids(&[]).into_iter()), None, "nothing free");
     }
 
     #[test]
     fn moves_repeated_leave_one_run_from_zero() {
         let (mut running, mut free) = (ids(&[1, 5, 9, 12]), ids(&[0, 2, 3, 4, 6, 7, 8, 10, 11, 13]));
-        while let Some((src, dst)) = gap_move(&running, &free) {
+        while let Some((src, dst)) = gap_move(running.iter().copied(), free.iter().copied()) {
             running.retain(|&s| s != src);
             running.push(dst);
             free.retain(|&s| s != dst);

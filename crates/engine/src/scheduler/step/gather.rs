@@ -11,6 +11,7 @@ use llama_cpp_2::context::LlamaContext;
 use crate::faults::FaultPoint;
 use crate::kv::seq_id::SeqId;
 use crate::scheduler::request::{ActiveRequest, Choice, Phase};
+use crate::scheduler::step::buffers::emptied;
 use crate::scheduler::step::commit::{commit, Committing, PlannedStep};
 use crate::scheduler::step::deterministic;
 use crate::scheduler::step::plan::rows::PendingPrompt;
@@ -74,8 +75,12 @@ impl Scheduler {
     /// and the decision is committed to the requests, the queue and the KV mirror (`commit`).
     pub(in crate::scheduler) fn plan(&mut self, ctx: &mut LlamaContext<'_>, sitting: &SittingOut) -> PlannedStep {
         let mut offers = self.offer_drafts(ctx, sitting);
-        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits, &mut offers, sitting);
-        let decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance);
+        let decoding = emptied(&mut self.buffers.decoding);
+        let inputs = step_inputs(&mut self.active, &self.cfg, &self.prompt_deficits, &mut offers, decoding, sitting);
+        self.buffers.offers = offers;
+        let last = std::mem::take(&mut self.buffers.decision);
+        let mut decision = plan::plan_step(inputs, &self.step_cost, &mut self.acceptance, last);
+        self.buffers.decoding = std::mem::take(&mut decision.spent_inputs);
         let to = Committing {
             active: &mut self.active,
             waiting: &mut self.waiting,
@@ -83,7 +88,7 @@ impl Scheduler {
             kv: &mut self.kv,
             quantum: prompt_quantum(&self.cfg),
         };
-        commit(decision, to, sitting)
+        commit(decision, to, sitting, emptied(&mut self.buffers.committed))
     }
 
     /// Asks each decoding choice's drafter for the drafts it could feed, which the planner then
@@ -95,7 +100,8 @@ impl Scheduler {
         let lookups = plan::lookups_allowed(decoding);
         let ctx_size = self.cfg.ctx_size as i32;
         let mut panicked = Vec::new();
-        let mut offers: Vec<Option<Chain>> = std::iter::repeat_with(|| None).take(self.cfg.parallel as usize).collect();
+        let mut offers = emptied(&mut self.buffers.offers);
+        offers.resize_with(self.cfg.parallel as usize, || None);
         for (r, req) in self.active.iter_mut().enumerate().filter(|(_, req)| decodes(req, sitting)) {
             let shared = &self.shared;
             let offers = &mut offers;
@@ -173,6 +179,7 @@ fn step_inputs<'a>(
     cfg: &SchedulerConfig,
     deficits: &'a PromptDeficits,
     offers: &mut [Option<Chain>],
+    mut decoding: Vec<DecodingChoice>,
     sitting: &SittingOut,
 ) -> StepInputs<'a> {
     let ctx_size = cfg.ctx_size as i32;
@@ -183,7 +190,6 @@ fn step_inputs<'a>(
         .filter(|r| r.isolated && reads_prompt(r, sitting))
         .map(|r| deterministic::chunk_end(r.read(), chunk, r.text_end(r.read())) - r.read())
         .sum();
-    let mut decoding = Vec::new();
     for req in active.iter_mut().filter(|r| decodes(r, sitting)) {
         for c in req.choices.iter_mut() {
             let Some(token) = c.ready() else { continue };

@@ -5,7 +5,6 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 
 use crate::error::EngineError;
-use crate::scheduler::end::Ending;
 use crate::scheduler::request::{ActiveRequest, Phase};
 use crate::scheduler::Scheduler;
 use crate::telemetry;
@@ -14,17 +13,16 @@ impl Scheduler {
     /// Evaluates the next image of one prefilling request: the vision encoder runs, then its
     /// embeddings are decoded into the request's first sequence (the others get the whole
     /// prompt once it is read: `spread_prompts`).
-    /// One image per step, so running streams wait for at most one encode. A failure ends that
-    /// request alone. Returns whether an image was evaluated (or failed): a step of progress
-    /// even when the batch is empty.
-    pub(in crate::scheduler) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
-        let Some(vision) = self.model.vision.as_ref() else { return false };
+    /// One image per step, so running streams wait for at most one encode. A failure is the
+    /// step's to end: that request alone.
+    pub(in crate::scheduler) fn evaluate_image(&mut self, ctx: &mut LlamaContext<'_>) -> ImageStep {
+        let Some(vision) = self.model.vision.as_ref() else { return ImageStep::None };
         let at_image = |r: &ActiveRequest| match r.phase {
             Phase::Prefilling { read } => r.image_at(read).is_some(),
             _ => false,
         };
         let Some(i) = self.active.iter().position(at_image) else {
-            return false;
+            return ImageStep::None;
         };
         let req = &mut self.active[i];
         let image = req.image_at(req.read()).expect("found above").clone();
@@ -41,14 +39,22 @@ impl Scheduler {
                     self.kv.record(seq, pos, req.prompt[pos]);
                 }
                 req.set_read(end);
+                ImageStep::Evaluated
             }
             Err(e) => {
                 tracing::error!(error = %e, "an image could not be evaluated");
-                let req = self.active.swap_remove(i);
-                let error = EngineError::Decode(format!("the image could not be encoded: {e}"));
-                self.end(ctx, req.into(), Ending::Failed(error));
+                ImageStep::Failed(i, EngineError::Decode(format!("the image could not be encoded: {e}")))
             }
         }
-        true
     }
+}
+
+/// What the image stage did this step.
+pub(crate) enum ImageStep {
+    /// No request was at an image.
+    None,
+    /// One image went into its request's sequence: progress, even if the batch is empty.
+    Evaluated,
+    /// The request at this index in `active` could not have its image encoded.
+    Failed(usize, EngineError),
 }

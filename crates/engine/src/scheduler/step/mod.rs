@@ -6,10 +6,11 @@
 //! batch; after the decode [`cache_moves`] spreads finished prompts to their other choices and
 //! [`verify`] samples every choice and walks its drafts. [`prefix_waits`], [`prompt_turns`] and
 //! [`deterministic`] are rules the stages follow; [`graph_reuse`] reads what llama.cpp did with
-//! its graph.
+//! its graph; [`buffers`] keeps the vectors the stages' values live in from one step to the next.
 
 pub(crate) mod admit;
 pub(crate) mod batch;
+pub(crate) mod buffers;
 pub(crate) mod cache_moves;
 pub(crate) mod commit;
 pub(crate) mod compact;

@@ -10,6 +10,7 @@ use crate::faults::FaultPoint;
 use crate::kv::cache::KvCache;
 use crate::model::LoadedModel;
 use crate::scheduler::request::ActiveRequest;
+use crate::scheduler::sample::first_tokens::{sample_first_tokens, FirstTokens};
 use crate::scheduler::step::batch::ChoiceRows;
 use crate::speculation::{AcceptanceByKind, AcceptanceKind, SpeculationStats};
 use crate::EngineError;
@@ -22,6 +23,8 @@ pub(crate) struct Verifying<'a> {
     pub kv: &'a mut KvCache,
     pub acceptance: &'a mut AcceptanceByKind,
     pub spec_stats: &'a SpeculationStats,
+    /// The last step's first tokens, their vectors to fill again.
+    pub first_tokens: &'a mut FirstTokens,
 }
 
 /// What sampling a step found: the requests that cannot go on, which the step then ends alone.
@@ -49,26 +52,26 @@ pub(crate) fn sample(
 ) -> Verdicts {
     let mut failed = Vec::new();
     let started = Instant::now();
-    let first_tokens = crate::scheduler::sample::first_tokens::sample_first_tokens(active, rows, ctx);
+    let last = std::mem::take(with.first_tokens);
+    let first = sample_first_tokens(active, rows, ctx, last);
     let pick = started.elapsed();
-    for (r, first) in first_tokens.into_iter().enumerate() {
-        let sampled = match first {
-            Ok(first) => {
-                let req = &mut active[r];
-                std::panic::catch_unwind(AssertUnwindSafe(|| verify_request(req, &first, rows, ctx, with)))
-                    .map_err(|payload| EngineError::RequestFailed(crate::error::panic_message(payload.as_ref())))
-            }
-            Err(why) => Err(EngineError::RequestFailed(why)),
+    for (r, req) in active.iter_mut().enumerate() {
+        let sampled = match first.panicked.iter().find(|&&(p, _)| p == r) {
+            None => std::panic::catch_unwind(AssertUnwindSafe(|| verify_request(req, &first.by_seq, rows, ctx, with)))
+                .map_err(|payload| EngineError::RequestFailed(crate::error::panic_message(payload.as_ref()))),
+            Some((_, why)) => Err(EngineError::RequestFailed(why.clone())),
         };
         match sampled {
             Ok(Ok(())) => {}
             Ok(Err(error)) | Err(error) => failed.push((r, error)),
         }
     }
+    *with.first_tokens = first;
     Verdicts { failed, pick }
 }
 
-/// Walks `req`'s choices; `first` holds each one's token sampled at its first position.
+/// Walks `req`'s choices; `first` holds each one's token sampled at its first position, by
+/// sequence.
 /// Fails when a grammar could not say which tokens may come next: the token sampled then
 /// is not produced.
 fn verify_request(
@@ -87,7 +90,7 @@ fn verify_request(
         let k = drafts.len();
         let mut accepted = 0;
         for j in 0..=k {
-            let token = match (j, first.get(i).copied().flatten()) {
+            let token = match (j, first[req.choices[i].seq_id.index()]) {
                 (0, Some(token)) => token,
                 _ if req.choices[i].on_device => {
                     crate::scheduler::sample::first_tokens::device_token(ctx, idx + crate::units::llama_pos(j))

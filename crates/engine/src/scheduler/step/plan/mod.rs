@@ -88,6 +88,21 @@ pub(crate) struct StepDecision {
     pub drafts: Vec<Chain>,
     /// Per prompt (input order): where this step's chunk ends, `None` when it reads none.
     pub prompt_ends: Vec<Option<usize>>,
+    /// The inputs' vector of decoding choices, emptied, for the next step (`StepBuffers`).
+    pub spent_inputs: Vec<DecodingChoice>,
+}
+
+impl StepDecision {
+    /// Empties every vector, keeping their room.
+    fn clear(&mut self) {
+        let StepDecision { plan, token_rows, drafts, prompt_ends, spent_inputs } = self;
+        plan.decode.clear();
+        plan.prompt.clear();
+        token_rows.clear();
+        drafts.clear();
+        prompt_ends.clear();
+        spent_inputs.clear();
+    }
 }
 
 /// Whether lookup drafts may be fed while `decoding` choices decode: with more streams, a step
@@ -97,19 +112,26 @@ pub(crate) fn lookups_allowed(decoding: usize) -> bool {
     decoding <= MAX_DRAFTING_STREAMS
 }
 
-/// Plans one step. `acceptance` learns that a lookup was declined (a draft not worth feeding),
-/// so an estimate that stopped drafting drifts back to its prior and gets probed again.
-pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mut AcceptanceByKind) -> StepDecision {
+/// Plans one step into `decision` (the last step's, emptied here, so its vectors serve again).
+/// `acceptance` learns that a lookup was declined (a draft not worth feeding), so an estimate
+/// that stopped drafting drifts back to its prior and gets probed again.
+pub(crate) fn plan_step(
+    inputs: StepInputs<'_>,
+    cost: &StepCost,
+    acceptance: &mut AcceptanceByKind,
+    mut decision: StepDecision,
+) -> StepDecision {
     let StepInputs {
         batch_size,
         chunk,
         reserved,
         weigh_drafts,
         prompt_rows_while_decoding,
-        decoding,
+        mut decoding,
         prompts,
         deficits,
     } = inputs;
+    decision.clear();
     // Isolated prompts' fixed chunks are exempt: rows were held for them. So is a prompt whose
     // rest fits in two such caps (read whole, it makes one longer step instead of two), unless
     // its key is overdrawn while another key waits (below).
@@ -119,10 +141,9 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     };
     let mut prompt_rows_left = cap;
     let mut budget = Budget::new(batch_size, decoding.len(), reserved, lookups_allowed(decoding.len()));
-    let mut decision = StepDecision::default();
     // Positions this step computes logits for so far, counting every decoding choice's token.
     let mut outputs = decoding.len();
-    for choice in decoding {
+    for choice in decoding.drain(..) {
         let row = decision.plan.push_decode(choice.token, choice.pos, choice.seq, RowKind::Token);
         budget.take_token();
         let (room, lookup_room) = budget.draft_room(choice.limit);
@@ -147,7 +168,7 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
     }
     // Chunks are sized in `prompt_order`, their rows planned in request order (which `commit`
     // walks to find where each prompt's last row is).
-    decision.prompt_ends = vec![None; prompts.len()];
+    decision.prompt_ends.resize(prompts.len(), None);
     // With another key's prompt waiting, a key that read more than it was owed gets no more
     // whole short prompts past the cap until its account recovers: its stream of them would
     // otherwise take most of every step from the other key's long one.
@@ -173,6 +194,7 @@ pub(crate) fn plan_step(inputs: StepInputs<'_>, cost: &StepCost, acceptance: &mu
             decision.plan.push_prompt(p.prompt[pos], crate::units::llama_pos(pos), p.seq, last);
         }
     }
+    decision.spent_inputs = decoding;
     decision
 }
 

@@ -54,22 +54,43 @@ impl StepPlan {
     /// are grouped by ascending sequence (llama.cpp makes one ubatch per run of consecutive
     /// sequences), `isolated` sequences each in a ubatch of their own (`deterministic`); in a
     /// unified cache prompt chunks come first and decoding rows last (see `batch::write`).
+    #[cfg(test)]
     pub(crate) fn ordered(&self, layout: KvLayout, isolated: &[SeqId]) -> (Vec<Row>, Vec<usize>) {
-        let planned: Vec<Row> = self.prompt.iter().chain(&self.decode).copied().collect();
-        // The ordering rules work on llama.cpp's numbers: a run is of ids that follow on by one.
-        let seqs: Vec<i32> = planned.iter().map(|r| r.seq.raw()).collect();
-        let isolated: Vec<i32> = isolated.iter().map(|s| s.raw()).collect();
-        let at = if isolated.is_empty() {
-            layout::batch_order(layout, &seqs)
-        } else {
-            deterministic::batch_order(layout, &seqs, |s| isolated.contains(&s))
-        };
-        let mut rows = planned.clone();
-        for (i, row) in planned.into_iter().enumerate() {
-            rows[at[i]] = row;
-        }
-        (rows, at)
+        let mut order = RowOrder::default();
+        self.order_into(layout, isolated, &mut order);
+        (order.rows, order.at)
     }
+
+    /// [`Self::ordered`] into `order.rows` and `order.at`, in vectors kept between steps.
+    pub(crate) fn order_into(&self, layout: KvLayout, isolated: &[SeqId], order: &mut RowOrder) {
+        // The ordering rules work on llama.cpp's numbers: a run is of ids that follow on by one.
+        order.seqs.clear();
+        order.seqs.extend(self.prompt.iter().chain(&self.decode).map(|r| r.seq.raw()));
+        if isolated.is_empty() {
+            layout::batch_order_into(layout, &order.seqs, &mut order.by_seq, &mut order.at);
+        } else {
+            let isolated: Vec<i32> = isolated.iter().map(|s| s.raw()).collect();
+            order.at = deterministic::batch_order(layout, &order.seqs, |s| isolated.contains(&s));
+        }
+        order.rows.clear();
+        order.rows.extend(self.prompt.iter().chain(&self.decode).copied());
+        for (i, row) in self.prompt.iter().chain(&self.decode).enumerate() {
+            order.rows[order.at[i]] = *row;
+        }
+    }
+}
+
+/// The batch's rows in order and the vectors ordering them (`StepPlan::order_into`), kept from
+/// one step to the next (`StepBuffers`).
+#[derive(Debug, Default)]
+pub(crate) struct RowOrder {
+    /// The rows in batch order.
+    pub rows: Vec<Row>,
+    /// Where each planned row went.
+    pub at: Vec<usize>,
+    /// Each planned row's sequence, as llama.cpp numbers it.
+    pub seqs: Vec<i32>,
+    by_seq: Vec<usize>,
 }
 
 /// The step's token budget. Every decoding choice gets its token first; drafts use what is left.

@@ -46,7 +46,7 @@ fn prompt(seq: usize, tokens: &[i32], prefilled: usize, isolated: bool) -> Promp
 }
 
 fn plan(inputs: StepInputs<'_>) -> StepDecision {
-    plan_step(inputs, &StepCost::default(), &mut AcceptanceByKind::default())
+    plan_step(inputs, &StepCost::default(), &mut AcceptanceByKind::default(), StepDecision::default())
 }
 
 /// `(token, pos, seq, kind)` of each row.
@@ -80,6 +80,30 @@ fn each_token_then_its_drafts_then_prompt_chunks_in_what_is_left() {
     assert_eq!(rows(&d.plan.prompt), (4..8).map(|p| (100 + p, p, 1, RowKind::Prompt)).collect::<Vec<_>>());
     assert!(d.plan.prompt.iter().all(|r| !r.logits), "only a prompt's last token wants logits");
     assert!(d.plan.decode.iter().all(|r| r.logits));
+}
+
+#[test]
+fn a_decision_planned_into_the_last_steps_keeps_nothing_of_it() {
+    let text: Vec<i32> = (100..120).collect();
+    let step_one = || {
+        inputs(
+            8,
+            vec![choice(0, 10, 5, forced(&[11, 12])), choice(2, 20, 7, Chain::default())],
+            vec![prompt(1, &text, 4, false)],
+        )
+    };
+    let step_two = || inputs(4, vec![choice(3, 30, 9, Chain::default())], vec![]);
+    let (cost, mut acceptance) = (StepCost::default(), AcceptanceByKind::default());
+    let last = plan_step(step_one(), &cost, &mut acceptance, StepDecision::default());
+    let room = last.plan.decode.capacity();
+    let reused = plan_step(step_two(), &cost, &mut acceptance, last);
+    let fresh = plan(step_two());
+    assert_eq!(rows(&reused.plan.decode), rows(&fresh.plan.decode));
+    assert_eq!(rows(&reused.plan.prompt), rows(&fresh.plan.prompt));
+    assert_eq!((&reused.token_rows, &reused.prompt_ends), (&fresh.token_rows, &fresh.prompt_ends));
+    assert_eq!(reused.drafts.len(), 1);
+    assert!(reused.spent_inputs.is_empty() && reused.spent_inputs.capacity() >= 1, "the inputs' room comes back");
+    assert_eq!(reused.plan.decode.capacity(), room, "the rows' room is the last step's");
 }
 
 #[test]
@@ -246,7 +270,7 @@ fn a_lookup_is_fed_only_where_the_measured_step_cost_says_it_pays() {
         chain.push_lookup(&[13, 14, 15], 8, DraftSource::Own);
         let mut i = inputs(64, vec![choice(0, 10, 0, chain)], vec![]);
         i.weigh_drafts = true;
-        plan_step(i, cost, &mut AcceptanceByKind::default()).drafts.remove(0)
+        plan_step(i, cost, &mut AcceptanceByKind::default(), StepDecision::default()).drafts.remove(0)
     };
     // Every size as cheap as one position: the whole lookup pays.
     let mut flat = StepCost::default();
