@@ -130,7 +130,7 @@ pub(super) fn install() -> Result<Level, String> {
 
 /// ggml's kernel table entry for `ty`: through the CPU backend linked into the binary, or (the
 /// portable build) the one loaded at start.
-fn traits_of_type(ty: ggml_type) -> Result<*const ggml_type_traits_cpu, String> {
+pub(super) fn traits_of_type(ty: ggml_type) -> Result<*const ggml_type_traits_cpu, String> {
     #[cfg(not(feature = "cpu-variants"))]
     // SAFETY: returns a pointer into ggml's static table for any type.
     return Ok(unsafe { llama_cpp_sys_2::ggml_get_type_traits_cpu(ty) });

@@ -10,8 +10,9 @@
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
 //! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K and Q6_K weights
 //! too: ggml asks for those with Q8_K activations, for 2 to 7 rows (its own tiled kernel takes 8 and more
-//! first), and each weight row is unpacked once for up to eight of them. Everything else (more
-//! rows, other types) goes on to llamafile.
+//! first), and each weight row is unpacked once for up to eight of them. One activation row of
+//! most other quantized types runs ggml's own `vec_dot` for the type here, over contiguous shares
+//! ([`ggml_one_row`]). Everything else (more rows, other types) goes on to llamafile.
 //!
 //! How ggml's calls get here (build.rs): where its CPU backend is linked in, the linker's
 //! `--wrap=llamafile_sgemm` sends them to `__wrap_llamafile_sgemm` and names llamafile's own
@@ -24,12 +25,17 @@
 use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
 
-use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K};
+use llama_cpp_sys_2::{
+    ggml_blck_size, ggml_type, ggml_type_size, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+    GGML_TYPE_Q8_K,
+};
 
 use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K};
 
-use super::install::Level;
+use super::install::{traits_of_type, Level, VecDot};
 
 /// The most activation rows a level multiplies here. Measured on a 2-core Zen 5 (2 threads, a
 /// 264 MB Q8_0 matrix of 896- or 4,864-value rows, best of 5): the AVX-512 kernels take 6-9 ms for
@@ -199,6 +205,17 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
         && (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q6_K))
         && is(p.b_type, GGML_TYPE_Q8_K);
     let ours = fits && (zero_types || k_quant);
+    if !ours && p.n == 1 && level.is_some() && is(p.c_type, GGML_TYPE_F32) {
+        if let Some(dot) = ggml_dot(p.a_type, p.b_type) {
+            let size = |v: i64| usize::try_from(v).unwrap_or(0);
+            // SAFETY: the caller's.
+            let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
+            let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
+            // SAFETY: the caller's; `ggml_dot` checked that `b` is of the kernel's activation type.
+            unsafe { ggml_one_row(dot, rows, size(p.k), p.a, size(p.lda), p.b, p.c.cast::<f32>()) };
+            return true;
+        }
+    }
     if !ours {
         // Without llamafile's (a portable build whose backend is not loaded), ggml multiplies
         // row by row.
@@ -274,6 +291,86 @@ unsafe fn one_row(
         GGML_TYPE_Q8_0 => each_row!(v3::dot_q8_0, BlockQ8, BlockQ8),
         _ if v4 => each_row!(v4::dot_q5_0, BlockQ5, BlockQ8),
         _ => each_row!(v3::dot_q5_0, BlockQ5, BlockQ8),
+    }
+}
+
+/// The weight types whose one-row products run ggml's own `vec_dot` here, over each thread's
+/// contiguous share of the rows ([`ggml_one_row`]). Measured on a 2-core Zen 5 (2 threads, 256
+/// MB of 8,960 rows of 1,536 values / 1,536 of 8,960, `gantry-engine`'s `vec_dot_bench`), GB/s
+/// in runs of 64 rows against one share: Q4_1 23 / 37 and 27 / 29, Q5_1 28 / 40 and 34 / 36,
+/// Q2_K 13 / 35 and 30 / 37, Q3_K 17 / 28 and 24 / 28, Q4_K 26 / 42 and 31 / 41, Q5_K 26 / 44
+/// and 39 / 44, Q6_K 32 / 41 and 34 / 43, IQ4_XS 19 / 33 and 29 / 36. (Q4_K and Q6_K reach
+/// here only without AVX-512, and Q4_K only where ggml did not repack it.) Q4_0 and IQ4_NL
+/// stay with llamafile, which multiplies them where ggml did not repack them.
+const GGML_SHARED: [ggml_type; 8] = [
+    GGML_TYPE_Q4_1,
+    GGML_TYPE_Q5_1,
+    GGML_TYPE_Q2_K,
+    GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_K,
+    GGML_TYPE_Q5_K,
+    GGML_TYPE_Q6_K,
+    GGML_TYPE_IQ4_XS,
+];
+
+/// ggml's own kernel for one weight type: what [`ggml_one_row`] runs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GgmlDot {
+    ty: c_int,
+    /// The activation type the kernel takes (ggml's `vec_dot_type`), which ggml quantized the
+    /// activations to before calling.
+    activations: c_int,
+    /// Values and bytes a block of weights.
+    values: usize,
+    bytes: usize,
+    vec_dot: VecDot,
+}
+
+/// ggml's kernel for weights of `a_type` by activations of `b_type`, where it is one of
+/// [`GGML_SHARED`]'s, multiplies one row at a time (`nrows`) and takes `b_type`.
+pub(super) fn ggml_dot(a_type: c_int, b_type: c_int) -> Option<GgmlDot> {
+    static DOTS: OnceLock<Vec<GgmlDot>> = OnceLock::new();
+    let dots = DOTS.get_or_init(|| {
+        GGML_SHARED
+            .into_iter()
+            .filter_map(|ty| {
+                // SAFETY: a pointer into ggml's static table, valid for the whole process.
+                let traits = unsafe { &*traits_of_type(ty).ok()? };
+                // SAFETY: ggml's type sizes, defined for every type.
+                let (values, bytes) = unsafe { (ggml_blck_size(ty), ggml_type_size(ty)) };
+                (traits.nrows == 1).then_some(GgmlDot {
+                    ty: c_int::try_from(ty).ok()?,
+                    activations: c_int::try_from(traits.vec_dot_type).ok()?,
+                    values: usize::try_from(values).ok()?,
+                    bytes,
+                    vec_dot: traits.vec_dot?,
+                })
+            })
+            .collect()
+    });
+    dots.iter().find(|d| d.ty == a_type && d.activations == b_type).copied()
+}
+
+/// `c[i] = a_i · y` for weight rows `rows` of `a` (`lda` blocks apart, of `dot`'s type) and one
+/// row of activations `y` of its activation type, `k` blocks long, with ggml's own kernel: the
+/// same dot products ggml computes, so the same bits, over one contiguous share per thread
+/// instead of runs of 64 rows claimed in turn ([`one_row`] says why that streams faster).
+///
+/// # Safety
+/// The sizes are ggml's for these matrices, and `y` is of `dot`'s activation type.
+unsafe fn ggml_one_row(
+    dot: GgmlDot,
+    rows: Range<usize>,
+    k: usize,
+    a: *const c_void,
+    lda: usize,
+    y: *const c_void,
+    c: *mut f32,
+) {
+    let n = c_int::try_from(k * dot.values).unwrap_or(c_int::MAX);
+    for i in rows {
+        // SAFETY: the caller's; ggml's vec_dot contract with one row (`nrc` 1, strides unused).
+        unsafe { (dot.vec_dot)(n, c.add(i), 0, a.cast::<u8>().add(i * lda * dot.bytes).cast(), 0, y, 0, 1) };
     }
 }
 

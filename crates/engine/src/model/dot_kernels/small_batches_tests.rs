@@ -3,9 +3,13 @@
 
 use std::os::raw::c_int;
 
-use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+use llama_cpp_sys_2::{
+    ggml_blck_size, ggml_quantize_chunk, ggml_row_size, ggml_type, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q2_K,
+    GGML_TYPE_Q3_K, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_Q8_0,
+};
 
-use super::install::Level;
+use super::install::{ggml_kernel, traits_of, Level};
 use super::small_batches::{calls, max_columns, multiply, share, ComputeParams, Product};
 use super::tests::{exact, ggml_ready, levels, ones_times_127, q5_row, q8_row, Rng};
 use gantry_cpu_kernels::x86::QK;
@@ -168,4 +172,108 @@ fn ggml_hands_its_products_of_a_few_rows_to_the_wrapper() {
     let out = ones_times_127(4, 2);
     assert!(calls() > before, "ggml's call to llamafile_sgemm did not reach the wrapper");
     assert_eq!(out, vec![8128.0; 4 * 16]);
+}
+
+/// `rows` rows of `n` random values quantized by ggml to `ty`.
+fn ggml_rows(rng: &mut Rng, ty: ggml_type, rows: usize, n: usize) -> Vec<u8> {
+    let values: Vec<f32> = (0..rows * n).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+    let i = |v: usize| i64::try_from(v).expect("small");
+    // SAFETY: a size for every type.
+    let mut out = vec![0u8; rows * unsafe { ggml_row_size(ty, i(n)) }];
+    // SAFETY: `out` has room for `rows` rows of `n` values of `ty`; no type here needs an imatrix.
+    unsafe { ggml_quantize_chunk(ty, values.as_ptr(), out.as_mut_ptr().cast(), 0, i(rows), i(n), std::ptr::null()) };
+    out
+}
+
+#[test]
+fn other_types_one_row_is_ggmls_own_vec_dot_to_the_bit_in_every_share() {
+    ggml_ready();
+    let mut rng = Rng(0x6a09_e667_f3bc_c908);
+    let types = [
+        GGML_TYPE_Q4_1,
+        GGML_TYPE_Q5_1,
+        GGML_TYPE_Q2_K,
+        GGML_TYPE_Q3_K,
+        GGML_TYPE_Q4_K,
+        GGML_TYPE_Q5_K,
+        GGML_TYPE_Q6_K,
+        GGML_TYPE_IQ4_XS,
+    ];
+    for ty in types {
+        // SAFETY: ggml's static table and type sizes.
+        let (traits, values) = unsafe { (&*traits_of(ty), usize::try_from(ggml_blck_size(ty)).expect("a size")) };
+        let theirs = ggml_kernel(ty);
+        for (m, k) in [(1, 1), (2, 3), (7, 2), (9, 6)] {
+            // Padding between weight rows, as ggml's views may have.
+            let lda = k + 2;
+            let a = ggml_rows(&mut rng, ty, m, lda * values);
+            let row = a.len() / m;
+            let x: Vec<f32> = (0..k * values).map(|_| (rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+            // SAFETY: a size for every type.
+            let mut y = vec![0u8; unsafe { ggml_row_size(traits.vec_dot_type, (k * values) as i64) }];
+            // SAFETY: `y` has room for the row in ggml's activation type for `ty`.
+            unsafe { traits.from_float.expect("a quantizer")(x.as_ptr(), y.as_mut_ptr().cast(), (k * values) as i64) };
+            for level in levels() {
+                let mut c = vec![f32::NAN; m + 3];
+                let i = |v: usize| i64::try_from(v).expect("small");
+                let product = |b_type: u32, n: usize, c: &mut Vec<f32>| Product {
+                    m: i(m),
+                    n: i(n),
+                    k: i(k),
+                    a: a.as_ptr().cast(),
+                    lda: i(lda),
+                    b: y.as_ptr().cast(),
+                    ldb: i(k),
+                    c: c.as_mut_ptr().cast(),
+                    ldc: i(m + 3),
+                    a_type: ty as c_int,
+                    b_type: b_type as c_int,
+                    c_type: GGML_TYPE_F32 as c_int,
+                };
+                let at = format!("{level:?} type {ty} m={m} k={k}");
+                for ith in 0..3 {
+                    // SAFETY: the matrices hold what the sizes say.
+                    let done = unsafe {
+                        multiply(Some(level), &ComputeParams { ith, nth: 3 }, product(traits.vec_dot_type, 1, &mut c))
+                    };
+                    assert!(done || (level == Level::V4 && matches!(ty, GGML_TYPE_Q4_K | GGML_TYPE_Q6_K)), "{at}");
+                }
+                if level == Level::V4 && matches!(ty, GGML_TYPE_Q4_K | GGML_TYPE_Q6_K) {
+                    continue; // Gantry's own kernels (k_quant_tests).
+                }
+                for (r, got) in c.iter().enumerate() {
+                    if r >= m {
+                        assert!(got.is_nan(), "{at}: wrote past the rows");
+                        continue;
+                    }
+                    let mut want = f32::NAN;
+                    // SAFETY: row `r` and `y` hold `k * values` values of their types.
+                    unsafe {
+                        theirs(
+                            i32::try_from(k * values).expect("small"),
+                            &mut want,
+                            0,
+                            a[r * row..].as_ptr().cast(),
+                            0,
+                            y.as_ptr().cast(),
+                            0,
+                            1,
+                        )
+                    };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{at} row {r}: {got} against ggml's {want}");
+                }
+                // Activations of another type (ggml's first call, with its floats), and no level
+                // enabled: not taken here, and llamafile has no kernel for these either.
+                let mut untouched = vec![f32::NAN; m + 3];
+                for (level, b_type) in [(Some(level), GGML_TYPE_F32), (None, traits.vec_dot_type)] {
+                    // SAFETY: as above; llamafile reads only the thread index and count.
+                    let done = unsafe {
+                        multiply(level, &ComputeParams { ith: 0, nth: 1 }, product(b_type, 1, &mut untouched))
+                    };
+                    assert!(!done, "{at}: {level:?} with activations of type {b_type}");
+                }
+                assert!(untouched.iter().all(|v| v.is_nan()), "{at}");
+            }
+        }
+    }
 }
