@@ -180,6 +180,10 @@ struct Cli {
     /// Requests of 32 inputs per embeddings level and pass.
     #[arg(long, default_value_t = 32)]
     embedding_requests: usize,
+    /// Run the embeddings comparison alone (needs `--embedding-model` and `--reference-bin`): no
+    /// chat workloads, bandwidth, interference or sharing measurement; prints, writes nothing.
+    #[arg(long)]
+    embeddings_only: bool,
     /// Interactive requests of each half of the batch interference measurement (issue #56,
     /// Gantry only, after the comparisons); 0 skips it.
     #[arg(long, default_value_t = 16)]
@@ -252,6 +256,9 @@ async fn main() -> Result<()> {
     }
     if cli.passes == 0 {
         bail!("--passes must be at least 1");
+    }
+    if cli.embeddings_only {
+        return embeddings_only(&cli).await;
     }
     let mode = cli.mode();
     mode.check(cli.gantry_avx2_bin.is_some() || cli.reference_avx2_bin.is_some())?;
@@ -400,6 +407,18 @@ async fn main() -> Result<()> {
         std::fs::write(j, serde_json::to_string_pretty(&comparisons)?)?;
     }
     eprintln!("[bench] wrote {} and {}", out.display(), chart.display());
+    Ok(())
+}
+
+/// `--embeddings-only`: the embeddings comparison on its own, printed.
+async fn embeddings_only(cli: &Cli) -> Result<()> {
+    let (Some(model), Some(reference)) = (&cli.embedding_model, &cli.reference_bin) else {
+        bail!("--embeddings-only needs --embedding-model and --reference-bin");
+    };
+    let nproc = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let threads = cli.threads.unwrap_or(nproc);
+    let settings = embeddings::settings(model, threads, Duration::from_secs(cli.ready_timeout));
+    embeddings::compare(&cli.gantry_bin, reference, &settings, cli.passes, cli.embedding_requests).await?;
     Ok(())
 }
 

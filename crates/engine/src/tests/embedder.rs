@@ -1,6 +1,7 @@
 //! The `Embedder` on tiny random BERTs (`tiny_gguf::write_tiny_bert`): a reranker's pairs are
 //! framed as its tokenizer frames them and scored the same alone or batched with others; an
-//! embedding model's vectors have unit length; the capabilities read from each GGUF say which.
+//! embedding model's vectors have unit length, and are the same alone or among many batches;
+//! the capabilities read from each GGUF say which.
 
 use std::path::PathBuf;
 
@@ -82,4 +83,26 @@ fn an_embedding_model_gives_unit_vectors_and_no_ranking() {
     // A chat model is refused: its states pooled by nothing mean nothing.
     let chat = crate::tests::engine::tiny_model();
     assert!(Embedder::start(chat, 1, &Offload::default(), None).is_err());
+}
+
+#[test]
+fn an_inputs_vector_is_the_same_alone_or_among_many_batches() {
+    let path = written("tiny-bert-batches", BertPooling::Mean);
+    let embedder = Embedder::start(&path, 2, &Offload::default(), None).unwrap();
+    let words = ["the", "cat", "sat", "on", "mat", "paris", "is", "capital"];
+    let texts: Vec<String> =
+        (0..200).map(|i| (0..1 + i % 23).map(|j| words[(i + j) % words.len()]).collect::<Vec<_>>().join(" ")).collect();
+    let inputs: Vec<Vec<i32>> = texts.iter().map(|t| embedder.tokenize(t)).collect();
+    // Many batches (64 sequences at most each), two jobs sharing them.
+    let (a, b) = std::thread::scope(|s| {
+        let first = s.spawn(|| embedder.embed_blocking(inputs[..120].to_vec()).unwrap());
+        let second = s.spawn(|| embedder.embed_blocking(inputs[120..].to_vec()).unwrap());
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    let together: Vec<Vec<f32>> = a.into_iter().chain(b).collect();
+    for (i, input) in inputs.iter().enumerate().step_by(7) {
+        let alone = embedder.embed_blocking(vec![input.clone()]).unwrap().remove(0);
+        let cosine: f32 = alone.iter().zip(&together[i]).map(|(x, y)| x * y).sum();
+        assert!(cosine >= 0.9999, "input {i}: cosine {cosine}");
+    }
 }
