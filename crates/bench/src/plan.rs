@@ -34,7 +34,9 @@ type ClosedLevels = Vec<(usize, usize)>;
 type OpenLevels = Vec<(f64, usize)>;
 
 fn traffic_levels(cli: &Cli) -> (ClosedLevels, OpenLevels) {
-    let closed = cli.traffic_concurrency.iter().map(|&c| (c.max(1), cli.traffic_requests.max(c))).collect();
+    // 0 streams or a rate of 0 leave that half out (e.g. `--traffic-rates 0`: closed loop only).
+    let closed =
+        cli.traffic_concurrency.iter().filter(|c| **c > 0).map(|&c| (c, cli.traffic_requests.max(c))).collect();
     let open = cli.traffic_rates.iter().filter(|r| **r > 0.0).map(|&r| (r, cli.traffic_rate_requests.max(1))).collect();
     (closed, open)
 }
@@ -284,25 +286,30 @@ mod tests {
         use crate::traffic::{Conversation, Traffic};
         let cli = Cli::try_parse_from(["gantry-bench", "--model", "m.gguf", "--workloads", "traffic"]).unwrap();
         assert_eq!(build(&cli, &[Kind::Traffic], None).len(), 0, "no dataset, no traffic levels");
-        assert_eq!(traffic_sample_size(&cli), 16 + 16 + 4 * 16, "one pass by default");
+        assert_eq!(traffic_sample_size(&cli), 16 + 16 + 4 * 12, "one pass by default");
         let c = Conversation { prompt: "q".into(), prompt_tokens: 4, max_tokens: 9 };
         let t = Traffic {
             path: "d.json".into(),
-            conversations: std::sync::Arc::new(vec![c; 96]),
-            records: 96,
+            conversations: std::sync::Arc::new(vec![c; 80]),
+            records: 80,
             truncated: false,
         };
         let p = build(&cli, &[Kind::Traffic], Some(&t));
+        let pass_stride = 80;
         let labels: Vec<String> = p.iter().map(|(w, _)| w.label()).collect();
         assert_eq!(labels, ["traffic", "traffic", "traffic@0.25/s", "traffic@0.5/s", "traffic@1/s", "traffic@2/s"]);
         let levels: Vec<(usize, usize)> = p.iter().flat_map(|(_, l)| l.clone()).collect();
-        assert_eq!(levels, [(1, 16), (8, 16), (0, 16), (0, 16), (0, 16), (0, 16)]);
+        assert_eq!(levels, [(1, 16), (8, 16), (0, 12), (0, 12), (0, 12), (0, 12)]);
         let offsets: Vec<usize> = p.iter().map(|(w, _)| w.traffic.as_ref().unwrap().offset).collect();
-        assert_eq!(offsets, [0, 16, 32, 48, 64, 80]);
-        assert!(p.iter().all(|(w, _)| w.traffic.as_ref().unwrap().pass_stride == 96 && w.temperature == 0.0));
+        assert_eq!(offsets, [0, 16, 32, 44, 56, 68]);
+        assert!(p.iter().all(|(w, _)| w.traffic.as_ref().unwrap().pass_stride == pass_stride && w.temperature == 0.0));
         assert_eq!(max_concurrency(&p), 8);
         let two =
             Cli::try_parse_from(["gantry-bench", "--model", "m", "--traffic-passes", "2", "--traffic-rates", "1"]);
-        assert_eq!(traffic_sample_size(&two.unwrap()), 2 * (16 + 16 + 16));
+        assert_eq!(traffic_sample_size(&two.unwrap()), 2 * (16 + 16 + 12));
+        let closed_only = Cli::try_parse_from(["gantry-bench", "--model", "m", "--traffic-rates", "0"]).unwrap();
+        assert_eq!(traffic_sample_size(&closed_only), 32);
+        let open_only = Cli::try_parse_from(["gantry-bench", "--model", "m", "--traffic-concurrency", "0"]).unwrap();
+        assert_eq!(traffic_sample_size(&open_only), 48);
     }
 }

@@ -376,6 +376,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn traffic_has_its_own_section_not_rows_of_the_comparison() {
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2), level("traffic", 8, 0, 90.0, 0.3)]),
+            run("llama-server", vec![level("chat", 1, 0, 20.0, 0.2), level("traffic", 8, 0, 45.0, 0.5)]),
+        ];
+        assert!(!results_table(&runs).contains("traffic") && !ratio_table(&runs).contains("traffic"));
+        let c = Comparison { title: "Both native".into(), kernels: "k".into(), runs };
+        let mut ctx = context(Mode::Cpu, "CPU");
+        ctx.traffic = Some("Workload `traffic` from d.json.".into());
+        let md = markdown(&[c], &ctx);
+        let at = |needle: &str| md.find(needle).unwrap_or_else(|| panic!("{needle}: {md}"));
+        assert!(
+            at("## Both native") < at("## Real traffic (Both native)") && at("## Real traffic") < at("## Settings")
+        );
+        assert!(md.contains("Workload `traffic` from d.json.") && md.contains("| 8 streams | Gantry "), "{md}");
+    }
+
+    #[test]
     fn gantry_only_sections_follow_the_targets_when_they_ran() {
         let runs = vec![run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2)])];
         let c = Comparison { title: "Both native".into(), kernels: "k".into(), runs };
