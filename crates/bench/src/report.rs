@@ -13,6 +13,7 @@ use crate::runs::{cells, f, find, merge, pass_ratio, passes, table, ServerRun, T
 use crate::scopes::{cache_scope_table, Tenancy};
 use crate::server_args::TUNED_REFERENCE_ARGS;
 use crate::targets::{targets_table, ModelTargets};
+use crate::traffic_report::{is_traffic, traffic_section};
 
 fn ratio_cells(v: Option<(f64, f64, f64)>) -> [String; 2] {
     match v {
@@ -44,8 +45,8 @@ pub(crate) fn results_table(runs: &[ServerRun]) -> String {
         "tok/req",
     ];
     let mut rows = Vec::new();
-    // Gantry-only cells have their own table (`scopes::cache_scope_table`).
-    for key in cells(runs).into_iter().filter(|k| Tenancy::parse_label(&k.0).is_none()) {
+    // Gantry-only cells and traffic's have their own tables (`scopes.rs`, `traffic_report.rs`).
+    for key in cells(runs).into_iter().filter(|k| Tenancy::parse_label(&k.0).is_none() && !is_traffic(&k.0)) {
         for run in runs {
             let all = passes(runs, &run.name, &key);
             let Some(l) = merge(&all) else { continue };
@@ -76,7 +77,7 @@ pub(crate) fn results_table(runs: &[ServerRun]) -> String {
 pub(crate) fn ratio_table(runs: &[ServerRun]) -> String {
     let headers = ["workload", "conc", "vs", "tok/s ×", "spread", "TTFT p50 ×", "spread", "ITL p50 ×", "spread"];
     let mut rows = Vec::new();
-    for key in cells(runs) {
+    for key in cells(runs).into_iter().filter(|k| !is_traffic(&k.0)) {
         for reference in REFERENCES {
             let Some(tps) = pass_ratio(runs, reference, &key, |l| Some(l.tokens_per_s)) else { continue };
             let mut row = vec![key.0.clone(), key.1.to_string(), reference.to_string()];
@@ -123,6 +124,8 @@ pub(crate) struct Context {
     pub interference: Option<String>,
     /// Weighted sharing between tenants (`sharing.rs`), when it ran.
     pub sharing: Option<String>,
+    /// The `traffic` workload's dataset and levels (`plan::describe_traffic`), when it ran.
+    pub traffic: Option<String>,
 }
 
 pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
@@ -227,6 +230,10 @@ pub(crate) fn markdown(comparisons: &[Comparison], ctx: &Context) -> String {
              `usage.prompt_tokens_details.cached_tokens` ÷ Σ `usage.prompt_tokens` over every pass; TTFT mean and p50 \
              are means over passes. With `tenant`, each tenant computes the system prompt once for itself.\n\n{t}"
         );
+    }
+    if let Some(t) = comparisons.first().and_then(|c| traffic_section(&c.runs)) {
+        let about = ctx.traffic.as_deref().unwrap_or("Workload `traffic`.");
+        let _ = writeln!(md, "## Real traffic ({})\n\n{about}\n\n{t}", comparisons[0].title);
     }
     let _ = writeln!(md, "## Settings\n\n{}\n", ctx.settings);
     if !ctx.quiet_warnings.is_empty() {
@@ -335,6 +342,7 @@ pub(crate) mod tests {
             embeddings: None,
             interference: None,
             sharing: None,
+            traffic: None,
         }
     }
 
@@ -365,6 +373,24 @@ pub(crate) mod tests {
         }
         assert!(!md.contains("GPU offload") && !md.contains("offloaded"), "{md}");
         assert!(!md.contains("cache scopes"), "no cache-scopes table without its workload: {md}");
+    }
+
+    #[test]
+    fn traffic_has_its_own_section_not_rows_of_the_comparison() {
+        let runs = vec![
+            run(GANTRY, vec![level("chat", 1, 0, 30.0, 0.2), level("traffic", 8, 0, 90.0, 0.3)]),
+            run("llama-server", vec![level("chat", 1, 0, 20.0, 0.2), level("traffic", 8, 0, 45.0, 0.5)]),
+        ];
+        assert!(!results_table(&runs).contains("traffic") && !ratio_table(&runs).contains("traffic"));
+        let c = Comparison { title: "Both native".into(), kernels: "k".into(), runs };
+        let mut ctx = context(Mode::Cpu, "CPU");
+        ctx.traffic = Some("Workload `traffic` from d.json.".into());
+        let md = markdown(&[c], &ctx);
+        let at = |needle: &str| md.find(needle).unwrap_or_else(|| panic!("{needle}: {md}"));
+        assert!(
+            at("## Both native") < at("## Real traffic (Both native)") && at("## Real traffic") < at("## Settings")
+        );
+        assert!(md.contains("Workload `traffic` from d.json.") && md.contains("| 8 streams | Gantry "), "{md}");
     }
 
     #[test]

@@ -96,8 +96,12 @@ pub(crate) fn merge(levels: &[&LevelResult]) -> Option<LevelResult> {
         ttft_mean_ms: m(|l| l.ttft_mean_ms),
         ttft_p50_ms: m(|l| l.ttft_p50_ms),
         ttft_p95_ms: m(|l| l.ttft_p95_ms),
+        ttft_p99_ms: m(|l| l.ttft_p99_ms),
         itl_p50_ms: m(|l| l.itl_p50_ms),
         itl_p95_ms: m(|l| l.itl_p95_ms),
+        tpot_p50_ms: m(|l| l.tpot_p50_ms),
+        tpot_p99_ms: m(|l| l.tpot_p99_ms),
+        offered_rate: first.offered_rate,
         first_error: levels.iter().find_map(|l| l.first_error.clone()),
     })
 }

@@ -36,8 +36,14 @@ pub(crate) struct LevelResult {
     pub ttft_mean_ms: Option<f64>,
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p95_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
     pub itl_p50_ms: Option<f64>,
     pub itl_p95_ms: Option<f64>,
+    /// Time per output token of each request, as vLLM: (last − first token) ÷ (tokens − 1).
+    pub tpot_p50_ms: Option<f64>,
+    pub tpot_p99_ms: Option<f64>,
+    /// Open-loop levels (`traffic`): the Poisson arrival rate sent, requests/s.
+    pub offered_rate: Option<f64>,
     pub first_error: Option<String>,
 }
 
@@ -54,12 +60,18 @@ pub(crate) fn percentile(data: &[f64], p: f64) -> Option<f64> {
     Some(v[lo] + (v[hi] - v[lo]) * (rank - lo as f64))
 }
 
+/// A request's time per output token after the first: `None` for answers of one token.
+pub(crate) fn tpot(s: &RequestSample) -> Option<f64> {
+    (s.ttft.is_some() && s.completion_tokens > 1).then(|| s.itl.iter().sum::<f64>() / (s.completion_tokens - 1) as f64)
+}
+
 /// Aggregates the samples of one level that took `wall_s` seconds end to end.
 pub(crate) fn summarize(workload: &str, concurrency: usize, samples: &[RequestSample], wall_s: f64) -> LevelResult {
     let ok: Vec<&RequestSample> = samples.iter().filter(|s| s.error.is_none()).collect();
     let completion_tokens: u64 = ok.iter().map(|s| s.completion_tokens).sum();
     let ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft).collect();
     let itl: Vec<f64> = ok.iter().flat_map(|s| s.itl.iter().copied()).collect();
+    let tpots: Vec<f64> = ok.iter().filter_map(|s| tpot(s)).collect();
     let prompts: Vec<f64> = ok.iter().filter_map(|s| s.prompt_tokens.map(|p| p as f64)).collect();
     let ms = |x: Option<f64>| x.map(|v| v * 1000.0);
     let per_s = |n: f64| if wall_s > 0.0 { n / wall_s } else { 0.0 };
@@ -79,8 +91,12 @@ pub(crate) fn summarize(workload: &str, concurrency: usize, samples: &[RequestSa
         ttft_mean_ms: ms((!ttft.is_empty()).then(|| ttft.iter().sum::<f64>() / ttft.len() as f64)),
         ttft_p50_ms: ms(percentile(&ttft, 50.0)),
         ttft_p95_ms: ms(percentile(&ttft, 95.0)),
+        ttft_p99_ms: ms(percentile(&ttft, 99.0)),
         itl_p50_ms: ms(percentile(&itl, 50.0)),
         itl_p95_ms: ms(percentile(&itl, 95.0)),
+        tpot_p50_ms: ms(percentile(&tpots, 50.0)),
+        tpot_p99_ms: ms(percentile(&tpots, 99.0)),
+        offered_rate: None,
         first_error: samples.iter().find_map(|s| s.error.clone()),
     }
 }
@@ -145,6 +161,10 @@ mod tests {
         );
         assert_eq!(summarize("chat", 1, &[], 1.0).ttft_mean_ms, None);
         assert_eq!(r.first_error.as_deref(), Some("HTTP 503"));
+        // TPOT: the 0.04 s after the first token over 9 and 29 further tokens.
+        assert!((r.tpot_p50_ms.unwrap() - (40.0 / 9.0 + 40.0 / 29.0) / 2.0).abs() < 1e-9);
+        assert!((r.ttft_p99_ms.unwrap() - 298.0).abs() < 1e-9);
+        assert_eq!(tpot(&ok(0.1, 1)), None, "one token has no time per output token");
     }
 
     #[test]

@@ -13,15 +13,21 @@
 //!   prompt cache), so a seed would change what is measured.
 //! - `cache-scopes` (Gantry only): one shared system prompt and short questions spread over the
 //!   keys of 1 or 4 tenants whose `cache_scope` is `shared` or `tenant` (see `scopes.rs`).
+//! - `traffic`: real conversations (`traffic.rs`): a first human turn, and its recorded answer's
+//!   length as `max_tokens` with `ignore_eos`, so both servers write answers of the recorded
+//!   lengths; closed loop at 1 and 8 streams, and open loop at Poisson arrival rates.
 //!
 //! Every other workload is greedy at `--temperature` (0 by default).
 //!
 //! The pass number is part of every seed, so a repeated pass never hits a cache filled by the
 //! previous one (in particular the shared prefix is cold in every pass).
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use crate::scopes::Tenancy;
+use crate::traffic::Conversation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -33,6 +39,7 @@ pub(crate) enum Kind {
     ChatSampled,
     ChatTopP,
     CacheScopes,
+    Traffic,
 }
 
 /// Temperature of the sampled workloads.
@@ -41,7 +48,7 @@ pub(crate) const SAMPLED_TEMPERATURE: f64 = 0.8;
 pub(crate) const SAMPLED_TOP_P: f64 = 0.95;
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 8] = [
+    pub(crate) const ALL: [Kind; 9] = [
         Kind::Chat,
         Kind::SharedPrefix,
         Kind::CodeEdit,
@@ -50,6 +57,7 @@ impl Kind {
         Kind::ChatSampled,
         Kind::ChatTopP,
         Kind::CacheScopes,
+        Kind::Traffic,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -62,6 +70,7 @@ impl Kind {
             Kind::ChatSampled => "chat-sampled",
             Kind::ChatTopP => "chat-top-p",
             Kind::CacheScopes => "cache-scopes",
+            Kind::Traffic => "traffic",
         }
     }
 
@@ -77,6 +86,12 @@ impl Kind {
     /// Measured on Gantry alone: llama-server has no API keys nor tenants.
     pub(crate) fn gantry_only(self) -> bool {
         self == Kind::CacheScopes
+    }
+
+    /// Measured in the first comparison only (the native builds): the workload describes a
+    /// server under real load, and one comparison of it is what the time allows.
+    pub(crate) fn first_pair_only(self) -> bool {
+        self.gantry_only() || self == Kind::Traffic
     }
 
     pub(crate) fn parse(name: &str) -> Option<Kind> {
@@ -97,6 +112,25 @@ pub(crate) struct Workload {
     pub top_p: Option<f64>,
     /// `cache-scopes` only: the tenants the requests are spread over and their keys' scope.
     pub tenancy: Option<Tenancy>,
+    /// `traffic` only: the sampled conversations and which of them this level sends.
+    pub traffic: Option<TrafficLevel>,
+}
+
+/// One level of `traffic`: its slice of the sample, and its arrival rate when open-loop.
+#[derive(Clone, Debug)]
+pub(crate) struct TrafficLevel {
+    pub conversations: Arc<Vec<Conversation>>,
+    /// Where the level's requests start in the sample in pass 0...
+    pub offset: usize,
+    /// ...and how far each later pass moves them, so no level or pass repeats a prompt.
+    pub pass_stride: usize,
+    /// Poisson arrivals at this many requests/s; `None`: closed loop.
+    pub rate: Option<f64>,
+}
+
+/// The results label of an open-loop `traffic` level.
+pub(crate) fn open_loop_label(rate: f64) -> String {
+    format!("traffic@{rate}/s")
 }
 
 /// One request's body parts, and which of the target's keys sends it.
@@ -110,12 +144,22 @@ pub(crate) struct Request {
     pub key_slot: usize,
     /// Generate `max_tokens` whatever the model says (`sharing`: every request the same length).
     pub ignore_eos: bool,
+    /// This request's own `max_tokens` (`traffic`: its recorded answer's), over the workload's.
+    pub max_tokens: Option<u32>,
 }
 
 impl Request {
     /// A greedy request with one user message, sent with the target's first key.
     pub(crate) fn greedy(messages: Value) -> Request {
-        Request { messages, response_format: None, temperature: 0.0, top_p: None, key_slot: 0, ignore_eos: false }
+        Request {
+            messages,
+            response_format: None,
+            temperature: 0.0,
+            top_p: None,
+            key_slot: 0,
+            ignore_eos: false,
+            max_tokens: None,
+        }
     }
 }
 
@@ -258,14 +302,24 @@ pub(crate) fn extract_schema() -> Value {
 impl Workload {
     /// The name its results go under: the kind's, and for `cache-scopes` the tenancy's.
     pub(crate) fn label(&self) -> String {
-        match self.tenancy {
-            Some(t) if self.kind == Kind::CacheScopes => t.label(),
+        match (&self.tenancy, &self.traffic) {
+            (Some(t), _) if self.kind == Kind::CacheScopes => t.label(),
+            (_, Some(TrafficLevel { rate: Some(rate), .. })) if self.kind == Kind::Traffic => open_loop_label(*rate),
             _ => self.kind.name().to_string(),
         }
     }
 
     /// Request `i` of a level at `concurrency` in pass `pass`.
     pub(crate) fn request(&self, pass: usize, concurrency: usize, i: usize) -> Request {
+        if let Some(t) = self.traffic.as_ref().filter(|_| self.kind == Kind::Traffic) {
+            let c = &t.conversations[(t.offset + pass * t.pass_stride + i) % t.conversations.len().max(1)];
+            return Request {
+                temperature: self.temperature,
+                ignore_eos: true,
+                max_tokens: Some(c.max_tokens),
+                ..Request::greedy(json!([{"role": "user", "content": c.prompt}]))
+            };
+        }
         let pass_seed = self.seed ^ ((pass as u64) << 48);
         let mut rng = Rng::new(pass_seed ^ ((concurrency as u64) << 32) ^ i as u64);
         let user = |text: String| json!([{"role": "user", "content": text}]);
@@ -305,6 +359,9 @@ impl Workload {
                 let question = format!("Question {i}: what is a {} {}?", rng.word(), rng.word());
                 (json!([{"role": "system", "content": system}, {"role": "user", "content": question}]), None)
             }
+            // Without its sample (`traffic.rs` found no dataset) the workload is left out of the
+            // plan; this only keeps the match whole.
+            Kind::Traffic => (user("Hello.".into()), None),
             Kind::CodeEdit => {
                 let file = &SOURCES[i % SOURCES.len()];
                 let edit = file.edits[(i / SOURCES.len() + pass) % file.edits.len()];
@@ -361,121 +418,11 @@ impl Workload {
             top_p: self.top_p,
             key_slot,
             ignore_eos: false,
+            max_tokens: None,
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn workload(kind: Kind) -> Workload {
-        let (temperature, top_p) = kind.sampling().unwrap_or((0.0, None));
-        Workload {
-            kind,
-            prompt_tokens: 128,
-            shared_prefix_tokens: 1500,
-            max_tokens: 8,
-            seed: 1,
-            temperature,
-            top_p,
-            tenancy: None,
-        }
-    }
-
-    fn text(r: &Request, msg: usize) -> &str {
-        r.messages[msg]["content"].as_str().unwrap()
-    }
-
-    #[test]
-    fn chat_prompts_are_deterministic_distinct_and_sized() {
-        let w = workload(Kind::Chat);
-        assert_eq!(w.request(0, 4, 3), w.request(0, 4, 3));
-        assert_ne!(w.request(0, 4, 3), w.request(0, 4, 4));
-        assert_ne!(w.request(0, 4, 3), w.request(0, 8, 3));
-        assert_ne!(w.request(0, 4, 3), w.request(1, 4, 3), "a new pass sends new prompts");
-        let words = text(&w.request(0, 1, 0), 0).split_whitespace().count();
-        assert!((80..140).contains(&words), "{words}");
-    }
-
-    #[test]
-    fn shared_prefix_is_shared_within_a_pass_and_new_in_the_next() {
-        let s = workload(Kind::SharedPrefix);
-        let (a, b) = (s.request(0, 8, 0), s.request(0, 8, 1));
-        assert_eq!(a.messages[0], b.messages[0]);
-        assert_ne!(a.messages[1], b.messages[1]);
-        assert_ne!(a.messages[0], s.request(1, 8, 0).messages[0], "every pass starts cold");
-        let sys_words = text(&a, 0).split_whitespace().count();
-        assert!((1200..1500).contains(&sys_words), "{sys_words}");
-    }
-
-    #[test]
-    fn code_edit_sends_a_60_to_120_line_file_and_one_change() {
-        let w = workload(Kind::CodeEdit);
-        for source in &SOURCES {
-            let lines = source.text.lines().count();
-            assert!((60..=120).contains(&lines), "{} has {lines} lines", source.name);
-        }
-        let (a, b) = (w.request(0, 1, 0), w.request(0, 1, 1));
-        assert!(text(&a, 0).contains("class Inventory:") && text(&a, 0).contains("Rename"));
-        assert!(text(&b, 0).contains("pub struct Limiter"));
-        assert_ne!(w.request(0, 1, 0), w.request(1, 1, 0), "the next pass asks for another change");
-        assert!(a.response_format.is_none());
-    }
-
-    #[test]
-    fn extract_asks_for_every_schema_key() {
-        let w = workload(Kind::Extract);
-        let r = w.request(0, 1, 0);
-        let format = r.response_format.clone().unwrap();
-        assert_eq!(format["type"], "json_schema");
-        let schema = &format["json_schema"]["schema"];
-        let keys = schema["properties"].as_object().unwrap().len();
-        assert!((6..=10).contains(&keys), "{keys}");
-        assert_eq!(schema["required"].as_array().unwrap().len(), keys);
-        assert!(text(&r, 0).contains("@example.com"));
-        assert_ne!(w.request(0, 1, 0), w.request(0, 1, 1));
-    }
-
-    #[test]
-    fn sampled_requests_carry_their_sampling_the_same_for_both_servers() {
-        let sampled = workload(Kind::ChatSampled);
-        let (a, b) = (sampled.request(0, 8, 3), sampled.request(0, 8, 3));
-        assert_eq!(a, b, "request i is the same whichever server it goes to");
-        assert_eq!((a.temperature, a.top_p), (0.8, None));
-        assert_eq!(a.messages, workload(Kind::Chat).request(0, 8, 3).messages, "chat's prompt");
-        let top_p = workload(Kind::ChatTopP).request(1, 8, 0);
-        assert_eq!((top_p.temperature, top_p.top_p), (0.8, Some(0.95)));
-        let greedy = workload(Kind::Chat).request(0, 8, 3);
-        assert_eq!((greedy.temperature, greedy.top_p), (0.0, None));
-        assert!(!Kind::ChatSampled.gantry_only() && Kind::Chat.sampling().is_none());
-    }
-
-    #[test]
-    fn cache_scopes_share_a_system_prompt_per_combination_and_spread_over_tenants() {
-        let [one, _, four_shared, four] = Tenancy::MEASURED;
-        let w = |t: Tenancy| Workload { tenancy: Some(t), shared_prefix_tokens: 1000, ..workload(Kind::CacheScopes) };
-        let (a, b) = (w(four).request(0, 2, 0), w(four).request(0, 2, 5));
-        assert_eq!(a.messages[0], b.messages[0], "one system prompt for every request of a level");
-        assert_ne!(a.messages[1], b.messages[1]);
-        assert_eq!((a.key_slot, b.key_slot, w(four).request(0, 2, 7).key_slot), (0, 1, 3));
-        assert_eq!(w(one).request(0, 2, 5).key_slot, 0);
-        assert_ne!(a.messages[0], w(four_shared).request(0, 2, 0).messages[0], "each combination starts cold");
-        assert_ne!(a.messages[0], w(four).request(1, 2, 0).messages[0], "each pass starts cold");
-        let sys_words = text(&a, 0).split_whitespace().count();
-        assert!((850..1050).contains(&sys_words), "{sys_words}");
-        assert!(text(&a, 1).split_whitespace().count() < 12, "a short question: {}", text(&a, 1));
-        assert_eq!(a.temperature, 0.8);
-        assert_eq!(w(four).label(), "cache-scopes/4/tenant");
-        assert_eq!(workload(Kind::ChatTopP).label(), "chat-top-p");
-    }
-
-    #[test]
-    fn workload_names_round_trip() {
-        for k in Kind::ALL {
-            assert_eq!(Kind::parse(k.name()), Some(k));
-        }
-        assert_eq!(Kind::parse("nope"), None);
-        assert!(!text(&workload(Kind::Prose).request(0, 1, 0), 0).is_empty());
-    }
-}
+#[path = "workloads_tests.rs"]
+mod tests;
