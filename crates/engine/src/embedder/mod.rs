@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 use crate::error::SubmitError;
 use crate::model::capabilities::Pooling;
 use crate::model::raw_prompt::RawPrompt;
+use crate::model::twins::f32_as_bf16;
 use crate::model::{backend, devices::Offload, LoadedModel, ModelInfo};
 use crate::prepare::{ChatInput, PrepareError};
 use crate::request::{GenerateRequest, GenerationHandle, Owner};
@@ -99,14 +100,21 @@ pub struct Embedder {
 
 impl Embedder {
     /// Loads the model at `path` and starts its thread; refuses a model without pooling. With
-    /// `turns`, each decode takes its turn on the cores with other models' engines.
+    /// `turns`, each decode takes its turn on the cores with other models' engines. With
+    /// `bf16_twins`, F32 matrices are served from a BF16 twin there where that pays
+    /// (`twins::f32_as_bf16`).
     pub fn start(
         path: &Path,
         threads: i32,
         offload: &Offload,
         turns: Option<Arc<Mutex<()>>>,
+        bf16_twins: Option<&Path>,
     ) -> Result<Self, LoadError> {
-        let model = LoadedModel::load(path, None, threads, offload)?;
+        let weights = match bf16_twins {
+            Some(dir) => f32_as_bf16::weights_to_load(path, dir),
+            None => path.to_path_buf(),
+        };
+        let model = LoadedModel::load_weights(path, &weights, None, threads, offload, false)?;
         let pooling = Pooling::of(&model.llama);
         if !pooling.embeds() && pooling != Pooling::Rank {
             let model = path.display().to_string();

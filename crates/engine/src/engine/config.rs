@@ -42,6 +42,9 @@ pub struct EngineConfig {
     pub metrics_label: String,
     /// Where Q5_0 models get their Q8_0 twin (see `q5_as_q8`); `None` serves files as they are.
     pub q8_twin_dir: Option<PathBuf>,
+    /// Where embedding and rerank models get their BF16 twin (see `f32_as_bf16`: only where the
+    /// CPU multiplies BF16 natively); `None` serves files as they are.
+    pub bf16_twin_dir: Option<PathBuf>,
     /// One KV stream per sequence, or one buffer for all (see `kv_layout`).
     pub kv_layout: KvLayout,
     /// The type KV entries are stored in (see `kv_type`).
@@ -104,6 +107,7 @@ impl EngineConfig {
             decode_turns: None,
             metrics_label,
             q8_twin_dir: None,
+            bf16_twin_dir: None,
             kv_layout: KvLayout::default(),
             kv_type: KvType::default(),
             kv_copies: None,

@@ -7,11 +7,27 @@ use std::path::Path;
 /// has no array lengths (the vocabulary size is one), hence this small wrapper.
 pub(crate) struct Header(std::ptr::NonNull<llama_cpp_sys_2::gguf_context>);
 
+/// A GGUF's tensor table as ggml tensors without data, for their shapes (ggml's `gguf` API has
+/// none).
+pub(crate) struct Shapes(std::ptr::NonNull<llama_cpp_sys_2::ggml_context>);
+
 impl Header {
     pub(crate) fn open(path: &Path) -> Option<Self> {
+        Self::read(path, std::ptr::null_mut())
+    }
+
+    /// The header and its tensors' shapes.
+    pub(crate) fn open_with_shapes(path: &Path) -> Option<(Self, Shapes)> {
+        let mut ctx = std::ptr::null_mut();
+        let header = Self::read(path, &mut ctx)?;
+        Some((header, Shapes(std::ptr::NonNull::new(ctx)?)))
+    }
+
+    fn read(path: &Path, ctx: *mut *mut llama_cpp_sys_2::ggml_context) -> Option<Self> {
         let c_path = std::ffi::CString::new(path.to_str()?).ok()?;
-        let params = llama_cpp_sys_2::gguf_init_params { no_alloc: true, ctx: std::ptr::null_mut() };
-        // SAFETY: a valid C string; ggml returns null on any failure.
+        let params = llama_cpp_sys_2::gguf_init_params { no_alloc: true, ctx };
+        // SAFETY: a valid C string and a null or writable context pointer; ggml returns null on
+        // any failure (and then leaves no context behind).
         std::ptr::NonNull::new(unsafe { llama_cpp_sys_2::gguf_init_from_file(c_path.as_ptr(), params) }).map(Self)
     }
 
@@ -98,6 +114,30 @@ impl Header {
             llama_cpp_sys_2::gguf_get_meta_data(self.0.as_ptr(), buf.as_mut_ptr().cast());
             buf
         }
+    }
+}
+
+impl Shapes {
+    /// The dimensions the tensor named `name` has (ggml's `n_dims`: trailing ones not counted);
+    /// 0 for a name the file does not hold.
+    pub(crate) fn dims(&self, name: &str) -> usize {
+        let Ok(c_name) = std::ffi::CString::new(name) else { return 0 };
+        // SAFETY: the context lives as long as `self`; ggml returns null for an unknown name.
+        unsafe {
+            let tensor = llama_cpp_sys_2::ggml_get_tensor(self.0.as_ptr(), c_name.as_ptr());
+            if tensor.is_null() {
+                0
+            } else {
+                usize::try_from(llama_cpp_sys_2::ggml_n_dims(tensor)).unwrap_or(0)
+            }
+        }
+    }
+}
+
+impl Drop for Shapes {
+    fn drop(&mut self) {
+        // SAFETY: created by `gguf_init_from_file`, freed once.
+        unsafe { llama_cpp_sys_2::ggml_free(self.0.as_ptr()) }
     }
 }
 

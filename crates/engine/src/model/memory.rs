@@ -12,6 +12,7 @@ use std::path::Path;
 
 use crate::kv::kv_type::KvType;
 use crate::model::gguf_header::Header;
+use crate::model::twins;
 use crate::{EngineConfig, LoadError};
 
 /// Estimated bytes of a model served with these settings.
@@ -71,14 +72,20 @@ impl EngineConfig {
     /// [`estimate_memory`] for this configuration.
     pub fn estimate_memory(&self) -> Result<MemoryEstimate, LoadError> {
         if declares_pooling(&self.model_path) {
-            return embedder_memory(&self.model_path);
+            let mut estimate = embedder_memory(&self.model_path)?;
+            // Served from its BF16 twin, the model takes the twin's smaller size.
+            if self.bf16_twin_dir.is_some() && twins::f32_as_bf16::pays_here() {
+                let saved = twins::f32_as_bf16::plan(&self.model_path).map_or(0, |p| p.growth().min(0).unsigned_abs());
+                estimate.weights = estimate.weights.saturating_sub(saved);
+            }
+            return Ok(estimate);
         }
         let cells = u64::from(self.ctx_size.max(16)) * u64::from(self.parallel.max(1));
         let batch = u64::from(self.batch_size.max(self.parallel + 16));
         let mut estimate = estimate_memory(&self.model_path, self.mmproj_path.as_deref(), cells, self.kv_type, batch)?;
         // Served from its Q8_0 twin, the model takes the twin's larger size.
         if self.q8_twin_dir.is_some() {
-            estimate.weights += crate::model::q5_as_q8::plan(&self.model_path).map_or(0, |p| p.extra_bytes);
+            estimate.weights += twins::q5_as_q8::plan(&self.model_path).map_or(0, |p| p.growth().max(0) as u64);
         }
         Ok(estimate)
     }

@@ -8,9 +8,9 @@ pub(crate) mod devices;
 pub(crate) mod dot_kernels;
 pub(crate) mod gguf_header;
 pub(crate) mod memory;
-pub(crate) mod q5_as_q8;
 pub(crate) mod raw_prompt;
 pub mod template;
+pub(crate) mod twins;
 pub(crate) mod typed_text;
 pub(crate) mod vision;
 
@@ -101,7 +101,7 @@ impl LoadedModel {
     }
 
     /// [`Self::load`] with the weights read from `weights`, a converted copy of the model at
-    /// `path` (see `q5_as_q8`); the model is known by `path`.
+    /// `path` (see `twins`); the model is known by `path`.
     pub(crate) fn load_weights(
         path: &Path,
         weights: &Path,

@@ -22,7 +22,7 @@ fn a_reranker_scores_each_pair_the_same_alone_or_beside_others() {
     let path = written("tiny-reranker", BertPooling::Rank);
     let caps = Capabilities::read(&path).unwrap();
     assert_eq!((caps.pooling, caps.ranks(), caps.embeds(), caps.generates()), (Pooling::Rank, true, false, false));
-    let ranker = Embedder::start(&path, 1, &Offload::default(), None).unwrap();
+    let ranker = Embedder::start(&path, 1, &Offload::default(), None, None).unwrap();
     assert_eq!(ranker.embedding_shape().map(|s| s.dimensions), Some(1), "one logit per pair");
     // [CLS] query [SEP] document [SEP], each text as plain words.
     let pair = ranker.ranking_input("the capital of france?", "paris").unwrap();
@@ -55,7 +55,7 @@ fn a_rerankers_own_template_frames_its_pairs() {
     let template = "[CLS] what is {query} [SEP] in {document} [SEP] [MASK]".to_string();
     let spec = TinyBertSpec { pooling: BertPooling::Rank, rerank_template: Some(template), ..Default::default() };
     tiny_gguf::write_tiny_bert(&path, &spec).unwrap();
-    let ranker = Embedder::start(&path, 1, &Offload::default(), None).unwrap();
+    let ranker = Embedder::start(&path, 1, &Offload::default(), None, None).unwrap();
     let word = |w: &str| tiny_gguf::BERT_VOCAB.iter().position(|t| *t == w).unwrap() as i32;
     // The template's markers are its control tokens, and nothing is added around it.
     let pair = ranker.ranking_input("the capital", "paris").unwrap();
@@ -72,7 +72,7 @@ fn an_embedding_model_gives_unit_vectors_and_no_ranking() {
     let path = written("tiny-bert-mean", BertPooling::Mean);
     let caps = Capabilities::read(&path).unwrap();
     assert_eq!((caps.embeds(), caps.ranks(), caps.generates(), caps.chat_template), (true, false, false, false));
-    let embedder = Embedder::start(&path, 1, &Offload::default(), None).unwrap();
+    let embedder = Embedder::start(&path, 1, &Offload::default(), None, None).unwrap();
     assert_eq!(embedder.ranking_input("a", "b"), None);
     let vectors = embedder.embed_blocking(vec![embedder.tokenize("the cat sat"), embedder.tokenize("paris")]).unwrap();
     for v in &vectors {
@@ -82,13 +82,13 @@ fn an_embedding_model_gives_unit_vectors_and_no_ranking() {
     }
     // A chat model is refused: its states pooled by nothing mean nothing.
     let chat = crate::tests::engine::tiny_model();
-    assert!(Embedder::start(chat, 1, &Offload::default(), None).is_err());
+    assert!(Embedder::start(chat, 1, &Offload::default(), None, None).is_err());
 }
 
 #[test]
 fn an_inputs_vector_is_the_same_alone_or_among_many_batches() {
     let path = written("tiny-bert-batches", BertPooling::Mean);
-    let embedder = Embedder::start(&path, 2, &Offload::default(), None).unwrap();
+    let embedder = Embedder::start(&path, 2, &Offload::default(), None, None).unwrap();
     let words = ["the", "cat", "sat", "on", "mat", "paris", "is", "capital"];
     let texts: Vec<String> =
         (0..200).map(|i| (0..1 + i % 23).map(|j| words[(i + j) % words.len()]).collect::<Vec<_>>().join(" ")).collect();

@@ -274,12 +274,15 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
             println!("max KL          {:.6} nats", q.max_kl);
             println!("top-1 agreement {:.2}%", q.top1_agreement * 100.0);
         }
-        ModelsCommand::Embed { model, texts, threads } => {
+        ModelsCommand::Embed { model, texts, threads, f32_as_bf16 } => {
             let path = models::resolve_model(&model, &cache)?;
             let threads = threads.unwrap_or_else(gantry_engine::default_threads) as i32;
+            let cpu_only = !gantry_engine::gpu_backend_present();
+            let twins =
+                (f32_as_bf16 == crate::cli::TwinArg::Auto && cpu_only).then(|| cache.with_file_name("bf16-twins"));
             let answer = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let embedder =
-                    gantry_engine::Embedder::start(&path, threads, &gantry_engine::Offload::default(), None)?;
+                let offload = gantry_engine::Offload::default();
+                let embedder = gantry_engine::Embedder::start(&path, threads, &offload, None, twins.as_deref())?;
                 let tokens: Vec<Vec<i32>> = texts.iter().map(|t| embedder.tokenize(t)).collect();
                 let vectors = embedder.embed_blocking(tokens.clone())?;
                 Ok(serde_json::json!({ "tokens": tokens, "embeddings": vectors }))

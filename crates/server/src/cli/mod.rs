@@ -13,7 +13,7 @@ pub mod serve;
 mod serve_args;
 
 pub use data_dir::DataDirArg;
-pub use serve_args::{CpuKernelsArg, DeviceSamplingArg, KvCopiesArg, Q5AsQ8Arg, ServeArgs, SpeculateArg};
+pub use serve_args::{CpuKernelsArg, DeviceSamplingArg, KvCopiesArg, ServeArgs, SpeculateArg, TwinArg};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -301,5 +301,8 @@ pub enum ModelsCommand {
         /// CPU threads (default: the physical cores).
         #[arg(long)]
         threads: Option<u32>,
+        /// F32 matrices served as BF16 where the CPU multiplies BF16 natively, as `serve` does.
+        #[arg(long, value_enum, default_value_t = TwinArg::Auto)]
+        f32_as_bf16: TwinArg,
     },
 }

@@ -99,9 +99,10 @@ pub(crate) fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
         anyhow::bail!("--pin {unknown}: no model is served under that id");
     }
     share_cores(&mut specs, args.threads, gantry_engine::default_threads());
-    let twins = q8_twin_dir(args, &cache);
+    let (q8_twins, bf16_twins) = (q8_twin_dir(args, &cache), bf16_twin_dir(args, &cache));
     for spec in &mut specs {
-        spec.config.q8_twin_dir = twins.clone();
+        spec.config.q8_twin_dir = q8_twins.clone();
+        spec.config.bf16_twin_dir = bf16_twins.clone();
     }
     Ok(specs)
 }
@@ -109,8 +110,17 @@ pub(crate) fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
 /// Where Q5_0 models get their Q8_0 twins (`gantry_engine`'s `q5_as_q8`): beside the models
 /// cache, unless turned off or layers may go to a GPU (whose kernels trade differently).
 fn q8_twin_dir(args: &ServeArgs, models_cache: &Path) -> Option<PathBuf> {
-    let cpu_only = !gantry_engine::gpu_backend_present() || args.n_gpu_layers == Some(0);
-    (args.q5_as_q8 == crate::cli::Q5AsQ8Arg::Auto && cpu_only).then(|| models_cache.with_file_name("q8-twins"))
+    (args.q5_as_q8 == crate::cli::TwinArg::Auto && cpu_only(args)).then(|| models_cache.with_file_name("q8-twins"))
+}
+
+/// Where embedding models get their BF16 twins (`gantry_engine`'s `f32_as_bf16`), on the same
+/// terms.
+fn bf16_twin_dir(args: &ServeArgs, models_cache: &Path) -> Option<PathBuf> {
+    (args.f32_as_bf16 == crate::cli::TwinArg::Auto && cpu_only(args)).then(|| models_cache.with_file_name("bf16-twins"))
+}
+
+fn cpu_only(args: &ServeArgs) -> bool {
+    !gantry_engine::gpu_backend_present() || args.n_gpu_layers == Some(0)
 }
 
 /// A model with the flags' engine settings.

@@ -29,7 +29,13 @@ impl ModelLoader for EngineLoader {
         let config = &spec.config;
         let engine: Arc<dyn Generator> = if spec.capabilities.embeds() || spec.capabilities.ranks() {
             let threads = config.threads.unwrap_or_else(default_threads).max(1) as i32;
-            Arc::new(Embedder::start(&config.model_path, threads, &config.offload, config.decode_turns.clone())?)
+            Arc::new(Embedder::start(
+                &config.model_path,
+                threads,
+                &config.offload,
+                config.decode_turns.clone(),
+                config.bf16_twin_dir.as_deref(),
+            )?)
         } else {
             Arc::new(Engine::start(config.clone())?)
         };

@@ -174,6 +174,17 @@ fn q5_0_models_get_q8_0_twins_beside_the_models_cache_unless_turned_off() {
 }
 
 #[test]
+fn embedding_models_get_bf16_twins_beside_the_models_cache_unless_turned_off() {
+    let cache = Path::new("/cache/gantry/models");
+    let twins = Some(PathBuf::from("/cache/gantry/bf16-twins"));
+    let cpu_build = !gantry_engine::gpu_backend_present();
+    assert_eq!(bf16_twin_dir(&serve_args(&[]), cache).as_ref(), if cpu_build { twins.as_ref() } else { None });
+    assert_eq!(bf16_twin_dir(&serve_args(&["--n-gpu-layers", "0"]), cache), twins, "nothing offloaded");
+    assert_eq!(bf16_twin_dir(&serve_args(&["--f32-as-bf16", "off", "--n-gpu-layers", "0"]), cache), None);
+    assert!(q8_twin_dir(&serve_args(&["--f32-as-bf16", "off", "--n-gpu-layers", "0"]), cache).is_some());
+}
+
+#[test]
 fn each_sequence_gets_its_own_kv_stream_unless_one_buffer_is_asked_for() {
     let layout = |args: &[&str]| spec(&serve_args(args), "m".into(), PathBuf::from("m.gguf"), None).config.kv_layout;
     assert_eq!(layout(&[]), KvLayout::PerSequence);

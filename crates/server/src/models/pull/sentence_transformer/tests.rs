@@ -92,7 +92,7 @@ fn a_converted_tiny_bert_loads_tokenizes_and_embeds_in_llama_cpp() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny-bert.gguf");
     std::fs::write(&path, gguf).unwrap();
-    let embedder = gantry_engine::Embedder::start(&path, 2, &gantry_engine::Offload::default(), None).unwrap();
+    let embedder = gantry_engine::Embedder::start(&path, 2, &gantry_engine::Offload::default(), None, None).unwrap();
     assert_eq!(gantry_engine::Generator::embedding_shape(&embedder).map(|s| s.dimensions), Some(HIDDEN));
     // WordPiece through the phantom-space vocabulary: `cats` is `cat` + `##s`, framed by CLS/SEP.
     assert_eq!(embedder.tokenize("Hello cats."), [2, 5, 9, 7, 10, 3]);
