@@ -142,6 +142,10 @@ pub struct TinyModelSpec {
     pub think_tokens: bool,
     /// Adds [`HARMONY_TOKENS`] as control tokens (after the thinking markers).
     pub harmony_tokens: bool,
+    /// `llama.pooling_type` (llama.cpp's `llama_pooling_type`: 1 mean, 2 CLS, 3 last), as a
+    /// decoder embedding model's GGUF declares it; `None` (the default) writes none, as a chat
+    /// model's.
+    pub pooling: Option<u32>,
 }
 
 impl Default for TinyModelSpec {
@@ -158,6 +162,7 @@ impl Default for TinyModelSpec {
             tool_call_tokens: false,
             think_tokens: false,
             harmony_tokens: false,
+            pooling: None,
         }
     }
 }
@@ -206,6 +211,9 @@ pub fn tiny_model_bytes(spec: &TinyModelSpec) -> io::Result<Vec<u8>> {
     kv.bool("tokenizer.ggml.add_eos_token", false);
     if let Some(template) = &spec.chat_template {
         kv.string("tokenizer.chat_template", template);
+    }
+    if let Some(pooling) = spec.pooling {
+        kv.u32("llama.pooling_type", pooling);
     }
 
     // ---- tensors ----

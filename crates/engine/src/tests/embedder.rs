@@ -1,7 +1,8 @@
 //! The `Embedder` on tiny random BERTs (`tiny_gguf::write_tiny_bert`): a reranker's pairs are
 //! framed as its tokenizer frames them and scored the same alone or batched with others; an
 //! embedding model's vectors have unit length, and are the same alone or among many batches;
-//! the capabilities read from each GGUF say which.
+//! the capabilities read from each GGUF say which. A decoder (tiny llama) that declares a pooling
+//! type embeds too.
 
 use std::path::PathBuf;
 
@@ -104,5 +105,37 @@ fn an_inputs_vector_is_the_same_alone_or_among_many_batches() {
         let alone = embedder.embed_blocking(vec![input.clone()]).unwrap().remove(0);
         let cosine: f32 = alone.iter().zip(&together[i]).map(|(x, y)| x * y).sum();
         assert!(cosine >= 0.9999, "input {i}: cosine {cosine}");
+    }
+}
+
+#[test]
+fn a_decoder_that_declares_pooling_embeds_each_input_alike_alone_or_batched() {
+    // llama.cpp's `llama_pooling_type`: mean, and last token (Qwen3-Embedding's, e5-mistral's).
+    for (name, pooling) in [("tiny-decoder-mean", 1), ("tiny-decoder-last", 3)] {
+        let dir = std::env::temp_dir().join(format!("gantry-engine-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.gguf"));
+        let spec = tiny_gguf::TinyModelSpec { pooling: Some(pooling), chat_template: None, ..Default::default() };
+        tiny_gguf::write_tiny_model(&path, &spec).unwrap();
+        let caps = Capabilities::read(&path).unwrap();
+        assert_eq!((caps.embeds(), caps.ranks(), caps.generates()), (true, false, false), "{name}");
+
+        let embedder = Embedder::start(&path, 2, &Offload::default(), None, None).unwrap();
+        assert_eq!(embedder.embedding_shape().map(|s| s.dimensions), Some(64), "{name}: its embedding width");
+        let texts = ["the cat sat", "the cat", "paris is the capital", "a", "the cat sat on the mat"];
+        let inputs: Vec<Vec<i32>> = texts.iter().map(|t| embedder.tokenize(t)).collect();
+        let together = embedder.embed_blocking(inputs.clone()).unwrap();
+        // The cells a batch left behind are cleared before the next: the same vectors again.
+        let again = embedder.embed_blocking(inputs.clone()).unwrap();
+        let cosine = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        for (i, input) in inputs.iter().enumerate() {
+            let norm = cosine(&together[i], &together[i]).sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "{name} input {i}: norm {norm}");
+            let alone = embedder.embed_blocking(vec![input.clone()]).unwrap().remove(0);
+            assert!(cosine(&alone, &together[i]) >= 0.9999, "{name} input {i}: alone and batched");
+            assert!(cosine(&again[i], &together[i]) >= 0.9999, "{name} input {i}: the second batch");
+        }
+        // Each input its own vector: one more token moves it.
+        assert!(cosine(&together[0], &together[1]) < 0.9999, "{name}");
     }
 }
