@@ -20,7 +20,10 @@ fn main() {
         println!("cargo::rustc-cfg=ggml_cpu_static");
         // And ggml's question whether to repack weights (`model::dot_kernels::repack`), a C++
         // function under its mangled name.
-        let wraps = "-Wl,--wrap=llamafile_sgemm,--wrap=_Z35ggml_backend_cpu_repack_buffer_typev";
+        // And ggml's tiled K-quant kernel, which would take products of a few rows first
+        // (`model::dot_kernels::tiled`).
+        let wraps = "-Wl,--wrap=llamafile_sgemm,--wrap=_Z35ggml_backend_cpu_repack_buffer_typev,\
+                     --wrap=ggml_compute_forward_mul_mat_tiled";
         println!("cargo::rustc-link-arg={wraps}");
         println!("cargo::metadata=link_arg={wraps}");
     } else if x86_linux && variants {

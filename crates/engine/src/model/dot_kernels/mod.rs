@@ -41,6 +41,8 @@ pub(crate) mod small_batches;
 mod small_batches_tests;
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux", not(feature = "cpu-variants")))]
 mod tests;
+#[cfg(ggml_cpu_static)]
+mod tiled;
 
 /// Whose dot-product kernels serve Q8_0, Q5_0, Q4_K and Q6_K weights on the CPU (`--cpu-kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

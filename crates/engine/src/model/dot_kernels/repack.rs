@@ -3,8 +3,9 @@
 //! On x86 ggml repacks Q4_0, Q4_K, IQ4_NL and MXFP4 weights (and with AVX-512 Q2_K) into 8-row
 //! interleaved copies that its own kernels multiply with one or four activation rows at a time.
 //! Gantry's AVX-512 kernels take Q4_K weights as the GGUF lays them out: ggml then hands one
-//! activation row to the table's `vec_dot` (Gantry's), two to seven to `llamafile_sgemm`
-//! (Gantry's `small_batches`), and eight or more to its tiled K-quant kernel. Measured on
+//! activation row to the table's `vec_dot` (Gantry's), two to 33 to `llamafile_sgemm`
+//! (Gantry's `small_batches`; `tiled` declines them for ggml's tiled K-quant kernel), and more to
+//! that tiled kernel. Measured on
 //! qwen2.5-coder-1.5b Q4_K_M (2-core Xeon, AVX-512): ggml's repacked one-row kernel streams the
 //! weights at about 19 GB/s where Gantry's Q6_K one reaches 33.
 //!

@@ -9,8 +9,8 @@
 //! answers those calls for Q8_0 and Q5_0 weights with Gantry's tile kernels (crate
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
 //! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K and Q6_K weights
-//! too: ggml asks for those with Q8_K activations, for 2 to 7 rows (its own tiled kernel takes 8 and more
-//! first), and each weight row is unpacked once for up to eight of them. One activation row of
+//! too: ggml asks for those with Q8_K activations, for 2 to 33 rows (its own tiled kernel takes
+//! more first: `tiled` declines fewer), and each weight row is unpacked once for up to eight of them. One activation row of
 //! most other quantized types runs ggml's own `vec_dot` for the type here, over contiguous shares
 //! ([`ggml_one_row`]). Everything else (more rows, other types) goes on to llamafile.
 //!
@@ -87,6 +87,10 @@ pub(super) fn enable(level: Level) -> Result<(), String> {
 }
 
 /// The level [`enable`] set, if any.
+pub(super) fn level() -> Option<Level> {
+    enabled()
+}
+
 fn enabled() -> Option<Level> {
     match LEVEL.load(Ordering::Relaxed) {
         4 => Some(Level::V4),

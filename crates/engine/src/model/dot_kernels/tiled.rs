@@ -1,0 +1,82 @@
+//! Which products ggml's tiled K-quant kernel takes.
+//!
+//! ggml's CPU backend asks its tiled kernel (`ggml_compute_forward_mul_mat_tiled`, tiled.cpp)
+//! first for every product of a K-quant or IQ matrix with eight activation rows or more, before
+//! `llamafile_sgemm`. It unpacks each weight tile into 8-bit codes and multiplies them with VNNI,
+//! which pays over a prompt's hundreds of rows and not over a few decoding streams': on
+//! qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 5, 8 streams decoded 56 tok/s where 4 decoded 117, with
+//! a third of the time unpacking and another third in OpenMP's barrier. Where Gantry's AVX-512
+//! kernels serve the weight type (Q4_K, Q6_K), products of fewer than [`TILED_FROM_ROWS`] rows
+//! are declined here: ggml then quantizes the activations to Q8_K and calls `llamafile_sgemm`,
+//! which `small_batches` answers, as it does for 2 to 7 rows. Other types keep ggml's choice.
+//!
+//! Where ggml's CPU backend is linked in (`ggml_cpu_static`), the linker's `--wrap` sends ggml's
+//! call here; the portable build, which loads its backend at run time, keeps ggml's choice.
+#![allow(unsafe_code, reason = "stands in for a ggml C function and reads its tensors")]
+
+use std::os::raw::c_void;
+
+use llama_cpp_sys_2::{ggml_tensor, ggml_type, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+
+use super::install::Level;
+use super::small_batches;
+
+/// The fewest activation rows ggml's tiled kernel multiplies Q4_K and Q6_K weights with where
+/// Gantry's AVX-512 kernels serve them. Measured on qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 5, a
+/// prompt of n tokens in one step (completions, best of 3, ms, Gantry's kernels / tiled): 23
+/// rows 126-132 / 152, 33 rows 134-139 / 149, 34 rows 208-217 / 157, 56 rows 331-348 / 202-209,
+/// 97 rows 652-675 / 344-347, 380 rows 2,508 / 998.
+pub(super) const TILED_FROM_ROWS: i64 = 34;
+
+/// Whether a product of `weights` by `rows` activation rows is left to `small_batches`, with
+/// `level`'s kernels serving.
+pub(super) fn declined(level: Option<Level>, weights: ggml_type, rows: i64) -> bool {
+    level == Some(Level::V4)
+        && (weights == GGML_TYPE_Q4_K || weights == GGML_TYPE_Q6_K)
+        && rows < TILED_FROM_ROWS.min(small_batches::max_columns(Level::V4) + 1)
+}
+
+extern "C" {
+    /// ggml's `ggml_compute_forward_mul_mat_tiled`, under the name `--wrap` gives it.
+    #[link_name = "__real_ggml_compute_forward_mul_mat_tiled"]
+    fn real_mul_mat_tiled(params: *const c_void, dst: *mut ggml_tensor) -> bool;
+}
+
+/// What ggml's CPU backend calls in place of its tiled kernel: `false` (not computed here: ggml
+/// goes on to its stock path) for a product [`declined`], else ggml's own.
+///
+/// # Safety
+/// ggml's contract: `dst` is a matrix product whose two sources are set, `params` the calling
+/// thread's.
+#[export_name = "__wrap_ggml_compute_forward_mul_mat_tiled"]
+unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml_tensor) -> bool {
+    // SAFETY: ggml's product node, with its weights and activations as sources 0 and 1.
+    let (weights, rows) = unsafe { ((*(*dst).src[0]).type_, (*(*dst).src[1]).ne[1]) };
+    if declined(small_batches::level(), weights, rows) {
+        return false;
+    }
+    // SAFETY: the caller's, passed on.
+    unsafe { real_mul_mat_tiled(params, dst) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llama_cpp_sys_2::{GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q8_0};
+
+    #[test]
+    fn only_the_k_quants_gantry_serves_with_avx512_are_declined_below_the_threshold() {
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q6_K] {
+            assert!(declined(Some(Level::V4), ty, 8), "a few decoding streams");
+            assert!(declined(Some(Level::V4), ty, 33));
+            assert!(declined(Some(Level::V4), ty, TILED_FROM_ROWS - 1));
+            assert!(!declined(Some(Level::V4), ty, TILED_FROM_ROWS), "a prompt's rows");
+            assert!(!declined(Some(Level::V4), ty, 512));
+            assert!(!declined(Some(Level::V3), ty, 8), "Gantry's AVX2 kernels serve no K-quant");
+            assert!(!declined(None, ty, 8), "Gantry's kernels not in use");
+        }
+        for ty in [GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q8_0] {
+            assert!(!declined(Some(Level::V4), ty, 8), "ggml's choice for types Gantry does not serve here");
+        }
+    }
+}
