@@ -1,4 +1,4 @@
-//! Gantry's x86 kernels for the dot product of one row of Q8_0 or Q5_0 weights with one row of
+//! Gantry's x86 kernels for the dot product of one row of Q8_0, Q5_0 or Q4_0 weights with one row of
 //! Q8_0 activations, and (AVX-512) of Q4_K and Q6_K weights with Q8_K activations, in ggml's block layouts, and their
 //! products with a few rows of activations at once. `gantry-engine` puts them in ggml's kernel table
 //! (its `model::dot_kernels` says why and how, and tests them against ggml's own). A crate of

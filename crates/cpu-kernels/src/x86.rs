@@ -30,7 +30,19 @@ pub struct BlockQ5 {
     pub qs: [u8; QK / 2],
 }
 
-const _: () = assert!(std::mem::size_of::<BlockQ8>() == 34 && std::mem::size_of::<BlockQ5>() == 22);
+/// ggml's `block_q4_0`: an f16 scale and the low nibbles of 32 values (value `j` in the low
+/// nibble of byte `j`, value `j + 16` in its high nibble); a value is its nibble less 8.
+#[repr(C, packed)]
+pub struct BlockQ4 {
+    pub d: u16,
+    pub qs: [u8; QK / 2],
+}
+
+const _: () = assert!(
+    std::mem::size_of::<BlockQ8>() == 34
+        && std::mem::size_of::<BlockQ5>() == 22
+        && std::mem::size_of::<BlockQ4>() == 18
+);
 
 /// The block types a weight row can hold.
 pub trait Block {
@@ -55,6 +67,13 @@ impl Block for BlockQ5 {
     }
 }
 
+impl Block for BlockQ4 {
+    unsafe fn scale_bits(this: *const Self) -> u16 {
+        // SAFETY: the caller's.
+        unsafe { read_unaligned(addr_of!((*this).d)) }
+    }
+}
+
 /// How far ahead of the block being multiplied the weights are fetched into cache, in bytes. A
 /// decode step streams every weight once, and ggml hands each thread runs of 16-64 rows of under
 /// 1 KiB: the hardware prefetchers, which restart at each run and each 4 KiB page, left both
@@ -64,7 +83,21 @@ impl Block for BlockQ5 {
 /// (prefetches never fault).
 const PREFETCH_AHEAD: usize = 4096;
 
-/// A Q5_0 block's 32 low nibbles in value order (value `j` in byte `j`), both levels' first step.
+/// 16 bytes of packed nibbles as 32 bytes in value order (value `j` in byte `j`: the low nibbles
+/// first, then the high ones), as Q5_0 and Q4_0 blocks hold them.
+///
+/// # Safety
+/// `qs` points to 16 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles(qs: *const u8) -> __m256i {
+    // SAFETY: the caller's.
+    let packed = unsafe { _mm_loadu_si128(qs.cast()) };
+    let low = _mm_set1_epi8(0x0f);
+    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low))
+}
+
+/// A Q5_0 block's 32 low nibbles in value order, both levels' first step.
 ///
 /// # Safety
 /// `b` points to a whole block.
@@ -72,9 +105,19 @@ const PREFETCH_AHEAD: usize = 4096;
 #[inline]
 unsafe fn low_nibbles(b: *const BlockQ5) -> __m256i {
     // SAFETY: the caller's.
-    let packed = unsafe { _mm_loadu_si128(addr_of!((*b).qs).cast()) };
-    let low = _mm_set1_epi8(0x0f);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(packed), low), _mm_and_si128(packed, low))
+    unsafe { nibbles(addr_of!((*b).qs).cast()) }
+}
+
+/// A Q4_0 block's 32 values as signed bytes (-8..=7), as ggml's x86 kernels unpack them; the
+/// same at both levels.
+///
+/// # Safety
+/// `b` points to a whole block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn values_q4(b: *const BlockQ4) -> __m256i {
+    // SAFETY: the caller's.
+    _mm256_sub_epi8(unsafe { nibbles(addr_of!((*b).qs).cast()) }, _mm256_set1_epi8(8))
 }
 
 /// Fetches into L1 the three cache lines `ahead` bytes past block `at` of each of `rows`: as far
@@ -242,7 +285,7 @@ macro_rules! gemm {
 
 /// Stamps out one feature level: `$values_q5` unpacks a Q5_0 block into 32 signed bytes,
 /// `$mul_sum` turns 32 signed byte pairs into 8 float lanes of their int32 pair sums, and
-/// `$tail` is the level's `gemm_q8_0` and `gemm_q5_0` for a few rows of activations.
+/// `$tail` is the level's `gemm_q8_0`, `gemm_q5_0` and `gemm_q4_0` for a few rows of activations.
 macro_rules! level {
     ($level:ident, $features:literal, $values_q5:item, $mul_sum:item, $($tail:item)*) => {
         pub mod $level {
@@ -339,6 +382,15 @@ macro_rules! level {
                 dot_body!(nb, x, y, values_q5)
             }
 
+            /// Σ over `nb` blocks of `x · y`.
+            ///
+            /// # Safety
+            /// `x` and `y` point to `nb` blocks each, and this CPU has the level's features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_q4_0(nb: usize, x: *const BlockQ4, y: *const BlockQ8) -> f32 {
+                dot_body!(nb, x, y, values_q4)
+            }
+
             $($tail)*
         }
     };
@@ -371,8 +423,10 @@ level!(
     },
     tile!("avx2,fma,f16c", tile_q8_0, BlockQ8, values_q8);
     tile!("avx2,fma,f16c", tile_q5_0, BlockQ5, values_q5);
+    tile!("avx2,fma,f16c", tile_q4_0, BlockQ4, values_q4);
     gemm!("avx2,fma,f16c", gemm_q8_0, BlockQ8, tile_q8_0);
     gemm!("avx2,fma,f16c", gemm_q5_0, BlockQ5, tile_q5_0);
+    gemm!("avx2,fma,f16c", gemm_q4_0, BlockQ4, tile_q4_0);
 );
 
 level!(
@@ -394,7 +448,7 @@ level!(
         q4_k::{dot_q4_k, gemm_q4_k},
         q6_k::{dot_q6_k, gemm_q6_k},
         q8_k::quantize_q8_k,
-        wide::{gemm_q5_0, gemm_q8_0},
+        wide::{gemm_q4_0, gemm_q5_0, gemm_q8_0},
     };
 );
 

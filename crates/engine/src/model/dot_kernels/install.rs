@@ -3,10 +3,11 @@
 use std::os::raw::{c_int, c_void};
 
 use llama_cpp_sys_2::{
-    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
+    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+    GGML_TYPE_Q8_K,
 };
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
 
 /// ggml's `ggml_vec_dot_t`: `s[0] = x · y` over `n` values; `bs`, `bx`, `by` and `nrc` only
 /// matter for kernels that compute several rows at once, which these types do not on x86 (their
@@ -43,10 +44,11 @@ impl Level {
         }
     }
 
-    pub(super) fn kernels(self) -> (VecDot, VecDot) {
+    /// The level's Q8_0, Q5_0 and Q4_0 kernels (each · Q8_0).
+    pub(super) fn kernels(self) -> (VecDot, VecDot, VecDot) {
         match self {
-            Self::V4 => (q8_0_v4, q5_0_v4),
-            Self::V3 => (q8_0_v3, q5_0_v3),
+            Self::V4 => (q8_0_v4, q5_0_v4, q4_0_v4),
+            Self::V3 => (q8_0_v3, q5_0_v3, q4_0_v3),
         }
     }
 
@@ -59,16 +61,23 @@ impl Level {
         }
     }
 
-    /// The weight types the level's kernels serve, one activation row and a few.
-    pub(super) fn served(self) -> Vec<ggml_type> {
-        self.table().into_iter().map(|(ty, _)| ty).collect()
+    /// The weight types the level's kernels serve at every row count ggml's repacked copies
+    /// would (one activation row, a few, a prompt's ubatch): all but Q4_0 with AVX2, whose
+    /// prompts past 12 rows would go to llamafile's kernels. On a 2-core Zen 5 llamafile's took
+    /// prompts of the 1.5B at Q4_0 at 88 tok/s where ggml's repacked AVX-512 ones took 176; the
+    /// AVX2 pair was not measured, so ggml keeps its copies there.
+    pub(super) fn serves_without_repacking(self) -> Vec<ggml_type> {
+        self.table().into_iter().map(|(ty, _)| ty).filter(|ty| self == Self::V4 || *ty != GGML_TYPE_Q4_0).collect()
     }
 
     /// Every kernel the level puts in ggml's table, with its weight type.
     fn table(self) -> Vec<(ggml_type, VecDot)> {
-        let (q8_0, q5_0) = self.kernels();
+        let (q8_0, q5_0, q4_0) = self.kernels();
         let k_quants = self.k_quants().map(|(q4_k, q6_k)| [(GGML_TYPE_Q4_K, q4_k), (GGML_TYPE_Q6_K, q6_k)]);
-        [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0)].into_iter().chain(k_quants.into_iter().flatten()).collect()
+        [(GGML_TYPE_Q8_0, q8_0), (GGML_TYPE_Q5_0, q5_0), (GGML_TYPE_Q4_0, q4_0)]
+            .into_iter()
+            .chain(k_quants.into_iter().flatten())
+            .collect()
     }
 }
 
@@ -102,6 +111,8 @@ entry!(q8_0_v3, v3, dot_q8_0, BlockQ8);
 entry!(q5_0_v3, v3, dot_q5_0, BlockQ5);
 entry!(q8_0_v4, v4, dot_q8_0, BlockQ8);
 entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
+entry!(q4_0_v3, v3, dot_q4_0, BlockQ4);
+entry!(q4_0_v4, v4, dot_q4_0, BlockQ4);
 
 entry!(q4_k_v4, v4, dot_q4_k, BlockQ4K, QK_K, BlockQ8K);
 entry!(q6_k_v4, v4, dot_q6_k, BlockQ6K, QK_K, BlockQ8K);

@@ -1,4 +1,4 @@
-//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0, Q5_0 · Q8_0 and (AVX-512 only) Q4_K · Q8_K and
+//! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_0 · Q8_0 and (AVX-512 only) Q4_K · Q8_K and
 //! Q6_K · Q8_K dot products, put in place of ggml's at start.
 //!
 //! A step with one decoding stream multiplies each weight row by a single row of activations: one
@@ -44,7 +44,7 @@ mod tests;
 #[cfg(ggml_cpu_static)]
 mod tiled;
 
-/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_K and Q6_K weights on the CPU (`--cpu-kernels`).
+/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights on the CPU (`--cpu-kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuKernels {
     /// Gantry's, where this CPU and build allow them; else ggml's.
@@ -75,7 +75,9 @@ pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'sta
                     // cost memory, where they serve every type ggml would copy.
                     #[cfg(ggml_cpu_static)]
                     Ok(()) => match repack::tensor_types(models) {
-                        Some(types) if repack::costs_nothing(&level.served(), &types) => repack::skip(),
+                        Some(types) if repack::costs_nothing(&level.serves_without_repacking(), &types) => {
+                            repack::skip()
+                        }
                         Some(_) => tracing::info!("ggml's repacked kernels serve some of the models' weights"),
                         None => tracing::warn!("a model's GGUF header is unreadable: ggml keeps repacking"),
                     },
@@ -101,7 +103,7 @@ pub fn weights_repacked() -> bool {
     true
 }
 
-/// Whose kernels multiply Q8_0, Q5_0, Q4_K and Q6_K weights by a few rows of activations (`small_batches`):
+/// Whose kernels multiply Q8_0, Q5_0, Q4_0, Q4_K and Q6_K weights by a few rows of activations (`small_batches`):
 /// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
 /// CPU backend is linked in, else `llamafile`.
 pub fn small_batch_kernels() -> &'static str {

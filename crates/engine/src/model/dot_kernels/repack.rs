@@ -98,17 +98,18 @@ mod tests {
     use super::*;
     use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
 
-    const V4: [ggml_type; 4] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K];
+    const V4: [ggml_type; 5] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K];
     const V3: [ggml_type; 2] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0];
 
     #[test]
     fn repacking_is_skipped_only_where_gantry_serves_every_type_ggml_would_copy() {
         let q4_k_m = [GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0];
         assert!(costs_nothing(&V4, &q4_k_m), "Gantry's AVX-512 kernels serve a Q4_K_M model");
-        assert!(
-            !costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]),
-            "ggml's Q4_0 kernels are repacked"
-        );
+        assert!(costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "AVX-512 serves Q4_0");
+        assert!(!costs_nothing(&V3, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "AVX2 leaves Q4_0 repacked");
+        use super::super::install::Level;
+        assert_eq!(Level::V4.serves_without_repacking(), V4, "the levels' own lists");
+        assert_eq!(Level::V3.serves_without_repacking(), V3, "the levels' own lists");
         assert!(!costs_nothing(&V3, &q4_k_m), "with AVX2 ggml's repacked Q4_K kernels serve");
         assert!(!costs_nothing(&V4, &[GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL]), "no one but ggml serves IQ4_NL");
         assert!(!costs_nothing(&V4, &[GGML_TYPE_MXFP4]));

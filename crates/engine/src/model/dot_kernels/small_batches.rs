@@ -6,7 +6,7 @@
 //! (`llamafile_sgemm`) first. With Q8_0 weights (the default model's twin) on a 2-core Zen 5
 //! those cost 33 ms for 2 rows and 49 ms for 8 where one row costs 16 ms: they stream the weights
 //! without fetching ahead, so a few rows wait on memory like one does, and more. This module
-//! answers those calls for Q8_0 and Q5_0 weights with Gantry's tile kernels (crate
+//! answers those calls for Q8_0, Q5_0 and Q4_0 weights with Gantry's tile kernels (crate
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
 //! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K and Q6_K weights
 //! too: ggml asks for those with Q8_K activations, for 2 to 33 rows (its own tiled kernel takes
@@ -29,11 +29,11 @@ use std::sync::OnceLock;
 
 use llama_cpp_sys_2::{
     ggml_blck_size, ggml_type, ggml_type_size, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
-    GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
-    GGML_TYPE_Q8_K,
+    GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
 };
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K};
+use gantry_cpu_kernels::x86::{v3, v4, BlockQ4, BlockQ4K, BlockQ5, BlockQ6K, BlockQ8, BlockQ8K};
 
 use super::install::{traits_of_type, Level, VecDot};
 
@@ -99,7 +99,7 @@ fn enabled() -> Option<Level> {
     }
 }
 
-/// Whose kernels multiply small batches of Q8_0 and Q5_0 weights: the level's name
+/// Whose kernels multiply small batches of Q8_0, Q5_0 and Q4_0 weights: the level's name
 /// (`gantry-avx512`, `gantry-avx2`) or `llamafile`.
 pub(crate) fn kernels() -> &'static str {
     enabled().map_or("llamafile", Level::name)
@@ -202,7 +202,8 @@ pub(super) struct Product {
 pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams, p: Product) -> bool {
     let is = |ty: c_int, of: u32| ty == of as c_int;
     let fits = level.is_some_and(|level| (1..=max_columns(level)).contains(&p.n)) && is(p.c_type, GGML_TYPE_F32);
-    let zero_types = is(p.b_type, GGML_TYPE_Q8_0) && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0));
+    let zero_types = is(p.b_type, GGML_TYPE_Q8_0)
+        && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0) || is(p.a_type, GGML_TYPE_Q4_0));
     // K-quants only with AVX-512; ggml asks with Q8_K activations, after its own tiled kernel
     // declined (it takes eight rows and more).
     let k_quant = level == Some(Level::V4)
@@ -235,7 +236,7 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
     let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
     let (a, c) = (p.a, p.c.cast::<f32>());
-    // Q8_0 activations for Q8_0 and Q5_0 weights, Q8_K for the K-quants (`ours` checked which).
+    // Q8_0 activations for Q8_0, Q5_0 and Q4_0 weights, Q8_K for the K-quants (`ours` checked which).
     let (q8_0, q8_k) = (p.b.cast::<BlockQ8>(), p.b.cast::<BlockQ8K>());
     let v4 = level == Some(Level::V4);
     if n == 1 {
@@ -251,6 +252,8 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
             GGML_TYPE_Q6_K => v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_Q8_0 if v4 => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
             GGML_TYPE_Q8_0 => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
+            GGML_TYPE_Q4_0 if v4 => v4::gemm_q4_0(rows, n, k, a.cast::<BlockQ4>(), lda, q8_0, ldb, c, ldc),
+            GGML_TYPE_Q4_0 => v3::gemm_q4_0(rows, n, k, a.cast::<BlockQ4>(), lda, q8_0, ldb, c, ldc),
             _ if v4 => v4::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
             _ => v3::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
         }
@@ -293,6 +296,8 @@ unsafe fn one_row(
         GGML_TYPE_Q6_K => each_row!(v4::dot_q6_k, BlockQ6K, BlockQ8K),
         GGML_TYPE_Q8_0 if v4 => each_row!(v4::dot_q8_0, BlockQ8, BlockQ8),
         GGML_TYPE_Q8_0 => each_row!(v3::dot_q8_0, BlockQ8, BlockQ8),
+        GGML_TYPE_Q4_0 if v4 => each_row!(v4::dot_q4_0, BlockQ4, BlockQ8),
+        GGML_TYPE_Q4_0 => each_row!(v3::dot_q4_0, BlockQ4, BlockQ8),
         _ if v4 => each_row!(v4::dot_q5_0, BlockQ5, BlockQ8),
         _ => each_row!(v3::dot_q5_0, BlockQ5, BlockQ8),
     }
@@ -304,8 +309,8 @@ unsafe fn one_row(
 /// in runs of 64 rows against one share: Q4_1 23 / 37 and 27 / 29, Q5_1 28 / 40 and 34 / 36,
 /// Q2_K 13 / 35 and 30 / 37, Q3_K 17 / 28 and 24 / 28, Q4_K 26 / 42 and 31 / 41, Q5_K 26 / 44
 /// and 39 / 44, Q6_K 32 / 41 and 34 / 43, IQ4_XS 19 / 33 and 29 / 36. (Q4_K and Q6_K reach
-/// here only without AVX-512, and Q4_K only where ggml did not repack it.) Q4_0 and IQ4_NL
-/// stay with llamafile, which multiplies them where ggml did not repack them.
+/// here only without AVX-512, and Q4_K only where ggml did not repack it.) IQ4_NL stays with
+/// llamafile, which multiplies it where ggml did not repack it.
 const GGML_SHARED: [ggml_type; 8] = [
     GGML_TYPE_Q4_1,
     GGML_TYPE_Q5_1,

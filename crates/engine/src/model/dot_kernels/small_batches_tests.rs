@@ -5,13 +5,13 @@ use std::os::raw::c_int;
 
 use llama_cpp_sys_2::{
     ggml_blck_size, ggml_quantize_chunk, ggml_row_size, ggml_type, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q2_K,
-    GGML_TYPE_Q3_K, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
-    GGML_TYPE_Q8_0,
+    GGML_TYPE_Q3_K, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q5_K,
+    GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
 };
 
 use super::install::{ggml_kernel, traits_of, Level};
 use super::small_batches::{calls, max_columns, multiply, share, ComputeParams, Product};
-use super::tests::{exact, ggml_ready, levels, ones_times_127, q5_row, q8_row, Rng};
+use super::tests::{exact, ggml_ready, levels, ones_times_127, q4_row, q5_row, q8_row, Rng};
 use gantry_cpu_kernels::x86::QK;
 
 type Blocks = Vec<(f64, [i32; QK])>;
@@ -36,7 +36,11 @@ fn the_threads_shares_cover_every_row_once_in_pairs() {
 fn weights(rng: &mut Rng, ty: u32, m: usize, k: usize, lda: usize) -> (Vec<u8>, Vec<Blocks>) {
     let (mut raw, mut rows) = (Vec::new(), Vec::new());
     for _ in 0..m {
-        let (bytes, blocks) = if ty == GGML_TYPE_Q8_0 { q8_row(rng, lda * QK, -128) } else { q5_row(rng, lda * QK) };
+        let (bytes, blocks) = match ty {
+            GGML_TYPE_Q8_0 => q8_row(rng, lda * QK, -128),
+            GGML_TYPE_Q4_0 => q4_row(rng, lda * QK),
+            _ => q5_row(rng, lda * QK),
+        };
         raw.extend_from_slice(&bytes);
         rows.push(blocks[..k].to_vec());
     }
@@ -93,7 +97,7 @@ impl Matrices {
         };
         let mut done = Vec::new();
         for ith in 0..nth {
-            // SAFETY: the matrices hold what the sizes say; llamafile's Q8_0 and Q5_0 kernels read
+            // SAFETY: the matrices hold what the sizes say; llamafile's kernels for these types read
             // only the thread index and count of the parameters.
             done.push(unsafe { multiply(level, &ComputeParams { ith, nth }, product) });
         }
@@ -107,7 +111,7 @@ fn every_level_agrees_with_the_exact_sums_and_with_llamafile() {
     ggml_ready();
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     for level in levels() {
-        for ty in [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0] {
+        for ty in [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0] {
             for (m, k) in [(1, 1), (2, 3), (7, 5), (38, 28), (9, 152)] {
                 let max = max_columns(level) as usize;
                 for n in [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64, 65, max].into_iter().filter(|n| *n <= max) {
@@ -155,7 +159,7 @@ fn what_the_kernels_do_not_serve_goes_to_llamafile_unchanged() {
         let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&ours), bits(&theirs), "{level:?}");
         let mut other = Matrices::new(&mut rng, GGML_TYPE_Q8_0, 6, 4, 4);
-        other.ty = llama_cpp_sys_2::GGML_TYPE_Q4_0;
+        other.ty = llama_cpp_sys_2::GGML_TYPE_IQ4_NL;
         other.a.truncate(6 * (4 + 2) * 18);
         let (ours, theirs) =
             (other.multiply(Some(level), 2).expect("llamafile"), other.multiply(None, 2).expect("llamafile"));

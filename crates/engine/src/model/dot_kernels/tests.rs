@@ -4,7 +4,7 @@
 
 use std::os::raw::c_void;
 
-use llama_cpp_sys_2::{GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
+use llama_cpp_sys_2::{GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0};
 
 use super::install::{ggml_kernel, traits_of, Level};
 use gantry_cpu_kernels::x86::QK;
@@ -77,6 +77,24 @@ pub(super) fn q5_row(rng: &mut Rng, n: usize) -> (Vec<u8>, Vec<(f64, [i32; QK])>
     (raw, blocks)
 }
 
+/// `n` Q4_0 weights as raw blocks, and the blocks' scales and values.
+pub(super) fn q4_row(rng: &mut Rng, n: usize) -> (Vec<u8>, Vec<(f64, [i32; QK])>) {
+    let mut raw = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..n / QK {
+        let d = rng.scale();
+        let qs: Vec<u8> = (0..QK / 2).map(|_| rng.byte()).collect();
+        raw.extend_from_slice(&d.to_le_bytes());
+        raw.extend_from_slice(&qs);
+        let mut values = [0i32; QK];
+        for (j, v) in values.iter_mut().enumerate() {
+            *v = i32::from(if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 }) - 8;
+        }
+        blocks.push((f16_value(d), values));
+    }
+    (raw, blocks)
+}
+
 /// Σ of the blocks' exact integer dot products times their scales, and Σ of the scaled products'
 /// magnitudes (the float sums round relative to those: partial sums cancel).
 pub(super) fn exact(x: &[(f64, [i32; QK])], y: &[(f64, [i32; QK])]) -> (f64, f64) {
@@ -120,15 +138,17 @@ fn every_level_agrees_with_ggml_and_with_the_exact_sum() {
     ggml_ready();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for level in levels() {
-        let (q8_0, q5_0) = level.kernels();
+        let (q8_0, q5_0, q4_0) = level.kernels();
         for n in LENGTHS {
             for _ in 0..20 {
                 let (y, y_blocks) = q8_row(&mut rng, n, -127);
                 let (x8, x8_blocks) = q8_row(&mut rng, n, -128);
                 let (x5, x5_blocks) = q5_row(&mut rng, n);
+                let (x4, x4_blocks) = q4_row(&mut rng, n);
                 for (ours, theirs, x, x_blocks) in [
                     (q8_0, ggml_kernel(GGML_TYPE_Q8_0), &x8, &x8_blocks),
                     (q5_0, ggml_kernel(GGML_TYPE_Q5_0), &x5, &x5_blocks),
+                    (q4_0, ggml_kernel(GGML_TYPE_Q4_0), &x4, &x4_blocks),
                 ] {
                     let (sum, size) = exact(x_blocks, &y_blocks);
                     let (ours, theirs) = (call(ours, n, x, &y), call(theirs, n, x, &y));
@@ -144,17 +164,20 @@ fn every_level_agrees_with_ggml_and_with_the_exact_sum() {
 
 #[test]
 fn values_at_the_ends_of_the_ranges_are_exact() {
-    // All weights -128 (Q8_0) or -16 (Q5_0: nibble 0, fifth bit clear) against all activations
-    // 127 with unit scales: each block sums to exactly -128·127·32 or -16·127·32.
+    // All weights -128 (Q8_0), -16 (Q5_0: nibble 0, fifth bit clear) or -8 (Q4_0: nibble 0)
+    // against all activations 127 with unit scales: each block sums to exactly -128·127·32,
+    // -16·127·32 or -8·127·32.
     let one = 0x3c00u16.to_le_bytes();
     let block = |body: &[u8]| [&one[..], body].concat();
     let y = block(&[127u8; QK]).repeat(8);
     let x8 = block(&[0x80u8; QK]).repeat(8);
     let x5 = block(&[0u8; 4 + QK / 2]).repeat(8);
+    let x4 = block(&[0u8; QK / 2]).repeat(8);
     for level in levels() {
-        let (q8_0, q5_0) = level.kernels();
+        let (q8_0, q5_0, q4_0) = level.kernels();
         assert_eq!(call(q8_0, 8 * QK, &x8, &y), f64::from(-128 * 127 * 32 * 8), "{level:?}");
         assert_eq!(call(q5_0, 8 * QK, &x5, &y), f64::from(-16 * 127 * 32 * 8), "{level:?}");
+        assert_eq!(call(q4_0, 8 * QK, &x4, &y), f64::from(-8 * 127 * 32 * 8), "{level:?}");
     }
 }
 
