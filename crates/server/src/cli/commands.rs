@@ -277,9 +277,7 @@ pub async fn models_cmd(cmd: ModelsCommand) -> anyhow::Result<()> {
         ModelsCommand::Embed { model, texts, threads, f32_as_bf16 } => {
             let path = models::resolve_model(&model, &cache)?;
             let threads = threads.unwrap_or_else(gantry_engine::default_threads) as i32;
-            let cpu_only = !gantry_engine::gpu_backend_present();
-            let twins =
-                (f32_as_bf16 == crate::cli::TwinArg::Auto && cpu_only).then(|| cache.with_file_name("bf16-twins"));
+            let twins = crate::cli::model_config::bf16_twins(f32_as_bf16, None, &cache);
             let answer = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
                 let offload = gantry_engine::Offload::default();
                 let embedder = gantry_engine::Embedder::start(&path, threads, &offload, None, twins.as_deref())?;

@@ -25,7 +25,7 @@ use anyhow::Context;
 use gantry_engine::{EngineConfig, KvLayout};
 use serde::Deserialize;
 
-use crate::cli::ServeArgs;
+use crate::cli::{ServeArgs, TwinArg};
 use crate::models;
 use crate::pool::{ModelSpec, Shrinkable};
 
@@ -107,20 +107,26 @@ pub(crate) fn model_specs(args: &ServeArgs) -> anyhow::Result<Vec<ModelSpec>> {
     Ok(specs)
 }
 
-/// Where Q5_0 models get their Q8_0 twins (`gantry_engine`'s `q5_as_q8`): beside the models
-/// cache, unless turned off or layers may go to a GPU (whose kernels trade differently).
+/// Where Q5_0 models get their Q8_0 twins (`gantry_engine`'s `q5_as_q8`).
 fn q8_twin_dir(args: &ServeArgs, models_cache: &Path) -> Option<PathBuf> {
-    (args.q5_as_q8 == crate::cli::TwinArg::Auto && cpu_only(args)).then(|| models_cache.with_file_name("q8-twins"))
+    twin_dir(args.q5_as_q8, args.n_gpu_layers, models_cache, "q8-twins")
 }
 
-/// Where embedding models get their BF16 twins (`gantry_engine`'s `f32_as_bf16`), on the same
-/// terms.
+/// Where embedding models get their BF16 twins (`gantry_engine`'s `f32_as_bf16`).
 fn bf16_twin_dir(args: &ServeArgs, models_cache: &Path) -> Option<PathBuf> {
-    (args.f32_as_bf16 == crate::cli::TwinArg::Auto && cpu_only(args)).then(|| models_cache.with_file_name("bf16-twins"))
+    bf16_twins(args.f32_as_bf16, args.n_gpu_layers, models_cache)
 }
 
-fn cpu_only(args: &ServeArgs) -> bool {
-    !gantry_engine::gpu_backend_present() || args.n_gpu_layers == Some(0)
+/// Where embedding models get their BF16 twins, for `serve` and `models embed` alike.
+pub(crate) fn bf16_twins(choice: TwinArg, n_gpu_layers: Option<u32>, models_cache: &Path) -> Option<PathBuf> {
+    twin_dir(choice, n_gpu_layers, models_cache, "bf16-twins")
+}
+
+/// The folder `name` beside the models cache, where twins are written: unless `choice` turned
+/// them off or layers may go to a GPU (whose kernels trade differently).
+fn twin_dir(choice: TwinArg, n_gpu_layers: Option<u32>, models_cache: &Path, name: &str) -> Option<PathBuf> {
+    let cpu_only = !gantry_engine::gpu_backend_present() || n_gpu_layers == Some(0);
+    (choice == TwinArg::Auto && cpu_only).then(|| models_cache.with_file_name(name))
 }
 
 /// A model with the flags' engine settings.
