@@ -121,7 +121,9 @@ def _ttft(srv, client: openai.OpenAI, text: str) -> float:
         model=srv.model_id, temperature=0, max_tokens=1, stream=True, messages=[{"role": "user", "content": text}])
     first = None
     for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
+        # The first chunk (role, empty content) is sent on admission, before the prompt is
+        # computed: the first token is the first chunk with text, or the end if it had none.
+        if first is None and chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason):
             first = time.perf_counter() - started
     assert first is not None, "a first token"
     return first
