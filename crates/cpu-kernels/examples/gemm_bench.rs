@@ -1,0 +1,81 @@
+//! A prompt's matrix products on Q4_0, Q5_0 and Q8_0 weights, timed on one thread: qwen2.5-coder-1.5b's
+//! gate/up shape (a share of 8960 rows × 1536 values) against 512 activation columns (one
+//! ubatch of a long prompt) or as many as asked. Prints multiply-adds per second. `cargo run --release -p
+//! gantry-cpu-kernels --example gemm_bench [q4_0|q5_0|q8_0 [COLUMNS]]`.
+#![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    bench::run();
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {}
+
+#[cfg(target_arch = "x86_64")]
+mod bench {
+    use std::time::Instant;
+
+    use gantry_cpu_kernels::x86::{v4, BlockQ4, BlockQ5, BlockQ8};
+
+    struct Rng(u64);
+    impl Rng {
+        fn byte(&mut self) -> u8 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u8
+        }
+    }
+
+    /// `count` blocks of random bytes whose first two bytes (the f16 scale) are a small number.
+    fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
+        let size = std::mem::size_of::<B>();
+        let mut v: Vec<B> = Vec::with_capacity(count);
+        // SAFETY: every byte of the capacity is written before the length is set; any bytes
+        // are valid blocks.
+        unsafe {
+            let p = v.as_mut_ptr().cast::<u8>();
+            for i in 0..count * size {
+                *p.add(i) = if i % size == 1 { 0x20 } else { rng.byte() };
+            }
+            v.set_len(count);
+        }
+        v
+    }
+
+    type Gemm<B> =
+        unsafe fn(std::ops::Range<usize>, usize, usize, *const B, usize, *const BlockQ8, usize, *mut f32, usize);
+
+    fn time<B>(name: &str, gemm: Gemm<B>, rng: &mut Rng, n: usize) {
+        let (rows, k) = (4480usize, 48usize);
+        let a: Vec<B> = random(rng, rows * k);
+        let b: Vec<BlockQ8> = random(rng, n * k);
+        let mut c = vec![0f32; rows * n];
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let start = Instant::now();
+            // SAFETY: `a` holds `rows` rows and `b` `n` columns of `k` blocks; `c` holds every
+            // `j * rows + i`; the machines this runs on have AVX-512 VNNI.
+            unsafe { gemm(0..rows, n, k, a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), rows) };
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let macs = (rows * k * 32 * n) as f64;
+        println!("{name}: {:.1} ms, {:.1} GMAC/s (c[7] = {})", best * 1e3, macs / best / 1e9, c[7]);
+    }
+
+    pub(crate) fn run() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let filter = std::env::args().nth(1).unwrap_or_default();
+        let n = std::env::args().nth(2).map_or(512, |n| n.parse().expect("a column count"));
+        if filter.is_empty() || filter == "q4_0" {
+            time::<BlockQ4>("q4_0", v4::gemm_q4_0, &mut rng, n);
+        }
+        if filter.is_empty() || filter == "q5_0" {
+            time::<BlockQ5>("q5_0", v4::gemm_q5_0, &mut rng, n);
+        }
+        if filter.is_empty() || filter == "q8_0" {
+            time::<BlockQ8>("q8_0", v4::gemm_q8_0, &mut rng, n);
+        }
+    }
+}
