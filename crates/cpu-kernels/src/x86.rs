@@ -145,12 +145,12 @@ pub(crate) const fn prefetch_distance(tile: usize) -> usize {
     tile * PREFETCH_AHEAD.div_ceil(tile)
 }
 
-/// The loops of a `gemm`: the weight rows of `$rows` in groups of `$R` (2 or 4; the last few in
-/// a pair and alone), and for each the `$n` columns in groups of `$max` (the last one smaller, one
-/// of `$C`); `$run!(R, C, i, j)` gives the tile of rows `i..i + R` and columns `j..j + C` as
-/// `out[r][q]`, written to `$c[(j + q) * $ldc + i + r]`.
+/// The loops of a `gemm`: the weight rows of `$rows` in pairs (a last odd row alone), and for
+/// each the `$n` columns in groups of `$max` (the last one smaller, one of `$C`); `$run!(R, C, i,
+/// j)` gives the tile of rows `i..i + R` and columns `j..j + C` as `out[r][q]`, written to
+/// `$c[(j + q) * $ldc + i + r]`.
 macro_rules! each_tile {
-    ($rows:expr, $n:expr, $c:expr, $ldc:expr, $run:ident, $R:literal x [$($C:literal)*] $max:literal) => {{
+    ($rows:expr, $n:expr, $c:expr, $ldc:expr, $run:ident, [$($C:literal)*] $max:literal) => {{
         let (rows, n, c, ldc): (std::ops::Range<usize>, usize, *mut f32, usize) = ($rows, $n, $c, $ldc);
         macro_rules! write {
             ($out:expr, $i:expr, $j:expr) => {
@@ -163,23 +163,18 @@ macro_rules! each_tile {
         }
         let mut i = rows.start;
         while i < rows.end {
-            let left = rows.end - i;
-            let r = if left >= $R { $R } else if left >= 2 { 2 } else { 1 };
+            let pair = i + 2 <= rows.end;
             let mut j = 0;
             while j < n {
-                // With `$R` = 2 the first arms repeat the pairs' arms.
-                #[allow(unreachable_patterns, reason = "the same tiles when groups are pairs")]
-                match (r, n - j) {
-                    $(($R, $C) => write!($run!($R, $C, i, j), i, j),
-                    (2, $C) => write!($run!(2, $C, i, j), i, j),
-                    (_, $C) => write!($run!(1, $C, i, j), i, j),)*
-                    ($R, _) => write!($run!($R, $max, i, j), i, j),
-                    (2, _) => write!($run!(2, $max, i, j), i, j),
-                    (_, _) => write!($run!(1, $max, i, j), i, j),
+                match (pair, n - j) {
+                    $((true, $C) => write!($run!(2, $C, i, j), i, j),
+                    (false, $C) => write!($run!(1, $C, i, j), i, j),)*
+                    (true, _) => write!($run!(2, $max, i, j), i, j),
+                    (false, _) => write!($run!(1, $max, i, j), i, j),
                 }
                 j += $max;
             }
-            i += r;
+            i += if pair { 2 } else { 1 };
         }
     }};
 }
@@ -189,6 +184,7 @@ mod q4_k;
 mod q6_k;
 mod q8_k;
 mod wide;
+mod wide_prompt;
 
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
@@ -283,7 +279,7 @@ macro_rules! gemm {
                     }
                 }};
             }
-            each_tile!(rows, n, c, ldc, run, 2 x [1 2 3] 4);
+            each_tile!(rows, n, c, ldc, run, [1 2 3] 4);
         }
     };
 }

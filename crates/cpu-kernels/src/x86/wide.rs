@@ -1,5 +1,6 @@
-//! The AVX-512 level's products of several rows of activations: four activation columns side by
-//! side in each 512-bit register, and a weight block broadcast to the four.
+//! The AVX-512 level's products of several rows of activations: up to 8 (a decode step's) four
+//! activation columns side by side in each 512-bit register and a weight block broadcast to the
+//! four; more (a prompt's) through [`super::wide_prompt`], eight columns a register.
 //!
 //! VNNI's `vpdpbusd` multiplies unsigned bytes by signed ones. Here the weights are the unsigned
 //! side: Q4_0's nibbles as they are (a value is `q − 8`), Q5_0's five bits (`q − 16`), Q8_0's
@@ -13,6 +14,7 @@
 #![allow(clippy::needless_range_loop, reason = "tiles index rows and columns of fixed arrays")]
 
 use super::v4::{f16_to_f32, values_q5, values_q8};
+use super::wide_prompt;
 use super::*;
 
 /// One block of four activation columns: the columns' first 16 values side by side (`low`, what
@@ -30,7 +32,6 @@ struct FourColumnBlock {
 /// The activation columns in groups of four ([`FourColumnBlock`]s, group after group, `k`
 /// each), for weights whose values are offset by `o`; columns past the last are zeros.
 struct FourColumns {
-    k: usize,
     entries: Vec<FourColumnBlock>,
 }
 
@@ -78,23 +79,8 @@ impl FourColumns {
                 });
             }
         }
-        Self { k, entries }
+        Self { entries }
     }
-
-    /// Bytes a column takes.
-    fn column_bytes(&self) -> usize {
-        self.k * std::mem::size_of::<FourColumnBlock>() / 4
-    }
-}
-
-/// How many packed columns one group holds: about 256 KiB, a quarter of a Zen 5 or Sapphire
-/// Rapids core's L2, in whole tiles of eight. Without groups every pair of weight rows swept all
-/// of a prompt's columns (512 of 4,864 values: 9.7 MB) from L3: prompts of 1,531 tokens on
-/// qwen2.5-coder-1.5b at Q4_0 went 118 → 145-148 tok/s with groups of 64 KiB to 512 KiB (2-core
-/// Zen 5), the 0.5B's (Q5_0 and Q8_0 products) 475 → 492-533.
-fn columns_in_l2(column_bytes: usize) -> usize {
-    const GROUP_BYTES: usize = 256 << 10;
-    (GROUP_BYTES / column_bytes.max(1)).max(8) / 8 * 8
 }
 
 /// A Q4_0 block's values plus 8, its nibbles as they are: the first 16 (low nibbles) and the last
@@ -132,7 +118,7 @@ unsafe fn halves_q8_0(block: *const BlockQ8) -> (__m512i, __m512i) {
 }
 
 macro_rules! wide {
-    ($tile:ident, $gemm:ident, $Block:ty, $halves:ident, $offset:literal) => {
+    ($tile:ident, $gemm:ident, $Block:ty, $halves:ident, $offset:literal, $many:path) => {
         /// Rows `x` times `C` packed columns from column `first` (a multiple of four):
         /// `out[r][c]`. Fetches each row `ahead` bytes on.
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -185,9 +171,9 @@ macro_rules! wide {
 
         /// The product of weight rows `rows` of `a` (`lda` blocks apart) with `n` columns of
         /// Q8_0 activations `b` (`ldb` apart), `k` blocks long: `c[j * ldc + i] = a_i · b_j`, as
-        /// llamafile's `sgemm` lays it out. Rows go in fours, columns in eights, a row quad's
-        /// tiles one after another while its weights are in L1, over the columns in groups that
-        /// stay in L2. Every column is repacked first (`n · k · 64` bytes).
+        /// llamafile's `sgemm` lays it out. Up to 8 columns: rows in pairs, each pair's weights
+        /// fetched ahead and multiplied with every column while in L1; the columns are repacked
+        /// first (`n · k · 64` bytes). More go to [`super::wide_prompt`].
         ///
         /// # Safety
         /// `a` holds every row in `rows`, `b` `n` columns, each `k` blocks long; `c` has room for
@@ -205,35 +191,22 @@ macro_rules! wide {
             c: *mut f32,
             ldc: usize,
         ) {
-            let columns = unsafe { FourColumns::pack(n, k, b, ldb, $offset) };
-            let ahead = prefetch_distance(4 * lda * std::mem::size_of::<$Block>());
-            let group = columns_in_l2(columns.column_bytes()).min(n);
-            let mut first = 0;
-            while first < n {
-                let width = group.min(n - first);
-                macro_rules! run {
-                    ($R:literal, $C:literal, $i:expr, $j:expr) => {{
-                        let (i, j) = ($i, $j);
-                        unsafe {
-                            $tile::<$R, $C>(k, std::array::from_fn(|r| a.add((i + r) * lda)), &columns, first + j, ahead)
-                        }
-                    }};
-                }
-                let c = unsafe { c.add(first * ldc) };
-                // Rows in fours share each activation load four times, which pays once the
-                // columns are many; a step's few rows went faster in pairs (one thread, 4,480
-                // Q8_0 rows × 1,536: 8 columns 174 → 191 GMAC/s, 512 columns 175 → 115).
-                if width > 8 {
-                    each_tile!(rows.clone(), width, c, ldc, run, 4 x [1 2 3 4 5 6 7] 8);
-                } else {
-                    each_tile!(rows.clone(), width, c, ldc, run, 2 x [1 2 3 4 5 6 7] 8);
-                }
-                first += width;
+            if n > 8 {
+                return unsafe { $many(rows, n, k, a, lda, b, ldb, c, ldc) };
             }
+            let ahead = prefetch_distance(2 * lda * std::mem::size_of::<$Block>());
+            let columns = unsafe { FourColumns::pack(n, k, b, ldb, $offset) };
+            macro_rules! run {
+                ($R:literal, $C:literal, $i:expr, $j:expr) => {{
+                    let (i, j) = ($i, $j);
+                    unsafe { $tile::<$R, $C>(k, std::array::from_fn(|r| a.add((i + r) * lda)), &columns, j, ahead) }
+                }};
+            }
+            each_tile!(rows, n, c, ldc, run, [1 2 3 4 5 6 7] 8);
         }
     };
 }
 
-wide!(tile_q4_0, gemm_q4_0, BlockQ4, halves_q4_0, 8);
-wide!(tile_q5_0, gemm_q5_0, BlockQ5, halves_q5_0, 16);
-wide!(tile_q8_0, gemm_q8_0, BlockQ8, halves_q8_0, 128);
+wide!(tile_q4_0, gemm_q4_0, BlockQ4, halves_q4_0, 8, wide_prompt::gemm_q4_0);
+wide!(tile_q5_0, gemm_q5_0, BlockQ5, halves_q5_0, 16, wide_prompt::gemm_q5_0);
+wide!(tile_q8_0, gemm_q8_0, BlockQ8, halves_q8_0, 128, wide_prompt::gemm_q8_0);
