@@ -1,7 +1,8 @@
-//! A prompt's matrix products on Q4_0, Q5_0 and Q8_0 weights, timed on one thread: qwen2.5-coder-1.5b's
-//! gate/up shape (a share of 8960 rows × 1536 values) against 512 activation columns (one
-//! ubatch of a long prompt) or as many as asked. Prints multiply-adds per second. `cargo run --release -p
-//! gantry-cpu-kernels --example gemm_bench [q4_0|q5_0|q8_0 [COLUMNS]]`.
+//! Products on Q4_0, Q5_0 and Q8_0 weights, timed. With COLUMNS > 1, a prompt's on one thread:
+//! qwen2.5-coder-1.5b's gate/up shape (a share of 8960 rows × 1536 values) against 512 activation
+//! columns (one ubatch of a long prompt) or as many as asked, in multiply-adds per second. With
+//! COLUMNS = 1, a decode step's on 2 threads: the row kernels against a dot product per row, GB/s.
+//! `cargo run --release -p gantry-cpu-kernels --example gemm_bench [q4_0|q5_0|q8_0 [COLUMNS]]`.
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
@@ -64,10 +65,62 @@ mod bench {
         println!("{name}: {:.1} ms, {:.1} GMAC/s (c[7] = {})", best * 1e3, macs / best / 1e9, c[7]);
     }
 
+    type Gemv<B> = unsafe fn(std::ops::Range<usize>, usize, *const B, usize, *const BlockQ8, *mut f32);
+    type Dot<B> = unsafe fn(usize, *const B, *const BlockQ8) -> f32;
+
+    /// One activation row over 256 MB of weights (the 1.5B's gate/up shape, many matrices, as a
+    /// decode step streams them), 2 threads with halves of each matrix: the row kernel against a
+    /// dot product per row, GB/s.
+    fn time_one_row<B: Sync>(name: &str, gemv: Gemv<B>, dot: Dot<B>, rng: &mut Rng) {
+        let (rows, k) = (8960usize, 48usize);
+        let mats = (256usize << 20) / (rows * k * std::mem::size_of::<B>());
+        let a: Vec<B> = random(rng, mats * rows * k);
+        let y: Vec<BlockQ8> = random(rng, k);
+        let run = |use_gemv: bool| {
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..2 {
+                        let (a, y) = (&a, &y);
+                        s.spawn(move || {
+                            let mut c = vec![0f32; rows];
+                            let half = rows / 2;
+                            let share = t * half..(t + 1) * half;
+                            for m in 0..mats {
+                                let mat = &a[m * rows * k..];
+                                // SAFETY: every row of the share and `y` hold `k` blocks; the
+                                // machines this runs on have AVX-512 VNNI.
+                                unsafe {
+                                    if use_gemv {
+                                        gemv(share.clone(), k, mat.as_ptr(), k, y.as_ptr(), c.as_mut_ptr());
+                                    } else {
+                                        for i in share.clone() {
+                                            c[i] = dot(k, mat.as_ptr().add(i * k), y.as_ptr());
+                                        }
+                                    }
+                                }
+                            }
+                            std::hint::black_box(c);
+                        });
+                    }
+                });
+                best = best.min(start.elapsed().as_secs_f64());
+            }
+            std::mem::size_of_val(a.as_slice()) as f64 / best / 1e9
+        };
+        println!("{name} one row: dot per row {:.1} GB/s, row kernel {:.1} GB/s", run(false), run(true));
+    }
+
     pub(crate) fn run() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let filter = std::env::args().nth(1).unwrap_or_default();
         let n = std::env::args().nth(2).map_or(512, |n| n.parse().expect("a column count"));
+        if n == 1 {
+            time_one_row::<BlockQ4>("q4_0", v4::gemv_q4_0, v4::dot_q4_0, &mut rng);
+            time_one_row::<BlockQ8>("q8_0", v4::gemv_q8_0, v4::dot_q8_0, &mut rng);
+            return;
+        }
         if filter.is_empty() || filter == "q4_0" {
             time::<BlockQ4>("q4_0", v4::gemm_q4_0, &mut rng, n);
         }

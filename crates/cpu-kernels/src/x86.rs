@@ -185,6 +185,7 @@ mod q6_k;
 mod q8_k;
 mod wide;
 mod wide_prompt;
+mod wide_row;
 
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
@@ -450,6 +451,7 @@ level!(
         q6_k::{dot_q6_k, gemm_q6_k},
         q8_k::quantize_q8_k,
         wide::{gemm_q4_0, gemm_q5_0, gemm_q8_0},
+        wide_row::{gemv_q4_0, gemv_q8_0},
     };
 );
 

@@ -263,7 +263,8 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
 
 /// `c[i] = a_i · y` for weight rows `rows` of `a` (`lda` blocks apart, of ggml type `a_type`)
 /// and one row of activations `y` (Q8_K for the K-quants, else Q8_0), `k` blocks long: a
-/// decoding stream's product, one dot product per weight row over the thread's contiguous share.
+/// decoding stream's product over the thread's contiguous share: with AVX-512 Q4_0 and Q8_0 through
+/// the row kernels (the activations packed once), else one dot product per weight row.
 /// ggml would hand each thread runs of 64 rows claimed in turn, which on a 2-core Zen 5 streamed
 /// matrices of short rows (1,536 values, every projection but the FFN's down) at 36 GB/s where
 /// one run per thread reached 53 (`gantry-cpu-kernels`' `gemv_bench`): each jump restarts the
@@ -292,11 +293,13 @@ unsafe fn one_row(
         };
     }
     match u32::try_from(a_type).unwrap_or(u32::MAX) {
+        // SAFETY: the caller's.
+        GGML_TYPE_Q8_0 if v4 => unsafe { v4::gemv_q8_0(rows, k, a.cast(), lda, y.cast(), c) },
+        // SAFETY: the caller's.
+        GGML_TYPE_Q4_0 if v4 => unsafe { v4::gemv_q4_0(rows, k, a.cast(), lda, y.cast(), c) },
         GGML_TYPE_Q4_K => each_row!(v4::dot_q4_k, BlockQ4K, BlockQ8K),
         GGML_TYPE_Q6_K => each_row!(v4::dot_q6_k, BlockQ6K, BlockQ8K),
-        GGML_TYPE_Q8_0 if v4 => each_row!(v4::dot_q8_0, BlockQ8, BlockQ8),
         GGML_TYPE_Q8_0 => each_row!(v3::dot_q8_0, BlockQ8, BlockQ8),
-        GGML_TYPE_Q4_0 if v4 => each_row!(v4::dot_q4_0, BlockQ4, BlockQ8),
         GGML_TYPE_Q4_0 => each_row!(v3::dot_q4_0, BlockQ4, BlockQ8),
         _ if v4 => each_row!(v4::dot_q5_0, BlockQ5, BlockQ8),
         _ => each_row!(v3::dot_q5_0, BlockQ5, BlockQ8),
