@@ -48,8 +48,12 @@ mkdir -p "$MATRIX_DIR"
 for model in "${models[@]}"; do
   stem="$(basename "$model" .gguf)"
   log "== $stem =="
+  # A base model (no chat template in its GGUF's metadata, which comes first in the file) is
+  # measured through /v1/completions: both servers refuse chat on it.
+  api=()
+  if ! head -c 64000000 "$model" | grep -qa tokenizer.chat_template; then api=(--completions); fi
   # shellcheck disable=SC2086 # MATRIX_ARGS and BENCH_ARGS are lists of flags
   (set -x && "$BENCH_BIN" --gantry-bin "$GANTRY_BIN" --reference-bin "$ref" --model "$model" \
-    $MATRIX_ARGS --out "$MATRIX_DIR/$stem.md" --chart "$MATRIX_DIR/$stem.svg" ${BENCH_ARGS:-})
+    $MATRIX_ARGS "${api[@]}" --out "$MATRIX_DIR/$stem.md" --chart "$MATRIX_DIR/$stem.svg" ${BENCH_ARGS:-})
 done
 log "reports in $MATRIX_DIR/"

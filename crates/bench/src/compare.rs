@@ -40,6 +40,7 @@ async fn start_server(kind: Kind, bin: &Path, cli: &Cli, settings: &ServerSettin
         base_url: running.base_url.clone(),
         api_keys: running.api_key.iter().cloned().collect(),
         model: running.model_id.clone(),
+        completions: cli.completions,
     };
     let hello =
         Request { temperature: cli.temperature, ..Request::greedy(json!([{"role": "user", "content": "Say hello."}])) };

@@ -63,6 +63,7 @@ pub(crate) async fn measure(server: &Running, parallel: usize, requests: usize) 
         base_url: server.base_url.clone(),
         api_keys: vec![key.clone()],
         model: server.model_id.clone(),
+        completions: false,
     };
     let concurrency = (parallel / 2).max(1);
     // Warm: the model loaded, its buffers allocated, and the prompts cached, as they are for

@@ -19,6 +19,8 @@ pub(crate) struct Target {
     /// The keys requests are sent with (none: no `Authorization`); a request's `key_slot` picks one.
     pub api_keys: Vec<String>,
     pub model: String,
+    /// `/v1/completions` with the messages' text as the prompt, not `/v1/chat/completions`.
+    pub completions: bool,
 }
 
 /// Incremental Server-Sent-Events decoder: feed raw bytes, get the `data:` payloads of complete
@@ -86,6 +88,7 @@ pub(crate) fn parse_chunk(data: &str) -> Chunk {
     let text = ["content", "reasoning_content"]
         .iter()
         .filter_map(|k| delta.and_then(|d| d.get(*k)).and_then(Value::as_str))
+        .chain(v.pointer("/choices/0/text").and_then(Value::as_str))
         .find(|s| !s.is_empty())
         .map(str::to_string);
     let usage = v.get("usage").filter(|u| !u.is_null());
@@ -106,34 +109,45 @@ pub(crate) async fn stream_request(target: &Target, request: Request, max_tokens
     sample
 }
 
-/// The JSON body of `request`, the same for both servers: only the model id differs.
-pub(crate) fn request_body(model: &str, request: &Request, max_tokens: u32) -> Value {
+/// The JSON body of `request`, the same for both servers: only the model id differs. For
+/// `/v1/completions` the messages' contents, one after another, are the prompt, and the answer
+/// runs to `max_tokens`.
+pub(crate) fn request_body(model: &str, request: &Request, max_tokens: u32, completions: bool) -> Value {
     let mut body = json!({
         "model": model,
-        "messages": request.messages,
         "stream": true,
         "stream_options": {"include_usage": true},
         "temperature": request.temperature,
         "max_tokens": request.max_tokens.unwrap_or(max_tokens),
     });
+    if completions {
+        let contents = request.messages.as_array().into_iter().flatten();
+        let texts: Vec<&str> = contents.filter_map(|m| m.get("content").and_then(Value::as_str)).collect();
+        body["prompt"] = json!(texts.join("\n\n"));
+    } else {
+        body["messages"] = request.messages.clone();
+    }
     if let Some(top_p) = request.top_p {
         body["top_p"] = json!(top_p);
     }
     if let Some(format) = &request.response_format {
         body["response_format"] = format.clone();
     }
-    if request.ignore_eos {
+    // A base model often ends a raw prompt at once (no answer to stream): both servers write
+    // `max_tokens` instead.
+    if request.ignore_eos || completions {
         body["ignore_eos"] = json!(true);
     }
     body
 }
 
 async fn stream_inner(target: &Target, request: Request, max_tokens: u32, s: &mut RequestSample) -> Result<()> {
-    let body = request_body(&target.model, &request, max_tokens);
+    let body = request_body(&target.model, &request, max_tokens, target.completions);
     let start = Instant::now();
+    let path = if target.completions { "completions" } else { "chat/completions" };
     let mut req = target
         .client
-        .post(format!("{}/v1/chat/completions", target.base_url))
+        .post(format!("{}/v1/{path}", target.base_url))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(serde_json::to_vec(&body)?);
     if !target.api_keys.is_empty() {
@@ -299,22 +313,34 @@ mod tests {
     #[test]
     fn bodies_carry_the_requests_sampling_and_nothing_else_per_server() {
         let greedy = Request::greedy(serde_json::json!([{"role": "user", "content": "Hi"}]));
-        let b = request_body("m", &greedy, 64);
+        let b = request_body("m", &greedy, 64, false);
         assert_eq!(
             (b["temperature"].as_f64(), b["max_tokens"].as_u64(), b["model"].as_str()),
             (Some(0.0), Some(64), Some("m"))
         );
         assert!(b.get("top_p").is_none() && b.get("seed").is_none() && b.get("response_format").is_none(), "{b}");
         assert!(b.get("ignore_eos").is_none(), "only sharing and traffic ask for it: {b}");
-        assert_eq!(request_body("m", &Request { max_tokens: Some(17), ..greedy.clone() }, 64)["max_tokens"], 17);
-        assert_eq!(request_body("m", &Request { ignore_eos: true, ..greedy.clone() }, 8)["ignore_eos"], true);
+        assert_eq!(request_body("m", &Request { max_tokens: Some(17), ..greedy.clone() }, 64, false)["max_tokens"], 17);
+        assert_eq!(request_body("m", &Request { ignore_eos: true, ..greedy.clone() }, 8, false)["ignore_eos"], true);
         let sampled = Request { temperature: 0.8, top_p: Some(0.95), ..greedy };
-        let b = request_body("m", &sampled, 128);
+        let b = request_body("m", &sampled, 128, false);
         assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.8), Some(0.95)));
         assert!(b.get("seed").is_none(), "no seed: Gantry would skip its prompt cache for it");
         assert_eq!(b["stream_options"]["include_usage"], true);
-        let mut other = request_body("other-model", &sampled, 128);
+        let mut other = request_body("other-model", &sampled, 128, false);
         other["model"] = "m".into();
         assert_eq!(other, b, "both servers get the same body but for the model id");
+    }
+
+    #[test]
+    fn a_base_models_requests_are_raw_prompts_and_its_chunks_text() {
+        let two = serde_json::json!([{"role": "system", "content": "Notes."}, {"role": "user", "content": "Go on"}]);
+        let b = request_body("m", &Request::greedy(two), 64, true);
+        assert_eq!(b["prompt"], "Notes.\n\nGo on");
+        assert!(b.get("messages").is_none(), "{b}");
+        assert_eq!(b["ignore_eos"], true, "a base model writes max_tokens");
+        assert_eq!((b["stream"].as_bool(), b["max_tokens"].as_u64()), (Some(true), Some(64)));
+        let chunk = parse_chunk(r#"{"choices":[{"index":0,"text":" once","finish_reason":null}]}"#);
+        assert!(matches!(chunk, Chunk::Data { text: Some(t), .. } if t == " once"));
     }
 }

@@ -220,6 +220,11 @@ struct Cli {
     /// comparisons): two tenants weighing 3:1 flood the server; 0 skips it.
     #[arg(long, default_value_t = 60)]
     sharing_seconds: u64,
+    /// Send every workload's request to `/v1/completions`, its messages' text as a raw prompt:
+    /// for a base model, whose GGUF has no chat template (Gemma 3 270M), which both servers
+    /// refuse chat requests on. The interference and sharing measurements (chat) are skipped.
+    #[arg(long)]
+    completions: bool,
 }
 
 impl Cli {
@@ -386,7 +391,7 @@ async fn main() -> Result<()> {
         }
         _ => None,
     };
-    let interference = if cli.interference_requests > 0 {
+    let interference = if cli.interference_requests > 0 && !cli.completions {
         let server = servers::start(servers::Kind::Gantry, &cli.gantry_bin, &settings).await?;
         let measured = interference::measure(&server, settings.parallel as usize, cli.interference_requests).await;
         server.stop().await?;
@@ -396,7 +401,7 @@ async fn main() -> Result<()> {
     } else {
         None
     };
-    let sharing = if cli.sharing_seconds > 0 {
+    let sharing = if cli.sharing_seconds > 0 && !cli.completions {
         let server = servers::start(servers::Kind::Gantry, &cli.gantry_bin, &settings).await?;
         let measured = sharing::measure(&server, settings.parallel as usize, cli.sharing_seconds).await;
         server.stop().await?;

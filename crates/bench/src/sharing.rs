@@ -155,6 +155,7 @@ pub(crate) async fn measure(server: &Running, parallel: usize, seconds: u64) -> 
             base_url: server.base_url.clone(),
             api_keys: keys,
             model: server.model_id.clone(),
+            completions: false,
         };
         // Shared by the tenant's workers, so its requests go to its keys in turn.
         let next_key = Arc::new(AtomicUsize::new(0));
