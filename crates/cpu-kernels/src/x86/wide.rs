@@ -1,6 +1,6 @@
-//! The AVX-512 level's products of several rows of activations: up to 8 (a decode step's) four
-//! activation columns side by side in each 512-bit register and a weight block broadcast to the
-//! four; more (a prompt's) through [`super::wide_prompt`], eight columns a register.
+//! The AVX-512 level's products of 2 to 8 rows of activations (a decode step's): four activation
+//! columns side by side in each 512-bit register, and a weight block broadcast to the four. More
+//! rows (a prompt's) go to [`super::wide_prompt`], eight columns a register.
 //!
 //! VNNI's `vpdpbusd` multiplies unsigned bytes by signed ones. Here the weights are the unsigned
 //! side: Q4_0's nibbles as they are (a value is `q − 8`), Q5_0's five bits (`q − 16`), Q8_0's

@@ -6,8 +6,9 @@
 //! `x + 128`), and each `y` block's `−o·Σy` starts its sums. A pair of blocks is then one byte
 //! multiply-add, one conversion, the scales' product and one fused add, where the dot product of
 //! [`super::v4`] spends a sign trick and a 256-bit multiply-add on each block: one stream's decode
-//! of qwen2.5-coder-1.5b at Q4_0 spent 75% of its time in that dot product, at about four vector
-//! instructions a cycle, short of what memory could feed it.
+//! of qwen2.5-coder-1.5b at Q4_0 spent 75% of its time in that dot product, which (counting its
+//! instructions) issued about four vector instructions a cycle and read 37 GB/s where 2 threads
+//! can read 45 or more.
 #![allow(clippy::needless_range_loop, reason = "rows index fixed arrays")]
 
 use super::v4::{f16_to_f32, values_q8};
