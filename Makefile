@@ -26,6 +26,10 @@ MATRIX_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m
 MATRIX_QUANTS ?= Q8_0 Q4_0
 MATRIX_DIR ?= docs/bench-matrix
 MATRIX_ARGS ?= --workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4
+# Models (file stems) whose matrix run adds the real-traffic workload at 1, 4 and 8 streams.
+MATRIX_TRAFFIC ?= qwen2.5-coder-1.5b-instruct-q4_k_m
+# 1: make bench (on the CPU) runs the model matrix after its own comparison (0 skips it).
+BENCH_MATRIX ?= 1
 
 # `make build`/`serve`/`bench` compile for this machine's CPU: target-cpu=native makes
 # llama-cpp-sys-2 build ggml with GGML_NATIVE=ON (-march=native: AVX-512, VNNI, BF16 where
@@ -228,15 +232,17 @@ bench-cpu: build
 	traffic_args="" && if dataset="$$(scripts/fetch-traffic-dataset.sh)"; then traffic_args="--traffic-dataset $$dataset"; fi && \
 	set -x && GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" target/release/gantry-bench --gantry-bin $(RELEASE_BIN) \
 	  --reference-bin "$$ref" $$avx2_args --model "$$model" --embedding-model "$$embedder" $$traffic_args $(BENCH_ARGS)
+	@if [ "$(BENCH_MATRIX)" = 1 ]; then $(MAKE) --no-print-directory bench-matrix; fi
 
 # The model matrix (issue #53): make bench's CPU comparison on each of MATRIX_MODELS and on the
 # 1.5B requantized to each of MATRIX_QUANTS with the reference build's llama-quantize (made once,
-# beside the pulled models), chat and chat-sampled at 1 and 4 streams, one report per model in
-# MATRIX_DIR. Hours on a small machine; BENCH_ARGS are passed on.
+# beside the pulled models), chat and chat-sampled at 1 and 4 streams (MATRIX_TRAFFIC's also real
+# traffic), one report per model in MATRIX_DIR and the matrix of all in MATRIX_DIR/README.md.
+# Hours on a small machine; BENCH_ARGS are passed on. make bench runs it last (BENCH_MATRIX=0 skips).
 bench-matrix: build
 	GANTRY_NATIVE_CFLAGS="$(NATIVE_CFLAGS)" GANTRY_BIN=$(RELEASE_BIN) BENCH_BIN=target/release/gantry-bench \
 	  MATRIX_MODELS="$(MATRIX_MODELS)" MATRIX_QUANTS="$(MATRIX_QUANTS)" MATRIX_DIR="$(MATRIX_DIR)" \
-	  MATRIX_ARGS="$(MATRIX_ARGS)" BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-matrix.sh
+	  MATRIX_ARGS="$(MATRIX_ARGS)" MATRIX_TRAFFIC="$(MATRIX_TRAFFIC)" BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-matrix.sh
 
 # The GPU form (BENCH_GPU=1): both built for CUDA_ARCHS with the same toolkit and the same VMM
 # pool setting, threads = nproc for both (gantry-bench's default), --parallel 64. The toolkit's

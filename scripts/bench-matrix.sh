@@ -9,11 +9,17 @@
 # matches). Requantizing a Q4_K_M loses what Q4_K_M already lost: these files are for speed, the
 # kernels Gantry has for Q8_0 and Q4_0, not for quality.
 #
-# Each model's report goes to MATRIX_DIR/<file stem>.md (+ .svg), not docs/benchmarks.md. A full
-# run takes hours on a small machine; BENCH_ARGS are passed on (e.g. --passes 1 --requests 4).
+# The models in MATRIX_TRAFFIC (file stems; default the 1.5B as shipped, whose real-traffic
+# targets issue #53 sets) also run the `traffic` workload (real ShareGPT conversations, closed
+# loop at 1, 4 and 8 streams) when scripts/fetch-traffic-dataset.sh has the dataset.
+#
+# Each model's report goes to MATRIX_DIR/<file stem>.md (+ .svg, + .json), not docs/benchmarks.md;
+# at the end `gantry-bench --matrix-summary` prints the matrix of all of them and writes it to
+# MATRIX_DIR/README.md. A full run takes hours on a small machine; BENCH_ARGS are passed on (e.g.
+# --passes 1 --requests 4).
 #
 # Environment (the Makefile sets them): GANTRY_BIN, BENCH_BIN, MATRIX_MODELS, MATRIX_QUANTS,
-# MATRIX_DIR, MATRIX_ARGS, BENCH_ARGS, GANTRY_NATIVE_CFLAGS.
+# MATRIX_DIR, MATRIX_ARGS, MATRIX_TRAFFIC, BENCH_ARGS, GANTRY_NATIVE_CFLAGS.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,9 +29,14 @@ MATRIX_MODELS="${MATRIX_MODELS:-qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-13
 MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0}"
 MATRIX_DIR="${MATRIX_DIR:-docs/bench-matrix}"
 MATRIX_ARGS="${MATRIX_ARGS:---workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4}"
+MATRIX_TRAFFIC="${MATRIX_TRAFFIC:-qwen2.5-coder-1.5b-instruct-q4_k_m}"
 log() { echo "[bench-matrix] $*" >&2; }
 
 ref="$("$HERE/build-reference-llama-server.sh")"
+traffic_dataset=""
+if [ -n "$MATRIX_TRAFFIC" ]; then
+  traffic_dataset="$("$HERE/fetch-traffic-dataset.sh")" || log "no traffic dataset: the traffic workload is skipped"
+fi
 quantize="$(REFERENCE_TOOL=llama-quantize "$HERE/build-reference-llama-server.sh")"
 
 models=()
@@ -52,8 +63,15 @@ for model in "${models[@]}"; do
   # measured through /v1/completions: both servers refuse chat on it.
   api=()
   if ! head -c 64000000 "$model" | grep -qa tokenizer.chat_template; then api=(--completions); fi
+  # --workloads appends: these models run traffic beside MATRIX_ARGS' workloads.
+  traffic=()
+  if [ -n "$traffic_dataset" ] && [[ " $MATRIX_TRAFFIC " == *" $stem "* ]]; then
+    traffic=(--workloads traffic --traffic-dataset "$traffic_dataset" --traffic-concurrency 1,4,8 --traffic-rates 0)
+  fi
   # shellcheck disable=SC2086 # MATRIX_ARGS and BENCH_ARGS are lists of flags
   (set -x && "$BENCH_BIN" --gantry-bin "$GANTRY_BIN" --reference-bin "$ref" --model "$model" \
-    $MATRIX_ARGS "${api[@]}" --out "$MATRIX_DIR/$stem.md" --chart "$MATRIX_DIR/$stem.svg" ${BENCH_ARGS:-})
+    $MATRIX_ARGS "${api[@]}" "${traffic[@]}" --out "$MATRIX_DIR/$stem.md" --chart "$MATRIX_DIR/$stem.svg" \
+    --json "$MATRIX_DIR/$stem.json" ${BENCH_ARGS:-})
 done
+"$BENCH_BIN" --matrix-summary "$MATRIX_DIR"
 log "reports in $MATRIX_DIR/"

@@ -147,9 +147,9 @@ pub(crate) async fn compare(
                         continue;
                     }
                     // traffic: a full sweep takes minutes per server, so it runs in the first
-                    // --traffic-passes passes and against the plain reference only.
+                    // --traffic-passes passes only.
                     let traffic = workload.kind == workloads::Kind::Traffic;
-                    if traffic && (pass >= cli.traffic_passes || up[i].running.kind == Kind::TunedReference) {
+                    if traffic && pass >= cli.traffic_passes {
                         continue;
                     }
                     let mut target = up[i].target.clone();

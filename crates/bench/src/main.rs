@@ -20,6 +20,7 @@ mod gguf_weights;
 mod host;
 mod interference;
 mod load;
+mod matrix;
 mod mode;
 mod pairs;
 mod plan;
@@ -54,8 +55,13 @@ use servers::ServerSettings;
 #[command(name = "gantry-bench", about = "Gantry vs llama-server streaming benchmark")]
 struct Cli {
     /// The GGUF both servers load.
+    #[arg(long, required_unless_present = "matrix_summary")]
+    model: Option<PathBuf>,
+    /// Print the model matrix from the JSON reports `scripts/bench-matrix.sh` left in this
+    /// directory (one per model, named by its GGUF's file stem) and write it to its README.md;
+    /// starts no server.
     #[arg(long)]
-    model: PathBuf,
+    matrix_summary: Option<PathBuf>,
     /// Compare CUDA builds on the GPU (`make bench BENCH_GPU=1`): --gantry-bin from `make
     /// build-gpu`, --reference-bin from `REFERENCE_CUDA=1 scripts/build-reference-llama-server.sh`;
     /// every layer offloaded, chat up to 64 streams, issue #18's targets, docs/benchmarks-gpu.md.
@@ -162,7 +168,7 @@ struct Cli {
     /// file in ~/.cache/gantry/datasets when it is there; without one the workload is skipped].
     #[arg(long)]
     traffic_dataset: Option<PathBuf>,
-    /// traffic: closed-loop levels (streams), Gantry and llama-server (not the tuned one).
+    /// traffic: closed-loop levels (streams), on every server.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     traffic_concurrency: Vec<usize>,
     /// traffic: requests per closed-loop level, at least the concurrency.
@@ -308,8 +314,12 @@ fn build_info(bin: Option<&PathBuf>) -> Option<String> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    if !cli.model.is_file() {
-        bail!("model {} not found (try `gantry models pull`)", cli.model.display());
+    if let Some(dir) = &cli.matrix_summary {
+        return matrix::summarize(dir);
+    }
+    let model = cli.model.clone().context("--model is required")?;
+    if !model.is_file() {
+        bail!("model {} not found (try `gantry models pull`)", model.display());
     }
     if cli.passes == 0 {
         bail!("--passes must be at least 1");
@@ -333,7 +343,7 @@ async fn main() -> Result<()> {
     let max_c = plan::max_concurrency(&plan);
     let nproc = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
     let settings = ServerSettings {
-        model: cli.model.canonicalize()?,
+        model: model.canonicalize()?,
         threads: cli.threads.unwrap_or(nproc),
         parallel: cli.parallel.unwrap_or(max_c as u32),
         ctx_per_seq: cli.ctx_size,

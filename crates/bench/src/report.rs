@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::bandwidth::{self, Bandwidth};
 use crate::gguf_weights::WeightsPerToken;
@@ -94,7 +94,7 @@ pub(crate) fn ratio_table(runs: &[ServerRun]) -> String {
 }
 
 /// One side-by-side comparison (its own pair of binaries), e.g. both native, or both AVX2.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Comparison {
     pub title: String,
     /// How the two binaries were built.

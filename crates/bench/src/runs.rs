@@ -1,11 +1,11 @@
 //! Each server's run (its levels, per workload and concurrency) and the reading of its cells that
 //! every table of the report shares: passes merged, ratios of means, markdown tables.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::stats::{ratio, LevelResult};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct ServerRun {
     pub name: String,
     pub version: String,

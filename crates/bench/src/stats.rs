@@ -1,6 +1,6 @@
 //! Per-request samples and the per-level summary (throughput and latency percentiles).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What one streamed request measured. Times are seconds.
 #[derive(Debug, Clone, Default)]
@@ -17,7 +17,7 @@ pub(crate) struct RequestSample {
 }
 
 /// One (server, workload, concurrency) cell of the results. Latencies are milliseconds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct LevelResult {
     pub workload: String,
     pub concurrency: usize,

@@ -1,9 +1,10 @@
 //! The `traffic` workload's section of the report: per level (closed loop at 1 and 8 streams,
 //! open loop at each Poisson rate) requests/s, output tok/s, TTFT and TPOT p50/p99 per server,
-//! Gantry ÷ llama-server, and goodput: the highest rate of the sweep at which TTFT p99 and TPOT
+//! Gantry ÷ the stronger reference of each level, and goodput: the highest rate of the sweep at which TTFT p99 and TPOT
 //! p99 both meet their SLOs (2 s and 100 ms, for a small CPU) with no request failed.
 
-use crate::runs::{cells, f, find, table, ServerRun, GANTRY, REFERENCE};
+use crate::references::{stronger, REFERENCES};
+use crate::runs::{cells, f, find, table, ServerRun, GANTRY};
 use crate::stats::{ratio, LevelResult};
 
 /// TTFT p99 bound of goodput, milliseconds.
@@ -31,6 +32,22 @@ pub(crate) fn goodput(levels: &[LevelResult]) -> Option<f64> {
         .fold(None, |m, r| Some(m.map_or(r, |m: f64| m.max(r))))
 }
 
+/// The open-loop levels of `server`, passes merged.
+fn open_levels(runs: &[ServerRun], server: &str) -> Vec<LevelResult> {
+    merged(runs, server).into_iter().filter(|l| l.offered_rate.is_some()).collect()
+}
+
+/// Gantry's goodput ÷ the higher of the references' goodputs, and that reference; `None` when
+/// Gantry's or every reference's is unmeasured or none in the sweep.
+pub(crate) fn goodput_ratio(runs: &[ServerRun]) -> Option<(f64, &'static str)> {
+    let gantry = goodput(&open_levels(runs, GANTRY))?;
+    let (against, best) = REFERENCES
+        .into_iter()
+        .filter_map(|r| Some((r, goodput(&open_levels(runs, r))?)))
+        .reduce(|a, b| if b.1 > a.1 { b } else { a })?;
+    Some((ratio(Some(gantry), Some(best))?, against))
+}
+
 /// Each server's traffic levels, passes merged, in measured order.
 fn merged(runs: &[ServerRun], server: &str) -> Vec<LevelResult> {
     cells(runs).into_iter().filter(|k| is_traffic(&k.0)).filter_map(|k| find(runs, server, &k)).collect()
@@ -56,7 +73,6 @@ pub(crate) fn traffic_section(runs: &[ServerRun]) -> Option<String> {
     let mut rows = Vec::new();
     let mut ratios = Vec::new();
     let gantry = merged(runs, GANTRY);
-    let reference = merged(runs, REFERENCE);
     for run in &servers {
         for l in merged(runs, &run.name) {
             rows.push(vec![
@@ -76,11 +92,12 @@ pub(crate) fn traffic_section(runs: &[ServerRun]) -> Option<String> {
         }
     }
     for g in &gantry {
-        let Some(r) = reference.iter().find(|r| r.workload == g.workload && r.concurrency == g.concurrency) else {
-            continue;
-        };
+        let key = (g.workload.clone(), g.concurrency);
+        let Some(against) = stronger(runs, &key, |l| Some(l.tokens_per_s), true) else { continue };
+        let Some(r) = find(runs, against, &key) else { continue };
         ratios.push(vec![
             level_name(g),
+            against.to_string(),
             f(ratio(Some(g.requests_per_s), Some(r.requests_per_s)), 2),
             f(ratio(Some(g.tokens_per_s), Some(r.tokens_per_s)), 2),
             f(ratio(g.ttft_p99_ms, r.ttft_p99_ms), 2),
@@ -104,27 +121,29 @@ pub(crate) fn traffic_section(runs: &[ServerRun]) -> Option<String> {
         ],
         &rows,
     );
-    let goodputs: Vec<Vec<String>> = servers
-        .iter()
-        .map(|r| {
-            let open: Vec<LevelResult> =
-                merged(runs, &r.name).into_iter().filter(|l| l.offered_rate.is_some()).collect();
-            vec![r.name.clone(), goodput_cell(goodput(&open))]
-        })
-        .collect();
-    out += &format!(
-        "\nGoodput (the highest Poisson rate of the sweep with TTFT p99 ≤ {TTFT_SLO_MS:.0} ms and TPOT p99 ≤ \
-         {TPOT_SLO_MS:.0} ms, no request failed):\n\n{}",
-        table(&["server", "goodput"], &goodputs)
-    );
-    if !ratios.is_empty() {
-        let open = |v: &[LevelResult]| v.iter().filter(|l| l.offered_rate.is_some()).cloned().collect::<Vec<_>>();
-        let (g, r) = (goodput(&open(&gantry)), goodput(&open(&reference)));
+    // Goodput only where the open-loop sweep ran (`--traffic-rates 0` leaves it out).
+    let swept = servers.iter().any(|r| !open_levels(runs, &r.name).is_empty());
+    if swept {
+        let goodputs: Vec<Vec<String>> =
+            servers.iter().map(|r| vec![r.name.clone(), goodput_cell(goodput(&open_levels(runs, &r.name)))]).collect();
         out += &format!(
-            "\nGantry / llama-server (above 1 is better for req/s and tok/s, below 1 for latencies); goodput \
-             Gantry ÷ llama-server: {}\n\n{}",
-            f(ratio(g, r), 2),
-            table(&["level", "req/s ×", "out tok/s ×", "TTFT p99 ×", "TPOT p99 ×"], &ratios)
+            "\nGoodput (the highest Poisson rate of the sweep with TTFT p99 ≤ {TTFT_SLO_MS:.0} ms and TPOT p99 ≤ \
+             {TPOT_SLO_MS:.0} ms, no request failed):\n\n{}",
+            table(&["server", "goodput"], &goodputs)
+        );
+    }
+    if !ratios.is_empty() {
+        let goodput = match goodput_ratio(runs) {
+            Some((g, against)) => {
+                format!("; goodput Gantry ÷ the reference with the higher goodput ({against}): {g:.2}")
+            }
+            None if swept => "; goodput: no ratio (a server met the SLOs at no rate of the sweep)".into(),
+            None => String::new(),
+        };
+        out += &format!(
+            "\nGantry ÷ the stronger reference of each level by out tok/s (above 1 is better for req/s and \
+             tok/s, below 1 for latencies){goodput}\n\n{}",
+            table(&["level", "against", "req/s ×", "out tok/s ×", "TTFT p99 ×", "TPOT p99 ×"], &ratios)
         );
     }
     Some(out)
@@ -134,6 +153,7 @@ pub(crate) fn traffic_section(runs: &[ServerRun]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::runs::testing::run;
+    use crate::runs::{REFERENCE, TUNED};
     use crate::stats::{summarize, RequestSample};
 
     /// An open-loop level whose requests all took `ttft` s to the first of 11 tokens, `tpot` s apart.
@@ -166,14 +186,26 @@ mod tests {
         };
         let g = run(GANTRY, vec![closed(20.0), open(0.5, 0.5, 0.05), open(1.0, 1.0, 0.08)]);
         let r = run(REFERENCE, vec![closed(10.0), open(0.5, 0.6, 0.06), open(1.0, 2.4, 0.12)]);
+        let t = run(TUNED, vec![closed(16.0), open(0.5, 0.4, 0.05), open(1.0, 2.1, 0.09)]);
         let other = run(GANTRY, vec![summarize("chat", 1, &[], 1.0)]);
         assert!(traffic_section(&[other]).is_none());
-        let s = traffic_section(&[g, r]).unwrap();
-        for needle in ["| 1 stream ", "| Poisson 0.5 req/s", "| Poisson 1 req/s", "| Gantry       | 1 req/s "] {
+        let s = traffic_section(&[g.clone(), r.clone(), t]).unwrap();
+        for needle in ["| 1 stream ", "| Poisson 0.5 req/s", "| Poisson 1 req/s", "| Gantry             | 1 req/s "] {
             assert!(s.contains(needle), "{needle}:\n{s}");
         }
-        assert!(s.contains("| llama-server | 0.5 req/s"), "{s}");
-        assert!(s.contains("goodput Gantry ÷ llama-server: 2.00"), "{s}");
-        assert!(s.contains("| 1 stream          | 2.00     | 2.00 "), "tok/s ratio of the closed level:\n{s}");
+        assert!(s.contains("| llama-server       | 0.5 req/s"), "{s}");
+        assert!(s.contains("| llama-server tuned | 0.5 req/s"), "{s}");
+        assert!(s.contains("(llama-server): 2.00"), "a tie in goodput goes to the plain reference:\n{s}");
+        assert!(
+            s.contains("| 1 stream          | llama-server tuned | 1.25     | 1.25 "),
+            "the closed level is judged against the faster (tuned) reference:\n{s}"
+        );
+        let closed_only =
+            traffic_section(&[run(GANTRY, vec![closed(20.0)]), run(REFERENCE, vec![closed(10.0)])]).unwrap();
+        assert!(!closed_only.contains("oodput"), "no sweep, no goodput:\n{closed_only}");
+        assert!(closed_only.contains("| 1 stream | llama-server | 2.00 "), "{closed_only}");
+        let faster_tuned = run(TUNED, vec![closed(16.0), open(0.5, 0.4, 0.05), open(1.0, 1.5, 0.09)]);
+        assert_eq!(goodput_ratio(&[g.clone(), r, faster_tuned]), Some((1.0, TUNED)));
+        assert_eq!(goodput_ratio(&[g, run(REFERENCE, vec![open(0.5, 3.0, 0.5)])]), None, "no reference goodput");
     }
 }
