@@ -26,7 +26,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 GANTRY_BIN="${GANTRY_BIN:-target/release/gantry}"
 BENCH_BIN="${BENCH_BIN:-target/release/gantry-bench}"
 MATRIX_MODELS="${MATRIX_MODELS:-qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m}"
-MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0}"
+MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0 Q5_K_M}"
 MATRIX_DIR="${MATRIX_DIR:-docs/bench-matrix}"
 MATRIX_ARGS="${MATRIX_ARGS:---workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4}"
 MATRIX_TRAFFIC="${MATRIX_TRAFFIC:-qwen2.5-coder-1.5b-instruct-q4_k_m}"
@@ -60,9 +60,12 @@ for model in "${models[@]}"; do
   stem="$(basename "$model" .gguf)"
   log "== $stem =="
   # A base model (no chat template in its GGUF's metadata, which comes first in the file) is
-  # measured through /v1/completions: both servers refuse chat on it.
+  # measured through /v1/completions: both servers refuse chat on it. grep counts (reads all it
+  # is given): `grep -q` would stop at the first match, and `head`, cut off, would fail the
+  # pipeline under pipefail, taking every model for a base model.
   api=()
-  if ! head -c 64000000 "$model" | grep -qa tokenizer.chat_template; then api=(--completions); fi
+  templates="$(head -c 64000000 "$model" | grep -ca tokenizer.chat_template || true)"
+  if [ "${templates:-0}" = 0 ]; then api=(--completions); fi
   # --workloads appends: these models run traffic beside MATRIX_ARGS' workloads.
   traffic=()
   if [ -n "$traffic_dataset" ] && [[ " $MATRIX_TRAFFIC " == *" $stem "* ]]; then

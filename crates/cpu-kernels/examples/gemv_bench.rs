@@ -1,5 +1,5 @@
 //! A decode step's matrix-vector products on K-quant weights, timed: one activation row against
-//! a few hundred MB of Q4_K or Q6_K rows, on 2 threads as ggml runs them, against a plain read
+//! a few hundred MB of Q4_K, Q5_K or Q6_K rows, on 2 threads as ggml runs them, against a plain read
 //! of the same bytes. `cargo run --release -p gantry-cpu-kernels --example gemv_bench`.
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
@@ -17,7 +17,7 @@ mod bench {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+    use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
     struct Rng(u64);
     impl Rng {
@@ -120,33 +120,28 @@ mod bench {
         }
     }
 
-    fn per_row_q4(
-        mat: &[BlockQ4K],
-        _rows: usize,
-        k: usize,
-        r: std::ops::Range<usize>,
-        y: &[BlockQ8K],
-        out: &mut [f32],
-    ) {
-        for i in r {
-            // SAFETY: row `i` and `y` hold `k` blocks; the machines this runs on have AVX-512 VNNI.
-            out[i] = unsafe { v4::dot_q4_k(k, mat.as_ptr().add(i * k), y.as_ptr()) };
-        }
+    /// `fn $name`: one dot product per row of the share with `$dot`.
+    macro_rules! per_row {
+        ($name:ident, $Block:ty, $dot:path) => {
+            fn $name(
+                mat: &[$Block],
+                _rows: usize,
+                k: usize,
+                r: std::ops::Range<usize>,
+                y: &[BlockQ8K],
+                out: &mut [f32],
+            ) {
+                for i in r {
+                    // SAFETY: row `i` and `y` hold `k` blocks; the machines this runs on have
+                    // AVX-512 VNNI.
+                    out[i] = unsafe { $dot(k, mat.as_ptr().add(i * k), y.as_ptr()) };
+                }
+            }
+        };
     }
-
-    fn per_row_q6(
-        mat: &[BlockQ6K],
-        _rows: usize,
-        k: usize,
-        r: std::ops::Range<usize>,
-        y: &[BlockQ8K],
-        out: &mut [f32],
-    ) {
-        for i in r {
-            // SAFETY: row `i` and `y` hold `k` blocks; the machines this runs on have AVX-512 VNNI.
-            out[i] = unsafe { v4::dot_q6_k(k, mat.as_ptr().add(i * k), y.as_ptr()) };
-        }
-    }
+    per_row!(per_row_q4, BlockQ4K, v4::dot_q4_k);
+    per_row!(per_row_q5, BlockQ5K, v4::dot_q5_k);
+    per_row!(per_row_q6, BlockQ6K, v4::dot_q6_k);
 
     fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
         let bytes = count * std::mem::size_of::<B>();
@@ -183,6 +178,15 @@ mod bench {
                     let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
                     let one = time(&w, mats, rows, k, &y, per_row_q4, chunked);
                     println!("q4_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
+                }
+            }
+            if filter.is_empty() || filter == "q5" {
+                let mats = target / (rows * k * 176);
+                let w: Vec<BlockQ5K> = random(&mut rng, mats * rows * k);
+                for chunked in [true, false] {
+                    let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
+                    let one = time(&w, mats, rows, k, &y, per_row_q5, chunked);
+                    println!("q5_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
                 }
             }
             if filter.is_empty() || filter == "q6" {

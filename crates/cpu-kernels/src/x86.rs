@@ -181,6 +181,7 @@ macro_rules! each_tile {
 
 mod k_quants;
 mod q4_k;
+mod q5_k;
 mod q6_k;
 mod q8_k;
 mod wide;
@@ -189,6 +190,7 @@ mod wide_row;
 
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
+pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
 
 /// `out[r][c] = Σ_b x[r]_b · y[c]_b` over `k` blocks for `R` weight rows and `C` activation
@@ -448,6 +450,7 @@ level!(
     },
     pub use super::{
         q4_k::{dot_q4_k, gemm_q4_k},
+        q5_k::{dot_q5_k, gemm_q5_k},
         q6_k::{dot_q6_k, gemm_q6_k},
         q8_k::quantize_q8_k,
         wide::{gemm_q4_0, gemm_q5_0, gemm_q8_0},

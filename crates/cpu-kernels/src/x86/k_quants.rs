@@ -1,4 +1,4 @@
-//! The AVX-512 level's products of K-quant weights (256 values a block: Q4_K, Q6_K) with Q8_K
+//! The AVX-512 level's products of K-quant weights (256 values a block: Q4_K, Q5_K, Q6_K) with Q8_K
 //! activations, one row (ggml's `vec_dot`) and a few rows of activations at once.
 //!
 //! ggml's x86 kernels for these types multiply each weight row by one activation row at a time
@@ -246,6 +246,42 @@ pub(super) mod test_data {
                 BlockQ8K { d: (rng.next() % 1000) as f32 / 997.0 + 0.01, qs, bsums }
             })
             .collect()
+    }
+
+    /// Scale and min `j` of Q4_K's and Q5_K's packed 12 bytes, as ggml's `get_scale_min_k4`
+    /// reads them.
+    pub(crate) fn scale_min(j: usize, q: &[u8; 12]) -> (i64, i64) {
+        let (s, m) = if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        };
+        (i64::from(s), i64::from(m))
+    }
+
+    /// The exact dot product of rows of a type with Q4_K's scales and mins (Q4_K, Q5_K) and Q8_K
+    /// rows, and the sum of its terms' magnitudes: `parts` gives a block's `d`, `dmin` and packed
+    /// scales, `value` its value `i` before scaling.
+    pub(crate) fn exact_with_mins<B>(
+        x: &[B],
+        y: &[BlockQ8K],
+        parts: impl Fn(&B) -> (u16, u16, [u8; 12]),
+        value: impl Fn(&B, usize) -> i64,
+    ) -> (f64, f64) {
+        x.iter().zip(y).fold((0.0, 0.0), |(sum, size), (xb, yb)| {
+            let (mut scaled, mut mins, mut magnitude) = (0i64, 0i64, 0f64);
+            let (d, dmin, scales) = parts(xb);
+            let (d, dmin) = (f16(d), f16(dmin));
+            for i in 0..QK_K {
+                let (s, m) = scale_min(i / 32, &scales);
+                let (q, y) = (value(xb, i), i64::from(yb.qs[i]));
+                scaled += s * q * y;
+                mins += m * y;
+                magnitude += d * (s * q * y).abs() as f64 + dmin * (m * y).abs() as f64;
+            }
+            let dy = f64::from(yb.d);
+            (sum + dy * (d * scaled as f64 - dmin * mins as f64), size + dy * magnitude)
+        })
     }
 
     pub(crate) fn f16(bits: u16) -> f64 {

@@ -53,7 +53,19 @@ unsafe fn unpack(b: *const BlockQ4K) -> Unpacked {
         let (lo, hi) = (_mm256_and_si256(packed, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low4));
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
     });
-    let [s0, s1, s2, s3] = scales_and_mins(unsafe { read_unaligned(addr_of!((*b).scales)) });
+    let (d, dmin) = unsafe { (read_unaligned(addr_of!((*b).d)), read_unaligned(addr_of!((*b).dmin))) };
+    unsafe { with_scales(values, read_unaligned(addr_of!((*b).scales)), d, dmin) }
+}
+
+/// A block's values (64·j to 64·j + 63 in `values[j]`) with its packed scales and mins and both
+/// f16 scales, as [`Unpacked`]: the part Q4_K and Q5_K share (the same scales, another fifth bit).
+///
+/// # Safety
+/// This CPU has the AVX-512 level's features.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn with_scales(values: [__m512i; 4], packed: [u8; 12], d: u16, dmin: u16) -> Unpacked {
+    let [s0, s1, s2, s3] = scales_and_mins(packed);
     let both = _mm256_cvtepu8_epi16(_mm_set_epi32(s3 as i32, s2 as i32, s1 as i32, s0 as i32));
     let wide = _mm512_zextsi256_si512(both);
     // 16-bit lane L of scales[j] multiplies values 64·j + 2L and + 2L + 1: scale 2·j + L / 16.
@@ -64,7 +76,6 @@ unsafe fn unpack(b: *const BlockQ4K) -> Unpacked {
     // Block sum i covers values 16·i to 16·i + 15, whose min is min i / 2 (lane 8 + i / 2).
     let lanes: [i16; 16] = std::array::from_fn(|i| 8 + i as i16 / 2);
     let mins = _mm256_permutexvar_epi16(unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) }, both);
-    let (d, dmin) = unsafe { (read_unaligned(addr_of!((*b).d)), read_unaligned(addr_of!((*b).dmin))) };
     Unpacked { values, scales, mins, d: v4::f16_to_f32(d), dmin: v4::f16_to_f32(dmin) }
 }
 
@@ -74,7 +85,7 @@ unsafe fn unpack(b: *const BlockQ4K) -> Unpacked {
 /// `y` points to a whole block, and this CPU has the AVX-512 level's features.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
+pub(super) unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
     let sums = unsafe { scaled_sums(&w.values, &w.scales, y) };
     let bsums = unsafe { _mm256_loadu_si256(addr_of!((*y).bsums).cast()) };
     let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, w.mins));
@@ -89,18 +100,8 @@ entry_points!(BlockQ4K, dot_q4_k, gemm_q4_k);
 
 #[cfg(test)]
 mod tests {
-    use super::super::k_quants::test_data::{check, f16, has_level, Rng};
+    use super::super::k_quants::test_data::{check, exact_with_mins, has_level, Rng};
     use super::*;
-
-    /// Scale and min `j` as ggml's `get_scale_min_k4` reads them.
-    fn scale_min(j: usize, q: &[u8; 12]) -> (i64, i64) {
-        let (s, m) = if j < 4 {
-            (q[j] & 63, q[j + 4] & 63)
-        } else {
-            ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-        };
-        (i64::from(s), i64::from(m))
-    }
 
     fn random_q4(rng: &mut Rng, k: usize) -> Vec<BlockQ4K> {
         (0..k)
@@ -116,22 +117,12 @@ mod tests {
     /// The exact dot product as ggml's `dequantize_row_q4_K` defines the weights, and the sum of
     /// its terms' magnitudes.
     fn exact(x: &[BlockQ4K], y: &[BlockQ8K]) -> (f64, f64) {
-        x.iter().zip(y).fold((0.0, 0.0), |(sum, size), (xb, yb)| {
-            let (mut scaled, mut mins, mut magnitude) = (0i64, 0i64, 0f64);
-            let (d, dmin) = (f16(xb.d), f16(xb.dmin));
-            for i in 0..QK_K {
-                let (chunk, l) = (i / 64, i % 64);
-                let byte = xb.qs[32 * chunk + l % 32];
-                let q = i64::from(if l < 32 { byte & 0xf } else { byte >> 4 });
-                let (s, m) = scale_min(i / 32, &xb.scales);
-                let y = i64::from(yb.qs[i]);
-                scaled += s * q * y;
-                mins += m * y;
-                magnitude += d * (s * q * y).abs() as f64 + dmin * (m * y).abs() as f64;
-            }
-            let dy = f64::from(yb.d);
-            (sum + dy * (d * scaled as f64 - dmin * mins as f64), size + dy * magnitude)
-        })
+        let value = |b: &BlockQ4K, i: usize| {
+            let (chunk, l) = (i / 64, i % 64);
+            let byte = b.qs[32 * chunk + l % 32];
+            i64::from(if l < 32 { byte & 0xf } else { byte >> 4 })
+        };
+        exact_with_mins(x, y, |b| (b.d, b.dmin, b.scales), value)
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! The K-quant kernels (Q4_K and Q6_K, AVX-512 only) against ggml's own `· Q8_K` kernels: one
+//! The K-quant kernels (Q4_K, Q5_K and Q6_K, AVX-512 only) against ggml's own `· Q8_K` kernels: one
 //! row, and a few rows through `multiply` with the strides and row shares ggml uses; on weights
 //! ggml quantized and on a pulled model's own rows.
 
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 
-use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
+use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
 
 use super::install::{ggml_kernel, quantize_q8_k_v4, traits_of, Level};
 use super::small_batches::{multiply, ComputeParams, Product};
@@ -15,7 +15,7 @@ use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
 const Q8_K_BYTES: usize = std::mem::size_of::<BlockQ8K>();
 
 /// The weight types, with their block sizes in bytes.
-const TYPES: [(ggml_type, usize); 2] = [(GGML_TYPE_Q4_K, 144), (GGML_TYPE_Q6_K, 210)];
+const TYPES: [(ggml_type, usize); 3] = [(GGML_TYPE_Q4_K, 144), (GGML_TYPE_Q6_K, 210), (GGML_TYPE_Q5_K, 176)];
 
 /// Values spread as a layer's weights or activations are: mostly small, a few large.
 fn floats(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -137,9 +137,9 @@ fn avx512() -> bool {
 fn one_row_agrees_with_ggml_on_quantized_and_real_weights() {
     assert!(avx512(), "the machines these tests run on all have AVX-512 VNNI");
     ggml_ready();
-    let (q4_k, q6_k) = Level::V4.k_quants().expect("AVX-512 has K-quant kernels");
+    let k_quants = Level::V4.k_quants().expect("AVX-512 has K-quant kernels");
     assert!(Level::V3.k_quants().is_none(), "with AVX2 ggml's kernels serve K-quants");
-    let ours = |ty: ggml_type| if ty == GGML_TYPE_Q4_K { q4_k } else { q6_k };
+    let ours = |ty: ggml_type| k_quants.iter().find(|k| k.0 == ty).expect("a kernel for every type tested").1;
     let mut rng = Rng(0x5851_f42d_4c95_7f2d);
     let mut cases = Vec::new();
     for t in TYPES {

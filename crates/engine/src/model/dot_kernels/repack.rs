@@ -96,15 +96,18 @@ extern "C" fn wrapped_repack_buffer_type() -> *mut c_void {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
+    use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
 
-    const V4: [ggml_type; 5] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K];
+    const V4: [ggml_type; 6] =
+        [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K];
     const V3: [ggml_type; 2] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0];
 
     #[test]
     fn repacking_is_skipped_only_where_gantry_serves_every_type_ggml_would_copy() {
         let q4_k_m = [GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0];
         assert!(costs_nothing(&V4, &q4_k_m), "Gantry's AVX-512 kernels serve a Q4_K_M model");
+        let q5_k_m = [GGML_TYPE_F32, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0];
+        assert!(costs_nothing(&V3, &q5_k_m), "ggml copies no Q5_K_M weight on x86");
         assert!(costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "AVX-512 serves Q4_0");
         assert!(!costs_nothing(&V3, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "AVX2 leaves Q4_0 repacked");
         use super::super::install::Level;

@@ -6,7 +6,7 @@
 //! which pays over a prompt's hundreds of rows and not over a few decoding streams': on
 //! qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 5, 8 streams decoded 56 tok/s where 4 decoded 117, with
 //! a third of the time unpacking and another third in OpenMP's barrier. Where Gantry's AVX-512
-//! kernels serve the weight type (Q4_K, Q6_K), products of fewer than [`TILED_FROM_ROWS`] rows
+//! kernels serve the weight type (Q4_K, Q5_K, Q6_K), products of fewer than [`TILED_FROM_ROWS`] rows
 //! are declined here: ggml then quantizes the activations to Q8_K and calls `llamafile_sgemm`,
 //! which `small_batches` answers, as it does for 2 to 7 rows. Other types keep ggml's choice.
 //!
@@ -16,7 +16,7 @@
 
 use std::os::raw::c_void;
 
-use llama_cpp_sys_2::{ggml_tensor, ggml_type, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+use llama_cpp_sys_2::{ggml_tensor, ggml_type, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
 
 use super::install::Level;
 use super::small_batches;
@@ -32,7 +32,7 @@ pub(super) const TILED_FROM_ROWS: i64 = 34;
 /// `level`'s kernels serving.
 pub(super) fn declined(level: Option<Level>, weights: ggml_type, rows: i64) -> bool {
     level == Some(Level::V4)
-        && (weights == GGML_TYPE_Q4_K || weights == GGML_TYPE_Q6_K)
+        && [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K].contains(&weights)
         && rows < TILED_FROM_ROWS.min(small_batches::max_columns(Level::V4) + 1)
 }
 
@@ -62,11 +62,11 @@ unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llama_cpp_sys_2::{GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q8_0};
+    use llama_cpp_sys_2::{GGML_TYPE_IQ4_XS, GGML_TYPE_Q3_K, GGML_TYPE_Q8_0};
 
     #[test]
     fn only_the_k_quants_gantry_serves_with_avx512_are_declined_below_the_threshold() {
-        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q6_K] {
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K] {
             assert!(declined(Some(Level::V4), ty, 8), "a few decoding streams");
             assert!(declined(Some(Level::V4), ty, 33));
             assert!(declined(Some(Level::V4), ty, TILED_FROM_ROWS - 1));
@@ -75,7 +75,7 @@ mod tests {
             assert!(!declined(Some(Level::V3), ty, 8), "Gantry's AVX2 kernels serve no K-quant");
             assert!(!declined(None, ty, 8), "Gantry's kernels not in use");
         }
-        for ty in [GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q8_0] {
+        for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q8_0] {
             assert!(!declined(Some(Level::V4), ty, 8), "ggml's choice for types Gantry does not serve here");
         }
     }
