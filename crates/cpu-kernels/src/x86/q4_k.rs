@@ -46,15 +46,25 @@ fn scales_and_mins(packed: [u8; 12]) -> [u32; 4] {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn unpack(b: *const BlockQ4K) -> Unpacked {
+    let values = unsafe { nibbles(addr_of!((*b).qs).cast()) };
+    let (d, dmin) = unsafe { (read_unaligned(addr_of!((*b).d)), read_unaligned(addr_of!((*b).dmin))) };
+    unsafe { with_scales(values, read_unaligned(addr_of!((*b).scales)), d, dmin) }
+}
+
+/// The 128 bytes of nibbles `qs` as Q4_K and Q5_K lay them out, values 64·j to 64·j + 63 in
+/// `values[j]`: byte `l` of each 32 holds value `l` in its low nibble and `l + 32` in its high one.
+///
+/// # Safety
+/// `qs` points to 128 bytes, and this CPU has the AVX-512 level's features.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn nibbles(qs: *const u8) -> [__m512i; 4] {
     let low4 = _mm256_set1_epi8(0x0f);
-    let qs = unsafe { addr_of!((*b).qs).cast::<u8>() };
-    let values = std::array::from_fn(|j| {
+    std::array::from_fn(|j| {
         let packed = unsafe { _mm256_loadu_si256(qs.add(32 * j).cast()) };
         let (lo, hi) = (_mm256_and_si256(packed, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low4));
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-    });
-    let (d, dmin) = unsafe { (read_unaligned(addr_of!((*b).d)), read_unaligned(addr_of!((*b).dmin))) };
-    unsafe { with_scales(values, read_unaligned(addr_of!((*b).scales)), d, dmin) }
+    })
 }
 
 /// A block's values (64·j to 64·j + 63 in `values[j]`) with its packed scales and mins and both

@@ -4,7 +4,7 @@
 //! activation rows ggml multiplies each weight row with each row separately.
 
 use super::k_quants::{entry_points, impl_k_quant, BlockQ8K, KQuant, QK_K};
-use super::q4_k::{add_product, with_scales, Unpacked};
+use super::q4_k::{add_product, nibbles, with_scales, Unpacked};
 use super::*;
 
 /// ggml's `block_q5_K`: Q4_K's fields with the fifth bits between its scales and nibbles. Value
@@ -27,20 +27,16 @@ const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn unpack(b: *const BlockQ5K) -> Unpacked {
-    let low4 = _mm256_set1_epi8(0x0f);
     let fifth = _mm512_set1_epi8(0x10);
-    let qs = unsafe { addr_of!((*b).qs).cast::<u8>() };
+    let nibbles = unsafe { nibbles(addr_of!((*b).qs).cast()) };
     // The fifth bits in both halves; for values 64·j + (0..32) bit 2j of each byte is moved to
     // bit 4, for 64·j + 32 + (0..32) bit 2j + 1 (16-bit shifts: what crosses from the next byte
     // lands outside bit 4).
     let qh = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(addr_of!((*b).qh).cast()) });
     let up = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(3));
     let values = std::array::from_fn(|j| {
-        let packed = unsafe { _mm256_loadu_si256(qs.add(32 * j).cast()) };
-        let (lo, hi) = (_mm256_and_si256(packed, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low4));
-        let nibbles = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
         let bits = _mm512_srlv_epi16(qh, _mm512_set1_epi16(2 * j as i16));
-        _mm512_or_si512(nibbles, _mm512_and_si512(_mm512_sllv_epi16(bits, up), fifth))
+        _mm512_or_si512(nibbles[j], _mm512_and_si512(_mm512_sllv_epi16(bits, up), fifth))
     });
     let (d, dmin) = unsafe { (read_unaligned(addr_of!((*b).d)), read_unaligned(addr_of!((*b).dmin))) };
     unsafe { with_scales(values, read_unaligned(addr_of!((*b).scales)), d, dmin) }

@@ -61,6 +61,12 @@ impl Level {
         }
     }
 
+    /// Whether the level has a K-quant kernel for weights of `ty` ([`Self::k_quants`]): what
+    /// `small_batches` serves with Q8_K activations and `tiled` declines for it.
+    pub(super) fn serves_k_quant(self, ty: ggml_type) -> bool {
+        self.k_quants().is_some_and(|kernels| kernels.iter().any(|(t, _)| *t == ty))
+    }
+
     /// The weight types the level's kernels serve at every row count ggml's repacked copies
     /// would (one activation row, a few, a prompt's ubatch): all but Q4_0 with AVX2, whose
     /// prompts past 12 rows would go to llamafile's kernels. On a 2-core Zen 5 llamafile's took

@@ -206,8 +206,7 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
         && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0) || is(p.a_type, GGML_TYPE_Q4_0));
     // K-quants only with AVX-512; ggml asks with Q8_K activations, after its own tiled kernel
     // declined (it takes eight rows and more).
-    let k_quant = level == Some(Level::V4)
-        && (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q5_K) || is(p.a_type, GGML_TYPE_Q6_K))
+    let k_quant = level.is_some_and(|l| ggml_type::try_from(p.a_type).is_ok_and(|ty| l.serves_k_quant(ty)))
         && is(p.b_type, GGML_TYPE_Q8_K);
     let ours = fits && (zero_types || k_quant);
     if !ours && p.n == 1 && level.is_some() && is(p.c_type, GGML_TYPE_F32) {

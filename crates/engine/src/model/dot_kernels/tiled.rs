@@ -16,7 +16,7 @@
 
 use std::os::raw::c_void;
 
-use llama_cpp_sys_2::{ggml_tensor, ggml_type, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+use llama_cpp_sys_2::{ggml_tensor, ggml_type};
 
 use super::install::Level;
 use super::small_batches;
@@ -31,8 +31,7 @@ pub(super) const TILED_FROM_ROWS: i64 = 34;
 /// Whether a product of `weights` by `rows` activation rows is left to `small_batches`, with
 /// `level`'s kernels serving.
 pub(super) fn declined(level: Option<Level>, weights: ggml_type, rows: i64) -> bool {
-    level == Some(Level::V4)
-        && [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K].contains(&weights)
+    level.is_some_and(|l| l.serves_k_quant(weights))
         && rows < TILED_FROM_ROWS.min(small_batches::max_columns(Level::V4) + 1)
 }
 
@@ -62,7 +61,9 @@ unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llama_cpp_sys_2::{GGML_TYPE_IQ4_XS, GGML_TYPE_Q3_K, GGML_TYPE_Q8_0};
+    use llama_cpp_sys_2::{
+        GGML_TYPE_IQ4_XS, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+    };
 
     #[test]
     fn only_the_k_quants_gantry_serves_with_avx512_are_declined_below_the_threshold() {
