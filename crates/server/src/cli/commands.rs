@@ -200,7 +200,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
         OutputFormat::Csv => print!("{}", requests_csv(&rows)),
         OutputFormat::Table => {
             println!(
-                "{:<42} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} BATCH",
+                "{:<42} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} {:<8} BATCH",
                 "REQUEST_ID",
                 "CLIENT_REQUEST_ID",
                 "KEY",
@@ -211,11 +211,12 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
                 "REASONING",
                 "OUTCOME",
                 "STARTED",
-                "MS"
+                "MS",
+                "TIER"
             );
             for r in rows {
                 println!(
-                    "{:<42} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} {}",
+                    "{:<42} {:<24} {:<16} {:<28} {:>7} {:>7} {:>10} {:>9} {:<9} {:<20} {:>9} {:<8} {}",
                     r.request_id,
                     r.client_request_id.as_deref().unwrap_or("-"),
                     r.key_name,
@@ -227,6 +228,7 @@ async fn usage_requests(args: &UsageArgs, query: &gantry_accounts::UsageQuery) -
                     r.outcome,
                     format_time(r.started_at_ms.div_euclid(1000)),
                     r.finished_at_ms - r.started_at_ms,
+                    r.service_tier,
                     r.batch_id.as_deref().unwrap_or("-")
                 );
             }
