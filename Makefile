@@ -23,7 +23,7 @@ BENCH_GPU ?= 0
 # make bench-matrix: the catalogue models it pulls, the quantizations the 1.5B is requantized to,
 # where the reports go, and the workloads and levels of each run (scripts/bench-matrix.sh).
 MATRIX_MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m
-MATRIX_QUANTS ?= Q8_0 Q4_0 Q5_K_M
+MATRIX_QUANTS ?= Q8_0 Q4_0 Q5_K_M IQ4_XS
 MATRIX_DIR ?= docs/bench-matrix
 MATRIX_ARGS ?= --workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4
 # Models (file stems) whose matrix run adds the real-traffic workload at 1, 4 and 8 streams.

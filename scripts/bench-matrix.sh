@@ -6,8 +6,8 @@
 # ~/.cache/gantry/models, and the 1.5B requantized from its Q4_K_M to each of MATRIX_QUANTS with
 # the reference build's llama-quantize (`--allow-requantize`; written once beside the pulled
 # file as qwen2.5-coder-1.5b-instruct-<quant>.gguf, whose names crates/bench/src/targets.rs
-# matches). Requantizing a Q4_K_M loses what Q4_K_M already lost: these files are for speed, the
-# kernels Gantry has for Q8_0 and Q4_0, not for quality.
+# matches). Requantizing a Q4_K_M loses what Q4_K_M already lost: these files are for speed (the
+# kernels Gantry has for Q8_0, Q4_0, Q5_K and IQ4_XS), not for quality.
 #
 # The models in MATRIX_TRAFFIC (file stems; default the 1.5B as shipped, whose real-traffic
 # targets issue #53 sets) also run the `traffic` workload (real ShareGPT conversations, closed
@@ -26,7 +26,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 GANTRY_BIN="${GANTRY_BIN:-target/release/gantry}"
 BENCH_BIN="${BENCH_BIN:-target/release/gantry-bench}"
 MATRIX_MODELS="${MATRIX_MODELS:-qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m}"
-MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0 Q5_K_M}"
+MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0 Q5_K_M IQ4_XS}"
 MATRIX_DIR="${MATRIX_DIR:-docs/bench-matrix}"
 MATRIX_ARGS="${MATRIX_ARGS:---workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4}"
 MATRIX_TRAFFIC="${MATRIX_TRAFFIC:-qwen2.5-coder-1.5b-instruct-q4_k_m}"

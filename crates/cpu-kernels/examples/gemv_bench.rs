@@ -1,6 +1,7 @@
 //! A decode step's matrix-vector products on K-quant weights, timed: one activation row against
-//! a few hundred MB of Q4_K, Q5_K or Q6_K rows, on 2 threads as ggml runs them, against a plain read
-//! of the same bytes. `cargo run --release -p gantry-cpu-kernels --example gemv_bench`.
+//! a few hundred MB of Q4_K, Q5_K, Q6_K or IQ4_XS rows, on 2 threads as ggml runs them, against a
+//! plain read of the same bytes. `cargo run --release -p gantry-cpu-kernels --example gemv_bench
+//! [TYPE]` (a prefix of `q4_k`, `q5_k`, `q6_k` or `iq4_xs` measures that type only).
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
@@ -17,7 +18,7 @@ mod bench {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
     struct Rng(u64);
     impl Rng {
@@ -142,6 +143,7 @@ mod bench {
     per_row!(per_row_q4, BlockQ4K, v4::dot_q4_k);
     per_row!(per_row_q5, BlockQ5K, v4::dot_q5_k);
     per_row!(per_row_q6, BlockQ6K, v4::dot_q6_k);
+    per_row!(per_row_iq4_xs, BlockIQ4XS, v4::dot_iq4_xs);
 
     fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
         let bytes = count * std::mem::size_of::<B>();
@@ -171,33 +173,23 @@ mod bench {
                     BlockQ8K { d: 0.01, qs, bsums }
                 })
                 .collect();
-            if filter.is_empty() || filter == "q4" {
-                let mats = target / (rows * k * 144);
-                let w: Vec<BlockQ4K> = random(&mut rng, mats * rows * k);
-                for chunked in [true, false] {
-                    let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
-                    let one = time(&w, mats, rows, k, &y, per_row_q4, chunked);
-                    println!("q4_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
-                }
+            macro_rules! measure {
+                ($name:literal, $Block:ty, $per_row:ident) => {
+                    if filter.is_empty() || $name.starts_with(filter.as_str()) {
+                        let mats = target / (rows * k * std::mem::size_of::<$Block>());
+                        let w: Vec<$Block> = random(&mut rng, mats * rows * k);
+                        for chunked in [true, false] {
+                            let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
+                            let one = time(&w, mats, rows, k, &y, $per_row, chunked);
+                            println!("{} {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}", $name);
+                        }
+                    }
+                };
             }
-            if filter.is_empty() || filter == "q5" {
-                let mats = target / (rows * k * 176);
-                let w: Vec<BlockQ5K> = random(&mut rng, mats * rows * k);
-                for chunked in [true, false] {
-                    let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
-                    let one = time(&w, mats, rows, k, &y, per_row_q5, chunked);
-                    println!("q5_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
-                }
-            }
-            if filter.is_empty() || filter == "q6" {
-                let mats = target / (rows * k * 210);
-                let w: Vec<BlockQ6K> = random(&mut rng, mats * rows * k);
-                for chunked in [true, false] {
-                    let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
-                    let one = time(&w, mats, rows, k, &y, per_row_q6, chunked);
-                    println!("q6_k {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}");
-                }
-            }
+            measure!("q4_k", BlockQ4K, per_row_q4);
+            measure!("q5_k", BlockQ5K, per_row_q5);
+            measure!("q6_k", BlockQ6K, per_row_q6);
+            measure!("iq4_xs", BlockIQ4XS, per_row_iq4_xs);
         }
     }
 }

@@ -179,6 +179,7 @@ macro_rules! each_tile {
     }};
 }
 
+mod iq4_xs;
 mod k_quants;
 mod q4_k;
 mod q5_k;
@@ -188,6 +189,7 @@ mod wide;
 mod wide_prompt;
 mod wide_row;
 
+pub use iq4_xs::BlockIQ4XS;
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
 pub use q5_k::BlockQ5K;
@@ -449,6 +451,7 @@ level!(
         _mm256_cvtepi32_ps(pairs)
     },
     pub use super::{
+        iq4_xs::{dot_iq4_xs, gemm_iq4_xs},
         q4_k::{dot_q4_k, gemm_q4_k},
         q5_k::{dot_q5_k, gemm_q5_k},
         q6_k::{dot_q6_k, gemm_q6_k},

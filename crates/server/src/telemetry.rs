@@ -73,7 +73,7 @@ pub(crate) fn install() {
 /// for this CPU at start in the portable build, `built-in` otherwise: native to the build host for
 /// `make build`, portable AVX2 in `make test`'s debug build) and its features, logged and exported
 /// as `gantry_cpu_backend_info{variant="…", features="…", dot_kernels="…", small_batches="…"} 1`;
-/// `dot_kernels` names whose Q8_0/Q5_0 (and with AVX-512 Q4_K/Q5_K/Q6_K) dot products run
+/// `dot_kernels` names whose Q8_0/Q5_0 (and with AVX-512 Q4_K/Q5_K/Q6_K/IQ4_XS) dot products run
 /// (`--cpu-kernels`), put in place here, before any model loads, `small_batches` whose products of
 /// those weights with a few rows of activations (Gantry's where ggml's CPU backend is linked in,
 /// else llamafile's), and `repacked_weights` whether ggml copies Q4_0/Q4_K/IQ4_NL weights into its
@@ -93,7 +93,7 @@ pub(crate) fn report_cpu_backend(
     );
     describe_gauge!(
         "gantry_cpu_backend_info",
-        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with, dot_kernels whose Q8_0/Q5_0/Q4_0 (with AVX-512 also Q4_K/Q5_K/Q6_K) dot products run, small_batches whose products of those weights with a few rows of activations, repacked_weights whether ggml keeps repacked copies of Q4_0/Q4_K/IQ4_NL weights (not where Gantry's kernels serve every such type of the models)."
+        "Always 1; variant names the build of ggml's CPU backend that runs, features the CPU features it was built with, dot_kernels whose Q8_0/Q5_0/Q4_0 (with AVX-512 also Q4_K/Q5_K/Q6_K/IQ4_XS) dot products run, small_batches whose products of those weights with a few rows of activations, repacked_weights whether ggml keeps repacked copies of Q4_0/Q4_K/IQ4_NL weights (not where Gantry's kernels serve every such type of the models)."
     );
     gauge!(
         "gantry_cpu_backend_info",

@@ -1,5 +1,6 @@
-//! The AVX-512 level's products of K-quant weights (256 values a block: Q4_K, Q5_K, Q6_K) with Q8_K
-//! activations, one row (ggml's `vec_dot`) and a few rows of activations at once.
+//! The AVX-512 level's products of K-quant weights (256 values a block: Q4_K, Q5_K, Q6_K, and
+//! IQ4_XS, which ggml multiplies with the same Q8_K activations) with Q8_K activations, one row
+//! (ggml's `vec_dot`) and a few rows of activations at once.
 //!
 //! ggml's x86 kernels for these types multiply each weight row by one activation row at a time
 //! (AVX2), or, for Q4_K, by four at a time from a copy repacked at load. Here each weight block is
@@ -309,13 +310,25 @@ pub(super) mod test_data {
         dot: unsafe fn(usize, *const B, *const BlockQ8K) -> f32,
         gemm: Gemm<B>,
     ) {
+        check_with(rng, random, random_q8, exact, dot, gemm);
+    }
+
+    /// [`check`] with activations from `q8` (`k` blocks).
+    pub(crate) fn check_with<B>(
+        rng: &mut Rng,
+        random: impl Fn(&mut Rng, usize) -> Vec<B>,
+        q8: impl Fn(&mut Rng, usize) -> Vec<BlockQ8K>,
+        exact: impl Fn(&[B], &[BlockQ8K]) -> (f64, f64),
+        dot: unsafe fn(usize, *const B, *const BlockQ8K) -> f32,
+        gemm: Gemm<B>,
+    ) {
         assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
         // 1536 and 8960 values: qwen2.5-coder-1.5b's rows.
         for k in [1, 2, 3, 6, 35] {
             let rows = 5;
             let x = random(rng, rows * k);
             for n in 1..=11 {
-                let y = random_q8(rng, n * k);
+                let y = q8(rng, n * k);
                 let mut c = vec![f32::NAN; n * rows];
                 unsafe { gemm(0..rows, n, k, x.as_ptr(), k, y.as_ptr(), k, c.as_mut_ptr(), rows) };
                 for i in 0..rows {

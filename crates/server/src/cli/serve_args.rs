@@ -96,7 +96,7 @@ pub struct ServeArgs {
     /// serves the file as it is. Chat models are never converted.
     #[arg(long, value_enum, default_value_t = TwinArg::Auto)]
     pub f32_as_bf16: TwinArg,
-    /// Whose CPU kernels multiply Q8_0, Q5_0 and Q4_0 weights (with AVX-512 also Q4_K, Q5_K and Q6_K, and
+    /// Whose CPU kernels multiply Q8_0, Q5_0 and Q4_0 weights (with AVX-512 also Q4_K, Q5_K, Q6_K and IQ4_XS, and
     /// ggml then makes no repacked copies of Q4_K weights) by one row of activations (a decoding
     /// stream's step) and by a few rows (a few streams' step, drafts, short prompts): `gantry`'s
     /// (x86 with AVX2; the same integer products as ggml's, fetched ahead: faster decoding), or

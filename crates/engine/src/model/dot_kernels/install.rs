@@ -3,11 +3,13 @@
 use std::os::raw::{c_int, c_void};
 
 use llama_cpp_sys_2::{
-    ggml_type, ggml_type_traits_cpu, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
-    GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
+    ggml_type, ggml_type_traits_cpu, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_0, GGML_TYPE_Q5_K,
+    GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
 };
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K};
+use gantry_cpu_kernels::x86::{
+    v3, v4, BlockIQ4XS, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K,
+};
 
 /// ggml's `ggml_vec_dot_t`: `s[0] = x · y` over `n` values; `bs`, `bx`, `by` and `nrc` only
 /// matter for kernels that compute several rows at once, which these types do not on x86 (their
@@ -52,11 +54,16 @@ impl Level {
         }
     }
 
-    /// The level's K-quant kernels (Q4_K, Q5_K and Q6_K, each · Q8_K) with their weight types:
-    /// only AVX-512 has them (with AVX2, ggml's serve).
-    pub(super) fn k_quants(self) -> Option<[(ggml_type, VecDot); 3]> {
+    /// The level's K-quant kernels (Q4_K, Q5_K, Q6_K and IQ4_XS, each · Q8_K) with their weight
+    /// types: only AVX-512 has them (with AVX2, ggml's serve).
+    pub(super) fn k_quants(self) -> Option<[(ggml_type, VecDot); 4]> {
         match self {
-            Self::V4 => Some([(GGML_TYPE_Q4_K, q4_k_v4), (GGML_TYPE_Q5_K, q5_k_v4), (GGML_TYPE_Q6_K, q6_k_v4)]),
+            Self::V4 => Some([
+                (GGML_TYPE_Q4_K, q4_k_v4),
+                (GGML_TYPE_Q5_K, q5_k_v4),
+                (GGML_TYPE_Q6_K, q6_k_v4),
+                (GGML_TYPE_IQ4_XS, iq4_xs_v4),
+            ]),
             Self::V3 => None,
         }
     }
@@ -122,6 +129,7 @@ entry!(q4_0_v4, v4, dot_q4_0, BlockQ4);
 entry!(q4_k_v4, v4, dot_q4_k, BlockQ4K, QK_K, BlockQ8K);
 entry!(q5_k_v4, v4, dot_q5_k, BlockQ5K, QK_K, BlockQ8K);
 entry!(q6_k_v4, v4, dot_q6_k, BlockQ6K, QK_K, BlockQ8K);
+entry!(iq4_xs_v4, v4, dot_iq4_xs, BlockIQ4XS, QK_K, BlockQ8K);
 
 /// ggml's own kernel for `ty` (for tests, which compare against it).
 #[cfg(test)]

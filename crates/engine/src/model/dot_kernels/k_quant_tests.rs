@@ -1,11 +1,13 @@
-//! The K-quant kernels (Q4_K, Q5_K and Q6_K, AVX-512 only) against ggml's own `· Q8_K` kernels: one
+//! The K-quant kernels (Q4_K, Q5_K, Q6_K and IQ4_XS, AVX-512 only) against ggml's own `· Q8_K` kernels: one
 //! row, and a few rows through `multiply` with the strides and row shares ggml uses; on weights
 //! ggml quantized and on a pulled model's own rows.
 
 use std::os::raw::{c_int, c_void};
 use std::path::PathBuf;
 
-use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
+use llama_cpp_sys_2::{
+    ggml_type, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K,
+};
 
 use super::install::{ggml_kernel, quantize_q8_k_v4, traits_of, Level};
 use super::small_batches::{multiply, ComputeParams, Product};
@@ -15,7 +17,8 @@ use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
 const Q8_K_BYTES: usize = std::mem::size_of::<BlockQ8K>();
 
 /// The weight types, with their block sizes in bytes.
-const TYPES: [(ggml_type, usize); 3] = [(GGML_TYPE_Q4_K, 144), (GGML_TYPE_Q6_K, 210), (GGML_TYPE_Q5_K, 176)];
+const TYPES: [(ggml_type, usize); 4] =
+    [(GGML_TYPE_Q4_K, 144), (GGML_TYPE_Q6_K, 210), (GGML_TYPE_Q5_K, 176), (GGML_TYPE_IQ4_XS, 136)];
 
 /// Values spread as a layer's weights or activations are: mostly small, a few large.
 fn floats(rng: &mut Rng, n: usize) -> Vec<f32> {

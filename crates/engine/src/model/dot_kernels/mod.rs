@@ -1,5 +1,5 @@
 //! Gantry's own x86 kernels for ggml's Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_0 · Q8_0 and (AVX-512 only) Q4_K · Q8_K,
-//! Q5_K · Q8_K and Q6_K · Q8_K dot products, put in place of ggml's at start.
+//! Q5_K · Q8_K, Q6_K · Q8_K and IQ4_XS · Q8_K dot products, put in place of ggml's at start.
 //!
 //! A step with one decoding stream multiplies each weight row by a single row of activations: one
 //! dot product per weight row (ggml's `vec_dot`; two or more rows of activations go to llamafile's
@@ -17,9 +17,10 @@
 //! AVX-512 level. `--cpu-kernels ggml` keeps ggml's own.
 //!
 //! The AVX-512 level also serves the K-quants of every Q4_K_M and Q5_K_M model, Q4_K, Q5_K and
-//! Q6_K (`gantry-cpu-kernels`' `k_quants`), one row here and a few rows in `small_batches`:
-//! ggml's x86 Q5_K and Q6_K kernels multiply each activation row separately, and its Q4_K one
-//! reads a repacked copy (`repack` says why that copy is no longer made).
+//! Q6_K, and IQ4_XS (`gantry-cpu-kernels`' `k_quants`), one row here and a few rows in
+//! `small_batches`: ggml's x86 Q5_K, Q6_K and IQ4_XS kernels multiply each activation row
+//! separately, and its Q4_K one reads a repacked copy (`repack` says why that copy is no longer
+//! made).
 //!
 //! ggml looks its kernels up in a constant table (`ggml_get_type_traits_cpu`) at every matrix
 //! product, so putting ours there needs no change to llama.cpp: the table's page is made
@@ -44,7 +45,8 @@ mod tests;
 #[cfg(ggml_cpu_static)]
 mod tiled;
 
-/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_0, Q4_K, Q5_K and Q6_K weights on the CPU (`--cpu-kernels`).
+/// Whose dot-product kernels serve Q8_0, Q5_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS weights on the CPU
+/// (`--cpu-kernels`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuKernels {
     /// Gantry's, where this CPU and build allow them; else ggml's.
@@ -103,7 +105,8 @@ pub fn weights_repacked() -> bool {
     true
 }
 
-/// Whose kernels multiply Q8_0, Q5_0, Q4_0, Q4_K, Q5_K and Q6_K weights by a few rows of activations (`small_batches`):
+/// Whose kernels multiply Q8_0, Q5_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS weights by a few rows of activations
+/// (`small_batches`):
 /// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
 /// CPU backend is linked in, else `llamafile`.
 pub fn small_batch_kernels() -> &'static str {

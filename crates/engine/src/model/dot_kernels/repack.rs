@@ -96,10 +96,19 @@ extern "C" fn wrapped_repack_buffer_type() -> *mut c_void {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llama_cpp_sys_2::{GGML_TYPE_F32, GGML_TYPE_Q5_0, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
+    use llama_cpp_sys_2::{
+        GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_0, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+    };
 
-    const V4: [ggml_type; 6] =
-        [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K];
+    const V4: [ggml_type; 7] = [
+        GGML_TYPE_Q8_0,
+        GGML_TYPE_Q5_0,
+        GGML_TYPE_Q4_0,
+        GGML_TYPE_Q4_K,
+        GGML_TYPE_Q5_K,
+        GGML_TYPE_Q6_K,
+        GGML_TYPE_IQ4_XS,
+    ];
     const V3: [ggml_type; 2] = [GGML_TYPE_Q8_0, GGML_TYPE_Q5_0];
 
     #[test]
@@ -108,6 +117,8 @@ mod tests {
         assert!(costs_nothing(&V4, &q4_k_m), "Gantry's AVX-512 kernels serve a Q4_K_M model");
         let q5_k_m = [GGML_TYPE_F32, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0];
         assert!(costs_nothing(&V3, &q5_k_m), "ggml copies no Q5_K_M weight on x86");
+        let iq4_xs = [GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q6_K];
+        assert!(costs_nothing(&V3, &iq4_xs), "ggml copies no IQ4_XS weight on x86");
         assert!(costs_nothing(&V4, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "AVX-512 serves Q4_0");
         assert!(!costs_nothing(&V3, &[GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K]), "AVX2 leaves Q4_0 repacked");
         use super::super::install::Level;

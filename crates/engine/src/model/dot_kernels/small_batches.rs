@@ -8,9 +8,10 @@
 //! without fetching ahead, so a few rows wait on memory like one does, and more. This module
 //! answers those calls for Q8_0, Q5_0 and Q4_0 weights with Gantry's tile kernels (crate
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
-//! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K, Q5_K and Q6_K
-//! weights too: ggml asks for those with Q8_K activations, for 2 to 33 rows (its own tiled kernel takes
-//! more first: `tiled` declines fewer), and each weight row is unpacked once for up to eight of them. One activation row of
+//! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K, Q5_K, Q6_K and
+//! IQ4_XS weights too: ggml asks for those with Q8_K activations, for 2 to 33 rows (its own tiled
+//! kernel takes more first: `tiled` declines fewer), and each weight row is unpacked once for up to
+//! eight of them. One activation row of
 //! most other quantized types runs ggml's own `vec_dot` for the type here, over contiguous shares
 //! ([`ggml_one_row`]). Everything else (more rows, other types) goes on to llamafile.
 //!
@@ -33,7 +34,7 @@ use llama_cpp_sys_2::{
     GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
 };
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K};
+use gantry_cpu_kernels::x86::{v3, v4, BlockIQ4XS, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K};
 
 use super::install::{traits_of_type, Level, VecDot};
 
@@ -250,6 +251,7 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
             GGML_TYPE_Q4_K => v4::gemm_q4_k(rows, n, k, a.cast::<BlockQ4K>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_Q5_K => v4::gemm_q5_k(rows, n, k, a.cast::<BlockQ5K>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_Q6_K => v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, q8_k, ldb, c, ldc),
+            GGML_TYPE_IQ4_XS => v4::gemm_iq4_xs(rows, n, k, a.cast::<BlockIQ4XS>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_Q8_0 if v4 => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
             GGML_TYPE_Q8_0 => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
             GGML_TYPE_Q4_0 if v4 => v4::gemm_q4_0(rows, n, k, a.cast::<BlockQ4>(), lda, q8_0, ldb, c, ldc),
@@ -300,6 +302,7 @@ unsafe fn one_row(
         GGML_TYPE_Q4_K => each_row!(v4::dot_q4_k, BlockQ4K, BlockQ8K),
         GGML_TYPE_Q5_K => each_row!(v4::dot_q5_k, BlockQ5K, BlockQ8K),
         GGML_TYPE_Q6_K => each_row!(v4::dot_q6_k, BlockQ6K, BlockQ8K),
+        GGML_TYPE_IQ4_XS => each_row!(v4::dot_iq4_xs, BlockIQ4XS, BlockQ8K),
         GGML_TYPE_Q8_0 => each_row!(v3::dot_q8_0, BlockQ8, BlockQ8),
         GGML_TYPE_Q4_0 => each_row!(v3::dot_q4_0, BlockQ4, BlockQ8),
         _ if v4 => each_row!(v4::dot_q5_0, BlockQ5, BlockQ8),
@@ -312,8 +315,8 @@ unsafe fn one_row(
 /// MB of 8,960 rows of 1,536 values / 1,536 of 8,960, `gantry-engine`'s `vec_dot_bench`), GB/s
 /// in runs of 64 rows against one share: Q4_1 23 / 37 and 27 / 29, Q5_1 28 / 40 and 34 / 36,
 /// Q2_K 13 / 35 and 30 / 37, Q3_K 17 / 28 and 24 / 28, Q4_K 26 / 42 and 31 / 41, Q5_K 26 / 44
-/// and 39 / 44, Q6_K 32 / 41 and 34 / 43, IQ4_XS 19 / 33 and 29 / 36. (Q4_K, Q5_K and Q6_K reach
-/// here only without AVX-512, and Q4_K only where ggml did not repack it.) IQ4_NL stays with
+/// and 39 / 44, Q6_K 32 / 41 and 34 / 43, IQ4_XS 19 / 33 and 29 / 36. (Q4_K, Q5_K, Q6_K and
+/// IQ4_XS reach here only without AVX-512, and Q4_K only where ggml did not repack it.) IQ4_NL stays with
 /// llamafile, which multiplies it where ggml did not repack it.
 const GGML_SHARED: [ggml_type; 8] = [
     GGML_TYPE_Q4_1,

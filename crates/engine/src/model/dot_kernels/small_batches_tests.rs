@@ -240,10 +240,9 @@ fn other_types_one_row_is_ggmls_own_vec_dot_to_the_bit_in_every_share() {
                     let done = unsafe {
                         multiply(Some(level), &ComputeParams { ith, nth: 3 }, product(traits.vec_dot_type, 1, &mut c))
                     };
-                    let k_quant = matches!(ty, GGML_TYPE_Q4_K | GGML_TYPE_Q5_K | GGML_TYPE_Q6_K);
-                    assert!(done || (level == Level::V4 && k_quant), "{at}");
+                    assert!(done || level.serves_k_quant(ty), "{at}");
                 }
-                if level == Level::V4 && matches!(ty, GGML_TYPE_Q4_K | GGML_TYPE_Q5_K | GGML_TYPE_Q6_K) {
+                if level.serves_k_quant(ty) {
                     continue; // Gantry's own kernels (k_quant_tests).
                 }
                 for (r, got) in c.iter().enumerate() {

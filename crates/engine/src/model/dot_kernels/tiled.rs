@@ -6,9 +6,10 @@
 //! which pays over a prompt's hundreds of rows and not over a few decoding streams': on
 //! qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 5, 8 streams decoded 56 tok/s where 4 decoded 117, with
 //! a third of the time unpacking and another third in OpenMP's barrier. Where Gantry's AVX-512
-//! kernels serve the weight type (Q4_K, Q5_K, Q6_K), products of fewer than [`TILED_FROM_ROWS`] rows
-//! are declined here: ggml then quantizes the activations to Q8_K and calls `llamafile_sgemm`,
-//! which `small_batches` answers, as it does for 2 to 7 rows. Other types keep ggml's choice.
+//! kernels serve the weight type (Q4_K, Q5_K, Q6_K, IQ4_XS), products of fewer than
+//! [`TILED_FROM_ROWS`] rows are declined here: ggml then quantizes the activations to Q8_K and
+//! calls `llamafile_sgemm`, which `small_batches` answers, as it does for 2 to 7 rows. Other types
+//! keep ggml's choice.
 //!
 //! Where ggml's CPU backend is linked in (`ggml_cpu_static`), the linker's `--wrap` sends ggml's
 //! call here; the portable build, which loads its backend at run time, keeps ggml's choice.
@@ -62,12 +63,13 @@ unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml
 mod tests {
     use super::*;
     use llama_cpp_sys_2::{
-        GGML_TYPE_IQ4_XS, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+        GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+        GGML_TYPE_Q8_0,
     };
 
     #[test]
     fn only_the_k_quants_gantry_serves_with_avx512_are_declined_below_the_threshold() {
-        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K] {
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
             assert!(declined(Some(Level::V4), ty, 8), "a few decoding streams");
             assert!(declined(Some(Level::V4), ty, 33));
             assert!(declined(Some(Level::V4), ty, TILED_FROM_ROWS - 1));
@@ -76,7 +78,7 @@ mod tests {
             assert!(!declined(Some(Level::V3), ty, 8), "Gantry's AVX2 kernels serve no K-quant");
             assert!(!declined(None, ty, 8), "Gantry's kernels not in use");
         }
-        for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q8_0] {
+        for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0] {
             assert!(!declined(Some(Level::V4), ty, 8), "ggml's choice for types Gantry does not serve here");
         }
     }
