@@ -20,16 +20,19 @@
 #
 # Environment (the Makefile sets them): GANTRY_BIN, BENCH_BIN, MATRIX_MODELS, MATRIX_QUANTS,
 # MATRIX_DIR, MATRIX_ARGS, MATRIX_TRAFFIC, BENCH_ARGS, GANTRY_NATIVE_CFLAGS.
+# MATRIX_MODELS, MATRIX_QUANTS and MATRIX_TRAFFIC set but empty mean none (`make bench-matrix
+# MATRIX_MODELS= MATRIX_TRAFFIC= MATRIX_QUANTS=IQ4_XS` runs one requantized model); unset, the
+# defaults below.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 GANTRY_BIN="${GANTRY_BIN:-target/release/gantry}"
 BENCH_BIN="${BENCH_BIN:-target/release/gantry-bench}"
-MATRIX_MODELS="${MATRIX_MODELS:-qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m}"
-MATRIX_QUANTS="${MATRIX_QUANTS:-Q8_0 Q4_0 Q5_K_M IQ4_XS}"
+MATRIX_MODELS="${MATRIX_MODELS-qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m gemma3-270m}"
+MATRIX_QUANTS="${MATRIX_QUANTS-Q8_0 Q4_0 Q5_K_M IQ4_XS}"
 MATRIX_DIR="${MATRIX_DIR:-docs/bench-matrix}"
 MATRIX_ARGS="${MATRIX_ARGS:---workloads chat,chat-sampled --concurrency 1,4 --sampled-concurrency 1,4}"
-MATRIX_TRAFFIC="${MATRIX_TRAFFIC:-qwen2.5-coder-1.5b-instruct-q4_k_m}"
+MATRIX_TRAFFIC="${MATRIX_TRAFFIC-qwen2.5-coder-1.5b-instruct-q4_k_m}"
 log() { echo "[bench-matrix] $*" >&2; }
 
 ref="$("$HERE/build-reference-llama-server.sh")"

@@ -10,6 +10,7 @@
 //! (which Q8_K quantization never writes) meeting a negative level is not negated.
 
 use super::k_quants::{entry_points, impl_k_quant, BlockQ8K, KQuant, QK_K};
+use super::q4_k::spread_scales;
 use super::*;
 
 /// ggml's `block_iq4_xs`: the block's f16 scale, the top two bits of its 8 sub-block scales
@@ -79,12 +80,7 @@ unsafe fn unpack(b: *const BlockIQ4XS) -> Unpacked {
         _mm256_set1_epi32(3),
     );
     let each = _mm256_sub_epi32(_mm256_or_si256(low_bits, _mm256_slli_epi32::<4>(high_bits)), _mm256_set1_epi32(32));
-    let wide = _mm512_zextsi128_si512(_mm256_cvtepi32_epi16(each));
-    // 16-bit lane L of scales[j] multiplies values 64·j + 2L and + 2L + 1: sub-block 2·j + L / 16.
-    let scales = std::array::from_fn(|j| {
-        let lanes: [i16; 32] = std::array::from_fn(|l| 2 * j as i16 + l as i16 / 16);
-        _mm512_permutexvar_epi16(unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }, wide)
-    });
+    let scales = unsafe { spread_scales(_mm512_zextsi128_si512(_mm256_cvtepi32_epi16(each))) };
     Unpacked { magnitudes, negative, scales, d: v4::f16_to_f32(d) }
 }
 

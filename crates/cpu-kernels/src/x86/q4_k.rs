@@ -77,16 +77,26 @@ pub(super) unsafe fn nibbles(qs: *const u8) -> [__m512i; 4] {
 pub(super) unsafe fn with_scales(values: [__m512i; 4], packed: [u8; 12], d: u16, dmin: u16) -> Unpacked {
     let [s0, s1, s2, s3] = scales_and_mins(packed);
     let both = _mm256_cvtepu8_epi16(_mm_set_epi32(s3 as i32, s2 as i32, s1 as i32, s0 as i32));
-    let wide = _mm512_zextsi256_si512(both);
-    // 16-bit lane L of scales[j] multiplies values 64·j + 2L and + 2L + 1: scale 2·j + L / 16.
-    let scales = std::array::from_fn(|j| {
-        let lanes: [i16; 32] = std::array::from_fn(|l| 2 * j as i16 + l as i16 / 16);
-        _mm512_permutexvar_epi16(unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }, wide)
-    });
+    let scales = unsafe { spread_scales(_mm512_zextsi256_si512(both)) };
     // Block sum i covers values 16·i to 16·i + 15, whose min is min i / 2 (lane 8 + i / 2).
     let lanes: [i16; 16] = std::array::from_fn(|i| 8 + i as i16 / 2);
     let mins = _mm256_permutexvar_epi16(unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) }, both);
     Unpacked { values, scales, mins, d: v4::f16_to_f32(d), dmin: v4::f16_to_f32(dmin) }
+}
+
+/// The eight sub-block scales in 16-bit lanes 0-7 of `scales`, spread to the lanes of the pairs
+/// of values they multiply: 16-bit lane L of register j multiplies values 64·j + 2L and 2L + 1,
+/// of sub-block 2·j + L / 16.
+///
+/// # Safety
+/// This CPU has the AVX-512 level's features.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+pub(super) unsafe fn spread_scales(scales: __m512i) -> [__m512i; 4] {
+    std::array::from_fn(|j| {
+        let lanes: [i16; 32] = std::array::from_fn(|l| 2 * j as i16 + l as i16 / 16);
+        _mm512_permutexvar_epi16(unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) }, scales)
+    })
 }
 
 /// `acc` plus `d_y · (d · Σ scale · q · y − dmin · Σ min · y)` for one block.
