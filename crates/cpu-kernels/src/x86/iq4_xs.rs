@@ -31,6 +31,18 @@ const _: () = assert!(std::mem::size_of::<BlockIQ4XS>() == 136);
 /// ggml's `kvalues_iq4nl`: the 16 levels an index stands for.
 pub(super) const LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
+/// The levels' magnitudes, the table `unpack` looks indices up in; the levels of indices 0-7 are
+/// the negative ones.
+const MAGNITUDES: [u8; 16] = {
+    let mut out = [0; 16];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = LEVELS[i].unsigned_abs();
+        i += 1;
+    }
+    out
+};
+
 /// One IQ4_XS block, unpacked: the magnitudes of values 64·j to 64·j + 63 as bytes in
 /// `magnitudes[j]` with their signs in `negative[j]`, each 16-bit lane of `scales[j]` the signed
 /// scale of the pair of values it multiplies, and the f16 scale as f32.
@@ -48,8 +60,7 @@ pub(super) struct Unpacked {
 unsafe fn unpack(b: *const BlockIQ4XS) -> Unpacked {
     let qs = unsafe { addr_of!((*b).qs).cast::<u8>() };
     let low4 = _mm256_set1_epi8(0x0f);
-    let magnitude_of: [u8; 16] = std::array::from_fn(|i| LEVELS[i].unsigned_abs());
-    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(magnitude_of.as_ptr().cast()) });
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(MAGNITUDES.as_ptr().cast()) });
     let below_zero = _mm512_set1_epi8(8); // the levels of indices 0-7 are negative
     let mut magnitudes = [_mm512_setzero_si512(); 4];
     let mut negative = [0; 4];
@@ -108,7 +119,7 @@ entry_points!(BlockIQ4XS, dot_iq4_xs, gemm_iq4_xs);
 
 #[cfg(test)]
 mod tests {
-    use super::super::k_quants::test_data::{check_with, f16, has_level, random_q8, Rng};
+    use super::super::k_quants::test_data::{bsums, check_with, f16, has_level, random_q8, Rng};
     use super::*;
 
     fn random_iq4(rng: &mut Rng, k: usize) -> Vec<BlockIQ4XS> {
@@ -152,7 +163,7 @@ mod tests {
         let mut rows = random_q8(rng, k);
         for b in &mut rows {
             b.qs.iter_mut().for_each(|q| *q = (*q).max(-127));
-            b.bsums = std::array::from_fn(|j| b.qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
+            b.bsums = bsums(&b.qs);
         }
         rows
     }

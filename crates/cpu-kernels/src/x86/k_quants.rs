@@ -243,10 +243,14 @@ pub(super) mod test_data {
         (0..k)
             .map(|_| {
                 let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
-                let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
-                BlockQ8K { d: (rng.next() % 1000) as f32 / 997.0 + 0.01, qs, bsums }
+                BlockQ8K { d: (rng.next() % 1000) as f32 / 997.0 + 0.01, qs, bsums: bsums(&qs) }
             })
             .collect()
+    }
+
+    /// The sums of each 16 of a Q8_K block's values, as its `bsums`.
+    pub(crate) fn bsums(qs: &[i8; QK_K]) -> [i16; QK_K / 16] {
+        std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum())
     }
 
     /// Scale and min `j` of Q4_K's and Q5_K's packed 12 bytes, as ggml's `get_scale_min_k4`

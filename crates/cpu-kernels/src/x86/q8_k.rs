@@ -54,7 +54,7 @@ pub unsafe fn quantize_q8_k(x: *const f32, y: *mut BlockQ8K, k: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::k_quants::test_data::{has_level, Rng};
+    use super::super::k_quants::test_data::{bsums, has_level, Rng};
     use super::*;
 
     /// ggml's `quantize_row_q8_K_ref`, line for line.
@@ -73,8 +73,7 @@ mod tests {
                 let iscale = -127.0 / max;
                 let nearest = |f: f32| ((f + 12_582_912.0).to_bits() & 0x007f_ffff) as i32 - 0x0040_0000;
                 let qs: [i8; QK_K] = std::array::from_fn(|j| nearest(iscale * x[j]).min(127) as i8);
-                let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
-                BlockQ8K { d: 1.0 / iscale, qs, bsums }
+                BlockQ8K { d: 1.0 / iscale, qs, bsums: bsums(&qs) }
             })
             .collect()
     }
