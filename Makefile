@@ -139,8 +139,7 @@ test: deps
 	$(MAKE) test-e2e
 
 # Format and lints (rustfmt.toml; [workspace.lints] in Cargo.toml): any warning fails. Clippy's
-# check build keeps its own copy of llama.cpp's build beside the test build's (cargo runs the
-# build script again for a check), so the first run in a fresh clone compiles llama.cpp twice.
+# check build reuses the test build's llama.cpp (the dev profile's build-override in Cargo.toml).
 lint:
 	@if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
 	$(CARGO) fmt --all --check
