@@ -1,0 +1,95 @@
+//! The K-quant kernels' arithmetic, timed apart from memory: 128 weight rows that stay in L2,
+//! multiplied again and again with 1, 2, 4 and 8 activation rows on one thread, in nanoseconds
+//! per weight block and activation row: what a decode step of a few streams costs once its
+//! weights are read (`gemv_bench` times the reads). `cargo run --release -p gantry-cpu-kernels
+//! --example kq_gemm_bench [TYPE]` (a prefix of `q4_k`, `q5_k`, `q6_k` or `iq4_xs`).
+#![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    bench::run();
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {}
+
+#[cfg(target_arch = "x86_64")]
+mod bench {
+    use std::time::Instant;
+
+    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+
+    struct Rng(u64);
+    impl Rng {
+        fn byte(&mut self) -> u8 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u8
+        }
+    }
+
+    /// `count` blocks of random bytes whose f16 scales stay small (every byte masked to 0x3b).
+    fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
+        let bytes = count * std::mem::size_of::<B>();
+        let mut v: Vec<B> = Vec::with_capacity(count);
+        // SAFETY: every byte of the capacity is written before the length is set; any bytes
+        // are valid blocks.
+        unsafe {
+            let p = v.as_mut_ptr().cast::<u8>();
+            for i in 0..bytes {
+                *p.add(i) = rng.byte() & 0x3b;
+            }
+            v.set_len(count);
+        }
+        v
+    }
+
+    type Gemm<B> =
+        unsafe fn(std::ops::Range<usize>, usize, usize, *const B, usize, *const BlockQ8K, usize, *mut f32, usize);
+
+    /// Best of 5 runs of `reps` products of 128 rows × 6 blocks (qwen2.5-coder-1.5b's row of
+    /// 1536 values) with `n` activation rows: nanoseconds per weight block and activation row.
+    fn time<B>(rng: &mut Rng, gemm: Gemm<B>, n: usize) -> f64 {
+        let (rows, k, reps) = (128usize, 6usize, 2000usize);
+        let a: Vec<B> = random(rng, rows * k);
+        let b: Vec<BlockQ8K> = (0..n * k)
+            .map(|_| {
+                let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
+                let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
+                BlockQ8K { d: 0.01, qs, bsums }
+            })
+            .collect();
+        let mut c = vec![0f32; rows * n];
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: `a` holds `rows` rows and `b` `n` columns of `k` blocks; `c` holds
+                // every `j * rows + i`; the machines this runs on have AVX-512 VNNI.
+                unsafe { gemm(0..rows, n, k, a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), rows) };
+                std::hint::black_box(&mut c);
+            }
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        best * 1e9 / (reps * rows * k * n) as f64
+    }
+
+    pub(crate) fn run() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let filter = std::env::args().nth(1).unwrap_or_default();
+        macro_rules! measure {
+            ($name:literal, $gemm:expr) => {
+                if filter.is_empty() || $name.starts_with(filter.as_str()) {
+                    let cells: Vec<String> =
+                        [1, 2, 4, 8].iter().map(|&n| format!("{n}: {:.2}", time(&mut rng, $gemm, n))).collect();
+                    println!("{} ns per block and activation row, by rows: {}", $name, cells.join(", "));
+                }
+            };
+        }
+        measure!("q4_k", v4::gemm_q4_k as Gemm<BlockQ4K>);
+        measure!("q5_k", v4::gemm_q5_k as Gemm<BlockQ5K>);
+        measure!("q6_k", v4::gemm_q6_k as Gemm<BlockQ6K>);
+        measure!("iq4_xs", v4::gemm_iq4_xs as Gemm<BlockIQ4XS>);
+    }
+}
