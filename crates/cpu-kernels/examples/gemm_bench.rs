@@ -6,6 +6,9 @@
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
+mod common;
+
+#[cfg(target_arch = "x86_64")]
 fn main() {
     bench::run();
 }
@@ -19,15 +22,7 @@ mod bench {
 
     use gantry_cpu_kernels::x86::{v4, BlockQ4, BlockQ5, BlockQ8};
 
-    struct Rng(u64);
-    impl Rng {
-        fn byte(&mut self) -> u8 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u8
-        }
-    }
+    use crate::common::Rng;
 
     /// `count` blocks of random bytes whose first two bytes (the f16 scale) are a small number.
     fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {

@@ -5,6 +5,9 @@
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
+mod common;
+
+#[cfg(target_arch = "x86_64")]
 fn main() {
     bench::run();
 }
@@ -18,17 +21,9 @@ mod bench {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 
-    struct Rng(u64);
-    impl Rng {
-        fn byte(&mut self) -> u8 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u8
-        }
-    }
+    use crate::common::{masked_blocks, q8_k_activations, Rng};
 
     /// Spins until every thread arrived, as ggml's barrier does.
     struct Barrier {
@@ -145,39 +140,18 @@ mod bench {
     per_row!(per_row_q6, BlockQ6K, v4::dot_q6_k);
     per_row!(per_row_iq4_xs, BlockIQ4XS, v4::dot_iq4_xs);
 
-    fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
-        let bytes = count * std::mem::size_of::<B>();
-        let mut v: Vec<B> = Vec::with_capacity(count);
-        // SAFETY: every byte of the capacity is written before the length is set; any bytes
-        // are valid blocks.
-        unsafe {
-            let p = v.as_mut_ptr().cast::<u8>();
-            for i in 0..bytes {
-                *p.add(i) = rng.byte() & 0x3b;
-            }
-            v.set_len(count);
-        }
-        v
-    }
-
     pub(crate) fn run() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let filter = std::env::args().nth(1).unwrap_or_default();
         // (name, rows, k): qwen2.5-coder-1.5b's gate/up (8960 × 1536) and down (1536 × 8960).
         for (rows, k) in [(8960usize, 6usize), (1536, 35)] {
             let target = 400usize << 20;
-            let y: Vec<BlockQ8K> = (0..k)
-                .map(|_| {
-                    let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
-                    let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
-                    BlockQ8K { d: 0.01, qs, bsums }
-                })
-                .collect();
+            let y = q8_k_activations(&mut rng, k);
             macro_rules! measure {
                 ($name:literal, $Block:ty, $per_row:ident) => {
                     if filter.is_empty() || $name.starts_with(filter.as_str()) {
                         let mats = target / (rows * k * std::mem::size_of::<$Block>());
-                        let w: Vec<$Block> = random(&mut rng, mats * rows * k);
+                        let w: Vec<$Block> = masked_blocks(&mut rng, mats * rows * k, 0x3b);
                         for chunked in [true, false] {
                             let read = time(&w, mats, rows, k, &y, read_bytes, chunked);
                             let one = time(&w, mats, rows, k, &y, $per_row, chunked);

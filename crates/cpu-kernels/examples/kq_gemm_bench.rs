@@ -6,6 +6,9 @@
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
+mod common;
+
+#[cfg(target_arch = "x86_64")]
 fn main() {
     bench::run();
 }
@@ -17,33 +20,9 @@ fn main() {}
 mod bench {
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 
-    struct Rng(u64);
-    impl Rng {
-        fn byte(&mut self) -> u8 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u8
-        }
-    }
-
-    /// `count` blocks of random bytes whose f16 scales stay small (every byte masked to 0x3b).
-    fn random<B>(rng: &mut Rng, count: usize) -> Vec<B> {
-        let bytes = count * std::mem::size_of::<B>();
-        let mut v: Vec<B> = Vec::with_capacity(count);
-        // SAFETY: every byte of the capacity is written before the length is set; any bytes
-        // are valid blocks.
-        unsafe {
-            let p = v.as_mut_ptr().cast::<u8>();
-            for i in 0..bytes {
-                *p.add(i) = rng.byte() & 0x3b;
-            }
-            v.set_len(count);
-        }
-        v
-    }
+    use crate::common::{masked_blocks, q8_k_activations, Rng};
 
     type Gemm<B> =
         unsafe fn(std::ops::Range<usize>, usize, usize, *const B, usize, *const BlockQ8K, usize, *mut f32, usize);
@@ -52,14 +31,8 @@ mod bench {
     /// 1536 values) with `n` activation rows: nanoseconds per weight block and activation row.
     fn time<B>(rng: &mut Rng, gemm: Gemm<B>, n: usize) -> f64 {
         let (rows, k, reps) = (128usize, 6usize, 2000usize);
-        let a: Vec<B> = random(rng, rows * k);
-        let b: Vec<BlockQ8K> = (0..n * k)
-            .map(|_| {
-                let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
-                let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
-                BlockQ8K { d: 0.01, qs, bsums }
-            })
-            .collect();
+        let a: Vec<B> = masked_blocks(rng, rows * k, 0x3b);
+        let b = q8_k_activations(rng, n * k);
         let mut c = vec![0f32; rows * n];
         let mut best = f64::MAX;
         for _ in 0..5 {

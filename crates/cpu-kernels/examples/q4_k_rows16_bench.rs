@@ -11,6 +11,9 @@
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
+mod common;
+
+#[cfg(target_arch = "x86_64")]
 fn main() {
     bench::run();
 }
@@ -23,26 +26,9 @@ mod bench {
     use std::arch::x86_64::*;
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ8K, QK_K};
+    use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ8K};
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn byte(&mut self) -> u8 {
-            (self.next() >> 32) as u8
-        }
-
-        /// A positive normal f16 between about 2^-10 and 2^5, as a scale would be.
-        fn scale(&mut self) -> u16 {
-            ((5 + (self.next() % 20) as u16) << 10) | (self.next() % 1024) as u16
-        }
-    }
+    use crate::common::{q8_k_activations, Rng};
 
     /// Sub-block `j`'s six-bit scale and min, as ggml's `get_scale_min_k4` reads them.
     fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
@@ -241,16 +227,6 @@ mod bench {
         streamed(&mut rng);
     }
 
-    fn activations(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8K> {
-        (0..blocks)
-            .map(|_| {
-                let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
-                let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
-                BlockQ8K { d: (rng.next() % 1000) as f32 / 997.0 + 0.01, qs, bsums }
-            })
-            .collect()
-    }
-
     /// One activation row against 384 MiB of weights (gate/up shaped: rows of 1536 values), one
     /// pass each, best of 3: GB/s of each layout's own bytes.
     fn streamed(rng: &mut Rng) {
@@ -261,7 +237,7 @@ mod bench {
             .collect();
         let groups = rows / 16;
         let repacked: Vec<Rows16> = (0..groups).flat_map(|group| repack(&x, k, group)).collect();
-        let y = activations(rng, k);
+        let y = q8_k_activations(rng, k);
         let sums = sub_block_sums(&y);
         let mut out = vec![0f32; rows];
         let time = |f: &mut dyn FnMut()| {
@@ -291,7 +267,7 @@ mod bench {
     fn in_l2(rng: &mut Rng, x: &[BlockQ4K], repacked: &[Rows16], rows: usize, k: usize) {
         let groups = rows / 16;
         for n in [1usize, 2, 4, 8] {
-            let y = activations(rng, n * k);
+            let y = q8_k_activations(rng, n * k);
             let sums = sub_block_sums(&y);
             let (mut today, mut candidate) = (vec![0f32; rows * n], vec![0f32; rows * n]);
             // SAFETY: `x` holds `rows` rows and `y` `n` columns of `k` blocks; the outputs hold

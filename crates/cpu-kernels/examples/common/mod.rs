@@ -1,0 +1,53 @@
+//! What the kernel benchmarks share: a deterministic generator, random weight blocks and Q8_K
+//! activations. Each example uses a part.
+#![allow(dead_code, unsafe_code, reason = "each example uses a part; blocks are written as raw bytes")]
+
+use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
+
+/// xorshift64*: the same data on every run.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub(crate) fn byte(&mut self) -> u8 {
+        (self.next() >> 32) as u8
+    }
+
+    /// A positive normal f16 between about 2^-10 and 2^5, as a scale would be.
+    pub(crate) fn scale(&mut self) -> u16 {
+        ((5 + (self.next() % 20) as u16) << 10) | (self.next() % 1024) as u16
+    }
+}
+
+/// `count` blocks of random bytes, each masked with `mask` (0x3b keeps f16 scales small).
+pub(crate) fn masked_blocks<B>(rng: &mut Rng, count: usize, mask: u8) -> Vec<B> {
+    let bytes = count * std::mem::size_of::<B>();
+    let mut v: Vec<B> = Vec::with_capacity(count);
+    // SAFETY: every byte of the capacity is written before the length is set; the block types
+    // benchmarked here are plain bytes, any of which are valid.
+    unsafe {
+        let p = v.as_mut_ptr().cast::<u8>();
+        for i in 0..bytes {
+            *p.add(i) = rng.byte() & mask;
+        }
+        v.set_len(count);
+    }
+    v
+}
+
+/// `blocks` Q8_K blocks of random activations with their block sums, as ggml quantizes them.
+pub(crate) fn q8_k_activations(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8K> {
+    (0..blocks)
+        .map(|_| {
+            let qs: [i8; QK_K] = std::array::from_fn(|_| rng.byte() as i8);
+            let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
+            BlockQ8K { d: (rng.next() % 1000) as f32 / 997.0 + 0.01, qs, bsums }
+        })
+        .collect()
+}
