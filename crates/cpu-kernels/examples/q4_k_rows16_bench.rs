@@ -28,7 +28,7 @@ mod bench {
 
     use gantry_cpu_kernels::x86::{v4, BlockQ4K, BlockQ8K};
 
-    use crate::common::{q8_k_activations, Rng};
+    use crate::common::{best, q8_k_activations, Rng};
 
     /// Sub-block `j`'s six-bit scale and min, as ggml's `get_scale_min_k4` reads them.
     fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
@@ -193,19 +193,6 @@ mod bench {
                 j += 4;
             }
         }
-    }
-
-    /// Best of 5 runs of `f` 2000 times: seconds a run.
-    fn best(mut f: impl FnMut()) -> f64 {
-        (0..5)
-            .map(|_| {
-                let start = Instant::now();
-                for _ in 0..2000 {
-                    f();
-                }
-                start.elapsed().as_secs_f64()
-            })
-            .fold(f64::MAX, f64::min)
     }
 
     pub(crate) fn run() {

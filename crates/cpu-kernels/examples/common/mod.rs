@@ -51,3 +51,16 @@ pub(crate) fn q8_k_activations(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8K> {
         })
         .collect()
 }
+
+/// Best of 5 runs of `f` 2000 times: seconds a run.
+pub(crate) fn best(mut f: impl FnMut()) -> f64 {
+    (0..5)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            for _ in 0..2000 {
+                f();
+            }
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
