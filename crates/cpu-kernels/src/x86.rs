@@ -182,6 +182,7 @@ macro_rules! each_tile {
 mod iq4_xs;
 mod k_quants;
 mod q4_k;
+mod q4_k_rows16;
 mod q5_k;
 mod q6_k;
 mod q8_k;
@@ -192,6 +193,7 @@ mod wide_row;
 pub use iq4_xs::BlockIQ4XS;
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
+pub use q4_k_rows16::{repack_q4_k_rows16, Q4KRows16};
 pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
 
@@ -453,6 +455,7 @@ level!(
     pub use super::{
         iq4_xs::{dot_iq4_xs, gemm_iq4_xs},
         q4_k::{dot_q4_k, gemm_q4_k},
+        q4_k_rows16::gemm_q4_k_rows16,
         q5_k::{dot_q5_k, gemm_q5_k},
         q6_k::{dot_q6_k, gemm_q6_k},
         q8_k::quantize_q8_k,

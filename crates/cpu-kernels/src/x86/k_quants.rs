@@ -256,11 +256,7 @@ pub(super) mod test_data {
     /// Scale and min `j` of Q4_K's and Q5_K's packed 12 bytes, as ggml's `get_scale_min_k4`
     /// reads them.
     pub(crate) fn scale_min(j: usize, q: &[u8; 12]) -> (i64, i64) {
-        let (s, m) = if j < 4 {
-            (q[j] & 63, q[j + 4] & 63)
-        } else {
-            ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-        };
+        let (s, m) = super::super::q4_k::scale_min(j, q);
         (i64::from(s), i64::from(m))
     }
 

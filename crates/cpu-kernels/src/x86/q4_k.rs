@@ -29,6 +29,28 @@ pub(super) struct Unpacked {
     dmin: f32,
 }
 
+/// Sub-block `j`'s six-bit scale and min from a block's 12 packed bytes, as ggml's
+/// `get_scale_min_k4` reads them.
+pub(super) fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Value `i` of a block before scaling (0-15): byte `l < 32` of each 32 bytes of `qs` holds value
+/// `l` of its 64 in the low nibble and `l + 32` in the high one.
+pub(super) fn value(b: &BlockQ4K, i: usize) -> u8 {
+    let (chunk, l) = (i / 64, i % 64);
+    let byte = b.qs[32 * chunk + l % 32];
+    if l < 32 {
+        byte & 0xf
+    } else {
+        byte >> 4
+    }
+}
+
 /// The 8 scales and 8 mins of a block, as bytes 0-7 and 8-15 (ggml's `utmp` unpacking: scales and
 /// mins 0-3 are the low six bits of bytes 0-3 and 4-7; 4-7 are nibbles of bytes 8-11 with their
 /// top two bits in the top bits of bytes 0-3 and 4-7).
@@ -137,12 +159,7 @@ mod tests {
     /// The exact dot product as ggml's `dequantize_row_q4_K` defines the weights, and the sum of
     /// its terms' magnitudes.
     fn exact(x: &[BlockQ4K], y: &[BlockQ8K]) -> (f64, f64) {
-        let value = |b: &BlockQ4K, i: usize| {
-            let (chunk, l) = (i / 64, i % 64);
-            let byte = b.qs[32 * chunk + l % 32];
-            i64::from(if l < 32 { byte & 0xf } else { byte >> 4 })
-        };
-        exact_with_mins(x, y, |b| (b.d, b.dmin, b.scales), value)
+        exact_with_mins(x, y, |b| (b.d, b.dmin, b.scales), |b, i| i64::from(value(b, i)))
     }
 
     #[test]
