@@ -25,9 +25,9 @@ fn main() {}
 mod bench {
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{repack_q4_k_rows16, v4, BlockQ4K, Q4KRows16};
+    use gantry_cpu_kernels::x86::{repack_q4_k_rows16, v4, BlockQ4K};
 
-    use crate::common::{best, q8_k_activations, Rng};
+    use crate::common::{compare_in_l2, q8_k_activations, Rng};
 
     pub(crate) fn run() {
         assert!(is_x86_feature_detected!("avx512vnni"), "needs AVX-512 VNNI");
@@ -43,7 +43,8 @@ mod bench {
             })
             .collect();
         let repacked = repack_q4_k_rows16(&x, rows, k, k);
-        in_l2(&mut rng, &x, &repacked, rows, k);
+        // SAFETY: `repacked` is `x` repacked; AVX-512 VNNI was checked.
+        unsafe { compare_in_l2("gemm_q4_k", &mut rng, &x, &repacked, rows, k, v4::gemm_q4_k, v4::gemm_q4_k_rows16) };
         streamed(&mut rng);
     }
 
@@ -83,34 +84,5 @@ mod bench {
             gb(std::mem::size_of_val(repacked.as_slice()), candidate),
             candidate * 1e3
         );
-    }
-
-    fn in_l2(rng: &mut Rng, x: &[BlockQ4K], repacked: &[Q4KRows16], rows: usize, k: usize) {
-        let groups = rows / 16;
-        for n in [1usize, 2, 4, 8] {
-            let y = q8_k_activations(rng, n * k);
-            let (mut today, mut candidate) = (vec![0f32; rows * n], vec![0f32; rows * n]);
-            // SAFETY: `x` holds `rows` rows and `y` `n` columns of `k` blocks; the outputs hold
-            // `rows · n` values; AVX-512 VNNI was checked above.
-            let mut today_run =
-                || unsafe { v4::gemm_q4_k(0..rows, n, k, x.as_ptr(), k, y.as_ptr(), k, today.as_mut_ptr(), rows) };
-            let today_s = best(&mut today_run);
-            // SAFETY: as above, for the repacked groups.
-            let mut candidate_run = || unsafe {
-                v4::gemm_q4_k_rows16(0..groups, n, k, repacked.as_ptr(), y.as_ptr(), k, candidate.as_mut_ptr(), rows)
-            };
-            let candidate_s = best(&mut candidate_run);
-            today_run();
-            candidate_run();
-            let largest = today.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let diff = today.iter().zip(&candidate).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            let per = |s: f64| s * 1e9 / (2000 * rows * k * n) as f64;
-            println!(
-                "{n} rows: gemm_q4_k {:.2} ns, 16-row layout {:.2} ns per block and activation row; largest difference {:.1e} of the largest value",
-                per(today_s),
-                per(candidate_s),
-                diff / largest
-            );
-        }
     }
 }

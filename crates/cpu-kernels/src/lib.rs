@@ -4,8 +4,9 @@
 //! (its `model::dot_kernels` says why and how, and tests them against ggml's own). A crate of
 //! their own so that they are compiled optimised in every profile (the root `Cargo.toml`): at
 //! the debug profile's level intrinsics stay calls and the kernels run slower than ggml's.
-//! `x86::repack_q4_k_rows16` and `v4::gemm_q4_k_rows16` multiply Q4_K weights in a layout of
-//! Gantry's own (16 rows to a register), which nothing serves yet.
+//! `x86::repack_q4_k_rows16` / `repack_q6_k_rows16` and `v4::gemm_q4_k_rows16` /
+//! `gemm_q6_k_rows16` multiply Q4_K and Q6_K weights in a layout of Gantry's own (16 rows to a
+//! register), which nothing serves yet.
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

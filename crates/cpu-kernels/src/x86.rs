@@ -179,12 +179,43 @@ macro_rules! each_tile {
     }};
 }
 
+/// The loops of a 16-row layout's `gemm`: for each group in `$groups`, the `$n` columns four at a
+/// time (the last one to three alone); `$tile!(C, group, j)` gives the group's 16 rows against
+/// columns `j..j + C` as `[__m512; C]`, stored at `$c[(j + q) * $ldc + 16 * group]`.
+macro_rules! each_group {
+    ($groups:expr, $n:expr, $c:expr, $ldc:expr, $tile:ident) => {{
+        let (n, c, ldc): (usize, *mut f32, usize) = ($n, $c, $ldc);
+        macro_rules! store {
+            ($C:literal, $group:expr, $j:expr) => {{
+                let (group, j) = ($group, $j);
+                let out: [__m512; $C] = $tile!($C, group, j);
+                for (q, v) in out.into_iter().enumerate() {
+                    unsafe { _mm512_storeu_ps(c.add((j + q) * ldc + 16 * group), v) };
+                }
+            }};
+        }
+        for group in $groups {
+            let mut j = 0;
+            while j < n {
+                match n - j {
+                    1 => store!(1, group, j),
+                    2 => store!(2, group, j),
+                    3 => store!(3, group, j),
+                    _ => store!(4, group, j),
+                }
+                j += 4;
+            }
+        }
+    }};
+}
+
 mod iq4_xs;
 mod k_quants;
 mod q4_k;
 mod q4_k_rows16;
 mod q5_k;
 mod q6_k;
+mod q6_k_rows16;
 mod q8_k;
 mod wide;
 mod wide_prompt;
@@ -196,6 +227,7 @@ pub use q4_k::BlockQ4K;
 pub use q4_k_rows16::{repack_q4_k_rows16, Q4KRows16};
 pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
+pub use q6_k_rows16::{repack_q6_k_rows16, Q6KRows16};
 
 /// `out[r][c] = Σ_b x[r]_b · y[c]_b` over `k` blocks for `R` weight rows and `C` activation
 /// columns at once: each weight block is loaded (and its signs taken) once for all `C` columns,
@@ -458,6 +490,7 @@ level!(
         q4_k_rows16::gemm_q4_k_rows16,
         q5_k::{dot_q5_k, gemm_q5_k},
         q6_k::{dot_q6_k, gemm_q6_k},
+        q6_k_rows16::gemm_q6_k_rows16,
         q8_k::quantize_q8_k,
         wide::{gemm_q4_0, gemm_q5_0, gemm_q8_0},
         wide_row::{gemv_q4_0, gemv_q8_0},

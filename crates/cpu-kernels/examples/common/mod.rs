@@ -4,6 +4,14 @@
 
 use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
 
+/// A `gemm` on the GGUF's blocks, as `llamafile_sgemm` lays out its product.
+pub(crate) type Gemm<B> =
+    unsafe fn(std::ops::Range<usize>, usize, usize, *const B, usize, *const BlockQ8K, usize, *mut f32, usize);
+
+/// A `gemm` on a 16-row layout's groups.
+pub(crate) type Rows16Gemm<R> =
+    unsafe fn(std::ops::Range<usize>, usize, usize, *const R, *const BlockQ8K, usize, *mut f32, usize);
+
 /// xorshift64*: the same data on every run.
 pub(crate) struct Rng(pub(crate) u64);
 
@@ -63,4 +71,46 @@ pub(crate) fn best(mut f: impl FnMut()) -> f64 {
             start.elapsed().as_secs_f64()
         })
         .fold(f64::MAX, f64::min)
+}
+
+/// Today's `gemm` on `x` (`rows` rows of `k` blocks) against a 16-row layout's on the same rows
+/// repacked, with 1, 2, 4 and 8 activation rows: nanoseconds per weight block and activation row,
+/// and the largest difference between their results.
+///
+/// # Safety
+/// `repacked` is `x` repacked, and this CPU has AVX-512 VNNI.
+#[allow(clippy::too_many_arguments, reason = "both layouts and both kernels")]
+pub(crate) unsafe fn compare_in_l2<B, R>(
+    name: &str,
+    rng: &mut Rng,
+    x: &[B],
+    repacked: &[R],
+    rows: usize,
+    k: usize,
+    today: Gemm<B>,
+    candidate: Rows16Gemm<R>,
+) {
+    for n in [1usize, 2, 4, 8] {
+        let y = q8_k_activations(rng, n * k);
+        let (mut ours, mut theirs) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+        // SAFETY: `x` holds `rows` rows and `y` `n` columns of `k` blocks; the outputs hold
+        // `rows · n` values; the caller's.
+        let mut today_run = || unsafe { today(0..rows, n, k, x.as_ptr(), k, y.as_ptr(), k, ours.as_mut_ptr(), rows) };
+        let today_s = best(&mut today_run);
+        // SAFETY: as above, for the repacked groups.
+        let mut candidate_run =
+            || unsafe { candidate(0..rows / 16, n, k, repacked.as_ptr(), y.as_ptr(), k, theirs.as_mut_ptr(), rows) };
+        let candidate_s = best(&mut candidate_run);
+        today_run();
+        candidate_run();
+        let largest = ours.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = ours.iter().zip(&theirs).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let per = |s: f64| s * 1e9 / (2000 * rows * k * n) as f64;
+        println!(
+            "{n} rows: {name} {:.2} ns, 16-row layout {:.2} ns per block and activation row; largest difference {:.1e} of the largest value",
+            per(today_s),
+            per(candidate_s),
+            diff / largest
+        );
+    }
 }

@@ -313,6 +313,45 @@ pub(super) mod test_data {
         check_with(rng, random, random_q8, exact, dot, gemm);
     }
 
+    /// A 16-row layout's `gemm` (`q4_k_rows16`, `q6_k_rows16`).
+    pub(crate) type Rows16Gemm<R> =
+        unsafe fn(std::ops::Range<usize>, usize, usize, *const R, *const BlockQ8K, usize, *mut f32, usize);
+
+    /// Checks a 16-row layout's `repack` and `gemm` against `exact`: 32 rows of 1 to 35 blocks
+    /// (padded apart), 1 to 9 columns, one group at a time (each must write its own rows only).
+    pub(crate) fn check_rows16<B, R>(
+        rng: &mut Rng,
+        random: impl Fn(&mut Rng, usize) -> Vec<B>,
+        exact: impl Fn(&[B], &[BlockQ8K]) -> (f64, f64),
+        repack: fn(&[B], usize, usize, usize) -> Vec<R>,
+        gemm: Rows16Gemm<R>,
+    ) {
+        assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
+        // 1536 and 8960 values: qwen2.5-coder-1.5b's rows.
+        for k in [1, 2, 6, 35] {
+            let (rows, lda) = (32, k + 1);
+            let x = random(rng, rows * lda);
+            let repacked = repack(&x, rows, k, lda);
+            for n in 1..=9 {
+                let (ldb, ldc) = (k + 2, rows + 3);
+                let y = random_q8(rng, n * ldb);
+                let mut c = vec![f32::NAN; n * ldc];
+                for groups in [1..2, 0..1] {
+                    unsafe { gemm(groups, n, k, repacked.as_ptr(), y.as_ptr(), ldb, c.as_mut_ptr(), ldc) };
+                }
+                for i in 0..rows {
+                    for j in 0..n {
+                        let (sum, size) = exact(&x[i * lda..i * lda + k], &y[j * ldb..j * ldb + k]);
+                        let got = f64::from(c[j * ldc + i]);
+                        assert!((got - sum).abs() <= 1e-6 * size, "k={k} n={n} ({i}, {j}): {got} against {sum}");
+                    }
+                }
+                let untouched = (0..n).all(|j| c[j * ldc + rows..(j + 1) * ldc].iter().all(|v| v.is_nan()));
+                assert!(untouched, "k={k} n={n}: wrote past the rows");
+            }
+        }
+    }
+
     /// [`check`] with activations from `q8` (`k` blocks).
     pub(crate) fn check_with<B>(
         rng: &mut Rng,

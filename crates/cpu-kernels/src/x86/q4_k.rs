@@ -141,11 +141,11 @@ impl_k_quant!(BlockQ4K);
 entry_points!(BlockQ4K, dot_q4_k, gemm_q4_k);
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::k_quants::test_data::{check, exact_with_mins, has_level, Rng};
     use super::*;
 
-    fn random_q4(rng: &mut Rng, k: usize) -> Vec<BlockQ4K> {
+    pub(crate) fn random_q4(rng: &mut Rng, k: usize) -> Vec<BlockQ4K> {
         (0..k)
             .map(|_| BlockQ4K {
                 d: rng.scale(),
@@ -158,7 +158,7 @@ mod tests {
 
     /// The exact dot product as ggml's `dequantize_row_q4_K` defines the weights, and the sum of
     /// its terms' magnitudes.
-    fn exact(x: &[BlockQ4K], y: &[BlockQ8K]) -> (f64, f64) {
+    pub(crate) fn exact(x: &[BlockQ4K], y: &[BlockQ8K]) -> (f64, f64) {
         exact_with_mins(x, y, |b| (b.d, b.dmin, b.scales), |b, i| i64::from(value(b, i)))
     }
 

@@ -148,80 +148,26 @@ pub unsafe fn gemm_q4_k_rows16(
 ) {
     let sums: Vec<[i32; 4]> = (0..n * k).map(|i| sub_block_sums(unsafe { &*b.add((i / k) * ldb + i % k) })).collect();
     macro_rules! run {
-        ($C:literal, $j:expr, $group:expr) => {{
-            let (j, group) = ($j, $group);
+        ($C:literal, $group:expr, $j:expr) => {{
+            let (group, j) = ($group, $j);
             let columns = std::array::from_fn(|q| unsafe { b.add((j + q) * ldb) });
             let column_sums = std::array::from_fn(|q| unsafe { sums.as_ptr().add((j + q) * k) });
-            let out = unsafe { tile::<$C>(k, a.add(group * k), columns, column_sums) };
-            for (q, v) in out.into_iter().enumerate() {
-                unsafe { _mm512_storeu_ps(c.add((j + q) * ldc + 16 * group), v) };
-            }
+            unsafe { tile::<$C>(k, a.add(group * k), columns, column_sums) }
         }};
     }
-    for group in groups {
-        let mut j = 0;
-        while j < n {
-            match n - j {
-                1 => run!(1, j, group),
-                2 => run!(2, j, group),
-                3 => run!(3, j, group),
-                _ => run!(4, j, group),
-            }
-            j += 4;
-        }
-    }
+    each_group!(groups, n, c, ldc, run);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::k_quants::test_data::{exact_with_mins, has_level, random_q8, Rng};
+    use super::super::k_quants::test_data::{check_rows16, has_level, Rng};
     use super::super::k_quants::QK_K;
+    use super::super::q4_k::tests::{exact, random_q4};
     use super::*;
-
-    fn random_q4(rng: &mut Rng, count: usize) -> Vec<BlockQ4K> {
-        (0..count)
-            .map(|_| BlockQ4K {
-                d: rng.scale(),
-                dmin: rng.scale(),
-                scales: std::array::from_fn(|_| rng.byte()),
-                qs: std::array::from_fn(|_| rng.byte()),
-            })
-            .collect()
-    }
 
     #[test]
     fn every_row_and_column_equals_the_exact_sums() {
-        assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
-        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-        // 1536 and 8960 values: qwen2.5-coder-1.5b's rows; rows padded apart (`lda` > `k`).
-        for k in [1, 2, 6, 35] {
-            let (rows, lda) = (32, k + 1);
-            let x = random_q4(&mut rng, rows * lda);
-            let repacked = repack_q4_k_rows16(&x, rows, k, lda);
-            for n in 1..=9 {
-                let ldb = k + 2;
-                let y = random_q8(&mut rng, n * ldb);
-                let ldc = rows + 3;
-                let mut c = vec![f32::NAN; n * ldc];
-                // Group 1 alone, then group 0: each writes its own rows only.
-                for groups in [1..2, 0..1] {
-                    unsafe { gemm_q4_k_rows16(groups, n, k, repacked.as_ptr(), y.as_ptr(), ldb, c.as_mut_ptr(), ldc) };
-                }
-                for i in 0..rows {
-                    for j in 0..n {
-                        let (xr, yr) = (&x[i * lda..i * lda + k], &y[j * ldb..j * ldb + k]);
-                        let (sum, size) =
-                            exact_with_mins(xr, yr, |b| (b.d, b.dmin, b.scales), |b, v| i64::from(value(b, v)));
-                        let got = f64::from(c[j * ldc + i]);
-                        assert!((got - sum).abs() <= 1e-6 * size, "k={k} n={n} ({i}, {j}): {got} against {sum}");
-                    }
-                }
-                assert!(
-                    (0..n).all(|j| c[j * ldc + rows..(j + 1) * ldc].iter().all(|v| v.is_nan())),
-                    "wrote past the rows"
-                );
-            }
-        }
+        check_rows16(&mut Rng(0x2545_f491_4f6c_dd1d), random_q4, exact, repack_q4_k_rows16, gemm_q4_k_rows16);
     }
 
     #[test]

@@ -86,6 +86,23 @@ unsafe fn block_sums(w: &Unpacked, y: *const BlockQ8K) -> __m512i {
 
 impl_k_quant!(BlockQ6K);
 
+/// Value `i` of a block as an unsigned six-bit number (`q + 32`), as ggml's `dequantize_row_q6_K`
+/// reads its bits: in each half of 128 values, byte `l < 32` of `ql` holds values `l` (low
+/// nibble) and `l + 64` (high), byte `l + 32` values `l + 32` and `l + 96`; byte `l` of `qh` their
+/// top two bits, from the bottom.
+pub(super) fn value(b: &BlockQ6K, i: usize) -> u8 {
+    let (half, l) = (i / 128, i % 128);
+    let (ql, qh) = (&b.ql[64 * half..], &b.qh[32 * half..]);
+    let (g, l) = (l / 32, l % 32);
+    let low = match g {
+        0 => ql[l] & 0xf,
+        1 => ql[l + 32] & 0xf,
+        2 => ql[l] >> 4,
+        _ => ql[l + 32] >> 4,
+    };
+    low | (((qh[l] >> (2 * g)) & 3) << 4)
+}
+
 /// `acc` plus `d_x · d_y ·` the block's integer product.
 ///
 /// # Safety
@@ -101,32 +118,16 @@ unsafe fn add_product(w: &Unpacked, y: *const BlockQ8K, acc: __m512) -> __m512 {
 entry_points!(BlockQ6K, dot_q6_k, gemm_q6_k);
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::k_quants::test_data::{check, f16, has_level, Rng};
     use super::*;
 
-    /// The values of a Q6_K block as ggml's `dequantize_row_q6_K` reads them, unscaled:
-    /// `(scale index, q − 32)` for each of the 256.
+    /// The values of a Q6_K block, unscaled: `(scale index, q − 32)` for each of the 256.
     fn values(b: &BlockQ6K) -> [(usize, i32); QK_K] {
-        let mut out = [(0, 0); QK_K];
-        for half in 0..2 {
-            let (ql, qh) = (&b.ql[64 * half..], &b.qh[32 * half..]);
-            for l in 0..32 {
-                let q = [
-                    (ql[l] & 0xf) | ((qh[l] & 3) << 4),
-                    (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4),
-                    (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
-                    (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
-                ];
-                for (g, q) in q.into_iter().enumerate() {
-                    out[128 * half + 32 * g + l] = (8 * half + 2 * g + l / 16, i32::from(q) - 32);
-                }
-            }
-        }
-        out
+        std::array::from_fn(|i| (i / 16, i32::from(value(b, i)) - 32))
     }
 
-    fn random_q6(rng: &mut Rng, k: usize) -> Vec<BlockQ6K> {
+    pub(crate) fn random_q6(rng: &mut Rng, k: usize) -> Vec<BlockQ6K> {
         (0..k)
             .map(|_| BlockQ6K {
                 ql: std::array::from_fn(|_| rng.byte()),
@@ -138,7 +139,7 @@ mod tests {
     }
 
     /// The exact dot product, and the sum of its terms' magnitudes (what f32 rounding is relative to).
-    fn exact(x: &[BlockQ6K], y: &[BlockQ8K]) -> (f64, f64) {
+    pub(crate) fn exact(x: &[BlockQ6K], y: &[BlockQ8K]) -> (f64, f64) {
         x.iter().zip(y).fold((0.0, 0.0), |(sum, size), (xb, yb)| {
             let (mut dot, mut magnitude) = (0i64, 0i64);
             for (i, (s, q)) in values(xb).into_iter().enumerate() {
