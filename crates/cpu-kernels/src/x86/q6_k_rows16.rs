@@ -1,6 +1,7 @@
 //! Q6_K weights repacked 16 rows to a register, as `q4_k_rows16` lays out Q4_K: four values of a
 //! row in each 32-bit lane, their low four bits as nibbles and their top two bits in a register
-//! of their own, 210 bytes a row as in Q6_K. The `+ 32` of the unsigned values comes off through
+//! of their own; 228 bytes a row where Q6_K has 210 (the scales are 16-bit here, and a group is
+//! padded to whole cache lines). The `+ 32` of the unsigned values comes off through
 //! the activations' block sums times the scales, for 16 rows at once. With the weights in L2
 //! (2-core Zen 4, `q6_k_rows16_bench`) it takes 1.7 ns a block and activation row at 4 rows
 //! where `gemm_q6_k` takes 4.0. The integer sums are ggml's.
