@@ -75,6 +75,12 @@ unsafe fn tile<const C: usize>(k: usize, g: *const Q6KRows16, y: [*const BlockQ8
         };
         let mut block = [_mm512_setzero_si512(); C];
         for s in 0..16 {
+            // The block's 57 lines PREFETCH_AHEAD bytes on, four a sub-block: all at once, they
+            // crowded the misses in flight (one stream of the 1.5B 37.7 → 51.3 ms a token).
+            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(PREFETCH_AHEAD + 64 * 4 * s);
+            for l in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+            }
             let (v0, v1, h) = unsafe {
                 (
                     _mm512_load_si512(w.nibbles[s][0].as_ptr().cast()),
