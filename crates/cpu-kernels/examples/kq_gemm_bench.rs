@@ -18,34 +18,24 @@ fn main() {}
 
 #[cfg(target_arch = "x86_64")]
 mod bench {
-    use std::time::Instant;
+    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K};
 
-    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+    use crate::common::{best, masked_blocks, q8_k_activations, Gemm, Rng};
 
-    use crate::common::{masked_blocks, q8_k_activations, Rng};
-
-    type Gemm<B> =
-        unsafe fn(std::ops::Range<usize>, usize, usize, *const B, usize, *const BlockQ8K, usize, *mut f32, usize);
-
-    /// Best of 5 runs of `reps` products of 128 rows × 6 blocks (qwen2.5-coder-1.5b's row of
+    /// Best of 5 runs of 2000 products of 128 rows × 6 blocks (qwen2.5-coder-1.5b's row of
     /// 1536 values) with `n` activation rows: nanoseconds per weight block and activation row.
     fn time<B>(rng: &mut Rng, gemm: Gemm<B>, n: usize) -> f64 {
-        let (rows, k, reps) = (128usize, 6usize, 2000usize);
+        let (rows, k) = (128usize, 6usize);
         let a: Vec<B> = masked_blocks(rng, rows * k, 0x3b);
         let b = q8_k_activations(rng, n * k);
         let mut c = vec![0f32; rows * n];
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let start = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: `a` holds `rows` rows and `b` `n` columns of `k` blocks; `c` holds
-                // every `j * rows + i`; the machines this runs on have AVX-512 VNNI.
-                unsafe { gemm(0..rows, n, k, a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), rows) };
-                std::hint::black_box(&mut c);
-            }
-            best = best.min(start.elapsed().as_secs_f64());
-        }
-        best * 1e9 / (reps * rows * k * n) as f64
+        let seconds = best(|| {
+            // SAFETY: `a` holds `rows` rows and `b` `n` columns of `k` blocks; `c` holds every
+            // `j * rows + i`; the machines this runs on have AVX-512 VNNI.
+            unsafe { gemm(0..rows, n, k, a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), rows) };
+            std::hint::black_box(&mut c);
+        });
+        seconds * 1e9 / (2000 * rows * k * n) as f64
     }
 
     pub(crate) fn run() {
