@@ -224,10 +224,10 @@ mod wide_row;
 pub use iq4_xs::BlockIQ4XS;
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
-pub use q4_k_rows16::{repack_q4_k_rows16, Q4KRows16};
+pub use q4_k_rows16::{repack_q4_k_rows16, repack_q4_k_rows16_into, Q4KRows16};
 pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
-pub use q6_k_rows16::{repack_q6_k_rows16, Q6KRows16};
+pub use q6_k_rows16::{repack_q6_k_rows16, repack_q6_k_rows16_into, Q6KRows16};
 
 /// `out[r][c] = Σ_b x[r]_b · y[c]_b` over `k` blocks for `R` weight rows and `C` activation
 /// columns at once: each weight block is loaded (and its signs taken) once for all `C` columns,

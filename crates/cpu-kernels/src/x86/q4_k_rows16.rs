@@ -30,11 +30,22 @@ pub struct Q4KRows16 {
 /// group after group: what [`gemm_q4_k_rows16`] multiplies. Panics unless `rows` is a multiple of
 /// 16 and `a` holds every row.
 pub fn repack_q4_k_rows16(a: &[BlockQ4K], rows: usize, k: usize, lda: usize) -> Vec<Q4KRows16> {
+    assert!(rows.is_multiple_of(16), "{rows} rows are not whole groups of 16");
+    let mut out = Vec::with_capacity(rows / 16 * k);
+    repack_q4_k_rows16_into(a, k, lda, &mut out.spare_capacity_mut()[..rows / 16 * k]);
+    // SAFETY: `repack_q4_k_rows16_into` wrote every one of the first `rows / 16 * k` groups.
+    unsafe { out.set_len(rows / 16 * k) };
+    out
+}
+
+/// [`repack_q4_k_rows16`] into `out`: as many groups of 16 rows as it holds `k` blocks of, every one
+/// written. Panics unless `out` holds whole groups and `a` every row of them.
+pub fn repack_q4_k_rows16_into(a: &[BlockQ4K], k: usize, lda: usize, out: &mut [std::mem::MaybeUninit<Q4KRows16>]) {
+    let rows = out.len().checked_div(k).unwrap_or(0) * 16;
     assert!(
-        rows.is_multiple_of(16) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
+        (k == 0 || out.len().is_multiple_of(k)) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
         "{rows} rows of {k} blocks, {lda} apart"
     );
-    let mut out = Vec::with_capacity(rows / 16 * k);
     for group in 0..rows / 16 {
         for b in 0..k {
             let mut g = Q4KRows16 {
@@ -58,10 +69,9 @@ pub fn repack_q4_k_rows16(a: &[BlockQ4K], rows: usize, k: usize, lda: usize) -> 
                     }
                 }
             }
-            out.push(g);
+            out[group * k + b].write(g);
         }
     }
-    out
 }
 
 /// Each Q8_K block's sums of 32 activations as the 16-bit halves of four words: sub-blocks `2p`
