@@ -151,8 +151,9 @@ lint:
 # of skipped ones.
 test-rust:
 	scripts/ensure-nginx.sh >/dev/null
+	$(DEBUG_BIN) models pull --quiet $(MODEL) >/dev/null
 	url="$$(scripts/test-postgres.sh)" && GANTRY_TEST_DATABASE_URL="$$url" GANTRY_REQUIRE_POSTGRES=1 GANTRY_REQUIRE_NGINX=1 \
-	  $(CARGO) test --workspace --no-fail-fast
+	  GANTRY_REQUIRE_PULLED_MODEL=1 $(CARGO) test --workspace --no-fail-fast
 
 # The cluster test's long form: three replicas of the default model behind nginx on PostgreSQL,
 # two minutes of mixed load through a SIGKILL, a SIGTERM drain and a database crash; prints

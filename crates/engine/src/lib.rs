@@ -56,7 +56,10 @@ pub use kv::quality::{measure_kv_quality, KvQuality};
 pub use model::backend::{cpu_backend_features, cpu_backend_variant, load_cpu_backend};
 pub use model::capabilities::{Capabilities, Pooling};
 pub use model::devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
-pub use model::dot_kernels::{small_batch_kernels, use_cpu_kernels, weights_repacked, CpuKernels};
+pub use model::dot_kernels::{
+    k_quant_copies_made, k_quant_copies_served, serve_k_quant_copies, small_batch_kernels, use_cpu_kernels,
+    weights_repacked, CpuKernels,
+};
 pub use model::memory::{estimate_memory, MemoryEstimate};
 pub use model::raw_prompt::{Fim, FimFile, PromptSource, RawPrompt, RawPromptError};
 pub use model::template::TemplateError;

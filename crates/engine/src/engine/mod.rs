@@ -3,6 +3,7 @@
 //! started with.
 
 mod config;
+mod warm_up;
 
 pub use config::{default_threads, EngineConfig, DEFAULT_HOST_CACHE_MIB};
 
@@ -86,6 +87,7 @@ impl Engine {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
         let thread_model = model.clone();
+        let thread_model_path = config.model_path.clone();
         let queued = Arc::new(QueueShares::default());
         let thread_queued = queued.clone();
         let abort = Arc::new(AtomicBool::new(false));
@@ -146,6 +148,7 @@ impl Engine {
                         return;
                     }
                 };
+                warm_up::make_k_quant_copies(&mut ctx, &thread_model_path);
                 let _ = ready_tx.send(Ok(()));
                 let mut scheduler =
                     Scheduler::new(thread_model.clone(), sched_cfg, thread_queued, thread_abort, thread_spec_stats);

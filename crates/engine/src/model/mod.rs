@@ -455,6 +455,14 @@ impl LoadedModel {
     }
 }
 
+impl Drop for LoadedModel {
+    /// Runs before the weights are freed (the fields drop after this): copies of them kept under
+    /// their addresses must go first (`dot_kernels::k_quant_copies`).
+    fn drop(&mut self) {
+        dot_kernels::forget_k_quant_copies();
+    }
+}
+
 /// The texts a client may not spell as tokens: every control (and unknown) token's, and the
 /// user-defined tokens the chat template writes or that open a tool call (Qwen's `<tool_call>`).
 /// Other user-defined tokens (Gemma's HTML tags and whitespace runs) are ordinary text that

@@ -65,6 +65,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every model the server may load: whether ggml's repacked weight copies are needed depends
     // on their types, and ggml asks once per process.
     let model_paths: Vec<&std::path::Path> = specs.iter().map(|s| s.config.model_path.as_path()).collect();
+    gantry_engine::serve_k_quant_copies(
+        args.k_quant_copies == crate::cli::TwinArg::Auto && args.n_gpu_layers.is_none_or(|n| n == 0),
+    );
     crate::telemetry::report_cpu_backend(kernels, &model_paths)?;
     crate::telemetry::report_accelerators(args.n_gpu_layers.is_some_and(|n| n > 0));
     if let Some(endpoint) = &args.kv_events_endpoint {

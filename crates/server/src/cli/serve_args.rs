@@ -103,6 +103,14 @@ pub struct ServeArgs {
     /// `ggml`'s own and llamafile's.
     #[arg(long, value_enum, default_value_t = CpuKernelsArg::Gantry)]
     pub cpu_kernels: CpuKernelsArg,
+    /// Q4_K and Q6_K matrices multiplied by 2 to 33 rows of activations (a few streams' decode
+    /// step, drafts, short prompts) from a second copy in Gantry's memory, laid out 16 rows at a
+    /// time (about 1.5× the tokens per second at four streams on a Q4_K_M model; 3% more bytes than
+    /// the file's Q4_K and 9% more than its Q6_K, counted in the model's memory). Made at start.
+    /// `auto` does so with AVX-512 (and Gantry's kernels) where nothing is offloaded to a GPU;
+    /// `off` multiplies the file's own bytes.
+    #[arg(long, value_enum, default_value_t = TwinArg::Auto)]
+    pub k_quant_copies: TwinArg,
     /// One KV buffer shared by all sequences instead of one stream per sequence (llama.cpp's
     /// `--kv-unified`): a shared prefix is then tagged instead of copied, but every token's
     /// attention walks every sequence's cells (slower prompt steps with several streams).

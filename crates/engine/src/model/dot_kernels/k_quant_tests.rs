@@ -14,10 +14,10 @@ use super::small_batches::{multiply, ComputeParams, Product};
 use super::tests::{ggml_ready, Rng};
 use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
 
-const Q8_K_BYTES: usize = std::mem::size_of::<BlockQ8K>();
+pub(super) const Q8_K_BYTES: usize = std::mem::size_of::<BlockQ8K>();
 
 /// The weight types, with their block sizes in bytes.
-const TYPES: [(ggml_type, usize); 4] =
+pub(super) const TYPES: [(ggml_type, usize); 4] =
     [(GGML_TYPE_Q4_K, 144), (GGML_TYPE_Q6_K, 210), (GGML_TYPE_Q5_K, 176), (GGML_TYPE_IQ4_XS, 136)];
 
 /// Values spread as a layer's weights or activations are: mostly small, a few large.
@@ -35,7 +35,7 @@ fn floats(rng: &mut Rng, n: usize) -> Vec<f32> {
 }
 
 /// `rows` rows of `n` values quantized to `ty` (of `bytes` a block) by ggml.
-fn weight_rows(rng: &mut Rng, (ty, bytes): (ggml_type, usize), rows: usize, n: usize) -> Vec<u8> {
+pub(super) fn weight_rows(rng: &mut Rng, (ty, bytes): (ggml_type, usize), rows: usize, n: usize) -> Vec<u8> {
     let values = floats(rng, rows * n);
     let mut out = vec![0u8; rows * n / QK_K * bytes];
     let i = |v: usize| i64::try_from(v).expect("small");
@@ -56,7 +56,7 @@ fn weight_rows(rng: &mut Rng, (ty, bytes): (ggml_type, usize), rows: usize, n: u
 }
 
 /// A row of `n` activations quantized to Q8_K as ggml quantizes them before a product.
-fn q8_k_row(rng: &mut Rng, n: usize) -> Vec<u8> {
+pub(super) fn q8_k_row(rng: &mut Rng, n: usize) -> Vec<u8> {
     let values = floats(rng, n);
     let mut out = vec![0u8; n / QK_K * Q8_K_BYTES];
     // SAFETY: ggml's table entry; `out` has room for the row.
@@ -68,7 +68,7 @@ fn q8_k_row(rng: &mut Rng, n: usize) -> Vec<u8> {
 }
 
 /// Σ |w·y| over a row of `ty` and a Q8_K row, dequantized: what float rounding is relative to.
-fn magnitude(ty: ggml_type, x: &[u8], y: &[u8], n: usize) -> f64 {
+pub(super) fn magnitude(ty: ggml_type, x: &[u8], y: &[u8], n: usize) -> f64 {
     let mut w = vec![0f32; n];
     // SAFETY: ggml's table entry; `x` holds `n` values of `ty`.
     unsafe {
@@ -85,7 +85,7 @@ fn magnitude(ty: ggml_type, x: &[u8], y: &[u8], n: usize) -> f64 {
         .sum()
 }
 
-fn dot(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) -> f64 {
+pub(super) fn dot(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) -> f64 {
     let mut s = f32::NAN;
     // SAFETY: x and y hold n / 256 blocks of their types; s is one float.
     unsafe { kernel(n as c_int, &mut s, 0, x.as_ptr().cast::<c_void>(), 0, y.as_ptr().cast::<c_void>(), 0, 1) };
@@ -95,7 +95,7 @@ fn dot(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) -> f64 {
 /// The first rows of a pulled model's FFN down-projection (Q6_K in Q4_K_M models) and gate
 /// projection (Q4_K), where this machine has a pulled Qwen model: `(type, rows, row length)`.
 /// Empty (said on stderr) without one.
-fn pulled_rows(rows: usize) -> Vec<(ggml_type, Vec<u8>, usize)> {
+pub(super) fn pulled_rows(rows: usize) -> Vec<(ggml_type, Vec<u8>, usize)> {
     use std::io::{Read, Seek, SeekFrom};
     let cache = std::env::var_os("GANTRY_CACHE_DIR").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/gantry"),
@@ -168,49 +168,75 @@ fn one_row_and_a_few_rows_agree_with_ggml_row_by_row_in_every_share() {
     ggml_ready();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for ((ty, bytes), (m, k)) in TYPES.into_iter().flat_map(|t| [(1, 1), (2, 6), (7, 2), (9, 35)].map(|s| (t, s))) {
-        let theirs = ggml_kernel(ty);
         // Padding between rows, as ggml's views may have.
         let (lda, ldb) = (k + 2, k + 1);
         let a = weight_rows(&mut rng, (ty, bytes), m, lda * QK_K);
         for n in [1, 2, 3, 5, 7, 8, 9, 17] {
             let b: Vec<u8> = (0..n).flat_map(|_| q8_k_row(&mut rng, ldb * QK_K)).collect();
-            let ldc = m + 3;
-            let mut c = vec![f32::NAN; n * ldc];
-            let i = |v: usize| i64::try_from(v).expect("small");
-            let product = Product {
-                m: i(m),
-                n: i(n),
-                k: i(k),
-                a: a.as_ptr().cast(),
-                lda: i(lda),
-                b: b.as_ptr().cast(),
-                ldb: i(ldb),
-                c: c.as_mut_ptr().cast(),
-                ldc: i(ldc),
-                a_type: ty as c_int,
-                b_type: GGML_TYPE_Q8_K as c_int,
-                c_type: GGML_TYPE_F32 as c_int,
-            };
+            let mut c = vec![f32::NAN; n * (m + 3)];
+            let product = k_quant_product(ty, &a, (m, k, lda), &b, n, &mut c);
             for ith in 0..3 {
                 // SAFETY: the matrices hold what the sizes say.
                 let done = unsafe { multiply(Some(Level::V4), &ComputeParams { ith, nth: 3 }, product) };
                 assert!(done, "type {ty} m={m} k={k} n={n}: declined");
             }
-            for j in 0..n {
-                for r in 0..ldc {
-                    let at = format!("type {ty} m={m} k={k} n={n} row {r} column {j}");
-                    let got = c[j * ldc + r];
-                    if r >= m {
-                        assert!(got.is_nan(), "{at}: wrote past the rows");
-                        continue;
-                    }
-                    let x = &a[r * lda * bytes..][..k * bytes];
-                    let y = &b[j * ldb * Q8_K_BYTES..][..k * Q8_K_BYTES];
-                    let want = dot(theirs, k * QK_K, x, y);
-                    let tolerance = 1e-5 * magnitude(ty, x, y, k * QK_K);
-                    assert!((f64::from(got) - want).abs() <= tolerance, "{at}: {got} against ggml {want}");
-                }
+            check_against_ggml(ty, &a, (m, k, lda), &b, n, &c);
+        }
+    }
+}
+
+/// The product of `m` rows of `k` blocks (`lda` apart) of `ty` in `a` and `n` Q8_K rows of `b`
+/// (as long as each fits) into `c`, `m + 3` floats a column.
+pub(super) fn k_quant_product(
+    ty: ggml_type,
+    a: &[u8],
+    (m, k, lda): (usize, usize, usize),
+    b: &[u8],
+    n: usize,
+    c: &mut [f32],
+) -> Product {
+    let i = |v: usize| i64::try_from(v).expect("small");
+    Product {
+        m: i(m),
+        n: i(n),
+        k: i(k),
+        a: a.as_ptr().cast(),
+        lda: i(lda),
+        b: b.as_ptr().cast(),
+        ldb: i(b.len() / n / Q8_K_BYTES),
+        c: c.as_mut_ptr().cast(),
+        ldc: i(m + 3),
+        a_type: ty as c_int,
+        b_type: GGML_TYPE_Q8_K as c_int,
+        c_type: GGML_TYPE_F32 as c_int,
+    }
+}
+
+/// Checks `c` (as [`k_quant_product`] lays it out) against ggml's kernel row by row, and that
+/// nothing past the rows was written.
+pub(super) fn check_against_ggml(
+    ty: ggml_type,
+    a: &[u8],
+    (m, k, lda): (usize, usize, usize),
+    b: &[u8],
+    n: usize,
+    c: &[f32],
+) {
+    let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
+    let (ldb, ldc) = (b.len() / n / Q8_K_BYTES, m + 3);
+    for j in 0..n {
+        for r in 0..ldc {
+            let at = format!("type {ty} m={m} k={k} n={n} row {r} column {j}");
+            let got = c[j * ldc + r];
+            if r >= m {
+                assert!(got.is_nan(), "{at}: wrote past the rows");
+                continue;
             }
+            let x = &a[r * lda * bytes..][..k * bytes];
+            let y = &b[j * ldb * Q8_K_BYTES..][..k * Q8_K_BYTES];
+            let want = dot(ggml_kernel(ty), k * QK_K, x, y);
+            let tolerance = 1e-5 * magnitude(ty, x, y, k * QK_K);
+            assert!((f64::from(got) - want).abs() <= tolerance, "{at}: {got} against ggml {want}");
         }
     }
 }

@@ -32,6 +32,10 @@
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod install;
+#[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+pub(crate) mod k_quant_copies;
+#[cfg(all(test, ggml_cpu_static))]
+mod k_quant_copies_tests;
 #[cfg(all(test, ggml_cpu_static))]
 mod k_quant_tests;
 #[cfg(ggml_cpu_static)]
@@ -114,4 +118,47 @@ pub fn small_batch_kernels() -> &'static str {
     return small_batches::kernels();
     #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
     "llamafile"
+}
+
+/// Serves Q4_K and Q6_K products of 2 to 33 activation rows from 16-row copies of the matrices
+/// (`k_quant_copies`, `--k-quant-copies`) from now on, where the AVX-512 level serves small
+/// batches: call after [`use_cpu_kernels`], before any model loads.
+pub fn serve_k_quant_copies(on: bool) {
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    k_quant_copies::serve(on);
+    #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
+    let _ = on;
+}
+
+/// Whether products are served from K-quant copies ([`serve_k_quant_copies`] on, with AVX-512).
+pub fn k_quant_copies_served() -> bool {
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    return k_quant_copies::serving();
+    #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
+    false
+}
+
+/// Bytes `model`'s K-quant copies take where they are served, else 0.
+pub(crate) fn k_quant_copy_bytes(model: &std::path::Path) -> u64 {
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    return if k_quant_copies::serving() { k_quant_copies::copy_bytes(model) } else { 0 };
+    #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
+    {
+        let _ = model;
+        0
+    }
+}
+
+/// Drops every K-quant copy: a model is being freed, and its addresses may be reused.
+pub(crate) fn forget_k_quant_copies() {
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    k_quant_copies::forget_all();
+}
+
+/// Bytes the K-quant copies made so far take, and how many matrices they hold.
+pub fn k_quant_copies_made() -> (u64, usize) {
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    return k_quant_copies::made();
+    #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
+    (0, 0)
 }

@@ -233,7 +233,12 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let size = |v: i64| usize::try_from(v).unwrap_or(0);
     // SAFETY: the caller's.
     let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
-    let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
+    let (ith, nth) = (size(i64::from(ith)), size(i64::from(nth)));
+    // SAFETY: the caller's; the K-quants only reach here with AVX-512.
+    if k_quant && unsafe { super::k_quant_copies::multiply(&p, ith, nth) } {
+        return true;
+    }
+    let rows = share(size(p.m), ith, nth);
     let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
     let (a, c) = (p.a, p.c.cast::<f32>());
     // Q8_0 activations for Q8_0, Q5_0 and Q4_0 weights, Q8_K for the K-quants (`ours` checked which).

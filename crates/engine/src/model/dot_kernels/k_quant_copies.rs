@@ -1,0 +1,227 @@
+//! Q4_K and Q6_K matrices multiplied by 2 to 33 rows of activations (a few decoding streams, a
+//! stream's drafts, the last chunk of a prompt) from copies in the 16-row layouts of
+//! `gantry-cpu-kernels` (`q4_k_rows16`, `q6_k_rows16`), with AVX-512 (`--k-quant-copies`).
+//!
+//! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
+//! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
+//! weight rows and the float work is paid once for them. With the weights in L2 (2-core Zen 4) a
+//! block and activation row takes 1.5 ns at four rows where `small_batches` takes 4.4; on the
+//! 1.5B coder (Q4_K_M), four sampled streams ran at 1.55× the tokens per second
+//! (docs/scheduling-and-speculation.md has the measurements). One activation row stays with the
+//! GGUF's own bytes (`small_batches::one_row`), as do 34 rows and more (ggml's tiled kernel), so
+//! the copy is a second one: 148 bytes a Q4_K block where the GGUF has 144, 228 a Q6_K block where
+//! it has 210, counted in the model's memory ([`copy_bytes`]).
+//!
+//! A copy is made the first time ggml multiplies its matrix by a few rows (an engine does so once
+//! at start, `Engine::start`), and kept under the matrix's address. Addresses are reused once a
+//! model is freed: every copy is dropped when any model is ([`forget_all`], the others' made again
+//! at their next product), and a copy keeps its source's first block, compared at every product,
+//! so one whose address now holds other weights is made again rather than served.
+#![allow(unsafe_code, reason = "reads ggml's weight matrices through raw pointers")]
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
+
+use gantry_cpu_kernels::x86::{
+    repack_q4_k_rows16_into, repack_q6_k_rows16_into, v4, BlockQ4K, BlockQ6K, BlockQ8K, Q4KRows16, Q6KRows16,
+};
+
+use super::install::Level;
+use super::small_batches::{share, Product};
+use crate::model::gguf_header::Header;
+
+/// Bytes of a GGUF block and of the same block in the copy, for each type copied.
+const Q4_K_BYTES: (usize, usize) = (144, 148);
+const Q6_K_BYTES: (usize, usize) = (210, 228);
+
+/// Most activation rows served from the copies: ggml's tiled kernel takes more first.
+const MAX_ROWS: i64 = 33;
+
+static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// A matrix as ggml hands it over: its address, type and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    address: usize,
+    ty: std::os::raw::c_int,
+    m: usize,
+    k: usize,
+    lda: usize,
+}
+
+enum Groups {
+    Q4(Vec<Q4KRows16>),
+    Q6(Vec<Q6KRows16>),
+}
+
+struct Copy {
+    /// The source's first block, to tell its weights from others later at the same address.
+    first_block: Vec<u8>,
+    groups: Groups,
+}
+
+fn copies() -> &'static RwLock<HashMap<Key, Arc<Copy>>> {
+    static COPIES: OnceLock<RwLock<HashMap<Key, Arc<Copy>>>> = OnceLock::new();
+    COPIES.get_or_init(Default::default)
+}
+
+/// Serves Q4_K and Q6_K products of a few rows from copies from now on (`on`), where the AVX-512
+/// level serves small batches; or not.
+pub(super) fn serve(on: bool) {
+    SERVING.store(on, Ordering::Relaxed);
+}
+
+/// Whether products are served from copies (and engines make them at start).
+pub(crate) fn serving() -> bool {
+    SERVING.load(Ordering::Relaxed) && super::small_batches::level() == Some(Level::V4)
+}
+
+/// Drops every copy (see the module): called as a model is freed, before its memory is.
+pub(crate) fn forget_all() {
+    copies().write().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+}
+
+/// Bytes the copies of `model`'s matrices take where they are served: every Q4_K and Q6_K matrix
+/// but a token embedding that is only looked up (the output layer multiplies by it where the
+/// model has no `output.weight`).
+pub(crate) fn copy_bytes(model: &Path) -> u64 {
+    let Some(header) = Header::open(model) else { return 0 };
+    let names: Vec<String> = (0..header.n_tensors()).map(|id| header.tensor_name(id)).collect();
+    let tied_output = !names.iter().any(|n| n == "output.weight");
+    (0..header.n_tensors())
+        .filter(|&id| tied_output || names[usize::try_from(id).unwrap_or(0)] != "token_embd.weight")
+        .map(|id| {
+            let bytes = header.tensor_span(id).1;
+            match header.tensor_type(id) {
+                GGML_TYPE_Q4_K => bytes / Q4_K_BYTES.0 as u64 * Q4_K_BYTES.1 as u64,
+                GGML_TYPE_Q6_K => bytes / Q6_K_BYTES.0 as u64 * Q6_K_BYTES.1 as u64,
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+/// Computes thread `ith` of `nth`'s share of `p` from its matrix's copy (made now if there is
+/// none); `false` where copies do not serve `p` (another type, rows not a multiple of 16, one
+/// activation row or more than [`MAX_ROWS`]), which then goes on as before.
+///
+/// # Safety
+/// llamafile's contract: the matrices hold what the sizes and types say; the AVX-512 level was
+/// detected on this CPU.
+pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
+    let is = |ty: std::os::raw::c_int, of: ggml_type| ty == of as std::os::raw::c_int;
+    let typed = (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q6_K))
+        && is(p.b_type, GGML_TYPE_Q8_K)
+        && is(p.c_type, GGML_TYPE_F32);
+    if !SERVING.load(Ordering::Relaxed) || !typed || !(2..=MAX_ROWS).contains(&p.n) || p.m <= 0 || p.m % 16 != 0 {
+        return false;
+    }
+    let size = |v: i64| usize::try_from(v).unwrap_or(0);
+    let key = Key { address: p.a as usize, ty: p.a_type, m: size(p.m), k: size(p.k), lda: size(p.lda) };
+    // SAFETY: the caller's.
+    let copy = unsafe { copy_of(key) };
+    let groups: Range<usize> = share(key.m / 16, ith, nth);
+    let (n, ldb, ldc) = (size(p.n), size(p.ldb), size(p.ldc));
+    let (b, c) = (p.b.cast::<BlockQ8K>(), p.c.cast::<f32>());
+    // SAFETY: the copy holds the matrix's groups; the rest is the caller's.
+    unsafe {
+        match &copy.groups {
+            Groups::Q4(g) => v4::gemm_q4_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
+            Groups::Q6(g) => v4::gemm_q6_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
+        }
+    }
+    true
+}
+
+/// The copy of `key`'s matrix, made where there is none or the one there was made from other
+/// weights.
+///
+/// # Safety
+/// `key` describes a matrix of its type that ggml holds: `m` rows of `k` blocks, `lda` apart.
+unsafe fn copy_of(key: Key) -> Arc<Copy> {
+    let bytes = if key.ty == GGML_TYPE_Q4_K as std::os::raw::c_int { Q4_K_BYTES.0 } else { Q6_K_BYTES.0 };
+    // SAFETY: the caller's: the matrix starts with a whole block.
+    let first = unsafe { std::slice::from_raw_parts(key.address as *const u8, bytes) };
+    let current = |c: &Arc<Copy>| c.first_block == first;
+    if let Some(copy) =
+        copies().read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).filter(|c| current(c))
+    {
+        return Arc::clone(copy);
+    }
+    let mut all = copies().write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Another thread of the same product may have made it while this one waited.
+    if let Some(copy) = all.get(&key).filter(|c| current(c)) {
+        return Arc::clone(copy);
+    }
+    let blocks = (key.m - 1) * key.lda + key.k;
+    // SAFETY: the caller's: every row's blocks are there.
+    let groups = unsafe {
+        if key.ty == GGML_TYPE_Q4_K as std::os::raw::c_int {
+            let a = std::slice::from_raw_parts(key.address as *const BlockQ4K, blocks);
+            Groups::Q4(in_parallel(a, key, repack_q4_k_rows16_into))
+        } else {
+            let a = std::slice::from_raw_parts(key.address as *const BlockQ6K, blocks);
+            Groups::Q6(in_parallel(a, key, repack_q6_k_rows16_into))
+        }
+    };
+    let copy = Arc::new(Copy { first_block: first.to_vec(), groups });
+    all.insert(key, Arc::clone(&copy));
+    copy
+}
+
+/// `repack` over `a`'s groups of 16 rows into a buffer of their own, shared out among the CPU's
+/// cores: a copy is made while ggml's other threads wait for it (at start, or after another model
+/// was freed). The buffer asks for huge pages: with 4 KiB pages, faulting in a gigabyte of copies
+/// took more time than repacking it (and the kernels walk the copy with fewer TLB misses).
+fn in_parallel<B: Sync, G: Send>(
+    a: &[B],
+    key: Key,
+    repack: fn(&[B], usize, usize, &mut [std::mem::MaybeUninit<G>]),
+) -> Vec<G> {
+    let groups = key.m / 16;
+    let mut all: Vec<G> = Vec::with_capacity(groups * key.k);
+    let spare = &mut all.spare_capacity_mut()[..groups * key.k];
+    advise_huge_pages(spare.as_mut_ptr().cast(), std::mem::size_of_val(spare));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, groups.max(1));
+    let per_thread = groups.div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (i, out) in spare.chunks_mut(per_thread * key.k.max(1)).enumerate() {
+            let from = &a[16 * i * per_thread * key.lda..];
+            scope.spawn(move || repack(from, key.k, key.lda, out));
+        }
+    });
+    // SAFETY: every thread wrote its chunk, and the chunks cover the groups (a panic in one
+    // would have ended the scope with it).
+    unsafe { all.set_len(groups * key.k) };
+    all
+}
+
+/// Asks the kernel to back `len` bytes at `start` with transparent huge pages where it gives
+/// them only on request (`madvise` mode); the whole 2 MiB pages inside the range.
+fn advise_huge_pages(start: *mut u8, len: usize) {
+    const HUGE: usize = 2 << 20;
+    let first = (start as usize).next_multiple_of(HUGE);
+    let end = (start as usize + len) / HUGE * HUGE;
+    if end > first {
+        // SAFETY: advice on whole pages of memory this process owns; failure changes nothing.
+        let _ = unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
+    }
+}
+
+/// Bytes the copies made so far take, and how many there are.
+pub(crate) fn made() -> (u64, usize) {
+    let all = copies().read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let bytes = all
+        .values()
+        .map(|c| match &c.groups {
+            Groups::Q4(g) => std::mem::size_of_val(g.as_slice()),
+            Groups::Q6(g) => std::mem::size_of_val(g.as_slice()),
+        } as u64)
+        .sum();
+    (bytes, all.len())
+}
