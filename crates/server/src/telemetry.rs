@@ -88,10 +88,8 @@ pub(crate) fn report_cpu_backend(
     let dot_kernels = gantry_engine::use_cpu_kernels(kernels, models);
     let small_batches = gantry_engine::small_batch_kernels();
     let repacked_weights = if gantry_engine::weights_repacked() { "yes" } else { "no" };
-    let k_quant_copies = gantry_engine::k_quant_copies_served();
     tracing::info!(
-        variant = %variant, features = %features, dot_kernels, small_batches, repacked_weights, k_quant_copies,
-        "llama.cpp CPU backend"
+        variant = %variant, features = %features, dot_kernels, small_batches, repacked_weights, "llama.cpp CPU backend"
     );
     describe_gauge!(
         "gantry_cpu_backend_info",

@@ -78,6 +78,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let budget = args.max_memory.unwrap_or_else(pool::default_budget);
+    serve_k_quant_copies_where_they_fit(&specs, budget)?;
     for spec in &mut specs {
         if let Some(refit) = pool::fit_to_budget(&mut spec.config, spec.shrinkable, budget)? {
             tracing::warn!(
@@ -363,4 +364,28 @@ async fn bind_if_asked(addr: Option<&str>, flag: &str) -> anyhow::Result<Option<
     let Some(addr) = addr else { return Ok(None) };
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {flag} {addr}"))?;
     Ok(Some(listener))
+}
+
+/// Keeps the K-quant copies (`--k-quant-copies auto`, served process-wide) only where every model
+/// fits the memory budget with its copies at the settings asked for: where one would otherwise
+/// get fewer slots or a smaller batch, or not fit at all, nothing is copied, as before the copies.
+fn serve_k_quant_copies_where_they_fit(specs: &[pool::ModelSpec], budget: u64) -> anyhow::Result<()> {
+    if !gantry_engine::k_quant_copies_served() {
+        return Ok(());
+    }
+    for spec in specs {
+        let need = spec.config.estimate_memory()?.total();
+        if need > budget {
+            gantry_engine::serve_k_quant_copies(false);
+            tracing::info!(
+                model = %spec.id,
+                estimated = need,
+                budget,
+                "K-quant matrices are not copied: this model would not fit the memory budget with its copies"
+            );
+            return Ok(());
+        }
+    }
+    tracing::info!("Q4_K and Q6_K products of a few rows are served from 16-row copies made at load");
+    Ok(())
 }
