@@ -107,8 +107,9 @@ pub struct ServeArgs {
     /// step, drafts, short prompts) from a second copy in Gantry's memory, laid out 16 rows at a
     /// time (about 1.5× the tokens per second at four streams on a Q4_K_M model; 3% more bytes than
     /// the file's Q4_K and 9% more than its Q6_K, counted in the model's memory). Made at start.
-    /// `auto` does so with AVX-512 (and Gantry's kernels) where nothing is offloaded to a GPU;
-    /// `off` multiplies the file's own bytes.
+    /// `auto` does so with AVX-512 (and Gantry's kernels) where nothing is offloaded to a GPU and
+    /// every model fits --max-memory with its copies at the settings asked for; `off` multiplies
+    /// the file's own bytes.
     #[arg(long, value_enum, default_value_t = TwinArg::Auto)]
     pub k_quant_copies: TwinArg,
     /// One KV buffer shared by all sequences instead of one stream per sequence (llama.cpp's
