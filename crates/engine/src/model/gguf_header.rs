@@ -79,6 +79,19 @@ impl Header {
         unsafe { llama_cpp_sys_2::gguf_get_tensor_type(self.0.as_ptr(), id) }
     }
 
+    /// The tensors a forward pass multiplies by: all but the token embedding, which is only
+    /// looked up (one row a token) unless the model has no `output.weight` and its output layer
+    /// multiplies by the embedding too.
+    pub(crate) fn multiplied_tensors(&self) -> Vec<i64> {
+        let names: Vec<String> = (0..self.n_tensors()).map(|id| self.tensor_name(id)).collect();
+        let tied_output = !names.iter().any(|n| n == "output.weight");
+        (0..self.n_tensors())
+            .zip(names)
+            .filter(|(_, name)| tied_output || name != "token_embd.weight")
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Where the tensor's data starts in the data section, and its length in bytes, as the
     /// table says now (after `set_tensor_type`, as the file would be written).
     pub(crate) fn tensor_in_data(&self, id: i64) -> (u64, u64) {

@@ -91,10 +91,9 @@ pub(crate) fn forget_all() {
 /// model has no `output.weight`).
 pub(crate) fn copy_bytes(model: &Path) -> u64 {
     let Some(header) = Header::open(model) else { return 0 };
-    let names: Vec<String> = (0..header.n_tensors()).map(|id| header.tensor_name(id)).collect();
-    let tied_output = !names.iter().any(|n| n == "output.weight");
-    (0..header.n_tensors())
-        .filter(|&id| tied_output || names[usize::try_from(id).unwrap_or(0)] != "token_embd.weight")
+    header
+        .multiplied_tensors()
+        .into_iter()
         .map(|id| {
             let bytes = header.tensor_span(id).1;
             match header.tensor_type(id) {

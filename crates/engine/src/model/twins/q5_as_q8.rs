@@ -37,14 +37,8 @@ pub(crate) const CONVERSION: Conversion = Conversion {
 /// The Q5_0 matrices of `header`'s model. The token embedding is only looked up (one row per
 /// token), so it stays Q5_0 unless the model has no output matrix and multiplies by it too.
 fn plan_for(header: &Header) -> Plan {
-    let names: Vec<String> = (0..header.n_tensors()).map(|id| header.tensor_name(id)).collect();
-    let tied_output = !names.iter().any(|n| n == "output.weight");
-    let tensors: Vec<i64> = (0..header.n_tensors())
-        .filter(|&id| header.tensor_type(id) == GGML_TYPE_Q5_0)
-        .filter(|&id| {
-            tied_output || names[usize::try_from(id).expect("tensor ids count from 0")] != "token_embd.weight"
-        })
-        .collect();
+    let tensors: Vec<i64> =
+        header.multiplied_tensors().into_iter().filter(|&id| header.tensor_type(id) == GGML_TYPE_Q5_0).collect();
     let source_bytes: u64 = tensors.iter().map(|&id| header.tensor_span(id).1).sum();
     Plan { tensors, source_bytes, twin_bytes: source_bytes / Q5_0_BLOCK as u64 * Q8_0_BLOCK as u64 }
 }
