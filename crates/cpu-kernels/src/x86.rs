@@ -209,6 +209,25 @@ macro_rules! each_group {
     }};
 }
 
+/// `rows` rows of `k` blocks (`lda` apart) of `a` in a 16-row layout, as a new `Vec` of the
+/// groups `repack_into` (one of the `_into` repackers) writes. Panics unless `rows` is a multiple
+/// of 16.
+fn repacked_rows16<B, G>(
+    a: &[B],
+    rows: usize,
+    k: usize,
+    lda: usize,
+    repack_into: fn(&[B], usize, usize, &mut [std::mem::MaybeUninit<G>]),
+) -> Vec<G> {
+    assert!(rows.is_multiple_of(16), "{rows} rows are not whole groups of 16");
+    let len = rows / 16 * k;
+    let mut out = Vec::with_capacity(len);
+    repack_into(a, k, lda, &mut out.spare_capacity_mut()[..len]);
+    // SAFETY: the `_into` repackers write every group of the buffer they are given.
+    unsafe { out.set_len(len) };
+    out
+}
+
 mod iq4_xs;
 mod k_quants;
 mod q4_k;

@@ -30,12 +30,7 @@ pub struct Q4KRows16 {
 /// group after group: what [`gemm_q4_k_rows16`] multiplies. Panics unless `rows` is a multiple of
 /// 16 and `a` holds every row.
 pub fn repack_q4_k_rows16(a: &[BlockQ4K], rows: usize, k: usize, lda: usize) -> Vec<Q4KRows16> {
-    assert!(rows.is_multiple_of(16), "{rows} rows are not whole groups of 16");
-    let mut out = Vec::with_capacity(rows / 16 * k);
-    repack_q4_k_rows16_into(a, k, lda, &mut out.spare_capacity_mut()[..rows / 16 * k]);
-    // SAFETY: `repack_q4_k_rows16_into` wrote every one of the first `rows / 16 * k` groups.
-    unsafe { out.set_len(rows / 16 * k) };
-    out
+    repacked_rows16(a, rows, k, lda, repack_q4_k_rows16_into)
 }
 
 /// [`repack_q4_k_rows16`] into `out`: as many groups of 16 rows as it holds `k` blocks of, every one
