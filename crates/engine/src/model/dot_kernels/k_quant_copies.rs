@@ -1,15 +1,17 @@
-//! Q4_K and Q6_K matrices multiplied by 2 to 33 rows of activations (a few decoding streams, a
-//! stream's drafts, the last chunk of a prompt) from copies in the 16-row layouts of
-//! `gantry-cpu-kernels` (`q4_k_rows16`, `q6_k_rows16`), with AVX-512 (`--k-quant-copies`).
+//! Q4_K and Q6_K matrices multiplied by 2 to 512 rows of activations (a few decoding streams, a
+//! stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of `gantry-cpu-kernels`
+//! (`q4_k_rows16`, `q6_k_rows16`), with AVX-512 (`--k-quant-copies`).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
 //! weight rows and the float work is paid once for them. With the weights in L2 (2-core Zen 4) a
 //! block and activation row takes 1.5 ns at four rows where `small_batches` takes 4.4; on the
 //! 1.5B coder (Q4_K_M), four sampled streams ran at 1.55× the tokens per second
-//! (docs/scheduling-and-speculation.md has the measurements). One activation row stays with the
-//! GGUF's own bytes (`small_batches::one_row`), as do 34 rows and more (ggml's tiled kernel), so
-//! the copy is a second one: 148 bytes a Q4_K block where the GGUF has 144, 228 a Q6_K block where
+//! (docs/scheduling-and-speculation.md has the measurements). Prompts too: ggml's tiled kernel
+//! (`tiled`) unpacks every weight tile into bytes for each product, where the copies are unpacked
+//! once; on the same machine prompts of 59 to 556 tokens took 0.45–0.65 of its time. One
+//! activation row stays with the GGUF's own bytes (`small_batches::one_row`), so the copy is a
+//! second one: 148 bytes a Q4_K block where the GGUF has 144, 228 a Q6_K block where
 //! it has 210, counted in the model's memory ([`copy_bytes`]).
 //!
 //! A copy is made the first time ggml multiplies its matrix by a few rows (an engine does so once
@@ -32,15 +34,12 @@ use gantry_cpu_kernels::x86::{
 };
 
 use super::install::Level;
-use super::small_batches::{share, Product};
+use super::small_batches::{max_columns, share, Product};
 use crate::model::gguf_header::Header;
 
 /// Bytes of a GGUF block and of the same block in the copy, for each type copied.
 const Q4_K_BYTES: (usize, usize) = (144, 148);
 const Q6_K_BYTES: (usize, usize) = (210, 228);
-
-/// Most activation rows served from the copies: ggml's tiled kernel takes more first.
-const MAX_ROWS: i64 = 33;
 
 static SERVING: AtomicBool = AtomicBool::new(false);
 
@@ -105,19 +104,28 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
         .sum()
 }
 
+/// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
+/// copies: Q4_K and Q6_K, whole groups of 16 rows, 2 to `small_batches::max_columns` activation
+/// rows (with AVX-512: a ubatch of 512), while copies are served.
+pub(super) fn serves(ty: ggml_type, m: i64, rows: i64) -> bool {
+    SERVING.load(Ordering::Relaxed)
+        && (ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_Q6_K)
+        && (2..=max_columns(Level::V4)).contains(&rows)
+        && m > 0
+        && m % 16 == 0
+}
+
 /// Computes thread `ith` of `nth`'s share of `p` from its matrix's copy (made now if there is
-/// none); `false` where copies do not serve `p` (another type, rows not a multiple of 16, one
-/// activation row or more than [`MAX_ROWS`]), which then goes on as before.
+/// none); `false` where copies do not [`serves`] `p` (or its activations are not Q8_K), which
+/// then goes on as before.
 ///
 /// # Safety
 /// llamafile's contract: the matrices hold what the sizes and types say; the AVX-512 level was
 /// detected on this CPU.
 pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
     let is = |ty: std::os::raw::c_int, of: ggml_type| ty == of as std::os::raw::c_int;
-    let typed = (is(p.a_type, GGML_TYPE_Q4_K) || is(p.a_type, GGML_TYPE_Q6_K))
-        && is(p.b_type, GGML_TYPE_Q8_K)
-        && is(p.c_type, GGML_TYPE_F32);
-    if !SERVING.load(Ordering::Relaxed) || !typed || !(2..=MAX_ROWS).contains(&p.n) || p.m <= 0 || p.m % 16 != 0 {
+    let typed = is(p.b_type, GGML_TYPE_Q8_K) && is(p.c_type, GGML_TYPE_F32);
+    if !typed || !ggml_type::try_from(p.a_type).is_ok_and(|ty| serves(ty, p.m, p.n)) {
         return false;
     }
     let size = |v: i64| usize::try_from(v).unwrap_or(0);

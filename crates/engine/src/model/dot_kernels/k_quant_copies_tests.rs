@@ -1,5 +1,5 @@
 //! Products served from the 16-row K-quant copies against ggml's own `· Q8_K` kernels row by row,
-//! for 2 to 33 activation rows in every thread share, on weights ggml quantized and on a pulled
+//! for 2 to 512 activation rows (a few streams to a prompt's ubatch) in every thread share, on weights ggml quantized and on a pulled
 //! model's rows; and copies that no longer match the weights at their address are made anew.
 
 use llama_cpp_sys_2::{ggml_type, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
@@ -38,7 +38,7 @@ fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
             // Padding between rows, as ggml's views may have.
             let lda = k + 2;
             let a = weight_rows(&mut rng, (ty, bytes), m, lda * QK_K);
-            for n in [2, 3, 4, 5, 8, 9, 16, 17, 33] {
+            for n in [2, 3, 4, 5, 8, 9, 16, 17, 33, 34, 97, 512] {
                 let b = activations(&mut rng, n, k + 1);
                 let c = from_copies(ty, &a, (m, k, lda), &b, n).expect("served from the copies");
                 check_against_ggml(ty, &a, (m, k, lda), &b, n, &c);
@@ -48,7 +48,7 @@ fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
     // A pulled model's own rows (a Q4_K gate projection, a Q6_K down projection), 16 of each.
     for (ty, a, values) in pulled_rows(16) {
         let k = values / QK_K;
-        for n in [2, 4, 8] {
+        for n in [2, 4, 8, 100] {
             let b = activations(&mut rng, n, k);
             let c = from_copies(ty, &a, (16, k, k), &b, n).expect("served from the copies");
             check_against_ggml(ty, &a, (16, k, k), &b, n, &c);
@@ -64,7 +64,7 @@ fn one_row_many_rows_odd_rows_and_other_types_are_not_served_from_copies() {
     let mut rng = Rng(11);
     for (ty, bytes) in TYPES {
         let copied = ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_Q6_K;
-        for (m, n) in [(16, 1), (16, 34), (17, 4), (24, 4), (16, 4)] {
+        for (m, n) in [(16, 1), (16, 513), (17, 4), (24, 4), (16, 4)] {
             let a = weight_rows(&mut rng, (ty, bytes), m, QK_K);
             let b = activations(&mut rng, n, 1);
             let served = from_copies(ty, &a, (m, 1, 1), &b, n).is_some();

@@ -5,7 +5,7 @@
 //! Gantry's AVX-512 kernels take Q4_K weights as the GGUF lays them out: ggml then hands one
 //! activation row to the table's `vec_dot` (Gantry's), two to 33 to `llamafile_sgemm`
 //! (Gantry's `small_batches`; `tiled` declines them for ggml's tiled K-quant kernel), and more to
-//! that tiled kernel. Measured on
+//! that tiled kernel (or, where the 16-row copies serve, to `small_batches` too). Measured on
 //! qwen2.5-coder-1.5b Q4_K_M (2-core Xeon, AVX-512): ggml's repacked one-row kernel streams the
 //! weights at about 19 GB/s where Gantry's Q6_K one reaches 33.
 //!

@@ -8,7 +8,9 @@
 //! a third of the time unpacking and another third in OpenMP's barrier. Where Gantry's AVX-512
 //! kernels serve the weight type (Q4_K, Q5_K, Q6_K, IQ4_XS), products of fewer than
 //! [`TILED_FROM_ROWS`] rows are declined here: ggml then quantizes the activations to Q8_K and
-//! calls `llamafile_sgemm`, which `small_batches` answers, as it does for 2 to 7 rows. Other types
+//! calls `llamafile_sgemm`, which `small_batches` answers, as it does for 2 to 7 rows. So are
+//! prompts of Q4_K and Q6_K matrices whose 16-row copies are served (`k_quant_copies`): the copies
+//! are unpacked once, where this kernel unpacks every tile again for each product. Other types
 //! keep ggml's choice.
 //!
 //! Where ggml's CPU backend is linked in (`ggml_cpu_static`), the linker's `--wrap` sends ggml's
@@ -20,7 +22,7 @@ use std::os::raw::c_void;
 use llama_cpp_sys_2::{ggml_tensor, ggml_type};
 
 use super::install::Level;
-use super::small_batches;
+use super::{k_quant_copies, small_batches};
 
 /// The fewest activation rows ggml's tiled kernel multiplies Q4_K and Q6_K weights with where
 /// Gantry's AVX-512 kernels serve them. Measured on qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 5, a
@@ -30,10 +32,10 @@ use super::small_batches;
 pub(super) const TILED_FROM_ROWS: i64 = 34;
 
 /// Whether a product of `weights` by `rows` activation rows is left to `small_batches`, with
-/// `level`'s kernels serving.
-pub(super) fn declined(level: Option<Level>, weights: ggml_type, rows: i64) -> bool {
+/// `level`'s kernels serving; `copied`: the weights' 16-row copies serve it.
+pub(super) fn declined(level: Option<Level>, weights: ggml_type, rows: i64, copied: bool) -> bool {
     level.is_some_and(|l| l.serves_k_quant(weights))
-        && rows < TILED_FROM_ROWS.min(small_batches::max_columns(Level::V4) + 1)
+        && (copied || rows < TILED_FROM_ROWS.min(small_batches::max_columns(Level::V4) + 1))
 }
 
 extern "C" {
@@ -51,8 +53,8 @@ extern "C" {
 #[export_name = "__wrap_ggml_compute_forward_mul_mat_tiled"]
 unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml_tensor) -> bool {
     // SAFETY: ggml's product node, with its weights and activations as sources 0 and 1.
-    let (weights, rows) = unsafe { ((*(*dst).src[0]).type_, (*(*dst).src[1]).ne[1]) };
-    if declined(small_batches::level(), weights, rows) {
+    let (weights, m, rows) = unsafe { ((*(*dst).src[0]).type_, (*(*dst).src[0]).ne[1], (*(*dst).src[1]).ne[1]) };
+    if declined(small_batches::level(), weights, rows, k_quant_copies::serves(weights, m, rows)) {
         return false;
     }
     // SAFETY: the caller's, passed on.
@@ -70,16 +72,42 @@ mod tests {
     #[test]
     fn only_the_k_quants_gantry_serves_with_avx512_are_declined_below_the_threshold() {
         for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
-            assert!(declined(Some(Level::V4), ty, 8), "a few decoding streams");
-            assert!(declined(Some(Level::V4), ty, 33));
-            assert!(declined(Some(Level::V4), ty, TILED_FROM_ROWS - 1));
-            assert!(!declined(Some(Level::V4), ty, TILED_FROM_ROWS), "a prompt's rows");
-            assert!(!declined(Some(Level::V4), ty, 512));
-            assert!(!declined(Some(Level::V3), ty, 8), "Gantry's AVX2 kernels serve no K-quant");
-            assert!(!declined(None, ty, 8), "Gantry's kernels not in use");
+            assert!(declined(Some(Level::V4), ty, 8, false), "a few decoding streams");
+            assert!(declined(Some(Level::V4), ty, 33, false));
+            assert!(declined(Some(Level::V4), ty, TILED_FROM_ROWS - 1, false));
+            assert!(!declined(Some(Level::V4), ty, TILED_FROM_ROWS, false), "a prompt's rows");
+            assert!(!declined(Some(Level::V4), ty, 512, false));
+            assert!(!declined(Some(Level::V3), ty, 8, false), "Gantry's AVX2 kernels serve no K-quant");
+            assert!(!declined(None, ty, 8, false), "Gantry's kernels not in use");
         }
         for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0] {
-            assert!(!declined(Some(Level::V4), ty, 8), "ggml's choice for types Gantry does not serve here");
+            assert!(!declined(Some(Level::V4), ty, 8, false), "ggml's choice for types Gantry does not serve here");
+        }
+    }
+
+    #[test]
+    fn prompts_the_copies_serve_are_declined_at_every_row_count() {
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q6_K] {
+            for rows in [2, 33, TILED_FROM_ROWS, 97, 512] {
+                assert!(declined(Some(Level::V4), ty, rows, true), "type {ty}, {rows} rows");
+            }
+            assert!(!declined(None, ty, 97, true), "Gantry's kernels not in use");
+        }
+    }
+
+    #[test]
+    fn the_copies_serve_q4_k_and_q6_k_in_whole_groups_up_to_a_ubatch() {
+        k_quant_copies::serve(true);
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q6_K] {
+            for rows in [2, 33, TILED_FROM_ROWS, 97, 512] {
+                assert!(k_quant_copies::serves(ty, 1536, rows), "type {ty}, {rows} rows");
+            }
+            assert!(!k_quant_copies::serves(ty, 1536, 1), "one row keeps the GGUF's bytes");
+            assert!(!k_quant_copies::serves(ty, 1536, 513), "past a ubatch of 512");
+            assert!(!k_quant_copies::serves(ty, 1544, 97), "not whole groups of 16 rows");
+        }
+        for ty in [GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q8_0] {
+            assert!(!k_quant_copies::serves(ty, 1536, 97), "type {ty} has no copies");
         }
     }
 }
