@@ -9,7 +9,7 @@
 //! 1.5B coder (Q4_K_M), four sampled streams ran at 1.55× the tokens per second
 //! (docs/scheduling-and-speculation.md has the measurements). Prompts too: ggml's tiled kernel
 //! (`tiled`) unpacks every weight tile into bytes for each product, where the copies are unpacked
-//! once; on the same machine prompts of 59 to 556 tokens took 0.45–0.65 of its time. One
+//! once; on the same machine prompts of 59 to 556 tokens took 0.5–0.7 of its time. One
 //! activation row stays with the GGUF's own bytes (`small_batches::one_row`), so the copy is a
 //! second one: 148 bytes a Q4_K block where the GGUF has 144, 228 a Q6_K block where
 //! it has 210, counted in the model's memory ([`copy_bytes`]).
