@@ -41,6 +41,7 @@ pub(super) fn scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
 
 /// Value `i` of a block before scaling (0-15): byte `l < 32` of each 32 bytes of `qs` holds value
 /// `l` of its 64 in the low nibble and `l + 32` in the high one.
+#[cfg(test)]
 pub(super) fn value(b: &BlockQ4K, i: usize) -> u8 {
     let (chunk, l) = (i / 64, i % 64);
     let byte = b.qs[32 * chunk + l % 32];

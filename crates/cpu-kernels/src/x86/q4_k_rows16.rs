@@ -9,7 +9,7 @@
 //! integer sums are ggml's, only the order of the float additions differs.
 
 use super::k_quants::BlockQ8K;
-use super::q4_k::{scale_min, value, BlockQ4K};
+use super::q4_k::{scale_min, BlockQ4K};
 use super::*;
 
 /// One block of 16 weight rows. `nibbles[s][i]` holds, in bytes `4r..4r + 4`, row `r`'s values
@@ -56,11 +56,12 @@ pub fn repack_q4_k_rows16_into(a: &[BlockQ4K], k: usize, lda: usize, out: &mut [
                 let packed = block.scales;
                 for s in 0..8 {
                     (g.scales[s][r], g.mins[s / 2][2 * r + s % 2]) = scale_min(s, &packed);
-                    for i in 0..4 {
-                        for j in 0..4 {
-                            g.nibbles[s][i][4 * r + j] =
-                                value(block, 32 * s + 4 * i + j) | (value(block, 32 * s + 16 + 4 * i + j) << 4);
-                        }
+                    // Values `32s..32s + 32` (as `q4_k::value` reads them): the low (even `s`) or high
+                    // nibbles of 32 bytes of `qs`.
+                    let (q, shift) = (&block.qs[32 * (s / 2)..32 * (s / 2) + 32], 4 * (s % 2));
+                    for t in 0..16 {
+                        g.nibbles[s][t / 4][4 * r + t % 4] =
+                            ((q[t] >> shift) & 0xf) | (((q[16 + t] >> shift) & 0xf) << 4);
                     }
                 }
             }
@@ -174,7 +175,29 @@ mod tests {
     use super::super::k_quants::test_data::{check_rows16, has_level, Rng};
     use super::super::k_quants::QK_K;
     use super::super::q4_k::tests::{exact, random_q4};
+    use super::super::q4_k::value;
     use super::*;
+
+    #[test]
+    fn repacking_puts_every_value_where_the_layout_says() {
+        let (rows, k) = (32, 3);
+        let x = random_q4(&mut Rng(5), rows * k);
+        let groups = repack_q4_k_rows16(&x, rows, k, k);
+        for (at, w) in groups.iter().enumerate() {
+            let (group, b) = (at / k, at % k);
+            for r in 0..16 {
+                let block = &x[(16 * group + r) * k + b];
+                assert_eq!((w.d[r], w.dmin[r]), (block.d, block.dmin));
+                for s in 0..8 {
+                    assert_eq!((w.scales[s][r], w.mins[s / 2][2 * r + s % 2]), scale_min(s, &block.scales));
+                    for t in 0..16 {
+                        let want = value(block, 32 * s + t) | (value(block, 32 * s + 16 + t) << 4);
+                        assert_eq!(w.nibbles[s][t / 4][4 * r + t % 4], want, "{at} {r} {s} {t}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_row_and_column_equals_the_exact_sums() {

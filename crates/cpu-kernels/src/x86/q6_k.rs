@@ -90,6 +90,7 @@ impl_k_quant!(BlockQ6K);
 /// reads its bits: in each half of 128 values, byte `l < 32` of `ql` holds values `l` (low
 /// nibble) and `l + 64` (high), byte `l + 32` values `l + 32` and `l + 96`; byte `l` of `qh` their
 /// top two bits, from the bottom.
+#[cfg(test)]
 pub(super) fn value(b: &BlockQ6K, i: usize) -> u8 {
     let (half, l) = (i / 128, i % 128);
     let (ql, qh) = (&b.ql[64 * half..], &b.qh[32 * half..]);

@@ -7,7 +7,7 @@
 //! where `gemm_q6_k` takes 4.0. The integer sums are ggml's.
 
 use super::k_quants::BlockQ8K;
-use super::q6_k::{value, BlockQ6K};
+use super::q6_k::BlockQ6K;
 use super::*;
 
 /// One block of 16 weight rows, sub-block `s` being values `16s..16s + 16` (one scale): bytes
@@ -45,20 +45,39 @@ pub fn repack_q6_k_rows16_into(a: &[BlockQ6K], k: usize, lda: usize, out: &mut [
             for r in 0..16 {
                 let block = &a[(16 * group + r) * lda + b];
                 g.d[r] = block.d;
+                let values = values(block);
                 for s in 0..16 {
                     g.scales[s / 2][2 * r + s % 2] = i16::from(block.scales[s]);
+                    let v = &values[16 * s..16 * s + 16];
                     for j in 0..4 {
-                        let v = |q: usize| value(block, 16 * s + 4 * q + j);
                         for i in 0..2 {
-                            g.nibbles[s][i][4 * r + j] = (v(i) & 0xf) | ((v(2 + i) & 0xf) << 4);
+                            g.nibbles[s][i][4 * r + j] = (v[4 * i + j] & 0xf) | ((v[8 + 4 * i + j] & 0xf) << 4);
                         }
-                        g.high[s][4 * r + j] = (0..4).map(|q| (v(q) >> 4) << (2 * q)).sum();
+                        g.high[s][4 * r + j] =
+                            (v[j] >> 4) | ((v[4 + j] >> 4) << 2) | ((v[8 + j] >> 4) << 4) | ((v[12 + j] >> 4) << 6);
                     }
                 }
             }
             out[group * k + b].write(g);
         }
     }
+}
+
+/// A block's 256 values as `q6_k::value` reads them one by one, unpacked in one pass.
+fn values(b: &BlockQ6K) -> [u8; QK_K] {
+    let mut v = [0u8; QK_K];
+    for half in 0..2 {
+        let (ql, qh) = (&b.ql[64 * half..64 * half + 64], &b.qh[32 * half..32 * half + 32]);
+        let out = &mut v[128 * half..128 * half + 128];
+        for l in 0..32 {
+            let h = qh[l];
+            out[l] = (ql[l] & 0xf) | ((h & 3) << 4);
+            out[l + 32] = (ql[l + 32] & 0xf) | (((h >> 2) & 3) << 4);
+            out[l + 64] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
+            out[l + 96] = (ql[l + 32] >> 4) | ((h >> 6) << 4);
+        }
+    }
+    v
 }
 
 /// 16 rows (`k` blocks of `g`) times `C` activation rows: lane `r` of result `c` is row `r`'s
@@ -173,7 +192,40 @@ mod tests {
     use super::super::k_quants::test_data::{check_rows16, has_level, Rng};
     use super::super::k_quants::QK_K;
     use super::super::q6_k::tests::{exact, random_q6};
+    use super::super::q6_k::value;
     use super::*;
+
+    #[test]
+    fn repacking_puts_every_value_where_the_layout_says() {
+        let (rows, k) = (32, 3);
+        let x = random_q6(&mut Rng(5), rows * k);
+        let groups = repack_q6_k_rows16(&x, rows, k, k);
+        for (at, w) in groups.iter().enumerate() {
+            let (group, b) = (at / k, at % k);
+            for r in 0..16 {
+                let block = &x[(16 * group + r) * k + b];
+                assert_eq!(w.d[r], { block.d });
+                for s in 0..16 {
+                    assert_eq!(w.scales[s / 2][2 * r + s % 2], i16::from(block.scales[s]));
+                    for j in 0..4 {
+                        let v = |q: usize| value(block, 16 * s + 4 * q + j);
+                        for i in 0..2 {
+                            assert_eq!(
+                                w.nibbles[s][i][4 * r + j],
+                                (v(i) & 0xf) | ((v(2 + i) & 0xf) << 4),
+                                "{at} {r} {s}"
+                            );
+                        }
+                        assert_eq!(
+                            w.high[s][4 * r + j],
+                            (0..4).map(|q| (v(q) >> 4) << (2 * q)).sum::<u8>(),
+                            "{at} {r} {s}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_row_and_column_equals_the_exact_sums() {
