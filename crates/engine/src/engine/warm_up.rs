@@ -9,8 +9,8 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
-/// Rows of the warm-up decode: more than one (one row reads the GGUF's own bytes) and few enough
-/// for the copies' kernels (ggml's tiled kernel takes 34 and more).
+/// Rows of the warm-up decode: more than one (one row reads the GGUF's own bytes, so it would
+/// make no copy), and few, so that the step itself is quick.
 const ROWS: i32 = 16;
 
 /// Decodes [`ROWS`] tokens in sequence 0, every row wanting logits (the output layer then
