@@ -1,6 +1,6 @@
 //! A decode step's matrix-vector products on K-quant weights, timed: one activation row against
 //! a few hundred MB of Q4_K, Q5_K, Q6_K or IQ4_XS rows, on 2 threads as ggml runs them, against a
-//! plain read of the same bytes. `cargo run --release -p gantry-cpu-kernels --example gemv_bench
+//! plain read of the same bytes; and Q4_K and Q6_K from their 16-row copies. `cargo run --release -p gantry-cpu-kernels --example gemv_bench
 //! [TYPE]` (a prefix of `q4_k`, `q5_k`, `q6_k` or `iq4_xs` measures that type only).
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
@@ -21,7 +21,10 @@ mod bench {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+    use gantry_cpu_kernels::x86::{
+        repack_q4_k_rows16, repack_q6_k_rows16, v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, Q4KRows16,
+        Q6KRows16,
+    };
 
     use crate::common::{masked_blocks, q8_k_activations, Rng};
 
@@ -100,6 +103,12 @@ mod bench {
         std::mem::size_of_val(weights) as f64 / best / 1e9
     }
 
+    /// [`time`] over `mats` matrices of 16-row groups (`rows / 16` groups of `k` blocks each),
+    /// halves of the groups to each thread.
+    fn time_groups<G: Sync>(g: &[G], mats: usize, rows: usize, k: usize, y: &[BlockQ8K], kernel: Kernel<G>) -> f64 {
+        time(&g[..mats * rows / 16 * k], mats, rows / 16, k, y, kernel, false)
+    }
+
     fn read_bytes<B>(mat: &[B], _rows: usize, k: usize, r: std::ops::Range<usize>, _y: &[BlockQ8K], out: &mut [f32]) {
         let size = std::mem::size_of::<B>() * k;
         let base = mat.as_ptr().cast::<u8>();
@@ -135,6 +144,30 @@ mod bench {
             }
         };
     }
+    /// `fn $name`: the share's groups of 16 rows (`rows16`, repacked from `$Block`) by one
+    /// activation row: as `k_quant_copies` serves a copied matrix.
+    macro_rules! rows16 {
+        ($name:ident, $Group:ty, $gemm:path) => {
+            fn $name(
+                mat: &[$Group],
+                groups: usize,
+                k: usize,
+                r: std::ops::Range<usize>,
+                y: &[BlockQ8K],
+                _out: &mut [f32],
+            ) {
+                thread_local!(static OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) });
+                OUT.with_borrow_mut(|out| {
+                    out.resize(16 * groups, 0.0);
+                    // SAFETY: groups `r` and `y` hold `k` blocks, `out` a result a row; the
+                    // machines this runs on have AVX-512 VNNI.
+                    unsafe { $gemm(r, 1, k, mat.as_ptr(), y.as_ptr(), k, out.as_mut_ptr(), out.len()) };
+                });
+            }
+        };
+    }
+    rows16!(rows16_q4, Q4KRows16, v4::gemm_q4_k_rows16);
+    rows16!(rows16_q6, Q6KRows16, v4::gemm_q6_k_rows16);
     per_row!(per_row_q4, BlockQ4K, v4::dot_q4_k);
     per_row!(per_row_q5, BlockQ5K, v4::dot_q5_k);
     per_row!(per_row_q6, BlockQ6K, v4::dot_q6_k);
@@ -157,12 +190,33 @@ mod bench {
                             let one = time(&w, mats, rows, k, &y, $per_row, chunked);
                             println!("{} {rows}x{k} chunked={chunked}: read {read:.1} GB/s, per-row {one:.1}", $name);
                         }
+                        w
+                    } else {
+                        Vec::new()
                     }
                 };
             }
-            measure!("q4_k", BlockQ4K, per_row_q4);
+            // The 16-row copies, in halves: GB/s of the copy's bytes, and of the GGUF's bytes it
+            // stands for (what a token's time is paid for).
+            macro_rules! copied {
+                ($name:literal, $w:expr, $repack:path, $Group:ty, $rows16:ident, $gguf:expr) => {
+                    if !$w.is_empty() {
+                        let g: Vec<$Group> = $repack(&$w, $w.len() / k, k, k);
+                        let mats = g.len() / (rows / 16 * k);
+                        let gbs = time_groups(&g, mats, rows, k, &y, $rows16);
+                        let of_gguf = gbs * $gguf as f64 / std::mem::size_of::<$Group>() as f64;
+                        println!(
+                            "{} {rows}x{k} rows16 halves: {gbs:.1} GB/s of copy, {of_gguf:.1} of GGUF bytes",
+                            $name
+                        );
+                    }
+                };
+            }
+            let q4 = measure!("q4_k", BlockQ4K, per_row_q4);
+            copied!("q4_k", q4, repack_q4_k_rows16, Q4KRows16, rows16_q4, 16 * std::mem::size_of::<BlockQ4K>());
             measure!("q5_k", BlockQ5K, per_row_q5);
-            measure!("q6_k", BlockQ6K, per_row_q6);
+            let q6 = measure!("q6_k", BlockQ6K, per_row_q6);
+            copied!("q6_k", q6, repack_q6_k_rows16, Q6KRows16, rows16_q6, 16 * std::mem::size_of::<BlockQ6K>());
             measure!("iq4_xs", BlockIQ4XS, per_row_iq4_xs);
         }
     }

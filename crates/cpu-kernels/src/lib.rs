@@ -6,7 +6,7 @@
 //! the debug profile's level intrinsics stay calls and the kernels run slower than ggml's.
 //! `x86::repack_q4_k_rows16` / `repack_q6_k_rows16` and `v4::gemm_q4_k_rows16` /
 //! `gemm_q6_k_rows16` multiply Q4_K and Q6_K weights in a layout of Gantry's own (16 rows to a
-//! register), which nothing serves yet.
+//! register), the engine's K-quant copies.
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

@@ -3,7 +3,8 @@
 //! sub-block scales multiply 16 rows' sums at once, and a block's float work (one conversion and
 //! two fused multiply-adds) is paid once for 16 rows where `k_quants` pays it for every row. With
 //! the weights in L2 (2-core Zen 4, `q4_k_rows16_bench`) it takes 1.5 ns a block and activation row
-//! at 4 rows where `gemm_q4_k` takes 4.4, and 2.0 at one row where it takes 8.0.
+//! at 4 rows where `gemm_q4_k` takes 4.4, and 2.0 at one row where it takes 8.0. Each activation
+//! row's arithmetic is the same whatever the number of rows beside it.
 //!
 //! The layout is Gantry's own, made once from the GGUF's blocks ([`repack_q4_k_rows16`]); the
 //! integer sums are ggml's, only the order of the float additions differs.
@@ -77,6 +78,13 @@ fn sub_block_sums(y: &BlockQ8K) -> [i32; 4] {
     std::array::from_fn(|p| (sum(2 * p) | (sum(2 * p + 1) << 16)) as i32)
 }
 
+/// How far ahead the weights are fetched where one activation row is multiplied (a decoding
+/// stream's step), in bytes: a group's block goes by in a few nanoseconds there, and 4 KiB
+/// ([`PREFETCH_AHEAD`]) is under two of them. One sampled stream of qwen2.5-coder-1.5b Q4_K_M,
+/// 2-core Zen 4, answers alternated within one server: inter-token latency 36.5 ms at 4 KiB, 34.8 at
+/// 16 KiB (8 and 32 KiB within the noise of 16).
+const ONE_ROW_AHEAD: usize = 16 << 10;
+
 /// 16 rows (`k` blocks of `g`) times `C` activation rows: lane `r` of result `c` is row `r`'s
 /// product with column `c`.
 ///
@@ -93,6 +101,7 @@ unsafe fn tile<const C: usize>(
     sums: [*const [i32; 4]; C],
 ) -> [__m512; C] {
     let low4 = _mm512_set1_epi8(0x0f);
+    let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..k {
         let w = unsafe { &*g.add(b) };
@@ -102,7 +111,7 @@ unsafe fn tile<const C: usize>(
         for s in 0..8 {
             // The block's 37 lines PREFETCH_AHEAD bytes on, five a sub-block: all at once, they
             // crowded the misses in flight (one stream of the 1.5B 37.7 → 51.3 ms a token).
-            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(PREFETCH_AHEAD + 64 * 5 * s);
+            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * 5 * s);
             for l in 0..5 {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
             }
