@@ -1,7 +1,7 @@
 //! `q4_k_rows16_bench`'s layout for Q6_K weights (a third of the bytes of a Q4_K_M model), timed
 //! against today's kernel on the same data: 16 rows to a register, four values of a row in each
 //! 32-bit lane, their low four bits as nibbles and their top two bits in a register of their own,
-//! 228 bytes a row where Q6_K has 210 (`x86/q6_k_rows16.rs`, which the engine's K-quant copies
+//! 212 bytes a row where Q6_K has 210 (`x86/q6_k_rows16.rs`, which the engine's K-quant copies
 //! use). The `+ 32` of the unsigned values comes off through the activations' block sums times
 //! the scales, for 16 rows at once. `cargo run --release -p gantry-cpu-kernels --example
 //! q6_k_rows16_bench`: weights in L2, nanoseconds per weight block and activation row, and the

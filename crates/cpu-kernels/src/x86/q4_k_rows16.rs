@@ -78,13 +78,6 @@ fn sub_block_sums(y: &BlockQ8K) -> [i32; 4] {
     std::array::from_fn(|p| (sum(2 * p) | (sum(2 * p + 1) << 16)) as i32)
 }
 
-/// How far ahead the weights are fetched where one activation row is multiplied (a decoding
-/// stream's step), in bytes: a group's block goes by in a few nanoseconds there, and 4 KiB
-/// ([`PREFETCH_AHEAD`]) is under two of them. One sampled stream of qwen2.5-coder-1.5b Q4_K_M,
-/// 2-core Zen 4, answers alternated within one server: inter-token latency 36.5 ms at 4 KiB, 34.8 at
-/// 16 KiB (8 and 32 KiB within the noise of 16).
-const ONE_ROW_AHEAD: usize = 16 << 10;
-
 /// 16 rows (`k` blocks of `g`) times `C` activation rows: lane `r` of result `c` is row `r`'s
 /// product with column `c`.
 ///

@@ -1,8 +1,9 @@
 //! Q6_K weights repacked 16 rows to a register, as `q4_k_rows16` lays out Q4_K: four values of a
 //! row in each 32-bit lane, their low four bits as nibbles and their top two bits in a register
-//! of their own; 228 bytes a row where Q6_K has 210 (the scales are 16-bit here, and a group is
-//! padded to whole cache lines). The `+ 32` of the unsigned values comes off through
-//! the activations' block sums times the scales, for 16 rows at once. With the weights in L2
+//! of their own, each sub-block's three registers and each quarter's scales one after the other
+//! as the kernel reads them; 212 bytes a row where Q6_K has 210 (a group's block is padded to
+//! whole cache lines). The `+ 32` of the unsigned values comes off through the activations'
+//! block sums: each sub-block's sum starts at `−32 ·` theirs, for 16 rows at once. With the weights in L2
 //! (2-core Zen 4, `q6_k_rows16_bench`) it takes 1.7 ns a block and activation row at 4 rows
 //! where `gemm_q6_k` takes 4.0. The integer sums are ggml's.
 
@@ -10,18 +11,28 @@ use super::k_quants::BlockQ8K;
 use super::q6_k::BlockQ6K;
 use super::*;
 
-/// One block of 16 weight rows, sub-block `s` being values `16s..16s + 16` (one scale): bytes
-/// `4r..4r + 4` of `nibbles[s][i]` hold row `r`'s values `16s + 4i + j` (low nibbles) and
-/// `16s + 8 + 4i + j` (high); byte `4r + j` of `high[s]` the top two bits of values `16s + 4q + j`
-/// at bits `2q`; `scales[p]` each row's scales of sub-blocks `2p` and `2p + 1` as a pair of
-/// 16-bit integers; `d` each row's f16 scale.
+/// Four sub-blocks of 16 weight rows (sub-block `t` of the quarter being values `16t..16t + 16`
+/// of it, one scale): `scales[t][r]` is row `r`'s scale; bytes `4r..4r + 4` of `subs[t][i]`
+/// (`i` < 2) hold row `r`'s values `4i + j` (low nibbles) and `8 + 4i + j` (high) of the
+/// sub-block, and byte `4r + j` of `subs[t][2]` the top two bits of its values `4q + j` at bits
+/// `2q`. 13 cache lines, read in order.
+#[repr(C)]
+struct Quarter {
+    scales: [[i8; 16]; 4],
+    subs: [[[u8; 64]; 3]; 4],
+}
+
+/// One block of 16 weight rows: its four quarters (values `64q..64q + 64`) and each row's f16
+/// scale.
 #[repr(C, align(64))]
 pub struct Q6KRows16 {
-    nibbles: [[[u8; 64]; 2]; 16],
-    high: [[u8; 64]; 16],
-    scales: [[i16; 32]; 8],
+    quarters: [Quarter; 4],
     d: [u16; 16],
 }
+
+/// Bytes a row-block of the layout takes (53 cache lines for 16 rows).
+const ROW_BYTES: usize = std::mem::size_of::<Q6KRows16>() / 16;
+const _: () = assert!(std::mem::size_of::<Quarter>() == 13 * 64 && ROW_BYTES == 212);
 
 /// `rows` rows of `k` Q6_K blocks (`lda` blocks apart) as `rows / 16` groups of `k` blocks,
 /// group after group: what [`gemm_q6_k_rows16`] multiplies. Panics unless `rows` is a multiple of
@@ -40,20 +51,21 @@ pub fn repack_q6_k_rows16_into(a: &[BlockQ6K], k: usize, lda: usize, out: &mut [
     );
     for group in 0..rows / 16 {
         for b in 0..k {
-            let mut g =
-                Q6KRows16 { nibbles: [[[0; 64]; 2]; 16], high: [[0; 64]; 16], scales: [[0; 32]; 8], d: [0; 16] };
+            let quarter = || Quarter { scales: [[0; 16]; 4], subs: [[[0; 64]; 3]; 4] };
+            let mut g = Q6KRows16 { quarters: [quarter(), quarter(), quarter(), quarter()], d: [0; 16] };
             for r in 0..16 {
                 let block = &a[(16 * group + r) * lda + b];
                 g.d[r] = block.d;
                 let values = values(block);
                 for s in 0..16 {
-                    g.scales[s / 2][2 * r + s % 2] = i16::from(block.scales[s]);
-                    let v = &values[16 * s..16 * s + 16];
+                    let q = &mut g.quarters[s / 4];
+                    q.scales[s % 4][r] = block.scales[s];
+                    let (v, sub) = (&values[16 * s..16 * s + 16], &mut q.subs[s % 4]);
                     for j in 0..4 {
                         for i in 0..2 {
-                            g.nibbles[s][i][4 * r + j] = (v[4 * i + j] & 0xf) | ((v[8 + 4 * i + j] & 0xf) << 4);
+                            sub[i][4 * r + j] = (v[4 * i + j] & 0xf) | ((v[8 + 4 * i + j] & 0xf) << 4);
                         }
-                        g.high[s][4 * r + j] =
+                        sub[2][4 * r + j] =
                             (v[j] >> 4) | ((v[4 + j] >> 4) << 2) | ((v[8 + j] >> 4) << 4) | ((v[12 + j] >> 4) << 6);
                     }
                 }
@@ -90,6 +102,7 @@ fn values(b: &BlockQ6K) -> [u8; QK_K] {
 #[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
 unsafe fn tile<const C: usize>(k: usize, g: *const Q6KRows16, y: [*const BlockQ8K; C]) -> [__m512; C] {
     let (low4, bits45) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..k {
         let w = unsafe { &*g.add(b) };
@@ -99,17 +112,22 @@ unsafe fn tile<const C: usize>(k: usize, g: *const Q6KRows16, y: [*const BlockQ8
         };
         let mut block = [_mm512_setzero_si512(); C];
         for s in 0..16 {
-            // The block's 57 lines PREFETCH_AHEAD bytes on, four a sub-block: all at once, they
-            // crowded the misses in flight (one stream of the 1.5B 37.7 → 51.3 ms a token).
-            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(PREFETCH_AHEAD + 64 * 4 * s);
-            for l in 0..4 {
+            let (quarter, t) = (&w.quarters[s / 4], s % 4);
+            // The lines `ahead_by` on, as this sub-block reads them: the quarter's scales with its
+            // first sub-block, three lines a sub-block, the scales `d` with the last (53 a block).
+            let (first, lines) = match t {
+                0 => (13 * (s / 4), 4),
+                _ => (13 * (s / 4) + 1 + 3 * t, if s == 15 { 4 } else { 3 }),
+            };
+            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * first);
+            for l in 0..lines {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
             }
             let (v0, v1, h) = unsafe {
                 (
-                    _mm512_load_si512(w.nibbles[s][0].as_ptr().cast()),
-                    _mm512_load_si512(w.nibbles[s][1].as_ptr().cast()),
-                    _mm512_load_si512(w.high[s].as_ptr().cast()),
+                    _mm512_load_si512(quarter.subs[t][0].as_ptr().cast()),
+                    _mm512_load_si512(quarter.subs[t][1].as_ptr().cast()),
+                    _mm512_load_si512(quarter.subs[t][2].as_ptr().cast()),
                 )
             };
             // Quads 0-3 of the sub-block; 16-bit shifts are exact here, what crosses from the
@@ -123,35 +141,22 @@ unsafe fn tile<const C: usize>(k: usize, g: *const Q6KRows16, y: [*const BlockQ8
                     _mm512_and_si512(_mm512_srli_epi16::<2>(h), bits45),
                 ),
             ];
-            // Each 32-bit lane holds a row's scales of sub-blocks 2p and 2p + 1: this one's,
-            // sign-extended.
-            let pair = unsafe { _mm512_load_si512(w.scales[s / 2].as_ptr().cast()) };
-            let scale = if s % 2 == 0 {
-                _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair))
-            } else {
-                _mm512_srai_epi32::<16>(pair)
-            };
+            let scale = _mm512_cvtepi8_epi32(unsafe { _mm_load_si128(quarter.scales[t].as_ptr().cast()) });
             for c in 0..C {
-                let mut sub = _mm512_setzero_si512();
+                // The values are stored `+ 32`: the sub-block's sum starts at `−32 ·` the sum of
+                // its 16 activations.
+                let bsum = i32::from(unsafe { (*yb[c]).bsums[s] });
+                let mut sub = _mm512_set1_epi32(-32 * bsum);
                 for (q, quad) in quads.iter().enumerate() {
                     sub = _mm512_dpbusd_epi32(sub, *quad, broadcast(c, 16 * s + 4 * q));
                 }
                 block[c] = _mm512_add_epi32(block[c], _mm512_mullo_epi32(sub, scale));
             }
         }
-        let mut offset = [_mm512_setzero_si512(); C];
-        for p in 0..8 {
-            let pair = unsafe { _mm512_load_si512(w.scales[p].as_ptr().cast()) };
-            for c in 0..C {
-                let sums = unsafe { read_unaligned(addr_of!((*yb[c]).bsums).cast::<i16>().add(2 * p).cast::<i32>()) };
-                offset[c] = _mm512_dpwssd_epi32(offset[c], pair, _mm512_set1_epi32(sums));
-            }
-        }
         let d = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(w.d.as_ptr().cast()) });
         for c in 0..C {
             let dy = _mm512_set1_ps(unsafe { (*yb[c]).d });
-            let sums = _mm512_sub_epi32(block[c], _mm512_slli_epi32::<5>(offset[c]));
-            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sums), acc[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(block[c]), acc[c]);
         }
     }
     acc
@@ -206,18 +211,19 @@ mod tests {
                 let block = &x[(16 * group + r) * k + b];
                 assert_eq!(w.d[r], { block.d });
                 for s in 0..16 {
-                    assert_eq!(w.scales[s / 2][2 * r + s % 2], i16::from(block.scales[s]));
+                    let (quarter, t) = (&w.quarters[s / 4], s % 4);
+                    assert_eq!(quarter.scales[t][r], block.scales[s]);
                     for j in 0..4 {
                         let v = |q: usize| value(block, 16 * s + 4 * q + j);
                         for i in 0..2 {
                             assert_eq!(
-                                w.nibbles[s][i][4 * r + j],
+                                quarter.subs[t][i][4 * r + j],
                                 (v(i) & 0xf) | ((v(2 + i) & 0xf) << 4),
                                 "{at} {r} {s}"
                             );
                         }
                         assert_eq!(
-                            w.high[s][4 * r + j],
+                            quarter.subs[t][2][4 * r + j],
                             (0..4).map(|q| (v(q) >> 4) << (2 * q)).sum::<u8>(),
                             "{at} {r} {s}"
                         );

@@ -1,6 +1,6 @@
-//! Q4_K and Q6_K matrices multiplied by 2 to 512 rows of activations (a few decoding streams, a
-//! stream's drafts, a prompt's ubatch), and Q4_K by one, from copies in the 16-row layouts of
-//! `gantry-cpu-kernels` (`q4_k_rows16`, `q6_k_rows16`), with AVX-512 (`--k-quant-copies`).
+//! Q4_K and Q6_K matrices multiplied by 1 to 512 rows of activations (a decoding stream, a few, a
+//! stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of `gantry-cpu-kernels`
+//! (`q4_k_rows16`, `q6_k_rows16`), with AVX-512 (`--k-quant-copies`).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
@@ -9,11 +9,11 @@
 //! 1.5B coder (Q4_K_M), four sampled streams ran at 1.55× the tokens per second
 //! (docs/scheduling-and-speculation.md has the measurements). Prompts too: ggml's tiled kernel
 //! (`tiled`) unpacks every weight tile into bytes for each product, where the copies are unpacked
-//! once; on the same machine prompts of 59 to 556 tokens took 0.5–0.7 of its time. One
-//! activation row of Q4_K too (a decoding stream: [`serves`] says why not Q6_K's, which stays with
-//! the GGUF's own bytes, `small_batches::one_row`), so decoding reads a Q4_K matrix's copy and
-//! not its GGUF bytes. The copy is a second one in memory: 148 bytes a Q4_K block where the GGUF
-//! has 144, 228 a Q6_K block where it has 210, counted in the model's memory ([`copy_bytes`]).
+//! once; on the same machine prompts of 59 to 556 tokens took 0.5–0.7 of its time. A decoding
+//! stream's one row too ([`serves`] says why), so decoding reads the copies and not the GGUF's
+//! bytes of these matrices. The copy is a second one in memory: 148 bytes a Q4_K block where the
+//! GGUF has 144, 212 a Q6_K block where it has 210, counted in the model's memory
+//! ([`copy_bytes`]).
 //!
 //! A copy is made the first time ggml multiplies its matrix here (an engine does so once
 //! at start, `Engine::start`), and kept under the matrix's address. Addresses are reused once a
@@ -40,7 +40,7 @@ use crate::model::gguf_header::Header;
 
 /// Bytes of a GGUF block and of the same block in the copy, for each type copied.
 const Q4_K_BYTES: (usize, usize) = (144, 148);
-const Q6_K_BYTES: (usize, usize) = (210, 228);
+const Q6_K_BYTES: (usize, usize) = (210, 212);
 
 static SERVING: AtomicBool = AtomicBool::new(false);
 
@@ -106,20 +106,19 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
 }
 
 /// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
-/// copies, while copies are served: whole groups of 16 rows, up to `small_batches::max_columns`
-/// activation rows (with AVX-512: a ubatch of 512), from one row for Q4_K and from two for Q6_K.
+/// copies: Q4_K and Q6_K, whole groups of 16 rows, 1 to `small_batches::max_columns` activation
+/// rows (with AVX-512: a ubatch of 512), while copies are served.
 ///
-/// One row (a decoding stream's step) reads the weights once at the memory's pace, so the layout
-/// that streams faster wins there. One sampled stream of qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 4,
-/// answers alternated within one server (`--speculate off`, 8 pairs): Q4_K from the copy 36.0 ms
-/// a token against 40.1 from the GGUF's bytes (the copy's groups are read in whole cache lines and
-/// huge pages, and 16 rows share a block's float work); Q6_K from the copy 39.6–42.8 against
-/// 36.2–37.1 (its copy is 228 bytes a block where the GGUF's is 210, in three streams a group).
+/// One row (a decoding stream's step) reads the weights once at the memory's pace, and the copies
+/// stream faster there than the GGUF's rows: their groups are read in whole cache lines from huge
+/// pages, in the order the kernel uses them, and 16 rows share a block's float work. One sampled
+/// stream of qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 4, answers alternated within one server
+/// (`--speculate off`): Q4_K from its copy 36.0 ms a token against 40.1 (8 pairs), then Q6_K
+/// from its copy too 36.0–36.5 against 37.1–38.4 (12 pairs).
 pub(super) fn serves(ty: ggml_type, m: i64, rows: i64) -> bool {
-    let fewest = if ty == GGML_TYPE_Q4_K { 1 } else { 2 };
     SERVING.load(Ordering::Relaxed)
         && (ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_Q6_K)
-        && (fewest..=max_columns(Level::V4)).contains(&rows)
+        && (1..=max_columns(Level::V4)).contains(&rows)
         && m > 0
         && m % 16 == 0
 }
