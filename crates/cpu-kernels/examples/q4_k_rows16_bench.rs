@@ -23,11 +23,9 @@ fn main() {}
 
 #[cfg(target_arch = "x86_64")]
 mod bench {
-    use std::time::Instant;
-
     use gantry_cpu_kernels::x86::{repack_q4_k_rows16, v4, BlockQ4K};
 
-    use crate::common::{compare_in_l2, q8_k_activations, Rng};
+    use crate::common::{best_of_3, compare_in_l2, q8_k_activations, Rng};
 
     pub(crate) fn run() {
         assert!(is_x86_feature_detected!("avx512vnni"), "needs AVX-512 VNNI");
@@ -60,20 +58,12 @@ mod bench {
         let repacked = repack_q4_k_rows16(&x, rows, k, k);
         let y = q8_k_activations(rng, k);
         let mut out = vec![0f32; rows];
-        let time = |f: &mut dyn FnMut()| {
-            (0..3)
-                .map(|_| {
-                    let start = Instant::now();
-                    f();
-                    start.elapsed().as_secs_f64()
-                })
-                .fold(f64::MAX, f64::min)
-        };
         // SAFETY: `x` holds `rows` rows of `k` blocks, `y` one; AVX-512 VNNI was checked.
-        let today =
-            time(&mut || unsafe { v4::gemm_q4_k(0..rows, 1, k, x.as_ptr(), k, y.as_ptr(), k, out.as_mut_ptr(), rows) });
+        let today = best_of_3(&mut || unsafe {
+            v4::gemm_q4_k(0..rows, 1, k, x.as_ptr(), k, y.as_ptr(), k, out.as_mut_ptr(), rows)
+        });
         // SAFETY: as above, for the repacked groups.
-        let candidate = time(&mut || unsafe {
+        let candidate = best_of_3(&mut || unsafe {
             v4::gemm_q4_k_rows16(0..groups, 1, k, repacked.as_ptr(), y.as_ptr(), k, out.as_mut_ptr(), rows)
         });
         let gb = |bytes: usize, s: f64| bytes as f64 / s / 1e9;

@@ -60,6 +60,17 @@ pub(crate) fn q8_k_activations(rng: &mut Rng, blocks: usize) -> Vec<BlockQ8K> {
         .collect()
 }
 
+/// Best of 3 single runs of `f` (one pass over more weights than any cache holds): seconds.
+pub(crate) fn best_of_3(f: &mut dyn FnMut()) -> f64 {
+    (0..3)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
 /// Best of 5 runs of `f` 2000 times: seconds a run.
 pub(crate) fn best(mut f: impl FnMut()) -> f64 {
     (0..5)
