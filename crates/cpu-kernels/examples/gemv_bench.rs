@@ -1,7 +1,8 @@
 //! A decode step's matrix-vector products on K-quant weights, timed: one activation row against
 //! a few hundred MB of Q4_K, Q5_K, Q6_K or IQ4_XS rows, on 2 threads as ggml runs them, against a
-//! plain read of the same bytes; and Q4_K and Q6_K from their 16-row copies. `cargo run --release -p gantry-cpu-kernels --example gemv_bench
-//! [TYPE]` (a prefix of `q4_k`, `q5_k`, `q6_k` or `iq4_xs` measures that type only).
+//! plain read of the same bytes; and Q4_K and Q6_K from their 16-row copies. `cargo run --release
+//! -p gantry-cpu-kernels --example gemv_bench [TYPE]` (a prefix of `q4_k`, `q5_k`, `q6_k` or
+//! `iq4_xs` measures that type only).
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]

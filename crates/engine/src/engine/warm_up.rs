@@ -1,6 +1,6 @@
 //! What an engine does once at start, before it reports ready: one decode of a few rows, so that
 //! the K-quant copies (`model::dot_kernels::k_quant_copies`) are made now rather than while the
-//! first requests of a few streams wait.
+//! first requests wait.
 
 use std::path::Path;
 use std::time::Instant;
@@ -9,8 +9,8 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
-/// Rows of the warm-up decode: more than one (one row reads the GGUF's own bytes, so it would
-/// make no copy), and few, so that the step itself is quick.
+/// Rows of the warm-up decode: any count up to a ubatch makes the copies (they serve 1 to 512
+/// rows); a few, so that the step itself is quick.
 const ROWS: i32 = 16;
 
 /// Decodes [`ROWS`] tokens in sequence 0, every row wanting logits (the output layer then

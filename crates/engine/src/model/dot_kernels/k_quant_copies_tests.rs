@@ -1,6 +1,7 @@
 //! Products served from the 16-row K-quant copies against ggml's own `· Q8_K` kernels row by row,
-//! for 1 to 512 activation rows (a decoding stream to a prompt's ubatch) in every thread share, on weights ggml quantized and on a pulled model's rows; an activation row gives
-//! the same bits alone as beside others; copies that no longer match the weights at their
+//! for 1 to 512 activation rows (a decoding stream to a prompt's ubatch) in every thread share,
+//! on weights ggml quantized and on a pulled model's rows; an activation row gives the same bits
+//! alone as beside others; copies that no longer match the weights at their
 //! address are made anew.
 
 use llama_cpp_sys_2::{ggml_type, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
