@@ -143,6 +143,8 @@ def test_oversized_body(http, auth, server):
     body = ('{"model": "%s", "messages": [{"role": "user", "content": "%s"}]}' % (server.model_id, filler)).encode()
     r = http.post("/v1/chat/completions", content=body, headers={**auth, "Content-Type": "application/json"})
     assert r.status_code == 413
+    # The body was left unread: the client must be told the connection closes, or it reuses it.
+    assert r.headers.get("connection") == "close", dict(r.headers)
     error_body(r)
 
 

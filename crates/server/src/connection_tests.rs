@@ -118,6 +118,28 @@ async fn an_accepted_request_reads_its_body_and_keeps_the_connection() {
     assert!(headers.get("connection").is_none(), "{headers:?}");
 }
 
+/// axum answers a body over the limit in plain text, which is rewritten into OpenAI's shape; the
+/// rewrite must keep `Connection: close`, or the client reuses a connection the server closes.
+#[tokio::test]
+async fn a_body_over_the_limit_gets_json_413_and_the_connection_closed() {
+    let options = RouterOptions { body_limit: 64 * 1024, ..RouterOptions::default() };
+    let h = harness(options).await;
+    let chunk = Bytes::from(vec![b' '; 16 * 1024]);
+    let chunks = (0..8).map(move |_| Ok::<_, std::io::Error>(chunk.clone()));
+    let stream = Body::from_stream(futures_util::StreamExt::chain(
+        futures_util::stream::iter(chunks),
+        futures_util::stream::pending(),
+    ));
+    let mut request = post("/v1/chat/completions", Some(&format!("Bearer {KEY}")), stream, "10.1.1.3:5000");
+    request.headers_mut().insert("content-length", (1u64 << 20).into());
+    let response = answer(&h, request).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.headers()["connection"], "close", "{:?}", response.headers());
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let error = error_json(response).await;
+    assert_eq!(error["error"]["code"], "request_too_large", "{error}");
+}
+
 #[tokio::test]
 async fn a_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closed() {
     let options = RouterOptions { body_read_timeout: Duration::from_millis(300), ..RouterOptions::default() };

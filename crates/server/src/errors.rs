@@ -294,7 +294,9 @@ pub(crate) async fn method_not_allowed(req: Request) -> ApiError {
 }
 
 /// axum's own rejections (body too large, …) are plain text; rewrite any non-JSON error body
-/// into OpenAI's shape so clients always get `{"error": …}`.
+/// into OpenAI's shape so clients always get `{"error": …}`. Only the body and its type change:
+/// the other headers stay, among them `Connection: close` on a refusal whose body was left
+/// unread, without which a client reuses a connection the server is closing.
 pub(crate) async fn errors_as_json(req: Request, next: Next) -> Response {
     let response = next.run(req).await;
     let status = response.status();
@@ -309,7 +311,15 @@ pub(crate) async fn errors_as_json(req: Request, next: Next) -> Response {
     if is_json {
         return response;
     }
-    from_status(status).into_response()
+    let (parts, _) = response.into_parts();
+    let mut rewritten = from_status(status).into_response();
+    let own = rewritten.headers().clone();
+    for (name, value) in &parts.headers {
+        if !own.contains_key(name) && name != axum::http::header::CONTENT_LENGTH {
+            rewritten.headers_mut().append(name, value.clone());
+        }
+    }
+    rewritten
 }
 
 /// The OpenAI error for a bare status code, keeping that status.
