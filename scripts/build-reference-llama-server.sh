@@ -10,8 +10,8 @@
 #
 # By default ggml is compiled the way llama.cpp builds by default, native for this CPU
 # (GGML_NATIVE=ON, i.e. -march=native: AVX-512, VNNI, BF16 where the CPU has them), with the extra
-# flags of scripts/native-build-flags.sh (no AMX where the kernel does not grant the tile state), so
-# it matches `make build`'s Gantry. Cached under <version>-native[-<flags>].
+# flags of scripts/native-build-flags.sh (no AMX where the kernel does not grant the tile state or
+# the compiler drops ggml's tile configuration), so it matches `make build`'s Gantry. Cached under <version>-native[-<flags>].
 # REFERENCE_NATIVE=0 builds the portable AVX2 variant instead, with the CPU flags llama-cpp-sys-2
 # uses for a Gantry build without target-cpu=native (GGML_NATIVE=OFF, so AVX/AVX2/FMA/F16C/BMI2, no
 # AVX-512), cached under <version>: the AVX2-vs-AVX2 comparison.

@@ -1,6 +1,7 @@
 //! scripts/native-build-flags.sh: the flags that `make build` and the reference llama-server build
 //! add to a -march=native build. AMX is switched off exactly when the compiler would enable it and
-//! the kernel does not grant the tile state; the probes are replaced by fixed answers here.
+//! AMX code does not run here (the kernel does not grant the tile state, or the compiler drops the
+//! tile configuration); the probes are replaced by fixed answers here.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -33,6 +34,20 @@ fn amx_is_switched_off_only_when_present_and_not_granted() {
     assert_eq!(flags(&[x86, ("NATIVE_FLAGS_CPU_AMX", "1"), ("NATIVE_FLAGS_AMX_GRANTED", "1")]), "");
     assert_eq!(flags(&[x86, ("NATIVE_FLAGS_CPU_AMX", "0"), ("NATIVE_FLAGS_AMX_GRANTED", "0")]), "");
     assert_eq!(flags(&[("NATIVE_FLAGS_ARCH", "aarch64"), ("NATIVE_FLAGS_CPU_AMX", "1")]), "");
+}
+
+#[test]
+fn a_probe_that_cannot_be_built_switches_amx_off() {
+    // The real probe, with a C++ compiler that fails: a wrongly enabled AMX path crashes, so any
+    // failure of the probe must count as "AMX unusable".
+    if std::env::consts::ARCH != "x86_64" {
+        return;
+    }
+    let mut cmd = Command::new("bash");
+    cmd.arg(script()).env_remove("NATIVE_FLAGS_AMX_GRANTED").env("NATIVE_FLAGS_CPU_AMX", "1").env("CXX", "false");
+    let out = cmd.output().expect("bash runs the script");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), AMX_OFF);
 }
 
 #[test]
