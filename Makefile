@@ -34,9 +34,11 @@ BENCH_MATRIX ?= 1
 # `make build`/`serve`/`bench` compile for this machine's CPU: target-cpu=native makes
 # llama-cpp-sys-2 build ggml with GGML_NATIVE=ON (-march=native: AVX-512, VNNI, BF16 where
 # present). scripts/native-build-flags.sh adds what -march=native gets wrong here (AMX where the
-# kernel does not grant the tile state); the reference llama-server gets the same flags. `make
-# test`'s debug build stays portable. Changing these flags rebuilds target/release once.
+# kernel does not grant the tile state or GCC 12 drops ggml's tile configuration, which crashes
+# both servers at their first product); the reference llama-server gets the same flags. `make
+# test`'s debug build stays portable. Changing these flags rebuilds llama.cpp once (`build`).
 NATIVE_CFLAGS = $(shell scripts/native-build-flags.sh)
+NATIVE_STAMP := target/release/.native-cflags
 NATIVE_ENV = RUSTFLAGS="$(strip $(RUSTFLAGS) -C target-cpu=native)" \
 	CFLAGS="$(strip $(CFLAGS) $(NATIVE_CFLAGS))" CXXFLAGS="$(strip $(CXXFLAGS) $(NATIVE_CFLAGS))"
 PORTABLE_DIR := target/portable
@@ -83,8 +85,17 @@ SHARED_DIR := target/shared
 deps:
 	@scripts/install-build-deps.sh
 
+# The cmake crate configures llama.cpp once and skips that step on later builds, so new native
+# flags would never reach it: when they differ from the last build's (NATIVE_STAMP), llama.cpp is
+# cleaned and rebuilt with them.
 build: deps
+	@flags='$(NATIVE_CFLAGS)'; \
+	if [ -d target/release ] && [ "$$(cat $(NATIVE_STAMP) 2>/dev/null)" != "$$flags" ]; then \
+	  echo "native C flags are now '$$flags': llama.cpp is rebuilt with them"; \
+	  $(CARGO) clean --release -p llama-cpp-sys-2; \
+	fi
 	$(NATIVE_ENV) $(CARGO) build --release -p gantry-server -p gantry-bench
+	@printf '%s\n' '$(NATIVE_CFLAGS)' > $(NATIVE_STAMP)
 
 build-portable: deps
 	env -u CFLAGS -u CXXFLAGS RUSTFLAGS='-C link-arg=-Wl,-rpath,$$ORIGIN' \
