@@ -4,10 +4,13 @@
 //! `…-icelake`, `…-zen4`, `…-sapphirerapids`, …) and links none of them into the binary; one must
 //! be loaded before any model. ggml's own `ggml_backend_load_all` picks the variant with the best
 //! CPUID score, which on these VMs is a crash: a Xeon reports AMX in CPUID while the kernel does not
-//! grant the process the AMX tile state, and the AMX variant segfaults at its first use. So Gantry
-//! scores the variants itself, skips AMX ones unless the kernel grants AMX (asked, as the AMX code
-//! must, with `arch_prctl(ARCH_REQ_XCOMP_PERM)`), loads the winner, and remembers its name for the
-//! log and `/metrics`.
+//! grant the process the AMX tile state, and the AMX variant segfaults at its first use. It does as
+//! well where the kernel grants it but GCC 12 or older built the variant: that compiler drops most
+//! of the tile configuration ggml builds before loading it (scripts/native-build-flags.sh says
+//! how). So Gantry scores the variants itself, skips AMX ones unless the kernel grants AMX (asked,
+//! as the AMX code must, with `arch_prctl(ARCH_REQ_XCOMP_PERM)`) and the library was not built by
+//! such a GCC (its `.comment` names the compilers), loads the winner, and remembers its name for
+//! the log and `/metrics`.
 #![allow(unsafe_code, reason = "loading ggml's CPU backend libraries (dlopen) and arch_prctl are C calls")]
 // Built in every build so `make test` checks the choice; only the portable build loads a variant.
 #![cfg_attr(not(feature = "cpu-variants"), allow(dead_code))]
@@ -107,7 +110,7 @@ fn choose(dir: &Path, amx: bool) -> Result<CpuVariant, String> {
             continue;
         };
         seen.push(name.to_string());
-        if AMX_VARIANTS.contains(&name) && !amx {
+        if AMX_VARIANTS.contains(&name) && (!amx || built_by_old_gcc(&entry.path())) {
             continue;
         }
         let score = score(&entry.path())?;
@@ -148,6 +151,30 @@ fn score(path: &Path) -> Result<i32, String> {
     }
 }
 
+/// Whether GCC 12 or older compiled the library (and Clang did not): the compilers name themselves
+/// in its `.comment` section ("GCC: (Debian 12.2.0-14) 12.2.0", "clang version 17.0.6"). GCC's
+/// runtime objects name the system GCC in a Clang build too, hence the Clang check.
+fn built_by_old_gcc(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else { return false };
+    compiled_by_old_gcc(&bytes)
+}
+
+fn compiled_by_old_gcc(bytes: &[u8]) -> bool {
+    let strings = bytes.split(|&b| b == 0);
+    let mut old_gcc = false;
+    for s in strings {
+        if s.starts_with(b"clang version ") || s.windows(15).any(|w| w == b" clang version ") {
+            return false;
+        }
+        if let Some(rest) = s.strip_prefix(b"GCC: (") {
+            let version = rest.rsplit(|&b| b == b' ').next().unwrap_or_default();
+            let major = version.split(|&b| b == b'.').next().and_then(|m| std::str::from_utf8(m).ok());
+            old_gcc |= major.and_then(|m| m.parse::<u32>().ok()).is_some_and(|m| m <= 12);
+        }
+    }
+    old_gcc
+}
+
 /// Whether the kernel lets this process use the AMX tile registers: the request the AMX code
 /// itself must make. Fails on CPUs without AMX and where the kernel or hypervisor withholds it.
 fn amx_granted() -> bool {
@@ -186,13 +213,29 @@ mod tests {
         assert!(err.contains("cannot open"), "{err}");
     }
 
+    #[test]
+    fn an_amx_variant_built_by_gcc_12_is_skipped_even_where_amx_is_granted() {
+        assert!(compiled_by_old_gcc(b"\x7fELF\0GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\0"));
+        assert!(compiled_by_old_gcc(b"GCC: (GNU) 11.4.0\0GCC: (GNU) 13.2.0\0"));
+        assert!(!compiled_by_old_gcc(b"GCC: (Debian 13.3.0-1) 13.3.0\0"));
+        assert!(!compiled_by_old_gcc(b"GCC: (Debian 12.2.0-14) 12.2.0\0Debian clang version 14.0.6\0"));
+        assert!(!compiled_by_old_gcc(b"no compiler named here"));
+        let dir = tempfile_dir();
+        std::fs::write(dir.join("libggml-cpu-sapphirerapids.so"), b"GCC: (Debian 12.2.0-14) 12.2.0\0").unwrap();
+        let err = choose(&dir, true).unwrap_err();
+        assert!(err.contains("found: sapphirerapids"), "skipped, not opened: {err}");
+    }
+
     /// The variants this build installed: one is chosen, and it runs here.
     #[cfg(feature = "cpu-variants")]
     #[test]
     fn this_build_loads_a_variant_that_runs_here() {
         let variant = load().unwrap_or_else(|e| panic!("{e}"));
         assert!(variant.score > 0);
-        assert!(!AMX_VARIANTS.contains(&variant.name.as_str()) || amx_granted(), "{variant:?}");
+        assert!(
+            !AMX_VARIANTS.contains(&variant.name.as_str()) || (amx_granted() && !built_by_old_gcc(&variant.path)),
+            "{variant:?}"
+        );
     }
 
     fn tempfile_dir() -> PathBuf {
