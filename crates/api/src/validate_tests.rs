@@ -1,3 +1,6 @@
+//! Chat Completions validation: defaults, accepted values, content parts, tools and schemas, and
+//! every refusal (hostile sizes included) a 400 that names its `param`.
+
 use serde_json::{json, Value};
 
 use super::*;

@@ -1,3 +1,6 @@
+//! The `gantry` binary: parses the command line and runs `serve`, `keys`, `tenants`, `usage` or
+//! `models` on a Tokio runtime, logging to stderr (`GANTRY_LOG`).
+
 use clap::Parser;
 use gantry_server::cli::{commands, serve};
 use gantry_server::cli::{Cli, Command};

@@ -1,3 +1,7 @@
+//! Budgets and keys: reservations never overspend a budget, settle once, are freed when released
+//! or crashed, and reset with their period; keys are updated, rotated, expired and restricted;
+//! the usage report and the shared rate windows.
+
 use std::sync::Arc;
 
 use super::*;

@@ -1,3 +1,5 @@
+//! A key's prompt-cache scope: stored, updated, and `tenant` for keys written before it existed.
+
 use super::*;
 
 on_both!(key_cache_scope_is_stored_updated_and_defaults_to_tenant, |acc: Accounts| async move {

@@ -1,3 +1,6 @@
+//! The meter: a ticket settled books once and a dropped one releases; outbox entries of a dead
+//! process are replayed; dead servers lose their reservations; rate limits count what they must.
+
 use std::future::Future;
 use std::time::Duration;
 

@@ -1,3 +1,7 @@
+//! The accounts store on SQLite and, where `GANTRY_TEST_DATABASE_URL` names one, PostgreSQL (the
+//! `on_both!` macro): keys created, authenticated, revoked and stored hashed; the database opened,
+//! shared and migrated durably.
+
 use std::collections::HashSet;
 
 use super::*;

@@ -1,3 +1,6 @@
+//! Unknown keys: a repeated one costs one database lookup, yet a key registered since works at
+//! once, and a found key is looked up every time so that revocation is immediate.
+
 use super::*;
 
 on_both!(a_repeated_unknown_key_costs_one_lookup, |acc: Accounts| async move {

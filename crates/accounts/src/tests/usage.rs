@@ -1,3 +1,6 @@
+//! The usage ledger: each record written once and for a known key, summed by key, model, service
+//! tier and batch.
+
 use super::*;
 
 fn usage(request_id: &str, key_id: i64, model: &str, p: u32, c: u32, o: u32) -> UsageRecord {

@@ -1,3 +1,6 @@
+//! Anthropic Messages requests read as the chat request they mean: tools, images, prefill,
+//! thinking, output format, and the SDK's other parameters taken or refused by name.
+
 use serde_json::{json, Value};
 
 use super::*;

@@ -1,3 +1,6 @@
+//! Anthropic Messages streaming: text, tool use and thinking as content blocks between their
+//! start and stop events, and an error as an `error` event.
+
 use serde_json::json;
 
 use super::*;

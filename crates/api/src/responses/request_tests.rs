@@ -1,3 +1,6 @@
+//! OpenAI Responses requests read as the chat request they mean: input items, tool loops, text
+//! format, continued conversations, reasoning, and what this server refuses by field.
+
 use serde_json::{json, Value};
 
 use super::*;

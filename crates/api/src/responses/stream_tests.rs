@@ -1,3 +1,6 @@
+//! OpenAI Responses streaming: message, function-call and reasoning items with their deltas, an
+//! error that fails the response, and a cut answer ending `incomplete` as when collected.
+
 use serde_json::{json, Map};
 
 use super::*;

@@ -1,3 +1,6 @@
+//! The F32 → BF16 twin: the bytes llama-quantize writes, a BERT embedding the same from it, and
+//! the memory estimate counting its smaller weights.
+
 #![allow(unsafe_code, reason = "llama.cpp's quantizer is C")]
 use super::*;
 use crate::model::twins::weights_to_load as twin_of;

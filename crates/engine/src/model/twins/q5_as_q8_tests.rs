@@ -1,3 +1,6 @@
+//! The Q5_0 → Q8_0 twin: every block's values kept, a model served from it with the same weights,
+//! the source served where no twin can be written, and the estimate counting its larger weights.
+
 #![allow(unsafe_code, reason = "ggml's quantisation functions and model loader are C")]
 use super::*;
 use llama_cpp_sys_2 as sys;
