@@ -3,26 +3,13 @@
 //! them at start, as many bytes as its memory estimate counts, answers a request of two choices
 //! (two activation rows a step) from them, and they go with its model.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gantry_engine::{ChatInput, CpuKernels, Engine, EngineConfig, Event, Generator, SamplingParams};
 
-/// The default model, where `make test` pulled it (`GANTRY_CACHE_DIR` or `~/.cache/gantry`).
-fn pulled_model() -> Option<PathBuf> {
-    let cache = std::env::var_os("GANTRY_CACHE_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/gantry"),
-        PathBuf::from,
-    );
-    Some(cache.join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")).filter(|p| p.is_file())
-}
-
 #[test]
 fn an_engine_makes_its_copies_at_start_answers_from_them_and_drops_them_with_its_model() {
-    let Some(model) = pulled_model() else {
-        // `make test` pulls it first and says so.
-        assert!(std::env::var_os("GANTRY_REQUIRE_PULLED_MODEL").is_none(), "qwen2.5-coder-0.5b was not pulled");
-        eprintln!("no pulled qwen2.5-coder-0.5b: the K-quant copies are not run end to end");
+    let Some(model) = tiny_gguf::pulled::default_model("the K-quant copies are not run end to end") else {
         return;
     };
     assert_eq!(gantry_engine::use_cpu_kernels(CpuKernels::Gantry, &[&model]), "gantry-avx512");

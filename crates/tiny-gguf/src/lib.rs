@@ -12,13 +12,15 @@
 //!   `<|im_end|>` (eos/eot).
 //!
 //! Output is fully deterministic for a given [`TinyModelSpec`]. `bert` writes tiny BERT
-//! encoders (an embedding model, a reranker) the same way.
+//! encoders (an embedding model, a reranker) the same way; `pulled` finds the real models
+//! `gantry models pull` fetched, for the tests that check against them.
 
 use std::collections::HashMap;
 
 mod bert;
 pub mod gguf_writer;
 mod projector;
+pub mod pulled;
 
 pub use bert::{tiny_bert_bytes, write_tiny_bert, BertPooling, TinyBertSpec, BERT_VOCAB};
 use gguf_writer::ALIGNMENT;

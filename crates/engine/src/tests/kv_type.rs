@@ -61,25 +61,12 @@ fn a_model_whose_heads_are_not_whole_blocks_is_refused_with_the_reason() {
     assert!(why.contains("blocks of 32") && why.contains("use f16"), "{why}");
 }
 
-/// The pulled default model, where this machine has one.
-fn pulled_model() -> Option<PathBuf> {
-    let cache = std::env::var_os("GANTRY_CACHE_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/gantry"),
-        PathBuf::from,
-    );
-    let path = cache.join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    path.is_file().then_some(path).or_else(|| {
-        eprintln!("no pulled qwen2.5-coder-0.5b under {}: q8_0's quality on it is not checked", cache.display());
-        None
-    })
-}
-
 /// What the configuration page reports for the default model (4,096 tokens of this text: q8_0
 /// mean KL 0.0087, top-1 agreement 95.1%; q4_0 2.1 and 39%), within a margin: q8_0 stays close
 /// (if short of the 99% agreement that would make it the default), and q4_0 loses far more.
 #[test]
 fn on_a_real_model_q8_0_stays_close_and_q4_0_loses_more() {
-    let Some(model) = pulled_model() else { return };
+    let Some(model) = tiny_gguf::pulled::default_model("q8_0's quality on it is not checked") else { return };
     let q8 = measure_kv_quality(&model, KvType::Q8_0, TEXT, 512, 2).unwrap();
     let q4 = measure_kv_quality(&model, KvType::Q4_0, TEXT, 512, 2).unwrap();
     eprintln!("{}: {q8:?} {q4:?}", model.display());

@@ -156,20 +156,12 @@ fn images_keep_their_places_beside_typed_control_tokens() {
 /// The pulled models (`gantry models pull`), where this machine has them: their own templates
 /// and tokenizers.
 fn real_models() -> Vec<PathBuf> {
-    let cache = std::env::var_os("GANTRY_CACHE_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/gantry"),
-        PathBuf::from,
-    );
-    let names = [
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    let files = [
+        tiny_gguf::pulled::DEFAULT_MODEL,
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
     ];
-    let found: Vec<PathBuf> = names.iter().map(|n| cache.join("models").join(n)).filter(|p| p.is_file()).collect();
-    if found.is_empty() {
-        eprintln!("no pulled models under {}: the real templates are not checked", cache.display());
-    }
-    found
+    tiny_gguf::pulled::pulled_models(&files, "the real templates are not checked")
 }
 
 #[test]

@@ -3,7 +3,6 @@
 //! ggml quantized and on a pulled model's own rows.
 
 use std::os::raw::{c_int, c_void};
-use std::path::PathBuf;
 
 use llama_cpp_sys_2::{
     ggml_type, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K,
@@ -97,13 +96,9 @@ pub(super) fn dot(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) 
 /// Empty (said on stderr) without one.
 pub(super) fn pulled_rows(rows: usize) -> Vec<(ggml_type, Vec<u8>, usize)> {
     use std::io::{Read, Seek, SeekFrom};
-    let cache = std::env::var_os("GANTRY_CACHE_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/gantry"),
-        PathBuf::from,
-    );
-    let names = ["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"];
-    let Some(path) = names.iter().map(|n| cache.join("models").join(n)).find(|p| p.is_file()) else {
-        eprintln!("no pulled Qwen model under {}: real K-quant rows are not checked", cache.display());
+    let files = ["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", tiny_gguf::pulled::DEFAULT_MODEL];
+    let Some(path) = tiny_gguf::pulled::pulled_models(&files, "real K-quant rows are not checked").into_iter().next()
+    else {
         return Vec::new();
     };
     let header = crate::model::gguf_header::Header::open(&path).expect("a GGUF");
