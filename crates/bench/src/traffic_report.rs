@@ -37,15 +37,35 @@ fn open_levels(runs: &[ServerRun], server: &str) -> Vec<LevelResult> {
     merged(runs, server).into_iter().filter(|l| l.offered_rate.is_some()).collect()
 }
 
-/// Gantry's goodput ÷ the higher of the references' goodputs, and that reference; `None` when
-/// Gantry's or every reference's is unmeasured or none in the sweep.
-pub(crate) fn goodput_ratio(runs: &[ServerRun]) -> Option<(f64, &'static str)> {
+/// Gantry's goodput against the references'.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct GoodputRatio {
+    /// Gantry's goodput ÷ the higher of the references' goodputs.
+    pub ratio: f64,
+    /// That reference, or `every reference` where none met the SLOs.
+    pub against: &'static str,
+    /// Where no reference met the SLOs at any rate of the sweep, their goodput lies below its
+    /// lowest rate, and `ratio` (Gantry's ÷ that rate) is only a lower bound of the true ratio.
+    pub lower_bound: bool,
+}
+
+/// Gantry's goodput against the references' that ran the sweep; `None` where Gantry met the SLOs
+/// at no rate, or no reference ran the sweep.
+pub(crate) fn goodput_ratio(runs: &[ServerRun]) -> Option<GoodputRatio> {
     let gantry = goodput(&open_levels(runs, GANTRY))?;
-    let (against, best) = REFERENCES
-        .into_iter()
-        .filter_map(|r| Some((r, goodput(&open_levels(runs, r))?)))
-        .reduce(|a, b| if b.1 > a.1 { b } else { a })?;
-    Some((ratio(Some(gantry), Some(best))?, against))
+    let swept: Vec<(&'static str, Vec<LevelResult>)> =
+        REFERENCES.into_iter().map(|r| (r, open_levels(runs, r))).filter(|(_, levels)| !levels.is_empty()).collect();
+    let best =
+        swept
+            .iter()
+            .filter_map(|(r, levels)| Some((*r, goodput(levels)?)))
+            .reduce(|a, b| if b.1 > a.1 { b } else { a });
+    if let Some((against, best)) = best {
+        return Some(GoodputRatio { ratio: ratio(Some(gantry), Some(best))?, against, lower_bound: false });
+    }
+    let lowest = swept.iter().flat_map(|(_, levels)| levels.iter().filter_map(|l| l.offered_rate)).reduce(f64::min)?;
+    let against = if swept.len() == 1 { swept[0].0 } else { "every reference" };
+    Some(GoodputRatio { ratio: ratio(Some(gantry), Some(lowest))?, against, lower_bound: true })
 }
 
 /// Each server's traffic levels, passes merged, in measured order.
@@ -134,10 +154,14 @@ pub(crate) fn traffic_section(runs: &[ServerRun]) -> Option<String> {
     }
     if !ratios.is_empty() {
         let goodput = match goodput_ratio(runs) {
-            Some((g, against)) => {
-                format!("; goodput Gantry ÷ the reference with the higher goodput ({against}): {g:.2}")
+            Some(GoodputRatio { ratio, against, lower_bound: false }) => {
+                format!("; goodput Gantry ÷ the reference with the higher goodput ({against}): {ratio:.2}")
             }
-            None if swept => "; goodput: no ratio (a server met the SLOs at no rate of the sweep)".into(),
+            Some(GoodputRatio { ratio, .. }) => format!(
+                "; goodput Gantry ÷ the references: more than {ratio:.2} (none met the SLOs at the sweep's lowest \
+                 rate, so theirs lies below it)"
+            ),
+            None if swept => "; goodput: no ratio (Gantry met the SLOs at no rate of the sweep)".into(),
             None => String::new(),
         };
         out += &format!(
@@ -196,6 +220,10 @@ mod tests {
         assert!(s.contains("| llama-server       | 0.5 req/s"), "{s}");
         assert!(s.contains("| llama-server tuned | 0.5 req/s"), "{s}");
         assert!(s.contains("(llama-server): 2.00"), "a tie in goodput goes to the plain reference:\n{s}");
+        let slow = run(REFERENCE, vec![closed(10.0), open(0.5, 0.6, 0.2), open(1.0, 2.4, 0.12)]);
+        let s2 = traffic_section(&[g.clone(), slow]).unwrap();
+        assert!(s2.contains("| llama-server | none in the sweep"), "{s2}");
+        assert!(s2.contains("the references: more than 2.00 (none met the SLOs"), "1 req/s ÷ below 0.5:\n{s2}");
         assert!(
             s.contains("| 1 stream          | llama-server tuned | 1.25     | 1.25 "),
             "the closed level is judged against the faster (tuned) reference:\n{s}"
@@ -205,7 +233,14 @@ mod tests {
         assert!(!closed_only.contains("oodput"), "no sweep, no goodput:\n{closed_only}");
         assert!(closed_only.contains("| 1 stream | llama-server | 2.00 "), "{closed_only}");
         let faster_tuned = run(TUNED, vec![closed(16.0), open(0.5, 0.4, 0.05), open(1.0, 1.5, 0.09)]);
-        assert_eq!(goodput_ratio(&[g.clone(), r, faster_tuned]), Some((1.0, TUNED)));
-        assert_eq!(goodput_ratio(&[g, run(REFERENCE, vec![open(0.5, 3.0, 0.5)])]), None, "no reference goodput");
+        assert_eq!(
+            goodput_ratio(&[g.clone(), r, faster_tuned]),
+            Some(GoodputRatio { ratio: 1.0, against: TUNED, lower_bound: false })
+        );
+        let below_the_sweep = GoodputRatio { ratio: 2.0, against: REFERENCE, lower_bound: true };
+        assert_eq!(goodput_ratio(&[g.clone(), run(REFERENCE, vec![open(0.5, 3.0, 0.5)])]), Some(below_the_sweep));
+        assert_eq!(goodput_ratio(&[g, run(REFERENCE, vec![closed(10.0)])]), None, "no reference swept");
+        let missed = run(GANTRY, vec![open(0.5, 3.0, 0.5)]);
+        assert_eq!(goodput_ratio(&[missed, run(REFERENCE, vec![open(0.5, 0.4, 0.05)])]), None, "Gantry met none");
     }
 }
