@@ -4,7 +4,8 @@
 //! two fused multiply-adds) is paid once for 16 rows where `k_quants` pays it for every row. With
 //! the weights in L2 (2-core Zen 4, `q4_k_rows16_bench`) it takes 1.5 ns a block and activation row
 //! at 4 rows where `gemm_q4_k` takes 4.4, and 2.0 at one row where it takes 8.0. Each activation
-//! row's arithmetic is the same whatever the number of rows beside it.
+//! row's arithmetic is the same whatever the number of rows beside it. Q5_K (`q5_k_rows16`) is
+//! laid out and multiplied the same way, its fifth bits beside each sub-block's nibbles.
 //!
 //! The layout is Gantry's own, made once from the GGUF's blocks ([`repack_q4_k_rows16`]); the
 //! integer sums are ggml's, only the order of the float additions differs.
@@ -13,18 +14,60 @@ use super::k_quants::BlockQ8K;
 use super::q4_k::{scale_min, BlockQ4K};
 use super::*;
 
-/// One block of 16 weight rows. `nibbles[s][i]` holds, in bytes `4r..4r + 4`, row `r`'s values
-/// `32s + 4i + j` (low nibbles) and `32s + 16 + 4i + j` (high nibbles); `scales[s][r]` is row
-/// `r`'s scale of sub-block `s`; `mins[p]` holds row `r`'s mins of sub-blocks `2p` and `2p + 1` in
-/// bytes `2r` and `2r + 1`; `d` and `dmin` are each row's f16 scales. 148 bytes a row where a Q4_K
-/// block has 144 (its six-bit scales and mins are bytes here).
+/// Sub-block `s` of 16 weight rows: `nibbles[i]` holds, in bytes `4r..4r + 4`, row `r`'s values
+/// `32s + 4i + j` (low nibbles) and `32s + 16 + 4i + j` (high nibbles). With `FIFTH` = 8 (Q5_K),
+/// bit `4r + j` of `fifth[2i]` (`fifth[2i + 1]`) is the fifth bit of the value in the low (high)
+/// nibble of byte `4r + j`; Q4_K has none.
+#[repr(C)]
+pub(super) struct Sub<const FIFTH: usize> {
+    pub(super) nibbles: [[u8; 64]; 4],
+    pub(super) fifth: [u64; FIFTH],
+}
+
+/// One block of 16 weight rows: its eight sub-blocks, as the kernel reads them; `scales[s][r]` is
+/// row `r`'s scale of sub-block `s`; `mins[p]` holds row `r`'s mins of sub-blocks `2p` and `2p + 1`
+/// in bytes `2r` and `2r + 1`; `d` and `dmin` are each row's f16 scales. A row takes 148 bytes of
+/// a Q4_K group where its block has 144 (its six-bit scales and mins are bytes here), 180 of a Q5_K
+/// group where its block has 176.
 #[repr(C, align(64))]
-pub struct Q4KRows16 {
-    nibbles: [[[u8; 64]; 4]; 8],
-    scales: [[u8; 16]; 8],
-    mins: [[u8; 32]; 4],
-    d: [u16; 16],
-    dmin: [u16; 16],
+pub struct NibbleRows16<const FIFTH: usize> {
+    pub(super) subs: [Sub<FIFTH>; 8],
+    pub(super) scales: [[u8; 16]; 8],
+    pub(super) mins: [[u8; 32]; 4],
+    pub(super) d: [u16; 16],
+    pub(super) dmin: [u16; 16],
+}
+
+/// 16 rows of Q4_K weights.
+pub type Q4KRows16 = NibbleRows16<0>;
+
+const _: () = assert!(std::mem::size_of::<Q4KRows16>() == 148 * 16);
+
+impl<const FIFTH: usize> NibbleRows16<FIFTH> {
+    pub(super) fn zeroed() -> Self {
+        let sub = || Sub { nibbles: [[0; 64]; 4], fifth: [0; FIFTH] };
+        Self {
+            subs: std::array::from_fn(|_| sub()),
+            scales: [[0; 16]; 8],
+            mins: [[0; 32]; 4],
+            d: [0; 16],
+            dmin: [0; 16],
+        }
+    }
+
+    /// Row `r`'s scales, mins and nibbles from a Q4_K or Q5_K block's fields: values `32s..32s + 32`
+    /// are the low (even `s`) or high nibbles of bytes `32 (s / 2)..` of `qs`.
+    pub(super) fn put_row(&mut self, r: usize, (d, dmin): (u16, u16), packed: &[u8; 12], qs: &[u8; 128]) {
+        (self.d[r], self.dmin[r]) = (d, dmin);
+        for s in 0..8 {
+            (self.scales[s][r], self.mins[s / 2][2 * r + s % 2]) = scale_min(s, packed);
+            let (q, shift) = (&qs[32 * (s / 2)..32 * (s / 2) + 32], 4 * (s % 2));
+            for t in 0..16 {
+                self.subs[s].nibbles[t / 4][4 * r + t % 4] =
+                    ((q[t] >> shift) & 0xf) | (((q[16 + t] >> shift) & 0xf) << 4);
+            }
+        }
+    }
 }
 
 /// `rows` rows of `k` Q4_K blocks (`lda` blocks apart) as `rows / 16` groups of `k` blocks,
@@ -37,6 +80,17 @@ pub fn repack_q4_k_rows16(a: &[BlockQ4K], rows: usize, k: usize, lda: usize) -> 
 /// [`repack_q4_k_rows16`] into `out`: as many groups of 16 rows as it holds `k` blocks of, every one
 /// written. Panics unless `out` holds whole groups and `a` every row of them.
 pub fn repack_q4_k_rows16_into(a: &[BlockQ4K], k: usize, lda: usize, out: &mut [std::mem::MaybeUninit<Q4KRows16>]) {
+    repack_each(a, k, lda, out, |g, r, block| g.put_row(r, (block.d, block.dmin), &block.scales, &block.qs));
+}
+
+/// Every group of `out` (16 rows of `k` blocks of `a`, `lda` apart), row by row with `put`.
+pub(super) fn repack_each<B, const FIFTH: usize>(
+    a: &[B],
+    k: usize,
+    lda: usize,
+    out: &mut [std::mem::MaybeUninit<NibbleRows16<FIFTH>>],
+    put: impl Fn(&mut NibbleRows16<FIFTH>, usize, &B),
+) {
     let rows = out.len().checked_div(k).unwrap_or(0) * 16;
     assert!(
         (k == 0 || out.len().is_multiple_of(k)) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
@@ -44,27 +98,9 @@ pub fn repack_q4_k_rows16_into(a: &[BlockQ4K], k: usize, lda: usize, out: &mut [
     );
     for group in 0..rows / 16 {
         for b in 0..k {
-            let mut g = Q4KRows16 {
-                nibbles: [[[0; 64]; 4]; 8],
-                scales: [[0; 16]; 8],
-                mins: [[0; 32]; 4],
-                d: [0; 16],
-                dmin: [0; 16],
-            };
+            let mut g = NibbleRows16::zeroed();
             for r in 0..16 {
-                let block = &a[(16 * group + r) * lda + b];
-                (g.d[r], g.dmin[r]) = (block.d, block.dmin);
-                let packed = block.scales;
-                for s in 0..8 {
-                    (g.scales[s][r], g.mins[s / 2][2 * r + s % 2]) = scale_min(s, &packed);
-                    // Values `32s..32s + 32` (as `q4_k::value` reads them): the low (even `s`) or high
-                    // nibbles of 32 bytes of `qs`.
-                    let (q, shift) = (&block.qs[32 * (s / 2)..32 * (s / 2) + 32], 4 * (s % 2));
-                    for t in 0..16 {
-                        g.nibbles[s][t / 4][4 * r + t % 4] =
-                            ((q[t] >> shift) & 0xf) | (((q[16 + t] >> shift) & 0xf) << 4);
-                    }
-                }
+                put(&mut g, r, &a[(16 * group + r) * lda + b]);
             }
             out[group * k + b].write(g);
         }
@@ -87,14 +123,18 @@ fn sub_block_sums(y: &BlockQ8K) -> [i32; 4] {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 #[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
-unsafe fn tile<const C: usize>(
+unsafe fn tile<const C: usize, const FIFTH: usize>(
     k: usize,
-    g: *const Q4KRows16,
+    g: *const NibbleRows16<FIFTH>,
     y: [*const BlockQ8K; C],
     sums: [*const [i32; 4]; C],
 ) -> [__m512; C] {
-    let low4 = _mm512_set1_epi8(0x0f);
+    // `low4` opaque: where LLVM knows the nibbles' top bits clear, it turns each masked byte
+    // addition of 16 into an OR and a masked move, two operations where one does.
+    let (low4, sixteen) = (std::hint::black_box(_mm512_set1_epi8(0x0f)), _mm512_set1_epi8(0x10));
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
+    // A block's lines a sub-block fetches ahead: 5 of Q4_K's 37, 6 of Q5_K's 45.
+    let lines = std::mem::size_of::<NibbleRows16<FIFTH>>().div_ceil(64).div_ceil(8);
     let mut acc = [_mm512_setzero_ps(); C];
     for b in 0..k {
         let w = unsafe { &*g.add(b) };
@@ -102,16 +142,21 @@ unsafe fn tile<const C: usize>(
         let broadcast = |c: usize, at: usize| _mm512_set1_epi32(unsafe { read_unaligned(qs[c].add(at).cast::<i32>()) });
         let mut block = [_mm512_setzero_si512(); C];
         for s in 0..8 {
-            // The block's 37 lines PREFETCH_AHEAD bytes on, five a sub-block: all at once, they
+            // The block's lines PREFETCH_AHEAD bytes on, a few a sub-block: all at once, they
             // crowded the misses in flight (one stream of the 1.5B 37.7 → 51.3 ms a token).
-            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * 5 * s);
-            for l in 0..5 {
+            let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
+            for l in 0..lines {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
             }
+            let sub_block = &w.subs[s];
             let mut sub = [_mm512_setzero_si512(); C];
             for i in 0..4 {
-                let v = unsafe { _mm512_load_si512(w.nibbles[s][i].as_ptr().cast()) };
-                let (lo, hi) = (_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4));
+                let v = unsafe { _mm512_load_si512(sub_block.nibbles[i].as_ptr().cast()) };
+                let (mut lo, mut hi) = (_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4));
+                if FIFTH > 0 {
+                    lo = _mm512_mask_add_epi8(lo, sub_block.fifth[2 * i], lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, sub_block.fifth[2 * i + 1], hi, sixteen);
+                }
                 for c in 0..C {
                     sub[c] = _mm512_dpbusd_epi32(sub[c], lo, broadcast(c, 32 * s + 4 * i));
                     sub[c] = _mm512_dpbusd_epi32(sub[c], hi, broadcast(c, 32 * s + 16 + 4 * i));
@@ -143,7 +188,7 @@ unsafe fn tile<const C: usize>(
 /// The product of the repacked groups `groups` of `a` (each `k` blocks, as
 /// [`repack_q4_k_rows16`] lays them out) with `n` columns of Q8_K activations `b` (`ldb` blocks
 /// apart): `c[j * ldc + 16g + r]` is row `r` of group `g` times column `j`, as llamafile's `sgemm`
-/// lays out a product of the unpacked rows. Columns go four at a time.
+/// lays out a product of the unpacked rows. Columns go eight at a time (`each_group!`).
 ///
 /// # Safety
 /// `a` holds every group in `groups`, `b` `n` columns of `k` blocks; `c` has room for every
@@ -160,13 +205,32 @@ pub unsafe fn gemm_q4_k_rows16(
     c: *mut f32,
     ldc: usize,
 ) {
+    unsafe { gemm_nibble_rows16(groups, n, k, a, b, ldb, c, ldc) }
+}
+
+/// [`gemm_q4_k_rows16`] for either layout.
+///
+/// # Safety
+/// As [`gemm_q4_k_rows16`]'s.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+pub(super) unsafe fn gemm_nibble_rows16<const FIFTH: usize>(
+    groups: std::ops::Range<usize>,
+    n: usize,
+    k: usize,
+    a: *const NibbleRows16<FIFTH>,
+    b: *const BlockQ8K,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
     let sums: Vec<[i32; 4]> = (0..n * k).map(|i| sub_block_sums(unsafe { &*b.add((i / k) * ldb + i % k) })).collect();
     macro_rules! run {
         ($C:literal, $group:expr, $j:expr) => {{
             let (group, j) = ($group, $j);
             let columns = std::array::from_fn(|q| unsafe { b.add((j + q) * ldb) });
             let column_sums = std::array::from_fn(|q| unsafe { sums.as_ptr().add((j + q) * k) });
-            unsafe { tile::<$C>(k, a.add(group * k), columns, column_sums) }
+            unsafe { tile::<$C, FIFTH>(k, a.add(group * k), columns, column_sums) }
         }};
     }
     each_group!(groups, n, c, ldc, run);
@@ -194,7 +258,7 @@ mod tests {
                     assert_eq!((w.scales[s][r], w.mins[s / 2][2 * r + s % 2]), scale_min(s, &block.scales));
                     for t in 0..16 {
                         let want = value(block, 32 * s + t) | (value(block, 32 * s + 16 + t) << 4);
-                        assert_eq!(w.nibbles[s][t / 4][4 * r + t % 4], want, "{at} {r} {s} {t}");
+                        assert_eq!(w.subs[s].nibbles[t / 4][4 * r + t % 4], want, "{at} {r} {s} {t}");
                     }
                 }
             }

@@ -47,11 +47,11 @@ impl_k_quant!(BlockQ5K);
 entry_points!(BlockQ5K, dot_q5_k, gemm_q5_k);
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::k_quants::test_data::{check, exact_with_mins, has_level, Rng};
     use super::*;
 
-    fn random_q5(rng: &mut Rng, k: usize) -> Vec<BlockQ5K> {
+    pub(crate) fn random_q5(rng: &mut Rng, k: usize) -> Vec<BlockQ5K> {
         (0..k)
             .map(|_| BlockQ5K {
                 d: rng.scale(),
@@ -64,7 +64,7 @@ mod tests {
     }
 
     /// Value `i` of a block as ggml's `dequantize_row_q5_K` reads it, before scaling.
-    fn value(b: &BlockQ5K, i: usize) -> i64 {
+    pub(crate) fn value(b: &BlockQ5K, i: usize) -> i64 {
         let (chunk, l) = (i / 64, i % 64);
         let byte = b.qs[32 * chunk + l % 32];
         let (nibble, bit) = if l < 32 { (byte & 0xf, 2 * chunk) } else { (byte >> 4, 2 * chunk + 1) };
@@ -72,7 +72,7 @@ mod tests {
     }
 
     /// The exact dot product as ggml defines the weights, and the sum of its terms' magnitudes.
-    fn exact(x: &[BlockQ5K], y: &[BlockQ8K]) -> (f64, f64) {
+    pub(crate) fn exact(x: &[BlockQ5K], y: &[BlockQ8K]) -> (f64, f64) {
         exact_with_mins(x, y, |b| (b.d, b.dmin, b.scales), value)
     }
 

@@ -165,7 +165,7 @@ unsafe fn tile<const C: usize>(k: usize, g: *const Q6KRows16, y: [*const BlockQ8
 /// The product of the repacked groups `groups` of `a` (each `k` blocks, as
 /// [`repack_q6_k_rows16`] lays them out) with `n` columns of Q8_K activations `b` (`ldb` blocks
 /// apart): `c[j * ldc + 16g + r]` is row `r` of group `g` times column `j`, as llamafile's `sgemm`
-/// lays out a product of the unpacked rows. Columns go four at a time.
+/// lays out a product of the unpacked rows. Columns go eight at a time (`each_group!`).
 ///
 /// # Safety
 /// `a` holds every group in `groups`, `b` `n` columns of `k` blocks; `c` has room for every
