@@ -1,6 +1,7 @@
-//! Q4_K and Q6_K matrices multiplied by 1 to 512 rows of activations (a decoding stream, a few, a
-//! stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of `gantry-cpu-kernels`
-//! (`q4_k_rows16`, `q6_k_rows16`), with AVX-512 (`--k-quant-copies`).
+//! Q4_K, Q5_K and Q6_K matrices multiplied by 1 to 512 rows of activations (a decoding stream, a
+//! few, a stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of
+//! `gantry-cpu-kernels` (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`), with AVX-512
+//! (`--k-quant-copies`).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
@@ -12,8 +13,8 @@
 //! once; on the same machine prompts of 59 to 556 tokens took 0.5–0.7 of its time. A decoding
 //! stream's one row too ([`serves`] says why), so decoding reads the copies and not the GGUF's
 //! bytes of these matrices. The copy is a second one in memory: 148 bytes a Q4_K block where the
-//! GGUF has 144, 212 a Q6_K block where it has 210, counted in the model's memory
-//! ([`copy_bytes`]).
+//! GGUF has 144, 180 a Q5_K block where it has 176, 212 a Q6_K block where it has 210, counted in
+//! the model's memory ([`copy_bytes`]).
 //!
 //! A copy is made the first time ggml multiplies its matrix here (an engine does so once
 //! at start, `Engine::start`), and kept under the matrix's address. Addresses are reused once a
@@ -28,19 +29,27 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
-use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
+use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
 
 use gantry_cpu_kernels::x86::{
-    repack_q4_k_rows16_into, repack_q6_k_rows16_into, v4, BlockQ4K, BlockQ6K, BlockQ8K, Q4KRows16, Q6KRows16,
+    repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v4, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8K, Q4KRows16, Q5KRows16, Q6KRows16,
 };
 
 use super::install::Level;
 use super::small_batches::{max_columns, share, Product};
 use crate::model::gguf_header::Header;
 
-/// Bytes of a GGUF block and of the same block in the copy, for each type copied.
-const Q4_K_BYTES: (usize, usize) = (144, 148);
-const Q6_K_BYTES: (usize, usize) = (210, 212);
+/// Bytes of a GGUF block and of the same block in the copy, for each type copied; `None` for
+/// types that have no copies.
+pub(super) fn block_bytes(ty: ggml_type) -> Option<(usize, usize)> {
+    match ty {
+        GGML_TYPE_Q4_K => Some((144, 148)),
+        GGML_TYPE_Q5_K => Some((176, 180)),
+        GGML_TYPE_Q6_K => Some((210, 212)),
+        _ => None,
+    }
+}
 
 static SERVING: AtomicBool = AtomicBool::new(false);
 
@@ -56,7 +65,18 @@ struct Key {
 
 enum Groups {
     Q4(Vec<Q4KRows16>),
+    Q5(Vec<Q5KRows16>),
     Q6(Vec<Q6KRows16>),
+}
+
+impl Groups {
+    fn bytes(&self) -> usize {
+        match self {
+            Groups::Q4(g) => std::mem::size_of_val(g.as_slice()),
+            Groups::Q5(g) => std::mem::size_of_val(g.as_slice()),
+            Groups::Q6(g) => std::mem::size_of_val(g.as_slice()),
+        }
+    }
 }
 
 struct Copy {
@@ -70,7 +90,7 @@ fn copies() -> &'static RwLock<HashMap<Key, Arc<Copy>>> {
     COPIES.get_or_init(Default::default)
 }
 
-/// Serves Q4_K and Q6_K products of a few rows from copies from now on (`on`), where the AVX-512
+/// Serves Q4_K, Q5_K and Q6_K products of a few rows from copies from now on (`on`), where the AVX-512
 /// level serves small batches; or not.
 pub(super) fn serve(on: bool) {
     SERVING.store(on, Ordering::Relaxed);
@@ -86,7 +106,7 @@ pub(crate) fn forget_all() {
     copies().write().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
 }
 
-/// Bytes the copies of `model`'s matrices take where they are served: every Q4_K and Q6_K matrix
+/// Bytes the copies of `model`'s matrices take where they are served: every Q4_K, Q5_K and Q6_K matrix
 /// but a token embedding that is only looked up (the output layer multiplies by it where the
 /// model has no `output.weight`).
 pub(crate) fn copy_bytes(model: &Path) -> u64 {
@@ -96,17 +116,13 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
         .into_iter()
         .map(|id| {
             let bytes = header.tensor_span(id).1;
-            match header.tensor_type(id) {
-                GGML_TYPE_Q4_K => bytes / Q4_K_BYTES.0 as u64 * Q4_K_BYTES.1 as u64,
-                GGML_TYPE_Q6_K => bytes / Q6_K_BYTES.0 as u64 * Q6_K_BYTES.1 as u64,
-                _ => 0,
-            }
+            block_bytes(header.tensor_type(id)).map_or(0, |(gguf, copy)| bytes / gguf as u64 * copy as u64)
         })
         .sum()
 }
 
 /// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
-/// copies: Q4_K and Q6_K, whole groups of 16 rows, 1 to `small_batches::max_columns` activation
+/// copies: Q4_K, Q5_K and Q6_K, whole groups of 16 rows, 1 to `small_batches::max_columns` activation
 /// rows (with AVX-512: a ubatch of 512), while copies are served.
 ///
 /// One row (a decoding stream's step) reads the weights once at the memory's pace, and the copies
@@ -117,7 +133,7 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
 /// from its copy too 36.0–36.5 against 37.1–38.4 (12 pairs).
 pub(super) fn serves(ty: ggml_type, m: i64, rows: i64) -> bool {
     SERVING.load(Ordering::Relaxed)
-        && (ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_Q6_K)
+        && block_bytes(ty).is_some()
         && (1..=max_columns(Level::V4)).contains(&rows)
         && m > 0
         && m % 16 == 0
@@ -133,13 +149,13 @@ pub(super) fn serves(ty: ggml_type, m: i64, rows: i64) -> bool {
 pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
     let is = |ty: std::os::raw::c_int, of: ggml_type| ty == of as std::os::raw::c_int;
     let typed = is(p.b_type, GGML_TYPE_Q8_K) && is(p.c_type, GGML_TYPE_F32);
-    if !typed || !ggml_type::try_from(p.a_type).is_ok_and(|ty| serves(ty, p.m, p.n)) {
+    let Some(ty) = ggml_type::try_from(p.a_type).ok().filter(|&ty| typed && serves(ty, p.m, p.n)) else {
         return false;
-    }
+    };
     let size = |v: i64| usize::try_from(v).unwrap_or(0);
     let key = Key { address: p.a as usize, ty: p.a_type, m: size(p.m), k: size(p.k), lda: size(p.lda) };
     // SAFETY: the caller's.
-    let copy = unsafe { copy_of(key) };
+    let Some(copy) = (unsafe { copy_of(key, ty) }) else { return false };
     let groups: Range<usize> = share(key.m / 16, ith, nth);
     let (n, ldb, ldc) = (size(p.n), size(p.ldb), size(p.ldc));
     let (b, c) = (p.b.cast::<BlockQ8K>(), p.c.cast::<f32>());
@@ -147,6 +163,7 @@ pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
     unsafe {
         match &copy.groups {
             Groups::Q4(g) => v4::gemm_q4_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
+            Groups::Q5(g) => v4::gemm_q5_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
             Groups::Q6(g) => v4::gemm_q6_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
         }
     }
@@ -154,39 +171,47 @@ pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
 }
 
 /// The copy of `key`'s matrix, made where there is none or the one there was made from other
-/// weights.
+/// weights; `None` where `ty` has no copies.
 ///
 /// # Safety
-/// `key` describes a matrix of its type that ggml holds: `m` rows of `k` blocks, `lda` apart.
-unsafe fn copy_of(key: Key) -> Arc<Copy> {
-    let bytes = if key.ty == GGML_TYPE_Q4_K as std::os::raw::c_int { Q4_K_BYTES.0 } else { Q6_K_BYTES.0 };
+/// `key` describes a matrix of type `ty` that ggml holds: `m` rows of `k` blocks, `lda` apart.
+unsafe fn copy_of(key: Key, ty: ggml_type) -> Option<Arc<Copy>> {
+    let (bytes, _) = block_bytes(ty)?;
     // SAFETY: the caller's: the matrix starts with a whole block.
     let first = unsafe { std::slice::from_raw_parts(key.address as *const u8, bytes) };
     let current = |c: &Arc<Copy>| c.first_block == first;
     if let Some(copy) =
         copies().read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).filter(|c| current(c))
     {
-        return Arc::clone(copy);
+        return Some(Arc::clone(copy));
     }
     let mut all = copies().write().unwrap_or_else(std::sync::PoisonError::into_inner);
     // Another thread of the same product may have made it while this one waited.
     if let Some(copy) = all.get(&key).filter(|c| current(c)) {
-        return Arc::clone(copy);
+        return Some(Arc::clone(copy));
     }
     let blocks = (key.m - 1) * key.lda + key.k;
     // SAFETY: the caller's: every row's blocks are there.
     let groups = unsafe {
-        if key.ty == GGML_TYPE_Q4_K as std::os::raw::c_int {
-            let a = std::slice::from_raw_parts(key.address as *const BlockQ4K, blocks);
-            Groups::Q4(in_parallel(a, key, repack_q4_k_rows16_into))
-        } else {
-            let a = std::slice::from_raw_parts(key.address as *const BlockQ6K, blocks);
-            Groups::Q6(in_parallel(a, key, repack_q6_k_rows16_into))
+        match ty {
+            GGML_TYPE_Q4_K => {
+                let a = std::slice::from_raw_parts(key.address as *const BlockQ4K, blocks);
+                Groups::Q4(in_parallel(a, key, repack_q4_k_rows16_into))
+            }
+            GGML_TYPE_Q5_K => {
+                let a = std::slice::from_raw_parts(key.address as *const BlockQ5K, blocks);
+                Groups::Q5(in_parallel(a, key, repack_q5_k_rows16_into))
+            }
+            GGML_TYPE_Q6_K => {
+                let a = std::slice::from_raw_parts(key.address as *const BlockQ6K, blocks);
+                Groups::Q6(in_parallel(a, key, repack_q6_k_rows16_into))
+            }
+            _ => return None,
         }
     };
     let copy = Arc::new(Copy { first_block: first.to_vec(), groups });
     all.insert(key, Arc::clone(&copy));
-    copy
+    Some(copy)
 }
 
 /// `repack` over `a`'s groups of 16 rows into a buffer of their own, shared out among the CPU's
@@ -231,12 +256,6 @@ fn advise_huge_pages(start: *mut u8, len: usize) {
 /// Bytes the copies made so far take, and how many there are.
 pub(crate) fn made() -> (u64, usize) {
     let all = copies().read().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let bytes = all
-        .values()
-        .map(|c| match &c.groups {
-            Groups::Q4(g) => std::mem::size_of_val(g.as_slice()),
-            Groups::Q6(g) => std::mem::size_of_val(g.as_slice()),
-        } as u64)
-        .sum();
+    let bytes = all.values().map(|c| c.groups.bytes() as u64).sum();
     (bytes, all.len())
 }
