@@ -128,7 +128,7 @@ pub(crate) fn verdicts(runs: &[ServerRun], targets: &[Target]) -> Vec<Verdict> {
         let bound = format!("{} {}", if t.at_least { "≥" } else { "≤" }, t.bound);
         let (name, against, ratio, spread) = if t.metric == "goodput" {
             let Some(g) = goodput_ratio(runs) else { continue };
-            let spread = if g.lower_bound { "at least (no reference met the SLOs)" } else { "one sweep" };
+            let spread = if g.lower_bound { "more than (no reference met the SLOs)" } else { "one sweep" };
             (format!("{} goodput {bound}", t.workload), g.against, g.ratio, spread.to_string())
         } else {
             let key = (t.workload.to_string(), t.concurrency);
@@ -298,8 +298,8 @@ mod tests {
         let no_sweep = &runs[..1];
         assert!(!targets_table(no_sweep, &QWEN_0_5B).contains("goodput"), "unmeasured goodput is left out");
         // Neither reference met the SLOs at any rate: theirs lies below the lowest rate swept (0.5),
-        // so Gantry's 1 req/s is at least 2× theirs, met; from 0.5 req/s it would be at least 1×,
-        // which cannot show the target met.
+        // so Gantry's 1 req/s is more than 2× theirs, met; from 0.5 req/s it would be more than
+        // 1×, which cannot show the target met.
         let unmet = |gantry_rate: f64| {
             vec![
                 run(GANTRY, vec![open(gantry_rate, true)]),
@@ -309,7 +309,7 @@ mod tests {
         };
         let t = targets_table(&unmet(1.0), &QWEN_0_5B);
         let line = t.lines().find(|l| l.contains("goodput")).unwrap_or_else(|| panic!("{t}"));
-        assert!(line.contains("every reference") && line.contains("| 2.00") && line.contains("at least"), "{t}");
+        assert!(line.contains("every reference") && line.contains("| 2.00") && line.contains("more than"), "{t}");
         assert!(line.contains("| yes"), "{t}");
         let t = targets_table(&unmet(0.5), &QWEN_0_5B);
         assert!(t.lines().any(|l| l.contains("goodput") && l.contains("| 1.00") && l.contains("| NO")), "{t}");
