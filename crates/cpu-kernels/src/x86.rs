@@ -243,6 +243,7 @@ fn repacked_rows16<B, G>(
 }
 
 mod iq4_xs;
+mod iq4_xs_rows16;
 mod k_quants;
 mod q4_k;
 mod q4_k_rows16;
@@ -256,6 +257,7 @@ mod wide_prompt;
 mod wide_row;
 
 pub use iq4_xs::BlockIQ4XS;
+pub use iq4_xs_rows16::{repack_iq4_xs_rows16, repack_iq4_xs_rows16_into, IQ4XSRows16};
 pub use k_quants::{BlockQ8K, QK_K};
 pub use q4_k::BlockQ4K;
 pub use q4_k_rows16::{repack_q4_k_rows16, repack_q4_k_rows16_into, NibbleRows16, Q4KRows16};
@@ -521,6 +523,7 @@ level!(
     },
     pub use super::{
         iq4_xs::{dot_iq4_xs, gemm_iq4_xs},
+        iq4_xs_rows16::gemm_iq4_xs_rows16,
         q4_k::{dot_q4_k, gemm_q4_k},
         q4_k_rows16::gemm_q4_k_rows16,
         q5_k::{dot_q5_k, gemm_q5_k},

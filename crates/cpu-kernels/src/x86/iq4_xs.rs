@@ -118,11 +118,11 @@ impl_k_quant!(BlockIQ4XS);
 entry_points!(BlockIQ4XS, dot_iq4_xs, gemm_iq4_xs);
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::k_quants::test_data::{bsums, check_with, f16, has_level, random_q8, Rng};
     use super::*;
 
-    fn random_iq4(rng: &mut Rng, k: usize) -> Vec<BlockIQ4XS> {
+    pub(crate) fn random_iq4(rng: &mut Rng, k: usize) -> Vec<BlockIQ4XS> {
         (0..k)
             .map(|_| BlockIQ4XS {
                 d: rng.scale(),
@@ -133,7 +133,7 @@ mod tests {
             .collect()
     }
 
-    fn scale(b: &BlockIQ4XS, j: usize) -> i64 {
+    pub(crate) fn scale(b: &BlockIQ4XS, j: usize) -> i64 {
         let low = (b.scales_l[j / 2] >> (4 * (j % 2))) & 0xf;
         let high = (b.scales_h >> (2 * j)) & 3;
         (i64::from(low) | (i64::from(high) << 4)) - 32
@@ -141,7 +141,7 @@ mod tests {
 
     /// The exact dot product as ggml's `dequantize_row_iq4_xs` defines the weights, and the sum of
     /// its terms' magnitudes.
-    fn exact(x: &[BlockIQ4XS], y: &[BlockQ8K]) -> (f64, f64) {
+    pub(crate) fn exact(x: &[BlockIQ4XS], y: &[BlockQ8K]) -> (f64, f64) {
         x.iter().zip(y).fold((0.0, 0.0), |(sum, size), (xb, yb)| {
             let (mut scaled, mut magnitude) = (0i64, 0f64);
             let d = f16(xb.d);

@@ -1,7 +1,7 @@
-//! Q4_K, Q5_K and Q6_K matrices multiplied by 1 to 512 rows of activations (a decoding stream, a
-//! few, a stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of
-//! `gantry-cpu-kernels` (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`), with AVX-512
-//! (`--k-quant-copies`).
+//! Q4_K, Q5_K, Q6_K and IQ4_XS matrices multiplied by 1 to 512 rows of activations (a decoding
+//! stream, a few, a stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of
+//! `gantry-cpu-kernels` (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`, `iq4_xs_rows16`), with
+//! AVX-512 (`--k-quant-copies`).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
@@ -13,8 +13,8 @@
 //! once; on the same machine prompts of 59 to 556 tokens took 0.5–0.7 of its time. A decoding
 //! stream's one row too ([`serves`] says why), so decoding reads the copies and not the GGUF's
 //! bytes of these matrices. The copy is a second one in memory: 148 bytes a Q4_K block where the
-//! GGUF has 144, 180 a Q5_K block where it has 176, 212 a Q6_K block where it has 210, counted in
-//! the model's memory ([`copy_bytes`]).
+//! GGUF has 144, 180 a Q5_K block where it has 176, 212 a Q6_K block where it has 210, 140 an
+//! IQ4_XS block where it has 136, counted in the model's memory ([`copy_bytes`]).
 //!
 //! A copy is made the first time ggml multiplies its matrix here (an engine does so once
 //! at start, `Engine::start`), and kept under the matrix's address. Addresses are reused once a
@@ -29,11 +29,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
-use llama_cpp_sys_2::{ggml_type, GGML_TYPE_F32, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K};
+use llama_cpp_sys_2::{
+    ggml_type, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K,
+};
 
 use gantry_cpu_kernels::x86::{
-    repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v4, BlockQ4K, BlockQ5K, BlockQ6K,
-    BlockQ8K, Q4KRows16, Q5KRows16, Q6KRows16,
+    repack_iq4_xs_rows16_into, repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v4,
+    BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16,
 };
 
 use super::install::Level;
@@ -47,6 +49,7 @@ pub(super) fn block_bytes(ty: ggml_type) -> Option<(usize, usize)> {
         GGML_TYPE_Q4_K => Some((144, 148)),
         GGML_TYPE_Q5_K => Some((176, 180)),
         GGML_TYPE_Q6_K => Some((210, 212)),
+        GGML_TYPE_IQ4_XS => Some((136, 140)),
         _ => None,
     }
 }
@@ -67,6 +70,7 @@ enum Groups {
     Q4(Vec<Q4KRows16>),
     Q5(Vec<Q5KRows16>),
     Q6(Vec<Q6KRows16>),
+    IQ4(Vec<IQ4XSRows16>),
 }
 
 impl Groups {
@@ -75,6 +79,7 @@ impl Groups {
             Groups::Q4(g) => std::mem::size_of_val(g.as_slice()),
             Groups::Q5(g) => std::mem::size_of_val(g.as_slice()),
             Groups::Q6(g) => std::mem::size_of_val(g.as_slice()),
+            Groups::IQ4(g) => std::mem::size_of_val(g.as_slice()),
         }
     }
 }
@@ -90,7 +95,7 @@ fn copies() -> &'static RwLock<HashMap<Key, Arc<Copy>>> {
     COPIES.get_or_init(Default::default)
 }
 
-/// Serves Q4_K, Q5_K and Q6_K products of a few rows from copies from now on (`on`), where the AVX-512
+/// Serves Q4_K, Q5_K, Q6_K and IQ4_XS products of a few rows from copies from now on (`on`), where the AVX-512
 /// level serves small batches; or not.
 pub(super) fn serve(on: bool) {
     SERVING.store(on, Ordering::Relaxed);
@@ -106,7 +111,7 @@ pub(crate) fn forget_all() {
     copies().write().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
 }
 
-/// Bytes the copies of `model`'s matrices take where they are served: every Q4_K, Q5_K and Q6_K matrix
+/// Bytes the copies of `model`'s matrices take where they are served: every matrix of a type copied
 /// but a token embedding that is only looked up (the output layer multiplies by it where the
 /// model has no `output.weight`).
 pub(crate) fn copy_bytes(model: &Path) -> u64 {
@@ -122,7 +127,7 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
 }
 
 /// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
-/// copies: Q4_K, Q5_K and Q6_K, whole groups of 16 rows, 1 to `small_batches::max_columns` activation
+/// copies: Q4_K, Q5_K, Q6_K and IQ4_XS, whole groups of 16 rows, 1 to `small_batches::max_columns` activation
 /// rows (with AVX-512: a ubatch of 512), while copies are served.
 ///
 /// One row (a decoding stream's step) reads the weights once at the memory's pace, and the copies
@@ -165,6 +170,7 @@ pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
             Groups::Q4(g) => v4::gemm_q4_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
             Groups::Q5(g) => v4::gemm_q5_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
             Groups::Q6(g) => v4::gemm_q6_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
+            Groups::IQ4(g) => v4::gemm_iq4_xs_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
         }
     }
     true
@@ -205,6 +211,10 @@ unsafe fn copy_of(key: Key, ty: ggml_type) -> Option<Arc<Copy>> {
             GGML_TYPE_Q6_K => {
                 let a = std::slice::from_raw_parts(key.address as *const BlockQ6K, blocks);
                 Groups::Q6(in_parallel(a, key, repack_q6_k_rows16_into))
+            }
+            GGML_TYPE_IQ4_XS => {
+                let a = std::slice::from_raw_parts(key.address as *const BlockIQ4XS, blocks);
+                Groups::IQ4(in_parallel(a, key, repack_iq4_xs_rows16_into))
             }
             _ => return None,
         }

@@ -4,7 +4,9 @@
 //! alone as beside others; copies that no longer match the weights at their
 //! address are made anew.
 
-use llama_cpp_sys_2::{ggml_type, ggml_type_size, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+use llama_cpp_sys_2::{
+    ggml_type, ggml_type_size, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+};
 
 use super::install::Level;
 use super::k_quant_copies;
@@ -12,7 +14,7 @@ use super::k_quant_tests::{
     check_against_ggml, k_quant_product, pulled_rows, q8_k_row, weight_rows, Q8_K_BYTES, TYPES,
 };
 use super::tests::{ggml_ready, Rng};
-use gantry_cpu_kernels::x86::{Q4KRows16, Q5KRows16, Q6KRows16, QK_K};
+use gantry_cpu_kernels::x86::{IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16, QK_K};
 
 /// `m` rows of `k` blocks (`lda` apart) of `ty` times `n` Q8_K rows, as three threads compute it
 /// from the copies, or `None` where they declined; `C`'s entries past the rows stay NaN.
@@ -36,7 +38,7 @@ fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K] {
+    for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
         let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
         for (m, k) in [(16, 1), (32, 6), (48, 3)] {
             // Padding between rows, as ggml's views may have.
@@ -67,7 +69,7 @@ fn an_activation_row_gives_the_same_bits_alone_as_beside_others() {
     k_quant_copies::serve(true);
     let mut rng = Rng(23);
     let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K] {
+    for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
         let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
         let (m, k) = (48, 6);
         let a = weight_rows(&mut rng, (ty, bytes), m, k * QK_K);
@@ -89,7 +91,7 @@ fn many_rows_odd_rows_and_other_types_are_not_served_from_copies() {
     k_quant_copies::serve(true);
     let mut rng = Rng(11);
     for (ty, bytes) in TYPES {
-        let copied = [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K].contains(&ty);
+        let copied = [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS].contains(&ty);
         for (m, n) in [(16, 1), (16, 513), (17, 4), (24, 4), (16, 4), (17, 1)] {
             let a = weight_rows(&mut rng, (ty, bytes), m, QK_K);
             let b = activations(&mut rng, n, 1);
@@ -130,10 +132,11 @@ fn the_bytes_counted_for_a_copy_are_the_files_block_and_the_layouts_row() {
         (GGML_TYPE_Q4_K, row(std::mem::size_of::<Q4KRows16>())),
         (GGML_TYPE_Q5_K, row(std::mem::size_of::<Q5KRows16>())),
         (GGML_TYPE_Q6_K, row(std::mem::size_of::<Q6KRows16>())),
+        (GGML_TYPE_IQ4_XS, row(std::mem::size_of::<IQ4XSRows16>())),
     ] {
         // SAFETY: a plain lookup in ggml's type table.
         let file = unsafe { ggml_type_size(ty) };
         assert_eq!(k_quant_copies::block_bytes(ty), Some((file, layout)), "type {ty}");
     }
-    assert_eq!(k_quant_copies::block_bytes(GGML_TYPE_IQ4_XS), None, "IQ4_XS has no copies");
+    assert_eq!(k_quant_copies::block_bytes(GGML_TYPE_Q8_0), None, "Q8_0 has no copies");
 }

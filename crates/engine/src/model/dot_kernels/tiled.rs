@@ -9,7 +9,7 @@
 //! kernels serve the weight type (Q4_K, Q5_K, Q6_K, IQ4_XS), products of fewer than
 //! [`TILED_FROM_ROWS`] rows are declined here: ggml then quantizes the activations to Q8_K and
 //! calls `llamafile_sgemm`, which `small_batches` answers, as it does for 2 to 7 rows. So are
-//! prompts of Q4_K, Q5_K and Q6_K matrices whose 16-row copies are served (`k_quant_copies`): the copies
+//! prompts of Q4_K, Q5_K, Q6_K and IQ4_XS matrices whose 16-row copies are served (`k_quant_copies`): the copies
 //! are unpacked once, where this kernel unpacks every tile again for each product. Other types
 //! keep ggml's choice.
 //!
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn prompts_the_copies_serve_are_declined_at_every_row_count() {
-        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K] {
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
             for rows in [2, 33, TILED_FROM_ROWS, 97, 512] {
                 assert!(declined(Some(Level::V4), ty, rows, true), "type {ty}, {rows} rows");
             }
@@ -96,9 +96,9 @@ mod tests {
     }
 
     #[test]
-    fn the_copies_serve_q4_k_q5_k_and_q6_k_in_whole_groups_from_one_row_up_to_a_ubatch() {
+    fn the_copies_serve_their_types_in_whole_groups_from_one_row_up_to_a_ubatch() {
         k_quant_copies::serve(true);
-        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K] {
+        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
             for rows in [1, 2, 33, TILED_FROM_ROWS, 97, 512] {
                 assert!(k_quant_copies::serves(ty, 1536, rows), "type {ty}, {rows} rows");
             }
@@ -106,7 +106,7 @@ mod tests {
             assert!(!k_quant_copies::serves(ty, 1536, 513), "past a ubatch of 512");
             assert!(!k_quant_copies::serves(ty, 1544, 97), "not whole groups of 16 rows");
         }
-        for ty in [GGML_TYPE_IQ4_XS, GGML_TYPE_Q8_0] {
+        for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0] {
             assert!(!k_quant_copies::serves(ty, 1536, 97), "type {ty} has no copies");
         }
     }
