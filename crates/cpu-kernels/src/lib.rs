@@ -5,9 +5,10 @@
 //! against ggml's own). A crate of their own so that they are compiled optimised in every profile
 //! (the root `Cargo.toml`): at the debug profile's level intrinsics stay calls and the kernels run
 //! slower than ggml's.
-//! `x86::repack_q4_k_rows16` / `repack_q5_k_rows16` / `repack_q6_k_rows16` and the `v4::gemm_`
-//! functions of the same names multiply Q4_K, Q5_K and Q6_K weights in layouts of Gantry's own
-//! (16 rows to a register), the engine's K-quant copies.
+//! `x86::repack_q4_k_rows16` / `repack_q5_k_rows16` / `repack_q6_k_rows16` /
+//! `repack_iq4_xs_rows16` and the `v4::gemm_` functions of the same names multiply Q4_K, Q5_K,
+//! Q6_K and IQ4_XS weights in layouts of Gantry's own (16 rows to a register), the engine's
+//! K-quant copies.
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

@@ -78,7 +78,7 @@ impl EngineConfig {
                 let saved = twins::f32_as_bf16::plan(&self.model_path).map_or(0, |p| p.growth().min(0).unsigned_abs());
                 estimate.weights = estimate.weights.saturating_sub(saved);
             }
-            // Its Q4_K, Q5_K and Q6_K matrices are copied at their first batch (no warm-up here).
+            // Its Q4_K, Q5_K, Q6_K and IQ4_XS matrices are copied at their first batch (no warm-up here).
             estimate.weights += crate::model::dot_kernels::k_quant_copy_bytes(&self.model_path);
             return Ok(estimate);
         }
@@ -89,7 +89,7 @@ impl EngineConfig {
         if self.q8_twin_dir.is_some() {
             estimate.weights += twins::q5_as_q8::plan(&self.model_path).map_or(0, |p| p.growth().max(0) as u64);
         }
-        // Q4_K, Q5_K and Q6_K matrices get a second copy in Gantry's memory for a few rows at a time.
+        // Q4_K, Q5_K, Q6_K and IQ4_XS matrices get a second copy in Gantry's memory for a few rows at a time.
         estimate.weights += crate::model::dot_kernels::k_quant_copy_bytes(&self.model_path);
         Ok(estimate)
     }

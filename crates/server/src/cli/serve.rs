@@ -387,7 +387,7 @@ fn serve_k_quant_copies_where_they_fit(specs: &[pool::ModelSpec], budget: u64) -
         }
     }
     tracing::info!(
-        "Q4_K, Q5_K and Q6_K products (1 to 512 activation rows) are served from 16-row copies made at load"
+        "Q4_K, Q5_K, Q6_K and IQ4_XS products (1 to 512 activation rows) are served from 16-row copies made at load"
     );
     Ok(())
 }

@@ -103,12 +103,11 @@ pub struct ServeArgs {
     /// `ggml`'s own and llamafile's.
     #[arg(long, value_enum, default_value_t = CpuKernelsArg::Gantry)]
     pub cpu_kernels: CpuKernelsArg,
-    /// Q4_K, Q5_K and Q6_K matrices multiplied by 1 to 512 rows of activations (a stream's or a
-    /// few streams' decode step, drafts, a prompt's ubatch) from a second copy in Gantry's memory,
-    /// laid out 16 rows at a time (about 1.5× the tokens per second at four streams on a Q4_K_M
-    /// model, a tenth at one, prompts in 0.5–0.9 of the time; 3% more bytes than the file's Q4_K,
-    /// 2% more than its Q5_K and 1% more than its Q6_K, counted in the model's memory). Made at
-    /// start.
+    /// Q4_K, Q5_K, Q6_K and IQ4_XS matrices multiplied by 1 to 512 rows of activations (a stream's
+    /// or a few streams' decode step, drafts, a prompt's ubatch) from a second copy in Gantry's
+    /// memory, laid out 16 rows at a time (about 1.5× the tokens per second at four streams on a
+    /// Q4_K_M model, a tenth at one, prompts in 0.5–0.9 of the time; 1–3% more bytes than the
+    /// file's matrices, counted in the model's memory). Made at start.
     /// `auto` does so with AVX-512 (and Gantry's kernels) where nothing is offloaded to a GPU and
     /// every model fits --max-memory with its copies at the settings asked for; `off` multiplies
     /// the file's own bytes.

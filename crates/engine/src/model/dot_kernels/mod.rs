@@ -120,7 +120,7 @@ pub fn small_batch_kernels() -> &'static str {
     "llamafile"
 }
 
-/// Serves Q4_K, Q5_K and Q6_K products of 1 to 512 activation rows from 16-row copies of the matrices
+/// Serves Q4_K, Q5_K, Q6_K and IQ4_XS products of 1 to 512 activation rows from 16-row copies of the matrices
 /// (`k_quant_copies`, `--k-quant-copies`) from now on, where the AVX-512 level serves small
 /// batches: call after [`use_cpu_kernels`], before any model loads.
 pub fn serve_k_quant_copies(on: bool) {

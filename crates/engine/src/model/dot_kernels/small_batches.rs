@@ -10,7 +10,7 @@
 //! `gantry-cpu-kernels`): a pair of weight rows at a time, fetched ahead, multiplied with up to
 //! eight activation rows (four with AVX2) while it is in L1. With AVX-512, Q4_K, Q5_K, Q6_K and
 //! IQ4_XS weights too: ggml asks for those with Q8_K activations, for 2 to 33 rows (its own tiled
-//! kernel takes more first: `tiled` declines fewer; Q4_K, Q5_K and Q6_K up to a ubatch where their
+//! kernel takes more first: `tiled` declines fewer; all four up to a ubatch where their
 //! 16-row copies serve, `k_quant_copies`), and each weight row is unpacked once for up to eight
 //! of them. One activation row of
 //! most other quantized types runs ggml's own `vec_dot` for the type here, over contiguous shares
