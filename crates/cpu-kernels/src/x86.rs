@@ -223,6 +223,33 @@ macro_rules! each_group {
     }};
 }
 
+/// Every group of `out` (16 rows of `k` blocks of `a`, `lda` apart, in a 16-row layout): each
+/// group's block starts as `empty()` and takes its rows one by one from `put`. Panics unless `out`
+/// holds whole groups and `a` every row of them.
+fn repack_each<B, G>(
+    a: &[B],
+    k: usize,
+    lda: usize,
+    out: &mut [std::mem::MaybeUninit<G>],
+    empty: impl Fn() -> G,
+    put: impl Fn(&mut G, usize, &B),
+) {
+    let rows = out.len().checked_div(k).unwrap_or(0) * 16;
+    assert!(
+        (k == 0 || out.len().is_multiple_of(k)) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
+        "{rows} rows of {k} blocks, {lda} apart"
+    );
+    for group in 0..rows / 16 {
+        for b in 0..k {
+            let mut g = empty();
+            for r in 0..16 {
+                put(&mut g, r, &a[(16 * group + r) * lda + b]);
+            }
+            out[group * k + b].write(g);
+        }
+    }
+}
+
 /// `rows` rows of `k` blocks (`lda` apart) of `a` in a 16-row layout, as a new `Vec` of the
 /// groups `repack_into` (one of the `_into` repackers) writes. Panics unless `rows` is a multiple
 /// of 16.

@@ -57,31 +57,20 @@ pub fn repack_iq4_xs_rows16_into(
     lda: usize,
     out: &mut [std::mem::MaybeUninit<IQ4XSRows16>],
 ) {
-    let rows = out.len().checked_div(k).unwrap_or(0) * 16;
-    assert!(
-        (k == 0 || out.len().is_multiple_of(k)) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
-        "{rows} rows of {k} blocks, {lda} apart"
-    );
-    for group in 0..rows / 16 {
-        for b in 0..k {
-            let sub = || Sub { nibbles: [[0; 64]; 4], fifth: [] };
-            let mut g = IQ4XSRows16 { subs: std::array::from_fn(|_| sub()), scales: [[0; 16]; 8], d: [0; 16] };
-            for r in 0..16 {
-                let block = &a[(16 * group + r) * lda + b];
-                let qs = block.qs;
-                g.d[r] = block.d;
-                for s in 0..8 {
-                    g.scales[s][r] = scale(block, s);
-                    // Byte `16s + t` of `qs` holds the indices of values `t` and `16 + t` of the
-                    // sub-block, the pair byte `4r + j` of register `t / 4` holds.
-                    for t in 0..16 {
-                        g.subs[s].nibbles[t / 4][4 * r + t % 4] = qs[16 * s + t];
-                    }
-                }
+    let sub = || Sub { nibbles: [[0; 64]; 4], fifth: [] };
+    let empty = || IQ4XSRows16 { subs: std::array::from_fn(|_| sub()), scales: [[0; 16]; 8], d: [0; 16] };
+    repack_each(a, k, lda, out, empty, |g, r, block| {
+        let qs = block.qs;
+        g.d[r] = block.d;
+        for s in 0..8 {
+            g.scales[s][r] = scale(block, s);
+            // Byte `16s + t` of `qs` holds the indices of values `t` and `16 + t` of the
+            // sub-block, the pair byte `4r + j` of register `t / 4` holds.
+            for t in 0..16 {
+                g.subs[s].nibbles[t / 4][4 * r + t % 4] = qs[16 * s + t];
             }
-            out[group * k + b].write(g);
         }
-    }
+    });
 }
 
 /// 16 rows (`k` blocks of `g`) times `C` activation rows: lane `r` of result `c` is row `r`'s

@@ -80,31 +80,9 @@ pub fn repack_q4_k_rows16(a: &[BlockQ4K], rows: usize, k: usize, lda: usize) -> 
 /// [`repack_q4_k_rows16`] into `out`: as many groups of 16 rows as it holds `k` blocks of, every one
 /// written. Panics unless `out` holds whole groups and `a` every row of them.
 pub fn repack_q4_k_rows16_into(a: &[BlockQ4K], k: usize, lda: usize, out: &mut [std::mem::MaybeUninit<Q4KRows16>]) {
-    repack_each(a, k, lda, out, |g, r, block| g.put_row(r, (block.d, block.dmin), &block.scales, &block.qs));
-}
-
-/// Every group of `out` (16 rows of `k` blocks of `a`, `lda` apart), row by row with `put`.
-pub(super) fn repack_each<B, const FIFTH: usize>(
-    a: &[B],
-    k: usize,
-    lda: usize,
-    out: &mut [std::mem::MaybeUninit<NibbleRows16<FIFTH>>],
-    put: impl Fn(&mut NibbleRows16<FIFTH>, usize, &B),
-) {
-    let rows = out.len().checked_div(k).unwrap_or(0) * 16;
-    assert!(
-        (k == 0 || out.len().is_multiple_of(k)) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
-        "{rows} rows of {k} blocks, {lda} apart"
-    );
-    for group in 0..rows / 16 {
-        for b in 0..k {
-            let mut g = NibbleRows16::zeroed();
-            for r in 0..16 {
-                put(&mut g, r, &a[(16 * group + r) * lda + b]);
-            }
-            out[group * k + b].write(g);
-        }
-    }
+    repack_each(a, k, lda, out, NibbleRows16::zeroed, |g, r, block| {
+        g.put_row(r, (block.d, block.dmin), &block.scales, &block.qs);
+    });
 }
 
 /// Each Q8_K block's sums of 32 activations as the 16-bit halves of four words: sub-blocks `2p`

@@ -4,7 +4,7 @@
 //! where Q5_K has 176. The integer sums are ggml's, only the order of the float additions differs.
 
 use super::k_quants::BlockQ8K;
-use super::q4_k_rows16::{gemm_nibble_rows16, repack_each, NibbleRows16};
+use super::q4_k_rows16::{gemm_nibble_rows16, NibbleRows16};
 use super::q5_k::BlockQ5K;
 use super::*;
 
@@ -23,7 +23,7 @@ pub fn repack_q5_k_rows16(a: &[BlockQ5K], rows: usize, k: usize, lda: usize) -> 
 /// [`repack_q5_k_rows16`] into `out`: as many groups of 16 rows as it holds `k` blocks of, every one
 /// written. Panics unless `out` holds whole groups and `a` every row of them.
 pub fn repack_q5_k_rows16_into(a: &[BlockQ5K], k: usize, lda: usize, out: &mut [std::mem::MaybeUninit<Q5KRows16>]) {
-    repack_each(a, k, lda, out, |g, r, block| {
+    repack_each(a, k, lda, out, NibbleRows16::zeroed, |g, r, block| {
         let (qs, qh) = (block.qs, block.qh);
         g.put_row(r, (block.d, block.dmin), &block.scales, &qs);
         // Value `32s + t`'s fifth bit is bit `s` of `qh[t]`; the nibbles of register `i` hold

@@ -44,35 +44,24 @@ pub fn repack_q6_k_rows16(a: &[BlockQ6K], rows: usize, k: usize, lda: usize) -> 
 /// [`repack_q6_k_rows16`] into `out`: as many groups of 16 rows as it holds `k` blocks of, every one
 /// written. Panics unless `out` holds whole groups and `a` every row of them.
 pub fn repack_q6_k_rows16_into(a: &[BlockQ6K], k: usize, lda: usize, out: &mut [std::mem::MaybeUninit<Q6KRows16>]) {
-    let rows = out.len().checked_div(k).unwrap_or(0) * 16;
-    assert!(
-        (k == 0 || out.len().is_multiple_of(k)) && (rows == 0 || a.len() >= (rows - 1) * lda + k),
-        "{rows} rows of {k} blocks, {lda} apart"
-    );
-    for group in 0..rows / 16 {
-        for b in 0..k {
-            let quarter = || Quarter { scales: [[0; 16]; 4], subs: [[[0; 64]; 3]; 4] };
-            let mut g = Q6KRows16 { quarters: [quarter(), quarter(), quarter(), quarter()], d: [0; 16] };
-            for r in 0..16 {
-                let block = &a[(16 * group + r) * lda + b];
-                g.d[r] = block.d;
-                let values = values(block);
-                for s in 0..16 {
-                    let q = &mut g.quarters[s / 4];
-                    q.scales[s % 4][r] = block.scales[s];
-                    let (v, sub) = (&values[16 * s..16 * s + 16], &mut q.subs[s % 4]);
-                    for j in 0..4 {
-                        for i in 0..2 {
-                            sub[i][4 * r + j] = (v[4 * i + j] & 0xf) | ((v[8 + 4 * i + j] & 0xf) << 4);
-                        }
-                        sub[2][4 * r + j] =
-                            (v[j] >> 4) | ((v[4 + j] >> 4) << 2) | ((v[8 + j] >> 4) << 4) | ((v[12 + j] >> 4) << 6);
-                    }
+    let quarter = || Quarter { scales: [[0; 16]; 4], subs: [[[0; 64]; 3]; 4] };
+    let empty = || Q6KRows16 { quarters: [quarter(), quarter(), quarter(), quarter()], d: [0; 16] };
+    repack_each(a, k, lda, out, empty, |g, r, block| {
+        g.d[r] = block.d;
+        let values = values(block);
+        for s in 0..16 {
+            let q = &mut g.quarters[s / 4];
+            q.scales[s % 4][r] = block.scales[s];
+            let (v, sub) = (&values[16 * s..16 * s + 16], &mut q.subs[s % 4]);
+            for j in 0..4 {
+                for i in 0..2 {
+                    sub[i][4 * r + j] = (v[4 * i + j] & 0xf) | ((v[8 + 4 * i + j] & 0xf) << 4);
                 }
+                sub[2][4 * r + j] =
+                    (v[j] >> 4) | ((v[4 + j] >> 4) << 2) | ((v[8 + j] >> 4) << 4) | ((v[12 + j] >> 4) << 6);
             }
-            out[group * k + b].write(g);
         }
-    }
+    });
 }
 
 /// A block's 256 values as `q6_k::value` reads them one by one, unpacked in one pass.
