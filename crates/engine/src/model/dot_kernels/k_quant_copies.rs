@@ -42,14 +42,16 @@ use super::install::Level;
 use super::small_batches::{max_columns, share, Product};
 use crate::model::gguf_header::Header;
 
-/// Bytes of a GGUF block and of the same block in the copy, for each type copied; `None` for
-/// types that have no copies.
+/// Bytes of a GGUF block and of a row's block in the copy, for each type copied (144 and 148 for
+/// Q4_K, 176 and 180 for Q5_K, 210 and 212 for Q6_K, 136 and 140 for IQ4_XS); `None` for types
+/// that have no copies.
 pub(super) fn block_bytes(ty: ggml_type) -> Option<(usize, usize)> {
+    use std::mem::size_of;
     match ty {
-        GGML_TYPE_Q4_K => Some((144, 148)),
-        GGML_TYPE_Q5_K => Some((176, 180)),
-        GGML_TYPE_Q6_K => Some((210, 212)),
-        GGML_TYPE_IQ4_XS => Some((136, 140)),
+        GGML_TYPE_Q4_K => Some((size_of::<BlockQ4K>(), size_of::<Q4KRows16>() / 16)),
+        GGML_TYPE_Q5_K => Some((size_of::<BlockQ5K>(), size_of::<Q5KRows16>() / 16)),
+        GGML_TYPE_Q6_K => Some((size_of::<BlockQ6K>(), size_of::<Q6KRows16>() / 16)),
+        GGML_TYPE_IQ4_XS => Some((size_of::<BlockIQ4XS>(), size_of::<IQ4XSRows16>() / 16)),
         _ => None,
     }
 }
@@ -95,8 +97,8 @@ fn copies() -> &'static RwLock<HashMap<Key, Arc<Copy>>> {
     COPIES.get_or_init(Default::default)
 }
 
-/// Serves Q4_K, Q5_K, Q6_K and IQ4_XS products of a few rows from copies from now on (`on`), where the AVX-512
-/// level serves small batches; or not.
+/// Serves Q4_K, Q5_K, Q6_K and IQ4_XS products of a few rows from copies from now on (`on`),
+/// where the AVX-512 level serves small batches; or not.
 pub(super) fn serve(on: bool) {
     SERVING.store(on, Ordering::Relaxed);
 }
@@ -127,8 +129,8 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
 }
 
 /// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
-/// copies: Q4_K, Q5_K, Q6_K and IQ4_XS, whole groups of 16 rows, 1 to `small_batches::max_columns` activation
-/// rows (with AVX-512: a ubatch of 512), while copies are served.
+/// copies: Q4_K, Q5_K, Q6_K and IQ4_XS, whole groups of 16 rows, 1 to `small_batches::max_columns`
+/// activation rows (with AVX-512: a ubatch of 512), while copies are served.
 ///
 /// One row (a decoding stream's step) reads the weights once at the memory's pace, and the copies
 /// stream faster there than the GGUF's rows: their groups are read in whole cache lines from huge

@@ -16,6 +16,9 @@ use super::k_quant_tests::{
 use super::tests::{ggml_ready, Rng};
 use gantry_cpu_kernels::x86::{IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16, QK_K};
 
+/// The types that have 16-row copies.
+pub(super) const COPIED: [ggml_type; 4] = [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS];
+
 /// `m` rows of `k` blocks (`lda` apart) of `ty` times `n` Q8_K rows, as three threads compute it
 /// from the copies, or `None` where they declined; `C`'s entries past the rows stay NaN.
 fn from_copies(ty: ggml_type, a: &[u8], (m, k, lda): (usize, usize, usize), b: &[u8], n: usize) -> Option<Vec<f32>> {
@@ -38,7 +41,7 @@ fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
+    for ty in COPIED {
         let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
         for (m, k) in [(16, 1), (32, 6), (48, 3)] {
             // Padding between rows, as ggml's views may have.
@@ -69,7 +72,7 @@ fn an_activation_row_gives_the_same_bits_alone_as_beside_others() {
     k_quant_copies::serve(true);
     let mut rng = Rng(23);
     let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
+    for ty in COPIED {
         let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
         let (m, k) = (48, 6);
         let a = weight_rows(&mut rng, (ty, bytes), m, k * QK_K);
@@ -91,7 +94,7 @@ fn many_rows_odd_rows_and_other_types_are_not_served_from_copies() {
     k_quant_copies::serve(true);
     let mut rng = Rng(11);
     for (ty, bytes) in TYPES {
-        let copied = [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS].contains(&ty);
+        let copied = COPIED.contains(&ty);
         for (m, n) in [(16, 1), (16, 513), (17, 4), (24, 4), (16, 4), (17, 1)] {
             let a = weight_rows(&mut rng, (ty, bytes), m, QK_K);
             let b = activations(&mut rng, n, 1);

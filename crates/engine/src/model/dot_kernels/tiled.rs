@@ -63,6 +63,7 @@ unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml
 
 #[cfg(test)]
 mod tests {
+    use super::super::k_quant_copies_tests::COPIED;
     use super::*;
     use llama_cpp_sys_2::{
         GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
@@ -87,7 +88,7 @@ mod tests {
 
     #[test]
     fn prompts_the_copies_serve_are_declined_at_every_row_count() {
-        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
+        for ty in COPIED {
             for rows in [2, 33, TILED_FROM_ROWS, 97, 512] {
                 assert!(declined(Some(Level::V4), ty, rows, true), "type {ty}, {rows} rows");
             }
@@ -98,7 +99,7 @@ mod tests {
     #[test]
     fn the_copies_serve_their_types_in_whole_groups_from_one_row_up_to_a_ubatch() {
         k_quant_copies::serve(true);
-        for ty in [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS] {
+        for ty in COPIED {
             for rows in [1, 2, 33, TILED_FROM_ROWS, 97, 512] {
                 assert!(k_quant_copies::serves(ty, 1536, rows), "type {ty}, {rows} rows");
             }
