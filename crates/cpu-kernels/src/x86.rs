@@ -199,6 +199,7 @@ mod q5_k_rows16;
 mod q6_k;
 mod q6_k_rows16;
 mod q8_k;
+mod rows16_avx2;
 mod wide;
 mod wide_prompt;
 mod wide_row;
@@ -453,6 +454,7 @@ level!(
     gemm!("avx2,fma,f16c", gemm_q8_0, BlockQ8, tile_q8_0);
     gemm!("avx2,fma,f16c", gemm_q5_0, BlockQ5, tile_q5_0);
     gemm!("avx2,fma,f16c", gemm_q4_0, BlockQ4, tile_q4_0);
+    pub use super::rows16_avx2::{gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16};
 );
 
 level!(

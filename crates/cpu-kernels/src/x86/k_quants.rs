@@ -327,6 +327,17 @@ pub(super) mod test_data {
         gemm: Rows16Gemm<R>,
     ) {
         assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
+        check_rows16_at(rng, random, exact, repack, gemm);
+    }
+
+    /// [`check_rows16`] for a `gemm` of any level (the caller checks this CPU has it).
+    pub(crate) fn check_rows16_at<B, R>(
+        rng: &mut Rng,
+        random: impl Fn(&mut Rng, usize) -> Vec<B>,
+        exact: impl Fn(&[B], &[BlockQ8K]) -> (f64, f64),
+        repack: fn(&[B], usize, usize, usize) -> Vec<R>,
+        gemm: Rows16Gemm<R>,
+    ) {
         // 1536 and 8960 values: qwen2.5-coder-1.5b's rows.
         for k in [1, 2, 6, 35] {
             let (rows, lda) = (32, k + 1);

@@ -87,7 +87,7 @@ pub fn repack_q4_k_rows16_into(a: &[BlockQ4K], k: usize, lda: usize, out: &mut [
 
 /// Each Q8_K block's sums of 32 activations as the 16-bit halves of four words: sub-blocks `2p`
 /// and `2p + 1` in word `p`, what the mins multiply.
-fn sub_block_sums(y: &BlockQ8K) -> [i32; 4] {
+pub(super) fn sub_block_sums(y: &BlockQ8K) -> [i32; 4] {
     let sum = |s: usize| u32::from((y.bsums[2 * s] + y.bsums[2 * s + 1]) as u16);
     std::array::from_fn(|p| (sum(2 * p) | (sum(2 * p + 1) << 16)) as i32)
 }

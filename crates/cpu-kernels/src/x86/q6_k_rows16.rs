@@ -17,17 +17,17 @@ use super::*;
 /// sub-block, and byte `4r + j` of `subs[t][2]` the top two bits of its values `4q + j` at bits
 /// `2q`. 13 cache lines, read in order.
 #[repr(C)]
-struct Quarter {
-    scales: [[i8; 16]; 4],
-    subs: [[[u8; 64]; 3]; 4],
+pub(super) struct Quarter {
+    pub(super) scales: [[i8; 16]; 4],
+    pub(super) subs: [[[u8; 64]; 3]; 4],
 }
 
 /// One block of 16 weight rows: its four quarters (values `64q..64q + 64`) and each row's f16
 /// scale.
 #[repr(C, align(64))]
 pub struct Q6KRows16 {
-    quarters: [Quarter; 4],
-    d: [u16; 16],
+    pub(super) quarters: [Quarter; 4],
+    pub(super) d: [u16; 16],
 }
 
 /// Bytes a row-block of the layout takes (53 cache lines for 16 rows).

@@ -1,0 +1,411 @@
+//! The 16-row layouts of Q4_K, Q5_K and Q6_K (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`)
+//! multiplied with AVX2 alone, for CPUs without AVX-512 VNNI (Zen 2 and 3, Intel's client cores):
+//! the same copies, read eight rows (a 256-bit register of 32-bit lanes) at a time. AVX2 has no
+//! `vpdpbusd`: `vpmaddubsw` multiplies the unsigned values by the signed activations into 16-bit
+//! sums of two, and those are added up in 16 bits for as long as they cannot overflow (a
+//! sub-block's 16 products of a Q4_K row, 8 of Q5_K's, 4 of Q6_K's) before one `vpmaddwd` by the
+//! sub-block's scales takes them to 32 bits. The unpacking and a block's float work are paid once
+//! for eight rows and up to four activation rows, where ggml's AVX2 kernels unpack Q5_K and Q6_K
+//! again for every activation row and pay the float work for every weight row. The integer sums
+//! are ggml's, only the order of the float additions differs.
+
+use super::k_quants::BlockQ8K;
+use super::q4_k_rows16::{sub_block_sums, NibbleRows16};
+use super::q6_k_rows16::Q6KRows16;
+use super::*;
+
+/// Each 32-bit lane's low 16 bits in both of its halves: a row's scale for both products a
+/// `vpmaddwd` adds.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn in_both_halves(x: __m256i) -> __m256i {
+    _mm256_blend_epi16::<0b1010_1010>(x, _mm256_slli_epi32::<16>(x))
+}
+
+/// `v` with 16 added to byte `i` where bit `i` of `bits` is set: Q5_K's fifth bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn add_fifth_bits(v: __m256i, bits: u32) -> __m256i {
+    // Byte `i` of the result takes byte `i / 8` of `bits` (each 128-bit lane has all four), then
+    // keeps bit `i % 8` of it.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_add_epi8(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+}
+
+/// Rows `8h..8h + 8` of a Q4_K or Q5_K group (`k` blocks of `g`) times `C` activation rows: lane
+/// `r` of result `c` is row `8h + r`'s product with column `c`. Half 0 fetches the group's lines
+/// ahead; half 1 finds them in cache.
+///
+/// # Safety
+/// `g`, every `y[c]` and every `sums[c]` hold `k` blocks, `h` is 0 or 1, and this CPU has AVX2,
+/// FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
+unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
+    k: usize,
+    g: *const NibbleRows16<FIFTH>,
+    h: usize,
+    y: [*const BlockQ8K; C],
+    sums: [*const [i32; 4]; C],
+) -> [__m256; C] {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
+    let lines = std::mem::size_of::<NibbleRows16<FIFTH>>().div_ceil(64).div_ceil(8);
+    // Registers of nibbles whose 16-bit sums are added before they overflow: a lane's two sums of
+    // 8 products of values to 15 (to 31 with the fifth bit) by activations to ±128.
+    let per_scale = if FIFTH > 0 { 2 } else { 4 };
+    let mut acc = [_mm256_setzero_ps(); C];
+    for b in 0..k {
+        let w = unsafe { &*g.add(b) };
+        let qs: [*const u8; C] = std::array::from_fn(|c| unsafe { addr_of!((*y[c].add(b)).qs).cast::<u8>() });
+        let broadcast = |c: usize, at: usize| _mm256_set1_epi32(unsafe { read_unaligned(qs[c].add(at).cast::<i32>()) });
+        let mut block = [_mm256_setzero_si256(); C];
+        for s in 0..8 {
+            if h == 0 {
+                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
+                for l in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+                }
+            }
+            let sub_block = &w.subs[s];
+            let scale = in_both_halves(_mm256_cvtepu8_epi32(unsafe {
+                _mm_loadl_epi64(w.scales[s].as_ptr().add(8 * h).cast())
+            }));
+            let mut pairs = [_mm256_setzero_si256(); C];
+            for i in 0..4 {
+                let v = unsafe { _mm256_loadu_si256(sub_block.nibbles[i].as_ptr().add(32 * h).cast()) };
+                let (mut lo, mut hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
+                if FIFTH > 0 {
+                    lo = add_fifth_bits(lo, (sub_block.fifth[2 * i] >> (32 * h)) as u32);
+                    hi = add_fifth_bits(hi, (sub_block.fifth[2 * i + 1] >> (32 * h)) as u32);
+                }
+                for c in 0..C {
+                    let low = _mm256_maddubs_epi16(lo, broadcast(c, 32 * s + 4 * i));
+                    let high = _mm256_maddubs_epi16(hi, broadcast(c, 32 * s + 16 + 4 * i));
+                    pairs[c] = _mm256_add_epi16(pairs[c], _mm256_add_epi16(low, high));
+                }
+                if (i + 1) % per_scale == 0 {
+                    for c in 0..C {
+                        block[c] = _mm256_add_epi32(block[c], _mm256_madd_epi16(pairs[c], scale));
+                        pairs[c] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        }
+        let mut mins = [_mm256_setzero_si256(); C];
+        for p in 0..4 {
+            let m = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(w.mins[p].as_ptr().add(16 * h).cast()) });
+            for c in 0..C {
+                let sum = _mm256_set1_epi32(unsafe { (*sums[c].add(b))[p] });
+                mins[c] = _mm256_add_epi32(mins[c], _mm256_madd_epi16(m, sum));
+            }
+        }
+        let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(w.d.as_ptr().add(8 * h).cast()) });
+        let dmin = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(w.dmin.as_ptr().add(8 * h).cast()) });
+        for c in 0..C {
+            let dy = _mm256_set1_ps(unsafe { (*y[c].add(b)).d });
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(block[c]), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dy), _mm256_cvtepi32_ps(mins[c]), acc[c]);
+        }
+    }
+    acc
+}
+
+/// Rows `8h..8h + 8` of a Q6_K group (`k` blocks of `g`) times `C` activation rows, as
+/// [`nibble_half`]. The values are stored `+ 32`: `32 ·` each row's sum of its sub-block scales
+/// times the activations' sub-block sums comes off a block's sum.
+///
+/// # Safety
+/// `g` and every `y[c]` hold `k` blocks, `h` is 0 or 1, and this CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
+unsafe fn q6_k_half<const C: usize>(k: usize, g: *const Q6KRows16, h: usize, y: [*const BlockQ8K; C]) -> [__m256; C] {
+    let (low4, bits45) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
+    let mut acc = [_mm256_setzero_ps(); C];
+    for b in 0..k {
+        let w = unsafe { &*g.add(b) };
+        let yb: [*const BlockQ8K; C] = std::array::from_fn(|c| unsafe { y[c].add(b) });
+        let broadcast = |c: usize, at: usize| {
+            _mm256_set1_epi32(unsafe { read_unaligned(addr_of!((*yb[c]).qs).cast::<u8>().add(at).cast::<i32>()) })
+        };
+        let mut block = [_mm256_setzero_si256(); C];
+        for s in 0..16 {
+            let (quarter, t) = (&w.quarters[s / 4], s % 4);
+            if h == 0 {
+                // As `q6_k_rows16`'s tile: the quarter's scales with its first sub-block, three
+                // lines a sub-block, the scales `d` with the last.
+                let (first, lines) = match t {
+                    0 => (13 * (s / 4), 4),
+                    _ => (13 * (s / 4) + 1 + 3 * t, if s == 15 { 4 } else { 3 }),
+                };
+                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * first);
+                for l in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+                }
+            }
+            let load = |i: usize| unsafe { _mm256_loadu_si256(quarter.subs[t][i].as_ptr().add(32 * h).cast()) };
+            let (v0, v1, high) = (load(0), load(1), load(2));
+            let quads = [
+                _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(high), bits45)),
+                _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(high), bits45)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v0), low4), _mm256_and_si256(high, bits45)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(high), bits45),
+                ),
+            ];
+            let scale = in_both_halves(_mm256_cvtepi8_epi32(unsafe {
+                _mm_loadl_epi64(quarter.scales[t].as_ptr().add(8 * h).cast())
+            }));
+            for c in 0..C {
+                // Two 16-bit sums of values to 63 by activations to ±128 stay under 2^15.
+                let p = |q: usize| _mm256_maddubs_epi16(quads[q], broadcast(c, 16 * s + 4 * q));
+                let first = _mm256_madd_epi16(_mm256_add_epi16(p(0), p(1)), scale);
+                let second = _mm256_madd_epi16(_mm256_add_epi16(p(2), p(3)), scale);
+                block[c] = _mm256_add_epi32(block[c], _mm256_add_epi32(first, second));
+            }
+        }
+        // Each row's scales of sub-blocks 2p and 2p + 1 side by side (16 bits each), times the
+        // activations' sums of those sub-blocks.
+        let mut offsets = [_mm256_setzero_si256(); C];
+        for p in 0..8 {
+            let scales = &w.quarters[p / 2].scales;
+            let (even, odd) = unsafe {
+                (
+                    _mm_loadl_epi64(scales[2 * (p % 2)].as_ptr().add(8 * h).cast()),
+                    _mm_loadl_epi64(scales[2 * (p % 2) + 1].as_ptr().add(8 * h).cast()),
+                )
+            };
+            let pair = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd));
+            for c in 0..C {
+                let sums = unsafe { read_unaligned(addr_of!((*yb[c]).bsums).cast::<i16>().add(2 * p).cast::<i32>()) };
+                offsets[c] = _mm256_add_epi32(offsets[c], _mm256_madd_epi16(pair, _mm256_set1_epi32(sums)));
+            }
+        }
+        let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(w.d.as_ptr().add(8 * h).cast()) });
+        for c in 0..C {
+            let sum = _mm256_sub_epi32(block[c], _mm256_slli_epi32::<5>(offsets[c]));
+            let dy = _mm256_set1_ps(unsafe { (*yb[c]).d });
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(sum), acc[c]);
+        }
+    }
+    acc
+}
+
+/// The loops of a 16-row layout's AVX2 `gemm`: for each group in `$groups`, the `$n` columns four
+/// at a time (the last one to three alone) and each group's two halves; `$half!(C, group, h, j)`
+/// gives rows `8h..8h + 8` of the group against columns `j..j + C` as `[__m256; C]`, stored at
+/// `$c[(j + q) * $ldc + 16 * group + 8 * h]`. Four columns: three accumulators a column and the
+/// unpacked registers fit AVX2's 16.
+macro_rules! each_half_group {
+    ($groups:expr, $n:expr, $c:expr, $ldc:expr, $half:ident) => {{
+        let (n, c, ldc): (usize, *mut f32, usize) = ($n, $c, $ldc);
+        macro_rules! store {
+            ($C:literal, $group:expr, $j:expr) => {{
+                let (group, j) = ($group, $j);
+                for h in 0..2 {
+                    let out: [__m256; $C] = $half!($C, group, h, j);
+                    for (q, v) in out.into_iter().enumerate() {
+                        unsafe { _mm256_storeu_ps(c.add((j + q) * ldc + 16 * group + 8 * h), v) };
+                    }
+                }
+            }};
+        }
+        for group in $groups {
+            let mut j = 0;
+            while j < n {
+                match n - j {
+                    1 => store!(1, group, j),
+                    2 => store!(2, group, j),
+                    3 => store!(3, group, j),
+                    _ => store!(4, group, j),
+                }
+                j += 4;
+            }
+        }
+    }};
+}
+
+/// AVX2's [`v4::gemm_q4_k_rows16`](super::v4::gemm_q4_k_rows16): the product of the repacked
+/// groups `groups` of `a` with `n` columns of Q8_K activations `b` (`ldb` blocks apart), `c[j *
+/// ldc + 16g + r]` row `r` of group `g` times column `j`.
+///
+/// # Safety
+/// `a` holds every group in `groups`, `b` `n` columns of `k` blocks; `c` has room for every
+/// `j * ldc + 16g + r`; and this CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+pub unsafe fn gemm_q4_k_rows16(
+    groups: std::ops::Range<usize>,
+    n: usize,
+    k: usize,
+    a: *const NibbleRows16<0>,
+    b: *const BlockQ8K,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    unsafe { gemm_nibble_rows16(groups, n, k, a, b, ldb, c, ldc) }
+}
+
+/// AVX2's [`v4::gemm_q5_k_rows16`](super::v4::gemm_q5_k_rows16), as [`gemm_q4_k_rows16`].
+///
+/// # Safety
+/// As [`gemm_q4_k_rows16`]'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+pub unsafe fn gemm_q5_k_rows16(
+    groups: std::ops::Range<usize>,
+    n: usize,
+    k: usize,
+    a: *const NibbleRows16<8>,
+    b: *const BlockQ8K,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    unsafe { gemm_nibble_rows16(groups, n, k, a, b, ldb, c, ldc) }
+}
+
+/// [`gemm_q4_k_rows16`] for either nibble layout.
+///
+/// # Safety
+/// As [`gemm_q4_k_rows16`]'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+unsafe fn gemm_nibble_rows16<const FIFTH: usize>(
+    groups: std::ops::Range<usize>,
+    n: usize,
+    k: usize,
+    a: *const NibbleRows16<FIFTH>,
+    b: *const BlockQ8K,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let sums: Vec<[i32; 4]> = (0..n * k).map(|i| sub_block_sums(unsafe { &*b.add((i / k) * ldb + i % k) })).collect();
+    macro_rules! run {
+        ($C:literal, $group:expr, $h:expr, $j:expr) => {{
+            let (group, j) = ($group, $j);
+            let columns = std::array::from_fn(|q| unsafe { b.add((j + q) * ldb) });
+            let column_sums = std::array::from_fn(|q| unsafe { sums.as_ptr().add((j + q) * k) });
+            unsafe { nibble_half::<$C, FIFTH>(k, a.add(group * k), $h, columns, column_sums) }
+        }};
+    }
+    each_half_group!(groups, n, c, ldc, run);
+}
+
+/// AVX2's [`v4::gemm_q6_k_rows16`](super::v4::gemm_q6_k_rows16), as [`gemm_q4_k_rows16`].
+///
+/// # Safety
+/// As [`gemm_q4_k_rows16`]'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+pub unsafe fn gemm_q6_k_rows16(
+    groups: std::ops::Range<usize>,
+    n: usize,
+    k: usize,
+    a: *const Q6KRows16,
+    b: *const BlockQ8K,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    macro_rules! run {
+        ($C:literal, $group:expr, $h:expr, $j:expr) => {{
+            let (group, j) = ($group, $j);
+            let columns = std::array::from_fn(|q| unsafe { b.add((j + q) * ldb) });
+            unsafe { q6_k_half::<$C>(k, a.add(group * k), $h, columns) }
+        }};
+    }
+    each_half_group!(groups, n, c, ldc, run);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::k_quants::test_data::{check_rows16_at, has_level, random_q8, Rng, Rows16Gemm};
+    use super::super::k_quants::QK_K;
+    use super::super::q4_k::tests::{exact as exact_q4, random_q4};
+    use super::super::q4_k::BlockQ4K;
+    use super::super::q5_k::tests::{exact as exact_q5, random_q5};
+    use super::super::q5_k::BlockQ5K;
+    use super::super::q6_k::tests::{exact as exact_q6, random_q6};
+    use super::super::q6_k::BlockQ6K;
+    use super::super::{repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16};
+    use super::*;
+
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    #[test]
+    fn every_row_and_column_equals_the_exact_sums() {
+        assert!(has_avx2(), "every x86 machine these servers run on has AVX2");
+        check_rows16_at(&mut Rng(11), random_q4, exact_q4, repack_q4_k_rows16, gemm_q4_k_rows16);
+        check_rows16_at(&mut Rng(12), random_q5, exact_q5, repack_q5_k_rows16, gemm_q5_k_rows16);
+        check_rows16_at(&mut Rng(13), random_q6, exact_q6, repack_q6_k_rows16, gemm_q6_k_rows16);
+    }
+
+    /// `gemm`'s output for `x` (32 rows of `k` blocks) by `n` columns `y`, both groups.
+    fn product<R>(repacked: &[R], k: usize, n: usize, y: &[BlockQ8K], gemm: Rows16Gemm<R>) -> Vec<u32> {
+        let mut c = vec![f32::NAN; 32 * n];
+        unsafe { gemm(0..2, n, k, repacked.as_ptr(), y.as_ptr(), k, c.as_mut_ptr(), 32) };
+        c.into_iter().map(f32::to_bits).collect()
+    }
+
+    /// The same integer sums, scaled and added in the same order: bit for bit the AVX-512
+    /// kernels' results, on random values and on the largest a 16-bit sum meets (every value at
+    /// its top, every activation −128 or 127).
+    #[test]
+    fn results_are_the_avx512_kernels_bit_for_bit() {
+        assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
+        let rng = &mut Rng(14);
+        for (k, n) in [(1, 1), (6, 5), (35, 9)] {
+            let ends = |y: i8| -> Vec<BlockQ8K> {
+                (0..n * k).map(|_| BlockQ8K { d: 0.5, qs: [y; QK_K], bsums: [16 * i16::from(y); 16] }).collect()
+            };
+            for y in [random_q8(rng, n * k), ends(-128), ends(127)] {
+                let q4: Vec<BlockQ4K> = random_q4(rng, 32 * k);
+                let top4: Vec<BlockQ4K> = (0..32 * k)
+                    .map(|_| BlockQ4K { d: 0x3c00, dmin: 0x3c00, scales: [0xff; 12], qs: [0xff; 128] })
+                    .collect();
+                for x in [q4, top4] {
+                    let r = repack_q4_k_rows16(&x, 32, k, k);
+                    let want = product(&r, k, n, &y, super::super::v4::gemm_q4_k_rows16);
+                    assert_eq!(product(&r, k, n, &y, gemm_q4_k_rows16), want, "Q4_K k={k} n={n}");
+                }
+                let q5: Vec<BlockQ5K> = random_q5(rng, 32 * k);
+                let top5: Vec<BlockQ5K> = (0..32 * k)
+                    .map(|_| BlockQ5K { d: 0x3c00, dmin: 0x3c00, scales: [0xff; 12], qh: [0xff; 32], qs: [0xff; 128] })
+                    .collect();
+                for x in [q5, top5] {
+                    let r = repack_q5_k_rows16(&x, 32, k, k);
+                    let want = product(&r, k, n, &y, super::super::v4::gemm_q5_k_rows16);
+                    assert_eq!(product(&r, k, n, &y, gemm_q5_k_rows16), want, "Q5_K k={k} n={n}");
+                }
+                let q6: Vec<BlockQ6K> = random_q6(rng, 32 * k);
+                let top6: Vec<BlockQ6K> = (0..32 * k)
+                    .map(|_| BlockQ6K { ql: [0xff; 128], qh: [0xff; 64], scales: [127; 16], d: 0x3c00 })
+                    .collect();
+                let low6: Vec<BlockQ6K> = (0..32 * k)
+                    .map(|_| BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [-128; 16], d: 0x3c00 })
+                    .collect();
+                for x in [q6, top6, low6] {
+                    let r = repack_q6_k_rows16(&x, 32, k, k);
+                    let want = product(&r, k, n, &y, super::super::v4::gemm_q6_k_rows16);
+                    assert_eq!(product(&r, k, n, &y, gemm_q6_k_rows16), want, "Q6_K k={k} n={n}");
+                }
+            }
+        }
+    }
+}
