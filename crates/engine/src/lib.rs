@@ -57,8 +57,8 @@ pub use model::backend::{cpu_backend_features, cpu_backend_variant, load_cpu_bac
 pub use model::capabilities::{Capabilities, Pooling};
 pub use model::devices::{accelerators, gpu_backend_compiled, gpu_backend_present, Accelerator, Offload};
 pub use model::dot_kernels::{
-    k_quant_copies_made, k_quant_copies_served, serve_k_quant_copies, small_batch_kernels, use_cpu_kernels,
-    weights_repacked, CpuKernels,
+    k_quant_copied_types, k_quant_copies_made, k_quant_copies_served, serve_k_quant_copies, small_batch_kernels,
+    use_cpu_kernels, weights_repacked, CpuKernels,
 };
 pub use model::memory::{estimate_memory, MemoryEstimate};
 pub use model::raw_prompt::{Fim, FimFile, PromptSource, RawPrompt, RawPromptError};

@@ -60,6 +60,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::telemetry::install();
     let kernels = match args.cpu_kernels {
         crate::cli::CpuKernelsArg::Gantry => gantry_engine::CpuKernels::Gantry,
+        crate::cli::CpuKernelsArg::GantryAvx2 => gantry_engine::CpuKernels::GantryAvx2,
         crate::cli::CpuKernelsArg::Ggml => gantry_engine::CpuKernels::Ggml,
     };
     // Every model the server may load: whether ggml's repacked weight copies are needed depends
@@ -387,7 +388,8 @@ fn serve_k_quant_copies_where_they_fit(specs: &[pool::ModelSpec], budget: u64) -
         }
     }
     tracing::info!(
-        "Q4_K, Q5_K, Q6_K and IQ4_XS products (1 to 512 activation rows) are served from 16-row copies made at load"
+        types = gantry_engine::k_quant_copied_types().join(" "),
+        "K-quant products (1 to 512 activation rows) are served from 16-row copies made at load"
     );
     Ok(())
 }

@@ -55,7 +55,8 @@ impl Level {
     }
 
     /// The level's K-quant kernels (Q4_K, Q5_K, Q6_K and IQ4_XS, each · Q8_K) with their weight
-    /// types: only AVX-512 has them (with AVX2, ggml's serve).
+    /// types: only AVX-512 has them (with AVX2, ggml's serve, but for products of the 16-row
+    /// copies, `k_quant_copies`).
     pub(super) fn k_quants(self) -> Option<[(ggml_type, VecDot); 4]> {
         match self {
             Self::V4 => Some([
@@ -138,9 +139,13 @@ pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
     unsafe { (*traits_of(ty)).vec_dot.expect("ggml has a kernel for this type") }
 }
 
-/// Writes this CPU's kernels into ggml's table; returns their level.
-pub(super) fn install() -> Result<Level, String> {
-    let level = Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")?;
+/// Writes the kernels of the level this CPU runs (the AVX2 level where `avx2_only`) into ggml's
+/// table; returns the level.
+pub(super) fn install(avx2_only: bool) -> Result<Level, String> {
+    let level = match Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")? {
+        Level::V4 if avx2_only => Level::V3,
+        level => level,
+    };
     for (ty, kernel) in level.table() {
         // SAFETY: the pointer is into ggml's static table, valid for the whole process; nothing
         // computes yet (this runs before any model is loaded).

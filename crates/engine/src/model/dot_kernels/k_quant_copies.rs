@@ -1,7 +1,8 @@
 //! Q4_K, Q5_K, Q6_K and IQ4_XS matrices multiplied by 1 to 512 rows of activations (a decoding
 //! stream, a few, a stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of
 //! `gantry-cpu-kernels` (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`, `iq4_xs_rows16`), with
-//! AVX-512 (`--k-quant-copies`).
+//! AVX-512 (`--k-quant-copies`); with AVX2 alone, Q4_K, Q5_K and Q6_K (`rows16_avx2`, eight rows
+//! a register; IQ4_XS's levels plus 128 would overflow AVX2's 16-bit sums, so ggml keeps it).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
@@ -34,12 +35,12 @@ use llama_cpp_sys_2::{
 };
 
 use gantry_cpu_kernels::x86::{
-    repack_iq4_xs_rows16_into, repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v4,
+    repack_iq4_xs_rows16_into, repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v3, v4,
     BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16,
 };
 
 use super::install::Level;
-use super::small_batches::{max_columns, share, Product};
+use super::small_batches::{share, Product};
 use crate::model::gguf_header::Header;
 
 /// Bytes of a GGUF block and of a row's block in the copy, for each type copied (144 and 148 for
@@ -55,6 +56,23 @@ pub(super) fn block_bytes(ty: ggml_type) -> Option<(usize, usize)> {
         _ => None,
     }
 }
+
+/// Whether `level` has kernels for copies of `ty`: every type [`block_bytes`] names with AVX-512,
+/// all but IQ4_XS with AVX2.
+pub(super) fn copied(level: Level, ty: ggml_type) -> bool {
+    block_bytes(ty).is_some() && (level == Level::V4 || ty != GGML_TYPE_IQ4_XS)
+}
+
+/// The types `level` copies, with their names.
+pub(super) fn copied_types(level: Level) -> Vec<(ggml_type, &'static str)> {
+    [(GGML_TYPE_Q4_K, "Q4_K"), (GGML_TYPE_Q5_K, "Q5_K"), (GGML_TYPE_Q6_K, "Q6_K"), (GGML_TYPE_IQ4_XS, "IQ4_XS")]
+        .into_iter()
+        .filter(|&(ty, _)| copied(level, ty))
+        .collect()
+}
+
+/// The most activation rows a product served from copies has: llama.cpp's default ubatch.
+const MAX_ROWS: i64 = 512;
 
 static SERVING: AtomicBool = AtomicBool::new(false);
 
@@ -97,15 +115,15 @@ fn copies() -> &'static RwLock<HashMap<Key, Arc<Copy>>> {
     COPIES.get_or_init(Default::default)
 }
 
-/// Serves Q4_K, Q5_K, Q6_K and IQ4_XS products of a few rows from copies from now on (`on`),
-/// where the AVX-512 level serves small batches; or not.
+/// Serves products of the types [`copied`] from copies from now on (`on`), where a level of
+/// Gantry's kernels serves small batches; or not.
 pub(super) fn serve(on: bool) {
     SERVING.store(on, Ordering::Relaxed);
 }
 
 /// Whether products are served from copies (and engines make them at start).
 pub(crate) fn serving() -> bool {
-    SERVING.load(Ordering::Relaxed) && super::small_batches::level() == Some(Level::V4)
+    SERVING.load(Ordering::Relaxed) && super::small_batches::level().is_some()
 }
 
 /// Drops every copy (see the module): called as a model is freed, before its memory is.
@@ -117,20 +135,22 @@ pub(crate) fn forget_all() {
 /// but a token embedding that is only looked up (the output layer multiplies by it where the
 /// model has no `output.weight`).
 pub(crate) fn copy_bytes(model: &Path) -> u64 {
+    let Some(level) = super::small_batches::level() else { return 0 };
     let Some(header) = Header::open(model) else { return 0 };
     header
         .multiplied_tensors()
         .into_iter()
         .map(|id| {
-            let bytes = header.tensor_span(id).1;
-            block_bytes(header.tensor_type(id)).map_or(0, |(gguf, copy)| bytes / gguf as u64 * copy as u64)
+            let (ty, bytes) = (header.tensor_type(id), header.tensor_span(id).1);
+            let counted = block_bytes(ty).filter(|_| copied(level, ty));
+            counted.map_or(0, |(gguf, copy)| bytes / gguf as u64 * copy as u64)
         })
         .sum()
 }
 
 /// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
-/// copies: Q4_K, Q5_K, Q6_K and IQ4_XS, whole groups of 16 rows, 1 to `small_batches::max_columns`
-/// activation rows (with AVX-512: a ubatch of 512), while copies are served.
+/// copies with `level`'s kernels: a type the level [`copied`], whole groups of 16 rows, 1 to 512
+/// activation rows (a ubatch), while copies are served.
 ///
 /// One row (a decoding stream's step) reads the weights once at the memory's pace, and the copies
 /// stream faster there than the GGUF's rows: their groups are read in whole cache lines from huge
@@ -138,25 +158,21 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
 /// stream of qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 4, answers alternated within one server
 /// (`--speculate off`): Q4_K from its copy 36.0 ms a token against 40.1 (8 pairs), then Q6_K
 /// from its copy too 36.0–36.5 against 37.1–38.4 (12 pairs).
-pub(super) fn serves(ty: ggml_type, m: i64, rows: i64) -> bool {
-    SERVING.load(Ordering::Relaxed)
-        && block_bytes(ty).is_some()
-        && (1..=max_columns(Level::V4)).contains(&rows)
-        && m > 0
-        && m % 16 == 0
+pub(super) fn serves(level: Level, ty: ggml_type, m: i64, rows: i64) -> bool {
+    SERVING.load(Ordering::Relaxed) && copied(level, ty) && (1..=MAX_ROWS).contains(&rows) && m > 0 && m % 16 == 0
 }
 
 /// Computes thread `ith` of `nth`'s share of `p` from its matrix's copy (made now if there is
-/// none); `false` where copies do not [`serves`] `p` (or its activations are not Q8_K), which
-/// then goes on as before.
+/// none) with `level`'s kernels; `false` where copies do not [`serves`] `p` (or its activations
+/// are not Q8_K), which then goes on as before.
 ///
 /// # Safety
-/// llamafile's contract: the matrices hold what the sizes and types say; the AVX-512 level was
-/// detected on this CPU.
-pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
+/// llamafile's contract: the matrices hold what the sizes and types say; `level` was detected on
+/// this CPU.
+pub(super) unsafe fn multiply(level: Level, p: &Product, ith: usize, nth: usize) -> bool {
     let is = |ty: std::os::raw::c_int, of: ggml_type| ty == of as std::os::raw::c_int;
     let typed = is(p.b_type, GGML_TYPE_Q8_K) && is(p.c_type, GGML_TYPE_F32);
-    let Some(ty) = ggml_type::try_from(p.a_type).ok().filter(|&ty| typed && serves(ty, p.m, p.n)) else {
+    let Some(ty) = ggml_type::try_from(p.a_type).ok().filter(|&ty| typed && serves(level, ty, p.m, p.n)) else {
         return false;
     };
     let size = |v: i64| usize::try_from(v).unwrap_or(0);
@@ -166,13 +182,19 @@ pub(super) unsafe fn multiply(p: &Product, ith: usize, nth: usize) -> bool {
     let groups: Range<usize> = share(key.m / 16, ith, nth);
     let (n, ldb, ldc) = (size(p.n), size(p.ldb), size(p.ldc));
     let (b, c) = (p.b.cast::<BlockQ8K>(), p.c.cast::<f32>());
-    // SAFETY: the copy holds the matrix's groups; the rest is the caller's.
+    let k = key.k;
+    // SAFETY: the copy holds the matrix's groups; the rest is the caller's (`serves` checked that
+    // the level has a kernel for the type).
     unsafe {
-        match &copy.groups {
-            Groups::Q4(g) => v4::gemm_q4_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
-            Groups::Q5(g) => v4::gemm_q5_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
-            Groups::Q6(g) => v4::gemm_q6_k_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
-            Groups::IQ4(g) => v4::gemm_iq4_xs_rows16(groups, n, key.k, g.as_ptr(), b, ldb, c, ldc),
+        match (&copy.groups, level) {
+            (Groups::Q4(g), Level::V4) => v4::gemm_q4_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q5(g), Level::V4) => v4::gemm_q5_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q6(g), Level::V4) => v4::gemm_q6_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::IQ4(g), Level::V4) => v4::gemm_iq4_xs_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q4(g), Level::V3) => v3::gemm_q4_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q5(g), Level::V3) => v3::gemm_q5_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q6(g), Level::V3) => v3::gemm_q6_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::IQ4(_), Level::V3) => return false,
         }
     }
     true

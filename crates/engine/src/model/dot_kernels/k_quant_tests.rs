@@ -238,8 +238,9 @@ pub(super) fn check_against_ggml(
 
 #[test]
 fn with_avx2_k_quant_products_stay_with_ggml() {
-    // The AVX2 level has no K-quant kernels: multiply declines (llamafile does too), and ggml
-    // multiplies row by row with its own.
+    // The AVX2 level has no K-quant kernels but those of the 16-row copies, which take whole
+    // groups of 16 rows only: multiply declines four (llamafile does too), and ggml multiplies
+    // row by row with its own.
     ggml_ready();
     let mut rng = Rng(7);
     let a = weight_rows(&mut rng, TYPES[1], 4, QK_K);

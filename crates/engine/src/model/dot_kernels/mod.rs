@@ -20,7 +20,8 @@
 //! Q6_K, and IQ4_XS (`gantry-cpu-kernels`' `k_quants`), one row here and a few rows in
 //! `small_batches`: ggml's x86 Q5_K, Q6_K and IQ4_XS kernels multiply each activation row
 //! separately, and its Q4_K one reads a repacked copy (`repack` says why that copy is no longer
-//! made).
+//! made). With AVX2 alone, K-quant products are served from their 16-row copies
+//! (`k_quant_copies`) or stay with ggml.
 //!
 //! ggml looks its kernels up in a constant table (`ggml_get_type_traits_cpu`) at every matrix
 //! product, so putting ours there needs no change to llama.cpp: the table's page is made
@@ -55,6 +56,9 @@ mod tiled;
 pub enum CpuKernels {
     /// Gantry's, where this CPU and build allow them; else ggml's.
     Gantry,
+    /// Gantry's AVX2 level even where the CPU has AVX-512: what a CPU without it runs, to compare
+    /// on one machine.
+    GantryAvx2,
     /// ggml's own.
     Ggml,
 }
@@ -73,17 +77,18 @@ pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'sta
             return "ggml";
         }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        match install::install() {
+        match install::install(choice == CpuKernels::GantryAvx2) {
             Ok(level) => {
                 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
                 match small_batches::enable(level) {
                     // Gantry's kernels read the weights as loaded: repacked copies would only
-                    // cost memory, where they serve every type ggml would copy.
+                    // cost memory, where they serve every type ggml would copy. With AVX2 Q4_K
+                    // is served only from its 16-row copies (`serve_k_quant_copies`, set before);
+                    // should the memory budget turn them off later, ggml's unrepacked kernel
+                    // takes it.
                     #[cfg(ggml_cpu_static)]
                     Ok(()) => match repack::tensor_types(models) {
-                        Some(types) if repack::costs_nothing(&level.serves_without_repacking(), &types) => {
-                            repack::skip()
-                        }
+                        Some(types) if repack::costs_nothing(&served_unrepacked(level), &types) => repack::skip(),
                         Some(_) => tracing::info!("ggml's repacked kernels serve some of the models' weights"),
                         None => tracing::warn!("a model's GGUF header is unreadable: ggml keeps repacking"),
                     },
@@ -97,6 +102,17 @@ pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'sta
         }
         "ggml"
     })
+}
+
+/// The weight types `level`'s kernels serve at every row count without ggml's repacked copies:
+/// its own, and those of its K-quant copies where they are served.
+#[cfg(ggml_cpu_static)]
+fn served_unrepacked(level: install::Level) -> Vec<llama_cpp_sys_2::ggml_type> {
+    let mut served = level.serves_without_repacking();
+    if k_quant_copies::serving() {
+        served.extend(k_quant_copies::copied_types(level).into_iter().map(|(ty, _)| ty));
+    }
+    served
 }
 
 /// Whether ggml keeps repacked copies of Q4_0, Q4_K, IQ4_NL and MXFP4 weights: not where
@@ -136,6 +152,16 @@ pub fn k_quant_copies_served() -> bool {
     return k_quant_copies::serving();
     #[cfg(not(any(ggml_cpu_static, ggml_cpu_loaded)))]
     false
+}
+
+/// The weight types products are served from K-quant copies of, where they are
+/// ([`k_quant_copies_served`]): Q4_K, Q5_K, Q6_K and IQ4_XS with AVX-512, all but IQ4_XS with AVX2.
+pub fn k_quant_copied_types() -> Vec<&'static str> {
+    #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
+    if let (true, Some(level)) = (k_quant_copies::serving(), small_batches::level()) {
+        return k_quant_copies::copied_types(level).into_iter().map(|(_, name)| name).collect();
+    }
+    Vec::new()
 }
 
 /// Bytes `model`'s K-quant copies take where they are served, else 0.

@@ -203,6 +203,17 @@ pub(super) struct Product {
 /// calling thread's.
 pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams, p: Product) -> bool {
     let is = |ty: c_int, of: u32| ty == of as c_int;
+    let size = |v: i64| usize::try_from(v).unwrap_or(0);
+    // SAFETY: the caller's.
+    let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
+    let (ith, nth) = (size(i64::from(ith)), size(i64::from(nth)));
+    // K-quants from their 16-row copies, at either level, for every row count they serve.
+    if let Some(l) = level.filter(|_| is(p.b_type, GGML_TYPE_Q8_K)) {
+        // SAFETY: the caller's; the level was detected on this CPU.
+        if unsafe { super::k_quant_copies::multiply(l, &p, ith, nth) } {
+            return true;
+        }
+    }
     let fits = level.is_some_and(|level| (1..=max_columns(level)).contains(&p.n)) && is(p.c_type, GGML_TYPE_F32);
     let zero_types = is(p.b_type, GGML_TYPE_Q8_0)
         && (is(p.a_type, GGML_TYPE_Q8_0) || is(p.a_type, GGML_TYPE_Q5_0) || is(p.a_type, GGML_TYPE_Q4_0));
@@ -213,10 +224,7 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let ours = fits && (zero_types || k_quant);
     if !ours && p.n == 1 && level.is_some() && is(p.c_type, GGML_TYPE_F32) {
         if let Some(dot) = ggml_dot(p.a_type, p.b_type) {
-            let size = |v: i64| usize::try_from(v).unwrap_or(0);
-            // SAFETY: the caller's.
-            let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
-            let rows = share(size(p.m), size(i64::from(ith)), size(i64::from(nth)));
+            let rows = share(size(p.m), ith, nth);
             // SAFETY: the caller's; `ggml_dot` checked that `b` is of the kernel's activation type.
             unsafe { ggml_one_row(dot, rows, size(p.k), p.a, size(p.lda), p.b, p.c.cast::<f32>()) };
             return true;
@@ -230,14 +238,6 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
         return unsafe {
             llamafile(params, p.m, p.n, p.k, p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.a_type, p.b_type, p.c_type)
         };
-    }
-    let size = |v: i64| usize::try_from(v).unwrap_or(0);
-    // SAFETY: the caller's.
-    let (ith, nth) = unsafe { ((*params).ith, (*params).nth) };
-    let (ith, nth) = (size(i64::from(ith)), size(i64::from(nth)));
-    // SAFETY: the caller's; the K-quants only reach here with AVX-512.
-    if k_quant && unsafe { super::k_quant_copies::multiply(&p, ith, nth) } {
-        return true;
     }
     let rows = share(size(p.m), ith, nth);
     let (n, k, lda, ldb, ldc) = (size(p.n), size(p.k), size(p.lda), size(p.ldb), size(p.ldc));
