@@ -454,7 +454,10 @@ level!(
     gemm!("avx2,fma,f16c", gemm_q8_0, BlockQ8, tile_q8_0);
     gemm!("avx2,fma,f16c", gemm_q5_0, BlockQ5, tile_q5_0);
     gemm!("avx2,fma,f16c", gemm_q4_0, BlockQ4, tile_q4_0);
-    pub use super::rows16_avx2::{gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16};
+    pub use super::{
+        q8_k::quantize_q8_k_avx2 as quantize_q8_k,
+        rows16_avx2::{gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16},
+    };
 );
 
 level!(

@@ -151,10 +151,12 @@ pub(super) fn install(avx2_only: bool) -> Result<Level, String> {
         // computes yet (this runs before any model is loaded).
         unsafe { write_kernel(ty, kernel)? };
     }
-    if level == Level::V4 {
-        // SAFETY: as above.
-        unsafe { write_quantizer(GGML_TYPE_Q8_K, quantize_q8_k_v4)? };
-    }
+    let quantizer = match level {
+        Level::V4 => quantize_q8_k_v4,
+        Level::V3 => quantize_q8_k_v3,
+    };
+    // SAFETY: as above.
+    unsafe { write_quantizer(GGML_TYPE_Q8_K, quantizer)? };
     Ok(level)
 }
 
@@ -191,10 +193,16 @@ pub(super) unsafe fn write_kernel(ty: ggml_type, kernel: VecDot) -> Result<(), S
 pub(super) type FromFloat = unsafe extern "C" fn(*const f32, *mut c_void, i64);
 
 /// Q8_K activations, quantized as ggml's `quantize_row_q8_K_ref` does (`gantry-cpu-kernels`'
-/// `q8_k`), in ggml's calling convention.
+/// `q8_k`), in ggml's calling convention: on x86 ggml runs that scalar reference itself.
 pub(super) unsafe extern "C" fn quantize_q8_k_v4(x: *const f32, y: *mut c_void, k: i64) {
     // SAFETY: ggml passes `k` floats and room for their blocks; installed only with AVX-512.
     unsafe { v4::quantize_q8_k(x, y.cast::<BlockQ8K>(), usize::try_from(k).unwrap_or(0)) };
+}
+
+/// [`quantize_q8_k_v4`] with AVX2: the same bytes.
+pub(super) unsafe extern "C" fn quantize_q8_k_v3(x: *const f32, y: *mut c_void, k: i64) {
+    // SAFETY: ggml passes `k` floats and room for their blocks; installed where AVX2 was detected.
+    unsafe { v3::quantize_q8_k(x, y.cast::<BlockQ8K>(), usize::try_from(k).unwrap_or(0)) };
 }
 
 /// # Safety

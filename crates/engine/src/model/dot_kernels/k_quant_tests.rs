@@ -8,7 +8,7 @@ use llama_cpp_sys_2::{
     ggml_type, GGML_TYPE_F32, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K,
 };
 
-use super::install::{ggml_kernel, quantize_q8_k_v4, traits_of, Level};
+use super::install::{ggml_kernel, quantize_q8_k_v3, quantize_q8_k_v4, traits_of, Level};
 use super::small_batches::{multiply, ComputeParams, Product};
 use super::tests::{ggml_ready, Rng};
 use gantry_cpu_kernels::x86::{BlockQ8K, QK_K};
@@ -280,17 +280,21 @@ fn activations_quantize_to_the_bytes_of_ggmls_reference() {
     values[3 * QK_K..4 * QK_K].fill(0.0);
     values[5 * QK_K + 17] = -3.5;
     values[5 * QK_K + 90] = 3.5;
-    for scale in [1e-4f32, 1.0, 300.0] {
-        let x: Vec<f32> = values.iter().map(|v| v * scale).collect();
-        let (mut ours, mut theirs) = (vec![0u8; n / QK_K * Q8_K_BYTES], vec![0u8; n / QK_K * Q8_K_BYTES]);
-        let k = i64::try_from(n).expect("small");
-        // SAFETY: both have room for the row's blocks; ggml's reference takes the same arguments.
-        unsafe {
-            quantize_q8_k_v4(x.as_ptr(), ours.as_mut_ptr().cast(), k);
-            quantize_row_q8_K_ref(x.as_ptr(), theirs.as_mut_ptr().cast(), k);
-        }
-        for (b, (ours, theirs)) in ours.chunks(Q8_K_BYTES).zip(theirs.chunks(Q8_K_BYTES)).enumerate() {
-            assert_eq!(ours, theirs, "scale {scale}: block {b}");
+    for (level, quantizer) in
+        [("AVX-512", quantize_q8_k_v4 as unsafe extern "C" fn(_, _, _)), ("AVX2", quantize_q8_k_v3)]
+    {
+        for scale in [1e-4f32, 1.0, 300.0] {
+            let x: Vec<f32> = values.iter().map(|v| v * scale).collect();
+            let (mut ours, mut theirs) = (vec![0u8; n / QK_K * Q8_K_BYTES], vec![0u8; n / QK_K * Q8_K_BYTES]);
+            let k = i64::try_from(n).expect("small");
+            // SAFETY: both have room for the row's blocks; ggml's reference takes the same arguments.
+            unsafe {
+                quantizer(x.as_ptr(), ours.as_mut_ptr().cast(), k);
+                quantize_row_q8_K_ref(x.as_ptr(), theirs.as_mut_ptr().cast(), k);
+            }
+            for (b, (ours, theirs)) in ours.chunks(Q8_K_BYTES).zip(theirs.chunks(Q8_K_BYTES)).enumerate() {
+                assert_eq!(ours, theirs, "{level}, scale {scale}: block {b}");
+            }
         }
     }
 }
