@@ -1,6 +1,6 @@
 //! The 16-row layouts' AVX2 kernels (`x86/rows16_avx2.rs`, for CPUs without AVX-512 VNNI) timed
 //! against the AVX-512 ones on the same copies. `cargo run --release -p gantry-cpu-kernels
-//! --example rows16_avx2_bench`: for Q4_K, Q5_K and Q6_K, weights in L2, nanoseconds per weight
+//! --example rows16_avx2_bench`: for Q4_K, Q5_K, Q6_K and IQ4_XS, weights in L2, nanoseconds per weight
 //! block and activation row at 1 to 64 activation rows; then one activation row against 384 MiB
 //! of Q4_K weights, GB/s. Needs AVX-512 VNNI (it times both levels).
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
@@ -19,7 +19,8 @@ fn main() {}
 #[cfg(target_arch = "x86_64")]
 mod bench {
     use gantry_cpu_kernels::x86::{
-        repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16, v3, v4, BlockQ4K, BlockQ5K, BlockQ6K,
+        repack_iq4_xs_rows16, repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16, v3, v4, BlockIQ4XS, BlockQ4K,
+        BlockQ5K, BlockQ6K,
     };
 
     use crate::common::{best, best_of_3, masked_blocks, q8_k_activations, Rng, Rows16Gemm};
@@ -35,6 +36,10 @@ mod bench {
             .into_iter()
             .map(|b| BlockQ6K { d: 0x3c00, ..b })
             .collect();
+        let iq4: Vec<BlockIQ4XS> = masked_blocks::<BlockIQ4XS>(&mut rng, rows * k, 0xff)
+            .into_iter()
+            .map(|b| BlockIQ4XS { d: 0x3c00, ..b })
+            .collect();
         // SAFETY: each pair of kernels multiplies the copy it is given; AVX-512 VNNI was checked.
         unsafe {
             let r = repack_q4_k_rows16(&q4, rows, k, k);
@@ -43,6 +48,8 @@ mod bench {
             compare("Q5_K", &mut rng, &r, rows, k, v4::gemm_q5_k_rows16, v3::gemm_q5_k_rows16);
             let r = repack_q6_k_rows16(&q6, rows, k, k);
             compare("Q6_K", &mut rng, &r, rows, k, v4::gemm_q6_k_rows16, v3::gemm_q6_k_rows16);
+            let r = repack_iq4_xs_rows16(&iq4, rows, k, k);
+            compare("IQ4_XS", &mut rng, &r, rows, k, v4::gemm_iq4_xs_rows16, v3::gemm_iq4_xs_rows16);
         }
         streamed(&mut rng);
     }

@@ -200,6 +200,8 @@ mod q6_k;
 mod q6_k_rows16;
 mod q8_k;
 mod rows16_avx2;
+#[cfg(test)]
+mod rows16_avx2_tests;
 mod wide;
 mod wide_prompt;
 mod wide_row;
@@ -456,7 +458,7 @@ level!(
     gemm!("avx2,fma,f16c", gemm_q4_0, BlockQ4, tile_q4_0);
     pub use super::{
         q8_k::quantize_q8_k_avx2 as quantize_q8_k,
-        rows16_avx2::{gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16},
+        rows16_avx2::{gemm_iq4_xs_rows16, gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16},
     };
 );
 

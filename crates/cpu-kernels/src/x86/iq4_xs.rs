@@ -33,7 +33,7 @@ pub(super) const LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1
 
 /// The levels' magnitudes, the table `unpack` looks indices up in; the levels of indices 0-7 are
 /// the negative ones.
-const MAGNITUDES: [u8; 16] = {
+pub(super) const MAGNITUDES: [u8; 16] = {
     let mut out = [0; 16];
     let mut i = 0;
     while i < 16 {
@@ -159,7 +159,7 @@ pub(super) mod tests {
     }
 
     /// Q8_K rows as its quantization writes them: no −128.
-    fn q8_rows(rng: &mut Rng, k: usize) -> Vec<BlockQ8K> {
+    pub(crate) fn q8_rows(rng: &mut Rng, k: usize) -> Vec<BlockQ8K> {
         let mut rows = random_q8(rng, k);
         for b in &mut rows {
             b.qs.iter_mut().for_each(|q| *q = (*q).max(-127));

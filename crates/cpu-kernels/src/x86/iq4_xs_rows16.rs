@@ -16,9 +16,9 @@ use super::*;
 /// is row `r`'s scale of sub-block `s` less 32; `d` each row's f16 scale.
 #[repr(C, align(64))]
 pub struct IQ4XSRows16 {
-    subs: [Sub<0>; 8],
-    scales: [[i8; 16]; 8],
-    d: [u16; 16],
+    pub(super) subs: [Sub<0>; 8],
+    pub(super) scales: [[i8; 16]; 8],
+    pub(super) d: [u16; 16],
 }
 
 const _: () = assert!(std::mem::size_of::<IQ4XSRows16>() == 140 * 16);

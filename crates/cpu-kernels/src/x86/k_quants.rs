@@ -338,6 +338,18 @@ pub(super) mod test_data {
         repack: fn(&[B], usize, usize, usize) -> Vec<R>,
         gemm: Rows16Gemm<R>,
     ) {
+        check_rows16_with(rng, random, random_q8, exact, repack, gemm);
+    }
+
+    /// [`check_rows16_at`] with activations from `q8` (`k` blocks).
+    pub(crate) fn check_rows16_with<B, R>(
+        rng: &mut Rng,
+        random: impl Fn(&mut Rng, usize) -> Vec<B>,
+        q8: impl Fn(&mut Rng, usize) -> Vec<BlockQ8K>,
+        exact: impl Fn(&[B], &[BlockQ8K]) -> (f64, f64),
+        repack: fn(&[B], usize, usize, usize) -> Vec<R>,
+        gemm: Rows16Gemm<R>,
+    ) {
         // 1536 and 8960 values: qwen2.5-coder-1.5b's rows.
         for k in [1, 2, 6, 35] {
             let (rows, lda) = (32, k + 1);
@@ -345,7 +357,7 @@ pub(super) mod test_data {
             let repacked = repack(&x, rows, k, lda);
             for n in 1..=9 {
                 let (ldb, ldc) = (k + 2, rows + 3);
-                let y = random_q8(rng, n * ldb);
+                let y = q8(rng, n * ldb);
                 let mut c = vec![f32::NAN; n * ldc];
                 for groups in [1..2, 0..1] {
                     unsafe { gemm(groups, n, k, repacked.as_ptr(), y.as_ptr(), ldb, c.as_mut_ptr(), ldc) };

@@ -1,14 +1,17 @@
-//! The 16-row layouts of Q4_K, Q5_K and Q6_K (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`)
-//! multiplied with AVX2 alone, for CPUs without AVX-512 VNNI (Zen 2 and 3, Intel's client cores):
+//! The 16-row layouts of Q4_K, Q5_K, Q6_K and IQ4_XS (`q4_k_rows16`, `q5_k_rows16`,
+//! `q6_k_rows16`, `iq4_xs_rows16`) multiplied with AVX2 alone, for CPUs without AVX-512 VNNI (Zen 2 and 3, Intel's client cores):
 //! the same copies, read eight rows (a 256-bit register of 32-bit lanes) at a time. AVX2 has no
 //! `vpdpbusd`: `vpmaddubsw` multiplies the unsigned values by the signed activations into 16-bit
 //! sums of two, and those are added up in 16 bits for as long as they cannot overflow (a
 //! sub-block's 16 products of a Q4_K row, 8 of Q5_K's, 4 of Q6_K's) before one `vpmaddwd` by the
 //! sub-block's scales takes them to 32 bits. The unpacking and a block's float work are paid once
 //! for eight rows and up to four activation rows, where ggml's AVX2 kernels unpack Q5_K and Q6_K
-//! again for every activation row and pay the float work for every weight row. The integer sums
-//! are ggml's, only the order of the float additions differs.
+//! again for every activation row and pay the float work for every weight row. IQ4_XS's signed
+//! levels go in as magnitudes, their signs moved onto the activations (`vpsignb`, ggml's own
+//! trick). The integer sums are ggml's, only the order of the float additions differs.
 
+use super::iq4_xs::{LEVELS, MAGNITUDES};
+use super::iq4_xs_rows16::IQ4XSRows16;
 use super::k_quants::BlockQ8K;
 use super::q4_k_rows16::{sub_block_sums, NibbleRows16};
 use super::q6_k_rows16::Q6KRows16;
@@ -202,6 +205,83 @@ unsafe fn q6_k_half<const C: usize>(k: usize, g: *const Q6KRows16, h: usize, y: 
     acc
 }
 
+/// IQ4_XS's levels' signs (±1), the table indices are looked up in beside their magnitudes.
+const SIGNS: [i8; 16] = {
+    let mut out = [0; 16];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = LEVELS[i].signum();
+        i += 1;
+    }
+    out
+};
+
+/// Rows `8h..8h + 8` of an IQ4_XS group (`k` blocks of `g`) times `C` activation rows, as
+/// [`nibble_half`]. A 16-bit sum of two products of magnitudes to 127 by activations to ±128 has
+/// no room for another: each `vpmaddubsw` goes straight to its `vpmaddwd` by the scales. An
+/// activation of −128 meeting a negative level stays unnegated, as in ggml's kernels (Q8_K
+/// quantization never writes −128).
+///
+/// # Safety
+/// `g` and every `y[c]` hold `k` blocks, `h` is 0 or 1, and this CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
+unsafe fn iq4_xs_half<const C: usize>(
+    k: usize,
+    g: *const IQ4XSRows16,
+    h: usize,
+    y: [*const BlockQ8K; C],
+) -> [__m256; C] {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let table = |t: *const u8| _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.cast()) });
+    let (magnitudes, signs) = (table(MAGNITUDES.as_ptr()), table(SIGNS.as_ptr().cast()));
+    let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
+    let lines = std::mem::size_of::<IQ4XSRows16>().div_ceil(64).div_ceil(8);
+    let mut acc = [_mm256_setzero_ps(); C];
+    for b in 0..k {
+        let w = unsafe { &*g.add(b) };
+        let yb: [*const BlockQ8K; C] = std::array::from_fn(|c| unsafe { y[c].add(b) });
+        let broadcast = |c: usize, at: usize| {
+            _mm256_set1_epi32(unsafe { read_unaligned(addr_of!((*yb[c]).qs).cast::<u8>().add(at).cast::<i32>()) })
+        };
+        let mut block = [_mm256_setzero_si256(); C];
+        for s in 0..8 {
+            if h == 0 {
+                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
+                for l in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+                }
+            }
+            let scale = in_both_halves(_mm256_cvtepi8_epi32(unsafe {
+                _mm_loadl_epi64(w.scales[s].as_ptr().add(8 * h).cast())
+            }));
+            for i in 0..4 {
+                let v = unsafe { _mm256_loadu_si256(w.subs[s].nibbles[i].as_ptr().add(32 * h).cast()) };
+                let (lo, hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
+                let (lo_magnitude, lo_sign) = (_mm256_shuffle_epi8(magnitudes, lo), _mm256_shuffle_epi8(signs, lo));
+                let (hi_magnitude, hi_sign) = (_mm256_shuffle_epi8(magnitudes, hi), _mm256_shuffle_epi8(signs, hi));
+                for c in 0..C {
+                    let low =
+                        _mm256_maddubs_epi16(lo_magnitude, _mm256_sign_epi8(broadcast(c, 32 * s + 4 * i), lo_sign));
+                    let high = _mm256_maddubs_epi16(
+                        hi_magnitude,
+                        _mm256_sign_epi8(broadcast(c, 32 * s + 16 + 4 * i), hi_sign),
+                    );
+                    let both = _mm256_add_epi32(_mm256_madd_epi16(low, scale), _mm256_madd_epi16(high, scale));
+                    block[c] = _mm256_add_epi32(block[c], both);
+                }
+            }
+        }
+        let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(w.d.as_ptr().add(8 * h).cast()) });
+        for c in 0..C {
+            let dy = _mm256_set1_ps(unsafe { (*yb[c]).d });
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(d, dy), _mm256_cvtepi32_ps(block[c]), acc[c]);
+        }
+    }
+    acc
+}
+
 /// The loops of a 16-row layout's AVX2 `gemm`: for each group in `$groups`, the `$n` columns four
 /// at a time (the last one to three alone) and each group's two halves; `$half!(C, group, h, j)`
 /// gives rows `8h..8h + 8` of the group against columns `j..j + C` as `[__m256; C]`, stored at
@@ -331,81 +411,28 @@ pub unsafe fn gemm_q6_k_rows16(
     each_half_group!(groups, n, c, ldc, run);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::super::k_quants::test_data::{check_rows16_at, has_level, random_q8, Rng, Rows16Gemm};
-    use super::super::k_quants::QK_K;
-    use super::super::q4_k::tests::{exact as exact_q4, random_q4};
-    use super::super::q4_k::BlockQ4K;
-    use super::super::q5_k::tests::{exact as exact_q5, random_q5};
-    use super::super::q5_k::BlockQ5K;
-    use super::super::q6_k::tests::{exact as exact_q6, random_q6};
-    use super::super::q6_k::BlockQ6K;
-    use super::super::{repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16};
-    use super::*;
-
-    fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+/// AVX2's [`v4::gemm_iq4_xs_rows16`](super::v4::gemm_iq4_xs_rows16), as [`gemm_q4_k_rows16`].
+///
+/// # Safety
+/// As [`gemm_q4_k_rows16`]'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "llamafile_sgemm's own parameters")]
+pub unsafe fn gemm_iq4_xs_rows16(
+    groups: std::ops::Range<usize>,
+    n: usize,
+    k: usize,
+    a: *const IQ4XSRows16,
+    b: *const BlockQ8K,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    macro_rules! run {
+        ($C:literal, $group:expr, $h:expr, $j:expr) => {{
+            let (group, j) = ($group, $j);
+            let columns = std::array::from_fn(|q| unsafe { b.add((j + q) * ldb) });
+            unsafe { iq4_xs_half::<$C>(k, a.add(group * k), $h, columns) }
+        }};
     }
-
-    #[test]
-    fn every_row_and_column_equals_the_exact_sums() {
-        assert!(has_avx2(), "every x86 machine these servers run on has AVX2");
-        check_rows16_at(&mut Rng(11), random_q4, exact_q4, repack_q4_k_rows16, gemm_q4_k_rows16);
-        check_rows16_at(&mut Rng(12), random_q5, exact_q5, repack_q5_k_rows16, gemm_q5_k_rows16);
-        check_rows16_at(&mut Rng(13), random_q6, exact_q6, repack_q6_k_rows16, gemm_q6_k_rows16);
-    }
-
-    /// `gemm`'s output for `x` (32 rows of `k` blocks) by `n` columns `y`, both groups.
-    fn product<R>(repacked: &[R], k: usize, n: usize, y: &[BlockQ8K], gemm: Rows16Gemm<R>) -> Vec<u32> {
-        let mut c = vec![f32::NAN; 32 * n];
-        unsafe { gemm(0..2, n, k, repacked.as_ptr(), y.as_ptr(), k, c.as_mut_ptr(), 32) };
-        c.into_iter().map(f32::to_bits).collect()
-    }
-
-    /// The same integer sums, scaled and added in the same order: bit for bit the AVX-512
-    /// kernels' results, on random values and on the largest a 16-bit sum meets (every value at
-    /// its top, every activation −128 or 127).
-    #[test]
-    fn results_are_the_avx512_kernels_bit_for_bit() {
-        assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
-        let rng = &mut Rng(14);
-        for (k, n) in [(1, 1), (6, 5), (35, 9)] {
-            let ends = |y: i8| -> Vec<BlockQ8K> {
-                (0..n * k).map(|_| BlockQ8K { d: 0.5, qs: [y; QK_K], bsums: [16 * i16::from(y); 16] }).collect()
-            };
-            for y in [random_q8(rng, n * k), ends(-128), ends(127)] {
-                let q4: Vec<BlockQ4K> = random_q4(rng, 32 * k);
-                let top4: Vec<BlockQ4K> = (0..32 * k)
-                    .map(|_| BlockQ4K { d: 0x3c00, dmin: 0x3c00, scales: [0xff; 12], qs: [0xff; 128] })
-                    .collect();
-                for x in [q4, top4] {
-                    let r = repack_q4_k_rows16(&x, 32, k, k);
-                    let want = product(&r, k, n, &y, super::super::v4::gemm_q4_k_rows16);
-                    assert_eq!(product(&r, k, n, &y, gemm_q4_k_rows16), want, "Q4_K k={k} n={n}");
-                }
-                let q5: Vec<BlockQ5K> = random_q5(rng, 32 * k);
-                let top5: Vec<BlockQ5K> = (0..32 * k)
-                    .map(|_| BlockQ5K { d: 0x3c00, dmin: 0x3c00, scales: [0xff; 12], qh: [0xff; 32], qs: [0xff; 128] })
-                    .collect();
-                for x in [q5, top5] {
-                    let r = repack_q5_k_rows16(&x, 32, k, k);
-                    let want = product(&r, k, n, &y, super::super::v4::gemm_q5_k_rows16);
-                    assert_eq!(product(&r, k, n, &y, gemm_q5_k_rows16), want, "Q5_K k={k} n={n}");
-                }
-                let q6: Vec<BlockQ6K> = random_q6(rng, 32 * k);
-                let top6: Vec<BlockQ6K> = (0..32 * k)
-                    .map(|_| BlockQ6K { ql: [0xff; 128], qh: [0xff; 64], scales: [127; 16], d: 0x3c00 })
-                    .collect();
-                let low6: Vec<BlockQ6K> = (0..32 * k)
-                    .map(|_| BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [-128; 16], d: 0x3c00 })
-                    .collect();
-                for x in [q6, top6, low6] {
-                    let r = repack_q6_k_rows16(&x, 32, k, k);
-                    let want = product(&r, k, n, &y, super::super::v4::gemm_q6_k_rows16);
-                    assert_eq!(product(&r, k, n, &y, gemm_q6_k_rows16), want, "Q6_K k={k} n={n}");
-                }
-            }
-        }
-    }
+    each_half_group!(groups, n, c, ldc, run);
 }

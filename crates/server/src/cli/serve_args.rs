@@ -108,9 +108,9 @@ pub struct ServeArgs {
     /// or a few streams' decode step, drafts, a prompt's ubatch) from a second copy in Gantry's
     /// memory, laid out 16 rows at a time (about 1.5× the tokens per second at four streams on a
     /// Q4_K_M model, a tenth at one, prompts in 0.5–0.9 of the time; 1–3% more bytes than the
-    /// file's matrices, counted in the model's memory). Made at start. With AVX2 alone, Q4_K, Q5_K
-    /// and Q6_K (1.4× one stream's and 1.8× four streams' tokens per second on a Q4_K_M model,
-    /// prompts in 0.6 of the time; ggml then makes no repacked copy of Q4_K).
+    /// file's matrices, counted in the model's memory). Made at start. With AVX2 alone too (1.4×
+    /// one stream's and 1.8× four streams' tokens per second on a Q4_K_M model, prompts in 0.6 of
+    /// the time; ggml then makes no repacked copy of Q4_K).
     /// `auto` does so with Gantry's kernels where nothing is offloaded to a GPU and every model
     /// fits --max-memory with its copies at the settings asked for; `off` multiplies the file's
     /// own bytes.

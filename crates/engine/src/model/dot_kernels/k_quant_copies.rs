@@ -1,8 +1,7 @@
 //! Q4_K, Q5_K, Q6_K and IQ4_XS matrices multiplied by 1 to 512 rows of activations (a decoding
 //! stream, a few, a stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of
 //! `gantry-cpu-kernels` (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`, `iq4_xs_rows16`), with
-//! AVX-512 (`--k-quant-copies`); with AVX2 alone, Q4_K, Q5_K and Q6_K (`rows16_avx2`, eight rows
-//! a register; IQ4_XS's levels plus 128 would overflow AVX2's 16-bit sums, so ggml keeps it).
+//! AVX-512, or with AVX2 alone (`rows16_avx2`, eight rows a register) (`--k-quant-copies`).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
@@ -57,19 +56,9 @@ pub(super) fn block_bytes(ty: ggml_type) -> Option<(usize, usize)> {
     }
 }
 
-/// Whether `level` has kernels for copies of `ty`: every type [`block_bytes`] names with AVX-512,
-/// all but IQ4_XS with AVX2.
-pub(super) fn copied(level: Level, ty: ggml_type) -> bool {
-    block_bytes(ty).is_some() && (level == Level::V4 || ty != GGML_TYPE_IQ4_XS)
-}
-
-/// The types `level` copies, with their names.
-pub(super) fn copied_types(level: Level) -> Vec<(ggml_type, &'static str)> {
-    [(GGML_TYPE_Q4_K, "Q4_K"), (GGML_TYPE_Q5_K, "Q5_K"), (GGML_TYPE_Q6_K, "Q6_K"), (GGML_TYPE_IQ4_XS, "IQ4_XS")]
-        .into_iter()
-        .filter(|&(ty, _)| copied(level, ty))
-        .collect()
-}
+/// The types copied (those [`block_bytes`] names), with their names.
+pub(super) const COPIED_TYPES: [(ggml_type, &str); 4] =
+    [(GGML_TYPE_Q4_K, "Q4_K"), (GGML_TYPE_Q5_K, "Q5_K"), (GGML_TYPE_Q6_K, "Q6_K"), (GGML_TYPE_IQ4_XS, "IQ4_XS")];
 
 /// The most activation rows a product served from copies has: llama.cpp's default ubatch.
 const MAX_ROWS: i64 = 512;
@@ -115,7 +104,7 @@ fn copies() -> &'static RwLock<HashMap<Key, Arc<Copy>>> {
     COPIES.get_or_init(Default::default)
 }
 
-/// Serves products of the types [`copied`] from copies from now on (`on`), where a level of
+/// Serves Q4_K, Q5_K, Q6_K and IQ4_XS products from copies from now on (`on`), where a level of
 /// Gantry's kernels serves small batches; or not.
 pub(super) fn serve(on: bool) {
     SERVING.store(on, Ordering::Relaxed);
@@ -135,22 +124,20 @@ pub(crate) fn forget_all() {
 /// but a token embedding that is only looked up (the output layer multiplies by it where the
 /// model has no `output.weight`).
 pub(crate) fn copy_bytes(model: &Path) -> u64 {
-    let Some(level) = super::small_batches::level() else { return 0 };
     let Some(header) = Header::open(model) else { return 0 };
     header
         .multiplied_tensors()
         .into_iter()
         .map(|id| {
-            let (ty, bytes) = (header.tensor_type(id), header.tensor_span(id).1);
-            let counted = block_bytes(ty).filter(|_| copied(level, ty));
-            counted.map_or(0, |(gguf, copy)| bytes / gguf as u64 * copy as u64)
+            let bytes = header.tensor_span(id).1;
+            block_bytes(header.tensor_type(id)).map_or(0, |(gguf, copy)| bytes / gguf as u64 * copy as u64)
         })
         .sum()
 }
 
 /// Whether a product of `m` weight rows of type `ty` by `rows` activation rows is served from
-/// copies with `level`'s kernels: a type the level [`copied`], whole groups of 16 rows, 1 to 512
-/// activation rows (a ubatch), while copies are served.
+/// copies: Q4_K, Q5_K, Q6_K and IQ4_XS, whole groups of 16 rows, 1 to 512 activation rows (a
+/// ubatch), while copies are served.
 ///
 /// One row (a decoding stream's step) reads the weights once at the memory's pace, and the copies
 /// stream faster there than the GGUF's rows: their groups are read in whole cache lines from huge
@@ -158,8 +145,12 @@ pub(crate) fn copy_bytes(model: &Path) -> u64 {
 /// stream of qwen2.5-coder-1.5b Q4_K_M, 2-core Zen 4, answers alternated within one server
 /// (`--speculate off`): Q4_K from its copy 36.0 ms a token against 40.1 (8 pairs), then Q6_K
 /// from its copy too 36.0–36.5 against 37.1–38.4 (12 pairs).
-pub(super) fn serves(level: Level, ty: ggml_type, m: i64, rows: i64) -> bool {
-    SERVING.load(Ordering::Relaxed) && copied(level, ty) && (1..=MAX_ROWS).contains(&rows) && m > 0 && m % 16 == 0
+pub(super) fn serves(ty: ggml_type, m: i64, rows: i64) -> bool {
+    SERVING.load(Ordering::Relaxed)
+        && block_bytes(ty).is_some()
+        && (1..=MAX_ROWS).contains(&rows)
+        && m > 0
+        && m % 16 == 0
 }
 
 /// Computes thread `ith` of `nth`'s share of `p` from its matrix's copy (made now if there is
@@ -172,7 +163,7 @@ pub(super) fn serves(level: Level, ty: ggml_type, m: i64, rows: i64) -> bool {
 pub(super) unsafe fn multiply(level: Level, p: &Product, ith: usize, nth: usize) -> bool {
     let is = |ty: std::os::raw::c_int, of: ggml_type| ty == of as std::os::raw::c_int;
     let typed = is(p.b_type, GGML_TYPE_Q8_K) && is(p.c_type, GGML_TYPE_F32);
-    let Some(ty) = ggml_type::try_from(p.a_type).ok().filter(|&ty| typed && serves(level, ty, p.m, p.n)) else {
+    let Some(ty) = ggml_type::try_from(p.a_type).ok().filter(|&ty| typed && serves(ty, p.m, p.n)) else {
         return false;
     };
     let size = |v: i64| usize::try_from(v).unwrap_or(0);
@@ -183,8 +174,7 @@ pub(super) unsafe fn multiply(level: Level, p: &Product, ith: usize, nth: usize)
     let (n, ldb, ldc) = (size(p.n), size(p.ldb), size(p.ldc));
     let (b, c) = (p.b.cast::<BlockQ8K>(), p.c.cast::<f32>());
     let k = key.k;
-    // SAFETY: the copy holds the matrix's groups; the rest is the caller's (`serves` checked that
-    // the level has a kernel for the type).
+    // SAFETY: the copy holds the matrix's groups; the rest is the caller's.
     unsafe {
         match (&copy.groups, level) {
             (Groups::Q4(g), Level::V4) => v4::gemm_q4_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
@@ -194,7 +184,7 @@ pub(super) unsafe fn multiply(level: Level, p: &Product, ith: usize, nth: usize)
             (Groups::Q4(g), Level::V3) => v3::gemm_q4_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
             (Groups::Q5(g), Level::V3) => v3::gemm_q5_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
             (Groups::Q6(g), Level::V3) => v3::gemm_q6_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
-            (Groups::IQ4(_), Level::V3) => return false,
+            (Groups::IQ4(g), Level::V3) => v3::gemm_iq4_xs_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
         }
     }
     true

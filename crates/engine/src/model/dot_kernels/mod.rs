@@ -110,7 +110,7 @@ pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'sta
 fn served_unrepacked(level: install::Level) -> Vec<llama_cpp_sys_2::ggml_type> {
     let mut served = level.serves_without_repacking();
     if k_quant_copies::serving() {
-        served.extend(k_quant_copies::copied_types(level).into_iter().map(|(ty, _)| ty));
+        served.extend(k_quant_copies::COPIED_TYPES.map(|(ty, _)| ty));
     }
     served
 }
@@ -155,11 +155,11 @@ pub fn k_quant_copies_served() -> bool {
 }
 
 /// The weight types products are served from K-quant copies of, where they are
-/// ([`k_quant_copies_served`]): Q4_K, Q5_K, Q6_K and IQ4_XS with AVX-512, all but IQ4_XS with AVX2.
+/// ([`k_quant_copies_served`]): Q4_K, Q5_K, Q6_K and IQ4_XS.
 pub fn k_quant_copied_types() -> Vec<&'static str> {
     #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
-    if let (true, Some(level)) = (k_quant_copies::serving(), small_batches::level()) {
-        return k_quant_copies::copied_types(level).into_iter().map(|(_, name)| name).collect();
+    if k_quant_copies::serving() {
+        return k_quant_copies::COPIED_TYPES.map(|(_, name)| name).to_vec();
     }
     Vec::new()
 }

@@ -56,7 +56,7 @@ unsafe extern "C" fn wrapped_mul_mat_tiled(params: *const c_void, dst: *mut ggml
     // SAFETY: ggml's product node, with its weights and activations as sources 0 and 1.
     let (weights, m, rows) = unsafe { ((*(*dst).src[0]).type_, (*(*dst).src[0]).ne[1], (*(*dst).src[1]).ne[1]) };
     let level = small_batches::level();
-    let copied = level.is_some_and(|l| k_quant_copies::serves(l, weights, m, rows));
+    let copied = k_quant_copies::serves(weights, m, rows);
     if declined(level, weights, rows, copied) {
         return false;
     }
@@ -103,24 +103,16 @@ mod tests {
     #[test]
     fn the_copies_serve_their_types_in_whole_groups_from_one_row_up_to_a_ubatch() {
         k_quant_copies::serve(true);
-        for level in [Level::V4, Level::V3] {
-            for ty in COPIED {
-                // IQ4_XS's levels plus 128 would overflow AVX2's 16-bit sums.
-                let has_kernel = level == Level::V4 || ty != GGML_TYPE_IQ4_XS;
-                for rows in [1, 2, 33, TILED_FROM_ROWS, 97, 512] {
-                    assert_eq!(
-                        k_quant_copies::serves(level, ty, 1536, rows),
-                        has_kernel,
-                        "{level:?} {ty}, {rows} rows"
-                    );
-                }
-                assert!(!k_quant_copies::serves(level, ty, 1536, 0), "no rows");
-                assert!(!k_quant_copies::serves(level, ty, 1536, 513), "past a ubatch of 512");
-                assert!(!k_quant_copies::serves(level, ty, 1544, 97), "not whole groups of 16 rows");
+        for ty in COPIED {
+            for rows in [1, 2, 33, TILED_FROM_ROWS, 97, 512] {
+                assert!(k_quant_copies::serves(ty, 1536, rows), "type {ty}, {rows} rows");
             }
-            for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0] {
-                assert!(!k_quant_copies::serves(level, ty, 1536, 97), "type {ty} has no copies");
-            }
+            assert!(!k_quant_copies::serves(ty, 1536, 0), "no rows");
+            assert!(!k_quant_copies::serves(ty, 1536, 513), "past a ubatch of 512");
+            assert!(!k_quant_copies::serves(ty, 1544, 97), "not whole groups of 16 rows");
+        }
+        for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0] {
+            assert!(!k_quant_copies::serves(ty, 1536, 97), "type {ty} has no copies");
         }
     }
 }
