@@ -2,7 +2,8 @@
 //! qwen2.5-coder-1.5b's gate/up shape (a share of 8960 rows × 1536 values) against 512 activation
 //! columns (one ubatch of a long prompt) or as many as asked, in multiply-adds per second. With
 //! COLUMNS = 1, a decode step's on 2 threads: the row kernels against a dot product per row, GB/s.
-//! `cargo run --release -p gantry-cpu-kernels --example gemm_bench [q4_0|q5_0|q8_0 [COLUMNS]]`.
+//! `cargo run --release -p gantry-cpu-kernels --example gemm_bench [q4_0|q5_0|q8_0 [COLUMNS
+//! [v4|avxvnni|v3]]]` (the level's tiles; AVX-512 by default).
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
@@ -20,7 +21,7 @@ fn main() {}
 mod bench {
     use std::time::Instant;
 
-    use gantry_cpu_kernels::x86::{v4, BlockQ4, BlockQ5, BlockQ8};
+    use gantry_cpu_kernels::x86::{avxvnni, v3, v4, BlockQ4, BlockQ5, BlockQ8};
 
     use crate::common::Rng;
 
@@ -116,14 +117,22 @@ mod bench {
             time_one_row::<BlockQ8>("q8_0", v4::gemv_q8_0, v4::dot_q8_0, &mut rng);
             return;
         }
+        // The level whose tiles are timed: `v4` (AVX-512), `avxvnni` or `v3` (AVX2).
+        let level = std::env::args().nth(3).unwrap_or_else(|| "v4".into());
+        let (q4_0, q5_0, q8_0): (Gemm<BlockQ4>, Gemm<BlockQ5>, Gemm<BlockQ8>) = match level.as_str() {
+            "v4" => (v4::gemm_q4_0, v4::gemm_q5_0, v4::gemm_q8_0),
+            "avxvnni" => (avxvnni::gemm_q4_0, avxvnni::gemm_q5_0, avxvnni::gemm_q8_0),
+            "v3" => (v3::gemm_q4_0, v3::gemm_q5_0, v3::gemm_q8_0),
+            other => panic!("level {other}: v4, avxvnni or v3"),
+        };
         if filter.is_empty() || filter == "q4_0" {
-            time::<BlockQ4>("q4_0", v4::gemm_q4_0, &mut rng, n);
+            time::<BlockQ4>("q4_0", q4_0, &mut rng, n);
         }
         if filter.is_empty() || filter == "q5_0" {
-            time::<BlockQ5>("q5_0", v4::gemm_q5_0, &mut rng, n);
+            time::<BlockQ5>("q5_0", q5_0, &mut rng, n);
         }
         if filter.is_empty() || filter == "q8_0" {
-            time::<BlockQ8>("q8_0", v4::gemm_q8_0, &mut rng, n);
+            time::<BlockQ8>("q8_0", q8_0, &mut rng, n);
         }
     }
 }

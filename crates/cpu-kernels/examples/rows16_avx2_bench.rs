@@ -1,8 +1,9 @@
-//! The 16-row layouts' AVX2 kernels (`x86/rows16_avx2.rs`, for CPUs without AVX-512 VNNI) timed
-//! against the AVX-512 ones on the same copies. `cargo run --release -p gantry-cpu-kernels
-//! --example rows16_avx2_bench`: for Q4_K, Q5_K, Q6_K and IQ4_XS, weights in L2, nanoseconds per weight
-//! block and activation row at 1 to 64 activation rows; then one activation row against 384 MiB
-//! of Q4_K weights, GB/s. Needs AVX-512 VNNI (it times both levels).
+//! The 16-row layouts' AVX2 kernels (`x86/rows16_avx2.rs`, for CPUs without AVX-512 VNNI, and
+//! `x86/rows16_avxvnni.rs` where they have AVX-VNNI) timed against the AVX-512 ones on the same
+//! copies. `cargo run --release -p gantry-cpu-kernels --example rows16_avx2_bench`: for Q4_K,
+//! Q5_K, Q6_K and IQ4_XS, weights in L2, nanoseconds per weight block and activation row at 1 to
+//! 64 activation rows; then one activation row against 384 MiB of Q4_K weights, GB/s. Needs
+//! AVX-512 VNNI (it times every level).
 #![allow(unsafe_code, clippy::print_stdout, reason = "a benchmark of raw kernels")]
 
 #[cfg(target_arch = "x86_64")]
@@ -19,8 +20,8 @@ fn main() {}
 #[cfg(target_arch = "x86_64")]
 mod bench {
     use gantry_cpu_kernels::x86::{
-        repack_iq4_xs_rows16, repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16, v3, v4, BlockIQ4XS, BlockQ4K,
-        BlockQ5K, BlockQ6K,
+        avxvnni, repack_iq4_xs_rows16, repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16, v3, v4, BlockIQ4XS,
+        BlockQ4K, BlockQ5K, BlockQ6K,
     };
 
     use crate::common::{best, best_of_3, masked_blocks, q8_k_activations, Rng, Rows16Gemm};
@@ -40,33 +41,54 @@ mod bench {
             .into_iter()
             .map(|b| BlockIQ4XS { d: 0x3c00, ..b })
             .collect();
-        // SAFETY: each pair of kernels multiplies the copy it is given; AVX-512 VNNI was checked.
+        // SAFETY: each set of kernels multiplies the copy it is given; AVX-512 VNNI was checked (and
+        // AVX-VNNI is before its kernels run).
         unsafe {
             let r = repack_q4_k_rows16(&q4, rows, k, k);
-            compare("Q4_K", &mut rng, &r, rows, k, v4::gemm_q4_k_rows16, v3::gemm_q4_k_rows16);
+            compare(
+                "Q4_K",
+                &mut rng,
+                &r,
+                rows,
+                k,
+                [v4::gemm_q4_k_rows16, v3::gemm_q4_k_rows16, avxvnni::gemm_q4_k_rows16],
+            );
             let r = repack_q5_k_rows16(&q5, rows, k, k);
-            compare("Q5_K", &mut rng, &r, rows, k, v4::gemm_q5_k_rows16, v3::gemm_q5_k_rows16);
+            compare(
+                "Q5_K",
+                &mut rng,
+                &r,
+                rows,
+                k,
+                [v4::gemm_q5_k_rows16, v3::gemm_q5_k_rows16, avxvnni::gemm_q5_k_rows16],
+            );
             let r = repack_q6_k_rows16(&q6, rows, k, k);
-            compare("Q6_K", &mut rng, &r, rows, k, v4::gemm_q6_k_rows16, v3::gemm_q6_k_rows16);
+            compare(
+                "Q6_K",
+                &mut rng,
+                &r,
+                rows,
+                k,
+                [v4::gemm_q6_k_rows16, v3::gemm_q6_k_rows16, avxvnni::gemm_q6_k_rows16],
+            );
             let r = repack_iq4_xs_rows16(&iq4, rows, k, k);
-            compare("IQ4_XS", &mut rng, &r, rows, k, v4::gemm_iq4_xs_rows16, v3::gemm_iq4_xs_rows16);
+            compare(
+                "IQ4_XS",
+                &mut rng,
+                &r,
+                rows,
+                k,
+                [v4::gemm_iq4_xs_rows16, v3::gemm_iq4_xs_rows16, avxvnni::gemm_iq4_xs_rows16],
+            );
         }
         streamed(&mut rng);
     }
 
-    /// Both levels' kernels on one copy (`rows` rows of `k` blocks): ns per block and activation row.
+    /// The three levels' kernels on one copy (AVX-512, AVX2, AVX-VNNI where this CPU has it) (`rows` rows of `k` blocks): ns per block and activation row.
     ///
     /// # Safety
     /// `r` holds `rows / 16` groups of `k` blocks; this CPU has AVX-512 VNNI.
-    unsafe fn compare<R>(
-        name: &str,
-        rng: &mut Rng,
-        r: &[R],
-        rows: usize,
-        k: usize,
-        a: Rows16Gemm<R>,
-        b: Rows16Gemm<R>,
-    ) {
+    unsafe fn compare<R>(name: &str, rng: &mut Rng, r: &[R], rows: usize, k: usize, [a, b, v]: [Rows16Gemm<R>; 3]) {
         for n in [1usize, 2, 4, 8, 64] {
             let y = q8_k_activations(rng, n * k);
             let mut c = vec![0f32; rows * n];
@@ -74,9 +96,12 @@ mod bench {
                 // SAFETY: the caller's; `y` holds `n` columns and `c` `rows · n` values.
                 best(|| unsafe { g(0..rows / 16, n, k, r.as_ptr(), y.as_ptr(), k, c.as_mut_ptr(), rows) })
             };
-            let (t4, t3) = (time(a), time(b));
             let per = |s: f64| s * 1e9 / (2000 * rows * k * n) as f64;
-            println!("{name} {n} rows: AVX-512 {:.2} ns, AVX2 {:.2} ns per block and activation row", per(t4), per(t3));
+            let (t4, t3) = (per(time(a)), per(time(b)));
+            let tv = if is_x86_feature_detected!("avxvnni") { format!("{:.2} ns", per(time(v))) } else { "-".into() };
+            println!(
+                "{name} {n} rows: AVX-512 {t4:.2} ns, AVX2 {t3:.2} ns, AVX-VNNI {tv} per block and activation row"
+            );
         }
     }
 

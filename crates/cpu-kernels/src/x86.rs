@@ -1,5 +1,7 @@
-//! The kernels, for two x86 feature levels: `v3` (AVX2, FMA, F16C: every x86 CPU these
-//! servers run on) and `v4` (adds AVX-512 BW/VL and VNNI; only it has K-quant kernels, `k_quants.rs`).
+//! The kernels, for three x86 feature levels: `v3` (AVX2, FMA, F16C: every x86 CPU these
+//! servers run on), `avxvnni` (adds AVX-VNNI's `vpdpbusd` on 256-bit registers: Intel's client
+//! cores from Alder Lake on) and `v4` (adds AVX-512 BW/VL and VNNI; only it has K-quant kernels
+//! for the GGUF's own blocks, `k_quants.rs`).
 //! Each computes a block's 32 products as ggml's x86 kernels do (absolute values of `x` times `y`
 //! with `x`'s signs, summed in int32) and scales the block's sum by the same two f16 scales; it
 //! only keeps four float accumulators where ggml keeps one, so consecutive blocks do not wait on
@@ -202,6 +204,7 @@ mod q8_k;
 mod rows16_avx2;
 #[cfg(test)]
 mod rows16_avx2_tests;
+mod rows16_avxvnni;
 mod wide;
 mod wide_prompt;
 mod wide_row;
@@ -428,7 +431,7 @@ macro_rules! level {
 level!(
     v3,
     "avx2,fma,f16c",
-    fn values_q5(b: *const BlockQ5) -> __m256i {
+    pub(crate) fn values_q5(b: *const BlockQ5) -> __m256i {
         let nibbles = unsafe { low_nibbles(b) };
         unsafe {
             // Byte j gets bit j of the fifth bits (ggml's bytes_from_bits_32): spread the word
@@ -459,6 +462,28 @@ level!(
     pub use super::{
         q8_k::quantize_q8_k_avx2 as quantize_q8_k,
         rows16_avx2::{gemm_iq4_xs_rows16, gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16},
+    };
+);
+
+level!(
+    avxvnni,
+    "avx2,fma,f16c,avxvnni",
+    fn values_q5(b: *const BlockQ5) -> __m256i {
+        super::v3::values_q5(b)
+    },
+    fn mul_sum(x: __m256i, y: __m256i) -> __m256 {
+        let sums = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+        _mm256_cvtepi32_ps(sums)
+    },
+    tile!("avx2,fma,f16c,avxvnni", tile_q8_0, BlockQ8, values_q8);
+    tile!("avx2,fma,f16c,avxvnni", tile_q5_0, BlockQ5, values_q5);
+    tile!("avx2,fma,f16c,avxvnni", tile_q4_0, BlockQ4, values_q4);
+    gemm!("avx2,fma,f16c,avxvnni", gemm_q8_0, BlockQ8, tile_q8_0);
+    gemm!("avx2,fma,f16c,avxvnni", gemm_q5_0, BlockQ5, tile_q5_0);
+    gemm!("avx2,fma,f16c,avxvnni", gemm_q4_0, BlockQ4, tile_q4_0);
+    pub use super::{
+        q8_k::quantize_q8_k_avx2 as quantize_q8_k,
+        rows16_avxvnni::{gemm_iq4_xs_rows16, gemm_q4_k_rows16, gemm_q5_k_rows16, gemm_q6_k_rows16},
     };
 );
 

@@ -24,7 +24,7 @@ pub struct IQ4XSRows16 {
 const _: () = assert!(std::mem::size_of::<IQ4XSRows16>() == 140 * 16);
 
 /// The levels plus 128, the table indices are looked up in.
-const BIASED: [u8; 16] = {
+pub(super) const BIASED: [u8; 16] = {
     let mut out = [0; 16];
     let mut i = 0;
     while i < 16 {

@@ -1,5 +1,5 @@
-//! The AVX2 kernels of the 16-row layouts (`rows16_avx2`) against the exact sums and, bit for bit,
-//! against the AVX-512 ones.
+//! The AVX2 kernels of the 16-row layouts (`rows16_avx2`, and with AVX-VNNI `rows16_avxvnni`)
+//! against the exact sums and, bit for bit, against the AVX-512 ones.
 
 use super::iq4_xs::tests::{exact as exact_iq4, q8_rows, random_iq4};
 use super::iq4_xs::BlockIQ4XS;
@@ -14,6 +14,7 @@ use super::q6_k::BlockQ6K;
 use super::rows16_avx2::*;
 use super::*;
 use super::{repack_iq4_xs_rows16, repack_q4_k_rows16, repack_q5_k_rows16, repack_q6_k_rows16};
+use super::{rows16_avx2, rows16_avxvnni};
 
 fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
@@ -29,6 +30,41 @@ fn every_row_and_column_equals_the_exact_sums() {
     check_rows16_with(&mut Rng(15), random_iq4, q8_rows, exact_iq4, repack_iq4_xs_rows16, gemm_iq4_xs_rows16);
 }
 
+#[test]
+fn with_avx_vnni_every_row_and_column_equals_the_exact_sums() {
+    if !is_x86_feature_detected!("avxvnni") {
+        eprintln!("SKIPPED: this CPU has no AVX-VNNI (Zen 4 has none; Intel's Xeons from Sapphire Rapids on do)");
+        return;
+    }
+    check_rows16_at(&mut Rng(21), random_q4, exact_q4, repack_q4_k_rows16, rows16_avxvnni::gemm_q4_k_rows16);
+    check_rows16_at(&mut Rng(22), random_q5, exact_q5, repack_q5_k_rows16, rows16_avxvnni::gemm_q5_k_rows16);
+    check_rows16_at(&mut Rng(23), random_q6, exact_q6, repack_q6_k_rows16, rows16_avxvnni::gemm_q6_k_rows16);
+    // The levels plus 128: exact for every activation, −128 included.
+    check_rows16_at(&mut Rng(25), random_iq4, exact_iq4, repack_iq4_xs_rows16, rows16_avxvnni::gemm_iq4_xs_rows16);
+}
+
+/// One set of 256-bit kernels for the four layouts.
+struct Kernels {
+    q4_k: Rows16Gemm<Q4KRows16>,
+    q5_k: Rows16Gemm<Q5KRows16>,
+    q6_k: Rows16Gemm<Q6KRows16>,
+    iq4_xs: Rows16Gemm<IQ4XSRows16>,
+}
+
+const AVX2: Kernels = Kernels {
+    q4_k: rows16_avx2::gemm_q4_k_rows16,
+    q5_k: rows16_avx2::gemm_q5_k_rows16,
+    q6_k: rows16_avx2::gemm_q6_k_rows16,
+    iq4_xs: rows16_avx2::gemm_iq4_xs_rows16,
+};
+
+const AVX_VNNI: Kernels = Kernels {
+    q4_k: rows16_avxvnni::gemm_q4_k_rows16,
+    q5_k: rows16_avxvnni::gemm_q5_k_rows16,
+    q6_k: rows16_avxvnni::gemm_q6_k_rows16,
+    iq4_xs: rows16_avxvnni::gemm_iq4_xs_rows16,
+};
+
 /// `gemm`'s output for `x` (32 rows of `k` blocks) by `n` columns `y`, both groups.
 fn product<R>(repacked: &[R], k: usize, n: usize, y: &[BlockQ8K], gemm: Rows16Gemm<R>) -> Vec<u32> {
     let mut c = vec![f32::NAN; 32 * n];
@@ -42,6 +78,17 @@ fn product<R>(repacked: &[R], k: usize, n: usize, y: &[BlockQ8K], gemm: Rows16Ge
 #[test]
 fn results_are_the_avx512_kernels_bit_for_bit() {
     assert!(has_level(), "the machines these tests run on all have AVX-512 VNNI");
+    bit_for_bit("AVX2", &AVX2, -127);
+    if is_x86_feature_detected!("avxvnni") {
+        bit_for_bit("AVX-VNNI", &AVX_VNNI, -128);
+    } else {
+        eprintln!("SKIPPED the AVX-VNNI kernels: this CPU has none");
+    }
+}
+
+/// `kernels` against the AVX-512 ones; IQ4_XS with activations from `lowest` up (AVX2's sign
+/// trick leaves −128 unnegated).
+fn bit_for_bit(name: &str, kernels: &Kernels, lowest: i8) {
     let rng = &mut Rng(14);
     for (k, n) in [(1, 1), (6, 5), (35, 9)] {
         let ends = |y: i8| -> Vec<BlockQ8K> {
@@ -55,7 +102,7 @@ fn results_are_the_avx512_kernels_bit_for_bit() {
             for x in [q4, top4] {
                 let r = repack_q4_k_rows16(&x, 32, k, k);
                 let want = product(&r, k, n, &y, super::v4::gemm_q4_k_rows16);
-                assert_eq!(product(&r, k, n, &y, gemm_q4_k_rows16), want, "Q4_K k={k} n={n}");
+                assert_eq!(product(&r, k, n, &y, kernels.q4_k), want, "{name} Q4_K k={k} n={n}");
             }
             let q5: Vec<BlockQ5K> = random_q5(rng, 32 * k);
             let top5: Vec<BlockQ5K> = (0..32 * k)
@@ -64,7 +111,7 @@ fn results_are_the_avx512_kernels_bit_for_bit() {
             for x in [q5, top5] {
                 let r = repack_q5_k_rows16(&x, 32, k, k);
                 let want = product(&r, k, n, &y, super::v4::gemm_q5_k_rows16);
-                assert_eq!(product(&r, k, n, &y, gemm_q5_k_rows16), want, "Q5_K k={k} n={n}");
+                assert_eq!(product(&r, k, n, &y, kernels.q5_k), want, "{name} Q5_K k={k} n={n}");
             }
             let q6: Vec<BlockQ6K> = random_q6(rng, 32 * k);
             let top6: Vec<BlockQ6K> = (0..32 * k)
@@ -75,12 +122,13 @@ fn results_are_the_avx512_kernels_bit_for_bit() {
             for x in [q6, top6, low6] {
                 let r = repack_q6_k_rows16(&x, 32, k, k);
                 let want = product(&r, k, n, &y, super::v4::gemm_q6_k_rows16);
-                assert_eq!(product(&r, k, n, &y, gemm_q6_k_rows16), want, "Q6_K k={k} n={n}");
+                assert_eq!(product(&r, k, n, &y, kernels.q6_k), want, "{name} Q6_K k={k} n={n}");
             }
         }
         // IQ4_XS: every index 0 (level −127) or 15 (113), every scale −32 or 31; activations
-        // without −128 (see `iq4_xs_half`).
-        for y in [q8_rows(rng, n * k), ends(-127), ends(127)] {
+        // from `lowest` up.
+        let random = if lowest == -128 { random_q8(rng, n * k) } else { q8_rows(rng, n * k) };
+        for y in [random, ends(lowest), ends(127)] {
             let uniform = |index: u8, scales: u8| -> Vec<BlockIQ4XS> {
                 let (scales_h, scales_l) = (u16::from(scales) * 0x0101, [scales; 4]);
                 (0..32 * k).map(|_| BlockIQ4XS { d: 0x3c00, scales_h, scales_l, qs: [index; 128] }).collect()
@@ -89,7 +137,7 @@ fn results_are_the_avx512_kernels_bit_for_bit() {
             for x in std::iter::once(random_iq4(rng, 32 * k)).chain(edges) {
                 let r = repack_iq4_xs_rows16(&x, 32, k, k);
                 let want = product(&r, k, n, &y, super::v4::gemm_iq4_xs_rows16);
-                assert_eq!(product(&r, k, n, &y, gemm_iq4_xs_rows16), want, "IQ4_XS k={k} n={n}");
+                assert_eq!(product(&r, k, n, &y, kernels.iq4_xs), want, "{name} IQ4_XS k={k} n={n}");
             }
         }
     }
