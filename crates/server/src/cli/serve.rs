@@ -61,6 +61,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let kernels = match args.cpu_kernels {
         crate::cli::CpuKernelsArg::Gantry => gantry_engine::CpuKernels::Gantry,
         crate::cli::CpuKernelsArg::GantryAvx2 => gantry_engine::CpuKernels::GantryAvx2,
+        crate::cli::CpuKernelsArg::GantryAvxVnni => gantry_engine::CpuKernels::GantryAvxVnni,
         crate::cli::CpuKernelsArg::Ggml => gantry_engine::CpuKernels::Ggml,
     };
     // Every model the server may load: whether ggml's repacked weight copies are needed depends

@@ -100,8 +100,9 @@ pub struct ServeArgs {
     /// ggml then makes no repacked copies of Q4_K weights) by one row of activations (a decoding
     /// stream's step) and by a few rows (a few streams' step, drafts, short prompts): `gantry`'s
     /// (x86 with AVX2; the same integer products as ggml's, fetched ahead: faster decoding),
-    /// `gantry-avx2` (Gantry's AVX2 level even where the CPU has AVX-512, to compare with a CPU
-    /// without it on one machine), or `ggml`'s own and llamafile's.
+    /// `gantry-avx2` (Gantry's AVX2 level even where the CPU has AVX-512 or AVX-VNNI, to compare
+    /// with a CPU without them on one machine), `gantry-avxvnni` (its AVX2 level with AVX-VNNI, as
+    /// Intel's client cores run it), or `ggml`'s own and llamafile's.
     #[arg(long, value_enum, default_value_t = CpuKernelsArg::Gantry)]
     pub cpu_kernels: CpuKernelsArg,
     /// Q4_K, Q5_K, Q6_K and IQ4_XS matrices multiplied by 1 to 512 rows of activations (a stream's
@@ -365,8 +366,12 @@ pub enum TwinArg {
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuKernelsArg {
     Gantry,
-    /// Gantry's AVX2 kernels even where the CPU has AVX-512 (what a CPU without it runs).
+    /// Gantry's AVX2 kernels even where the CPU has AVX-512 or AVX-VNNI (what a CPU without them runs).
     GantryAvx2,
+    /// Gantry's AVX2 kernels with AVX-VNNI even where the CPU has AVX-512 (what Intel's client
+    /// cores run).
+    #[value(name = "gantry-avxvnni")]
+    GantryAvxVnni,
     Ggml,
 }
 

@@ -8,7 +8,7 @@ use llama_cpp_sys_2::{
 };
 
 use gantry_cpu_kernels::x86::{
-    v3, v4, BlockIQ4XS, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K,
+    avxvnni, v3, v4, BlockIQ4XS, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K, QK, QK_K,
 };
 
 /// ggml's `ggml_vec_dot_t`: `s[0] = x · y` over `n` values; `bs`, `bx`, `by` and `nrc` only
@@ -17,31 +17,45 @@ use gantry_cpu_kernels::x86::{
 pub(super) type VecDot =
     unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
 
-/// The feature level this CPU runs: AVX-512 with VNNI, else AVX2 with FMA and F16C.
+/// A feature level of Gantry's kernels: AVX-512 with VNNI; AVX2 with FMA, F16C and AVX-VNNI
+/// (`vpdpbusd` on 256-bit registers: Intel's client cores from Alder Lake on); AVX2 with FMA and
+/// F16C alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Level {
     V4,
+    AvxVnni,
     V3,
 }
 
 impl Level {
+    /// Every level, the fastest first.
+    pub(super) const ALL: [Self; 3] = [Self::V4, Self::AvxVnni, Self::V3];
+
+    /// The fastest level this CPU runs.
     pub(super) fn detect() -> Option<Self> {
+        Self::ALL.into_iter().find(|level| level.runs_here())
+    }
+
+    /// Whether this CPU has the level's features (Zen 4 has AVX-512 VNNI but not AVX-VNNI).
+    pub(super) fn runs_here(self) -> bool {
         let v3 =
             is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-        let v4 = is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni");
-        match (v3, v4) {
-            (true, true) => Some(Self::V4),
-            (true, false) => Some(Self::V3),
-            _ => None,
+        v3 && match self {
+            Self::V4 => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            Self::AvxVnni => is_x86_feature_detected!("avxvnni"),
+            Self::V3 => true,
         }
     }
 
     pub(super) fn name(self) -> &'static str {
         match self {
             Self::V4 => "gantry-avx512",
+            Self::AvxVnni => "gantry-avxvnni",
             Self::V3 => "gantry-avx2",
         }
     }
@@ -50,12 +64,13 @@ impl Level {
     pub(super) fn kernels(self) -> (VecDot, VecDot, VecDot) {
         match self {
             Self::V4 => (q8_0_v4, q5_0_v4, q4_0_v4),
+            Self::AvxVnni => (q8_0_avxvnni, q5_0_avxvnni, q4_0_avxvnni),
             Self::V3 => (q8_0_v3, q5_0_v3, q4_0_v3),
         }
     }
 
     /// The level's K-quant kernels (Q4_K, Q5_K, Q6_K and IQ4_XS, each · Q8_K) with their weight
-    /// types: only AVX-512 has them (with AVX2, ggml's serve, but for products of the 16-row
+    /// types: only AVX-512 has them (with AVX2, with or without AVX-VNNI, ggml's serve, but for products of the 16-row
     /// copies, `k_quant_copies`).
     pub(super) fn k_quants(self) -> Option<[(ggml_type, VecDot); 4]> {
         match self {
@@ -65,7 +80,7 @@ impl Level {
                 (GGML_TYPE_Q6_K, q6_k_v4),
                 (GGML_TYPE_IQ4_XS, iq4_xs_v4),
             ]),
-            Self::V3 => None,
+            Self::AvxVnni | Self::V3 => None,
         }
     }
 
@@ -76,7 +91,7 @@ impl Level {
     }
 
     /// The weight types the level's kernels serve at every row count ggml's repacked copies
-    /// would (one activation row, a few, a prompt's ubatch): all but Q4_0 with AVX2, whose
+    /// would (one activation row, a few, a prompt's ubatch): all but Q4_0 with AVX2 (AVX-VNNI or not), whose
     /// prompts past 12 rows would go to llamafile's kernels. On a 2-core Zen 5 llamafile's took
     /// prompts of the 1.5B at Q4_0 at 88 tok/s where ggml's repacked AVX-512 ones took 176; the
     /// AVX2 pair was not measured, so ggml keeps its copies there.
@@ -126,6 +141,9 @@ entry!(q8_0_v4, v4, dot_q8_0, BlockQ8);
 entry!(q5_0_v4, v4, dot_q5_0, BlockQ5);
 entry!(q4_0_v3, v3, dot_q4_0, BlockQ4);
 entry!(q4_0_v4, v4, dot_q4_0, BlockQ4);
+entry!(q8_0_avxvnni, avxvnni, dot_q8_0, BlockQ8);
+entry!(q5_0_avxvnni, avxvnni, dot_q5_0, BlockQ5);
+entry!(q4_0_avxvnni, avxvnni, dot_q4_0, BlockQ4);
 
 entry!(q4_k_v4, v4, dot_q4_k, BlockQ4K, QK_K, BlockQ8K);
 entry!(q5_k_v4, v4, dot_q5_k, BlockQ5K, QK_K, BlockQ8K);
@@ -139,12 +157,13 @@ pub(super) fn ggml_kernel(ty: ggml_type) -> VecDot {
     unsafe { (*traits_of(ty)).vec_dot.expect("ggml has a kernel for this type") }
 }
 
-/// Writes the kernels of the level this CPU runs (the AVX2 level where `avx2_only`) into ggml's
-/// table; returns the level.
-pub(super) fn install(avx2_only: bool) -> Result<Level, String> {
-    let level = match Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")? {
-        Level::V4 if avx2_only => Level::V3,
-        level => level,
+/// Writes the kernels of `wanted` (else the fastest level this CPU runs) into ggml's table;
+/// returns the level.
+pub(super) fn install(wanted: Option<Level>) -> Result<Level, String> {
+    let level = match wanted {
+        Some(level) if level.runs_here() => level,
+        Some(level) => return Err(format!("this CPU lacks the features of {}", level.name())),
+        None => Level::detect().ok_or("this CPU lacks AVX2/FMA/F16C")?,
     };
     for (ty, kernel) in level.table() {
         // SAFETY: the pointer is into ggml's static table, valid for the whole process; nothing
@@ -153,7 +172,7 @@ pub(super) fn install(avx2_only: bool) -> Result<Level, String> {
     }
     let quantizer = match level {
         Level::V4 => quantize_q8_k_v4,
-        Level::V3 => quantize_q8_k_v3,
+        Level::AvxVnni | Level::V3 => quantize_q8_k_v3,
     };
     // SAFETY: as above.
     unsafe { write_quantizer(GGML_TYPE_Q8_K, quantizer)? };

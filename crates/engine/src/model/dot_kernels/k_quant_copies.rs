@@ -1,7 +1,8 @@
 //! Q4_K, Q5_K, Q6_K and IQ4_XS matrices multiplied by 1 to 512 rows of activations (a decoding
 //! stream, a few, a stream's drafts, a prompt's ubatch) from copies in the 16-row layouts of
 //! `gantry-cpu-kernels` (`q4_k_rows16`, `q5_k_rows16`, `q6_k_rows16`, `iq4_xs_rows16`), with
-//! AVX-512, or with AVX2 alone (`rows16_avx2`, eight rows a register) (`--k-quant-copies`).
+//! AVX-512, or with AVX2 (`rows16_avx2`, eight rows a register; `rows16_avxvnni` where the CPU
+//! has AVX-VNNI) (`--k-quant-copies`).
 //!
 //! The kernels of `small_batches` unpack each weight row once for up to eight activation rows and
 //! pay a block's float work for every weight row; in the 16-row layouts one `vpdpbusd` serves 16
@@ -34,8 +35,8 @@ use llama_cpp_sys_2::{
 };
 
 use gantry_cpu_kernels::x86::{
-    repack_iq4_xs_rows16_into, repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v3, v4,
-    BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16,
+    avxvnni, repack_iq4_xs_rows16_into, repack_q4_k_rows16_into, repack_q5_k_rows16_into, repack_q6_k_rows16_into, v3,
+    v4, BlockIQ4XS, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16,
 };
 
 use super::install::Level;
@@ -185,6 +186,10 @@ pub(super) unsafe fn multiply(level: Level, p: &Product, ith: usize, nth: usize)
             (Groups::Q5(g), Level::V3) => v3::gemm_q5_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
             (Groups::Q6(g), Level::V3) => v3::gemm_q6_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
             (Groups::IQ4(g), Level::V3) => v3::gemm_iq4_xs_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q4(g), Level::AvxVnni) => avxvnni::gemm_q4_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q5(g), Level::AvxVnni) => avxvnni::gemm_q5_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::Q6(g), Level::AvxVnni) => avxvnni::gemm_q6_k_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
+            (Groups::IQ4(g), Level::AvxVnni) => avxvnni::gemm_iq4_xs_rows16(groups, n, k, g.as_ptr(), b, ldb, c, ldc),
         }
     }
     true

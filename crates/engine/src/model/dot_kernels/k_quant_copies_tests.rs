@@ -20,8 +20,11 @@ use gantry_cpu_kernels::x86::{IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16, QK_K
 /// The types that have 16-row copies.
 pub(super) const COPIED: [ggml_type; 4] = [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS];
 
-/// The levels whose kernels the tests run: both, on the machines they run on.
-const LEVELS: [Level; 2] = [Level::V4, Level::V3];
+/// The levels whose kernels the tests run: every one this CPU runs (all three where it has
+/// AVX-VNNI besides AVX-512).
+fn levels() -> Vec<Level> {
+    Level::ALL.into_iter().filter(|level| level.runs_here()).collect()
+}
 
 /// `m` rows of `k` blocks (`lda` apart) of `ty` times `n` Q8_K rows, as three threads compute it
 /// from the copies with `level`'s kernels, or `None` where they declined; `C`'s entries past the
@@ -53,7 +56,7 @@ fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    for level in LEVELS {
+    for level in levels() {
         for ty in COPIED {
             let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
             for (m, k) in [(16, 1), (32, 6), (48, 3)] {
@@ -86,7 +89,7 @@ fn an_activation_row_gives_the_same_bits_alone_as_beside_others() {
     k_quant_copies::serve(true);
     let mut rng = Rng(23);
     let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for level in LEVELS {
+    for level in levels() {
         for ty in COPIED {
             let bytes = TYPES.iter().find(|t| t.0 == ty).expect("a K-quant").1;
             let (m, k) = (48, 6);
@@ -111,7 +114,7 @@ fn many_rows_odd_rows_and_other_types_are_not_served_from_copies() {
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(11);
-    for level in LEVELS {
+    for level in levels() {
         for (ty, bytes) in TYPES {
             let copied = COPIED.contains(&ty);
             for (m, n) in [(16, 1), (16, 513), (17, 4), (24, 4), (16, 4), (17, 1)] {

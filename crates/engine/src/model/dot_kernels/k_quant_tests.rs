@@ -137,6 +137,7 @@ fn one_row_agrees_with_ggml_on_quantized_and_real_weights() {
     ggml_ready();
     let k_quants = Level::V4.k_quants().expect("AVX-512 has K-quant kernels");
     assert!(Level::V3.k_quants().is_none(), "with AVX2 ggml's kernels serve K-quants");
+    assert!(Level::AvxVnni.k_quants().is_none(), "with AVX-VNNI too, where not from the copies");
     let ours = |ty: ggml_type| k_quants.iter().find(|k| k.0 == ty).expect("a kernel for every type tested").1;
     let mut rng = Rng(0x5851_f42d_4c95_7f2d);
     let mut cases = Vec::new();

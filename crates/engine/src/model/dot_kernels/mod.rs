@@ -56,16 +56,19 @@ mod tiled;
 pub enum CpuKernels {
     /// Gantry's, where this CPU and build allow them; else ggml's.
     Gantry,
-    /// Gantry's AVX2 level even where the CPU has AVX-512: what a CPU without it runs, to compare
-    /// on one machine.
+    /// Gantry's AVX2 level even where the CPU has AVX-512 or AVX-VNNI: what a CPU without them
+    /// runs, to compare on one machine.
     GantryAvx2,
+    /// Gantry's AVX2 level with AVX-VNNI even where the CPU has AVX-512: what Intel's client cores
+    /// run, to compare on one machine (ggml's kernels where the CPU lacks AVX-VNNI).
+    GantryAvxVnni,
     /// ggml's own.
     Ggml,
 }
 
 /// Puts Gantry's kernels in ggml's table, and its small-batch products in llamafile's place
 /// where the build lets them (once per process; later calls return the first answer), and says
-/// which dot products now serve: `gantry-avx512` or `gantry-avx2`, or `ggml` where they were not
+/// which dot products now serve: `gantry-avx512`, `gantry-avxvnni` or `gantry-avx2`, or `ggml` where they were not
 /// wanted or cannot run here. ggml's repacked copies of weights are skipped where Gantry's
 /// kernels serve every type of `models` (all the process may load) that ggml would copy.
 pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'static str {
@@ -77,7 +80,12 @@ pub fn use_cpu_kernels(choice: CpuKernels, models: &[&std::path::Path]) -> &'sta
             return "ggml";
         }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        match install::install(choice == CpuKernels::GantryAvx2) {
+        let wanted = match choice {
+            CpuKernels::GantryAvx2 => Some(install::Level::V3),
+            CpuKernels::GantryAvxVnni => Some(install::Level::AvxVnni),
+            CpuKernels::Gantry | CpuKernels::Ggml => None,
+        };
+        match install::install(wanted) {
             Ok(level) => {
                 #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]
                 match small_batches::enable(level) {
@@ -127,7 +135,7 @@ pub fn weights_repacked() -> bool {
 
 /// Whose kernels multiply Q8_0, Q5_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS weights by a few rows of activations
 /// (`small_batches`):
-/// `gantry-avx512` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
+/// `gantry-avx512`, `gantry-avxvnni` or `gantry-avx2` once [`use_cpu_kernels`] put Gantry's in place where ggml's
 /// CPU backend is linked in, else `llamafile`.
 pub fn small_batch_kernels() -> &'static str {
     #[cfg(any(ggml_cpu_static, ggml_cpu_loaded))]

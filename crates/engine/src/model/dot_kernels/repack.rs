@@ -124,6 +124,7 @@ mod tests {
         use super::super::install::Level;
         assert_eq!(Level::V4.serves_without_repacking(), V4, "the levels' own lists");
         assert_eq!(Level::V3.serves_without_repacking(), V3, "the levels' own lists");
+        assert_eq!(Level::AvxVnni.serves_without_repacking(), V3, "AVX-VNNI serves what AVX2 does");
         assert!(!costs_nothing(&V3, &q4_k_m), "with AVX2 ggml's repacked Q4_K kernels serve");
         assert!(!costs_nothing(&V4, &[GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL]), "no one but ggml serves IQ4_NL");
         assert!(!costs_nothing(&V4, &[GGML_TYPE_MXFP4]));

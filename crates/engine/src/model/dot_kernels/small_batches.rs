@@ -35,7 +35,9 @@ use llama_cpp_sys_2::{
     GGML_TYPE_Q8_0, GGML_TYPE_Q8_K,
 };
 
-use gantry_cpu_kernels::x86::{v3, v4, BlockIQ4XS, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K};
+use gantry_cpu_kernels::x86::{
+    avxvnni, v3, v4, BlockIQ4XS, BlockQ4, BlockQ4K, BlockQ5, BlockQ5K, BlockQ6K, BlockQ8, BlockQ8K,
+};
 
 use super::install::{traits_of_type, Level, VecDot};
 
@@ -49,7 +51,7 @@ use super::install::{traits_of_type, Level, VecDot};
 pub(super) fn max_columns(level: Level) -> i64 {
     match level {
         Level::V4 => 512,
-        Level::V3 => 12,
+        Level::AvxVnni | Level::V3 => 12,
     }
 }
 
@@ -60,7 +62,8 @@ pub(super) struct ComputeParams {
     pub(super) nth: c_int,
 }
 
-/// 0: llamafile's for every product; else the level ([`Level`]) whose kernels serve.
+/// 0: llamafile's for every product; else 1 + the index in [`Level::ALL`] of the level whose
+/// kernels serve.
 static LEVEL: AtomicU8 = AtomicU8::new(0);
 /// Calls ggml made here (counted by the first thread), for tests: the `--wrap` took.
 static CALLS: AtomicU64 = AtomicU64::new(0);
@@ -78,13 +81,8 @@ pub(super) fn enable(level: Level) -> Result<(), String> {
         }
         llamafile().ok_or("the loaded CPU backend has no llamafile_sgemm")?;
     }
-    LEVEL.store(
-        match level {
-            Level::V4 => 4,
-            Level::V3 => 3,
-        },
-        Ordering::Relaxed,
-    );
+    let code = Level::ALL.iter().position(|l| *l == level).map_or(0, |i| i + 1);
+    LEVEL.store(u8::try_from(code).unwrap_or(0), Ordering::Relaxed);
     Ok(())
 }
 
@@ -94,15 +92,12 @@ pub(super) fn level() -> Option<Level> {
 }
 
 fn enabled() -> Option<Level> {
-    match LEVEL.load(Ordering::Relaxed) {
-        4 => Some(Level::V4),
-        3 => Some(Level::V3),
-        _ => None,
-    }
+    let code = usize::from(LEVEL.load(Ordering::Relaxed));
+    code.checked_sub(1).and_then(|i| Level::ALL.get(i).copied())
 }
 
 /// Whose kernels multiply small batches of Q8_0, Q5_0 and Q4_0 weights: the level's name
-/// (`gantry-avx512`, `gantry-avx2`) or `llamafile`.
+/// (`gantry-avx512`, `gantry-avxvnni`, `gantry-avx2`) or `llamafile`.
 pub(crate) fn kernels() -> &'static str {
     enabled().map_or("llamafile", Level::name)
 }
@@ -244,11 +239,21 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
     let (a, c) = (p.a, p.c.cast::<f32>());
     // Q8_0 activations for Q8_0, Q5_0 and Q4_0 weights, Q8_K for the K-quants (`ours` checked which).
     let (q8_0, q8_k) = (p.b.cast::<BlockQ8>(), p.b.cast::<BlockQ8K>());
-    let v4 = level == Some(Level::V4);
+    let level = level.unwrap_or(Level::V3);
     if n == 1 {
         // SAFETY: as below.
-        unsafe { one_row(v4, p.a_type, rows, k, a, lda, p.b, c) };
+        unsafe { one_row(level, p.a_type, rows, k, a, lda, p.b, c) };
         return true;
+    }
+    /// The level's gemm of Q8_0 activations by weights of `$Block`.
+    macro_rules! zero_type {
+        ($gemm:ident, $Block:ty) => {
+            match level {
+                Level::V4 => v4::$gemm(rows, n, k, a.cast::<$Block>(), lda, q8_0, ldb, c, ldc),
+                Level::AvxVnni => avxvnni::$gemm(rows, n, k, a.cast::<$Block>(), lda, q8_0, ldb, c, ldc),
+                Level::V3 => v3::$gemm(rows, n, k, a.cast::<$Block>(), lda, q8_0, ldb, c, ldc),
+            }
+        };
     }
     // SAFETY: the sizes are ggml's for these matrices, and the level was detected on this CPU
     // (the K-quants only reach here with AVX-512).
@@ -258,12 +263,9 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
             GGML_TYPE_Q5_K => v4::gemm_q5_k(rows, n, k, a.cast::<BlockQ5K>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_Q6_K => v4::gemm_q6_k(rows, n, k, a.cast::<BlockQ6K>(), lda, q8_k, ldb, c, ldc),
             GGML_TYPE_IQ4_XS => v4::gemm_iq4_xs(rows, n, k, a.cast::<BlockIQ4XS>(), lda, q8_k, ldb, c, ldc),
-            GGML_TYPE_Q8_0 if v4 => v4::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
-            GGML_TYPE_Q8_0 => v3::gemm_q8_0(rows, n, k, a.cast::<BlockQ8>(), lda, q8_0, ldb, c, ldc),
-            GGML_TYPE_Q4_0 if v4 => v4::gemm_q4_0(rows, n, k, a.cast::<BlockQ4>(), lda, q8_0, ldb, c, ldc),
-            GGML_TYPE_Q4_0 => v3::gemm_q4_0(rows, n, k, a.cast::<BlockQ4>(), lda, q8_0, ldb, c, ldc),
-            _ if v4 => v4::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
-            _ => v3::gemm_q5_0(rows, n, k, a.cast::<BlockQ5>(), lda, q8_0, ldb, c, ldc),
+            GGML_TYPE_Q8_0 => zero_type!(gemm_q8_0, BlockQ8),
+            GGML_TYPE_Q4_0 => zero_type!(gemm_q4_0, BlockQ4),
+            _ => zero_type!(gemm_q5_0, BlockQ5),
         }
     }
     true
@@ -283,7 +285,7 @@ pub(super) unsafe fn multiply(level: Option<Level>, params: *const ComputeParams
 /// features were detected on this CPU (the K-quants only with AVX-512).
 #[allow(clippy::too_many_arguments, reason = "the product's matrices")]
 unsafe fn one_row(
-    v4: bool,
+    level: Level,
     a_type: c_int,
     rows: Range<usize>,
     k: usize,
@@ -300,6 +302,17 @@ unsafe fn one_row(
             }
         };
     }
+    /// The level's dot product of Q8_0 activations with each row of `$Block` weights.
+    macro_rules! zero_type {
+        ($dot:ident, $Block:ty) => {
+            match level {
+                Level::V4 => each_row!(v4::$dot, $Block, BlockQ8),
+                Level::AvxVnni => each_row!(avxvnni::$dot, $Block, BlockQ8),
+                Level::V3 => each_row!(v3::$dot, $Block, BlockQ8),
+            }
+        };
+    }
+    let v4 = level == Level::V4;
     match u32::try_from(a_type).unwrap_or(u32::MAX) {
         // SAFETY: the caller's.
         GGML_TYPE_Q8_0 if v4 => unsafe { v4::gemv_q8_0(rows, k, a.cast(), lda, y.cast(), c) },
@@ -309,10 +322,9 @@ unsafe fn one_row(
         GGML_TYPE_Q5_K => each_row!(v4::dot_q5_k, BlockQ5K, BlockQ8K),
         GGML_TYPE_Q6_K => each_row!(v4::dot_q6_k, BlockQ6K, BlockQ8K),
         GGML_TYPE_IQ4_XS => each_row!(v4::dot_iq4_xs, BlockIQ4XS, BlockQ8K),
-        GGML_TYPE_Q8_0 => each_row!(v3::dot_q8_0, BlockQ8, BlockQ8),
-        GGML_TYPE_Q4_0 => each_row!(v3::dot_q4_0, BlockQ4, BlockQ8),
-        _ if v4 => each_row!(v4::dot_q5_0, BlockQ5, BlockQ8),
-        _ => each_row!(v3::dot_q5_0, BlockQ5, BlockQ8),
+        GGML_TYPE_Q8_0 => zero_type!(dot_q8_0, BlockQ8),
+        GGML_TYPE_Q4_0 => zero_type!(dot_q4_0, BlockQ4),
+        _ => zero_type!(dot_q5_0, BlockQ5),
     }
 }
 

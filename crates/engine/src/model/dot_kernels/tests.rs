@@ -120,12 +120,9 @@ fn call(kernel: super::install::VecDot, n: usize, x: &[u8], y: &[u8]) -> f64 {
 }
 
 pub(super) fn levels() -> Vec<Level> {
-    // Every level this CPU runs: the AVX-512 one where it can, and always the AVX2 one.
-    match Level::detect() {
-        Some(Level::V4) => vec![Level::V4, Level::V3],
-        Some(Level::V3) => vec![Level::V3],
-        None => Vec::new(),
-    }
+    // Every level this CPU runs: the AVX-512 one and the AVX-VNNI one where it can, and always
+    // the AVX2 one.
+    Level::ALL.into_iter().filter(|level| level.runs_here()).collect()
 }
 
 /// Row lengths of the default model (896, 4864), the shortest, and ones that leave 1-3 blocks

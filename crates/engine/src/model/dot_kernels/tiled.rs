@@ -82,6 +82,7 @@ mod tests {
             assert!(!declined(Some(Level::V4), ty, TILED_FROM_ROWS, false), "a prompt's rows");
             assert!(!declined(Some(Level::V4), ty, 512, false));
             assert!(!declined(Some(Level::V3), ty, 8, false), "Gantry's AVX2 kernels serve no K-quant");
+            assert!(!declined(Some(Level::AvxVnni), ty, 8, false), "nor its AVX-VNNI ones");
             assert!(!declined(None, ty, 8, false), "Gantry's kernels not in use");
         }
         for ty in [GGML_TYPE_Q3_K, GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_0] {
@@ -95,6 +96,7 @@ mod tests {
             for rows in [2, 33, TILED_FROM_ROWS, 97, 512] {
                 assert!(declined(Some(Level::V4), ty, rows, true), "type {ty}, {rows} rows");
                 assert!(declined(Some(Level::V3), ty, rows, true), "type {ty}, {rows} rows, AVX2");
+                assert!(declined(Some(Level::AvxVnni), ty, rows, true), "type {ty}, {rows} rows, AVX-VNNI");
             }
             assert!(!declined(None, ty, 97, true), "Gantry's kernels not in use");
         }
