@@ -25,21 +25,28 @@ fn in_both_halves(x: __m256i) -> __m256i {
     _mm256_blend_epi16::<0b1010_1010>(x, _mm256_slli_epi32::<16>(x))
 }
 
-/// `v` with 16 added to byte `i` where bit `i` of `bits` is set: Q5_K's fifth bits.
+/// `lo` and `hi`, the low and high nibbles of rows `8h..8h + 8` of a Q5_K register, with 16 added
+/// to each byte whose fifth bit is set: byte `b`'s is bit `32h + b` of `masks[0]` (of `masks[1]`
+/// for `hi`), as `q5_k_rows16` lays them out.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn add_fifth_bits(v: __m256i, bits: u32) -> __m256i {
-    // Byte `i` of the result takes byte `i / 8` of `bits` (each 128-bit lane has all four), then
-    // keeps bit `i % 8` of it.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits as i32),
+pub(super) fn add_fifth_bits(lo: __m256i, hi: __m256i, masks: &[u64], h: usize) -> (__m256i, __m256i) {
+    // Both masks in each 128-bit lane (one load); byte `b` of a result takes byte `4h + b / 8` of
+    // its mask, then keeps bit `b % 8` of it.
+    let both = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(masks[..2].as_ptr().cast()) });
+    let at = _mm256_add_epi8(
         _mm256_setr_epi8(
             0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
         ),
+        _mm256_set1_epi8(4 * h as i8),
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_add_epi8(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    let sixteen = _mm256_set1_epi8(0x10);
+    let add = |v: __m256i, at: __m256i| {
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(both, at), bit), bit);
+        _mm256_add_epi8(v, _mm256_and_si256(set, sixteen))
+    };
+    (add(lo, at), add(hi, _mm256_add_epi8(at, _mm256_set1_epi8(8))))
 }
 
 /// Rows `8h..8h + 8` of a Q4_K or Q5_K group (`k` blocks of `g`) times `C` activation rows: lane
@@ -87,8 +94,7 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
                 let v = unsafe { _mm256_loadu_si256(sub_block.nibbles[i].as_ptr().add(32 * h).cast()) };
                 let (mut lo, mut hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
                 if FIFTH > 0 {
-                    lo = add_fifth_bits(lo, (sub_block.fifth[2 * i] >> (32 * h)) as u32);
-                    hi = add_fifth_bits(hi, (sub_block.fifth[2 * i + 1] >> (32 * h)) as u32);
+                    (lo, hi) = add_fifth_bits(lo, hi, &sub_block.fifth[2 * i..], h);
                 }
                 for c in 0..C {
                     let low = _mm256_maddubs_epi16(lo, broadcast(c, 32 * s + 4 * i));

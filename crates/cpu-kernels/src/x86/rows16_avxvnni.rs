@@ -53,8 +53,7 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
                 let v = unsafe { _mm256_loadu_si256(sub_block.nibbles[i].as_ptr().add(32 * h).cast()) };
                 let (mut lo, mut hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
                 if FIFTH > 0 {
-                    lo = add_fifth_bits(lo, (sub_block.fifth[2 * i] >> (32 * h)) as u32);
-                    hi = add_fifth_bits(hi, (sub_block.fifth[2 * i + 1] >> (32 * h)) as u32);
+                    (lo, hi) = add_fifth_bits(lo, hi, &sub_block.fifth[2 * i..], h);
                 }
                 for c in 0..C {
                     sub[c] = _mm256_dpbusd_avx_epi32(sub[c], lo, broadcast(c, 32 * s + 4 * i));
