@@ -219,44 +219,64 @@ async fn replicas_behind_a_load_balancer_keep_the_ledger_exact_through_kills_dra
 
     // 2. The ledger equals what clients were told; nothing is billed twice; cut and cancelled
     //    requests are billed at most their max_tokens (the killed replica's not at all).
+    //    One exception, a window of a few milliseconds: a request the killed replica finished
+    //    and journalled just before the kill, its answer not yet sent. nginx passes it on to
+    //    the next replica (`proxy_next_upstream error … non_idempotent`, as docs/replicas.md
+    //    configures it), whose answer the client gets: a refusal (the budget spent meanwhile) or
+    //    a second run. The killed replica books its run when it comes back (its journal
+    //    replays), so such a request may have one row more than its client was told of, at
+    //    most its max_tokens.
+    let passed_on_at_the_kill = |s: &Sent| {
+        let tried: Vec<&str> = s.upstream.split(", ").collect();
+        tried.len() > 1 && tried[0] == killed_addr && s.started <= killed_at && s.ended >= killed_at
+    };
     let settle_deadline = Instant::now() + Duration::from_secs(90);
     let told: Vec<&Sent> = sent.iter().filter(|s| matches!(s.answer, Answer::Completed(_))).collect();
     let (rows, by_client) = loop {
         let rows: Vec<Value> = serde_json::from_str(&cli(&url, &["usage", "--requests", "--format", "json"])).unwrap();
-        let by_client: HashMap<String, Value> =
-            rows.iter().filter_map(|r| Some((r["client_request_id"].as_str()?.to_string(), r.clone()))).collect();
+        let mut by_client: HashMap<String, Vec<Value>> = HashMap::new();
+        for r in &rows {
+            if let Some(id) = r["client_request_id"].as_str() {
+                by_client.entry(id.to_string()).or_default().push(r.clone());
+            }
+        }
         if told.iter().all(|s| by_client.contains_key(&s.client_id)) || Instant::now() > settle_deadline {
             break (rows, by_client);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    assert_eq!(by_client.len(), rows.len(), "every request is billed once");
+    assert_eq!(by_client.values().map(Vec::len).sum::<usize>(), rows.len(), "every row names its request");
     assert!(
         !by_client.contains_key("victim"),
         "the stream cut by the SIGKILL is billed nothing (its server never settled)"
     );
+    let billed = |r: &Value| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap();
+    let within_max_tokens = |s: &Sent, r: &Value| r["completion_tokens"].as_u64().unwrap() <= s.kind.max_tokens();
     let mut mismatched = Vec::new();
     for s in &sent {
-        let row = by_client.get(&s.client_id);
-        let billed = row.map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap());
+        let rows = by_client.get(&s.client_id).map_or(&[][..], Vec::as_slice);
+        let passed_on = passed_on_at_the_kill(s);
+        // One row more than the client was told of: the killed replica's run of a request
+        // passed on.
+        let extra = usize::from(passed_on);
         match &s.answer {
-            Answer::Completed(t) if billed != Some(*t) => {
-                mismatched.push(format!("{}: told {t}, billed {billed:?}", s.client_id))
+            Answer::Completed(t) if !rows.iter().any(|r| billed(r) == *t) || rows.len() > 1 + extra => {
+                mismatched.push(format!("{}: told {t}, billed {rows:?}", s.client_id))
             }
-            Answer::Refused(..) if row.is_some() => {
-                mismatched.push(format!("{}: refused, yet billed {row:?}", s.client_id))
+            Answer::Refused(..) if rows.len() > extra || !rows.iter().all(|r| within_max_tokens(s, r)) => {
+                mismatched.push(format!("{}: refused, yet billed {rows:?} (upstream {})", s.client_id, s.upstream))
             }
             Answer::Cut(_) | Answer::Cancelled | Answer::StreamError => {
-                if let Some(r) = row {
-                    assert!(r["completion_tokens"].as_u64().unwrap() <= s.kind.max_tokens(), "{}: {r}", s.client_id);
+                assert!(rows.len() <= 1 + extra, "{}: billed {} times: {rows:?}", s.client_id, rows.len());
+                for r in rows {
+                    assert!(within_max_tokens(s, r), "{}: {r}", s.client_id);
                 }
             }
             _ => {}
         }
     }
     assert!(mismatched.is_empty(), "the ledger differs from what clients were told: {mismatched:#?}");
-    let billed_total: u64 =
-        rows.iter().map(|r| r["prompt_tokens"].as_u64().unwrap() + r["completion_tokens"].as_u64().unwrap()).sum();
+    let billed_total: u64 = rows.iter().map(billed).sum();
     let told_total: u64 = told.iter().map(|s| if let Answer::Completed(t) = s.answer { t } else { 0 }).sum();
 
     // 3. Budgets and the RPM limit held across replicas, and 4. no reservation is left.
