@@ -70,8 +70,8 @@ impl Level {
     }
 
     /// The level's K-quant kernels (Q4_K, Q5_K, Q6_K and IQ4_XS, each · Q8_K) with their weight
-    /// types: only AVX-512 has them (with AVX2, with or without AVX-VNNI, ggml's serve, but for products of the 16-row
-    /// copies, `k_quant_copies`).
+    /// types: only AVX-512 has them (with AVX2, with or without AVX-VNNI, ggml's serve, but for
+    /// products of the 16-row copies, `k_quant_copies`).
     pub(super) fn k_quants(self) -> Option<[(ggml_type, VecDot); 4]> {
         match self {
             Self::V4 => Some([
@@ -91,10 +91,10 @@ impl Level {
     }
 
     /// The weight types the level's kernels serve at every row count ggml's repacked copies
-    /// would (one activation row, a few, a prompt's ubatch): all but Q4_0 with AVX2 (AVX-VNNI or not), whose
-    /// prompts past 12 rows would go to llamafile's kernels. On a 2-core Zen 5 llamafile's took
-    /// prompts of the 1.5B at Q4_0 at 88 tok/s where ggml's repacked AVX-512 ones took 176; the
-    /// AVX2 pair was not measured, so ggml keeps its copies there.
+    /// would (one activation row, a few, a prompt's ubatch): all but Q4_0 with AVX2 (AVX-VNNI or
+    /// not), whose prompts past 12 rows would go to llamafile's kernels. On a 2-core Zen 5
+    /// llamafile's took prompts of the 1.5B at Q4_0 at 88 tok/s where ggml's repacked AVX-512
+    /// ones took 176; the AVX2 pair was not measured, so ggml keeps its copies there.
     pub(super) fn serves_without_repacking(self) -> Vec<ggml_type> {
         self.table().into_iter().map(|(ty, _)| ty).filter(|ty| self == Self::V4 || *ty != GGML_TYPE_Q4_0).collect()
     }

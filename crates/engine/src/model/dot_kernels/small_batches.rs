@@ -47,7 +47,10 @@ use super::install::{traits_of_type, Level, VecDot};
 /// matrix 84 / 107 ms for 512 rows (a prompt's ubatch) against 156 / 149. The AVX2 ones take 7-23
 /// ms for 2 to 8 rows and are level with llamafile's by 16-24. The AVX-512 level stops at
 /// llama.cpp's default ubatch: past it nothing was measured, and each thread's repacked activation
-/// rows (64 bytes a block: 5 MB at 512 rows of 4,864 values) grow further out of cache.
+/// rows (64 bytes a block: 5 MB at 512 rows of 4,864 values) grow further out of cache. The
+/// AVX-VNNI level stops where AVX2 does: taking a prompt's rows up to 512 (Sapphire Rapids as
+/// an Alder Lake, the 0.5B, whose weights are mostly Q5_0 and Q8_0) left its prompts of 71-735
+/// tokens no faster (735 in 3.4 s against 3.2), llamafile's kernels using `vpdpbusd` there too.
 pub(super) fn max_columns(level: Level) -> i64 {
     match level {
         Level::V4 => 512,
