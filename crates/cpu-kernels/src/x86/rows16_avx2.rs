@@ -13,8 +13,8 @@
 use super::iq4_xs::{LEVELS, MAGNITUDES};
 use super::iq4_xs_rows16::IQ4XSRows16;
 use super::k_quants::BlockQ8K;
-use super::q4_k_rows16::{sub_block_sums, NibbleRows16};
-use super::q6_k_rows16::Q6KRows16;
+use super::q4_k_rows16::{sub_block_sums, NibbleRows16, Sub};
+use super::q6_k_rows16::{Q6KRows16, Quarter};
 use super::*;
 
 /// Each 32-bit lane's low 16 bits in both of its halves: a row's scale for both products a
@@ -49,6 +49,68 @@ pub(super) fn add_fifth_bits(lo: __m256i, hi: __m256i, masks: &[u64], h: usize) 
     (add(lo, at), add(hi, _mm256_add_epi8(at, _mm256_set1_epi8(8))))
 }
 
+/// Fetches `ahead_by` bytes past block `b` of group `g` (a 16-row layout `G`) into cache: sub-block
+/// `s`'s share of its lines, eight shares a block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn fetch_sub_block<G>(g: *const G, b: usize, s: usize, ahead_by: usize) {
+    let lines = std::mem::size_of::<G>().div_ceil(64).div_ceil(8);
+    let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+    }
+}
+
+/// Register `i` of rows `8h..8h + 8` of a Q4_K or Q5_K sub-block, as its low and high nibbles'
+/// values (the fifth bits added for Q5_K).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn nibble_values<const FIFTH: usize>(sub_block: &Sub<FIFTH>, i: usize, h: usize) -> (__m256i, __m256i) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let v = unsafe { _mm256_loadu_si256(sub_block.nibbles[i].as_ptr().add(32 * h).cast()) };
+    let (lo, hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
+    if FIFTH > 0 {
+        add_fifth_bits(lo, hi, &sub_block.fifth[2 * i..], h)
+    } else {
+        (lo, hi)
+    }
+}
+
+/// Fetches `ahead_by` bytes past block `b` of Q6_K group `g` into cache, sub-block `s`'s lines as
+/// `q6_k_rows16`'s tile takes them: the quarter's scales with its first sub-block, three lines a
+/// sub-block, the scales `d` with the last.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn fetch_q6_k_sub_block(g: *const Q6KRows16, b: usize, s: usize, ahead_by: usize) {
+    let (first, lines) = match s % 4 {
+        0 => (13 * (s / 4), 4),
+        t => (13 * (s / 4) + 1 + 3 * t, if s == 15 { 4 } else { 3 }),
+    };
+    let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * first);
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+    }
+}
+
+/// Sub-block `t` of a Q6_K quarter, rows `8h..8h + 8`: its four registers of values (stored
+/// `+ 32`), each value's four bits and two top bits put together.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn q6_k_quads(quarter: &Quarter, t: usize, h: usize) -> [__m256i; 4] {
+    let (low4, bits45) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    let load = |i: usize| unsafe { _mm256_loadu_si256(quarter.subs[t][i].as_ptr().add(32 * h).cast()) };
+    let (v0, v1, high) = (load(0), load(1), load(2));
+    [
+        _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(high), bits45)),
+        _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(high), bits45)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v0), low4), _mm256_and_si256(high, bits45)),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v1), low4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(high), bits45),
+        ),
+    ]
+}
+
 /// Rows `8h..8h + 8` of a Q4_K or Q5_K group (`k` blocks of `g`) times `C` activation rows: lane
 /// `r` of result `c` is row `8h + r`'s product with column `c`. Half 0 fetches the group's lines
 /// ahead; half 1 finds them in cache.
@@ -66,9 +128,7 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
     y: [*const BlockQ8K; C],
     sums: [*const [i32; 4]; C],
 ) -> [__m256; C] {
-    let low4 = _mm256_set1_epi8(0x0f);
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
-    let lines = std::mem::size_of::<NibbleRows16<FIFTH>>().div_ceil(64).div_ceil(8);
     // Registers of nibbles whose 16-bit sums are added before they overflow: a lane's two sums of
     // 8 products of values to 15 (to 31 with the fifth bit) by activations to ±128.
     let per_scale = if FIFTH > 0 { 2 } else { 4 };
@@ -80,10 +140,7 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
         let mut block = [_mm256_setzero_si256(); C];
         for s in 0..8 {
             if h == 0 {
-                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
-                for l in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
-                }
+                fetch_sub_block(g, b, s, ahead_by);
             }
             let sub_block = &w.subs[s];
             let scale = in_both_halves(_mm256_cvtepu8_epi32(unsafe {
@@ -91,11 +148,7 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
             }));
             let mut pairs = [_mm256_setzero_si256(); C];
             for i in 0..4 {
-                let v = unsafe { _mm256_loadu_si256(sub_block.nibbles[i].as_ptr().add(32 * h).cast()) };
-                let (mut lo, mut hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
-                if FIFTH > 0 {
-                    (lo, hi) = add_fifth_bits(lo, hi, &sub_block.fifth[2 * i..], h);
-                }
+                let (lo, hi) = nibble_values(sub_block, i, h);
                 for c in 0..C {
                     let low = _mm256_maddubs_epi16(lo, broadcast(c, 32 * s + 4 * i));
                     let high = _mm256_maddubs_epi16(hi, broadcast(c, 32 * s + 16 + 4 * i));
@@ -138,7 +191,6 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
 #[inline]
 #[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
 unsafe fn q6_k_half<const C: usize>(k: usize, g: *const Q6KRows16, h: usize, y: [*const BlockQ8K; C]) -> [__m256; C] {
-    let (low4, bits45) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..k {
@@ -151,28 +203,9 @@ unsafe fn q6_k_half<const C: usize>(k: usize, g: *const Q6KRows16, h: usize, y: 
         for s in 0..16 {
             let (quarter, t) = (&w.quarters[s / 4], s % 4);
             if h == 0 {
-                // As `q6_k_rows16`'s tile: the quarter's scales with its first sub-block, three
-                // lines a sub-block, the scales `d` with the last.
-                let (first, lines) = match t {
-                    0 => (13 * (s / 4), 4),
-                    _ => (13 * (s / 4) + 1 + 3 * t, if s == 15 { 4 } else { 3 }),
-                };
-                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * first);
-                for l in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
-                }
+                fetch_q6_k_sub_block(g, b, s, ahead_by);
             }
-            let load = |i: usize| unsafe { _mm256_loadu_si256(quarter.subs[t][i].as_ptr().add(32 * h).cast()) };
-            let (v0, v1, high) = (load(0), load(1), load(2));
-            let quads = [
-                _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(high), bits45)),
-                _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(high), bits45)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v0), low4), _mm256_and_si256(high, bits45)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v1), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(high), bits45),
-                ),
-            ];
+            let quads = q6_k_quads(quarter, t, h);
             let scale = in_both_halves(_mm256_cvtepi8_epi32(unsafe {
                 _mm_loadl_epi64(quarter.scales[t].as_ptr().add(8 * h).cast())
             }));
@@ -243,7 +276,6 @@ unsafe fn iq4_xs_half<const C: usize>(
     let table = |t: *const u8| _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.cast()) });
     let (magnitudes, signs) = (table(MAGNITUDES.as_ptr()), table(SIGNS.as_ptr().cast()));
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
-    let lines = std::mem::size_of::<IQ4XSRows16>().div_ceil(64).div_ceil(8);
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..k {
         let w = unsafe { &*g.add(b) };
@@ -254,10 +286,7 @@ unsafe fn iq4_xs_half<const C: usize>(
         let mut block = [_mm256_setzero_si256(); C];
         for s in 0..8 {
             if h == 0 {
-                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
-                for l in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
-                }
+                fetch_sub_block(g, b, s, ahead_by);
             }
             let scale = in_both_halves(_mm256_cvtepi8_epi32(unsafe {
                 _mm_loadl_epi64(w.scales[s].as_ptr().add(8 * h).cast())

@@ -11,7 +11,7 @@ use super::iq4_xs_rows16::{IQ4XSRows16, BIASED};
 use super::k_quants::BlockQ8K;
 use super::q4_k_rows16::{sub_block_sums, NibbleRows16};
 use super::q6_k_rows16::Q6KRows16;
-use super::rows16_avx2::add_fifth_bits;
+use super::rows16_avx2::{fetch_q6_k_sub_block, fetch_sub_block, nibble_values, q6_k_quads};
 use super::*;
 
 /// Rows `8h..8h + 8` of a Q4_K or Q5_K group (`k` blocks of `g`) times `C` activation rows: lane
@@ -31,9 +31,7 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
     y: [*const BlockQ8K; C],
     sums: [*const [i32; 4]; C],
 ) -> [__m256; C] {
-    let low4 = _mm256_set1_epi8(0x0f);
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
-    let lines = std::mem::size_of::<NibbleRows16<FIFTH>>().div_ceil(64).div_ceil(8);
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..k {
         let w = unsafe { &*g.add(b) };
@@ -42,19 +40,12 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
         let mut block = [_mm256_setzero_si256(); C];
         for s in 0..8 {
             if h == 0 {
-                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
-                for l in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
-                }
+                fetch_sub_block(g, b, s, ahead_by);
             }
             let sub_block = &w.subs[s];
             let mut sub = [_mm256_setzero_si256(); C];
             for i in 0..4 {
-                let v = unsafe { _mm256_loadu_si256(sub_block.nibbles[i].as_ptr().add(32 * h).cast()) };
-                let (mut lo, mut hi) = (_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
-                if FIFTH > 0 {
-                    (lo, hi) = add_fifth_bits(lo, hi, &sub_block.fifth[2 * i..], h);
-                }
+                let (lo, hi) = nibble_values(sub_block, i, h);
                 for c in 0..C {
                     sub[c] = _mm256_dpbusd_avx_epi32(sub[c], lo, broadcast(c, 32 * s + 4 * i));
                     sub[c] = _mm256_dpbusd_avx_epi32(sub[c], hi, broadcast(c, 32 * s + 16 + 4 * i));
@@ -95,7 +86,6 @@ unsafe fn nibble_half<const C: usize, const FIFTH: usize>(
 #[inline]
 #[allow(clippy::needless_range_loop, reason = "columns index fixed arrays")]
 unsafe fn q6_k_half<const C: usize>(k: usize, g: *const Q6KRows16, h: usize, y: [*const BlockQ8K; C]) -> [__m256; C] {
-    let (low4, bits45) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..k {
@@ -108,28 +98,9 @@ unsafe fn q6_k_half<const C: usize>(k: usize, g: *const Q6KRows16, h: usize, y: 
         for s in 0..16 {
             let (quarter, t) = (&w.quarters[s / 4], s % 4);
             if h == 0 {
-                // As `q6_k_rows16`'s tile: the quarter's scales with its first sub-block, three
-                // lines a sub-block, the scales `d` with the last.
-                let (first, lines) = match t {
-                    0 => (13 * (s / 4), 4),
-                    _ => (13 * (s / 4) + 1 + 3 * t, if s == 15 { 4 } else { 3 }),
-                };
-                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * first);
-                for l in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
-                }
+                fetch_q6_k_sub_block(g, b, s, ahead_by);
             }
-            let load = |i: usize| unsafe { _mm256_loadu_si256(quarter.subs[t][i].as_ptr().add(32 * h).cast()) };
-            let (v0, v1, high) = (load(0), load(1), load(2));
-            let quads = [
-                _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(high), bits45)),
-                _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(high), bits45)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v0), low4), _mm256_and_si256(high, bits45)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v1), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(high), bits45),
-                ),
-            ];
+            let quads = q6_k_quads(quarter, t, h);
             let scale = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(quarter.scales[t].as_ptr().add(8 * h).cast()) });
             for c in 0..C {
                 let bsum = i32::from(unsafe { (*yb[c]).bsums[s] });
@@ -168,7 +139,6 @@ unsafe fn iq4_xs_half<const C: usize>(
     let low4 = _mm256_set1_epi8(0x0f);
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(BIASED.as_ptr().cast()) });
     let ahead_by = if C == 1 { ONE_ROW_AHEAD } else { PREFETCH_AHEAD };
-    let lines = std::mem::size_of::<IQ4XSRows16>().div_ceil(64).div_ceil(8);
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..k {
         let w = unsafe { &*g.add(b) };
@@ -179,10 +149,7 @@ unsafe fn iq4_xs_half<const C: usize>(
         let mut block = [_mm256_setzero_si256(); C];
         for s in 0..8 {
             if h == 0 {
-                let ahead = g.wrapping_add(b).cast::<i8>().wrapping_add(ahead_by + 64 * lines * s);
-                for l in 0..lines {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
-                }
+                fetch_sub_block(g, b, s, ahead_by);
             }
             let mut sub: [__m256i; C] = std::array::from_fn(|c| {
                 let bsums = unsafe { (*yb[c]).bsums };
