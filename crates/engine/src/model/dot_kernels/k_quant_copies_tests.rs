@@ -14,17 +14,11 @@ use super::k_quant_copies;
 use super::k_quant_tests::{
     check_against_ggml, k_quant_product, pulled_rows, q8_k_row, weight_rows, Q8_K_BYTES, TYPES,
 };
-use super::tests::{ggml_ready, Rng};
+use super::tests::{ggml_ready, levels, Rng};
 use gantry_cpu_kernels::x86::{IQ4XSRows16, Q4KRows16, Q5KRows16, Q6KRows16, QK_K};
 
 /// The types that have 16-row copies.
 pub(super) const COPIED: [ggml_type; 4] = [GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS];
-
-/// The levels whose kernels the tests run: every one this CPU runs (all three where it has
-/// AVX-VNNI besides AVX-512).
-fn levels() -> Vec<Level> {
-    Level::ALL.into_iter().filter(|level| level.runs_here()).collect()
-}
 
 /// `m` rows of `k` blocks (`lda` apart) of `ty` times `n` Q8_K rows, as three threads compute it
 /// from the copies with `level`'s kernels, or `None` where they declined; `C`'s entries past the
@@ -52,7 +46,6 @@ fn activations(rng: &mut Rng, n: usize, ldb: usize) -> Vec<u8> {
 
 #[test]
 fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
-    assert_eq!(Level::detect(), Some(Level::V4), "the machines these tests run on all have AVX-512 VNNI");
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
@@ -84,7 +77,6 @@ fn a_few_rows_from_the_copies_agree_with_ggml_row_by_row() {
 
 #[test]
 fn an_activation_row_gives_the_same_bits_alone_as_beside_others() {
-    assert_eq!(Level::detect(), Some(Level::V4), "the machines these tests run on all have AVX-512 VNNI");
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(23);
@@ -110,7 +102,6 @@ fn an_activation_row_gives_the_same_bits_alone_as_beside_others() {
 
 #[test]
 fn many_rows_odd_rows_and_other_types_are_not_served_from_copies() {
-    assert_eq!(Level::detect(), Some(Level::V4), "the machines these tests run on all have AVX-512 VNNI");
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(11);
@@ -129,26 +120,26 @@ fn many_rows_odd_rows_and_other_types_are_not_served_from_copies() {
 
 #[test]
 fn a_copy_whose_address_now_holds_other_weights_is_made_anew() {
-    assert_eq!(Level::detect(), Some(Level::V4), "the machines these tests run on all have AVX-512 VNNI");
     ggml_ready();
     k_quant_copies::serve(true);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let level = levels()[0];
     let (ty, bytes) = TYPES[0];
     let (m, k, n) = (32, 4, 3);
     let mut a = weight_rows(&mut rng, (ty, bytes), m, k * QK_K);
     let b = activations(&mut rng, n, k);
-    let first = from_copies(Level::V4, ty, &a, (m, k, k), &b, n).expect("served");
+    let first = from_copies(level, ty, &a, (m, k, k), &b, n).expect("served");
     check_against_ggml(ty, &a, (m, k, k), &b, n, &first);
     // Other weights in the same buffer, as a model loaded where a freed one was.
     let other = weight_rows(&mut rng, (ty, bytes), m, k * QK_K);
     a.copy_from_slice(&other);
-    let second = from_copies(Level::V4, ty, &a, (m, k, k), &b, n).expect("served");
+    let second = from_copies(level, ty, &a, (m, k, k), &b, n).expect("served");
     check_against_ggml(ty, &a, (m, k, k), &b, n, &second);
     assert_ne!(first[..m], second[..m], "the products of other weights differ");
     // Forgotten, the copy is made again and gives the same.
     k_quant_copies::forget_all();
     let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&from_copies(Level::V4, ty, &a, (m, k, k), &b, n).expect("served")), bits(&second));
+    assert_eq!(bits(&from_copies(level, ty, &a, (m, k, k), &b, n).expect("served")), bits(&second));
 }
 
 #[test]

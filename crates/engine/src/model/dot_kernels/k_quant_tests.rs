@@ -127,13 +127,21 @@ pub(super) fn pulled_rows(rows: usize) -> Vec<(ggml_type, Vec<u8>, usize)> {
     found
 }
 
+/// Whether this CPU runs the AVX-512 kernels; where not (an AVX2-only EPYC, a client core), the
+/// test that asks says it skips them.
 fn avx512() -> bool {
-    Level::detect() == Some(Level::V4)
+    let here = Level::detect() == Some(Level::V4);
+    if !here {
+        eprintln!("SKIPPED: this CPU has no AVX-512 VNNI, so its K-quant kernels are not run here");
+    }
+    here
 }
 
 #[test]
 fn one_row_agrees_with_ggml_on_quantized_and_real_weights() {
-    assert!(avx512(), "the machines these tests run on all have AVX-512 VNNI");
+    if !avx512() {
+        return;
+    }
     ggml_ready();
     let k_quants = Level::V4.k_quants().expect("AVX-512 has K-quant kernels");
     assert!(Level::V3.k_quants().is_none(), "with AVX2 ggml's kernels serve K-quants");
@@ -160,7 +168,9 @@ fn one_row_agrees_with_ggml_on_quantized_and_real_weights() {
 
 #[test]
 fn one_row_and_a_few_rows_agree_with_ggml_row_by_row_in_every_share() {
-    assert!(avx512(), "the machines these tests run on all have AVX-512 VNNI");
+    if !avx512() {
+        return;
+    }
     ggml_ready();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for ((ty, bytes), (m, k)) in TYPES.into_iter().flat_map(|t| [(1, 1), (2, 6), (7, 2), (9, 35)].map(|s| (t, s))) {
@@ -274,16 +284,17 @@ extern "C" {
 
 #[test]
 fn activations_quantize_to_the_bytes_of_ggmls_reference() {
-    assert!(avx512(), "the machines these tests run on all have AVX-512 VNNI");
     let mut rng = Rng(0x5bd1_e995);
     let n = 64 * QK_K;
     let mut values = floats(&mut rng, n);
     values[3 * QK_K..4 * QK_K].fill(0.0);
     values[5 * QK_K + 17] = -3.5;
     values[5 * QK_K + 90] = 3.5;
-    for (level, quantizer) in
-        [("AVX-512", quantize_q8_k_v4 as unsafe extern "C" fn(_, _, _)), ("AVX2", quantize_q8_k_v3)]
-    {
+    let mut quantizers = vec![("AVX2", quantize_q8_k_v3 as unsafe extern "C" fn(_, _, _))];
+    if avx512() {
+        quantizers.push(("AVX-512", quantize_q8_k_v4));
+    }
+    for (level, quantizer) in quantizers {
         for scale in [1e-4f32, 1.0, 300.0] {
             let x: Vec<f32> = values.iter().map(|v| v * scale).collect();
             let (mut ours, mut theirs) = (vec![0u8; n / QK_K * Q8_K_BYTES], vec![0u8; n / QK_K * Q8_K_BYTES]);
